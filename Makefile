@@ -1,0 +1,37 @@
+# ps-transpiler: every target runs inside the project's own virtualenv (.venv),
+# which `make install` creates from pyproject.toml alone.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+DEMO   ?= build/demo
+
+.PHONY: install test demo golden proto bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+test: install
+	$(PY) -m pytest
+
+# The main job, end to end on a program Paddle itself built.
+demo: install
+	$(PY) examples/demo.py $(DEMO)
+
+# Rewrite tests/golden/ from the current code; review the diff like code.
+golden: install
+	$(PY) -m pytest tests --update-golden -q
+
+# Regenerate proto/*_pb2.py from proto/*.proto.
+proto: install
+	$(PY) -m grpc_tools.protoc -I. --python_out=. proto/framework.proto
+
+bench: install
+	$(PY) benchmarks/ir_scaling.py
+
+clean:
+	rm -rf $(VENV) build .pytest_cache

@@ -1,0 +1,66 @@
+"""Shared test fixtures: the Paddle-built programs and golden-file comparison.
+
+Golden files live in tests/golden/. `pytest --update-golden` (or `make golden`)
+rewrites them from the current code; review that diff like code.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+GOLDEN_DIR = TESTS / "golden"
+FIXTURES = TESTS / "fixtures"
+PADDLE_PROGRAMS = FIXTURES / "paddle_programs"
+PADDLE_CASES = sorted(p.name for p in PADDLE_PROGRAMS.iterdir() if (p / "case.json").exists())
+PADDLE_PB_FILES = sorted(PADDLE_PROGRAMS.glob("*/*.pb"))
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--update-golden", action="store_true", default=False, help="rewrite tests/golden/ from the current code"
+    )
+
+
+class Golden:
+    """Compare text with tests/golden/<name>, or rewrite it under --update-golden."""
+
+    def __init__(self, update: bool) -> None:
+        self.update = update
+
+    def check(self, name: str, text: str) -> None:
+        path = GOLDEN_DIR / name
+        if self.update:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.exists() or path.read_text() != text:
+                path.write_text(text)
+            return
+        if not path.exists():
+            pytest.fail(f"golden file {path.relative_to(TESTS.parent)} is missing; run `make golden` and review it")
+        expected = path.read_text()
+        if expected != text:
+            diff = "".join(
+                difflib.unified_diff(
+                    expected.splitlines(keepends=True), text.splitlines(keepends=True), str(path), "actual", n=2
+                )
+            )
+            pytest.fail(f"output differs from golden file {path.name} (`make golden` rewrites it):\n{diff[:6000]}")
+
+
+@pytest.fixture
+def golden(request) -> Golden:
+    return Golden(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture(params=PADDLE_CASES)
+def paddle_case(request) -> Path:
+    """Each case folder of tests/fixtures/paddle_programs (main.pb, startup.pb, case.json, expected.json)."""
+    return PADDLE_PROGRAMS / request.param
+
+
+def load_case_json(case: Path) -> tuple[dict, dict]:
+    return json.loads((case / "case.json").read_text()), json.loads((case / "expected.json").read_text())

@@ -1,0 +1,742 @@
+"""The program IR: `Program` → `Block` → `Op` / `Var`.
+
+A `ProgramDesc` is not SSA (`ParamOut` aliases `Param`), so a block's op order is
+explicit: ops live in a doubly linked list, which makes `insert_after`, `insert_before`
+and `remove_op` O(1) however large the block. Reads of order (`block.ops`,
+`block.index_of`) are cached and rebuilt in O(n) after an edit, so a pass should
+analyse first and then edit, as the passes in `transpiler/passes/` do.
+
+Each block also keeps which ops read and which write each var name, updated by every
+edit, so `readers(name)` / `writers(name)` cost O(uses), not O(ops).
+
+The IR owns its invariants: ops and vars are changed through these classes' methods
+(`add_op`, `insert_after`, `remove_op`, `replace_uses`, `rename_var`, `Op.set_input`,
+`Op.set_attr`, ...), never by reaching into their fields.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Union
+
+from transpiler.errors import IRError
+from transpiler.ir.attrs import Attr, AttrType
+from transpiler.ir.types import (
+    OP_ROLE_ATTR,
+    OP_ROLE_VAR_ATTR,
+    DType,
+    OpRole,
+    VarKind,
+)
+
+if TYPE_CHECKING:
+    from transpiler.ir.graph import BlockGraph
+
+_MISSING: Any = object()
+
+SlotArgs = Union[str, "Var", Iterable[Union[str, "Var"]]]
+
+
+def _arg_names(args: SlotArgs | None) -> tuple[str, ...]:
+    """Normalise one slot's arguments (a name, a Var, or an iterable of either) to names."""
+    if args is None:
+        return ()
+    if isinstance(args, (str, Var)):
+        args = (args,)
+    names = []
+    for arg in args:
+        name = arg.name if isinstance(arg, Var) else arg
+        if not isinstance(name, str):
+            raise IRError(f"a slot argument must be a var name or a Var, got {arg!r}")
+        names.append(name)
+    return tuple(names)
+
+
+def _slots(slots: Mapping[str, SlotArgs] | None) -> dict[str, tuple[str, ...]]:
+    if not slots:
+        return {}
+    return {str(slot): _arg_names(args) for slot, args in slots.items()}
+
+
+# --------------------------------------------------------------------------- Var
+
+
+class Var:
+    """A variable declaration in a block: kind, element type, shape, flags.
+
+    `dtype` and `shape` are None for kinds that carry no tensor description
+    (`FEED_MINIBATCH`, `FETCH_LIST`, `RAW`, ...). `-1` in `shape` is a dimension known
+    only at run time (the batch).
+    """
+
+    __slots__ = (
+        "_name",
+        "block",
+        "kind",
+        "dtype",
+        "shape",
+        "lod_level",
+        "persistable",
+        "need_check_feed",
+        "is_parameter",
+        "stop_gradient",
+        "attrs",
+        "reader",
+        "tuple_types",
+        "_explicit",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        kind: VarKind = VarKind.LOD_TENSOR,
+        dtype: DType | str | None = None,
+        shape: Iterable[int] | None = None,
+        *,
+        lod_level: int = 0,
+        persistable: bool = False,
+        need_check_feed: bool = False,
+        is_parameter: bool = False,
+        stop_gradient: bool = False,
+        attrs: Mapping[str, Attr] | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise IRError(f"a var needs a non-empty name, got {name!r}")
+        self._name = name
+        self.block: Block | None = None
+        self.kind = VarKind(kind)
+        self.dtype = None if dtype is None else DType.from_any(dtype)
+        self.shape = None if shape is None else tuple(int(d) for d in shape)
+        if self.dtype is not None and self.shape is None:
+            self.shape = ()
+        self.lod_level = int(lod_level)
+        self.persistable = bool(persistable)
+        self.need_check_feed = bool(need_check_feed)
+        self.is_parameter = bool(is_parameter)
+        self.stop_gradient = bool(stop_gradient)
+        # VarDesc.Attr entries (INT / STRING / INTS only in Paddle's schema).
+        self.attrs: dict[str, Attr] = dict(attrs or {})
+        # READER and TUPLE kinds: ((dtype, shape, lod_level), ...) and (element type number, ...).
+        self.reader: tuple[tuple[DType, tuple[int, ...], int], ...] = ()
+        self.tuple_types: tuple[int, ...] = ()
+        # Optional proto fields that were present on the wire even at their default value:
+        # serde writes a field when it differs from its default or is named here, which is
+        # what makes load -> save byte-identical.
+        self._explicit: frozenset[str] = frozenset()
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def numel(self) -> int:
+        """Number of elements; raises `IRError` for unknown (-1) or missing dimensions."""
+        if self.shape is None or any(d < 0 for d in self.shape):
+            raise IRError(f"var {self.name!r} has no static shape ({self.shape})")
+        return math.prod(self.shape)
+
+    def copy(self, name: str | None = None) -> Var:
+        """A detached copy, optionally under a new name."""
+        new = Var.__new__(Var)
+        for slot in Var.__slots__:
+            setattr(new, slot, getattr(self, slot))
+        new.attrs = dict(self.attrs)
+        new.block = None
+        if name is not None:
+            new._name = name
+        return new
+
+    def __repr__(self) -> str:
+        dtype = self.dtype.short if self.dtype is not None else "-"
+        return f"Var({self.name!r}, {self.kind.name}, {dtype}, {list(self.shape) if self.shape is not None else None})"
+
+
+# ---------------------------------------------------------------------------- Op
+
+
+class Op:
+    """One operator: a type, named input/output slots of var names, and typed attrs.
+
+    Slots and attrs keep the order they were given (and the order they had on the
+    wire). Read them through `inputs` / `outputs` / `attrs` (read-only views) or the
+    accessors; change them through the setters so the block's indices stay right.
+    """
+
+    __slots__ = ("type", "_inputs", "_outputs", "_attrs", "is_target", "_explicit", "block", "_prev", "_next")
+
+    def __init__(
+        self,
+        type: str,
+        inputs: Mapping[str, SlotArgs] | None = None,
+        outputs: Mapping[str, SlotArgs] | None = None,
+        attrs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(type, str) or not type:
+            raise IRError(f"an op needs a non-empty type, got {type!r}")
+        self.type = type
+        self._inputs = _slots(inputs)
+        self._outputs = _slots(outputs)
+        self._attrs: dict[str, Attr] = {}
+        for name, value in (attrs or {}).items():
+            self._attrs[name] = Attr.of(value)
+        self.is_target = False
+        self._explicit: frozenset[str] = frozenset()
+        self.block: Block | None = None
+        self._prev: Op | None = None
+        self._next: Op | None = None
+
+    # -- slots
+    @property
+    def inputs(self) -> Mapping[str, tuple[str, ...]]:
+        return MappingProxyType(self._inputs)
+
+    @property
+    def outputs(self) -> Mapping[str, tuple[str, ...]]:
+        return MappingProxyType(self._outputs)
+
+    def input(self, slot: str) -> tuple[str, ...]:
+        """The args of input slot `slot` (empty when the op has no such slot)."""
+        return self._inputs.get(slot, ())
+
+    def output(self, slot: str) -> tuple[str, ...]:
+        return self._outputs.get(slot, ())
+
+    @property
+    def input_names(self) -> list[str]:
+        """Every input arg, slot by slot, duplicates kept."""
+        return [name for args in self._inputs.values() for name in args]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [name for args in self._outputs.values() for name in args]
+
+    def set_input(self, slot: str, args: SlotArgs) -> None:
+        self._edit_slots(lambda: self._inputs.__setitem__(slot, _arg_names(args)))
+
+    def set_output(self, slot: str, args: SlotArgs) -> None:
+        self._edit_slots(lambda: self._outputs.__setitem__(slot, _arg_names(args)))
+
+    def remove_input(self, slot: str) -> None:
+        self._edit_slots(lambda: self._inputs.pop(slot, None))
+
+    def remove_output(self, slot: str) -> None:
+        self._edit_slots(lambda: self._outputs.pop(slot, None))
+
+    def rename_input(self, old: str, new: str) -> None:
+        """Rename every input arg `old` to `new`."""
+        self._edit_slots(lambda: _rename_in(self._inputs, old, new))
+
+    def rename_output(self, old: str, new: str) -> None:
+        self._edit_slots(lambda: _rename_in(self._outputs, old, new))
+
+    def _edit_slots(self, edit) -> None:
+        block = self.block
+        if block is not None:
+            block._unindex(self)
+        edit()
+        if block is not None:
+            block._index(self)
+            block._changed(structure=False)
+
+    # -- attrs
+    @property
+    def attrs(self) -> Mapping[str, Attr]:
+        return MappingProxyType(self._attrs)
+
+    def has_attr(self, name: str) -> bool:
+        return name in self._attrs
+
+    def attr(self, name: str, default: Any = _MISSING) -> Any:
+        """The attr's value; `default` if absent (or `IRError` when no default is given)."""
+        attr = self._attrs.get(name)
+        if attr is None:
+            if default is _MISSING:
+                raise IRError(f"op {self.type!r} has no attr {name!r}")
+            return default
+        return attr.value
+
+    def attr_type(self, name: str) -> AttrType:
+        if name not in self._attrs:
+            raise IRError(f"op {self.type!r} has no attr {name!r}")
+        return self._attrs[name].type
+
+    def set_attr(self, name: str, value: Any, type: AttrType | None = None) -> None:
+        """Set an attr. The type is inferred from `value` unless given; an existing attr
+        keeps its wire type when no type is given, so `set_attr("axis", 1)` on a LONG
+        attr stays LONG."""
+        if type is None and name in self._attrs and not isinstance(value, Attr):
+            type = self._attrs[name].type
+        self._attrs[name] = Attr.of(value, type)
+
+    def remove_attr(self, name: str) -> None:
+        self._attrs.pop(name, None)
+
+    def attr_values(self) -> dict[str, Any]:
+        return {name: attr.value for name, attr in self._attrs.items()}
+
+    def block_attr(self, name: str) -> Block:
+        """Resolve a BLOCK attr to its Block (the op must be in a program)."""
+        if self.attr_type(name) != AttrType.BLOCK:
+            raise IRError(f"attr {name!r} of op {self.type!r} is {self.attr_type(name).name}, not BLOCK")
+        return self._program().block(self.attr(name))
+
+    def blocks_attr(self, name: str) -> list[Block]:
+        if self.attr_type(name) != AttrType.BLOCKS:
+            raise IRError(f"attr {name!r} of op {self.type!r} is {self.attr_type(name).name}, not BLOCKS")
+        program = self._program()
+        return [program.block(i) for i in self.attr(name)]
+
+    def sub_block_indices(self) -> list[int]:
+        """Every block index this op's BLOCK / BLOCKS attrs name, in attr order."""
+        found: list[int] = []
+        for attr in self._attrs.values():
+            if attr.type == AttrType.BLOCK:
+                found.append(attr.value)
+            elif attr.type == AttrType.BLOCKS:
+                found.extend(attr.value)
+        return found
+
+    def _program(self) -> Program:
+        if self.block is None or self.block.program is None:
+            raise IRError(f"op {self.type!r} is not in a program")
+        return self.block.program
+
+    # -- roles
+    @property
+    def role(self) -> OpRole:
+        """The `op_role` attr as an `OpRole` (Forward when absent)."""
+        return OpRole(int(self.attr(OP_ROLE_ATTR, 0)) & 0xFFFF_FFFF)
+
+    @property
+    def role_vars(self) -> tuple[str, ...]:
+        return tuple(self.attr(OP_ROLE_VAR_ATTR, ()))
+
+    # -- position
+    @property
+    def index(self) -> int:
+        """Position in its block (O(1) after the first call since the last edit)."""
+        if self.block is None:
+            raise IRError(f"op {self.type!r} is not in a block")
+        return self.block.index_of(self)
+
+    def clone(self) -> Op:
+        """A detached copy with the same slots and attrs."""
+        new = Op.__new__(Op)
+        new.type = self.type
+        new._inputs = dict(self._inputs)
+        new._outputs = dict(self._outputs)
+        new._attrs = dict(self._attrs)
+        new.is_target = self.is_target
+        new._explicit = self._explicit
+        new.block = None
+        new._prev = new._next = None
+        return new
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{k}={list(v)}" for k, v in self._inputs.items())
+        outs = ", ".join(f"{k}={list(v)}" for k, v in self._outputs.items())
+        return f"Op({self.type}: {ins} -> {outs})"
+
+
+def _rename_in(slots: dict[str, tuple[str, ...]], old: str, new: str) -> None:
+    for slot, args in slots.items():
+        if old in args:
+            slots[slot] = tuple(new if a == old else a for a in args)
+
+
+# ------------------------------------------------------------------------- Block
+
+
+class Block:
+    """An ordered list of ops and a table of var declarations, with a parent block."""
+
+    def __init__(self, program: Program | None, idx: int, parent_idx: int = -1, forward_block_idx: int = -1) -> None:
+        self.program = program
+        self.idx = idx
+        self.parent_idx = parent_idx
+        self.forward_block_idx = forward_block_idx
+        self._explicit: frozenset[str] = frozenset()
+        self._vars: dict[str, Var] = {}
+        self._head: Op | None = None
+        self._tail: Op | None = None
+        self._num_ops = 0
+        self._readers: dict[str, dict[Op, None]] = {}
+        self._writers: dict[str, dict[Op, None]] = {}
+        self._ops_cache: tuple[Op, ...] | None = None
+        self._pos_cache: dict[Op, int] | None = None
+        self._graph_cache: BlockGraph | None = None
+
+    # -- vars
+    @property
+    def vars(self) -> Mapping[str, Var]:
+        """Var declarations of this block, in declaration order (read-only view)."""
+        return MappingProxyType(self._vars)
+
+    def has_var(self, name: str) -> bool:
+        return name in self._vars
+
+    def var(self, name: str) -> Var:
+        try:
+            return self._vars[name]
+        except KeyError:
+            raise IRError(f"block {self.idx} declares no var {name!r}") from None
+
+    def find_var(self, name: str) -> Var | None:
+        """The var declared here or in the nearest ancestor block, or None."""
+        block: Block | None = self
+        while block is not None:
+            var = block._vars.get(name)
+            if var is not None:
+                return var
+            block = block.parent
+        return None
+
+    def create_var(self, name: str, kind: VarKind = VarKind.LOD_TENSOR, dtype=None, shape=None, **flags) -> Var:
+        """Declare a new var (IRError if the name is taken in this block)."""
+        return self.add_var(Var(name, kind, dtype, shape, **flags))
+
+    def add_var(self, var: Var) -> Var:
+        if var.block is not None:
+            raise IRError(f"var {var.name!r} already belongs to block {var.block.idx}")
+        if var.name in self._vars:
+            raise IRError(f"block {self.idx} already declares var {var.name!r}")
+        var.block = self
+        self._vars[var.name] = var
+        return var
+
+    def remove_var(self, name: str) -> Var:
+        var = self.var(name)
+        del self._vars[name]
+        var.block = None
+        return var
+
+    def rename_var(self, old: str, new: str) -> Var:
+        """Rename a declared var and every read and write of it in this block's ops."""
+        if new in self._vars:
+            raise IRError(f"block {self.idx} already declares var {new!r}")
+        var = self.var(old)
+        # Rebuild the dict so the declaration keeps its position.
+        self._vars = {(new if name == old else name): v for name, v in self._vars.items()}
+        var._name = new
+        for op in list(self._readers.get(old, ())) + list(self._writers.get(old, ())):
+            if op.block is self:
+                op.rename_input(old, new)
+                op.rename_output(old, new)
+        return var
+
+    # -- ops: reads
+    @property
+    def ops(self) -> tuple[Op, ...]:
+        """The ops in order (a cached tuple, rebuilt after edits)."""
+        if self._ops_cache is None:
+            ops = []
+            op = self._head
+            while op is not None:
+                ops.append(op)
+                op = op._next
+            self._ops_cache = tuple(ops)
+        return self._ops_cache
+
+    def __len__(self) -> int:
+        return self._num_ops
+
+    def __iter__(self) -> Iterator[Op]:
+        return iter(self.ops)
+
+    def index_of(self, op: Op) -> int:
+        if op.block is not self:
+            raise IRError(f"op {op.type!r} is not in block {self.idx}")
+        if self._pos_cache is None:
+            self._pos_cache = {o: i for i, o in enumerate(self.ops)}
+        return self._pos_cache[op]
+
+    def readers(self, name: str) -> list[Op]:
+        """Ops of this block with `name` among their inputs, in op order."""
+        return self._in_order(self._readers.get(name, ()))
+
+    def writers(self, name: str) -> list[Op]:
+        """Ops of this block with `name` among their outputs, in op order."""
+        return self._in_order(self._writers.get(name, ()))
+
+    def var_names_used(self) -> list[str]:
+        """Every var name some op of this block reads or writes, in first-seen index order."""
+        return list(dict.fromkeys([*self._readers, *self._writers]))
+
+    def _in_order(self, ops: Iterable[Op]) -> list[Op]:
+        ops = list(ops)
+        if len(ops) <= 1:
+            return ops
+        self.index_of(ops[0])  # builds the position cache once
+        assert self._pos_cache is not None
+        return sorted(ops, key=self._pos_cache.__getitem__)
+
+    def graph(self) -> BlockGraph:
+        """The dependency graph of this block's ops (cached until the next edit)."""
+        if self._graph_cache is None:
+            from transpiler.ir.graph import BlockGraph
+
+            self._graph_cache = BlockGraph(self)
+        return self._graph_cache
+
+    @property
+    def parent(self) -> Block | None:
+        if self.program is None or self.parent_idx < 0 or self.parent_idx >= len(self.program.blocks):
+            return None
+        if self.parent_idx == self.idx:
+            return None
+        return self.program.blocks[self.parent_idx]
+
+    # -- ops: edits
+    def add_op(
+        self,
+        op: str | Op,
+        inputs: Mapping[str, SlotArgs] | None = None,
+        outputs: Mapping[str, SlotArgs] | None = None,
+        attrs: Mapping[str, Any] | None = None,
+        *,
+        index: int | None = None,
+    ) -> Op:
+        """Append an op (or insert it at `index`). `op` is an op type or a detached `Op`."""
+        new = self._make_op(op, inputs, outputs, attrs)
+        if index is None or index >= self._num_ops:
+            self._link_after(self._tail, new)
+        elif index <= 0:
+            self._link_after(None, new)
+        else:
+            self._link_after(self.ops[index - 1], new)
+        return new
+
+    def insert_after(self, anchor: Op, op: str | Op, inputs=None, outputs=None, attrs=None) -> Op:
+        self._check_member(anchor)
+        new = self._make_op(op, inputs, outputs, attrs)
+        self._link_after(anchor, new)
+        return new
+
+    def insert_before(self, anchor: Op, op: str | Op, inputs=None, outputs=None, attrs=None) -> Op:
+        self._check_member(anchor)
+        new = self._make_op(op, inputs, outputs, attrs)
+        self._link_after(anchor._prev, new)
+        return new
+
+    def remove_op(self, op: Op) -> Op:
+        """Unlink `op` from this block; it comes back detached and can be added elsewhere."""
+        self._check_member(op)
+        self._unindex(op)
+        if op._prev is None:
+            self._head = op._next
+        else:
+            op._prev._next = op._next
+        if op._next is None:
+            self._tail = op._prev
+        else:
+            op._next._prev = op._prev
+        op._prev = op._next = None
+        op.block = None
+        self._num_ops -= 1
+        self._changed(structure=True)
+        return op
+
+    def remove_ops(self, ops: Iterable[Op]) -> None:
+        for op in list(ops):
+            self.remove_op(op)
+
+    def clear_ops(self) -> None:
+        self.remove_ops(self.ops)
+
+    def reorder(self, order: Iterable[Op]) -> None:
+        """Put the ops in `order`, typically `self.graph().topological_order(key=...)`;
+        raises `IRError` unless it is a permutation that respects every dependency."""
+        from transpiler.ir.graph import reorder_block
+
+        reorder_block(self, order)
+
+    def _relink(self, order: list[Op]) -> None:
+        prev: Op | None = None
+        for op in order:
+            op._prev = prev
+            if prev is not None:
+                prev._next = op
+            prev = op
+        if prev is not None:
+            prev._next = None
+        self._head = order[0] if order else None
+        self._tail = prev
+        self._changed(structure=True)
+
+    def replace_uses(self, old: str, new: str, ops: Iterable[Op] | None = None) -> int:
+        """Make ops read `new` where they read `old` (all readers in this block, or just
+        `ops`); returns how many ops changed. Writes of `old` are left alone."""
+        targets = self.readers(old) if ops is None else [op for op in ops if old in op.input_names]
+        for op in targets:
+            self._check_member(op)
+            op.rename_input(old, new)
+        return len(targets)
+
+    def _make_op(self, op, inputs, outputs, attrs) -> Op:
+        if isinstance(op, Op):
+            if inputs or outputs or attrs:
+                raise IRError("pass either an Op or a type with slots and attrs, not both")
+            if op.block is not None:
+                raise IRError(f"op {op.type!r} already belongs to block {op.block.idx}; remove it or clone it first")
+            return op
+        return Op(op, inputs, outputs, attrs)
+
+    def _check_member(self, op: Op) -> None:
+        if op.block is not self:
+            where = "no block" if op.block is None else f"block {op.block.idx}"
+            raise IRError(f"op {op.type!r} is in {where}, not in block {self.idx}")
+
+    def _link_after(self, prev: Op | None, op: Op) -> None:
+        nxt = self._head if prev is None else prev._next
+        op._prev, op._next = prev, nxt
+        if prev is None:
+            self._head = op
+        else:
+            prev._next = op
+        if nxt is None:
+            self._tail = op
+        else:
+            nxt._prev = op
+        op.block = self
+        self._num_ops += 1
+        self._index(op)
+        self._changed(structure=True)
+
+    def _index(self, op: Op) -> None:
+        for name in op.input_names:
+            self._readers.setdefault(name, {})[op] = None
+        for name in op.output_names:
+            self._writers.setdefault(name, {})[op] = None
+
+    def _unindex(self, op: Op) -> None:
+        for table, names in ((self._readers, op.input_names), (self._writers, op.output_names)):
+            for name in names:
+                users = table.get(name)
+                if users is not None:
+                    users.pop(op, None)
+                    if not users:
+                        del table[name]
+
+    def _changed(self, *, structure: bool) -> None:
+        self._graph_cache = None
+        if structure:
+            self._ops_cache = None
+            self._pos_cache = None
+
+    def __repr__(self) -> str:
+        return f"Block(idx={self.idx}, parent={self.parent_idx}, ops={self._num_ops}, vars={len(self._vars)})"
+
+
+# ----------------------------------------------------------------------- Program
+
+
+class Program:
+    """A whole `ProgramDesc`: blocks (block 0 is the global block), version info."""
+
+    def __init__(self) -> None:
+        self._blocks: list[Block] = []
+        self.version: int | None = None
+        # Paddle 2.x records the op versions a program was built with; None when absent.
+        self.op_version_map: dict[str, int] | None = None
+
+    @classmethod
+    def empty(cls) -> Program:
+        """A program with just an empty global block."""
+        program = cls()
+        program.append_block(Block(program, 0, -1))
+        return program
+
+    # -- blocks
+    @property
+    def blocks(self) -> tuple[Block, ...]:
+        return tuple(self._blocks)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self._blocks)
+
+    def block(self, idx: int) -> Block:
+        if not isinstance(idx, int) or not 0 <= idx < len(self._blocks):
+            raise IRError(f"block index {idx} out of range (the program has {len(self._blocks)} blocks)")
+        return self._blocks[idx]
+
+    def global_block(self) -> Block:
+        return self.block(0)
+
+    def create_block(self, parent_idx: int = 0) -> Block:
+        """Append a new empty block whose parent is `parent_idx`."""
+        if self._blocks:
+            self.block(parent_idx)  # range check
+        return self.append_block(Block(self, len(self._blocks), parent_idx))
+
+    def append_block(self, block: Block) -> Block:
+        block.program = self
+        self._blocks.append(block)
+        return block
+
+    def all_ops(self) -> Iterator[tuple[Block, Op]]:
+        for block in self._blocks:
+            for op in block.ops:
+                yield block, op
+
+    def num_ops(self) -> int:
+        return sum(len(block) for block in self._blocks)
+
+    # -- bytes and files
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Program:
+        """Decode `ProgramDesc` bytes (raises `ProgramFormatError` on bad bytes)."""
+        from transpiler.ir import serde
+
+        return serde.program_from_bytes(data)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Program:
+        from transpiler.ir import serde
+
+        return serde.program_from_bytes(serde.read_file(path), source=str(path))
+
+    def to_bytes(self) -> bytes:
+        from transpiler.ir import serde
+
+        return serde.program_to_bytes(self)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write atomically: a reader never sees a half-written file."""
+        write_bytes_atomic(Path(path), self.to_bytes())
+
+    def clone(self) -> Program:
+        """A deep copy; editing it never touches this program."""
+        new = Program()
+        new.version = self.version
+        new.op_version_map = None if self.op_version_map is None else dict(self.op_version_map)
+        for block in self._blocks:
+            copy = Block(new, block.idx, block.parent_idx, block.forward_block_idx)
+            copy._explicit = block._explicit
+            for var in block._vars.values():
+                copy.add_var(var.copy())
+            for op in block.ops:
+                copy._link_after(copy._tail, op.clone())
+            new._blocks.append(copy)
+        return new
+
+    def __repr__(self) -> str:
+        return f"Program(blocks={len(self._blocks)}, ops={self.num_ops()})"
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temp file in the same directory and a rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

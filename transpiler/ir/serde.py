@@ -1,0 +1,322 @@
+"""Protobuf bytes <-> IR. The only module that touches the generated `framework_pb2`.
+
+Load -> save is byte-identical for every program Paddle writes: slot, attr, var and
+block order are kept, and optional fields that were present at their default value are
+remembered (`_explicit`) and written again.
+
+Fields outside Paddle 2.6's schema (from a newer Paddle) cannot be represented in the IR;
+`program_from_bytes` warns with `UnknownFieldsWarning` when it drops any.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+from google.protobuf.message import DecodeError
+
+from proto import framework_pb2 as pb
+from transpiler.errors import ProgramFormatError
+from transpiler.ir.attrs import Attr, AttrType
+from transpiler.ir.program import Block, Op, Program, Var
+from transpiler.ir.types import LOD_FIELDS, TENSOR_FIELD_OF_KIND, DType, VarKind
+
+
+class UnknownFieldsWarning(UserWarning):
+    """The bytes carried fields that Paddle 2.6's schema does not know; they were dropped."""
+
+
+# The protobuf field that holds each attr type's value.
+ATTR_FIELD = {
+    AttrType.INT: "i",
+    AttrType.FLOAT: "f",
+    AttrType.STRING: "s",
+    AttrType.INTS: "ints",
+    AttrType.FLOATS: "floats",
+    AttrType.STRINGS: "strings",
+    AttrType.BOOLEAN: "b",
+    AttrType.BOOLEANS: "bools",
+    AttrType.BLOCK: "block_idx",
+    AttrType.LONG: "l",
+    AttrType.BLOCKS: "blocks_idx",
+    AttrType.LONGS: "longs",
+    AttrType.FLOAT64S: "float64s",
+    AttrType.VAR: "var_name",
+    AttrType.VARS: "vars_name",
+    AttrType.FLOAT64: "float64",
+    AttrType.SCALAR: "scalar",
+    AttrType.SCALARS: "scalars",
+}
+_VAR_OPTIONAL_BOOLS = ("persistable", "need_check_feed", "is_parameter", "stop_gradient")
+_VAR_ATTR_FIELD = {AttrType.INT: "i", AttrType.STRING: "s", AttrType.INTS: "ints"}
+
+
+def read_file(path: str | os.PathLike) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ProgramFormatError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+# ---------------------------------------------------------------------- decoding
+
+
+def program_from_bytes(data: bytes, *, source: str = "<bytes>") -> Program:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ProgramFormatError(f"{source}: expected bytes, got {type(data).__name__}")
+    message = pb.ProgramDesc()
+    try:
+        message.ParseFromString(bytes(data))
+    except DecodeError as exc:
+        raise ProgramFormatError(f"{source}: not a ProgramDesc ({_decode_reason(exc)})") from None
+    if not message.IsInitialized():
+        missing = ", ".join(message.FindInitializationErrors()[:3])
+        raise ProgramFormatError(f"{source}: not a ProgramDesc (missing required fields: {missing})")
+    if not message.blocks:
+        raise ProgramFormatError(f"{source}: not a ProgramDesc (it has no blocks)")
+    _warn_unknown_fields(message, source)
+    try:
+        return _program(message, source)
+    except (ValueError, OverflowError) as exc:
+        # Enum numbers outside our schema and similar wire values the IR cannot hold.
+        raise ProgramFormatError(f"{source}: not a valid ProgramDesc ({exc})") from None
+
+
+def _decode_reason(exc: DecodeError) -> str:
+    text = str(exc)
+    return text.split(": ", 1)[1] if ": " in text else text or "undecodable bytes"
+
+
+def _warn_unknown_fields(message: pb.ProgramDesc, source: str) -> None:
+    stripped = pb.ProgramDesc()
+    stripped.CopyFrom(message)
+    stripped.DiscardUnknownFields()
+    lost = message.ByteSize() - stripped.ByteSize()
+    if lost:
+        warnings.warn(
+            f"{source}: dropped {lost} bytes of fields that Paddle 2.6's framework.proto does not define",
+            UnknownFieldsWarning,
+            stacklevel=3,
+        )
+
+
+def _present(message, names) -> frozenset[str]:
+    return frozenset(name for name in names if message.HasField(name))
+
+
+def _program(message: pb.ProgramDesc, source: str) -> Program:
+    program = Program()
+    if message.HasField("version"):
+        program.version = message.version.version
+    if message.HasField("op_version_map"):
+        program.op_version_map = {}
+        for pair in message.op_version_map.pair:
+            program.op_version_map[pair.op_name] = pair.op_version.version
+    for position, block_msg in enumerate(message.blocks):
+        block = Block(program, block_msg.idx, block_msg.parent_idx, block_msg.forward_block_idx)
+        block._explicit = _present(block_msg, ("forward_block_idx",))
+        for var_msg in block_msg.vars:
+            if var_msg.name in block._vars:
+                raise ProgramFormatError(f"{source}: block {position} declares var {var_msg.name!r} twice")
+            block.add_var(_var(var_msg))
+        for op_index, op_msg in enumerate(block_msg.ops):
+            block._link_after(block._tail, _op(op_msg, source, position, op_index))
+        program.append_block(block)
+    return program
+
+
+def _var(message) -> Var:
+    var_type = message.type
+    var = Var(message.name, VarKind(var_type.type))
+    explicit = set(_present(message, _VAR_OPTIONAL_BOOLS))
+    for flag in _VAR_OPTIONAL_BOOLS:
+        setattr(var, flag, getattr(message, flag))
+    field = TENSOR_FIELD_OF_KIND.get(var.kind)
+    if field is None or not var_type.HasField(field):
+        # A kind without a tensor desc, or a desc under another kind's field: take whichever is there.
+        field = next((f for f in TENSOR_FIELD_OF_KIND.values() if var_type.HasField(f)), None)
+    if field is not None:
+        sub = getattr(var_type, field)
+        tensor = sub.tensor if field in LOD_FIELDS else sub
+        var.dtype = DType(tensor.data_type)
+        var.shape = tuple(tensor.dims)
+        if field in LOD_FIELDS:
+            var.lod_level = sub.lod_level
+            if sub.HasField("lod_level"):
+                explicit.add("lod_level")
+        if field != TENSOR_FIELD_OF_KIND.get(var.kind):
+            explicit.add("tensor_field:" + field)
+    if var_type.HasField("reader"):
+        var.reader = tuple(
+            (DType(t.tensor.data_type), tuple(t.tensor.dims), t.lod_level) for t in var_type.reader.lod_tensor
+        )
+        explicit.add("reader")
+    if var_type.HasField("tuple"):
+        var.tuple_types = tuple(var_type.tuple.element_type)
+        explicit.add("tuple")
+    for attr_msg in message.attrs:
+        attr_type = AttrType(attr_msg.type)
+        value = getattr(attr_msg, _VAR_ATTR_FIELD.get(attr_type, "i"))
+        var.attrs[attr_msg.name] = Attr.of(list(value) if attr_type == AttrType.INTS else value, attr_type)
+    var._explicit = frozenset(explicit)
+    return var
+
+
+def _op(message, source: str, block_idx: int, op_index: int) -> Op:
+    op = Op(message.type)
+    for slots, wire in ((op._inputs, message.inputs), (op._outputs, message.outputs)):
+        for var_msg in wire:
+            if var_msg.parameter in slots:
+                raise ProgramFormatError(
+                    f"{source}: block {block_idx} op {op_index} ({message.type}) has slot {var_msg.parameter!r} twice"
+                )
+            slots[var_msg.parameter] = tuple(var_msg.arguments)
+    for attr_msg in message.attrs:
+        if attr_msg.name in op._attrs:
+            raise ProgramFormatError(
+                f"{source}: block {block_idx} op {op_index} ({message.type}) has attr {attr_msg.name!r} twice"
+            )
+        op._attrs[attr_msg.name] = _attr(attr_msg)
+    op.is_target = message.is_target
+    op._explicit = _present(message, ("is_target",))
+    return op
+
+
+def _attr(message) -> Attr:
+    attr_type = AttrType(message.type)
+    raw = getattr(message, ATTR_FIELD[attr_type])
+    if attr_type == AttrType.SCALAR:
+        return Attr(attr_type, _scalar_value(raw))
+    if attr_type == AttrType.SCALARS:
+        return Attr(attr_type, tuple(_scalar_value(s) for s in raw))
+    if attr_type in (AttrType.INTS, AttrType.FLOATS, AttrType.STRINGS, AttrType.BOOLEANS, AttrType.BLOCKS,
+                     AttrType.LONGS, AttrType.FLOAT64S, AttrType.VARS):
+        return Attr(attr_type, tuple(raw))
+    return Attr(attr_type, raw)
+
+
+def _scalar_value(message):
+    kind = message.type
+    if kind == pb.Scalar.BOOLEAN:
+        return bool(message.b)
+    if kind == pb.Scalar.LONG:
+        return int(message.i)
+    if kind == pb.Scalar.FLOAT64:
+        return float(message.r)
+    return complex(message.c.r, message.c.i)
+
+
+# ---------------------------------------------------------------------- encoding
+
+
+def program_to_bytes(program: Program) -> bytes:
+    return program_to_message(program).SerializeToString()
+
+
+def program_to_message(program: Program) -> pb.ProgramDesc:
+    message = pb.ProgramDesc()
+    for block in program.blocks:
+        block_msg = message.blocks.add()
+        block_msg.idx = block.idx
+        block_msg.parent_idx = block.parent_idx
+        if block.forward_block_idx != -1 or "forward_block_idx" in block._explicit:
+            block_msg.forward_block_idx = block.forward_block_idx
+        for var in block.vars.values():
+            _write_var(block_msg.vars.add(), var)
+        for op in block.ops:
+            _write_op(block_msg.ops.add(), op)
+    if program.version is not None:
+        message.version.version = program.version
+    if program.op_version_map is not None:
+        message.op_version_map.SetInParent()
+        for name, version in program.op_version_map.items():
+            pair = message.op_version_map.pair.add()
+            pair.op_name = name
+            pair.op_version.version = version
+    return message
+
+
+def _write_var(message, var: Var) -> None:
+    message.name = var.name
+    var_type = message.type
+    var_type.type = int(var.kind)
+    if var.dtype is not None:
+        field = next((f.split(":", 1)[1] for f in var._explicit if f.startswith("tensor_field:")), None)
+        field = field or TENSOR_FIELD_OF_KIND.get(var.kind, "lod_tensor")
+        sub = getattr(var_type, field)
+        tensor = sub.tensor if field in LOD_FIELDS else sub
+        tensor.data_type = int(var.dtype)
+        tensor.dims.extend(var.shape or ())
+        if field in LOD_FIELDS and (var.lod_level != 0 or "lod_level" in var._explicit):
+            sub.lod_level = var.lod_level
+    if var.reader or "reader" in var._explicit:
+        var_type.reader.SetInParent()
+        for dtype, dims, lod_level in var.reader:
+            entry = var_type.reader.lod_tensor.add()
+            entry.tensor.data_type = int(dtype)
+            entry.tensor.dims.extend(dims)
+            entry.lod_level = lod_level
+    if var.tuple_types or "tuple" in var._explicit:
+        var_type.tuple.SetInParent()
+        var_type.tuple.element_type.extend(var.tuple_types)
+    for flag in _VAR_OPTIONAL_BOOLS:
+        value = getattr(var, flag)
+        if value or flag in var._explicit:
+            setattr(message, flag, value)
+    for name, attr in var.attrs.items():
+        entry = message.attrs.add()
+        entry.name = name
+        entry.type = int(attr.type)
+        field = _VAR_ATTR_FIELD.get(attr.type)
+        if field is None:
+            raise ProgramFormatError(f"var {var.name!r}: a VarDesc attr cannot be {attr.type.name}")
+        if attr.type == AttrType.INTS:
+            entry.ints.extend(attr.value)
+        else:
+            setattr(entry, field, attr.value)
+
+
+def _write_op(message, op: Op) -> None:
+    message.type = op.type
+    for wire, slots in ((message.inputs, op._inputs), (message.outputs, op._outputs)):
+        for slot, args in slots.items():
+            entry = wire.add()
+            entry.parameter = slot
+            entry.arguments.extend(args)
+    for name, attr in op._attrs.items():
+        entry = message.attrs.add()
+        entry.name = name
+        entry.type = int(attr.type)
+        _write_attr_value(entry, attr)
+    if op.is_target or "is_target" in op._explicit:
+        message.is_target = op.is_target
+
+
+def _write_attr_value(entry, attr: Attr) -> None:
+    field = ATTR_FIELD[attr.type]
+    if attr.type == AttrType.SCALAR:
+        _write_scalar(entry.scalar, attr.value)
+    elif attr.type == AttrType.SCALARS:
+        for value in attr.value:
+            _write_scalar(entry.scalars.add(), value)
+    elif isinstance(attr.value, tuple):
+        getattr(entry, field).extend(attr.value)
+    else:
+        setattr(entry, field, attr.value)
+
+
+def _write_scalar(message, value) -> None:
+    if isinstance(value, bool):
+        message.type = pb.Scalar.BOOLEAN
+        message.b = value
+    elif isinstance(value, int):
+        message.type = pb.Scalar.LONG
+        message.i = value
+    elif isinstance(value, float):
+        message.type = pb.Scalar.FLOAT64
+        message.r = value
+    else:
+        message.type = pb.Scalar.COMPLEX128
+        message.c.r = value.real
+        message.c.i = value.imag

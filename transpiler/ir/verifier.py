@@ -1,0 +1,138 @@
+"""Structural checks every program must pass.
+
+* blocks: block `i` has `idx == i`; block 0 has parent -1; every other block's parent
+  is another existing block and the parent chain reaches block 0 without a cycle;
+  `forward_block_idx` is -1 or an existing block;
+* ops: every slot argument names a var declared in the op's block or an ancestor
+  (`@EMPTY@`, Paddle's "no grad here" placeholder, excepted); BLOCK / BLOCKS attrs
+  name existing blocks other than the op's own; VAR / VARS attrs name declared vars.
+
+`check(program)` returns every problem found; `verify(program)` raises the first as a
+`VerifyError` naming program, block, op index and op type, with the dump lines around
+the op. Passes of the transpiler add their own checks through `extra_checks`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from transpiler.errors import VerifyError
+from transpiler.ir.attrs import AttrType
+from transpiler.ir.printer import op_context
+from transpiler.ir.program import Block, Op, Program
+from transpiler.ir.types import EMPTY_VAR_NAME
+
+# An extra check gets the program and its name and yields the problems it finds.
+Check = Callable[[Program, str], Iterable[VerifyError]]
+
+
+def verify(program: Program, *, name: str = "program", extra_checks: Iterable[Check] = ()) -> None:
+    """Raise the first problem found as a `VerifyError` (its message counts the rest)."""
+    problems = check(program, name=name, extra_checks=extra_checks)
+    if not problems:
+        return
+    first = problems[0]
+    if len(problems) > 1:
+        first = VerifyError(
+            f"{first.reason} (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})",
+            program=first.program,
+            block=first.block,
+            op_index=first.op_index,
+            op_type=first.op_type,
+            context=first.context,
+        )
+    raise first
+
+
+def check(program: Program, *, name: str = "program", extra_checks: Iterable[Check] = ()) -> list[VerifyError]:
+    problems = list(_check_blocks(program, name))
+    if not problems:  # op checks resolve parents, which needs a sound block tree
+        for block in program.blocks:
+            problems.extend(_check_ops(program, block, name))
+    for extra in extra_checks:
+        problems.extend(extra(program, name))
+    return problems
+
+
+def op_problem(name: str, block: Block, op: Op, index: int, message: str) -> VerifyError:
+    """A `VerifyError` located at `op`, with the dump around it (for extra checks too)."""
+    return VerifyError(
+        message, program=name, block=block.idx, op_index=index, op_type=op.type, context=op_context(block, index)
+    )
+
+
+def _check_blocks(program: Program, name: str) -> Iterable[VerifyError]:
+    count = program.num_blocks
+    if count == 0:
+        yield VerifyError("has no blocks", program=name)
+        return
+    for position, block in enumerate(program.blocks):
+        if block.idx != position:
+            yield VerifyError(f"is at position {position} but says idx={block.idx}", program=name, block=position)
+        if position == 0:
+            if block.parent_idx != -1:
+                yield VerifyError(f"the global block has parent {block.parent_idx}, not -1", program=name, block=0)
+        elif not 0 <= block.parent_idx < count or block.parent_idx == position:
+            yield VerifyError(
+                f"has parent {block.parent_idx}, which is not another block of the {count}", program=name, block=position
+            )
+        if block.forward_block_idx != -1 and not 0 <= block.forward_block_idx < count:
+            yield VerifyError(
+                f"forward_block_idx {block.forward_block_idx} is not a block of the {count}",
+                program=name,
+                block=position,
+            )
+    # Parent chains must reach block 0; walk each once with memoisation (linear overall).
+    reaches_root = {0: True}
+    for position in range(1, count):
+        chain, current = [], position
+        while current not in reaches_root:
+            if current in chain or not 0 <= program.blocks[current].parent_idx < count:
+                for member in chain:
+                    reaches_root[member] = False
+                yield VerifyError("its parent chain never reaches block 0 (a cycle)", program=name, block=position)
+                break
+            chain.append(current)
+            current = program.blocks[current].parent_idx
+        else:
+            for member in chain:
+                reaches_root[member] = reaches_root[current]
+
+
+def _check_ops(program: Program, block: Block, name: str) -> Iterable[VerifyError]:
+    count = program.num_blocks
+    declared_cache: dict[str, bool] = {}
+
+    def declared(var: str) -> bool:
+        found = declared_cache.get(var)
+        if found is None:
+            found = declared_cache[var] = block.find_var(var) is not None
+        return found
+
+    for index, op in enumerate(block.ops):
+        for direction, slots in (("input", op.inputs), ("output", op.outputs)):
+            for slot, args in slots.items():
+                for arg in args:
+                    if arg != EMPTY_VAR_NAME and not declared(arg):
+                        yield op_problem(
+                            name, block, op, index,
+                            f"{direction} {slot}={arg!r} names a var that block {block.idx} and its ancestors do not declare",
+                        )
+        for attr_name, attr in op.attrs.items():
+            if attr.type in (AttrType.BLOCK, AttrType.BLOCKS):
+                targets = (attr.value,) if attr.type == AttrType.BLOCK else attr.value
+                for target in targets:
+                    if not 0 <= target < count:
+                        yield op_problem(
+                            name, block, op, index,
+                            f"attr {attr_name}=block[{target}] points past the last block ({count - 1})",
+                        )
+                    elif target == block.idx:
+                        yield op_problem(name, block, op, index, f"attr {attr_name}=block[{target}] is the op's own block")
+            elif attr.type in (AttrType.VAR, AttrType.VARS):
+                targets = (attr.value,) if attr.type == AttrType.VAR else attr.value
+                for target in targets:
+                    if not declared(target):
+                        yield op_problem(
+                            name, block, op, index, f"attr {attr_name}=var({target}) names an undeclared var"
+                        )
