@@ -20,6 +20,10 @@ class IRError(PsTranspilerError):
     """Misuse of the IR API: an unknown var or block, an attr of the wrong type, ..."""
 
 
+class UnknownOpError(PsTranspilerError):
+    """An op a pass, the builder or the executor must understand is not in the catalogue."""
+
+
 class VerifyError(PsTranspilerError):
     """A program that decodes but breaks an IR invariant (see `transpiler.ir.verifier`).
 

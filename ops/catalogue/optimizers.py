@@ -11,11 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from transpiler.errors import PsTranspilerError
-
-
-class UnknownOpError(PsTranspilerError):
-    """An op a pass or the builder needs to understand is not in the catalogue."""
+from transpiler.errors import UnknownOpError
 
 
 @dataclass(frozen=True)
