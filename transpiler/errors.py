@@ -24,6 +24,11 @@ class UnknownOpError(PsTranspilerError):
     """An op a pass, the builder or the executor must understand is not in the catalogue."""
 
 
+class TranspileError(PsTranspilerError):
+    """A program or configuration the transpiler cannot distribute (no optimizer ops,
+    duplicate endpoints, a trainer id out of range, an unsupported mode, ...)."""
+
+
 class VerifyError(PsTranspilerError):
     """A program that decodes but breaks an IR invariant (see `transpiler.ir.verifier`).
 

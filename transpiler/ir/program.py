@@ -416,17 +416,24 @@ class Block:
 
     def rename_var(self, old: str, new: str) -> Var:
         """Rename a declared var and every read and write of it in this block's ops."""
-        if new in self._vars:
-            raise IRError(f"block {self.idx} already declares var {new!r}")
-        var = self.var(old)
-        # Rebuild the dict so the declaration keeps its position.
-        self._vars = {(new if name == old else name): v for name, v in self._vars.items()}
-        var._name = new
-        for op in list(self._readers.get(old, ())) + list(self._writers.get(old, ())):
-            if op.block is self:
+        self.rename_vars({old: new})
+        return self.var(new)
+
+    def rename_vars(self, renames: Mapping[str, str]) -> None:
+        """Rename several declared vars at once (one O(vars) pass however many), keeping
+        each declaration's position, and every read and write of them in this block."""
+        for old, new in renames.items():
+            self.var(old)
+            if new in self._vars and new not in renames:
+                raise IRError(f"block {self.idx} already declares var {new!r}")
+        if len(set(renames.values())) != len(renames):
+            raise IRError(f"renames of block {self.idx} give two vars the same name")
+        self._vars = {renames.get(name, name): var for name, var in self._vars.items()}
+        for old, new in renames.items():
+            self._vars[new]._name = new
+            for op in dict.fromkeys([*self._readers.get(old, ()), *self._writers.get(old, ())]):
                 op.rename_input(old, new)
                 op.rename_output(old, new)
-        return var
 
     # -- ops: reads
     @property
@@ -484,11 +491,10 @@ class Block:
 
     @property
     def parent(self) -> Block | None:
-        if self.program is None or self.parent_idx < 0 or self.parent_idx >= len(self.program.blocks):
+        blocks = None if self.program is None else self.program._blocks
+        if blocks is None or not 0 <= self.parent_idx < len(blocks) or self.parent_idx == self.idx:
             return None
-        if self.parent_idx == self.idx:
-            return None
-        return self.program.blocks[self.parent_idx]
+        return blocks[self.parent_idx]
 
     # -- ops: edits
     def add_op(
@@ -639,6 +645,7 @@ class Program:
 
     def __init__(self) -> None:
         self._blocks: list[Block] = []
+        self._blocks_cache: tuple[Block, ...] | None = None
         self.version: int | None = None
         # Paddle 2.x records the op versions a program was built with; None when absent.
         self.op_version_map: dict[str, int] | None = None
@@ -653,7 +660,10 @@ class Program:
     # -- blocks
     @property
     def blocks(self) -> tuple[Block, ...]:
-        return tuple(self._blocks)
+        """The blocks in index order (a cached tuple; O(1) until blocks are added or dropped)."""
+        if self._blocks_cache is None:
+            self._blocks_cache = tuple(self._blocks)
+        return self._blocks_cache
 
     @property
     def num_blocks(self) -> int:
@@ -676,7 +686,54 @@ class Program:
     def append_block(self, block: Block) -> Block:
         block.program = self
         self._blocks.append(block)
+        self._blocks_cache = None
         return block
+
+    def reachable_blocks(self) -> list[int]:
+        """Indices of block 0 and every block an op reaches through BLOCK / BLOCKS attrs
+        (transitively), in index order."""
+        seen = {0}
+        stack = [0]
+        while stack:
+            for op in self._blocks[stack.pop()].ops:
+                for target in op.sub_block_indices():
+                    if 0 <= target < len(self._blocks) and target not in seen:
+                        seen.add(target)
+                        stack.append(target)
+        return sorted(seen)
+
+    def drop_blocks(self, indices: Iterable[int]) -> None:
+        """Remove blocks and renumber the rest, rewriting `idx`, `parent_idx`,
+        `forward_block_idx` and every BLOCK / BLOCKS attr. Raises `IRError` if a kept
+        op or block still refers to a dropped block."""
+        drop = set(indices)
+        if 0 in drop:
+            raise IRError("the global block (0) cannot be dropped")
+        for idx in drop:
+            self.block(idx)
+        kept = [b for b in self._blocks if b.idx not in drop]
+        new_index = {b.idx: i for i, b in enumerate(kept)}
+
+        def remap(idx: int, what: str) -> int:
+            if idx in drop:
+                raise IRError(f"cannot drop block {idx}: {what} refers to it")
+            return new_index.get(idx, idx)
+
+        for block in kept:
+            for op in block.ops:
+                for name, attr in list(op.attrs.items()):
+                    if attr.type == AttrType.BLOCK:
+                        op.set_attr(name, remap(attr.value, f"op {op.type} in block {block.idx}"))
+                    elif attr.type == AttrType.BLOCKS:
+                        op.set_attr(name, [remap(v, f"op {op.type} in block {block.idx}") for v in attr.value])
+            if block.parent_idx >= 0:
+                block.parent_idx = remap(block.parent_idx, f"block {block.idx} (its parent)")
+            if block.forward_block_idx >= 0:
+                block.forward_block_idx = remap(block.forward_block_idx, f"block {block.idx} (forward_block_idx)")
+        for block in kept:
+            block.idx = new_index[block.idx]
+        self._blocks = kept
+        self._blocks_cache = None
 
     def all_ops(self) -> Iterator[tuple[Block, Op]]:
         for block in self._blocks:
@@ -721,7 +778,7 @@ class Program:
                 copy.add_var(var.copy())
             for op in block.ops:
                 copy._link_after(copy._tail, op.clone())
-            new._blocks.append(copy)
+            new.append_block(copy)
         return new
 
     def __repr__(self) -> str:

@@ -1,0 +1,349 @@
+"""The transpile API: modes, options, Paddle-compat getters, errors, determinism.
+
+Op lists marked "facts" are Fluid 1.8.5's real output for the same network, from
+../shared/reference/paddle18_transpiler_facts.md (§4.1, §4.2, Appendix A); the
+fluid18_basic fixture is Paddle's TestBasicModel network.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import PADDLE_PROGRAMS
+from transpiler.api import DistributeTranspiler, transpile
+from transpiler.config import DistributeTranspilerConfig
+from transpiler.dispatch import PSDispatcher
+from transpiler.errors import TranspileError, UnknownOpError
+from transpiler.ir import Program
+
+EPS = "127.0.0.1:6174,127.0.0.1:6175"
+FORWARD_BACKWARD = ["mul", "elementwise_add", "elementwise_sub", "square", "mean", "fill_constant", "mean_grad",
+                    "square_grad", "elementwise_sub_grad", "elementwise_add_grad"]
+
+
+def load(case: str) -> tuple[Program, Program]:
+    return Program.load(PADDLE_PROGRAMS / case / "main.pb"), Program.load(PADDLE_PROGRAMS / case / "startup.pb")
+
+
+def types(program: Program, block: int = 0) -> list[str]:
+    return [op.type for op in program.block(block).ops]
+
+
+def basic(**kwargs):
+    main, startup = load("fluid18_basic_sgd_2ps")
+    kwargs.setdefault("pservers", EPS)
+    kwargs.setdefault("trainers", 2)
+    return transpile(main, startup, verify=True, **kwargs)
+
+
+def test_inputs_are_never_changed():
+    main, startup = load("fluid18_lr_piecewise_2ps")
+    before = main.to_bytes(), startup.to_bytes()
+    transpile(main, startup, pservers=EPS, trainers=2, sync_mode=False)
+    transpile(main, startup, pservers=EPS, trainers=2)
+    assert (main.to_bytes(), startup.to_bytes()) == before
+
+
+def test_sync_with_one_trainer_sends_what_the_pserver_expects():
+    """Paddle 1.8 sums `<grad>.trainer_0` on the pserver while the trainer sends `<grad>` (facts §10.2)."""
+    result = basic(trainers=1)
+    sends = [n for op in result.trainer.global_block().ops if op.type == "send" for n in op.input("X")]
+    assert sends == ["fc_b@GRAD", "fc_w@GRAD.block0", "fc_w@GRAD.block1"]
+    main, _ = result.pservers["127.0.0.1:6174"]
+    assert main.global_block().ops[0].input("X") == ("fc_b@GRAD", "fc_w@GRAD.block1")
+    assert [types(main, i) for i in range(1, main.num_blocks)] == [["sgd"], ["sgd"]]
+    assert "send_barrier" in types(result.trainer)
+
+
+def test_half_async_matches_fluid():  # facts §4.2 TestBasicModelHalfAsync
+    result = basic(sync_mode=False)
+    assert types(result.trainer) == FORWARD_BACKWARD + ["send", "mul_grad", "split_byref", "send", "recv", "recv",
+                                                        "concat"]
+    main, _ = result.pservers["127.0.0.1:6174"]
+    serve = main.global_block().ops[0]
+    assert serve.attr("distributed_mode") == 2 and serve.attr("sync_mode") is False
+    assert serve.input("X") == ("fc_b@GRAD", "fc_w@GRAD.block1")
+    assert [types(main, i) for i in range(1, main.num_blocks)] == [["sgd"], ["sgd"]]
+    recvs = [op for op in result.trainer.global_block().ops if op.type == "recv"]
+    sends = [op for op in result.trainer.global_block().ops if op.type == "send"]
+    assert [r.input("X") for r in recvs] == [s.output("Out") for s in sends]  # each recv waits for its own send
+    assert types(result.trainer_startup) == ["fill_constant", "uniform_random", "recv", "recv", "fetch_barrier", "concat"]
+
+
+def test_async_with_runtime_split_matches_fluid():  # facts §4.2 TestBasicModelAsync
+    config = DistributeTranspilerConfig()
+    config.sync_mode = False
+    config.runtime_split_send_recv = True
+    result = basic(config=config)
+    assert types(result.trainer) == FORWARD_BACKWARD + ["send", "mul_grad", "send", "recv", "recv"]
+    ops = result.trainer.global_block().ops
+    send_w = [op for op in ops if op.type == "send"][1]
+    assert send_w.input("X") == ("fc_w@GRAD",)
+    assert send_w.attr("sections") == (500, 500)
+    assert send_w.attr("send_varnames") == ("fc_w@GRAD.block0", "fc_w@GRAD.block1")
+    recv_w = [op for op in ops if op.type == "recv"][1]
+    assert recv_w.output("Out") == ("fc_w",) and recv_w.attr("recv_varnames") == ("fc_w.block0", "fc_w.block1")
+    main, _ = result.pservers["127.0.0.1:6174"]
+    assert main.global_block().ops[0].attr("distributed_mode") == 1
+
+
+def test_sync_config_matches_fluid():  # facts §4.2 TestBasicModelSync
+    result = basic()
+    assert types(result.trainer) == FORWARD_BACKWARD + ["send", "mul_grad", "split_byref", "send", "send_barrier",
+                                                        "recv", "recv", "fetch_barrier", "concat"]
+
+
+def test_transpile_argument_sets_the_mode_of_trainer_and_pservers_alike():
+    """Paddle takes the pserver's mode from the config and the trainer's from the argument (facts §10.3)."""
+    transpiler = DistributeTranspiler()  # default config: sync_mode=True
+    main, startup = load("fluid18_basic_sgd_2ps")
+    transpiler.transpile(0, program=main, startup_program=startup, pservers=EPS, trainers=2, sync_mode=False)
+    assert "send_barrier" not in types(transpiler.get_trainer_program())
+    assert transpiler.get_pserver_program("127.0.0.1:6174").global_block().ops[0].attr("distributed_mode") == 2
+
+
+def test_async_lr_decay_matches_fluid():  # facts §4.1 (test_dist_transpiler_async_decay)
+    main, startup = load("fluid18_lr_exp_decay_2ps")
+    result = transpile(main, startup, pservers=EPS, trainers=2, sync_mode=False, verify=True)
+    assert types(result.trainer) == FORWARD_BACKWARD + ["send", "mul_grad", "split_byref", "send", "send", "recv",
+                                                        "recv", "concat"]
+    counter_send = [op for op in result.trainer.global_block().ops if op.type == "send"][-1]
+    assert counter_send.input("X") == ("@LR_DECAY_COUNTER@.trainer_0",)
+    assert counter_send.attr("epmap") == tuple(EPS.split(","))
+    assert counter_send.attr("merge_add") is True and counter_send.attr("use_send_handler") is False
+    assert types(result.trainer_startup) == ["fill_constant"] * 4 + ["uniform_random", "recv", "recv",
+                                                                      "fetch_barrier", "concat"]
+    values = {op.output("Out")[0]: op.attr("value") for op in result.trainer_startup.global_block().ops
+              if op.type == "fill_constant"}
+    assert values["@LR_DECAY_COUNTER@"] == -2.0
+    assert values["@LR_DECAY_COUNTER@.trainer_0"] == values["@LR_DECAY_COUNTER@.trainer_1"] == 1.0
+    main0, startup0 = result.pservers["127.0.0.1:6174"]
+    assert types(main0, 1) == ["sum", "cast", "scale", "floor", "fill_constant", "elementwise_pow", "scale"]
+    assert main0.block(1).ops[0].input("X") == ("@LR_DECAY_COUNTER@.trainer_0", "@LR_DECAY_COUNTER@.trainer_1")
+    assert [types(main0, i) for i in (2, 3)] == [["sgd"], ["sgd"]]
+    assert [main0.block(i).parent_idx for i in (2, 3)] == [1, 1]
+    assert types(startup0) == ["fill_constant"] * 4 + ["uniform_random"]
+
+
+def test_lr_decay_block_comes_first_and_parents_the_optimize_blocks():  # facts §3.4 TestLRDecay
+    main, startup = load("fluid18_lr_exp_decay_2ps")
+    result = transpile(main, startup, pservers=EPS, trainers=2, verify=True)
+    main0, _ = result.pservers["127.0.0.1:6174"]
+    serve = main0.global_block().ops[0]
+    assert serve.attr("lr_decay_block_id") == 1 and serve.attr("optimize_blocks") == (1, 2, 3)
+    assert types(main0, 1) == ["increment", "cast", "scale", "floor", "fill_constant", "elementwise_pow", "scale"]
+    assert [main0.block(i).parent_idx for i in range(1, 4)] == [0, 1, 1]
+
+
+def test_piecewise_decay_carries_its_sub_blocks():  # facts §3.7 TestLRDecayConditional
+    main, startup = load("fluid18_lr_piecewise_2ps")
+    result = transpile(main, startup, pservers=EPS, trainers=2, verify=True)
+    main0, _ = result.pservers["127.0.0.1:6174"]
+    assert main0.num_blocks == 7
+    assert [types(main0, i) for i in (2, 3, 4)] == [["assign"]] * 3
+    assert [op.attr("sub_block") for op in main0.block(1).ops if op.type == "conditional_block"] == [2, 3, 4]
+    assert main0.global_block().ops[0].attr("optimize_blocks") == (1, 5, 6)
+    assert result.trainer.num_blocks == 1  # Paddle leaves three orphan ['assign'] blocks behind
+
+
+def test_no_slice_keeps_vars_whole():  # facts §3.3 TestNoSliceVar
+    result = basic(slice_var_up=False)
+    _, startup1 = result.pservers["127.0.0.1:6175"]
+    assert startup1.global_block().var("fc_w").shape == (1000, 1000)
+    assert "split_byref" not in types(result.trainer) and "concat" not in types(result.trainer)
+
+
+def test_large_block_size():  # facts §3.2 TestBasicModelWithLargeBlockSize
+    result = basic(min_block_size=1048576)
+    assert types(result.trainer) == FORWARD_BACKWARD + ["send", "mul_grad", "send", "send_barrier", "recv", "recv",
+                                                        "fetch_barrier"]
+    main0, startup0 = result.pservers["127.0.0.1:6174"]
+    assert types(main0, 1) == ["sum", "scale", "sgd"] and main0.num_blocks == 2
+    assert types(startup0) == ["fill_constant", "fill_constant"]
+    assert result.pservers["127.0.0.1:6175"][1].global_block().var("fc_w").shape == (1000, 1000)
+
+
+def test_an_empty_pserver_gets_one_empty_block():  # facts §3.10
+    main, startup = load("seed_fc3_sgd_3ps")
+    eps = ",".join(f"127.0.0.1:{6170 + i}" for i in range(5))
+    result = transpile(main, startup, pservers=eps, trainers=2, slice_var_up=False, verify=True)
+    empty, empty_startup = result.pservers["127.0.0.1:6174"]
+    assert empty.num_blocks == 2 and len(empty.block(1)) == 0
+    serve = empty.global_block().ops[0]
+    assert serve.input("X") == () and serve.attr("grad_to_block_id") == () and serve.attr("optimize_blocks") == (1,)
+    assert len(empty_startup.global_block()) == 0
+
+
+class AllOnFirst(PSDispatcher):
+    def dispatch(self, varlist):
+        return [self.eps[0] for _ in varlist]
+
+
+def test_two_blocks_of_one_param_on_one_pserver_get_their_own_state():
+    main, startup = load("mlp_adam_2ps")
+    result = transpile(main, startup, pservers="127.0.0.1:6170,127.0.0.1:6171", trainers=2, split_method=AllOnFirst,
+                       verify=True)
+    main0, startup0 = result.pservers["127.0.0.1:6170"]
+    adams = [op for block in main0.blocks for op in block.ops if op.type == "adam"]
+    h1 = [op for op in adams if op.input("Param")[0].startswith("h1.w")]
+    assert [op.input("Moment1") for op in h1] == [("h1.w_moment1_0.block0",), ("h1.w_moment1_0.block1",)]
+    assert [op.input("Beta1Pow") for op in h1] == [("h1.w_beta1_pow_acc_0.block0",), ("h1.w_beta1_pow_acc_0.block1",)]
+    assert main0.global_block().var("h1.w_moment1_0.block1").shape == (392, 256)
+    inits = {op.output("Out")[0] for op in startup0.global_block().ops}
+    assert {"h1.w_moment1_0.block0", "h1.w_moment1_0.block1", "h1.w_beta1_pow_acc_0.block1"} <= inits
+    assert result.pservers["127.0.0.1:6171"][0].num_blocks == 2  # the other one is empty
+
+
+@pytest.mark.parametrize("method", ["hash_name", "balanced", "round_robin"])
+@pytest.mark.parametrize("case", ["mlp_adam_2ps", "fluid18_lr_piecewise_2ps"])
+@pytest.mark.parametrize("n_pservers", [1, 2, 4])
+def test_every_split_method_gives_verified_programs(method, case, n_pservers):
+    main, startup = load(case)
+    eps = ",".join(f"127.0.0.1:{7000 + i}" for i in range(n_pservers))
+    result = transpile(main, startup, pservers=eps, trainers=2, split_method=method, verify=True)
+    assert set(result.pservers) == set(eps.split(","))
+    assert result.plan.split_method == method
+
+
+def test_seeded_initializers_get_one_seed_per_block():
+    main, startup = load("fluid18_basic_sgd_2ps")
+    for op in startup.global_block().ops:
+        if op.type == "uniform_random":
+            op.set_attr("seed", 7)
+    result = transpile(main, startup, pservers=EPS, trainers=2)
+    seeds = {ep: [op.attr("seed") for op in s.global_block().ops if op.type == "uniform_random"]
+             for ep, (_, s) in result.pservers.items()}
+    assert seeds == {"127.0.0.1:6175": [7], "127.0.0.1:6174": [8]}  # fc_w.block0 on 6175, block1 on 6174
+
+
+def test_pserver_programs_do_not_depend_on_the_trainer_id():
+    main, startup = load("mlp_adam_2ps")
+    first = transpile(main, startup, pservers=EPS, trainers=3, trainer_id=0)
+    last = transpile(main, startup, pservers=EPS, trainers=3, trainer_id=2)
+    for ep in first.pservers:
+        assert [p.to_bytes() for p in first.pservers[ep]] == [p.to_bytes() for p in last.pservers[ep]]
+    assert first.plan.to_json() == last.plan.to_json()
+    sends = [n for op in last.trainer.global_block().ops if op.type == "send" for n in op.input("X")]
+    assert all(name.endswith(".trainer_2") for name in sends)
+
+
+def test_paddle_style_api_returns_copies_and_never_mutates_the_startup():
+    main, startup = load("fluid18_basic_sgd_2ps")
+    before = startup.to_bytes()
+    transpiler = DistributeTranspiler()
+    transpiler.transpile(0, program=main, pservers=EPS, trainers=2, startup_program=startup, slice_var_up=True,
+                         split_method="RoundRobin")
+    pserver, pstartup = transpiler.get_pserver_programs("127.0.0.1:6174")
+    assert transpiler.get_startup_program("127.0.0.1:6174", pserver).to_bytes() == pstartup.to_bytes()
+    assert startup.to_bytes() == before  # Paddle rewrites the shapes of these ops (facts §10.9)
+    trainer = transpiler.get_trainer_program()
+    trainer.global_block().remove_op(trainer.global_block().ops[0])
+    assert len(transpiler.get_trainer_program().global_block()) == len(trainer.global_block()) + 1
+    assert transpiler.get_trainer_startup_program().to_bytes() != before
+    with pytest.raises(TranspileError, match="not one of the pservers"):
+        transpiler.get_pserver_program("127.0.0.1:9999")
+
+
+def test_getters_before_transpile_raise():
+    with pytest.raises(TranspileError, match="call transpile"):
+        DistributeTranspiler().get_trainer_program()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"pservers": "127.0.0.1:6174,127.0.0.1:6174"}, "listed twice"),
+        ({"pservers": "127.0.0.1"}, "malformed pserver endpoint"),
+        ({"pservers": "host:70000"}, "malformed pserver endpoint"),
+        ({"pservers": ""}, "no pserver endpoints"),
+        ({"trainers": 0}, "trainers must be an integer >= 1"),
+        ({"trainer_id": 2}, r"trainer_id must be in \[0, 1\]"),
+        ({"trainer_id": -1}, r"trainer_id must be in \[0, 1\]"),
+        ({"min_block_size": 0}, "min_block_size must be an integer >= 1"),
+        ({"split_method": "zigzag"}, "unknown split method"),
+    ],
+)
+def test_bad_arguments(kwargs, message):
+    main, startup = load("fluid18_basic_sgd_2ps")
+    args = {"pservers": EPS, "trainers": 2, **kwargs}
+    with pytest.raises(TranspileError, match=message):
+        transpile(main, startup, **args)
+
+
+def test_unsupported_modes_say_so():
+    main, startup = load("fluid18_basic_sgd_2ps")
+    for field, value, message in (("mode", "nccl2", "only 'pserver'"), ("enable_dc_asgd", True, "dc_asgd"),
+                                  ("runtime_split_send_recv", True, "needs async mode")):
+        config = DistributeTranspilerConfig()
+        setattr(config, field, value)
+        with pytest.raises(TranspileError, match=message):
+            transpile(main, startup, pservers=EPS, trainers=2, config=config)
+
+
+def test_a_program_without_optimizer_ops_is_refused():
+    main, startup = load("fluid18_basic_sgd_2ps")
+    block = main.global_block()
+    block.remove_ops([op for op in block.ops if op.type == "sgd"])
+    with pytest.raises(TranspileError, match="no optimizer ops"):
+        transpile(main, startup, pservers=EPS, trainers=2)
+
+
+def test_an_optimizer_the_catalogue_does_not_know_is_named():
+    main, startup = load("fluid18_basic_sgd_2ps")
+    for op in main.global_block().ops:
+        if op.type == "sgd":
+            op.type = "fancy_sgd"
+    with pytest.raises(UnknownOpError, match="fancy_sgd"):
+        transpile(main, startup, pservers=EPS, trainers=2)
+
+
+def test_dump_dir_has_every_program_after_every_pass(tmp_path):
+    basic(dump_dir=tmp_path)
+    passes = sorted(p.name for p in tmp_path.iterdir())
+    assert passes[0] == "01_find_optimize" and passes[-1] == "07_pserver_startup"
+    last = sorted(p.name for p in (tmp_path / passes[-1]).iterdir())
+    assert "trainer.txt" in last and "plan.json" in last and "pserver_127_0_0_1_6175_startup.txt" in last
+
+
+def test_save_writes_every_file(tmp_path):
+    written = basic().save(tmp_path / "out")
+    names = sorted(p.name for p in written)
+    assert names == sorted(["trainer.pb", "trainer_startup.pb", "pserver_127.0.0.1_6174.pb",
+                            "pserver_127.0.0.1_6174_startup.pb", "pserver_127.0.0.1_6175.pb",
+                            "pserver_127.0.0.1_6175_startup.pb", "plan.json"])
+    assert Program.load(tmp_path / "out" / "trainer.pb").to_bytes() == basic().trainer.to_bytes()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+DETERMINISM_SCRIPT = """
+import hashlib, sys
+from transpiler.api import transpile
+from transpiler.ir import Program
+root = sys.argv[1]
+digest = hashlib.sha256()
+for case, method in (("mlp_adam_2ps", "hash_name"), ("fluid18_lr_piecewise_2ps", "round_robin")):
+    main = Program.load(f"{root}/{case}/main.pb"); startup = Program.load(f"{root}/{case}/startup.pb")
+    for sync in (True, False):
+        r = transpile(main, startup, pservers="a:1,b:2,c:3", trainers=3, trainer_id=1, sync_mode=sync,
+                      split_method=method)
+        for p in (r.trainer, r.trainer_startup, *[x for pair in r.pservers.values() for x in pair]):
+            digest.update(p.to_bytes())
+        digest.update(r.plan.to_json_text().encode())
+print(digest.hexdigest())
+"""
+
+
+def test_byte_identical_output_under_any_hash_seed():
+    root = Path(__file__).resolve().parents[1]
+    digests = set()
+    for seed in ("0", "1", "4242"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", DETERMINISM_SCRIPT, str(PADDLE_PROGRAMS)], env=env, cwd=root,
+                             capture_output=True, text=True, check=True)
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1

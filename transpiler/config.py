@@ -1,0 +1,141 @@
+"""Transpiler configuration: Paddle's `DistributeTranspilerConfig` and the frozen,
+validated `TranspileOptions` the passes read.
+
+Paddle derives the trainer program from `transpile(sync_mode=...)` but the pserver's mode
+from `config.sync_mode`, so `transpile(sync_mode=False)` with a default config gives a
+sync pserver and an async trainer that hang each other (facts §10.3). Here one effective
+mode drives both: the `sync_mode` argument when given, else `config.sync_mode`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import IntEnum
+
+from transpiler.dispatch import PSDispatcher, dispatcher_name, resolve_dispatcher
+from transpiler.errors import TranspileError
+
+
+class DistributedMode(IntEnum):
+    """`listen_and_serv`'s `distributed_mode` attr (Paddle 1.7+ numbering)."""
+
+    SYNC = 0
+    ASYNC = 1  # async with the split done by send/recv at run time
+    HALF_ASYNC = 2  # async with split_byref / concat in the trainer program
+
+
+class DistributeTranspilerConfig:
+    """Paddle-compatible configuration object; set attributes, then pass it to
+    `DistributeTranspiler(config)`.
+
+    Supported: `slice_var_up`, `split_method` (a `PSDispatcher` subclass or a name),
+    `min_block_size` (>= 1; Paddle insists on >= 8192), `sync_mode`,
+    `runtime_split_send_recv` (async only), `half_async`, `completely_not_async`
+    (treated as sync), `mode="pserver"`, `print_log`, `wait_port`.
+    Not supported (a `TranspileError` says so): `mode` "nccl2"/"collective",
+    `enable_dc_asgd`, `geo_sgd_mode`.
+    """
+
+    def __init__(self) -> None:
+        self.slice_var_up = True
+        self.split_method: type[PSDispatcher] | str | None = None
+        self.min_block_size = 8192
+        self.sync_mode = True
+        self.runtime_split_send_recv = False
+        self.half_async = False
+        self.completely_not_async = False
+        self.enable_dc_asgd = False
+        self.geo_sgd_mode = False
+        self.mode = "pserver"
+        self.print_log = False
+        self.wait_port = False
+
+
+@dataclass(frozen=True)
+class TranspileOptions:
+    """Everything the passes need, validated once."""
+
+    endpoints: tuple[str, ...]
+    trainers: int
+    trainer_id: int
+    sync_mode: bool
+    slice_var_up: bool
+    dispatcher: type[PSDispatcher]
+    min_block_size: int
+    runtime_split_send_recv: bool = False
+    half_async: bool = False
+
+    @property
+    def distributed_mode(self) -> DistributedMode:
+        if self.sync_mode:
+            return DistributedMode.SYNC
+        return DistributedMode.ASYNC if self.runtime_split_send_recv else DistributedMode.HALF_ASYNC
+
+    @property
+    def split_method_name(self) -> str:
+        return dispatcher_name(self.dispatcher)
+
+
+_ENDPOINT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(?P<port>[0-9]{1,5})$")
+
+
+def parse_endpoints(pservers: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """`"h1:p1,h2:p2"` or a list → a tuple of endpoints; duplicates and malformed ones raise."""
+    items = pservers.split(",") if isinstance(pservers, str) else list(pservers)
+    endpoints = tuple(str(item).strip() for item in items if str(item).strip())
+    if not endpoints:
+        raise TranspileError("no pserver endpoints given (expected host:port[,host:port...])")
+    for endpoint in endpoints:
+        match = _ENDPOINT.match(endpoint)
+        if not match or not 0 < int(match["port"]) < 65536:
+            raise TranspileError(f"malformed pserver endpoint {endpoint!r} (expected host:port, port 1-65535)")
+    seen: set[str] = set()
+    for endpoint in endpoints:
+        if endpoint in seen:
+            raise TranspileError(f"pserver endpoint {endpoint} is listed twice")
+        seen.add(endpoint)
+    return endpoints
+
+
+def make_options(
+    config: DistributeTranspilerConfig | None,
+    *,
+    pservers,
+    trainers: int,
+    trainer_id: int,
+    sync_mode: bool | None = None,
+    slice_var_up: bool | None = None,
+    split_method=None,
+    min_block_size: int | None = None,
+) -> TranspileOptions:
+    """Merge explicit arguments over `config` and validate the result."""
+    config = config or DistributeTranspilerConfig()
+    if config.mode != "pserver":
+        raise TranspileError(f"mode {config.mode!r} is not supported; only 'pserver' mode is")
+    if config.enable_dc_asgd:
+        raise TranspileError("enable_dc_asgd is not supported")
+    if config.geo_sgd_mode:
+        raise TranspileError("geo_sgd_mode is not supported")
+    if isinstance(trainers, bool) or not isinstance(trainers, int) or trainers < 1:
+        raise TranspileError(f"trainers must be an integer >= 1, got {trainers!r}")
+    if isinstance(trainer_id, bool) or not isinstance(trainer_id, int) or not 0 <= trainer_id < trainers:
+        raise TranspileError(f"trainer_id must be in [0, {trainers - 1}] for {trainers} trainer(s), got {trainer_id!r}")
+    sync = (config.sync_mode or config.completely_not_async) if sync_mode is None else bool(sync_mode)
+    runtime_split = bool(config.runtime_split_send_recv)
+    if sync and runtime_split:
+        raise TranspileError("runtime_split_send_recv needs async mode (sync_mode=False)")
+    block_size = config.min_block_size if min_block_size is None else min_block_size
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise TranspileError(f"min_block_size must be an integer >= 1, got {block_size!r}")
+    return TranspileOptions(
+        endpoints=parse_endpoints(pservers),
+        trainers=trainers,
+        trainer_id=trainer_id,
+        sync_mode=sync,
+        slice_var_up=config.slice_var_up if slice_var_up is None else bool(slice_var_up),
+        dispatcher=resolve_dispatcher(config.split_method if split_method is None else split_method),
+        min_block_size=block_size,
+        runtime_split_send_recv=runtime_split,
+        half_async=bool(config.half_async) and not sync,
+    )

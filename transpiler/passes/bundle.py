@@ -1,0 +1,86 @@
+"""The unit every pass takes and returns: the programs being built plus what earlier
+passes learned (the analysis of the original program and the partition plan)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transpiler.ir import Program
+from transpiler.plan import Plan
+
+CONTROL_VAR_PREFIX = "__control_var@"
+
+
+@dataclass
+class ParamChain:
+    """One parameter's update: the ops that leave the trainer for its pservers.
+
+    Indices are positions in the original program's global block. `ops` holds every
+    optimize-role op tied to the param (L2-decay `scale`/`sum`, `clip`, ...) and the
+    optimizer op itself, in program order.
+    """
+
+    param: str
+    grad: str  # the grad the trainer sends: what backward wrote, before decay or clip
+    optimizer: int
+    ops: list[int]
+    grad_producer: int  # the last op the trainer keeps that writes `grad`
+
+
+@dataclass
+class Analysis:
+    chains: list[ParamChain]
+    optimize_ops: list[int]  # every op that leaves the trainer for the optimize blocks
+    lr_ops: list[int]  # ops computing the learning rate, in order
+    lr_counter: str | None = None  # the global step var the lr ops increment, if any
+    lr_counter_increment: int | None = None  # index of that `increment` op
+
+
+@dataclass
+class PserverPrograms:
+    main: Program
+    startup: Program | None = None
+    # Original var name -> (pserver var, block index) standing for it here (a param's
+    # blocks, an accumulator cut like its param, ...): what the startup pass initialises.
+    instances: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+
+
+@dataclass
+class Bundle:
+    """Programs under construction. `origin` / `origin_startup` are private copies of
+    the user's programs; passes never change them."""
+
+    origin: Program
+    origin_startup: Program
+    trainer: Program | None = None
+    trainer_startup: Program | None = None
+    pservers: dict[str, PserverPrograms] = field(default_factory=dict)
+    analysis: Analysis | None = None
+    plan: Plan | None = None
+    control_vars: int = 0
+
+    def new_control_var(self, program: Program) -> str:
+        """A fresh dependency-only var, `__control_var@<n>` (Paddle uses random numbers;
+        these count up so every process names them alike)."""
+        while True:
+            name = f"{CONTROL_VAR_PREFIX}{self.control_vars}"
+            self.control_vars += 1
+            if not program.global_block().has_var(name):
+                break
+        from transpiler.ir.types import VarKind
+
+        program.global_block().create_var(name, VarKind.RAW)
+        return name
+
+    def programs(self) -> list[tuple[str, Program]]:
+        """(name, program) for every program built so far, in a stable order."""
+        out: list[tuple[str, Program]] = []
+        if self.trainer is not None:
+            out.append(("trainer", self.trainer))
+        if self.trainer_startup is not None:
+            out.append(("trainer_startup", self.trainer_startup))
+        for endpoint, progs in self.pservers.items():
+            out.append((f"pserver_{endpoint}", progs.main))
+            if progs.startup is not None:
+                out.append((f"pserver_{endpoint}_startup", progs.startup))
+        return out

@@ -1,0 +1,131 @@
+"""Checks across the programs of a bundle, on top of each program's own verifier:
+
+* every var a trainer `send`s has a receiver: the pserver at its `epmap` entry lists it
+  among `listen_and_serv`'s inputs (or declares it, for broadcasts like the lr counter);
+* every var a trainer `recv`s is declared on the pserver it is fetched from;
+* every param block of the plan is updated by exactly one optimizer op, on its pserver;
+* every `grad_to_block_id` entry names a block that reads that grad.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from ops.catalogue.optimizers import is_optimizer
+from transpiler.errors import VerifyError
+from transpiler.ir import Program
+from transpiler.ir.verifier import op_problem, verify
+from transpiler.passes.bundle import Bundle
+
+
+def verify_bundle(bundle: Bundle, *, after: str = "") -> None:
+    """Verify every program built so far, then the cross-program checks once all exist."""
+    suffix = f" (after {after})" if after else ""
+    for label, program in bundle.programs():
+        verify(program, name=label + suffix)
+    if bundle.trainer is not None and bundle.pservers and all(p.startup is not None for p in bundle.pservers.values()):
+        problems = list(cross_program_problems(bundle))
+        if problems:
+            first = problems[0]
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise VerifyError(
+                first.reason + more + suffix,
+                program=first.program,
+                block=first.block,
+                op_index=first.op_index,
+                op_type=first.op_type,
+                context=first.context,
+            )
+
+
+def cross_program_problems(bundle: Bundle) -> Iterable[VerifyError]:
+    serving = {}
+    for ep, progs in bundle.pservers.items():
+        serve = _listen_and_serv(progs.main)
+        serving[ep] = None if serve is None else frozenset(serve.input("X"))
+    for label, program in (("trainer", bundle.trainer), ("trainer_startup", bundle.trainer_startup)):
+        if program is None:
+            continue
+        block = program.global_block()
+        for index, op in enumerate(block.ops):
+            if op.type == "send":
+                yield from _check_send(label, block, index, op, bundle, serving)
+            elif op.type == "recv":
+                yield from _check_recv(label, block, index, op, bundle)
+    yield from _check_each_block_optimized_once(bundle)
+    for ep, progs in bundle.pservers.items():
+        yield from _check_grad_to_block(f"pserver_{ep}", progs.main)
+
+
+def _listen_and_serv(program: Program):
+    return next((op for op in program.global_block().ops if op.type == "listen_and_serv"), None)
+
+
+def _pairs(op, names_attr: str, slot_names: tuple[str, ...]):
+    """(var, endpoint) pairs of a send / recv; None when the counts cannot match."""
+    names = list(op.attr(names_attr, ())) or list(slot_names)
+    epmap = list(op.attr("epmap", ()))
+    if len(names) != len(epmap) and len(names) == 1:
+        return [(names[0], ep) for ep in epmap]  # a broadcast to every endpoint
+    return list(zip(names, epmap, strict=False)) if len(names) == len(epmap) else None
+
+
+def _check_send(label, block, index, op, bundle, serving):
+    pairs = _pairs(op, "send_varnames", op.input("X"))
+    if pairs is None:
+        yield op_problem(label, block, op, index, f"send has {len(op.input('X'))} vars but {len(op.attr('epmap', ()))} endpoints")
+        return
+    for name, ep in pairs:
+        if ep not in bundle.pservers:
+            yield op_problem(label, block, op, index, f"send of {name!r} goes to {ep}, which is not a pserver")
+            continue
+        received = serving[ep]
+        declared = bundle.pservers[ep].main.global_block().has_var(name)
+        if received is None or (name not in received and not (op.attr("merge_add", False) and declared)):
+            yield op_problem(label, block, op, index, f"send of {name!r} to {ep}: that pserver does not receive it")
+
+
+def _check_recv(label, block, index, op, bundle):
+    pairs = _pairs(op, "recv_varnames", op.output("Out"))
+    if pairs is None:
+        yield op_problem(label, block, op, index, f"recv has {len(op.output('Out'))} vars but {len(op.attr('epmap', ()))} endpoints")
+        return
+    for name, ep in pairs:
+        progs = bundle.pservers.get(ep)
+        if progs is None or not progs.main.global_block().has_var(name):
+            yield op_problem(label, block, op, index, f"recv of {name!r} from {ep}: that pserver does not hold it")
+
+
+def _check_each_block_optimized_once(bundle: Bundle):
+    updated: Counter[tuple[str, str]] = Counter()
+    for ep, progs in bundle.pservers.items():
+        for block in progs.main.blocks:
+            for op in block.ops:
+                if is_optimizer(op.type):
+                    for name in op.input("Param"):
+                        updated[(ep, name)] += 1
+    expected = {(ep, b.name) for p in bundle.plan.params for b, ep in zip(p.blocks, p.endpoints, strict=True)}
+    for key in sorted(expected):
+        if updated[key] != 1:
+            ep, name = key
+            yield VerifyError(f"param block {name!r} is updated {updated[key]} times on {ep}, not once",
+                              program=f"pserver_{ep}")
+    for key in sorted(set(updated) - expected):
+        ep, name = key
+        yield VerifyError(f"{name!r} is updated on {ep} but the plan puts no block of it there", program=f"pserver_{ep}")
+
+
+def _check_grad_to_block(label: str, program: Program):
+    serve = _listen_and_serv(program)
+    if serve is None:
+        yield VerifyError("has no listen_and_serv op", program=label, block=0)
+        return
+    for entry in serve.attr("grad_to_block_id", ()):
+        grad, _, idx = entry.rpartition(":")
+        if not idx.isdigit() or not 0 < int(idx) < program.num_blocks:
+            yield VerifyError(f"grad_to_block_id entry {entry!r} names no block", program=label, block=0)
+            continue
+        if not any(grad in op.input_names for op in program.block(int(idx)).ops):
+            yield VerifyError(f"grad_to_block_id entry {entry!r}: block {idx} does not read {grad!r}", program=label,
+                              block=int(idx))

@@ -1,0 +1,144 @@
+"""Pass 1: find what leaves the trainer.
+
+* Optimize ops: `op_role` has the Optimize bit (and not LRSched), or the op has `Param`,
+  `Grad` and `LearningRate` slots (programs built without roles). Each is tied to a
+  parameter by the first entry of its `op_role_var` (or its `Param` slot).
+* Optimizer ops: optimize ops with those three slots; their type must be in
+  `OPTIMIZER_SLOTS`, else `UnknownOpError`. One per parameter.
+* The grad a trainer sends for a param: the grad named by the first op tied to it (the
+  grad backward wrote, before any L2 decay or clip), and the last op the trainer keeps
+  that writes it is where the `send` goes.
+* LR ops: `op_role` has the LRSched bit; they move to an lr-decay block on each pserver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ops.catalogue.optimizers import optimizer_slots
+from transpiler.errors import TranspileError
+from transpiler.ir import Op, OpRole, VarKind
+from transpiler.passes.bundle import Analysis, Bundle, ParamChain
+
+LOOKUP_TABLE_OPS = ("lookup_table", "lookup_table_v2")
+
+
+@dataclass(frozen=True)
+class Options:
+    pass
+
+
+def is_optimizer_op(op: Op) -> bool:
+    return bool(op.input("Param")) and bool(op.input("Grad")) and bool(op.input("LearningRate"))
+
+
+def run(bundle: Bundle, options=None) -> Bundle:
+    block = bundle.origin.global_block()
+    ops = block.ops
+    lr_ops: list[int] = []
+    optimize: list[int] = []
+    tied: dict[str, list[int]] = {}
+    optimizers: dict[str, int] = {}
+    for index, op in enumerate(ops):
+        role = op.role
+        if role & OpRole.LRSched:
+            lr_ops.append(index)
+            continue
+        if not (role & OpRole.Optimize or is_optimizer_op(op)):
+            continue
+        optimize.append(index)
+        param = _tied_param(op, index)
+        tied.setdefault(param, []).append(index)
+        if is_optimizer_op(op):
+            optimizer_slots(op.type)  # UnknownOpError for an optimizer we cannot distribute
+            if param in optimizers:
+                raise TranspileError(
+                    f"param {param!r} is updated by two optimizer ops (ops {optimizers[param]} and {index})"
+                )
+            optimizers[param] = index
+    if not optimizers:
+        raise TranspileError(
+            "the program has no optimizer ops (sgd, adam, ...): call optimizer.minimize(loss) before transpiling"
+        )
+    for param, indices in tied.items():
+        if param not in optimizers:
+            op = ops[indices[0]]
+            raise TranspileError(f"optimize op {indices[0]} ({op.type}) is tied to {param!r}, which no optimizer updates")
+
+    moved = set(optimize) | set(lr_ops)
+    _reject_sparse_tables(ops, set(optimizers))
+    chains = []
+    for param, opt_index in sorted(optimizers.items(), key=lambda item: item[1]):
+        chain_ops = tied[param]
+        grad = _sent_grad(ops[chain_ops[0]], param)
+        _check_param_and_grad(block, param, grad)
+        producer = _last_kept_writer(block, grad, moved)
+        chains.append(ParamChain(param=param, grad=grad, optimizer=opt_index, ops=chain_ops, grad_producer=producer))
+
+    counter, increment = _lr_counter(ops, lr_ops)
+    analysis = Analysis(
+        chains=chains, optimize_ops=optimize, lr_ops=lr_ops, lr_counter=counter, lr_counter_increment=increment
+    )
+    return replace(bundle, analysis=analysis)
+
+
+def _tied_param(op: Op, index: int) -> str:
+    role_vars = op.role_vars
+    if role_vars:
+        return role_vars[0]
+    if op.input("Param"):
+        return op.input("Param")[0]
+    raise TranspileError(
+        f"optimize op {index} ({op.type}) names no parameter (empty op_role_var, no Param slot); "
+        "ops that act on several parameters at once (e.g. global-norm clipping) cannot be placed on pservers"
+    )
+
+
+def _sent_grad(first_op: Op, param: str) -> str:
+    role_vars = first_op.role_vars
+    if len(role_vars) >= 2 and role_vars[0] == param:
+        return role_vars[1]
+    grads = first_op.input("Grad")
+    if grads:
+        return grads[0]
+    raise TranspileError(f"cannot tell which grad of {param!r} op {first_op.type!r} updates from (no op_role_var)")
+
+
+def _check_param_and_grad(block, param: str, grad: str) -> None:
+    for name, what in ((param, "param"), (grad, "grad")):
+        var = block.find_var(name)
+        if var is None:
+            raise TranspileError(f"{what} {name!r} is not declared in the global block")
+        if var.kind == VarKind.SELECTED_ROWS:
+            raise TranspileError(
+                f"{what} {name!r} is SELECTED_ROWS: sparse gradients (is_sparse embeddings) are not supported yet"
+            )
+        if var.shape is None or any(d < 0 for d in var.shape):
+            raise TranspileError(f"{what} {name!r} has no static shape ({var.shape}); parameters must")
+
+
+def _last_kept_writer(block, grad: str, moved: set[int]) -> int:
+    writers = [op.index for op in block.writers(grad)]
+    kept = [i for i in writers if i not in moved]
+    if not kept:
+        raise TranspileError(f"no op the trainer keeps writes grad {grad!r}; was append_backward run?")
+    return kept[-1]
+
+
+def _reject_sparse_tables(ops, params: set[str]) -> None:
+    for index, op in enumerate(ops):
+        if op.type in LOOKUP_TABLE_OPS and set(op.input("W")) & params:
+            if op.attr("is_distributed", False) or op.attr("is_sparse", False):
+                raise TranspileError(
+                    f"op {index} ({op.type} on {op.input('W')[0]!r}) is a sparse or distributed embedding; "
+                    "those are not supported yet (dense parameters only)"
+                )
+
+
+def _lr_counter(ops, lr_ops: list[int]) -> tuple[str | None, int | None]:
+    """The global step: the var an lr `increment` op adds to in place."""
+    for index in lr_ops:
+        op = ops[index]
+        if op.type == "increment" and op.input("X") and op.input("X") == op.output("Out"):
+            return op.input("X")[0], index
+    return None, None

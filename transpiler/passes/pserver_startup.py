@@ -1,0 +1,71 @@
+"""Pass: one startup program per pserver.
+
+It declares the pserver's vars and keeps, in the original startup's order, the
+initializers of the vars this pserver holds: an initializer of a cut param (or of state
+cut like it) is copied once per block with its `shape` attr set to the block's shape.
+A fixed non-zero `seed` is offset by the block index, so the blocks of one param do not
+start as copies of each other. Paddle sets those shapes on the trainer's own startup ops
+(facts §10.9); here the original is never touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from transpiler.config import TranspileOptions
+from transpiler.errors import TranspileError
+from transpiler.ir import Op, Program
+from transpiler.passes.bundle import Bundle
+
+# Initializers whose output shape is their `shape` attr, so a block is made by changing it.
+SHAPED_INITIALIZERS = ("fill_constant", "uniform_random", "gaussian_random", "truncated_gaussian_random")
+
+
+def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
+    assert bundle.pservers, "run pserver_program first"
+    pservers = {}
+    for endpoint, progs in bundle.pservers.items():
+        pservers[endpoint] = replace(progs, startup=_startup_for(bundle, progs.main, progs.instances))
+    return replace(bundle, pservers=pservers)
+
+
+def _startup_for(bundle: Bundle, main: Program, instances: dict[str, list[tuple[str, int]]]) -> Program:
+    startup = Program.empty()
+    startup.version = main.version
+    startup.op_version_map = None if main.op_version_map is None else dict(main.op_version_map)
+    block = startup.global_block()
+    for var in main.global_block().vars.values():
+        block.add_var(var.copy())
+    for op in bundle.origin_startup.global_block().ops:
+        targets = [name for out in op.output_names for name in instances.get(out, ())]
+        if not targets:
+            continue
+        outputs = op.output_names
+        if len(outputs) != 1:
+            if all(instances.get(out) == [(out, 0)] for out in outputs):
+                block.add_op(op.clone())
+                continue
+            raise TranspileError(f"startup op {op.type!r} writes several vars {outputs}; cannot place it per block")
+        (origin_name,) = outputs
+        origin_var = bundle.origin_startup.global_block().find_var(origin_name)
+        for target, index in targets:
+            block.add_op(_initializer_for(op, origin_name, origin_var, block.var(target), index))
+    return startup
+
+
+def _initializer_for(op: Op, origin_name: str, origin_var, target, index: int) -> Op:
+    new = op.clone()
+    slot = next(slot for slot, args in op.outputs.items() if origin_name in args)
+    new.set_output(slot, [target.name if a == origin_name else a for a in op.output(slot)])
+    whole = tuple(origin_var.shape) if origin_var is not None and origin_var.shape is not None else None
+    if target.shape is not None and whole is not None and tuple(target.shape) != whole:
+        if op.type not in SHAPED_INITIALIZERS or not op.has_attr("shape"):
+            raise TranspileError(
+                f"cannot initialise block {target.name!r} of {origin_name!r}: its initializer {op.type!r} "
+                f"has no shape attr to cut (known: {', '.join(SHAPED_INITIALIZERS)})"
+            )
+        new.set_attr("shape", list(target.shape))
+        seed = op.attr("seed", 0)
+        if seed:
+            new.set_attr("seed", seed + index)
+    return new

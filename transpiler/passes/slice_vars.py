@@ -1,0 +1,71 @@
+"""Pass 2: cut each parameter into blocks and place the blocks on pservers.
+
+Grads are cut exactly like their params (the optimizer updates block i of the param
+with block i of the grad), so one slicing and one dispatch serve both: a param block
+and its grad block always share an endpoint. (Paddle dispatches grads and params
+separately; with `HashName` that would put them on different servers.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from transpiler.config import TranspileOptions
+from transpiler.errors import TranspileError
+from transpiler.passes.bundle import Bundle
+from transpiler.plan import ParamPlan, Plan, make_blocks, slice_sizes
+
+
+def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
+    assert bundle.analysis is not None, "run find_optimize first"
+    block = bundle.origin.global_block()
+    plan = Plan(
+        endpoints=options.endpoints,
+        trainers=options.trainers,
+        sync_mode=options.sync_mode,
+        slice_var_up=options.slice_var_up,
+        split_method=options.split_method_name,
+        min_block_size=options.min_block_size,
+    )
+    slice_count = len(options.endpoints) if options.slice_var_up else 1
+    for chain in bundle.analysis.chains:
+        var = block.var(chain.param)
+        shape = tuple(var.shape)
+        sizes = slice_sizes(shape, slice_count, options.min_block_size)
+        plan.params.append(
+            ParamPlan(
+                param=chain.param,
+                grad=chain.grad,
+                shape=shape,
+                dtype=var.dtype,
+                optimizer=bundle.origin.global_block().ops[chain.optimizer].type,
+                blocks=make_blocks(chain.param, shape, sizes),
+            )
+        )
+    _check_names_free(block, plan)
+
+    dispatcher = options.dispatcher(list(options.endpoints))
+    dispatcher.reset()
+    all_blocks = [b for p in plan.params for b in p.blocks]
+    endpoints = list(dispatcher.dispatch(all_blocks))
+    if len(endpoints) != len(all_blocks) or any(ep not in options.endpoints for ep in endpoints):
+        raise TranspileError(
+            f"dispatcher {options.split_method_name} returned {endpoints!r} for {len(all_blocks)} blocks; "
+            "it must return one of the pserver endpoints per block"
+        )
+    cursor = 0
+    for param in plan.params:
+        param.endpoints = endpoints[cursor : cursor + len(param.blocks)]
+        cursor += len(param.blocks)
+    return replace(bundle, plan=plan)
+
+
+def _check_names_free(block, plan: Plan) -> None:
+    """A block var name the program already uses for something else would alias it."""
+    for param in plan.params:
+        if not param.sliced:
+            continue
+        for var_block in param.blocks:
+            for name in (var_block.name, param.grad_block_name(var_block.index)):
+                if block.has_var(name):
+                    raise TranspileError(f"cannot slice {param.param!r}: the program already declares {name!r}")

@@ -1,0 +1,66 @@
+"""Pass: the trainer's startup program.
+
+From a copy of the original startup program: drop the initializers of optimizer state
+(every input of an optimize op that is not a param or grad: learning rate, moments,
+beta powers), since that state lives on the pservers; then receive every param from
+its pservers the way the main program does (`recv` per param, one `fetch_barrier`,
+`concat` per cut param), so all trainers start from the pservers' values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from transpiler.config import TranspileOptions
+from transpiler.ir import OpRole
+from transpiler.passes.bundle import Bundle
+from transpiler.passes.emit import make_op
+from transpiler.passes.trainer_program import concat_op, declare_param_blocks
+
+
+def optimizer_state_vars(bundle: Bundle) -> set[str]:
+    """Inputs of optimize ops that are not params or grads (Paddle's rule, facts §5.2)."""
+    ops = bundle.origin.global_block().ops
+    inputs: set[str] = set()
+    role_vars: set[str] = set()
+    for index in bundle.analysis.optimize_ops:
+        inputs.update(ops[index].input_names)
+        role_vars.update(ops[index].role_vars)
+    for chain in bundle.analysis.chains:
+        role_vars.update((chain.param, chain.grad))
+    return inputs - role_vars
+
+
+def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
+    plan = bundle.plan
+    assert plan is not None and bundle.analysis is not None, "run the earlier passes first"
+    startup = bundle.origin_startup.clone()
+    block = startup.global_block()
+    state = optimizer_state_vars(bundle)
+    block.remove_ops([op for op in block.ops if state & set(op.output_names)])
+    for name in sorted(state):
+        if block.has_var(name):
+            block.remove_var(name)
+
+    for param in plan.params:
+        if not block.has_var(param.param):
+            block.add_var(bundle.origin.global_block().var(param.param).copy())
+        outs = [param.param] if options.runtime_split_send_recv or not param.sliced else declare_param_blocks(startup, param)
+        attrs = {"epmap": list(param.endpoints), "trainer_id": options.trainer_id}
+        if options.runtime_split_send_recv:
+            attrs["recv_varnames"] = [b.name for b in param.blocks]
+        block.add_op(make_op("recv", {"X": []}, {"Out": outs}, attrs, role=OpRole.RPC))
+    block.add_op(
+        make_op(
+            "fetch_barrier",
+            {"X": []},
+            {"Out": [bundle.new_control_var(startup)]},
+            {"endpoints": list(options.endpoints), "trainer_id": options.trainer_id},
+            role=OpRole.RPC,
+        )
+    )
+    if not options.runtime_split_send_recv:
+        for param in plan.params:
+            if param.sliced:
+                block.add_op(concat_op(param))
+    return replace(bundle, trainer_startup=startup)

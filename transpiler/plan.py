@@ -1,0 +1,221 @@
+"""The partition plan: how each parameter is cut into blocks and where each block lives.
+
+The plan is the single record of "where did this var come from": passes read names from
+it rather than re-parsing `.block<i>` / `.trainer_<id>` suffixes. It depends only on the
+program, the endpoints and the options, never on the trainer id, so every trainer that
+transpiles independently computes the same placement (`plan.json` lets you check).
+
+Slicing (`slice_var_up`): per var, `max = max(1, floor(numel / min_block_size))`,
+`count = min(#pservers, max)`, `block = ceil(numel / count)` rounded up to whole rows
+(a multiple of `prod(shape[1:])`), `count = ceil(numel / block)`; the last block may be
+shorter. The Fluid design doc says "round up" for `max`, but its own rule that no block
+be smaller than `min_block_size`, and Paddle's code, both give floor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from transpiler.errors import TranspileError
+from transpiler.ir.types import DType
+
+GRAD_BLOCK = "{grad}.block{index}"
+PARAM_BLOCK = "{param}.block{index}"
+TRAINER_SUFFIX = ".trainer_{trainer}"
+
+
+def slice_sizes(shape: tuple[int, ...], slice_count: int, min_block_size: int) -> list[int]:
+    """Element counts of the blocks a var of `shape` is cut into (Paddle's `slice_variable`)."""
+    if min_block_size < 1:
+        raise TranspileError(f"min_block_size must be at least 1, got {min_block_size}")
+    numel = math.prod(shape)
+    if numel <= 0:
+        return [numel]
+    max_count = max(1, numel // min_block_size)
+    count = min(slice_count, max_count)
+    block = math.ceil(numel / count)
+    row_width = math.prod(shape[1:]) if len(shape) >= 2 else 1
+    if block % row_width:
+        block += row_width - block % row_width
+    count = math.ceil(numel / block)
+    return [min(block, numel - i * block) for i in range(count)]
+
+
+@dataclass(frozen=True)
+class VarBlock:
+    """One block of a var: rows `[row_offset, row_offset + rows)` of its first dimension.
+
+    `name` is the block var's name (`fc_w.block1`, or the var itself when it is not cut),
+    which is what dispatchers see (`block.name`).
+    """
+
+    origin: str
+    index: int
+    row_offset: int
+    rows: int
+    shape: tuple[int, ...]
+    name: str
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass
+class ParamPlan:
+    """Placement of one parameter (and of the grad the trainer sends for it)."""
+
+    param: str
+    grad: str
+    shape: tuple[int, ...]
+    dtype: DType
+    optimizer: str
+    blocks: list[VarBlock] = field(default_factory=list)
+    endpoints: list[str] = field(default_factory=list)  # one per block
+
+    @property
+    def sliced(self) -> bool:
+        return len(self.blocks) > 1
+
+    def grad_block_name(self, index: int) -> str:
+        """The merged grad of block `index` as the pserver names it."""
+        return GRAD_BLOCK.format(grad=self.grad, index=index) if self.sliced else self.grad
+
+    def blocks_on(self, endpoint: str) -> list[VarBlock]:
+        return [b for b, ep in zip(self.blocks, self.endpoints, strict=True) if ep == endpoint]
+
+
+@dataclass
+class Plan:
+    endpoints: tuple[str, ...]
+    trainers: int
+    sync_mode: bool
+    slice_var_up: bool
+    split_method: str
+    min_block_size: int
+    params: list[ParamPlan] = field(default_factory=list)
+
+    @property
+    def per_trainer_grads(self) -> bool:
+        """Sync mode with several trainers: each trainer's grad arrives as `<grad>.trainer_<id>`."""
+        return self.sync_mode and self.trainers > 1
+
+    def param(self, name: str) -> ParamPlan:
+        for plan in self.params:
+            if plan.param == name:
+                return plan
+        raise KeyError(name)
+
+    def trainer_grad_name(self, param: ParamPlan, index: int, trainer: int) -> str:
+        """What trainer `trainer` calls the grad of block `index` it sends."""
+        base = param.grad_block_name(index)
+        return base + TRAINER_SUFFIX.format(trainer=trainer) if self.per_trainer_grads else base
+
+    def on(self, endpoint: str) -> list[tuple[ParamPlan, VarBlock]]:
+        """Every (param, block) placed on `endpoint`, in param order."""
+        return [(p, b) for p in self.params for b in p.blocks_on(endpoint)]
+
+    # -- reports
+    def load(self) -> list[dict[str, Any]]:
+        """Per endpoint: blocks, elements, bytes and share of the total."""
+        rows = {ep: {"endpoint": ep, "blocks": 0, "elements": 0, "bytes": 0} for ep in self.endpoints}
+        for param in self.params:
+            itemsize = _itemsize(param.dtype)
+            for block, ep in zip(param.blocks, param.endpoints, strict=True):
+                rows[ep]["blocks"] += 1
+                rows[ep]["elements"] += block.numel
+                rows[ep]["bytes"] += block.numel * itemsize
+        total = sum(r["elements"] for r in rows.values()) or 1
+        for row in rows.values():
+            row["share"] = row["elements"] / total
+        return list(rows.values())
+
+    def imbalance(self) -> float:
+        """max / mean elements per endpoint (1.0 is perfect balance)."""
+        elements = [row["elements"] for row in self.load()]
+        mean = sum(elements) / len(elements)
+        return max(elements) / mean if mean else 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "endpoints": list(self.endpoints),
+            "trainers": self.trainers,
+            "sync_mode": self.sync_mode,
+            "slice_var_up": self.slice_var_up,
+            "split_method": self.split_method,
+            "min_block_size": self.min_block_size,
+            "imbalance": round(self.imbalance(), 6),
+            "load": self.load(),
+            "params": [
+                {
+                    "param": p.param,
+                    "grad": p.grad,
+                    "shape": list(p.shape),
+                    "dtype": p.dtype.name,
+                    "optimizer": p.optimizer,
+                    "blocks": [
+                        {
+                            "name": b.name,
+                            "grad": p.grad_block_name(b.index),
+                            "index": b.index,
+                            "endpoint": ep,
+                            "row_offset": b.row_offset,
+                            "rows": b.rows,
+                            "shape": list(b.shape),
+                        }
+                        for b, ep in zip(p.blocks, p.endpoints, strict=True)
+                    ],
+                }
+                for p in self.params
+            ],
+        }
+
+    def to_json_text(self) -> str:
+        return json.dumps(self.to_json(), indent=1) + "\n"
+
+
+def _itemsize(dtype: DType) -> int:
+    try:
+        return dtype.to_numpy().itemsize
+    except TypeError:
+        return 2  # bf16
+
+
+def make_blocks(name: str, shape: tuple[int, ...], sizes: list[int]) -> list[VarBlock]:
+    """Turn element counts from `slice_sizes` into row-aligned `VarBlock`s."""
+    row_width = math.prod(shape[1:]) if len(shape) >= 2 else 1
+    blocks, row = [], 0
+    for index, size in enumerate(sizes):
+        rows = size // row_width if row_width else 0
+        block_shape = (rows, *shape[1:]) if shape else ()
+        block_name = PARAM_BLOCK.format(param=name, index=index) if len(sizes) > 1 else name
+        blocks.append(VarBlock(name, index, row, rows, block_shape, block_name))
+        row += rows
+    return blocks
+
+
+def format_plan(plan: Plan) -> str:
+    """The human report of `pstranspile plan`: load per pserver, then every var's blocks."""
+    lines = [
+        f"{len(plan.params)} params on {len(plan.endpoints)} pservers, {plan.trainers} trainer(s), "
+        f"{'sync' if plan.sync_mode else 'async'}, split {plan.split_method}, "
+        f"min_block_size {plan.min_block_size}{'' if plan.slice_var_up else ', no slicing'}",
+        "",
+        f"{'pserver':<24} {'blocks':>6} {'elements':>12} {'bytes':>14} {'share':>7}",
+    ]
+    for row in plan.load():
+        lines.append(
+            f"{row['endpoint']:<24} {row['blocks']:>6} {row['elements']:>12,} {row['bytes']:>14,} {row['share']:>7.1%}"
+        )
+    lines.append(f"imbalance (max / mean elements): {plan.imbalance():.3f}")
+    lines.append("")
+    lines.append(f"{'var / block':<40} {'endpoint':<24} {'rows':>14} {'shape':<16}")
+    for param in plan.params:
+        lines.append(f"{param.param} {list(param.shape)} {param.dtype.short} ({param.optimizer}, grad {param.grad})")
+        for block, endpoint in zip(param.blocks, param.endpoints, strict=True):
+            rows = f"{block.row_offset}:{block.row_offset + block.rows}"
+            lines.append(f"  {block.name:<38} {endpoint:<24} {rows:>14} {str(list(block.shape)):<16}")
+    return "\n".join(line.rstrip() for line in lines) + "\n"
