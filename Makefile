@@ -12,7 +12,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,examples]'
 	touch $@
 
 test: install
@@ -29,6 +29,8 @@ golden: install
 # Regenerate proto/*_pb2.py from proto/*.proto.
 proto: install
 	$(PY) -m grpc_tools.protoc -I. --python_out=. proto/framework.proto
+	@if [ -f proto/rpc.proto ]; then \
+	  $(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. proto/rpc.proto; fi
 
 bench: install
 	$(PY) benchmarks/ir_scaling.py
