@@ -1,5 +1,57 @@
-"""The op catalogue: what each op is (slots, attrs, role, grad maker, shape rule)."""
+"""The op catalogue: what each op is (slots, attrs, role, grad maker, shape rule).
 
-from ops.catalogue.optimizers import OPTIMIZER_SLOTS, OptimizerSlots, UnknownOpError, optimizer_slots
+    from ops import catalogue
+    catalogue.get("mul")          # OpDef | None
+    catalogue.require("send")     # OpDef, or UnknownOpError naming the op
+    catalogue.make_op("send", {"X": [g]}, {"Out": [dummy]}, {"epmap": [ep]})
 
-__all__ = ["OPTIMIZER_SLOTS", "OptimizerSlots", "UnknownOpError", "optimizer_slots"]
+Entries are tables in one module per family (math_ops, tensor_ops, loss_ops,
+sequence_ops, control_flow_ops, optimizer_ops, distributed_ops); grad op entries are
+derived from the forward entries' grad specs (registry.py). `optimizers.OPTIMIZER_SLOTS`
+is the transpiler's view of the optimizer ops. An op the catalogue does not know still
+loads, dumps, verifies and passes through the transpiler untouched; only building or
+differentiating it raises.
+"""
+
+from ops.catalogue.build import fill_attrs, get, make_attrs, make_op, op_types, require, typed_attr
+from ops.catalogue.grad import GradContext, GradSpec
+from ops.catalogue.opdef import (
+    GRAD_UNSUPPORTED,
+    REQUIRED,
+    AttrSpec,
+    OpDef,
+    OpSpecError,
+    ShapeContext,
+    ShapeError,
+    SlotDef,
+    TensorInfo,
+)
+from ops.catalogue.optimizers import OPTIMIZER_SLOTS, OptimizerSlots, UnknownOpError, is_optimizer, optimizer_slots
+from ops.catalogue.registry import CATALOGUE
+
+__all__ = [
+    "CATALOGUE",
+    "GRAD_UNSUPPORTED",
+    "OPTIMIZER_SLOTS",
+    "REQUIRED",
+    "AttrSpec",
+    "GradContext",
+    "GradSpec",
+    "OpDef",
+    "OpSpecError",
+    "OptimizerSlots",
+    "ShapeContext",
+    "ShapeError",
+    "SlotDef",
+    "TensorInfo",
+    "UnknownOpError",
+    "fill_attrs",
+    "get",
+    "is_optimizer",
+    "make_attrs",
+    "make_op",
+    "op_types",
+    "optimizer_slots",
+    "require",
+    "typed_attr",
+]

@@ -1,0 +1,170 @@
+"""Building ops against their catalogue entries, the way Paddle's Python `Operator` does.
+
+`make_op` is what `block.append_op` was in Fluid: slots checked against the entry
+(required ones present, a non-duplicable slot one arg), every declared input slot the
+caller left out present and empty (Fluid does this whenever inputs are given), attrs
+typed by the entry (`epmap` STRINGS even when empty, `sections` INTS on `split_byref`
+but LONGS on `send`) and, unless `fill_defaults=False`, defaults filled in as Paddle's
+attr checker does. Slots and attrs come out sorted by name, as Paddle's C++ `OpDesc`
+keeps slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ops.catalogue.opdef import COMMON_ATTRS, EMITTED_COMMON_ATTRS, OpDef, OpSpecError
+from ops.catalogue.registry import CATALOGUE
+from transpiler.errors import IRError, UnknownOpError
+from transpiler.ir import Attr, AttrType, Op, OpRole
+from transpiler.ir.program import SlotArgs, Var
+from transpiler.ir.types import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR
+
+
+def get(op_type: str) -> OpDef | None:
+    """The entry for `op_type`, or None for an op the catalogue does not know."""
+    return CATALOGUE.get(op_type)
+
+
+def require(op_type: str) -> OpDef:
+    """The entry for `op_type`; `UnknownOpError` naming it when there is none."""
+    entry = CATALOGUE.get(op_type)
+    if entry is None:
+        raise UnknownOpError(
+            f"op {op_type!r} is not in the op catalogue (ops/catalogue); "
+            "it loads, dumps and passes through untouched, but it cannot be built or differentiated"
+        )
+    return entry
+
+
+def op_types() -> list[str]:
+    return list(CATALOGUE)
+
+
+def _names(args: SlotArgs | None) -> list[str]:
+    if args is None:
+        return []
+    if isinstance(args, (str, Var)):
+        args = [args]
+    out = []
+    for arg in args:
+        name = arg if isinstance(arg, str) else getattr(arg, "name", None)
+        if not isinstance(name, str):
+            raise OpSpecError(f"a slot argument must be a var name or a var, got {arg!r}")
+        out.append(name)
+    return out
+
+
+def _check_slots(entry: OpDef, given: Mapping[str, SlotArgs] | None, direction: str, fill: bool) -> dict[str, list[str]]:
+    defs = entry.inputs if direction == "input" else entry.outputs
+    known = {s.name: s for s in defs}
+    slots = {str(k): _names(v) for k, v in (given or {}).items()}
+    for name, args in slots.items():
+        slot = known.get(name)
+        if slot is None:
+            raise OpSpecError(
+                f"{entry.type}: no {direction} slot {name!r} (it has {', '.join(known) or 'none'})"
+            )
+        if not slot.duplicable and len(args) > 1:
+            raise OpSpecError(f"{entry.type}: {direction} slot {name} takes one var, got {len(args)}: {args}")
+    for slot in defs:
+        if slot.name in slots:
+            continue
+        if not slot.dispensable:
+            raise OpSpecError(f"{entry.type}: {direction} slot {slot.name} is required")
+        if fill and slot.dispensable and direction == "input":
+            slots[slot.name] = []
+    return dict(sorted(slots.items()))
+
+
+def typed_attr(entry: OpDef | None, name: str, value: Any) -> Attr:
+    """`value` as the wire type the entry (or the common attrs) declares for `name`;
+    an attr neither declares gets the type its value implies."""
+    spec = (entry.attrs.get(name) if entry is not None else None) or COMMON_ATTRS.get(name)
+    try:
+        if spec is None:
+            return Attr.of(value)
+        if isinstance(value, Attr):
+            value = value.value
+        return Attr.of(value, spec.type)
+    except IRError as exc:
+        where = entry.type if entry is not None else "op"
+        raise OpSpecError(f"{where}: attr {name}={value!r}: {exc}") from None
+
+
+def make_attrs(
+    entry: OpDef, attrs: Mapping[str, Any] | None, *, fill_defaults: bool = True, role: OpRole | int | None = None,
+    role_vars: tuple[str, ...] | list[str] | None = None,
+) -> dict[str, Attr]:
+    values = dict(attrs or {})
+    if role is not None:
+        values[OP_ROLE_ATTR] = int(role)
+    if role_vars is not None:
+        values[OP_ROLE_VAR_ATTR] = list(role_vars)
+    typed = {name: typed_attr(entry, name, value) for name, value in values.items()}
+    if fill_defaults:
+        for name, spec in entry.attrs.items():
+            if name in typed:
+                continue
+            if spec.required:
+                raise OpSpecError(f"{entry.type}: attr {name} ({spec.type.name}) is required and has no default")
+            typed[name] = Attr.of(spec.default, spec.type)
+        typed.setdefault(OP_ROLE_ATTR, Attr.of(int(entry.role), AttrType.INT))
+        for name in EMITTED_COMMON_ATTRS:
+            if name not in typed:
+                spec = COMMON_ATTRS[name]
+                typed[name] = Attr.of(spec.default, spec.type)
+    return dict(sorted(typed.items()))
+
+
+def make_op(
+    op_type: str,
+    inputs: Mapping[str, SlotArgs] | None = None,
+    outputs: Mapping[str, SlotArgs] | None = None,
+    attrs: Mapping[str, Any] | None = None,
+    *,
+    fill_defaults: bool = True,
+    role: OpRole | int | None = None,
+    role_vars: tuple[str, ...] | list[str] | None = None,
+) -> Op:
+    """A detached op of a catalogued type, built as Fluid 1.8.5's Python would build it.
+
+    `role` / `role_vars` set `op_role` / `op_role_var` (an `op_role` in `attrs` works too;
+    without either the entry's default role is used). `fill_defaults=False` builds the
+    op the way Paddle's backward builds raw `OpDesc`s: only the attrs given.
+    Raises `UnknownOpError` for an op the catalogue does not know and `OpSpecError`
+    (an `IRError`) for a bad slot or attr.
+    """
+    entry = require(op_type)
+    ins = _check_slots(entry, inputs, "input", fill=inputs is not None)
+    outs = _check_slots(entry, outputs, "output", fill=False)
+    typed = make_attrs(entry, attrs, fill_defaults=fill_defaults, role=role, role_vars=role_vars)
+    return Op(op_type, ins, outs, typed)
+
+
+def fill_attrs(op: Op, *, strict: bool = True) -> Op:
+    """Give an existing op every attr its entry declares (defaults for the missing ones)
+    and the declared wire type for the ones it has. Unknown ops are left alone unless
+    `strict`, which raises `UnknownOpError`."""
+    entry = get(op.type)
+    if entry is None:
+        if strict:
+            require(op.type)
+        return op
+    for name, attr in list(op.attrs.items()):
+        spec = entry.attrs.get(name) or COMMON_ATTRS.get(name)
+        if spec is not None and attr.type != spec.type:
+            op.set_attr(name, typed_attr(entry, name, attr.value))
+    for name, spec in entry.attrs.items():
+        if not op.has_attr(name):
+            if spec.required:
+                raise OpSpecError(f"{entry.type}: attr {name} ({spec.type.name}) is required and has no default")
+            op.set_attr(name, Attr.of(spec.default, spec.type))
+    if not op.has_attr(OP_ROLE_ATTR):
+        op.set_attr(OP_ROLE_ATTR, Attr.of(int(entry.role), AttrType.INT))
+    for name in EMITTED_COMMON_ATTRS:
+        if not op.has_attr(name):
+            spec = COMMON_ATTRS[name]
+            op.set_attr(name, Attr.of(spec.default, spec.type))
+    return op
