@@ -1,0 +1,46 @@
+"""The numpy kernels and their registry.
+
+`register("op")` adds a kernel, `get_kernel("op")` finds one (raising `UnknownOpError`
+— "no kernel for op 'x'" — for an op nobody registered). Importing this package
+registers every family below; the RPC layer registers `send`, `recv`, ... into the same
+registry from its own module.
+
+| module | ops |
+|---|---|
+| `math_ops` | elementwise_*, relu/tanh/sigmoid/exp/sqrt/square/log/abs, floor, mul, mean, reduce_*, scale, sum, clip |
+| `nn` | softmax, lookup_table(_v2), sequence_pool, top_k(_v2), accuracy |
+| `loss` | cross_entropy, cross_entropy2, softmax_with_cross_entropy |
+| `tensor_ops` | fill_constant, fill_zeros_like, assign, assign_value, cast, increment, concat, reshape2, transpose2, comparisons, logical ops |
+| `control` | conditional_block, feed, fetch |
+| `optimizers` | sgd, momentum, adam, adagrad |
+| `sparse` | split_byref, split_selected_rows, split_ids, merge_ids, lookup_sparse_table, fake_init |
+| `initializers` | uniform_random, gaussian_random, truncated_gaussian_random |
+"""
+
+from __future__ import annotations
+
+from ops.kernels import control, initializers, loss, math_ops, nn, optimizers, sparse, tensor_ops  # noqa: F401  (registers)
+from ops.kernels.context import Frame, KernelError, OpContext, RunContext
+from ops.kernels.registry import (
+    KernelSpec,
+    differentiable_ops,
+    get_kernel,
+    has_kernel,
+    register,
+    registered_ops,
+    unregister,
+)
+
+__all__ = [
+    "Frame",
+    "KernelError",
+    "KernelSpec",
+    "OpContext",
+    "RunContext",
+    "differentiable_ops",
+    "get_kernel",
+    "has_kernel",
+    "register",
+    "registered_ops",
+    "unregister",
+]

@@ -1,0 +1,263 @@
+"""What a kernel sees: `OpContext` (one op: its inputs, attrs, outputs) inside a
+`RunContext` (one `Executor.run`: the program, the executor's services, the RNG policy).
+
+Kernels read inputs with `ctx.input(slot)` (a numpy array), `ctx.value(slot)` (the raw
+scope value: `LoDTensor`, `SelectedRows`, ...), attrs with `ctx.attr(name)` (Paddle's
+default when the program omits the attr), and write with `ctx.set_output(slot, value)`.
+A write goes where Paddle's executor creates the var (`Frame.write`): a persistable var
+in the run's outermost scope, else the scope of the innermost running block that
+declares it, else the nearest scope that already holds it, else the current scope — so
+`assign` in a conditional sub-block updates the global `learning_rate`, while the
+sub-block's own temporaries die with its child scope.
+
+`RunContext.env` is the hook for services the runtime plugs in (an RPC client under
+`env["rpc"]`, the trainer id, ...); the numpy kernels never touch it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ops.tensor import LoDTensor, SelectedRows
+from transpiler.errors import PsTranspilerError
+from transpiler.ir.types import EMPTY_VAR_NAME, VarKind
+
+if TYPE_CHECKING:
+    from ops.kernels.registry import KernelSpec
+    from ops.scope import Scope
+    from transpiler.ir import Block, Op, Program, Var
+
+_MISSING: Any = object()
+
+
+class KernelError(PsTranspilerError):
+    """A kernel met inputs or attrs it cannot run with (the executor adds where)."""
+
+
+class Frame:
+    """One running block: its scope, and the frame of the block that started it."""
+
+    __slots__ = ("block", "scope", "parent")
+
+    def __init__(self, block: Block, scope: Scope, parent: Frame | None = None) -> None:
+        self.block = block
+        self.scope = scope
+        self.parent = parent
+
+    def write(self, name: str, value: Any) -> None:
+        """Bind `name` where Paddle's executor would have created it: a persistable var in
+        the run's outermost scope; else the scope of the innermost running block that
+        declares it; else the nearest scope holding it; else this frame's scope."""
+        frame: Frame | None = self
+        while frame is not None:
+            if frame.block.has_var(name):
+                target = frame.outermost().scope if frame.block.var(name).persistable else frame.scope
+                target.set_var(name, value)
+                return
+            frame = frame.parent
+        owner = self.scope.find_scope(name)
+        (owner if owner is not None else self.scope).set_var(name, value)
+
+    def outermost(self) -> Frame:
+        frame = self
+        while frame.parent is not None:
+            frame = frame.parent
+        return frame
+
+
+class RunContext:
+    """State shared by every op of one `Executor.run` (and the sub-blocks it starts)."""
+
+    def __init__(
+        self,
+        program: Program,
+        *,
+        env: Mapping[str, Any] | None = None,
+        rng_factory: Callable[[str], np.random.Generator] | None = None,
+        run_block: Callable[[int, Scope, Frame | None], None] | None = None,
+    ) -> None:
+        self.program = program
+        self.env: dict[str, Any] = dict(env or {})
+        self._rng_factory = rng_factory
+        self._run_block = run_block
+
+    def run_block(self, block_idx: int, scope: Scope, parent: Frame | None = None) -> None:
+        """Run block `block_idx` of this program in `scope` (control-flow kernels use it)."""
+        if self._run_block is None:
+            raise KernelError("this run cannot start sub-blocks")
+        self._run_block(block_idx, scope, parent)
+
+    def rng(self, key: str, seed: int = 0) -> np.random.Generator:
+        """The generator for one draw: a fresh one seeded with `seed` when non-zero (so the
+        same op gives the same numbers on every run, as in Paddle), else the executor's
+        stream for `key` (see `Executor`)."""
+        if seed:
+            return np.random.default_rng(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+        if self._rng_factory is None:
+            return np.random.default_rng([0, zlib.crc32(key.encode())])
+        return self._rng_factory(key)
+
+
+class OpContext:
+    """One op being run: slot and attr access for its kernel."""
+
+    __slots__ = ("op", "frame", "run", "spec")
+
+    def __init__(self, op: Op, frame: Frame, run: RunContext, spec: KernelSpec) -> None:
+        self.op = op
+        self.frame = frame
+        self.run = run
+        self.spec = spec
+
+    @property
+    def type(self) -> str:
+        return self.op.type
+
+    @property
+    def block(self) -> Block:
+        return self.frame.block
+
+    @property
+    def scope(self) -> Scope:
+        return self.frame.scope
+
+    @property
+    def env(self) -> dict[str, Any]:
+        return self.run.env
+
+    # -- attrs
+    def attr(self, name: str, default: Any = _MISSING) -> Any:
+        """The attr's value, else Paddle's default from the kernel's table, else `default`."""
+        value = self.op.attr(name, _MISSING)
+        if value is not _MISSING:
+            return value
+        if name in self.spec.defaults:
+            return self.spec.defaults[name]
+        if default is not _MISSING:
+            return default
+        raise KernelError(f"op {self.op.type!r} has no attr {name!r} and Paddle gives it no default")
+
+    def has_attr(self, name: str) -> bool:
+        return self.op.has_attr(name)
+
+    # -- inputs
+    def input_names(self, slot: str) -> tuple[str, ...]:
+        """The slot's args, without Paddle's `@EMPTY@` placeholders."""
+        return tuple(n for n in self.op.input(slot) if n and n != EMPTY_VAR_NAME)
+
+    def has_input(self, slot: str) -> bool:
+        return bool(self.input_names(slot))
+
+    def value(self, slot: str, i: int = 0) -> Any:
+        """The scope value of the slot's `i`-th arg; `KernelError` if absent."""
+        names = self.input_names(slot)
+        if i >= len(names):
+            raise KernelError(f"op {self.op.type!r} needs input slot {slot!r} (arg {i}); it has {list(names)}")
+        value = self.scope.find_var(names[i], _MISSING)
+        if value is _MISSING or value is None:
+            raise KernelError(f"input {slot}={names[i]!r} of op {self.op.type!r} has no value in the scope")
+        return value
+
+    def optional_value(self, slot: str, i: int = 0) -> Any:
+        names = self.input_names(slot)
+        if i >= len(names):
+            return None
+        return self.scope.find_var(names[i])
+
+    def values(self, slot: str) -> list[Any]:
+        return [self.value(slot, i) for i in range(len(self.input_names(slot)))]
+
+    def input(self, slot: str, i: int = 0) -> np.ndarray:
+        """The slot's `i`-th arg as a dense numpy array (never a copy)."""
+        return self._dense(slot, self.value(slot, i))
+
+    def optional_input(self, slot: str, i: int = 0) -> np.ndarray | None:
+        value = self.optional_value(slot, i)
+        return None if value is None else self._dense(slot, value)
+
+    def inputs(self, slot: str) -> list[np.ndarray]:
+        return [self._dense(slot, v) for v in self.values(slot)]
+
+    def lod(self, slot: str, i: int = 0) -> tuple[np.ndarray, ...]:
+        value = self.optional_value(slot, i)
+        return value.lod if isinstance(value, LoDTensor) else ()
+
+    def scalar(self, slot: str) -> Any:
+        """A one-element input (a learning rate, a condition) as a numpy scalar."""
+        array = self.input(slot)
+        if array.size != 1:
+            shape = list(array.shape)
+            raise KernelError(f"input {slot} of op {self.op.type!r} must hold one element, got shape {shape}")
+        return array.reshape(-1)[0]
+
+    def _dense(self, slot: str, value: Any) -> np.ndarray:
+        if isinstance(value, LoDTensor):
+            return value.array
+        if isinstance(value, np.ndarray):
+            return value
+        if isinstance(value, SelectedRows):
+            raise KernelError(f"op {self.op.type!r} needs a dense tensor in slot {slot!r}, got SelectedRows")
+        raise KernelError(f"op {self.op.type!r} needs a tensor in slot {slot!r}, got {type(value).__name__}")
+
+    # -- declarations
+    def decl(self, name: str) -> Var | None:
+        """The declaration of `name` in the running block or its ancestors."""
+        return self.frame.block.find_var(name)
+
+    def output_decl(self, slot: str, i: int = 0) -> Var | None:
+        names = self.output_names(slot)
+        return self.decl(names[i]) if i < len(names) else None
+
+    def output_kind(self, slot: str, i: int = 0) -> VarKind | None:
+        var = self.output_decl(slot, i)
+        return None if var is None else var.kind
+
+    def declared_shape(self, slot: str, i: int = 0) -> tuple[int, ...] | None:
+        var = self.output_decl(slot, i)
+        return None if var is None else var.shape
+
+    # -- outputs
+    def output_names(self, slot: str) -> tuple[str, ...]:
+        return tuple(n for n in self.op.output(slot) if n and n != EMPTY_VAR_NAME)
+
+    def has_output(self, slot: str) -> bool:
+        return bool(self.output_names(slot))
+
+    def set_output(self, slot: str, value: Any, *, lod: Any = None, i: int = 0) -> None:
+        """Store `value` (an array is wrapped in a `LoDTensor` with `lod`) as the slot's
+        `i`-th output. A slot the op leaves empty (`X@GRAD=[]`) is skipped."""
+        names = self.output_names(slot)
+        if i >= len(names):
+            return
+        if isinstance(value, np.ndarray) or np.isscalar(value):
+            value = LoDTensor(np.asarray(value), lod)
+        self.frame.write(names[i], value)
+
+    def set_var(self, name: str, value: Any, *, lod: Any = None) -> None:
+        """Store `value` under an output arg `name` (for slots whose args line up with
+        another slot's and may hold `@EMPTY@` placeholders, like `concat_grad`'s)."""
+        if not name or name == EMPTY_VAR_NAME:
+            return
+        if isinstance(value, np.ndarray) or np.isscalar(value):
+            value = LoDTensor(np.asarray(value), lod)
+        self.frame.write(name, value)
+
+    def set_outputs(self, slot: str, values: list[Any], *, lods: list[Any] | None = None) -> None:
+        names = self.output_names(slot)
+        if len(values) != len(names):
+            raise KernelError(
+                f"op {self.op.type!r} computed {len(values)} outputs for slot {slot!r} of {len(names)} args"
+            )
+        for i, value in enumerate(values):
+            self.set_output(slot, value, lod=None if lods is None else lods[i], i=i)
+
+    # -- randomness
+    def rng(self) -> np.random.Generator:
+        """The generator for this op (its `seed` attr, else the executor's stream keyed by
+        the op's first output name)."""
+        names = self.op.output_names
+        return self.run.rng(names[0] if names else self.op.type, int(self.attr("seed", 0)))

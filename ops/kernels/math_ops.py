@@ -1,0 +1,358 @@
+"""Math kernels: elementwise binary ops, activations, `mul`, reductions, `scale`, `sum`,
+`clip`, with their grads (Paddle 1.8 / 2.6 slots and attrs).
+
+Kernels keep their inputs' dtype (float32 in training, float64 in the gradient check)
+and never write into an input array.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from ops.kernels.broadcast import operands, reduce_to
+from ops.kernels.context import KernelError, OpContext
+from ops.kernels.registry import register
+from ops.tensor import LoDTensor, SelectedRows
+from transpiler.ir.types import DType
+
+# ------------------------------------------------------------------ elementwise
+
+
+def _int_div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Integer division truncating toward zero, as C++ does."""
+    return np.trunc(np.true_divide(x, y)).astype(np.result_type(x, y))
+
+
+def _div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    if np.issubdtype(x.dtype, np.integer) and np.issubdtype(y.dtype, np.integer):
+        return _int_div(x, y)
+    return np.true_divide(x, y)
+
+
+ELEMENTWISE_FORWARD: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "elementwise_add": np.add,
+    "elementwise_sub": np.subtract,
+    "elementwise_mul": np.multiply,
+    "elementwise_div": _div,
+    "elementwise_max": np.maximum,
+    "elementwise_min": np.minimum,
+    "elementwise_pow": np.power,
+    "elementwise_mod": np.mod,
+    "elementwise_floordiv": np.floor_divide,
+}
+DIFFERENTIABLE_ELEMENTWISE = (
+    "elementwise_add",
+    "elementwise_sub",
+    "elementwise_mul",
+    "elementwise_div",
+    "elementwise_max",
+    "elementwise_min",
+    "elementwise_pow",
+)
+ELEMENTWISE_DEFAULTS = {"axis": -1}
+
+
+def _elementwise(ctx: OpContext) -> None:
+    x, y = ctx.input("X"), ctx.input("Y")
+    xb, yb = operands(x, y, int(ctx.attr("axis")))
+    out = ELEMENTWISE_FORWARD[ctx.type](xb, yb)
+    ctx.set_output("Out", np.asarray(out), lod=ctx.lod("X") if x.ndim >= y.ndim else ctx.lod("Y"))
+
+
+for _name in ELEMENTWISE_FORWARD:
+    register(
+        _name,
+        defaults=ELEMENTWISE_DEFAULTS,
+        grad=f"{_name}_grad" if _name in DIFFERENTIABLE_ELEMENTWISE else None,
+    )(_elementwise)
+
+
+def _elementwise_grad(ctx: OpContext) -> None:
+    """dX and dY of `Out = f(X, Y)` with broadcasting undone by summation."""
+    op = ctx.type[: -len("_grad")]
+    axis = int(ctx.attr("axis"))
+    dout = ctx.input("Out@GRAD")
+    y = ctx.input("Y")
+    x = ctx.optional_input("X")  # Paddle 1.8's elementwise_div_grad has no X
+    out = ctx.optional_input("Out")
+    if x is None:
+        if op != "elementwise_div" or out is None:
+            raise KernelError(f"{ctx.type} needs input X (or, for elementwise_div, Out)")
+        x_shape = dout.shape  # X is the larger operand, shaped like Out
+        xb, yb = None, operands(dout, y, axis)[1]
+    else:
+        x_shape = x.shape
+        xb, yb = operands(x, y, axis)
+
+    if op == "elementwise_add":
+        dx, dy = dout, dout
+    elif op == "elementwise_sub":
+        dx, dy = dout, -dout
+    elif op == "elementwise_mul":
+        dx, dy = dout * yb, dout * xb
+    elif op == "elementwise_div":
+        quotient = out if out is not None else xb / yb
+        dx, dy = dout / yb, -dout * quotient / yb
+    elif op == "elementwise_max":
+        dx, dy = dout * (xb > yb), dout * (xb <= yb)
+    elif op == "elementwise_min":
+        dx, dy = dout * (xb < yb), dout * (xb >= yb)
+    elif op == "elementwise_pow":
+        dx = dout * yb * np.power(xb, yb - 1)
+        dy = dout * np.log(xb) * np.power(xb, yb)
+    else:  # pragma: no cover - registration keeps this in step with the table
+        raise KernelError(f"no grad rule for {op}")
+    if ctx.has_output("X@GRAD"):
+        ctx.set_output("X@GRAD", reduce_to(np.asarray(dx, dtype=dout.dtype), x_shape, axis, y.shape), lod=ctx.lod("X"))
+    if ctx.has_output("Y@GRAD"):
+        ctx.set_output("Y@GRAD", reduce_to(np.asarray(dy, dtype=dout.dtype), y.shape, axis, x_shape), lod=ctx.lod("Y"))
+
+
+for _name in DIFFERENTIABLE_ELEMENTWISE:
+    register(f"{_name}_grad", defaults=ELEMENTWISE_DEFAULTS)(_elementwise_grad)
+
+
+# ------------------------------------------------------------------ activations
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    """Paddle's `1 / (1 + exp(-x))`; exp overflowing to inf for very negative x gives 0."""
+    with np.errstate(over="ignore"):
+        return 1 / (1 + np.exp(-x))
+
+
+# name → (forward, grad, which forward var the grad op reads: "X" or "Out").
+# The grad slots are Paddle's: relu/tanh/sigmoid/exp/sqrt read Out, square/log/abs read X.
+ACTIVATIONS: dict[str, tuple[Callable, Callable, str]] = {
+    "relu": (lambda x: np.maximum(x, 0).astype(x.dtype, copy=False), lambda out, d: d * (out > 0), "Out"),
+    "tanh": (np.tanh, lambda out, d: d * (1 - out * out), "Out"),
+    "sigmoid": (_sigmoid, lambda out, d: d * out * (1 - out), "Out"),
+    "exp": (np.exp, lambda out, d: d * out, "Out"),
+    "sqrt": (np.sqrt, lambda out, d: d * 0.5 / out, "Out"),
+    "square": (np.square, lambda x, d: d * 2 * x, "X"),
+    "log": (np.log, lambda x, d: d / x, "X"),
+    "abs": (np.abs, lambda x, d: d * np.sign(x), "X"),
+}
+
+
+def _activation(ctx: OpContext) -> None:
+    forward = ACTIVATIONS[ctx.type][0]
+    x = ctx.input("X")
+    ctx.set_output("Out", np.asarray(forward(x), dtype=x.dtype), lod=ctx.lod("X"))
+
+
+def _activation_grad(ctx: OpContext) -> None:
+    _, grad, dep = ACTIVATIONS[ctx.type[: -len("_grad")]]
+    other = "X" if dep == "Out" else "Out"
+    source = dep if ctx.has_input(dep) else other
+    if source != dep and dep == "X":
+        raise KernelError(f"{ctx.type} needs input X")
+    dout = ctx.input("Out@GRAD")
+    ref = ctx.input(source)
+    if source != dep:  # Out missing: recompute it from X
+        ref = ACTIVATIONS[ctx.type[: -len("_grad")]][0](ref)
+    ctx.set_output("X@GRAD", np.asarray(grad(ref, dout), dtype=dout.dtype), lod=ctx.lod("Out@GRAD"))
+
+
+for _name in ACTIVATIONS:
+    register(_name, grad=f"{_name}_grad")(_activation)
+    register(f"{_name}_grad")(_activation_grad)
+
+
+@register("floor", grad="floor_grad")
+def floor(ctx: OpContext) -> None:
+    x = ctx.input("X")
+    ctx.set_output("Out", np.floor(x), lod=ctx.lod("X"))
+
+
+@register("floor_grad")
+def floor_grad(ctx: OpContext) -> None:
+    """Zero almost everywhere (Paddle's floor_grad reads only Out@GRAD)."""
+    dout = ctx.input("Out@GRAD")
+    ctx.set_output("X@GRAD", np.zeros_like(dout), lod=ctx.lod("Out@GRAD"))
+
+
+# -------------------------------------------------------------------------- mul
+
+
+def _flatten(a: np.ndarray, num_col_dims: int) -> np.ndarray:
+    return a.reshape(math.prod(a.shape[:num_col_dims]), math.prod(a.shape[num_col_dims:]))
+
+
+MUL_DEFAULTS = {"x_num_col_dims": 1, "y_num_col_dims": 1}
+
+
+@register("mul", defaults=MUL_DEFAULTS, grad="mul_grad")
+def mul(ctx: OpContext) -> None:
+    """`Out = flatten(X, x_num_col_dims) @ flatten(Y, y_num_col_dims)`."""
+    x, y = ctx.input("X"), ctx.input("Y")
+    xn, yn = int(ctx.attr("x_num_col_dims")), int(ctx.attr("y_num_col_dims"))
+    out = _flatten(x, xn) @ _flatten(y, yn)
+    ctx.set_output("Out", out.reshape(x.shape[:xn] + y.shape[yn:]), lod=ctx.lod("X"))
+
+
+@register("mul_grad", defaults=MUL_DEFAULTS)
+def mul_grad(ctx: OpContext) -> None:
+    x, y, dout = ctx.input("X"), ctx.input("Y"), ctx.input("Out@GRAD")
+    xn, yn = int(ctx.attr("x_num_col_dims")), int(ctx.attr("y_num_col_dims"))
+    x2, y2 = _flatten(x, xn), _flatten(y, yn)
+    d2 = dout.reshape(x2.shape[0], y2.shape[1])
+    if ctx.has_output("X@GRAD"):
+        ctx.set_output("X@GRAD", (d2 @ y2.T).reshape(x.shape), lod=ctx.lod("X"))
+    if ctx.has_output("Y@GRAD"):
+        ctx.set_output("Y@GRAD", (x2.T @ d2).reshape(y.shape))
+
+
+# ------------------------------------------------------------------- reductions
+
+
+def _scalar_shape(ctx: OpContext, slot: str) -> tuple[int, ...]:
+    """A full reduction's shape: `[]` when the program declares a 0-d var (Paddle 2.x),
+    else `[1]` (Paddle 1.8)."""
+    return () if ctx.declared_shape(slot) == () else (1,)
+
+
+@register("mean", grad="mean_grad")
+def mean(ctx: OpContext) -> None:
+    x = ctx.input("X")
+    ctx.set_output("Out", np.asarray(x.mean(dtype=x.dtype), dtype=x.dtype).reshape(_scalar_shape(ctx, "Out")))
+
+
+@register("mean_grad")
+def mean_grad(ctx: OpContext) -> None:
+    x, dout = ctx.input("X"), ctx.input("Out@GRAD")
+    value = dout.reshape(-1)[0] / x.size
+    ctx.set_output("X@GRAD", np.full(x.shape, value, dtype=dout.dtype), lod=ctx.lod("X"))
+
+
+REDUCE_DEFAULTS = {"dim": (0,), "keep_dim": False, "reduce_all": False, "in_dtype": -1, "out_dtype": -1}
+
+
+def _reduce_axes(ctx: OpContext, ndim: int) -> tuple[int, ...]:
+    dims = tuple(int(d) for d in ctx.attr("dim"))
+    if ctx.attr("reduce_all") or not dims or ndim == 0:
+        return tuple(range(ndim))
+    axes = tuple(sorted({d + ndim if d < 0 else d for d in dims}))
+    if any(not 0 <= a < ndim for a in axes):
+        raise KernelError(f"{ctx.type}: dim {list(dims)} out of range for a rank-{ndim} input")
+    return axes
+
+
+REDUCERS = {"reduce_sum": np.sum, "reduce_mean": np.mean, "reduce_max": np.max, "reduce_min": np.min}
+
+
+def _reduce(ctx: OpContext) -> None:
+    x = ctx.input("X")
+    axes = _reduce_axes(ctx, x.ndim)
+    keep = bool(ctx.attr("keep_dim"))
+    out = np.asarray(REDUCERS[ctx.type](x, axis=axes, keepdims=keep))
+    if ctx.attr("out_dtype") not in (-1, None):
+        out = out.astype(DType(int(ctx.attr("out_dtype"))).to_numpy())
+    elif out.dtype != x.dtype and np.issubdtype(x.dtype, np.floating):
+        out = out.astype(x.dtype)
+    if len(axes) == x.ndim and not keep:
+        out = out.reshape(_scalar_shape(ctx, "Out"))
+    ctx.set_output("Out", out)
+
+
+for _name in REDUCERS:
+    register(_name, defaults=REDUCE_DEFAULTS, grad=f"{_name}_grad" if _name in ("reduce_sum", "reduce_mean") else None)(
+        _reduce
+    )
+
+
+def _reduce_grad(ctx: OpContext) -> None:
+    x, dout = ctx.input("X"), ctx.input("Out@GRAD")
+    axes = _reduce_axes(ctx, x.ndim)
+    kept = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    grad = np.broadcast_to(dout.reshape(kept), x.shape)
+    if ctx.type == "reduce_mean_grad":
+        count = math.prod(x.shape[a] for a in axes) or 1
+        grad = grad / np.asarray(count, dtype=dout.dtype)
+    ctx.set_output("X@GRAD", np.ascontiguousarray(grad, dtype=dout.dtype), lod=ctx.lod("X"))
+
+
+register("reduce_sum_grad", defaults=REDUCE_DEFAULTS)(_reduce_grad)
+register("reduce_mean_grad", defaults=REDUCE_DEFAULTS)(_reduce_grad)
+
+
+# ------------------------------------------------------------------- scale, sum
+
+
+@register("scale", defaults={"scale": 1.0, "bias": 0.0, "bias_after_scale": True}, grad="scale")
+def scale(ctx: OpContext) -> None:
+    """`Out = scale * X + bias` (or `scale * (X + bias)`); a SelectedRows input keeps its
+    rows. Paddle's grad of `scale` is `scale` with the same factor and no bias."""
+    factor = float(ctx.scalar("ScaleTensor")) if ctx.has_input("ScaleTensor") else float(ctx.attr("scale"))
+    bias = float(ctx.attr("bias"))
+    after = bool(ctx.attr("bias_after_scale"))
+    value = ctx.value("X")
+    if isinstance(value, SelectedRows):
+        scaled = _affine(value.active_value(), factor, bias, after)
+        ctx.set_output("Out", SelectedRows(value.rows, scaled, value.height))
+        return
+    x = ctx.input("X")
+    ctx.set_output("Out", _affine(x, factor, bias, after), lod=ctx.lod("X"))
+
+
+def _affine(x: np.ndarray, factor: float, bias: float, after: bool) -> np.ndarray:
+    if np.issubdtype(x.dtype, np.integer):  # Paddle casts the factors to T
+        f, b = x.dtype.type(factor), x.dtype.type(bias)
+    else:
+        f, b = factor, bias
+    out = x * f + b if after else (x + b) * f
+    return np.asarray(out, dtype=x.dtype)
+
+
+@register("sum", grad="scale")
+def sum_(ctx: OpContext) -> None:
+    """Sum of dense tensors and/or SelectedRows. All-SelectedRows inputs give a
+    SelectedRows with duplicate rows merged (rows sorted, Paddle's MergeAdd); otherwise a
+    dense tensor with the sparse inputs scattered in."""
+    values = ctx.values("X")
+    if not values:
+        raise KernelError("sum needs at least one input")
+    if all(isinstance(v, SelectedRows) for v in values):
+        rows = np.concatenate([v.rows for v in values])
+        value = np.concatenate([v.active_value() for v in values])
+        ctx.set_output("Out", SelectedRows(rows, value, values[0].height).merged())
+        return
+    dense = [v for v in values if not isinstance(v, SelectedRows)]
+    arrays = [v.array if isinstance(v, LoDTensor) else np.asarray(v) for v in dense]
+    out = functools.reduce(np.add, arrays[1:], arrays[0].copy()) if len(arrays) > 1 else arrays[0].copy()
+    for v in values:
+        if isinstance(v, SelectedRows):
+            np.add.at(out, v.rows, v.active_value().astype(out.dtype, copy=False))
+    first = dense[0]
+    ctx.set_output("Out", out, lod=first.lod if isinstance(first, LoDTensor) else None)
+
+
+# ------------------------------------------------------------------------- clip
+
+CLIP_DEFAULTS = {"min": -math.inf, "max": math.inf}
+
+
+def _clip_bounds(ctx: OpContext) -> tuple[float, float]:
+    low = float(ctx.scalar("Min")) if ctx.has_input("Min") else float(ctx.attr("min"))
+    high = float(ctx.scalar("Max")) if ctx.has_input("Max") else float(ctx.attr("max"))
+    if low > high:
+        raise KernelError(f"clip: min ({low}) must not exceed max ({high})")
+    return low, high
+
+
+@register("clip", defaults=CLIP_DEFAULTS, grad="clip_grad")
+def clip(ctx: OpContext) -> None:
+    x = ctx.input("X")
+    low, high = _clip_bounds(ctx)
+    ctx.set_output("Out", np.clip(x, low, high).astype(x.dtype, copy=False), lod=ctx.lod("X"))
+
+
+@register("clip_grad", defaults=CLIP_DEFAULTS)
+def clip_grad(ctx: OpContext) -> None:
+    x, dout = ctx.input("X"), ctx.input("Out@GRAD")
+    low, high = _clip_bounds(ctx)
+    ctx.set_output("X@GRAD", dout * ((x > low) & (x < high)), lod=ctx.lod("X"))

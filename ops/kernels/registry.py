@@ -1,0 +1,109 @@
+"""The kernel registry: op type → `KernelSpec` (the function, Paddle's attr defaults,
+and the op type of its grad op).
+
+Other modules plug ops in with the same decorator (the RPC layer registers `send`,
+`recv`, `listen_and_serv`, ... this way):
+
+    @register("mul", defaults={"x_num_col_dims": 1, "y_num_col_dims": 1}, grad="mul_grad")
+    def mul(ctx: OpContext) -> None: ...
+
+`grad` names the op Paddle's grad maker emits for the op (`mul_grad`; `scale` for
+`scale` and `sum`; `cast` for `cast`), so `tests/test_gradcheck.py` can insist every
+differentiable kernel has a finite-difference check. An op without a kernel is an
+`UnknownOpError`, never a silent no-op.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from transpiler.errors import UnknownOpError
+
+if TYPE_CHECKING:
+    from ops.kernels.context import OpContext
+
+KernelFn = Callable[["OpContext"], None]
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One registered kernel."""
+
+    op_type: str
+    fn: KernelFn
+    defaults: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    grad: str | None = None  # the grad op type Paddle emits for this op; None: not differentiable
+    family: str = ""  # the module that registered it
+
+    @property
+    def differentiable(self) -> bool:
+        return self.grad is not None
+
+
+_REGISTRY: dict[str, KernelSpec] = {}
+_LOCK = threading.Lock()
+
+
+def register(
+    op_type: str,
+    *,
+    defaults: Mapping[str, Any] | None = None,
+    grad: str | None = None,
+    replace: bool = False,
+) -> Callable[[KernelFn], KernelFn]:
+    """Decorator registering `fn` as the kernel of `op_type` (stackable for aliases).
+
+    Registering an op type twice is an error unless `replace=True`, so two modules
+    cannot silently fight over an op.
+    """
+    if not isinstance(op_type, str) or not op_type:
+        raise ValueError(f"an op type must be a non-empty string, got {op_type!r}")
+
+    def decorate(fn: KernelFn) -> KernelFn:
+        spec = KernelSpec(
+            op_type=op_type,
+            fn=fn,
+            defaults=MappingProxyType(dict(defaults or {})),
+            grad=grad,
+            family=getattr(fn, "__module__", "").rsplit(".", 1)[-1],
+        )
+        with _LOCK:
+            if op_type in _REGISTRY and not replace and _REGISTRY[op_type].fn is not fn:
+                raise ValueError(f"op {op_type!r} already has a kernel (from {_REGISTRY[op_type].family})")
+            _REGISTRY[op_type] = spec
+        return fn
+
+    return decorate
+
+
+def unregister(op_type: str) -> None:
+    """Remove a kernel (tests that register temporary ops clean up with this)."""
+    with _LOCK:
+        _REGISTRY.pop(op_type, None)
+
+
+def get_kernel(op_type: str) -> KernelSpec:
+    spec = _REGISTRY.get(op_type)
+    if spec is None:
+        raise UnknownOpError(f"no kernel for op {op_type!r}")
+    return spec
+
+
+def has_kernel(op_type: str) -> bool:
+    return op_type in _REGISTRY
+
+
+def registered_ops() -> list[str]:
+    """Every op type with a kernel, sorted."""
+    with _LOCK:
+        return sorted(_REGISTRY)
+
+
+def differentiable_ops() -> dict[str, str]:
+    """Forward op type → the grad op type it emits, for every differentiable kernel."""
+    with _LOCK:
+        return {name: spec.grad for name, spec in sorted(_REGISTRY.items()) if spec.grad is not None}

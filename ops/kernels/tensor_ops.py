@@ -1,0 +1,251 @@
+"""Tensor kernels: constants and copies (`fill_constant`, `fill_zeros_like`,
+`assign`, `assign_value`, `cast`), shape ops (`concat`, `reshape2`, `transpose2`,
+with grads), counters (`increment`), comparisons and logical ops."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ops.kernels.broadcast import operands
+from ops.kernels.context import KernelError, OpContext
+from ops.kernels.registry import register
+from ops.tensor import SelectedRows
+from transpiler.ir.types import DType, VarKind
+
+
+def np_dtype(code: Any) -> np.dtype:
+    """A Paddle dtype attr (the `VarType` wire number) as a numpy dtype."""
+    try:
+        return DType(int(code)).to_numpy()
+    except (ValueError, TypeError) as exc:
+        raise KernelError(f"unsupported dtype {code!r}: {exc}") from None
+
+
+def shape_from(ctx: OpContext, attr: str = "shape") -> tuple[int, ...]:
+    """The shape an op creates: its `ShapeTensor` input, else its `ShapeTensorList`
+    inputs, else the attr (Paddle's precedence)."""
+    if ctx.has_input("ShapeTensor"):
+        return tuple(int(d) for d in ctx.input("ShapeTensor").reshape(-1))
+    if ctx.has_input("ShapeTensorList"):
+        return tuple(int(a.reshape(-1)[0]) for a in ctx.inputs("ShapeTensorList"))
+    shape = tuple(int(d) for d in ctx.attr(attr))
+    if any(d < 0 for d in shape):
+        raise KernelError(f"{ctx.type}: shape {list(shape)} has an unknown (-1) dimension")
+    return shape
+
+
+def store_created(ctx: OpContext, array: np.ndarray, initializer: Callable[[int], np.ndarray] | None = None) -> None:
+    """Store a freshly created tensor as `Out`; a var declared SELECTED_ROWS gets it as
+    the value of an (empty) table, as Paddle's initializers do."""
+    if ctx.output_kind("Out") == VarKind.SELECTED_ROWS:
+        if array.ndim == 0:
+            raise KernelError(f"{ctx.type}: a SelectedRows var needs a shape with rows")
+        ctx.set_output("Out", SelectedRows(np.zeros(0, np.int64), array, array.shape[0], initializer=initializer))
+    else:
+        ctx.set_output("Out", array)
+
+
+def _parse_value(text: str, dtype: np.dtype) -> Any:
+    if dtype == np.bool_:
+        return text.strip().lower() in ("true", "1", "1.0")
+    if np.issubdtype(dtype, np.integer):
+        try:
+            return int(text)
+        except ValueError:
+            return int(float(text))
+    return float(text)  # accepts "inf", "-inf", "nan", "1e-3"
+
+
+FILL_CONSTANT_DEFAULTS = {"shape": (), "dtype": int(DType.FP32), "value": 0.0, "str_value": "", "force_cpu": False}
+
+
+@register("fill_constant", defaults=FILL_CONSTANT_DEFAULTS)
+def fill_constant(ctx: OpContext) -> None:
+    dtype = np_dtype(ctx.attr("dtype"))
+    if ctx.has_input("ValueTensor"):
+        value = ctx.scalar("ValueTensor")
+    elif str(ctx.attr("str_value")):
+        value = _parse_value(str(ctx.attr("str_value")), dtype)
+    else:
+        value = ctx.attr("value")
+    store_created(ctx, np.full(shape_from(ctx), value, dtype=dtype))
+
+
+@register("fill_zeros_like")
+def fill_zeros_like(ctx: OpContext) -> None:
+    x = ctx.input("X")
+    ctx.set_output("Out", np.zeros_like(x), lod=ctx.lod("X"))
+
+
+@register("assign", grad="assign")
+def assign(ctx: OpContext) -> None:
+    """Out = X (the same value object: values are never mutated in place)."""
+    ctx.set_output("Out", ctx.value("X"))
+
+
+ASSIGN_VALUE_SLOTS = ("fp32_values", "fp64_values", "int32_values", "int64_values", "bool_values", "values")
+
+
+@register("assign_value", defaults={"shape": (), "dtype": int(DType.FP32)})
+def assign_value(ctx: OpContext) -> None:
+    dtype = np_dtype(ctx.attr("dtype"))
+    values: tuple = ()
+    for name in ASSIGN_VALUE_SLOTS:
+        if ctx.has_attr(name) and ctx.attr(name):
+            values = ctx.attr(name)
+            break
+    shape = tuple(int(d) for d in ctx.attr("shape"))
+    if len(values) != math.prod(shape):
+        raise KernelError(f"assign_value: {len(values)} values for shape {list(shape)}")
+    ctx.set_output("Out", np.asarray(values, dtype=dtype).reshape(shape))
+
+
+@register("cast", grad="cast")
+def cast(ctx: OpContext) -> None:
+    """Out = X as `out_dtype`. Its grad is `cast` with the dtypes swapped."""
+    value = ctx.value("X")
+    dtype = np_dtype(ctx.attr("out_dtype"))
+    if isinstance(value, SelectedRows):
+        ctx.set_output("Out", SelectedRows(value.rows, value.active_value().astype(dtype), value.height))
+        return
+    ctx.set_output("Out", ctx.input("X").astype(dtype, copy=False), lod=ctx.lod("X"))
+
+
+@register("increment", defaults={"step": 1.0})
+def increment(ctx: OpContext) -> None:
+    x = ctx.input("X")
+    step = x.dtype.type(ctx.attr("step"))
+    ctx.set_output("Out", np.asarray(x + step, dtype=x.dtype))
+
+
+# ------------------------------------------------------------------ concat
+
+
+def _axis(ctx: OpContext, ndim: int) -> int:
+    axis = int(ctx.scalar("AxisTensor")) if ctx.has_input("AxisTensor") else int(ctx.attr("axis"))
+    axis = axis + ndim if axis < 0 else axis
+    if not 0 <= axis < max(ndim, 1):
+        raise KernelError(f"{ctx.type}: axis {axis} out of range for rank {ndim}")
+    return axis
+
+
+@register("concat", defaults={"axis": 0}, grad="concat_grad")
+def concat(ctx: OpContext) -> None:
+    xs = ctx.inputs("X")
+    axis = _axis(ctx, xs[0].ndim)
+    out = np.concatenate(xs, axis=axis)
+    ctx.set_output("Out", out, lod=ctx.lod("X") if axis != 0 else None)
+
+
+@register("concat_grad", defaults={"axis": 0})
+def concat_grad(ctx: OpContext) -> None:
+    """Split Out@GRAD back into one piece per X (X@GRAD args line up with X's; Paddle
+    puts `@EMPTY@` where a grad is not needed)."""
+    dout = ctx.input("Out@GRAD")
+    axis = _axis(ctx, dout.ndim)
+    xs = ctx.inputs("X")
+    bounds = np.cumsum([x.shape[axis] for x in xs])[:-1]
+    pieces = np.split(dout, bounds, axis=axis)
+    names = ctx.op.output("X@GRAD")
+    for i, name in enumerate(names):
+        if i < len(pieces):
+            ctx.set_var(name, pieces[i], lod=ctx.lod("X", i))
+
+
+# ----------------------------------------------------------- reshape, transpose
+
+
+def _target_shape(ctx: OpContext, x: np.ndarray) -> tuple[int, ...]:
+    if ctx.has_input("Shape"):
+        shape = [int(d) for d in ctx.input("Shape").reshape(-1)]
+    elif ctx.has_input("ShapeTensor"):
+        shape = [int(a.reshape(-1)[0]) for a in ctx.inputs("ShapeTensor")]
+    else:
+        shape = [int(d) for d in ctx.attr("shape")]
+    # 0 copies the input's dim at that position; -1 is inferred (numpy does that).
+    return tuple(x.shape[i] if d == 0 else d for i, d in enumerate(shape))
+
+
+def _xshape(x: np.ndarray) -> np.ndarray:
+    """Paddle's XShape: an empty tensor of dims [0] + X.shape, kept for the grad."""
+    return np.zeros((0, *x.shape), dtype=x.dtype)
+
+
+@register("reshape2", defaults={"shape": ()}, grad="reshape2_grad")
+def reshape2(ctx: OpContext) -> None:
+    x = ctx.input("X")
+    try:
+        out = x.reshape(_target_shape(ctx, x))
+    except ValueError as exc:
+        raise KernelError(f"reshape2: cannot reshape {list(x.shape)}: {exc}") from None
+    ctx.set_output("Out", out)
+    ctx.set_output("XShape", _xshape(x))
+
+
+@register("reshape2_grad")
+def reshape2_grad(ctx: OpContext) -> None:
+    dout = ctx.input("Out@GRAD")
+    ctx.set_output("X@GRAD", dout.reshape(ctx.input("XShape").shape[1:]))
+
+
+@register("transpose2", defaults={"axis": ()}, grad="transpose2_grad")
+def transpose2(ctx: OpContext) -> None:
+    x = ctx.input("X")
+    axis = tuple(int(a) for a in ctx.attr("axis"))
+    if sorted(axis) != list(range(x.ndim)):
+        raise KernelError(f"transpose2: axis {list(axis)} is not a permutation of {x.ndim} dims")
+    ctx.set_output("Out", x.transpose(axis))
+    ctx.set_output("XShape", _xshape(x))
+
+
+@register("transpose2_grad", defaults={"axis": ()})
+def transpose2_grad(ctx: OpContext) -> None:
+    dout = ctx.input("Out@GRAD")
+    axis = tuple(int(a) for a in ctx.attr("axis"))
+    ctx.set_output("X@GRAD", dout.transpose(np.argsort(axis)))
+
+
+# ------------------------------------------------------- comparisons and logic
+
+COMPARE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "less_than": np.less,
+    "less_equal": np.less_equal,
+    "greater_than": np.greater,
+    "greater_equal": np.greater_equal,
+    "equal": np.equal,
+    "not_equal": np.not_equal,
+}
+
+
+def _compare(ctx: OpContext) -> None:
+    x, y = operands(ctx.input("X"), ctx.input("Y"), int(ctx.attr("axis")))
+    ctx.set_output("Out", np.asarray(COMPARE[ctx.type](x, y)), lod=ctx.lod("X"))
+
+
+for _name in COMPARE:
+    register(_name, defaults={"axis": -1, "force_cpu": False})(_compare)
+
+LOGICAL: dict[str, Callable[..., np.ndarray]] = {
+    "logical_and": np.logical_and,
+    "logical_or": np.logical_or,
+    "logical_xor": np.logical_xor,
+}
+
+
+def _logical(ctx: OpContext) -> None:
+    x, y = operands(ctx.input("X"), ctx.input("Y"), -1)
+    ctx.set_output("Out", np.asarray(LOGICAL[ctx.type](x, y)), lod=ctx.lod("X"))
+
+
+for _name in LOGICAL:
+    register(_name)(_logical)
+
+
+@register("logical_not")
+def logical_not(ctx: OpContext) -> None:
+    ctx.set_output("Out", np.logical_not(ctx.input("X")), lod=ctx.lod("X"))
+
