@@ -18,7 +18,7 @@ from transpiler.errors import TranspileError
 from transpiler.ir import Attr, AttrType, OpRole
 from transpiler.ir.types import OP_ROLE_ATTR
 from transpiler.passes.bundle import Bundle
-from transpiler.passes.emit import make_op
+from ops.catalogue import make_op
 
 COUNTER_SUFFIX = ".trainer_{trainer}"
 

@@ -28,7 +28,7 @@ from transpiler.config import TranspileOptions
 from transpiler.ir import AttrType, Block, Op, OpRole, Program
 from transpiler.ir.types import EMPTY_VAR_NAME, OP_ROLE_VAR_ATTR
 from transpiler.passes.bundle import Bundle, ParamChain, PserverPrograms
-from transpiler.passes.emit import make_op
+from ops.catalogue import make_op
 from transpiler.plan import ParamPlan, VarBlock
 
 

@@ -25,7 +25,7 @@ from transpiler.config import TranspileOptions
 from transpiler.ir import Op, OpRole, Program
 from transpiler.passes.async_lr_decay import counter_name
 from transpiler.passes.bundle import Bundle
-from transpiler.passes.emit import make_op
+from ops.catalogue import make_op
 from transpiler.plan import ParamPlan, Plan
 
 

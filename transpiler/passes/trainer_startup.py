@@ -14,7 +14,7 @@ from dataclasses import replace
 from transpiler.config import TranspileOptions
 from transpiler.ir import OpRole
 from transpiler.passes.bundle import Bundle
-from transpiler.passes.emit import make_op
+from ops.catalogue import make_op
 from transpiler.passes.trainer_program import concat_op, declare_param_blocks
 
 
