@@ -422,12 +422,119 @@ class AdagradOptimizer(Optimizer):
         )
 
 
+class DecayedAdagradOptimizer(Optimizer):
+    """`moment = decay * moment + (1 - decay) * grad²; param -= lr * grad / (sqrt(moment) + epsilon)`."""
+
+    type = "decayed_adagrad"
+    display_name = "DecayedAdagrad"
+    _moment_acc_str = "moment"
+
+    def __init__(self, learning_rate, decay=0.95, epsilon=1.0e-6, parameter_list=None, regularization=None,
+                 grad_clip=None, name=None, **unknown):
+        self._reject_unknown(unknown)
+        super().__init__(learning_rate, parameter_list, regularization, grad_clip, name)
+        self._decay = float(decay)
+        self._epsilon = float(epsilon)
+
+    def _create_accumulators(self, block, parameters):
+        for param in parameters:
+            self._add_accumulator(self._moment_acc_str, param)
+
+    def _append_optimize_op(self, block, param_and_grad):
+        param, grad = param_and_grad
+        moment = self._get_accumulator(self._moment_acc_str, param)
+        return self._append_op(
+            block,
+            {"Param": [param], "Grad": [grad], "Moment": [moment], "LearningRate": [self._create_param_lr(param)]},
+            {"ParamOut": [param], "MomentOut": [moment]},
+            {"decay": self._decay, "epsilon": self._epsilon},
+        )
+
+
+class FtrlOptimizer(Optimizer):
+    """Follow The Regularized Leader, with `squared` and `linear` accumulators."""
+
+    type = "ftrl"
+    display_name = "Ftrl"
+    _squared_acc_str = "squared"
+    _linear_acc_str = "linear"
+
+    def __init__(self, learning_rate, l1=0.0, l2=0.0, lr_power=-0.5, parameter_list=None, regularization=None,
+                 grad_clip=None, name=None, **unknown):
+        self._reject_unknown(unknown)
+        super().__init__(learning_rate, parameter_list, regularization, grad_clip, name)
+        self._l1, self._l2, self._lr_power = float(l1), float(l2), float(lr_power)
+
+    def _create_accumulators(self, block, parameters):
+        for param in parameters:
+            self._add_accumulator(self._squared_acc_str, param)
+            self._add_accumulator(self._linear_acc_str, param)
+
+    def _append_optimize_op(self, block, param_and_grad):
+        param, grad = param_and_grad
+        squared = self._get_accumulator(self._squared_acc_str, param)
+        linear = self._get_accumulator(self._linear_acc_str, param)
+        return self._append_op(
+            block,
+            {"Param": [param], "Grad": [grad], "SquaredAccumulator": [squared], "LinearAccumulator": [linear],
+             "LearningRate": [self._create_param_lr(param)]},
+            {"ParamOut": [param], "SquaredAccumOut": [squared], "LinearAccumOut": [linear]},
+            {"l1": self._l1, "l2": self._l2, "lr_power": self._lr_power},
+        )
+
+
+class RMSPropOptimizer(Optimizer):
+    """RMSProp with `momentum`, `mean_square` and `mean_grad` accumulators (all param-shaped)."""
+
+    type = "rmsprop"
+    display_name = "RMSProp"
+    _momentum_acc_str = "momentum"
+    _mean_square_acc_str = "mean_square"
+    _mean_grad_acc_str = "mean_grad"
+
+    def __init__(self, learning_rate, rho=0.95, epsilon=1.0e-6, momentum=0.0, centered=False, parameter_list=None,
+                 regularization=None, grad_clip=None, name=None, **unknown):
+        self._reject_unknown(unknown)
+        super().__init__(learning_rate, parameter_list, regularization, grad_clip, name)
+        self._rho, self._epsilon, self._momentum = float(rho), float(epsilon), float(momentum)
+        self._centered = bool(centered)
+
+    def _create_accumulators(self, block, parameters):
+        for param in parameters:
+            self._add_accumulator(self._momentum_acc_str, param)
+            self._add_accumulator(self._mean_square_acc_str, param)
+            self._add_accumulator(self._mean_grad_acc_str, param)
+
+    def _append_optimize_op(self, block, param_and_grad):
+        param, grad = param_and_grad
+        momentum = self._get_accumulator(self._momentum_acc_str, param)
+        mean_square = self._get_accumulator(self._mean_square_acc_str, param)
+        mean_grad = self._get_accumulator(self._mean_grad_acc_str, param)
+        return self._append_op(
+            block,
+            {"Param": [param], "Grad": [grad], "Moment": [momentum], "MeanSquare": [mean_square],
+             "MeanGrad": [mean_grad], "LearningRate": [self._create_param_lr(param)]},
+            {"ParamOut": [param], "MomentOut": [momentum], "MeanSquareOut": [mean_square],
+             "MeanGradOut": [mean_grad]},
+            {"decay": self._rho, "epsilon": self._epsilon, "momentum": self._momentum, "centered": self._centered},
+        )
+
+
 SGD = SGDOptimizer
 Momentum = MomentumOptimizer
 Adam = AdamOptimizer
 Adagrad = AdagradOptimizer
+DecayedAdagrad = DecayedAdagradOptimizer
+Ftrl = FtrlOptimizer
+RMSProp = RMSPropOptimizer
 
 __all__ = [
+    "DecayedAdagrad",
+    "DecayedAdagradOptimizer",
+    "Ftrl",
+    "FtrlOptimizer",
+    "RMSProp",
+    "RMSPropOptimizer",
     "SGD",
     "Adagrad",
     "AdagradOptimizer",

@@ -120,13 +120,15 @@ def async_decay_model() -> tuple[Program, Program]:
 
 
 def optimizer_model(name: str) -> tuple[Program, Program]:
-    """The default network with another optimizer (§3.6, §3.18): `decayed_adagrad`, `ftrl`,
-    `rmsprop` are not built by this builder; `momentum`, `adam`, `adagrad` are."""
+    """The default network with another optimizer (§3.6, §3.18)."""
     makers = {
         "sgd": lambda: optimizer.SGD(learning_rate=0.1),
         "momentum": lambda: optimizer.Momentum(learning_rate=0.1, momentum=0.9),
         "adam": lambda: optimizer.Adam(learning_rate=0.1),
         "adagrad": lambda: optimizer.Adagrad(learning_rate=0.1),
+        "decayed_adagrad": lambda: optimizer.DecayedAdagrad(learning_rate=0.1),
+        "ftrl": lambda: optimizer.Ftrl(learning_rate=0.1),
+        "rmsprop": lambda: optimizer.RMSProp(learning_rate=0.1),
     }
     if name not in makers:
         from transpiler.frontend.errors import BuildError

@@ -5,9 +5,10 @@
   parameter by the first entry of its `op_role_var` (or its `Param` slot).
 * Optimizer ops: optimize ops with those three slots; their type must be in
   `OPTIMIZER_SLOTS`, else `UnknownOpError`. One per parameter.
-* The grad a trainer sends for a param: the grad named by the first op tied to it (the
-  grad backward wrote, before any L2 decay or clip), and the last op the trainer keeps
-  that writes it is where the `send` goes.
+* The grad a trainer sends for a param: the one var the param's optimize ops read that an
+  op staying on the trainer writes (the grad backward wrote, before any clip or L2
+  decay: found by data flow, not by trusting `op_role_var`); the last op the trainer
+  keeps that writes it is where the `send` goes.
 * LR ops: `op_role` has the LRSched bit; they move to an lr-decay block on each pserver.
 """
 
@@ -70,7 +71,7 @@ def run(bundle: Bundle, options=None) -> Bundle:
     chains = []
     for param, opt_index in sorted(optimizers.items(), key=lambda item: item[1]):
         chain_ops = tied[param]
-        grad = _sent_grad(ops[chain_ops[0]], param)
+        grad = _sent_grad(block, [ops[i] for i in chain_ops], param, moved)
         _check_param_and_grad(block, param, grad)
         producer = _last_kept_writer(block, grad, moved)
         chains.append(ParamChain(param=param, grad=grad, optimizer=opt_index, ops=chain_ops, grad_producer=producer))
@@ -94,14 +95,25 @@ def _tied_param(op: Op, index: int) -> str:
     )
 
 
-def _sent_grad(first_op: Op, param: str) -> str:
-    role_vars = first_op.role_vars
-    if len(role_vars) >= 2 and role_vars[0] == param:
-        return role_vars[1]
-    grads = first_op.input("Grad")
-    if grads:
-        return grads[0]
-    raise TranspileError(f"cannot tell which grad of {param!r} op {first_op.type!r} updates from (no op_role_var)")
+def _sent_grad(block, chain: list[Op], param: str, moved: set[int]) -> str:
+    """The one var the chain reads that the trainer computes."""
+    found: list[str] = []
+    for op in chain:
+        for name in op.input_names:
+            if name != param and name not in found and any(w.index not in moved for w in block.writers(name)):
+                found.append(name)
+    if len(found) == 1:
+        return found[0]
+    first = chain[0]
+    if not found:
+        raise TranspileError(
+            f"the optimize ops of {param!r} ({', '.join(op.type for op in chain)}) read no var the trainer computes; "
+            "was append_backward run?"
+        )
+    raise TranspileError(
+        f"the optimize ops of {param!r} read several vars the trainer computes ({', '.join(found)}), starting at "
+        f"op {first.index} ({first.type}); ops that mix several grads (e.g. global-norm clipping) cannot move to pservers"
+    )
 
 
 def _check_param_and_grad(block, param: str, grad: str) -> None:

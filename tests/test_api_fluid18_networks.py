@@ -1,0 +1,184 @@
+"""Paddle's own transpiler test networks, built with our builder, transpile as Fluid 1.8.5
+really did (../shared/reference/paddle18_transpiler_facts.md §3, §4 and Appendix A).
+
+Where 1.8.5's real output and its unit test's list differ, the real output is pinned;
+where we fix a Paddle bug (§10), the test says so.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from transpiler.api import transpile
+from transpiler.config import DistributeTranspilerConfig
+from transpiler.frontend import test_networks as nets
+from transpiler.ir import Program
+
+EP1, EP2 = "127.0.0.1:6174", "127.0.0.1:6175"
+EPS = f"{EP1},{EP2}"
+FWD_BWD = ["mul", "elementwise_add", "elementwise_sub", "square", "mean", "fill_constant", "mean_grad",
+           "square_grad", "elementwise_sub_grad", "elementwise_add_grad"]
+SYNC_TAIL = ["send", "mul_grad", "split_byref", "send", "send_barrier", "recv", "recv", "fetch_barrier", "concat"]
+
+
+def types(program: Program, block: int = 0) -> list[str]:
+    return [op.type for op in program.block(block).ops]
+
+
+def blocks(program: Program) -> list[list[str]]:
+    return [types(program, i) for i in range(program.num_blocks)]
+
+
+def run(network, **kwargs):
+    main, startup = network()
+    kwargs.setdefault("pservers", EPS)
+    kwargs.setdefault("trainers", 2)
+    return transpile(main, startup, verify=True, **kwargs)
+
+
+def optimized_params(result) -> set[str]:
+    """§3.1's check: every `Param` of every pserver op, `.blockN` stripped, via the plan."""
+    block_to_param = {b.name: p.param for p in result.plan.params for b in p.blocks}
+    return {block_to_param[name] for main, _ in result.pservers.values() for blk in main.blocks for op in blk.ops
+            for name in op.input("Param")}
+
+
+def test_basic_model():  # §3.1, actual 1.8.5 output
+    result = run(nets.basic_model)
+    assert types(result.trainer) == FWD_BWD + SYNC_TAIL
+    assert types(result.trainer_startup) == ["fill_constant", "uniform_random", "recv", "recv", "fetch_barrier",
+                                             "concat"]
+    startup_vars = result.trainer_startup.global_block().vars
+    assert {"fc_w.block0", "fc_w.block1", "fc_w", "fc_b"} <= set(startup_vars)
+    assert not {"fc_w@GRAD", "fc_b@GRAD"} & set(startup_vars)
+    main1, startup1 = result.pservers[EP1]
+    assert blocks(main1) == [["listen_and_serv"], ["sum", "scale", "sgd"], ["sum", "scale", "sgd"]]
+    assert types(startup1) == ["fill_constant", "fill_constant", "uniform_random"]
+    assert startup1.global_block().var("fc_w.block1").shape == (500, 1000)
+    assert blocks(result.pservers[EP2][0]) == [["listen_and_serv"], ["sum", "scale", "sgd"]]
+    main, _ = nets.basic_model()
+    original = {n for op in main.global_block().ops for n in op.input("Param")}
+    assert optimized_params(result) == original == {"fc_w", "fc_b"}
+
+
+def test_lr_decay():  # §3.4, actual 1.8.5 output
+    result = run(nets.lr_decay_model)
+    main1, _ = result.pservers[EP1]
+    assert main1.num_blocks == 4
+    assert types(main1, 1) == ["increment", "cast", "scale", "floor", "fill_constant", "elementwise_pow", "scale"]
+    serve = main1.global_block().ops[0]
+    assert serve.attr("lr_decay_block_id") == 1 and serve.attr("optimize_blocks") == (1, 2, 3)
+    assert [main1.block(i).parent_idx for i in (2, 3)] == [1, 1]
+
+
+def test_lr_decay_conditional():  # §3.7
+    result = run(nets.lr_decay_conditional_model)
+    main1, _ = result.pservers[EP1]
+    assert main1.num_blocks == 7
+    assert types(main1, 1) == ["increment", "cast", "fill_constant", "fill_constant", "less_than", "logical_not",
+                               "conditional_block", "fill_constant", "fill_constant", "less_than", "logical_not",
+                               "logical_and", "logical_and", "conditional_block", "fill_constant", "conditional_block"]
+    optimize = set(main1.global_block().ops[0].attr("optimize_blocks"))
+    assert [types(main1, i) for i in range(1, 7) if i not in optimize] == [["assign"]] * 3
+
+
+def test_l2_decay_with_clip_on_every_param():  # §3.8's expected lists (clip on both params)
+    result = run(lambda: nets.l2_decay_model(clip_all=True))
+    main1, _ = result.pservers[EP1]
+    assert main1.num_blocks == 3
+    assert types(main1, 1) == ["sum", "scale", "clip", "sgd"]
+    assert types(main1, 2) == ["sum", "scale", "clip", "scale", "sum", "sgd"]
+
+
+def test_l2_decay_and_clip_on_a_sliced_param_get_block_shaped_temporaries():
+    """1.8.5 fails here: the clipped grad is cloned at the whole param's shape (§10.7)."""
+    result = run(lambda: nets.l2_decay_model(clip_all=True))
+    for main, _ in result.pservers.values():
+        for blk in main.blocks[1:]:
+            sgd = blk.ops[-1]
+            (param,) = sgd.input("Param")
+            shape = main.global_block().var(param).shape
+            for op in blk.ops:
+                for name in (*op.input_names, *op.output_names):
+                    var = main.global_block().var(name)
+                    if var.shape is not None and len(var.shape) == len(shape) and name != "learning_rate_0":
+                        assert var.shape == shape, (op.type, name)
+    assert "clip" not in types(result.trainer) and "scale" not in types(result.trainer)
+
+
+def test_l2_decay_with_piecewise():  # §3.9
+    result = run(nets.l2_decay_with_piecewise_model)
+    main1, _ = result.pservers[EP1]
+    assert main1.num_blocks == 9
+    assert types(main1, 1) == (["increment", "cast", "fill_constant", "fill_constant", "less_than", "logical_not",
+                                "conditional_block"]
+                               + ["fill_constant", "fill_constant", "less_than", "logical_not", "logical_and",
+                                  "logical_and", "conditional_block"] * 3
+                               + ["fill_constant", "conditional_block"])
+    assert [types(main1, i) for i in range(2, 7)] == [["assign"]] * 5
+    assert types(main1, 7) == types(main1, 8) == ["sum", "scale", "scale", "sum", "momentum"]
+    assert result.trainer.num_blocks == 1  # 1.8.5 leaves five orphan ['assign'] blocks in the trainer
+
+
+def test_empty_pserver():  # §3.10
+    config = DistributeTranspilerConfig()
+    config.slice_var_up = False
+    result = run(nets.empty_pserver_model, config=config)
+    main2, startup2 = result.pservers[EP2]
+    assert blocks(main2) == [["listen_and_serv"], []]
+    assert main2.global_block().ops[0].attr("grad_to_block_id") == ()
+    assert types(startup2) == []
+    assert blocks(result.pservers[EP1][0]) == [["listen_and_serv"], ["sum", "scale", "sgd"]]
+
+
+@pytest.mark.parametrize(("name", "state"), [("decayed_adagrad", 1), ("ftrl", 2), ("rmsprop", 3)])
+def test_other_optimizers(name, state):  # §3.6, §3.18
+    result = run(lambda: nets.optimizer_model(name))
+    main1, startup1 = result.pservers[EP1]
+    assert blocks(main1)[1:] == [["sum", "scale", name]] * 2
+    # lr + fc_b + fc_w.block1 initialisers, and each param's state (sliced like it)
+    assert len(startup1.global_block()) == 3 + 2 * state
+    for op in startup1.global_block().ops:
+        (out,) = op.output("Out")
+        if out.startswith("fc_w_"):
+            assert startup1.global_block().var(out).shape == (500, 1000), out
+
+
+def test_rmsprop_mean_grad_is_sliced():
+    """1.8.5 leaves `fc_w_mean_grad_0` at [1000, 1000] beside a [500, 1000] param (§10.6)."""
+    result = run(lambda: nets.optimizer_model("rmsprop"))
+    _, startup1 = result.pservers[EP1]
+    assert startup1.global_block().var("fc_w_mean_grad_0").shape == (500, 1000)
+
+
+def test_async_decay():  # §4.1
+    result = run(nets.async_decay_model, sync_mode=False)
+    assert types(result.trainer) == FWD_BWD + ["send", "mul_grad", "split_byref", "send", "send", "recv", "recv",
+                                               "concat"]
+    assert types(result.trainer_startup) == ["fill_constant"] * 4 + ["uniform_random", "recv", "recv",
+                                                                      "fetch_barrier", "concat"]
+    main1, startup1 = result.pservers[EP1]
+    assert main1.num_blocks == 4
+    assert types(main1, 1) == ["sum", "cast", "scale", "floor", "fill_constant", "elementwise_pow", "scale"]
+    assert types(main1, 2) == ["sgd"]
+    assert types(startup1) == ["fill_constant"] * 4 + ["uniform_random"]
+
+
+@pytest.mark.parametrize(
+    ("sync", "runtime_split", "mode", "trainer_tail", "block2"),
+    [
+        (False, True, 1, ["send", "mul_grad", "send", "recv", "recv"], ["sgd"]),  # TestBasicModelAsync
+        (False, False, 2, ["send", "mul_grad", "split_byref", "send", "recv", "recv", "concat"], ["sgd"]),  # HalfAsync
+        (True, False, 0, SYNC_TAIL, ["sum", "scale", "sgd"]),  # TestBasicModelSync
+    ],
+)
+def test_config_cases(sync, runtime_split, mode, trainer_tail, block2):  # §4.2
+    config = DistributeTranspilerConfig()
+    config.sync_mode = sync
+    config.runtime_split_send_recv = runtime_split
+    result = run(nets.basic_model, config=config)
+    assert types(result.trainer) == FWD_BWD + trainer_tail
+    main1, _ = result.pservers[EP1]
+    assert main1.num_blocks == 3 and types(main1, 0) == ["listen_and_serv"]
+    assert main1.global_block().ops[0].attr("distributed_mode") == mode
+    assert types(main1, 2) == block2
