@@ -182,3 +182,69 @@ def test_config_cases(sync, runtime_split, mode, trainer_tail, block2):  # §4.2
     assert main1.num_blocks == 3 and types(main1, 0) == ["listen_and_serv"]
     assert main1.global_block().ops[0].attr("distributed_mode") == mode
     assert types(main1, 2) == block2
+
+
+TABLE_FWD = ["sequence_pool", "sequence_pool", "sequence_pool", "concat", "mul", "elementwise_add", "cross_entropy2",
+             "mean", "fill_constant", "mean_grad", "cross_entropy_grad2", "elementwise_add_grad", "send", "mul_grad",
+             "send", "concat_grad", "sequence_pool_grad", "lookup_table_grad"]
+TABLE_BWD = ["sequence_pool_grad", "lookup_table_grad", "sequence_pool_grad", "lookup_table_grad", "sum"]
+
+
+def test_local_lookup_table():  # §3.12, actual 1.8.5 output
+    result = run(lambda: nets.network_with_table(is_sparse=True, is_distributed=False))
+    assert types(result.trainer) == (["distributed_lookup_table", "distributed_lookup_table"] + TABLE_FWD
+                                     + ["split_selected_rows", "send"] + TABLE_BWD
+                                     + ["split_selected_rows", "send", "send_barrier", "recv", "recv", "fetch_barrier"])
+    lookups = [op for op in result.trainer.global_block().ops if op.type == "distributed_lookup_table"]
+    assert [op.attr("table_names") for op in lookups] == [("profile_emb.block0", "profile_emb.block1"),
+                                                          ("shared_w.block0", "shared_w.block1")]
+    assert [op.attr("height_sections") for op in lookups] == [(500, 500), (500, 500)]
+    assert lookups[1].input("Ids") == ("title_ids", "brand_ids")
+    main1, _ = result.pservers[EP1]
+    assert blocks(main1)[1:] == [["sum", "scale", "adam"]] * 3
+    serve = main1.global_block().ops[0]
+    assert serve.attr("sparse_grad_to_param") == ("profile_emb@GRAD.block0:profile_emb.block0",
+                                                  "shared_w@GRAD.block0:shared_w.block0")
+    assert types(result.trainer_startup) == ["fill_constant", "uniform_random", "recv", "recv", "fetch_barrier",
+                                             "fake_init", "fake_init"]
+
+
+def test_dist_lookup_table():  # §3.13, release/1.8's output (the 1.8.5 wheel raises IndexError, §10.4)
+    result = run(lambda: nets.network_with_table(is_sparse=True, is_distributed=True))
+    assert types(result.trainer) == (["distributed_lookup_table", "split_ids", "prefetch", "merge_ids"] + TABLE_FWD
+                                     + ["split_selected_rows", "send"] + TABLE_BWD
+                                     + ["split_ids", "send", "send_barrier", "recv", "recv", "fetch_barrier"])
+    main1, _ = result.pservers[EP1]
+    # Paddle's table block is `sum, sgd`: it never averages the trainers' table grads.
+    assert blocks(main1)[1:] == [["sum", "scale", "adam"], ["sum", "scale", "adam"], ["sum", "scale", "sgd"],
+                                 ["lookup_sparse_table"], ["save"]]
+    serve = main1.global_block().ops[0]
+    assert "shared_w@GRAD:3" in serve.attr("grad_to_block_id")
+    assert serve.attr("prefetch_var_name_to_block_id") == ("prefetch_compress_in_tmp_0:4",)
+    assert serve.attr("checkpint_block_id") == 5
+    assert main1.global_block().var("shared_w").shape[0] == 500  # §3.16 TestDistLookupTableSliceSize
+    assert types(result.trainer_startup) == ["fill_constant", "uniform_random", "recv", "recv", "fetch_barrier",
+                                             "fake_init", "fake_init"]
+    assert result.plan.table.table == "shared_w"  # §3.17 TestDistArgsInProgram
+
+
+def test_async_local_lookup_table():  # §3.14 (with the pserver in async mode too, §10.3)
+    result = run(lambda: nets.network_with_table(is_sparse=True, is_distributed=False), sync_mode=False)
+    assert types(result.trainer)[-5:] == ["sum", "split_selected_rows", "send", "recv", "recv"]
+    main1, _ = result.pservers[EP1]
+    assert blocks(main1)[1:] == [["adam"]] * 3
+    serve = main1.global_block().ops[0]
+    assert serve.input("X") == ("fc_b@GRAD", "profile_emb@GRAD.block0", "shared_w@GRAD.block0")
+    assert serve.attr("distributed_mode") == 2
+
+
+def test_async_dist_lookup_table():  # §3.15
+    result = run(lambda: nets.network_with_table(is_sparse=True, is_distributed=True), sync_mode=False)
+    assert types(result.trainer)[:4] == ["distributed_lookup_table", "split_ids", "prefetch", "merge_ids"]
+    assert types(result.trainer)[-5:] == ["sum", "split_ids", "send", "recv", "recv"]
+    table_send = [op for op in result.trainer.global_block().ops if op.type == "send"][-1]
+    assert table_send.input("X") == ("shared_w@GRAD.pserver_0", "shared_w@GRAD.pserver_1")
+    assert table_send.output("Out") == ()
+    main1, _ = result.pservers[EP1]
+    assert blocks(main1)[1:] == [["adam"], ["adam"], ["sgd"], ["lookup_sparse_table"], ["save"]]
+    assert "shared_w@GRAD.pserver_0:3" in main1.global_block().ops[0].attr("grad_to_block_id")

@@ -2,8 +2,9 @@
 RoundRobin/HashName, 1/2/4 pservers) combination, one file each under
 tests/golden/transpile/, holding the plan report and every program's dump.
 
-`make golden` rewrites them; review that diff like code. The CTR example runs with a
-dense table (`--dense`) until sparse tables are supported.
+`make golden` rewrites them; review that diff like code. The CTR example appears three
+times: with its distributed table, with a sparse table prefetched from its blocks, and
+with a dense table.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = {
     "seed_fc3": lambda module: module.build(),
     "mlp": lambda module: module.build(),
+    "ctr": lambda module: module.build(),  # a distributed table (is_sparse, is_distributed)
+    "ctr_local": lambda module: module.build(is_sparse=True, is_distributed=False),  # prefetched from its blocks
     "ctr_dense": lambda module: module.build(is_sparse=False, is_distributed=False),
 }
-MODULE = {"seed_fc3": "seed_fc3", "mlp": "mlp", "ctr_dense": "ctr"}
+MODULE = {"seed_fc3": "seed_fc3", "mlp": "mlp", "ctr": "ctr", "ctr_local": "ctr", "ctr_dense": "ctr"}
 COMBINATIONS = list(
     itertools.product(EXAMPLES, ("sync", "async"), ("slice", "noslice"), ("round_robin", "hash_name"), (1, 2, 4))
 )

@@ -75,6 +75,8 @@ class ParamPlan:
     optimizer: str
     blocks: list[VarBlock] = field(default_factory=list)
     endpoints: list[str] = field(default_factory=list)  # one per block
+    sparse: bool = False  # SELECTED_ROWS grads (an is_sparse embedding table)
+    remote_prefetch: bool = False  # trainers fetch rows from the blocks instead of receiving the table
 
     @property
     def sliced(self) -> bool:
@@ -89,6 +91,40 @@ class ParamPlan:
 
 
 @dataclass
+class TablePlan:
+    """The distributed lookup table: pserver `i` of `M` holds the rows with `id % M == i`
+    (at most `shard_rows` of them, created on first use)."""
+
+    table: str
+    grad: str
+    shape: tuple[int, ...]
+    dtype: DType
+    endpoints: tuple[str, ...]
+    padding_idx: int = -1
+
+    @property
+    def shard_rows(self) -> int:
+        return math.ceil(self.shape[0] / len(self.endpoints))
+
+    @property
+    def shard_shape(self) -> tuple[int, ...]:
+        return (self.shard_rows, *self.shape[1:])
+
+    def shard_grad_name(self, shard: int, trainer: int | None) -> str:
+        """What a trainer calls the rows of the table grad it sends to pserver `shard`."""
+        middle = "" if trainer is None else TRAINER_SUFFIX.format(trainer=trainer)
+        return f"{self.grad}{middle}.pserver_{shard}"
+
+    @staticmethod
+    def prefetch_in(shard: int) -> str:
+        return f"prefetch_compress_in_tmp_{shard}"
+
+    @staticmethod
+    def prefetch_out(shard: int) -> str:
+        return f"prefetch_compress_out_tmp_{shard}"
+
+
+@dataclass
 class Plan:
     endpoints: tuple[str, ...]
     trainers: int
@@ -97,6 +133,7 @@ class Plan:
     split_method: str
     min_block_size: int
     params: list[ParamPlan] = field(default_factory=list)
+    table: TablePlan | None = None
 
     @property
     def per_trainer_grads(self) -> bool:
@@ -128,6 +165,12 @@ class Plan:
                 rows[ep]["blocks"] += 1
                 rows[ep]["elements"] += block.numel
                 rows[ep]["bytes"] += block.numel * itemsize
+        if self.table is not None:
+            itemsize = _itemsize(self.table.dtype)
+            for ep in self.table.endpoints:
+                rows[ep]["blocks"] += 1
+                rows[ep]["elements"] += math.prod(self.table.shard_shape)
+                rows[ep]["bytes"] += math.prod(self.table.shard_shape) * itemsize
         total = sum(r["elements"] for r in rows.values()) or 1
         for row in rows.values():
             row["share"] = row["elements"] / total
@@ -156,6 +199,8 @@ class Plan:
                     "shape": list(p.shape),
                     "dtype": p.dtype.name,
                     "optimizer": p.optimizer,
+                    "sparse": p.sparse,
+                    "remote_prefetch": p.remote_prefetch,
                     "blocks": [
                         {
                             "name": b.name,
@@ -171,6 +216,17 @@ class Plan:
                 }
                 for p in self.params
             ],
+            "table": None
+            if self.table is None
+            else {
+                "table": self.table.table,
+                "grad": self.table.grad,
+                "shape": list(self.table.shape),
+                "dtype": self.table.dtype.name,
+                "sharding": "id % pservers",
+                "shard_shape": list(self.table.shard_shape),
+                "endpoints": list(self.table.endpoints),
+            },
         }
 
     def to_json_text(self) -> str:
@@ -214,8 +270,17 @@ def format_plan(plan: Plan) -> str:
     lines.append("")
     lines.append(f"{'var / block':<40} {'endpoint':<24} {'rows':>14} {'shape':<16}")
     for param in plan.params:
-        lines.append(f"{param.param} {list(param.shape)} {param.dtype.short} ({param.optimizer}, grad {param.grad})")
+        kind = ", sparse" + (" prefetched" if param.remote_prefetch else "") if param.sparse else ""
+        lines.append(f"{param.param} {list(param.shape)} {param.dtype.short} ({param.optimizer}{kind}, grad {param.grad})")
         for block, endpoint in zip(param.blocks, param.endpoints, strict=True):
             rows = f"{block.row_offset}:{block.row_offset + block.rows}"
             lines.append(f"  {block.name:<38} {endpoint:<24} {rows:>14} {str(list(block.shape)):<16}")
+    table = plan.table
+    if table is not None:
+        lines.append(f"{table.table} {list(table.shape)} {table.dtype.short} (distributed table, rows id % "
+                     f"{len(table.endpoints)}, sgd, grad {table.grad})")
+        for shard, endpoint in enumerate(table.endpoints):
+            rows = f"id%{len(table.endpoints)}=={shard}"
+            lines.append(f"  {table.table + ' shard ' + str(shard):<38} {endpoint:<24} {rows:>14} "
+                         f"{str(list(table.shard_shape)):<16}")
     return "\n".join(line.rstrip() for line in lines) + "\n"

@@ -25,6 +25,19 @@ class ParamChain:
     optimizer: int
     ops: list[int]
     grad_producer: int  # the last op the trainer keeps that writes `grad`
+    sparse: bool = False  # the grad is SELECTED_ROWS (an is_sparse embedding table)
+
+
+@dataclass
+class TableLookups:
+    """The `lookup_table` ops reading one embedding table."""
+
+    table: str
+    lookups: list[int]  # their indices in the original program
+    op_type: str  # lookup_table or lookup_table_v2
+    distributed: bool  # is_distributed: rows live only on the pservers, sharded id % #pservers
+    remote_prefetch: bool  # rows are fetched from the table's blocks instead of receiving the table
+    padding_idx: int
 
 
 @dataclass
@@ -34,6 +47,8 @@ class Analysis:
     lr_ops: list[int]  # ops computing the learning rate, in order
     lr_counter: str | None = None  # the global step var the lr ops increment, if any
     lr_counter_increment: int | None = None  # index of that `increment` op
+    tables: dict[str, TableLookups] = field(default_factory=dict)  # sparse / distributed embedding tables
+    distributed_table: ParamChain | None = None  # the is_distributed table (at most one), not in `chains`
 
 
 @dataclass

@@ -1,9 +1,13 @@
 """Checks across the programs of a bundle, on top of each program's own verifier:
 
 * every var a trainer `send`s has a receiver: the pserver at its `epmap` entry lists it
-  among `listen_and_serv`'s inputs (or declares it, for broadcasts like the lr counter);
-* every var a trainer `recv`s is declared on the pserver it is fetched from;
-* every param block of the plan is updated by exactly one optimizer op, on its pserver;
+  among `listen_and_serv`'s inputs, or an optimize block there reads it (the distributed
+  table's grads), or declares it (broadcasts like the lr counter);
+* every var a trainer `recv`s, and every table block a `distributed_lookup_table` reads,
+  is declared on the pserver it is fetched from; every `prefetch` goes to a pserver with
+  a prefetch block for it;
+* every param block of the plan (and every shard of the distributed table) is updated by
+  exactly one optimizer op, on its pserver;
 * every `grad_to_block_id` entry names a block that reads that grad.
 """
 
@@ -40,10 +44,7 @@ def verify_bundle(bundle: Bundle, *, after: str = "") -> None:
 
 
 def cross_program_problems(bundle: Bundle) -> Iterable[VerifyError]:
-    serving = {}
-    for ep, progs in bundle.pservers.items():
-        serve = _listen_and_serv(progs.main)
-        serving[ep] = None if serve is None else frozenset(serve.input("X"))
+    serving = {ep: _received_vars(progs.main) for ep, progs in bundle.pservers.items()}
     for label, program in (("trainer", bundle.trainer), ("trainer_startup", bundle.trainer_startup)):
         if program is None:
             continue
@@ -52,7 +53,11 @@ def cross_program_problems(bundle: Bundle) -> Iterable[VerifyError]:
             if op.type == "send":
                 yield from _check_send(label, block, index, op, bundle, serving)
             elif op.type == "recv":
-                yield from _check_recv(label, block, index, op, bundle)
+                yield from _check_recv(label, block, index, op, bundle, op.attr("recv_varnames", ()) or op.output("Out"))
+            elif op.type == "distributed_lookup_table":
+                yield from _check_recv(label, block, index, op, bundle, op.attr("table_names"), "endpoints")
+            elif op.type == "prefetch":
+                yield from _check_prefetch(label, block, index, op, bundle)
     yield from _check_each_block_optimized_once(bundle)
     for ep, progs in bundle.pservers.items():
         yield from _check_grad_to_block(f"pserver_{ep}", progs.main)
@@ -62,13 +67,26 @@ def _listen_and_serv(program: Program):
     return next((op for op in program.global_block().ops if op.type == "listen_and_serv"), None)
 
 
+def _received_vars(program: Program) -> frozenset[str] | None:
+    """What a pserver accepts: `listen_and_serv`'s inputs and whatever its optimize blocks read."""
+    serve = _listen_and_serv(program)
+    if serve is None:
+        return None
+    names = set(serve.input("X"))
+    for entry in serve.attr("grad_to_block_id", ()):
+        _, _, idx = entry.rpartition(":")
+        if idx.isdigit() and 0 < int(idx) < program.num_blocks:
+            names.update(n for op in program.block(int(idx)).ops for n in op.input_names)
+    return frozenset(names)
+
+
 def _pairs(op, names_attr: str, slot_names: tuple[str, ...]):
-    """(var, endpoint) pairs of a send / recv; None when the counts cannot match."""
+    """(var, endpoint) pairs of a send; None when the counts cannot match."""
     names = list(op.attr(names_attr, ())) or list(slot_names)
     epmap = list(op.attr("epmap", ()))
     if len(names) != len(epmap) and len(names) == 1:
         return [(names[0], ep) for ep in epmap]  # a broadcast to every endpoint
-    return list(zip(names, epmap, strict=False)) if len(names) == len(epmap) else None
+    return list(zip(names, epmap, strict=True)) if len(names) == len(epmap) else None
 
 
 def _check_send(label, block, index, op, bundle, serving):
@@ -86,15 +104,25 @@ def _check_send(label, block, index, op, bundle, serving):
             yield op_problem(label, block, op, index, f"send of {name!r} to {ep}: that pserver does not receive it")
 
 
-def _check_recv(label, block, index, op, bundle):
-    pairs = _pairs(op, "recv_varnames", op.output("Out"))
-    if pairs is None:
-        yield op_problem(label, block, op, index, f"recv has {len(op.output('Out'))} vars but {len(op.attr('epmap', ()))} endpoints")
+def _check_recv(label, block, index, op, bundle, names, endpoints_attr="epmap"):
+    endpoints = list(op.attr(endpoints_attr, ()))
+    if len(names) != len(endpoints):
+        yield op_problem(label, block, op, index, f"{op.type} has {len(names)} vars but {len(endpoints)} endpoints")
         return
+    pairs = list(zip(names, endpoints, strict=True))
     for name, ep in pairs:
         progs = bundle.pservers.get(ep)
         if progs is None or not progs.main.global_block().has_var(name):
             yield op_problem(label, block, op, index, f"recv of {name!r} from {ep}: that pserver does not hold it")
+
+
+def _check_prefetch(label, block, index, op, bundle):
+    for name, ep in zip(op.input("X"), op.attr("epmap", ()), strict=False):
+        progs = bundle.pservers.get(ep)
+        serve = None if progs is None else _listen_and_serv(progs.main)
+        prefetched = () if serve is None else [e.rpartition(":")[0] for e in serve.attr("prefetch_var_name_to_block_id", ())]
+        if name not in prefetched:
+            yield op_problem(label, block, op, index, f"prefetch of {name!r} from {ep}: that pserver has no prefetch block for it")
 
 
 def _check_each_block_optimized_once(bundle: Bundle):
@@ -106,6 +134,8 @@ def _check_each_block_optimized_once(bundle: Bundle):
                     for name in op.input("Param"):
                         updated[(ep, name)] += 1
     expected = {(ep, b.name) for p in bundle.plan.params for b, ep in zip(p.blocks, p.endpoints, strict=True)}
+    if bundle.plan.table is not None:
+        expected |= {(ep, bundle.plan.table.table) for ep in bundle.plan.table.endpoints}
     for key in sorted(expected):
         if updated[key] != 1:
             ep, name = key

@@ -10,6 +10,10 @@
   decay: found by data flow, not by trusting `op_role_var`); the last op the trainer
   keeps that writes it is where the `send` goes.
 * LR ops: `op_role` has the LRSched bit; they move to an lr-decay block on each pserver.
+* Embedding tables: the `lookup_table` ops on a param with `is_sparse` / `is_distributed`.
+  A sparse table's grad is SELECTED_ROWS; with `remote_prefetch` its rows are fetched
+  from its blocks rather than the table received; an `is_distributed` table (at most
+  one, updated by `sgd`) lives only on the pservers, sharded by `id % #pservers`.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass, replace
 from ops.catalogue.optimizers import optimizer_slots
 from transpiler.errors import TranspileError
 from transpiler.ir import Op, OpRole, VarKind
-from transpiler.passes.bundle import Analysis, Bundle, ParamChain
+from transpiler.passes.bundle import Analysis, Bundle, ParamChain, TableLookups
 
 LOOKUP_TABLE_OPS = ("lookup_table", "lookup_table_v2")
 
@@ -67,18 +71,24 @@ def run(bundle: Bundle, options=None) -> Bundle:
             raise TranspileError(f"optimize op {indices[0]} ({op.type}) is tied to {param!r}, which no optimizer updates")
 
     moved = set(optimize) | set(lr_ops)
-    _reject_sparse_tables(ops, set(optimizers))
+    tables = _find_tables(block, set(optimizers))
     chains = []
     for param, opt_index in sorted(optimizers.items(), key=lambda item: item[1]):
         chain_ops = tied[param]
         grad = _sent_grad(block, [ops[i] for i in chain_ops], param, moved)
         _check_param_and_grad(block, param, grad)
         producer = _last_kept_writer(block, grad, moved)
-        chains.append(ParamChain(param=param, grad=grad, optimizer=opt_index, ops=chain_ops, grad_producer=producer))
+        sparse = block.find_var(grad).kind == VarKind.SELECTED_ROWS
+        if sparse and not optimizer_slots(ops[opt_index].type).sparse_grad:
+            raise TranspileError(f"{ops[opt_index].type} cannot apply the sparse grad {grad!r} of {param!r}")
+        chains.append(ParamChain(param=param, grad=grad, optimizer=opt_index, ops=chain_ops, grad_producer=producer,
+                                 sparse=sparse))
 
+    distributed = _split_off_distributed_table(chains, tables, ops)
     counter, increment = _lr_counter(ops, lr_ops)
     analysis = Analysis(
-        chains=chains, optimize_ops=optimize, lr_ops=lr_ops, lr_counter=counter, lr_counter_increment=increment
+        chains=chains, optimize_ops=optimize, lr_ops=lr_ops, lr_counter=counter, lr_counter_increment=increment,
+        tables=tables, distributed_table=distributed,
     )
     return replace(bundle, analysis=analysis)
 
@@ -121,10 +131,8 @@ def _check_param_and_grad(block, param: str, grad: str) -> None:
         var = block.find_var(name)
         if var is None:
             raise TranspileError(f"{what} {name!r} is not declared in the global block")
-        if var.kind == VarKind.SELECTED_ROWS:
-            raise TranspileError(
-                f"{what} {name!r} is SELECTED_ROWS: sparse gradients (is_sparse embeddings) are not supported yet"
-            )
+        if what == "param" and var.kind != VarKind.LOD_TENSOR:
+            raise TranspileError(f"param {name!r} is {var.kind.name}, not a LOD_TENSOR")
         if var.shape is None or any(d < 0 for d in var.shape):
             raise TranspileError(f"{what} {name!r} has no static shape ({var.shape}); parameters must")
 
@@ -137,14 +145,59 @@ def _last_kept_writer(block, grad: str, moved: set[int]) -> int:
     return kept[-1]
 
 
-def _reject_sparse_tables(ops, params: set[str]) -> None:
-    for index, op in enumerate(ops):
-        if op.type in LOOKUP_TABLE_OPS and set(op.input("W")) & params:
-            if op.attr("is_distributed", False) or op.attr("is_sparse", False):
+def _find_tables(block, params: set[str]) -> dict[str, TableLookups]:
+    """Every sparse or distributed embedding table, with the lookups that read it."""
+    tables: dict[str, TableLookups] = {}
+    for op in block.ops:
+        if op.type not in LOOKUP_TABLE_OPS or not set(op.input("W")) & params:
+            continue
+        (table,) = op.input("W")
+        flags = (bool(op.attr("is_distributed", False)), bool(op.attr("remote_prefetch", False)))
+        if not (op.attr("is_sparse", False) or flags[0]):
+            continue
+        found = tables.get(table)
+        if found is None:
+            tables[table] = TableLookups(table, [op.index], op.type, *flags, int(op.attr("padding_idx", -1)))
+        elif (found.distributed, found.remote_prefetch, found.op_type) != (*flags, op.type):
+            raise TranspileError(
+                f"the lookups of table {table!r} disagree (ops {found.lookups[0]} and {op.index}): "
+                "is_distributed, remote_prefetch and the op type must be the same for every lookup of a table"
+            )
+        else:
+            found.lookups.append(op.index)
+    for table, info in tables.items():
+        if info.distributed or info.remote_prefetch:
+            lookups = set(info.lookups)
+            other = [op for op in block.readers(table) if op.index not in lookups and not op.type.endswith("_grad")
+                     and not (op.role & OpRole.Optimize)]
+            if other:
                 raise TranspileError(
-                    f"op {index} ({op.type} on {op.input('W')[0]!r}) is a sparse or distributed embedding; "
-                    "those are not supported yet (dense parameters only)"
+                    f"table {table!r} is prefetched from the pservers, but op {other[0].index} ({other[0].type}) "
+                    "reads the whole table"
                 )
+    distributed = [t for t in tables.values() if t.distributed]
+    if len(distributed) > 1:
+        raise TranspileError(
+            f"only one distributed lookup table is supported; found {', '.join(t.table for t in distributed)}"
+        )
+    return tables
+
+
+def _split_off_distributed_table(chains: list[ParamChain], tables: dict[str, TableLookups], ops) -> ParamChain | None:
+    """Take the distributed table's chain out of `chains`: it is placed by id, not sliced."""
+    table = next((t for t in tables.values() if t.distributed), None)
+    if table is None:
+        return None
+    chain = next(c for c in chains if c.param == table.table)
+    if len(chain.ops) != 1 or ops[chain.optimizer].type != "sgd":
+        kinds = ", ".join(ops[i].type for i in chain.ops)
+        raise TranspileError(
+            f"distributed table {table.table!r} must be updated by a lone sgd op (Fluid builds it so), not by {kinds}"
+        )
+    if not chain.sparse:
+        raise TranspileError(f"distributed table {table.table!r} needs is_sparse=True (its grad must be SELECTED_ROWS)")
+    chains.remove(chain)
+    return chain
 
 
 def _lr_counter(ops, lr_ops: list[int]) -> tuple[str | None, int | None]:

@@ -25,11 +25,14 @@ from dataclasses import replace
 
 from ops.catalogue.optimizers import OptimizerSlots, optimizer_slots
 from transpiler.config import TranspileOptions
-from transpiler.ir import AttrType, Block, Op, OpRole, Program
+from transpiler.ir import AttrType, Block, DType, Op, OpRole, Program, VarKind
 from transpiler.ir.types import EMPTY_VAR_NAME, OP_ROLE_VAR_ATTR
 from transpiler.passes.bundle import Bundle, ParamChain, PserverPrograms
 from ops.catalogue import make_op
 from transpiler.plan import ParamPlan, VarBlock
+
+# The var a checkpoint notification fills with the directory the table shard is saved to.
+LOOKUP_TABLE_PATH = "kLookupTablePath"
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
@@ -61,12 +64,19 @@ class _PserverBuilder:
         parent = lr_block.idx if lr_block is not None else 0
         recv_inputs: list[str] = []
         grad_to_block: list[str] = []
+        sparse_grad_to_param: list[str] = []
         for param, var_block in self.plan.on(self.endpoint):
             block = self.program.create_block(parent)
             inputs = self._optimize_block(block, chains[param.param], param, var_block)
             recv_inputs.extend(inputs)
             optimize_blocks.append(block.idx)
-            grad_to_block.append(f"{param.grad_block_name(var_block.index)}:{block.idx}")
+            merged = param.grad_block_name(var_block.index)
+            grad_to_block.append(f"{merged}:{block.idx}")
+            if param.sparse:
+                sparse_grad_to_param.append(f"{merged}:{var_block.name}")
+        table_attrs = {}
+        if self.plan.table is not None:
+            table_attrs = self._table_blocks(parent, optimize_blocks, grad_to_block)
         if not optimize_blocks:
             optimize_blocks.append(self.program.create_block(0).idx)
 
@@ -84,14 +94,66 @@ class _PserverBuilder:
                     "distributed_mode": int(options.distributed_mode),
                     "optimize_blocks": optimize_blocks,
                     "grad_to_block_id": grad_to_block,
-                    "sparse_grad_to_param": [],
+                    "sparse_grad_to_param": sparse_grad_to_param,
                     "lr_decay_block_id": lr_block.idx if lr_block is not None else -1,
+                    **table_attrs,
                 },
                 role=OpRole.RPC,
             ),
             index=0,
         )
         return PserverPrograms(main=self.program, instances=self.instances)
+
+    # -- the distributed table
+    def _table_blocks(self, parent: int, optimize_blocks: list[int], grad_to_block: list[str]) -> dict:
+        """This pserver's shard of the distributed table: its update block (a child of
+        `parent`), then a prefetch block and a checkpoint block (children of the update
+        block). Returns the `listen_and_serv` attrs that name them."""
+        table, plan = self.plan.table, self.plan
+        shard = list(table.endpoints).index(self.endpoint)
+        chain = self.bundle.analysis.distributed_table
+        table_var = self.declare(table.table, table.table, table.shard_shape, persistable=True, index=shard)
+        self.globals.var(table_var).kind = VarKind.SELECTED_ROWS
+        block = self.program.create_block(parent)
+        if plan.per_trainer_grads:
+            merged = self.declare(table.grad, table.grad, persistable=True)
+            received = [table.shard_grad_name(shard, k) for k in range(plan.trainers)]
+            for name in received:
+                self.declare(table.grad, name, persistable=False)
+            block.add_op(make_op("sum", {"X": received}, {"Out": [merged]}, role=OpRole.Optimize,
+                                 role_vars=(table.table, merged)))
+            # Paddle sums the trainers' table grads without averaging them (PR #13277 was never
+            # merged), so a table learnt `trainers` times faster than local training; scale as
+            # for every other param.
+            block.add_op(make_op("scale", {"X": [merged]}, {"Out": [merged]}, {"scale": 1.0 / plan.trainers},
+                                 role=OpRole.Optimize, role_vars=(table.table, merged)))
+        else:
+            merged = self.declare(table.grad, table.shard_grad_name(shard, None), persistable=True)
+        sgd = self.origin.global_block().ops[chain.optimizer].clone()
+        known = {table.grad: merged, table.table: table_var}
+        for slot, args in sgd.inputs.items():
+            sgd.set_input(slot, [known[a] if a in known else self.declare(a) for a in args])
+        block.add_op(sgd)
+        optimize_blocks.append(block.idx)
+        grad_to_block.append(f"{merged}:{block.idx}")
+
+        # The ids a trainer asks for and the rows it gets back (not state: nothing initialises them).
+        prefetch_in, prefetch_out = table.prefetch_in(shard), table.prefetch_out(shard)
+        for name, dtype, shape in ((prefetch_in, DType.INT64, (-1, 1)),
+                                   (prefetch_out, table.dtype, (-1, *table.shape[1:]))):
+            if not self.globals.has_var(name):
+                self.globals.create_var(name, VarKind.LOD_TENSOR, dtype, shape)
+        prefetch = self.program.create_block(block.idx)
+        prefetch.add_op(make_op("lookup_sparse_table", {"Ids": [prefetch_in], "W": [table.table]},
+                                {"Out": [prefetch_out]}, {"padding_idx": table.padding_idx}, role=OpRole.RPC))
+        if not self.globals.has_var(LOOKUP_TABLE_PATH):
+            self.globals.create_var(LOOKUP_TABLE_PATH, VarKind.RAW, persistable=True)
+        checkpoint = self.program.create_block(block.idx)
+        checkpoint.add_op(make_op("save", {"X": [table.table]}, {}, {"file_path": "none"}, role=OpRole.RPC))
+        return {
+            "prefetch_var_name_to_block_id": [f"{prefetch_in}:{prefetch.idx}"],
+            "checkpint_block_id": checkpoint.idx,  # sic: Paddle's attr name
+        }
 
     # -- vars
     def declare(

@@ -13,7 +13,7 @@ from dataclasses import replace
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
 from transpiler.passes.bundle import Bundle
-from transpiler.plan import ParamPlan, Plan, make_blocks, slice_sizes
+from transpiler.plan import ParamPlan, Plan, TablePlan, make_blocks, slice_sizes
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
@@ -28,10 +28,12 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         min_block_size=options.min_block_size,
     )
     slice_count = len(options.endpoints) if options.slice_var_up else 1
+    tables = bundle.analysis.tables
     for chain in bundle.analysis.chains:
         var = block.var(chain.param)
         shape = tuple(var.shape)
         sizes = slice_sizes(shape, slice_count, options.min_block_size)
+        lookups = tables.get(chain.param)
         plan.params.append(
             ParamPlan(
                 param=chain.param,
@@ -40,8 +42,15 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
                 dtype=var.dtype,
                 optimizer=bundle.origin.global_block().ops[chain.optimizer].type,
                 blocks=make_blocks(chain.param, shape, sizes),
+                sparse=chain.sparse,
+                remote_prefetch=lookups is not None and lookups.remote_prefetch,
             )
         )
+    table = bundle.analysis.distributed_table
+    if table is not None:
+        var = block.var(table.param)
+        plan.table = TablePlan(table.param, table.grad, tuple(var.shape), var.dtype, options.endpoints,
+                               tables[table.param].padding_idx)
     _check_names_free(block, plan)
 
     dispatcher = options.dispatcher(list(options.endpoints))

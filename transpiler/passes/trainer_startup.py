@@ -5,6 +5,12 @@ From a copy of the original startup program: drop the initializers of optimizer 
 beta powers), since that state lives on the pservers; then receive every param from
 its pservers the way the main program does (`recv` per param, one `fetch_barrier`,
 `concat` per cut param), so all trainers start from the pservers' values.
+
+Tables whose rows are fetched on demand (remote-prefetch sparse tables, the distributed
+table) are never received: their initializer becomes a `fake_init` that only declares
+the shape, so a trainer never allocates a table it cannot hold. A sparse table that is
+*not* prefetched is received like any param (Paddle 2.6 fake-inits it too, leaving the
+trainer's first lookups reading an uninitialised table).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from transpiler.config import TranspileOptions
 from transpiler.ir import OpRole
 from transpiler.passes.bundle import Bundle
 from ops.catalogue import make_op
-from transpiler.passes.trainer_program import concat_op, declare_param_blocks
+from transpiler.passes.trainer_program import concat_op, declare_param_blocks, received_params
 
 
 def optimizer_state_vars(bundle: Bundle) -> set[str]:
@@ -42,7 +48,12 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         if block.has_var(name):
             block.remove_var(name)
 
-    for param in plan.params:
+    fetched_tables = [p.param for p in plan.params if p.remote_prefetch]
+    if plan.table is not None:
+        fetched_tables.append(plan.table.table)
+    block.remove_ops([op for op in block.ops if set(fetched_tables) & set(op.output_names)])
+
+    for param in received_params(plan):
         if not block.has_var(param.param):
             block.add_var(bundle.origin.global_block().var(param.param).copy())
         outs = [param.param] if options.runtime_split_send_recv or not param.sliced else declare_param_blocks(startup, param)
@@ -60,7 +71,12 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         )
     )
     if not options.runtime_split_send_recv:
-        for param in plan.params:
+        for param in received_params(plan):
             if param.sliced:
                 block.add_op(concat_op(param))
+    for table in fetched_tables:
+        if not block.has_var(table):
+            block.add_var(bundle.origin.global_block().var(table).copy())
+        shape = list(block.var(table).shape)
+        block.add_op(make_op("fake_init", {}, {"Out": [table]}, {"shape": shape}, role=OpRole.Forward))
     return replace(bundle, trainer_startup=startup)
