@@ -78,9 +78,28 @@ def program_from_bytes(data: bytes, *, source: str = "<bytes>") -> Program:
     _warn_unknown_fields(message, source)
     try:
         return _program(message, source)
+    except _InvalidText as exc:
+        raise ProgramFormatError(f"{source}: not a valid ProgramDesc (a {exc} is not valid UTF-8)") from None
     except (ValueError, OverflowError) as exc:
         # Enum numbers outside our schema and similar wire values the IR cannot hold.
         raise ProgramFormatError(f"{source}: not a valid ProgramDesc ({exc})") from None
+
+
+class _InvalidText(Exception):
+    """A proto2 `string` field holding bytes that are not UTF-8 (upb hands them back as `bytes`)."""
+
+
+def _text(value, what: str) -> str:
+    if type(value) is not str:
+        raise _InvalidText(what)
+    return value
+
+
+def _texts(values, what: str) -> tuple[str, ...]:
+    values = tuple(values)
+    if not all(type(v) is str for v in values):
+        raise _InvalidText(what)
+    return values
 
 
 def _decode_reason(exc: DecodeError) -> str:
@@ -112,11 +131,12 @@ def _program(message: pb.ProgramDesc, source: str) -> Program:
     if message.HasField("op_version_map"):
         program.op_version_map = {}
         for pair in message.op_version_map.pair:
-            program.op_version_map[pair.op_name] = pair.op_version.version
+            program.op_version_map[_text(pair.op_name, "op version name")] = pair.op_version.version
     for position, block_msg in enumerate(message.blocks):
         block = Block(program, block_msg.idx, block_msg.parent_idx, block_msg.forward_block_idx)
         block._explicit = _present(block_msg, ("forward_block_idx",))
         for var_msg in block_msg.vars:
+            _text(var_msg.name, "var name")
             if var_msg.name in block._vars:
                 raise ProgramFormatError(f"{source}: block {position} declares var {var_msg.name!r} twice")
             block.add_var(_var(var_msg))
@@ -157,23 +177,26 @@ def _var(message) -> Var:
         explicit.add("tuple")
     for attr_msg in message.attrs:
         attr_type = AttrType(attr_msg.type)
+        _text(attr_msg.name, "var attr name")
         value = getattr(attr_msg, _VAR_ATTR_FIELD.get(attr_type, "i"))
+        if attr_type == AttrType.STRING:
+            _text(value, "var attr string")
         var.attrs[attr_msg.name] = Attr.of(list(value) if attr_type == AttrType.INTS else value, attr_type)
     var._explicit = frozenset(explicit)
     return var
 
 
 def _op(message, source: str, block_idx: int, op_index: int) -> Op:
-    op = Op(message.type)
+    op = Op(_text(message.type, "op type"))
     for slots, wire in ((op._inputs, message.inputs), (op._outputs, message.outputs)):
         for var_msg in wire:
-            if var_msg.parameter in slots:
+            if _text(var_msg.parameter, "slot name") in slots:
                 raise ProgramFormatError(
                     f"{source}: block {block_idx} op {op_index} ({message.type}) has slot {var_msg.parameter!r} twice"
                 )
-            slots[var_msg.parameter] = tuple(var_msg.arguments)
+            slots[var_msg.parameter] = _texts(var_msg.arguments, "slot argument")
     for attr_msg in message.attrs:
-        if attr_msg.name in op._attrs:
+        if _text(attr_msg.name, "attr name") in op._attrs:
             raise ProgramFormatError(
                 f"{source}: block {block_idx} op {op_index} ({message.type}) has attr {attr_msg.name!r} twice"
             )
@@ -190,9 +213,13 @@ def _attr(message) -> Attr:
         return Attr(attr_type, _scalar_value(raw))
     if attr_type == AttrType.SCALARS:
         return Attr(attr_type, tuple(_scalar_value(s) for s in raw))
-    if attr_type in (AttrType.INTS, AttrType.FLOATS, AttrType.STRINGS, AttrType.BOOLEANS, AttrType.BLOCKS,
-                     AttrType.LONGS, AttrType.FLOAT64S, AttrType.VARS):
+    if attr_type in (AttrType.STRINGS, AttrType.VARS):
+        return Attr(attr_type, _texts(raw, f"{attr_type.name} attr"))
+    if attr_type in (AttrType.INTS, AttrType.FLOATS, AttrType.BOOLEANS, AttrType.BLOCKS, AttrType.LONGS,
+                     AttrType.FLOAT64S):
         return Attr(attr_type, tuple(raw))
+    if attr_type in (AttrType.STRING, AttrType.VAR):
+        return Attr(attr_type, _text(raw, f"{attr_type.name} attr"))
     return Attr(attr_type, raw)
 
 
