@@ -200,6 +200,10 @@ def var_json(var: Var) -> dict[str, Any]:
     out["lod_level"] = var.lod_level
     for flag in ("persistable", "is_parameter", "stop_gradient", "need_check_feed"):
         out[flag] = getattr(var, flag)
+    if var.reader:
+        out["reader"] = [[d.name, list(s), lod] for d, s, lod in var.reader]
+    if var.tuple_types:
+        out["tuple"] = list(var.tuple_types)
     if var.attrs:
         out["attrs"] = {k: _json_value(a) for k, a in sorted(var.attrs.items())}
     return out

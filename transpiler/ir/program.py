@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -786,14 +787,27 @@ class Program:
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temp file in the same directory and a rename."""
+    """Write `data` to `path` through a temp file in the same directory and a rename.
+
+    The file gets the mode an ordinary write would give it (an existing file's mode, else
+    0666 minus the umask), not `mkstemp`'s private 0600."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+            os.fchmod(handle.fileno(), _new_file_mode(path))
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _new_file_mode(path: Path) -> int:
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask

@@ -169,10 +169,12 @@ class OpRole(enum.IntFlag):
     Loss = 256
 
     def describe(self) -> str:
-        """`"backward|loss"`; `"forward"` for 0."""
-        if self == 0:
-            return "forward"
-        return "|".join(m.name.lower() for m in OpRole if m.value and m.value & self.value)
+        """`"backward|loss"`, `"forward|loss"`; `"forward"` for 0 (Forward is the absence of
+        the other base roles, so the loss op, 256, is forward|loss)."""
+        names = [m.name.lower() for m in OpRole if m.value and m.value & self.value]
+        if not self.value & 0xFF:
+            names.insert(0, "forward")
+        return "|".join(names)
 
 
 OP_ROLE_ATTR = "op_role"

@@ -90,7 +90,8 @@ def _check_blocks(program: Program, name: str) -> Iterable[VerifyError]:
             if current in chain or not 0 <= program.blocks[current].parent_idx < count:
                 for member in chain:
                     reaches_root[member] = False
-                yield VerifyError("its parent chain never reaches block 0 (a cycle)", program=name, block=position)
+                if current in chain:  # an out-of-range parent is reported above
+                    yield VerifyError("its parent chain never reaches block 0 (a cycle)", program=name, block=position)
                 break
             chain.append(current)
             current = program.blocks[current].parent_idx

@@ -1,0 +1,430 @@
+"""The IR API: edits keep order and the reader/writer index right; attrs keep their types."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from transpiler.errors import IRError
+from transpiler.ir import Attr, AttrType, DType, Program, VarKind
+from transpiler.ir.program import Op, Var
+
+
+def _program(*var_names: str) -> Program:
+    program = Program.empty()
+    for name in var_names:
+        program.global_block().create_var(name, dtype="float32", shape=(2, 3))
+    return program
+
+
+def _types(block) -> list[str]:
+    return [op.type for op in block.ops]
+
+
+# ----------------------------------------------------------------- op edits
+
+
+def test_add_op_appends_and_inserts_at_index():
+    block = _program("x").global_block()
+    a = block.add_op("a", {"X": "x"}, {"Out": "x"})
+    b = block.add_op("b")
+    c = block.add_op("c", index=0)
+    d = block.add_op("d", index=2)
+    e = block.add_op("e", index=99)
+    assert _types(block) == ["c", "a", "d", "b", "e"]
+    assert [block.index_of(op) for op in (c, a, d, b, e)] == [0, 1, 2, 3, 4]
+    assert a.index == 1 and len(block) == 5
+    assert a.block is block
+
+
+def test_add_op_takes_a_detached_op_but_not_an_attached_one():
+    block = _program().global_block()
+    op = Op("relu", {"X": "x"}, {"Out": "y"}, {"alpha": 0.5})
+    assert block.add_op(op) is op
+    with pytest.raises(IRError, match="already belongs"):
+        block.add_op(op)
+    with pytest.raises(IRError, match="not both"):
+        block.add_op(Op("relu"), {"X": "x"})
+
+
+def test_insert_after_and_before():
+    block = _program().global_block()
+    a, b = block.add_op("a"), block.add_op("b")
+    block.insert_after(a, "a2")
+    block.insert_before(a, "a0")
+    block.insert_after(b, "b2")
+    block.insert_before(b, "b0")
+    assert _types(block) == ["a0", "a", "a2", "b0", "b", "b2"]
+    assert [op.index for op in block.ops] == list(range(6))
+
+
+def test_insert_with_an_anchor_from_elsewhere_fails():
+    program = _program()
+    other = program.create_block(0)
+    foreign = other.add_op("x")
+    with pytest.raises(IRError, match="not in block 0"):
+        program.global_block().insert_after(foreign, "y")
+    with pytest.raises(IRError, match="no block"):
+        program.global_block().insert_before(Op("z"), "y")
+
+
+def test_remove_op_detaches_and_can_be_reused():
+    program = _program("x", "y")
+    block = program.global_block()
+    a = block.add_op("a", {"X": "x"}, {"Out": "y"})
+    b = block.add_op("b", {"X": "y"}, {"Out": "x"})
+    assert block.remove_op(a) is a
+    assert a.block is None and _types(block) == ["b"]
+    assert block.writers("y") == [] and block.readers("x") == []
+    with pytest.raises(IRError):
+        block.remove_op(a)
+    with pytest.raises(IRError):
+        a.index  # noqa: B018  (a detached op has no index)
+    block.insert_after(b, a)
+    assert _types(block) == ["b", "a"] and block.writers("y") == [a]
+
+
+def test_remove_ops_and_clear():
+    block = _program().global_block()
+    ops = [block.add_op(t) for t in "abcde"]
+    block.remove_ops([ops[1], ops[3]])
+    assert _types(block) == ["a", "c", "e"]
+    block.remove_ops(op for op in block.ops if op.type != "c")
+    assert _types(block) == ["c"]
+    block.clear_ops()
+    assert len(block) == 0 and block.ops == ()
+
+
+def test_readers_and_writers_are_in_op_order_after_edits():
+    block = _program("x", "y", "z").global_block()
+    w1 = block.add_op("w1", outputs={"Out": "x"})
+    r1 = block.add_op("r1", {"X": ["x", "x"]}, {"Out": "y"})
+    r0 = block.insert_before(w1, "r0", {"X": "x"})
+    w2 = block.add_op("w2", {"X": "y"}, {"Out": ["x", "z"]})
+    assert block.readers("x") == [r0, r1]
+    assert block.writers("x") == [w1, w2]
+    assert block.writers("z") == [w2]
+    assert block.readers("nothing") == [] and block.writers("nothing") == []
+    assert block.var_names_used() == ["x", "y", "z"]
+
+
+def test_slot_setters_keep_the_index_right():
+    block = _program("x", "y", "z").global_block()
+    op = block.add_op("op", {"X": "x"}, {"Out": "y"})
+    op.set_input("X", ["z", "x"])
+    op.set_output("Out", block.var("z"))
+    assert op.input("X") == ("z", "x") and op.output("Out") == ("z",)
+    assert block.readers("z") == [op] and block.writers("y") == [] and block.writers("z") == [op]
+    op.remove_input("X")
+    assert block.readers("x") == [] and op.input("X") == ()
+    with pytest.raises(IRError, match="var name or a Var"):
+        op.set_input("X", [1])
+
+
+def test_replace_uses_rewrites_reads_only():
+    block = _program("a", "b", "c").global_block()
+    w = block.add_op("w", {"X": "c"}, {"Out": "a"})
+    r1 = block.add_op("r1", {"X": "a", "Y": ["a", "c"]}, {"Out": "c"})
+    r2 = block.add_op("r2", {"X": "a"}, {"Out": "b"})
+    assert block.replace_uses("a", "b", ops=[r2]) == 1
+    assert r2.input("X") == ("b",) and r1.input("X") == ("a",)
+    assert block.replace_uses("a", "b") == 1
+    assert r1.inputs == {"X": ("b",), "Y": ("b", "c")}
+    assert w.output("Out") == ("a",), "writes of the old name stay"
+    assert block.readers("a") == [] and block.readers("b") == [r1, r2] and block.writers("a") == [w]
+    assert block.replace_uses("nobody", "x") == 0
+
+
+def test_rename_var_keeps_declaration_order_and_renames_uses():
+    block = _program("a", "b", "c").global_block()
+    op = block.add_op("op", {"X": ["b", "a"]}, {"Out": "b"})
+    var = block.rename_var("b", "bee")
+    assert var.name == "bee" and var.block is block
+    assert list(block.vars) == ["a", "bee", "c"]
+    assert op.input("X") == ("bee", "a") and op.output("Out") == ("bee",)
+    assert block.readers("bee") == [op] and block.writers("bee") == [op] and block.readers("b") == []
+    with pytest.raises(IRError, match="already declares"):
+        block.rename_var("a", "c")
+    with pytest.raises(IRError, match="declares no var"):
+        block.rename_var("nope", "x")
+
+
+def test_index_of_an_op_of_another_block_fails():
+    program = _program()
+    op = program.create_block().add_op("x")
+    with pytest.raises(IRError):
+        program.global_block().index_of(op)
+
+
+# ----------------------------------------------------------------------- vars
+
+
+def test_vars():
+    block = _program().global_block()
+    var = block.create_var("w", dtype=np.float32, shape=[4, 5], persistable=True, is_parameter=True)
+    assert var.dtype == DType.FP32 and var.shape == (4, 5) and var.numel() == 20
+    assert block.var("w") is var and block.has_var("w") and block.find_var("w") is var
+    with pytest.raises(IRError, match="already declares"):
+        block.create_var("w")
+    with pytest.raises(IRError, match="already belongs"):
+        _program().global_block().add_var(var)
+    assert block.create_var("x", dtype="fp32", shape=(-1, 5)).shape == (-1, 5)
+    with pytest.raises(IRError, match="no static shape"):
+        block.var("x").numel()
+    feed = block.create_var("feed", VarKind.FEED_MINIBATCH)
+    assert feed.dtype is None and feed.shape is None
+    copy = var.copy("w2")
+    assert copy.name == "w2" and copy.block is None and var.name == "w"
+    assert block.remove_var("w") is var and var.block is None and not block.has_var("w")
+    with pytest.raises(IRError):
+        Var("")
+
+
+# ---------------------------------------------------------------------- attrs
+
+EVERY_ATTR_TYPE = {
+    AttrType.INT: (7, 7),
+    AttrType.FLOAT: (0.5, 0.5),
+    AttrType.STRING: ("héllo", "héllo"),
+    AttrType.INTS: ([1, -2, 3], (1, -2, 3)),
+    AttrType.FLOATS: ([0.25, 1.5], (0.25, 1.5)),
+    AttrType.STRINGS: (["a", "b"], ("a", "b")),
+    AttrType.BOOLEAN: (True, True),
+    AttrType.BOOLEANS: ([True, False], (True, False)),
+    AttrType.BLOCK: (1, 1),
+    AttrType.LONG: (2**40, 2**40),
+    AttrType.BLOCKS: ([1, 2], (1, 2)),
+    AttrType.LONGS: ([2**40, -1], (2**40, -1)),
+    AttrType.FLOAT64S: ([0.1, 1e300], (0.1, 1e300)),
+    AttrType.VAR: ("x", "x"),
+    AttrType.VARS: (["x", "y"], ("x", "y")),
+    AttrType.FLOAT64: (0.1, 0.1),
+    AttrType.SCALAR: (3 + 4j, 3 + 4j),
+    AttrType.SCALARS: ([True, 2, 2.5, 1j], (True, 2, 2.5, 1j)),
+}
+
+
+def test_the_attr_table_covers_every_attr_type():
+    assert set(EVERY_ATTR_TYPE) == set(AttrType)
+
+
+def _program_with_every_attr() -> tuple[Program, Op]:
+    program = _program("x", "y")
+    program.create_block(0)
+    program.create_block(0)
+    op = program.global_block().add_op("everything", {"X": "x"}, {"Out": "y"})
+    for attr_type, (value, _expected) in EVERY_ATTR_TYPE.items():
+        op.set_attr(attr_type.name.lower(), value, attr_type)
+    return program, op
+
+
+@pytest.mark.parametrize("attr_type", list(AttrType), ids=lambda t: t.name)
+def test_every_attr_type_reads_back_and_round_trips(attr_type):
+    program, op = _program_with_every_attr()
+    name = attr_type.name.lower()
+    expected = EVERY_ATTR_TYPE[attr_type][1]
+    assert op.attr_type(name) == attr_type
+    assert op.attr(name) == expected
+    data = program.to_bytes()
+    again = Program.from_bytes(data).global_block().ops[0]
+    assert again.attr_type(name) == attr_type
+    if attr_type == AttrType.FLOAT:  # float32 on the wire
+        assert again.attr(name) == pytest.approx(expected)
+    else:
+        assert again.attr(name) == expected
+    assert Program.from_bytes(data).to_bytes() == data
+
+
+def test_float32_attr_round_trips_to_the_float32_value():
+    program = _program()
+    op = program.global_block().add_op("scale", attrs={"scale": 0.1})
+    again = Program.from_bytes(program.to_bytes()).global_block().ops[0]
+    assert again.attr("scale") == float(np.float32(0.1)) != 0.1
+
+
+def test_nan_and_infinite_floats_round_trip():
+    program = _program()
+    program.global_block().add_op("x", attrs={"a": math.nan, "b": [math.inf, -math.inf]})
+    again = Program.from_bytes(program.to_bytes()).global_block().ops[0]
+    assert math.isnan(again.attr("a")) and again.attr("b") == (math.inf, -math.inf)
+
+
+@pytest.mark.parametrize(
+    ("value", "attr_type"),
+    [
+        (1, AttrType.INT),
+        (-(2**31), AttrType.INT),
+        (2**31, AttrType.LONG),
+        (1.0, AttrType.FLOAT),
+        ("s", AttrType.STRING),
+        (True, AttrType.BOOLEAN),
+        ([1, 2], AttrType.INTS),
+        ((1, 2**40), AttrType.LONGS),
+        ([1, 2.5], AttrType.FLOATS),
+        (["a"], AttrType.STRINGS),
+        ([False], AttrType.BOOLEANS),
+        (1 + 2j, AttrType.SCALAR),
+        (np.int64(3), AttrType.INT),
+        (np.float32(0.5), AttrType.FLOAT),
+    ],
+)
+def test_set_attr_infers_the_type(value, attr_type):
+    op = Op("x")
+    op.set_attr("a", value)
+    assert op.attr_type("a") == attr_type
+
+
+def test_set_attr_infers_block_from_a_block():
+    program = _program()
+    sub = program.create_block(0)
+    op = program.global_block().add_op("while", attrs={"sub_block": sub})
+    assert op.attr_type("sub_block") == AttrType.BLOCK and op.attr("sub_block") == 1
+
+
+def test_set_attr_keeps_an_existing_wire_type():
+    op = Op("x", attrs={"axis": Attr.of(1, AttrType.LONG), "ids": Attr.of([], AttrType.INTS)})
+    op.set_attr("axis", 2)
+    op.set_attr("ids", [5])
+    assert op.attr_type("axis") == AttrType.LONG and op.attr("axis") == 2
+    assert op.attr_type("ids") == AttrType.INTS and op.attr("ids") == (5,)
+    op.set_attr("axis", 3, AttrType.INT)
+    assert op.attr_type("axis") == AttrType.INT
+    op.set_attr("axis", Attr.of("s"))
+    assert op.attr_type("axis") == AttrType.STRING
+
+
+@pytest.mark.parametrize(
+    ("value", "attr_type", "message"),
+    [
+        ([], None, "empty list"),
+        (["a", 1], None, "mixing"),
+        (None, None, "NoneType"),
+        ({"a": 1}, None, "dict"),
+        (2**31, AttrType.INT, "does not fit"),
+        (2**63, AttrType.LONG, "does not fit"),
+        ("1", AttrType.INT, "integer"),
+        (1.5, AttrType.INT, "integer"),
+        (True, AttrType.FLOAT, "number"),
+        (2, AttrType.BOOLEAN, "bool"),
+        (3, AttrType.STRING, "string"),
+        ("ab", AttrType.INTS, "list"),
+        (-1, AttrType.BLOCK, "block index"),
+        ("x", AttrType.SCALAR, "SCALAR"),
+    ],
+)
+def test_set_attr_errors(value, attr_type, message):
+    op = Op("x")
+    with pytest.raises(IRError, match=message):
+        op.set_attr("a", value, attr_type)
+    assert not op.has_attr("a")
+
+
+def test_attr_access():
+    op = Op("x", attrs={"a": 1})
+    assert op.attr("missing", None) is None
+    with pytest.raises(IRError, match="no attr"):
+        op.attr("missing")
+    with pytest.raises(IRError, match="no attr"):
+        op.attr_type("missing")
+    op.remove_attr("a")
+    op.remove_attr("a")  # absent: no error
+    assert op.attr_values() == {}
+
+
+def test_attr_lists_are_immutable_tuples():
+    op = Op("x", attrs={"shape": [1, 2]})
+    assert op.attr("shape") == (1, 2)
+    with pytest.raises(TypeError):
+        op.attrs["shape"] = Attr.of([3])  # type: ignore[index]
+
+
+# ------------------------------------------------------------ blocks, clone
+
+
+def test_create_block_and_parents():
+    program = _program("x")
+    b1 = program.create_block(0)
+    b2 = program.create_block(1)
+    assert (b1.idx, b1.parent_idx, b2.idx, b2.parent_idx) == (1, 0, 2, 1)
+    assert b2.parent is b1 and b1.parent is program.global_block() and program.global_block().parent is None
+    b1.create_var("inner", dtype="int64", shape=[1])
+    assert b2.find_var("x") is program.global_block().var("x")
+    assert b2.find_var("inner") is b1.var("inner")
+    assert program.global_block().find_var("inner") is None
+    with pytest.raises(IRError, match="out of range"):
+        program.create_block(5)
+    with pytest.raises(IRError, match="out of range"):
+        program.block(3)
+    assert program.num_blocks == 3 and [b.idx for b in program.blocks] == [0, 1, 2]
+
+
+def test_block_attr_and_blocks_attr():
+    program = _program()
+    b1, b2 = program.create_block(0), program.create_block(0)
+    op = program.global_block().add_op(
+        "cond", attrs={"sub_block": b1, "blocks": Attr.of([1, 2], AttrType.BLOCKS), "n": 1}
+    )
+    assert op.block_attr("sub_block") is b1
+    assert op.blocks_attr("blocks") == [b1, b2]
+    assert op.sub_block_indices() == [1, 1, 2]
+    with pytest.raises(IRError, match="not BLOCK"):
+        op.block_attr("n")
+    with pytest.raises(IRError, match="not BLOCKS"):
+        op.blocks_attr("sub_block")
+    with pytest.raises(IRError, match="not in a program"):
+        Op("detached", attrs={"sub_block": Attr.of(1, AttrType.BLOCK)}).block_attr("sub_block")
+
+
+def test_clone_is_independent():
+    program = _program("x", "y")
+    program.version = 7
+    program.create_block(0).add_op("inner", {"X": "x"})
+    op = program.global_block().add_op("op", {"X": "x"}, {"Out": "y"}, {"k": [1, 2]})
+    before = program.to_bytes()
+    copy = program.clone()
+    assert copy.to_bytes() == before
+    cop = copy.global_block().ops[0]
+    assert cop is not op and cop.block is copy.global_block()
+    cop.set_attr("k", [9])
+    cop.set_input("X", "y")
+    copy.global_block().var("x").shape = (9,)
+    copy.global_block().add_op("new")
+    copy.block(1).remove_op(copy.block(1).ops[0])
+    copy.create_block(0)
+    copy.version = 8
+    assert program.to_bytes() == before
+    assert program.global_block().readers("x") == [op]
+    assert copy.global_block().readers("x") == []
+
+
+def test_op_clone_is_detached_and_independent():
+    block = _program("x").global_block()
+    op = block.add_op("op", {"X": "x"}, attrs={"k": 1})
+    twin = op.clone()
+    assert twin.block is None and twin.inputs == op.inputs
+    twin.set_attr("k", 2)
+    twin.set_input("X", "z")
+    assert op.attr("k") == 1 and op.input("X") == ("x",)
+    block.add_op(twin)
+    assert block.readers("z") == [twin]
+
+
+def test_program_helpers_and_save(tmp_path):
+    program = _program("x")
+    program.global_block().add_op("a")
+    program.create_block(0).add_op("b")
+    assert program.num_ops() == 2
+    assert [(b.idx, op.type) for b, op in program.all_ops()] == [(0, "a"), (1, "b")]
+    path = tmp_path / "p.pb"
+    program.save(path)
+    assert Program.load(path).to_bytes() == program.to_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.pb"], "no temp file left behind"
+
+
+def test_role_and_role_vars():
+    op = Op("sgd", attrs={"op_role": 2, "op_role_var": ["w", "w@GRAD"]})
+    assert op.role.describe() == "optimize"
+    assert op.role_vars == ("w", "w@GRAD")
+    assert Op("mul").role.describe() == "forward"

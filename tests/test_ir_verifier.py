@@ -1,0 +1,227 @@
+"""Each verifier check fires, and says where: program, block, op index, op type, dump context."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import PADDLE_PB_FILES
+from transpiler.errors import PsTranspilerError, VerifyError
+from transpiler.ir import Attr, AttrType, Program
+from transpiler.ir.program import Block
+from transpiler.ir.verifier import check, op_problem, verify
+
+
+def _program(num_ops: int = 7) -> Program:
+    """Block 0 with vars x0..xN and a chain of `num_ops` relu ops, plus an empty block 1."""
+    program = Program.empty()
+    block = program.global_block()
+    for i in range(num_ops + 1):
+        block.create_var(f"x{i}", dtype="float32", shape=[-1, 4])
+    for i in range(num_ops):
+        block.add_op("relu", {"X": f"x{i}"}, {"Out": f"x{i + 1}"}, {"op_role": 0})
+    program.create_block(0)
+    return program
+
+
+def _only_problem(program: Program, name: str = "main.pb") -> VerifyError:
+    with pytest.raises(VerifyError) as info:
+        verify(program, name=name)
+    problems = check(program, name=name)
+    assert len(problems) == 1, [str(p) for p in problems]
+    assert isinstance(info.value, PsTranspilerError)
+    return info.value
+
+
+def _assert_op_located(err: VerifyError, *, block: int, index: int, op_type: str, program: str = "main.pb") -> None:
+    assert (err.program, err.block, err.op_index, err.op_type) == (program, block, index, op_type)
+    assert err.headline.startswith(f"{program}, block {block}, op {index} ({op_type}): ")
+    lines = str(err).splitlines()
+    assert lines[0] == err.headline
+    marked = [line for line in lines[1:] if line.lstrip().startswith(">>")]
+    assert len(marked) == 1 and f"op {index} {op_type}" in marked[0], str(err)
+
+
+@pytest.mark.parametrize("path", PADDLE_PB_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_fixture_verifies(path):
+    program = Program.load(path)
+    verify(program, name=path.name)
+    assert check(program) == []
+
+
+def test_a_sound_program_verifies():
+    verify(_program())
+
+
+def test_undeclared_input():
+    program = _program()
+    op = program.global_block().ops[3]
+    op.set_input("X", ["x3", "ghost"])
+    err = _only_problem(program)
+    _assert_op_located(err, block=0, index=3, op_type="relu")
+    assert "input X='ghost'" in err.reason and "do not declare" in err.reason
+
+
+def test_undeclared_output_in_a_sub_block():
+    program = _program()
+    program.block(1).add_op("assign", {"X": "x0"}, {"Out": "nowhere"})
+    err = _only_problem(program)
+    _assert_op_located(err, block=1, index=0, op_type="assign")
+    assert "output Out='nowhere'" in err.reason
+
+
+def test_context_shows_three_ops_either_side():
+    program = _program(num_ops=9)
+    program.global_block().ops[5].set_input("X", "ghost")
+    err = _only_problem(program)
+    context = err.context.splitlines()
+    assert len(context) == 7
+    assert context[0].strip().startswith("op 2 relu") and context[-1].strip().startswith("op 8 relu")
+    assert context[3].strip().startswith(">> op 5 relu X=[ghost]")
+
+
+def test_context_is_clipped_at_the_block_ends():
+    program = _program(num_ops=5)
+    program.global_block().ops[0].set_input("X", "ghost")
+    err = _only_problem(program)
+    context = err.context.splitlines()
+    assert len(context) == 4  # ops 0..3: nothing before op 0
+    assert context[0].strip().startswith(">> op 0 relu")
+
+
+def test_ancestor_vars_resolve_but_sibling_vars_do_not():
+    program = _program()
+    b1, b2 = program.block(1), program.create_block(0)
+    b1.create_var("only_in_1", dtype="int64", shape=[1])
+    b1.add_op("use_global", {"X": "x0"}, {"Out": "only_in_1"})
+    verify(program)
+    b2.add_op("use_sibling", {"X": "only_in_1"})
+    err = _only_problem(program)
+    _assert_op_located(err, block=2, index=0, op_type="use_sibling")
+
+
+def test_empty_var_placeholder_is_allowed():
+    program = _program()
+    program.global_block().add_op("mul_grad", {"X": "x0"}, {"X@GRAD": "@EMPTY@"})
+    verify(program)
+
+
+def test_block_attr_out_of_range():
+    program = _program()
+    program.global_block().ops[2].set_attr("sub_block", 5, AttrType.BLOCK)
+    err = _only_problem(program)
+    _assert_op_located(err, block=0, index=2, op_type="relu")
+    assert "sub_block=block[5] points past the last block (1)" in err.reason
+
+
+def test_blocks_attr_out_of_range():
+    program = _program()
+    program.global_block().ops[0].set_attr("optimize_blocks", [1, 2], AttrType.BLOCKS)
+    err = _only_problem(program)
+    _assert_op_located(err, block=0, index=0, op_type="relu")
+    assert "optimize_blocks=block[2]" in err.reason
+
+
+def test_block_attr_pointing_at_its_own_block():
+    program = _program()
+    program.block(1).add_op("while", attrs={"sub_block": Attr.of(1, AttrType.BLOCK)})
+    err = _only_problem(program)
+    _assert_op_located(err, block=1, index=0, op_type="while")
+    assert "own block" in err.reason
+
+
+def test_var_attrs_must_name_declared_vars():
+    program = _program()
+    program.global_block().ops[1].set_attr("v", "x0", AttrType.VAR)
+    program.global_block().ops[1].set_attr("vs", ["x1", "ghost"], AttrType.VARS)
+    err = _only_problem(program)
+    _assert_op_located(err, block=0, index=1, op_type="relu")
+    assert "vs=var(ghost)" in err.reason
+
+
+def test_block_index_mismatch():
+    program = _program()
+    program.block(1).idx = 4
+    err = _only_problem(program)
+    assert (err.program, err.block, err.op_index, err.op_type) == ("main.pb", 1, None, None)
+    assert err.headline == "main.pb, block 1: is at position 1 but says idx=4"
+
+
+def test_global_block_with_a_parent():
+    program = _program()
+    program.global_block().parent_idx = 1
+    err = _only_problem(program)
+    assert err.block == 0 and "global block has parent 1" in err.reason
+
+
+@pytest.mark.parametrize("parent", [1, 7, -1])
+def test_bad_parent(parent):
+    program = _program()
+    program.block(1).parent_idx = parent
+    problems = check(program, name="p")
+    assert problems and problems[0].block == 1
+    assert f"has parent {parent}" in problems[0].reason
+
+
+def test_parent_cycle():
+    program = _program()
+    b2 = program.create_block(1)
+    program.block(1).parent_idx = b2.idx
+    problems = check(program, name="p")
+    assert [p.block for p in problems] == [1]  # the cycle is reported once, at its first block
+    assert "never reaches block 0 (a cycle)" in problems[0].reason
+
+
+def test_forward_block_out_of_range():
+    program = _program()
+    program.block(1).forward_block_idx = 9
+    err = _only_problem(program)
+    assert err.block == 1 and "forward_block_idx 9" in err.reason
+
+
+def test_a_program_without_blocks():
+    problems = check(Program(), name="empty")
+    assert [str(p) for p in problems] == ["empty: has no blocks"]
+
+
+def test_op_checks_wait_for_a_sound_block_tree():
+    """A broken tree is reported alone: resolving vars through broken parents would mislead."""
+    program = _program()
+    program.block(1).parent_idx = 9
+    program.block(1).add_op("assign", {"X": "ghost"})
+    problems = check(program, name="p")
+    assert problems and "has parent 9" in problems[0].reason
+    assert all(p.op_index is None for p in problems)
+
+
+def test_verify_counts_the_other_problems():
+    program = _program()
+    block = program.global_block()
+    block.ops[1].set_input("X", "ghost1")
+    block.ops[4].set_output("Out", "ghost2")
+    block.ops[6].set_input("X", "ghost3")
+    with pytest.raises(VerifyError) as info:
+        verify(program, name="main.pb")
+    assert info.value.op_index == 1
+    assert info.value.headline.endswith("(and 2 more problems)")
+    assert [p.op_index for p in check(program)] == [1, 4, 6]
+
+
+def test_extra_checks_run_and_use_the_same_location_format():
+    program = _program()
+
+    def no_relu_at_2(prog: Program, name: str):
+        block = prog.global_block()
+        for index, op in enumerate(block.ops):
+            if index == 2 and op.type == "relu":
+                yield op_problem(name, block, op, index, "relu is not allowed here")
+
+    with pytest.raises(VerifyError) as info:
+        verify(program, name="trainer", extra_checks=[no_relu_at_2])
+    _assert_op_located(info.value, block=0, index=2, op_type="relu", program="trainer")
+
+
+def test_a_block_appended_by_hand_with_a_wrong_index_is_caught():
+    program = _program()
+    program.append_block(Block(program, 1, 0))  # a second "block 1" at position 2
+    err = _only_problem(program)
+    assert err.block == 2 and "says idx=1" in err.reason

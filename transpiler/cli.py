@@ -1,0 +1,304 @@
+"""`pstranspile`: the command line (also `python -m transpiler`).
+
+Each subcommand is one function decorated with `@command(...)`, which declares its
+arguments; `COMMANDS` at the bottom is the one place that lists them. To add one:
+
+    @command("plan", "print the partition plan", arg("program"), arg("--pservers", required=True))
+    def plan_command(args: argparse.Namespace) -> int:
+        ...
+        return EXIT_OK
+
+and append `plan_command` to `COMMANDS`.
+
+Errors a user can cause (our `PsTranspilerError`s, unreadable or unwritable files, bad
+arguments) become exactly one line on stderr, `pstranspile: error: ...`, and exit code 2,
+never a traceback; `UnknownFieldsWarning`s from serde become `pstranspile: warning: ...`.
+Anything else is a bug: one `pstranspile: internal error: ...` line and exit code 3
+(`PSTRANSPILE_TRACEBACK=1` re-raises it to show the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transpiler import __version__
+from transpiler.errors import PsTranspilerError, VerifyError
+from transpiler.ir.program import Program, write_bytes_atomic
+
+PROG = "pstranspile"
+EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `... | head`
+
+
+class UsageError(Exception):
+    """Bad command-line arguments (raised instead of argparse's print-usage-and-exit)."""
+
+
+class CliError(Exception):
+    """An error the CLI itself detects (an output format it cannot write, a missing tool)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+# ------------------------------------------------------------------ registry
+
+
+@dataclass(frozen=True)
+class Arg:
+    flags: tuple[str, ...]
+    options: dict[str, Any]
+
+
+def arg(*flags: str, **options: Any) -> Arg:
+    """One `add_argument` call, declared next to the command that takes it."""
+    return Arg(flags, options)
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    args: tuple[Arg, ...]
+    run: Callable[[argparse.Namespace], int]
+
+
+def command(name: str, help: str, *args: Arg) -> Callable[[Callable[[argparse.Namespace], int]], Command]:
+    def wrap(run: Callable[[argparse.Namespace], int]) -> Command:
+        return Command(name, help, args, run)
+
+    return wrap
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def load_program(path: str) -> Program:
+    """Load a `.pb`, turning serde's `UnknownFieldsWarning`s into warning lines."""
+    from transpiler.ir.serde import UnknownFieldsWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UnknownFieldsWarning)
+        program = Program.load(path)
+    seen: list[str] = []
+    for warning in caught:
+        if issubclass(warning.category, UnknownFieldsWarning):
+            text = str(warning.message)
+            if text not in seen:
+                seen.append(text)
+                warn(text)
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return program
+
+
+def warn(text: str) -> None:
+    print(f"{PROG}: warning: {_one_line(text)}", file=sys.stderr)
+
+
+def write_output(path: str, data: bytes) -> None:
+    """Write atomically, so a failed run never leaves half a file behind.
+
+    `write_bytes_atomic` goes through `mkstemp`, which creates the file 0600; give it
+    the mode any other tool would (0666 less the umask).
+    """
+    try:
+        write_bytes_atomic(Path(path), data)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(path, 0o666 & ~mask)
+    except OSError as exc:  # name the file the user asked for, not the temp file
+        raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output is None or output == "-":
+        sys.stdout.write(text)
+    else:
+        write_output(output, text.encode("utf-8"))
+
+
+def _check_block(program: Program, block: int | None, path: str) -> None:
+    """Reject `--block N` out of range before any output is written."""
+    if block is not None and not 0 <= block < program.num_blocks:
+        raise CliError(f"{path}: --block {block} is out of range: the program has blocks 0..{program.num_blocks - 1}")
+
+
+def _one_line(text: str) -> str:
+    lines = [line for line in str(text).splitlines() if line.strip()]
+    return lines[0] if lines else str(text).strip() or "unknown error"
+
+
+# ------------------------------------------------------------------ commands
+
+
+@command(
+    "dump",
+    "print a program as text, one op per line (verifies it first)",
+    arg("program", metavar="P.pb", help="a serialized ProgramDesc"),
+    arg("--block", type=int, metavar="N", help="only block N"),
+    arg("--json", action="store_true", help="JSON instead of text (carries attr types)"),
+    arg("--all-attrs", action="store_true", help="keep noise attrs (op_callstack, op_namescope) and op versions"),
+    arg("--no-verify", action="store_true", help="dump even a program that fails verification"),
+    arg("-o", "--output", metavar="FILE", help="write to FILE instead of stdout"),
+)
+def dump_command(args: argparse.Namespace) -> int:
+    from transpiler.ir.printer import dump, dump_json_text
+    from transpiler.ir.verifier import verify
+
+    program = load_program(args.program)
+    if not args.no_verify:
+        verify(program, name=args.program)
+    _check_block(program, args.block, args.program)
+    if args.json:
+        text = dump_json_text(program, block=args.block, all_attrs=args.all_attrs)
+    else:
+        text = dump(program, block=args.block, all_attrs=args.all_attrs)
+    _emit(text, args.output)
+    return EXIT_OK
+
+
+@command(
+    "diff",
+    "compare two programs: a summary, then a unified diff of their dumps (exit 0 equal, 1 different)",
+    arg("a", metavar="A.pb", help="the program before"),
+    arg("b", metavar="B.pb", help="the program after"),
+    arg("--all-attrs", action="store_true", help="compare noise attrs (op_callstack, op_namescope) too"),
+    arg("--summary-only", action="store_true", help="print the summary without the line diff"),
+)
+def diff_command(args: argparse.Namespace) -> int:
+    from transpiler.ir.diff import diff_programs
+
+    a, b = load_program(args.a), load_program(args.b)
+    result = diff_programs(a, b, names=(args.a, args.b), all_attrs=args.all_attrs)
+    if result.equal:
+        return EXIT_OK
+    sys.stdout.write(result.render(summary_only=args.summary_only))
+    return EXIT_DIFFERENT
+
+
+DOT_SUFFIXES = (".dot", ".gv")
+
+
+@command(
+    "graph",
+    "draw the op graph as Graphviz DOT (or SVG through the `dot` program)",
+    arg("program", metavar="P.pb", help="a serialized ProgramDesc"),
+    arg("-o", "--output", required=True, metavar="OUT", help="OUT.dot / OUT.gv (DOT text) or OUT.svg (needs Graphviz)"),
+    arg("--block", type=int, metavar="N", help="only block N (default: every block, one cluster each)"),
+)
+def graph_command(args: argparse.Namespace) -> int:
+    from transpiler.ir.dot import to_dot
+
+    suffix = Path(args.output).suffix.lower()
+    if suffix not in (*DOT_SUFFIXES, ".svg"):
+        raise CliError(f"cannot tell the format of {args.output!r}: name it .dot, .gv or .svg")
+    dot_program = shutil.which("dot") if suffix == ".svg" else None
+    if suffix == ".svg" and dot_program is None:
+        raise CliError(
+            f"writing {args.output} needs Graphviz's `dot` program, which is not on PATH: "
+            "install Graphviz or write .dot instead"
+        )
+    program = load_program(args.program)
+    _check_block(program, args.block, args.program)
+    text = to_dot(program, block=args.block, name=Path(args.program).name)
+    if suffix in DOT_SUFFIXES:
+        write_output(args.output, text.encode("utf-8"))
+        return EXIT_OK
+    assert dot_program is not None
+    write_output(args.output, _render_svg(dot_program, text))
+    return EXIT_OK
+
+
+def _render_svg(dot_program: str, text: str) -> bytes:
+    try:
+        done = subprocess.run([dot_program, "-Tsvg"], input=text.encode("utf-8"), capture_output=True, check=False)
+    except OSError as exc:
+        raise CliError(f"cannot run {dot_program}: {exc.strerror or exc}") from None
+    if done.returncode != 0:
+        reason = _one_line(done.stderr.decode("utf-8", "replace")) if done.stderr.strip() else f"exit {done.returncode}"
+        raise CliError(f"`dot -Tsvg` failed: {reason}")
+    return done.stdout
+
+
+# The one place subcommands are registered, in the order `--help` lists them.
+COMMANDS: tuple[Command, ...] = (dump_command, diff_command, graph_command)
+
+
+# ------------------------------------------------------------------ entry
+
+
+def build_parser(commands: Sequence[Command] | None = None) -> argparse.ArgumentParser:
+    """The argparse tree: one subparser per entry of `COMMANDS` (or of `commands`)."""
+    commands = COMMANDS if commands is None else commands
+    parser = _Parser(prog=PROG, description="Inspect and transpile Fluid ProgramDesc programs.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for cmd in commands:
+        child = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        for spec in cmd.args:
+            child.add_argument(*spec.flags, **spec.options)
+        child.set_defaults(run=cmd.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (0 ok, 1 different (diff), 2 error, 3 internal error)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+        return args.run(args)
+    except SystemExit as exc:  # --help / --version
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
+    except VerifyError as exc:
+        return _fail(exc.headline)
+    except (PsTranspilerError, UsageError, CliError) as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError):
+            return _broken_pipe()
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _fail(f"{where}{exc.strerror or exc}")
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: say so in one line, keep the traceback for who asks
+        if os.environ.get("PSTRANSPILE_TRACEBACK"):
+            raise
+        print(
+            f"{PROG}: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
+            "(a bug; PSTRANSPILE_TRACEBACK=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _broken_pipe() -> int:
+    """`pstranspile dump P.pb | head`: stop quietly, as Unix tools do."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_BROKEN_PIPE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
