@@ -62,12 +62,13 @@ def transpile(
     config: DistributeTranspilerConfig | None = None,
     verify: bool = False,
     dump_dir: str | os.PathLike | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str, float], None] | None = None,
 ) -> TranspileResult:
     """Transpile for parameter servers; explicit arguments override `config`.
 
     `verify=True` runs the verifier after every pass (always after the last).
     `dump_dir` gets a text dump of every program after every pass.
+    `progress(pass_name, seconds)` is called after each pass.
     """
     if not isinstance(program, Program) or not isinstance(startup_program, Program):
         raise TranspileError("transpile needs the main and the startup Program")

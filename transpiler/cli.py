@@ -108,16 +108,9 @@ def warn(text: str) -> None:
 
 
 def write_output(path: str, data: bytes) -> None:
-    """Write atomically, so a failed run never leaves half a file behind.
-
-    `write_bytes_atomic` goes through `mkstemp`, which creates the file 0600; give it
-    the mode any other tool would (0666 less the umask).
-    """
+    """Write atomically, so a failed run never leaves half a file behind."""
     try:
         write_bytes_atomic(Path(path), data)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(path, 0o666 & ~mask)
     except OSError as exc:  # name the file the user asked for, not the temp file
         raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
 
@@ -232,8 +225,94 @@ def _render_svg(dot_program: str, text: str) -> bytes:
     return done.stdout
 
 
+# The inputs and options `transpile` and `plan` share (DESIGN.md's CLI contract).
+TRANSPILE_ARGS = (
+    arg("program", metavar="MAIN.pb", help="the training program (with optimizer ops)"),
+    arg("--startup", metavar="S.pb", help="its startup program (default: startup.pb beside MAIN.pb)"),
+    arg("--pservers", required=True, metavar="EP,EP..", help="pserver endpoints, host:port, comma-separated"),
+    arg("--trainers", required=True, type=int, metavar="N", help="number of trainers"),
+    arg("--trainer-id", type=int, default=0, metavar="I", help="this trainer's id, 0..N-1 (default 0)"),
+    arg("--async", dest="async_mode", action="store_true", help="asynchronous training (no barriers)"),
+    arg("--runtime-split", action="store_true", help="async only: send/recv split vars at run time"),
+    arg("--no-slice", action="store_true", help="keep every var whole (one block each)"),
+    arg("--split-method", default="round_robin", metavar="M",
+        help="block placement: round_robin (default), hash_name or balanced"),
+    arg("--min-block-size", type=int, default=8192, metavar="N", help="smallest block, in elements (default 8192)"),
+)
+
+
+def _transpile(args: argparse.Namespace, **extra):
+    from transpiler.api import transpile
+    from transpiler.config import DistributeTranspilerConfig
+
+    startup_path = args.startup or str(Path(args.program).with_name("startup.pb"))
+    if args.startup is None and not Path(startup_path).exists():
+        raise CliError(f"no --startup given and no {startup_path}: pass the startup program with --startup")
+    main, startup = load_program(args.program), load_program(startup_path)
+    config = DistributeTranspilerConfig()
+    config.runtime_split_send_recv = args.runtime_split
+    return transpile(
+        main,
+        startup,
+        pservers=args.pservers,
+        trainers=args.trainers,
+        trainer_id=args.trainer_id,
+        sync_mode=not args.async_mode,
+        slice_var_up=not args.no_slice,
+        split_method=args.split_method,
+        min_block_size=args.min_block_size,
+        config=config,
+        **extra,
+    )
+
+
+@command(
+    "transpile",
+    "rewrite a program into trainer and pserver programs (writes DIR/trainer.pb, pserver_*.pb, plan.json)",
+    *TRANSPILE_ARGS,
+    arg("-o", "--output", required=True, metavar="DIR", help="directory for the programs (created; files replaced)"),
+    arg("--dump-dir", metavar="D", help="also write the text dump of every program after every pass into D"),
+    arg("--verify-each-pass", action="store_true", help="run the verifier after every pass (always after the last)"),
+    arg("--progress", action="store_true", help="print each pass and its time on stderr"),
+)
+def transpile_command(args: argparse.Namespace) -> int:
+    import time
+
+    started = time.perf_counter()
+
+    def progress(name: str, seconds: float) -> None:
+        print(f"{PROG}: pass {name}: {seconds:.2f}s", file=sys.stderr)
+
+    result = _transpile(args, verify=args.verify_each_pass, dump_dir=args.dump_dir,
+                        progress=progress if args.progress else None)
+    try:
+        written = result.save(args.output)
+    except OSError as exc:
+        raise CliError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    for path in written:
+        print(path)
+    plan = result.plan
+    print(f"{len(plan.params)} params in {sum(len(p.blocks) for p in plan.params)} blocks on "
+          f"{len(plan.endpoints)} pservers, imbalance {plan.imbalance():.3f}, {time.perf_counter() - started:.2f}s")
+    return EXIT_OK
+
+
+@command(
+    "plan",
+    "print where every block would live: per pserver blocks, elements, bytes, share; per var its blocks",
+    *TRANSPILE_ARGS,
+    arg("--json", action="store_true", help="print plan.json instead"),
+)
+def plan_command(args: argparse.Namespace) -> int:
+    from transpiler.plan import format_plan
+
+    plan = _transpile(args).plan
+    sys.stdout.write(plan.to_json_text() if args.json else format_plan(plan))
+    return EXIT_OK
+
+
 # The one place subcommands are registered, in the order `--help` lists them.
-COMMANDS: tuple[Command, ...] = (dump_command, diff_command, graph_command)
+COMMANDS: tuple[Command, ...] = (dump_command, diff_command, graph_command, transpile_command, plan_command)
 
 
 # ------------------------------------------------------------------ entry

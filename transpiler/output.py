@@ -43,8 +43,11 @@ def write_files(files: dict[str, bytes], out_dir: Path) -> list[Path]:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
     try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(staging, 0o777 & ~mask)  # mkdtemp's 0700 would stick to a new out_dir
         for name, data in files.items():
-            (staging / name).write_bytes(data)
+            (staging / name).write_bytes(data)  # plain writes: ordinary file modes
         if not out_dir.exists():
             os.replace(staging, out_dir)
         else:

@@ -40,14 +40,18 @@ def run_pipeline(
     *,
     verify: bool = False,
     dump_dir: str | Path | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str, float], None] | None = None,
 ) -> Bundle:
+    """`progress(pass_name, seconds)` is called after each pass."""
+    import time
+
     from transpiler.passes.checks import verify_bundle
 
     for number, (name, run) in enumerate(PIPELINE, start=1):
-        if progress is not None:
-            progress(name)
+        started = time.perf_counter()
         bundle = run(bundle, options)
+        if progress is not None:
+            progress(name, time.perf_counter() - started)
         if verify:
             verify_bundle(bundle, after=name)
         if dump_dir is not None:
