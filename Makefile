@@ -33,7 +33,9 @@ proto: install
 	  $(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. proto/rpc.proto; fi
 
 bench: install
+	$(PY) benchmarks/transpile_scaling.py
 	$(PY) benchmarks/ir_scaling.py
+	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/executor_throughput.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache
