@@ -283,7 +283,39 @@ class Optimizer:
         return self.apply_optimize(loss, startup_program, params_grads), params_grads
 
 
-class SGDOptimizer(Optimizer):
+class _StateOptimizer(Optimizer):
+    """An optimizer op with `Param`, `Grad`, `LearningRate` and param-shaped state.
+
+    `state` lists each accumulator as (name, input slot, output slot), in the order Fluid
+    creates them (which is the order of their initializers in the startup program);
+    `_op_attrs` gives the op's attrs, `_fill_value` an accumulator's initial value.
+    """
+
+    state: tuple[tuple[str, str, str], ...] = ()
+
+    def _op_attrs(self) -> dict:
+        return {}
+
+    def _fill_value(self, accumulator: str) -> float:
+        return 0.0
+
+    def _create_accumulators(self, block, parameters):
+        for param in parameters:
+            for name, _, _ in self.state:
+                self._add_accumulator(name, param, fill_value=self._fill_value(name))
+
+    def _append_optimize_op(self, block, param_and_grad):
+        param, grad = param_and_grad
+        inputs = {"Param": [param], "Grad": [grad], "LearningRate": [self._create_param_lr(param)]}
+        outputs = {"ParamOut": [param]}
+        for name, in_slot, out_slot in self.state:
+            accumulator = self._get_accumulator(name, param)
+            inputs[in_slot] = [accumulator]
+            outputs[out_slot] = [accumulator]
+        return self._append_op(block, inputs, outputs, self._op_attrs())
+
+
+class SGDOptimizer(_StateOptimizer):
     """`param -= lr * grad`."""
 
     type = "sgd"
@@ -293,21 +325,13 @@ class SGDOptimizer(Optimizer):
         self._reject_unknown(unknown)
         super().__init__(learning_rate, parameter_list, regularization, grad_clip, name)
 
-    def _append_optimize_op(self, block, param_and_grad):
-        param, grad = param_and_grad
-        return self._append_op(
-            block,
-            {"Param": [param], "Grad": [grad], "LearningRate": [self._create_param_lr(param)]},
-            {"ParamOut": [param]},
-        )
 
-
-class MomentumOptimizer(Optimizer):
+class MomentumOptimizer(_StateOptimizer):
     """`velocity = mu * velocity + grad; param -= lr * velocity` (or Nesterov)."""
 
     type = "momentum"
     display_name = "Momentum"
-    _velocity_acc_str = "velocity"
+    state = (("velocity", "Velocity", "VelocityOut"),)
 
     def __init__(self, learning_rate, momentum, parameter_list=None, use_nesterov=False, regularization=None,
                  grad_clip=None, name=None, **unknown):
@@ -318,19 +342,8 @@ class MomentumOptimizer(Optimizer):
         self._momentum = float(momentum)
         self._use_nesterov = bool(use_nesterov)
 
-    def _create_accumulators(self, block, parameters):
-        for param in parameters:
-            self._add_accumulator(self._velocity_acc_str, param)
-
-    def _append_optimize_op(self, block, param_and_grad):
-        param, grad = param_and_grad
-        velocity = self._get_accumulator(self._velocity_acc_str, param)
-        return self._append_op(
-            block,
-            {"Param": [param], "Grad": [grad], "Velocity": [velocity], "LearningRate": [self._create_param_lr(param)]},
-            {"ParamOut": [param], "VelocityOut": [velocity]},
-            {"mu": self._momentum, "use_nesterov": self._use_nesterov},
-        )
+    def _op_attrs(self) -> dict:
+        return {"mu": self._momentum, "use_nesterov": self._use_nesterov}
 
 
 class AdamOptimizer(Optimizer):
@@ -393,12 +406,12 @@ class AdamOptimizer(Optimizer):
         return self._append_op(block, inputs, outputs, attrs)
 
 
-class AdagradOptimizer(Optimizer):
+class AdagradOptimizer(_StateOptimizer):
     """`moment += grad²; param -= lr * grad / (sqrt(moment) + epsilon)`."""
 
     type = "adagrad"
     display_name = "Adagrad"
-    _moment_acc_str = "moment"
+    state = (("moment", "Moment", "MomentOut"),)
 
     def __init__(self, learning_rate, epsilon=1.0e-6, parameter_list=None, regularization=None, grad_clip=None,
                  name=None, initial_accumulator_value=0.0, **unknown):
@@ -407,27 +420,19 @@ class AdagradOptimizer(Optimizer):
         self._epsilon = float(epsilon)
         self.initial_accumulator_value = float(initial_accumulator_value)
 
-    def _create_accumulators(self, block, parameters):
-        for param in parameters:
-            self._add_accumulator(self._moment_acc_str, param, fill_value=self.initial_accumulator_value)
+    def _fill_value(self, accumulator: str) -> float:
+        return self.initial_accumulator_value
 
-    def _append_optimize_op(self, block, param_and_grad):
-        param, grad = param_and_grad
-        moment = self._get_accumulator(self._moment_acc_str, param)
-        return self._append_op(
-            block,
-            {"Param": [param], "Grad": [grad], "Moment": [moment], "LearningRate": [self._create_param_lr(param)]},
-            {"ParamOut": [param], "MomentOut": [moment]},
-            {"epsilon": self._epsilon},
-        )
+    def _op_attrs(self) -> dict:
+        return {"epsilon": self._epsilon}
 
 
-class DecayedAdagradOptimizer(Optimizer):
+class DecayedAdagradOptimizer(_StateOptimizer):
     """`moment = decay * moment + (1 - decay) * grad²; param -= lr * grad / (sqrt(moment) + epsilon)`."""
 
     type = "decayed_adagrad"
     display_name = "DecayedAdagrad"
-    _moment_acc_str = "moment"
+    state = (("moment", "Moment", "MomentOut"),)
 
     def __init__(self, learning_rate, decay=0.95, epsilon=1.0e-6, parameter_list=None, regularization=None,
                  grad_clip=None, name=None, **unknown):
@@ -436,28 +441,16 @@ class DecayedAdagradOptimizer(Optimizer):
         self._decay = float(decay)
         self._epsilon = float(epsilon)
 
-    def _create_accumulators(self, block, parameters):
-        for param in parameters:
-            self._add_accumulator(self._moment_acc_str, param)
-
-    def _append_optimize_op(self, block, param_and_grad):
-        param, grad = param_and_grad
-        moment = self._get_accumulator(self._moment_acc_str, param)
-        return self._append_op(
-            block,
-            {"Param": [param], "Grad": [grad], "Moment": [moment], "LearningRate": [self._create_param_lr(param)]},
-            {"ParamOut": [param], "MomentOut": [moment]},
-            {"decay": self._decay, "epsilon": self._epsilon},
-        )
+    def _op_attrs(self) -> dict:
+        return {"decay": self._decay, "epsilon": self._epsilon}
 
 
-class FtrlOptimizer(Optimizer):
+class FtrlOptimizer(_StateOptimizer):
     """Follow The Regularized Leader, with `squared` and `linear` accumulators."""
 
     type = "ftrl"
     display_name = "Ftrl"
-    _squared_acc_str = "squared"
-    _linear_acc_str = "linear"
+    state = (("squared", "SquaredAccumulator", "SquaredAccumOut"), ("linear", "LinearAccumulator", "LinearAccumOut"))
 
     def __init__(self, learning_rate, l1=0.0, l2=0.0, lr_power=-0.5, parameter_list=None, regularization=None,
                  grad_clip=None, name=None, **unknown):
@@ -465,32 +458,17 @@ class FtrlOptimizer(Optimizer):
         super().__init__(learning_rate, parameter_list, regularization, grad_clip, name)
         self._l1, self._l2, self._lr_power = float(l1), float(l2), float(lr_power)
 
-    def _create_accumulators(self, block, parameters):
-        for param in parameters:
-            self._add_accumulator(self._squared_acc_str, param)
-            self._add_accumulator(self._linear_acc_str, param)
-
-    def _append_optimize_op(self, block, param_and_grad):
-        param, grad = param_and_grad
-        squared = self._get_accumulator(self._squared_acc_str, param)
-        linear = self._get_accumulator(self._linear_acc_str, param)
-        return self._append_op(
-            block,
-            {"Param": [param], "Grad": [grad], "SquaredAccumulator": [squared], "LinearAccumulator": [linear],
-             "LearningRate": [self._create_param_lr(param)]},
-            {"ParamOut": [param], "SquaredAccumOut": [squared], "LinearAccumOut": [linear]},
-            {"l1": self._l1, "l2": self._l2, "lr_power": self._lr_power},
-        )
+    def _op_attrs(self) -> dict:
+        return {"l1": self._l1, "l2": self._l2, "lr_power": self._lr_power}
 
 
-class RMSPropOptimizer(Optimizer):
+class RMSPropOptimizer(_StateOptimizer):
     """RMSProp with `momentum`, `mean_square` and `mean_grad` accumulators (all param-shaped)."""
 
     type = "rmsprop"
     display_name = "RMSProp"
-    _momentum_acc_str = "momentum"
-    _mean_square_acc_str = "mean_square"
-    _mean_grad_acc_str = "mean_grad"
+    state = (("momentum", "Moment", "MomentOut"), ("mean_square", "MeanSquare", "MeanSquareOut"),
+             ("mean_grad", "MeanGrad", "MeanGradOut"))
 
     def __init__(self, learning_rate, rho=0.95, epsilon=1.0e-6, momentum=0.0, centered=False, parameter_list=None,
                  regularization=None, grad_clip=None, name=None, **unknown):
@@ -499,25 +477,8 @@ class RMSPropOptimizer(Optimizer):
         self._rho, self._epsilon, self._momentum = float(rho), float(epsilon), float(momentum)
         self._centered = bool(centered)
 
-    def _create_accumulators(self, block, parameters):
-        for param in parameters:
-            self._add_accumulator(self._momentum_acc_str, param)
-            self._add_accumulator(self._mean_square_acc_str, param)
-            self._add_accumulator(self._mean_grad_acc_str, param)
-
-    def _append_optimize_op(self, block, param_and_grad):
-        param, grad = param_and_grad
-        momentum = self._get_accumulator(self._momentum_acc_str, param)
-        mean_square = self._get_accumulator(self._mean_square_acc_str, param)
-        mean_grad = self._get_accumulator(self._mean_grad_acc_str, param)
-        return self._append_op(
-            block,
-            {"Param": [param], "Grad": [grad], "Moment": [momentum], "MeanSquare": [mean_square],
-             "MeanGrad": [mean_grad], "LearningRate": [self._create_param_lr(param)]},
-            {"ParamOut": [param], "MomentOut": [momentum], "MeanSquareOut": [mean_square],
-             "MeanGradOut": [mean_grad]},
-            {"decay": self._rho, "epsilon": self._epsilon, "momentum": self._momentum, "centered": self._centered},
-        )
+    def _op_attrs(self) -> dict:
+        return {"decay": self._rho, "epsilon": self._epsilon, "momentum": self._momentum, "centered": self._centered}
 
 
 SGD = SGDOptimizer
