@@ -14,7 +14,9 @@ Errors a user can cause (our `PsTranspilerError`s, unreadable or unwritable file
 arguments) become exactly one line on stderr, `pstranspile: error: ...`, and exit code 2,
 never a traceback; `UnknownFieldsWarning`s from serde become `pstranspile: warning: ...`.
 Anything else is a bug: one `pstranspile: internal error: ...` line and exit code 3
-(`PSTRANSPILE_TRACEBACK=1` re-raises it to show the traceback).
+(`PSTRANSPILE_TRACEBACK=1` re-raises it to show the traceback). `serve` and `launch`
+exit 1 when the training job itself fails (a trainer vanished or failed, a process
+exited non-zero), with the reason in one `pstranspile: error: ...` line.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from transpiler.ir.program import Program, write_bytes_atomic
 PROG = "pstranspile"
 EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `... | head`
+EXIT_JOB_FAILED = 1  # serve / launch: the training job failed at run time (a trainer vanished, a process failed)
+EXIT_INTERRUPTED = 130
 
 
 class UsageError(Exception):
@@ -311,8 +315,87 @@ def plan_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+@command(
+    "serve",
+    "run one pserver: its startup program, then its main program, until every trainer completed "
+    "(exit 1 if a trainer vanished or failed)",
+    arg("--program", required=True, metavar="P.pb", help="the pserver's main program (pserver_<host>_<port>.pb)"),
+    arg("--startup", required=True, metavar="S.pb", help="the pserver's startup program"),
+    arg("--endpoint", metavar="HOST:PORT", help="listen here (default: the program's endpoint; the port must match)"),
+    arg("--timeout", type=float, metavar="S",
+        help="give up on a trainer silent this long (default $PSTRANSPILE_RPC_TIMEOUT, else 120)"),
+    arg("--seed", type=int, default=0, metavar="N", help="executor seed for the startup's initializers (default 0)"),
+)
+def serve_command(args: argparse.Namespace) -> int:
+    from ops.rpc.errors import BindError, PserverError
+    from ops.rpc.serve import serve_program
+
+    if args.timeout is not None and not args.timeout > 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    main, startup = load_program(args.program), load_program(args.startup)
+    try:
+        serve_program(main, startup, endpoint=args.endpoint, timeout=args.timeout, seed=args.seed)
+    except BindError:
+        raise  # a user error (the port is taken): exit 2
+    except PserverError as exc:  # the job failed at run time: exit 1
+        print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
+        return EXIT_JOB_FAILED
+    return EXIT_OK
+
+
+@command(
+    "launch",
+    "run M pservers and N trainers of one command on this machine with Paddle's environment "
+    "(TRAINING_ROLE, PADDLE_*); exit 1 if any process fails",
+    arg("--pservers", required=True, type=int, metavar="M", help="how many pservers"),
+    arg("--trainers", required=True, type=int, metavar="N", help="how many trainers"),
+    arg("--async", dest="async_mode", action="store_true", help="asynchronous training (PSTRANSPILE_SYNC_MODE=0)"),
+    arg("--host", default="127.0.0.1", help="where the pservers listen (default 127.0.0.1)"),
+    arg("--endpoints", metavar="EP,EP..", help="the pservers' endpoints (default: free ports on --host)"),
+    arg("--log-dir", default="logs", metavar="DIR", help="one log per process, DIR/<role>.<i>.log (default ./logs)"),
+    arg("--timeout", type=float, default=120.0, metavar="S",
+        help="seconds a pserver waits for a silent trainer (PSTRANSPILE_RPC_TIMEOUT; default 120)"),
+    arg("--exit-grace", type=float, default=30.0, metavar="S",
+        help="how long pservers may run on after every trainer finished (default 30)"),
+    arg("--status-every", type=float, default=2.0, metavar="S", help="seconds between live progress lines (default 2)"),
+    arg("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command every process runs"),
+)
+def launch_command(args: argparse.Namespace) -> int:
+    from transpiler.launch import LaunchConfig, launch
+
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise UsageError("launch needs the command to run after `--` (e.g. `-- python3 train.py`)")
+    for flag, value in (("--timeout", args.timeout), ("--exit-grace", args.exit_grace),
+                        ("--status-every", args.status_every)):
+        if not value > 0:
+            raise UsageError(f"{flag} must be positive, got {value:g}")
+    endpoints = tuple(e.strip() for e in args.endpoints.split(",") if e.strip()) if args.endpoints else None
+    result = launch(
+        LaunchConfig(
+            command=tuple(command),
+            pservers=args.pservers,
+            trainers=args.trainers,
+            sync_mode=not args.async_mode,
+            host=args.host,
+            endpoints=endpoints,
+            log_dir=Path(args.log_dir),
+            rpc_timeout=args.timeout,
+            exit_grace=args.exit_grace,
+            status_every=args.status_every,
+        )
+    )
+    if result.interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_OK if result.ok else EXIT_JOB_FAILED
+
+
 # The one place subcommands are registered, in the order `--help` lists them.
-COMMANDS: tuple[Command, ...] = (dump_command, diff_command, graph_command, transpile_command, plan_command)
+COMMANDS: tuple[Command, ...] = (
+    dump_command, diff_command, graph_command, transpile_command, plan_command, serve_command, launch_command,
+)
 
 
 # ------------------------------------------------------------------ entry
@@ -334,7 +417,8 @@ def build_parser(commands: Sequence[Command] | None = None) -> argparse.Argument
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (0 ok, 1 different (diff), 2 error, 3 internal error)."""
+    """Run the CLI; returns the exit code (0 ok, 1 different (diff) or job failed (serve,
+    launch), 2 error, 3 internal error, 130 interrupted)."""
     parser = build_parser()
     try:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -352,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"{where}{exc.strerror or exc}")
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as exc:  # a bug: say so in one line, keep the traceback for who asks
         if os.environ.get("PSTRANSPILE_TRACEBACK"):
             raise

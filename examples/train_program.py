@@ -1,0 +1,112 @@
+"""Train any saved (main.pb, startup.pb) pair on synthetic batches, in whatever role the
+environment gives: locally, or as one pserver or trainer under `pstranspile launch`.
+
+    python3 examples/train_program.py --main M.pb --startup S.pb --loss mean_0.tmp_0 --steps 20
+    pstranspile launch --pservers 2 --trainers 2 -- python3 examples/train_program.py --main M.pb ...
+
+Batch `k` is a pure function of `--seed` and `k` (`synthetic_batch`): every trainer makes
+the same global batch and trains on its own share (`Role.shard`), so in sync mode the
+trainers together see what local training sees. `--save DIR` writes the parameters a
+trainer started from (what the pservers initialised) and ended with to
+`DIR/trainer_<id>.npz` (`DIR/local.npz` locally); `--init FILE` starts from the
+`init/<param>` arrays of such a file instead of the startup program's values. The
+end-to-end tests train locally with `--init trainer_0.npz` and compare. `--die-at-step K --die-trainer I` makes trainer I kill itself
+(SIGKILL) after K steps, to test what the pservers do when a trainer vanishes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import transpiler  # noqa: F401
+except ModuleNotFoundError:  # run from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ops.tensor import LoDTensor
+from transpiler.ir import DType, Program
+from transpiler.role import Role
+from transpiler.training import Session
+
+
+def feed_vars(program: Program) -> list[str]:
+    """Vars block 0 reads but nothing writes and no one initialises: the data."""
+    block = program.global_block()
+    written = {name for op in block.ops for name in op.output_names}
+    return [
+        name
+        for name, var in block.vars.items()
+        if not var.persistable and name not in written and block.readers(name) and var.dtype is not None
+    ]
+
+
+def synthetic_batch(program: Program, batch: int, seed: int, step: int) -> dict[str, np.ndarray]:
+    """Batch `step` for `program`: class ids for int64 labels, normal floats (sd 0.1) else."""
+    rng = np.random.default_rng([seed, step])
+    block = program.global_block()
+    out: dict[str, np.ndarray] = {}
+    for name in feed_vars(program):
+        var = block.var(name)
+        shape = [batch if d < 0 else d for d in var.shape]
+        if var.dtype == DType.INT64:
+            reader = block.readers(name)[0]
+            logits = (reader.input("Logits") or reader.input("X"))[0]
+            classes = block.var(logits).shape[-1]
+            out[name] = rng.integers(0, classes, size=shape).astype(np.int64)
+        else:
+            out[name] = (rng.standard_normal(shape) * 0.1).astype(var.dtype.to_numpy())
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--main", required=True, type=Path)
+    parser.add_argument("--startup", required=True, type=Path)
+    parser.add_argument("--loss", required=True, help="the loss var's name")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=16, help="the global batch (all trainers together)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save", type=Path, help="write start and end parameters here")
+    parser.add_argument("--init", type=Path, help="start from the init/<param> arrays of this .npz (local runs)")
+    parser.add_argument("--die-at-step", type=int)
+    parser.add_argument("--die-trainer", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    main_program, startup = Program.load(args.main), Program.load(args.startup)
+    role = Role.from_env()
+    with Session(main_program, startup, role=role) as session:
+        if role.is_pserver:
+            session.serve()
+            return 0
+        session.start()
+        if args.init is not None:
+            if role.is_distributed:
+                parser.error("--init is for local runs; distributed trainers start from the pservers' params")
+            saved = np.load(args.init)
+            for key in saved.files:
+                if key.startswith("init/"):
+                    session.scope.set_var(key[len("init/"):], LoDTensor(saved[key]))
+        initial = session.params()
+        for step in range(args.steps):
+            if args.die_at_step == step and role.trainer_id == args.die_trainer and role.is_trainer:
+                print(f"trainer {role.trainer_id}: killing myself at step {step}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            batch = synthetic_batch(main_program, args.batch, args.seed, step)
+            session.run(role.shard(batch), loss=args.loss)
+        final = session.params()
+    if args.save is not None:
+        args.save.mkdir(parents=True, exist_ok=True)
+        name = f"trainer_{role.trainer_id}" if role.is_trainer else "local"
+        arrays = {f"init/{k}": v for k, v in initial.items()} | {f"final/{k}": v for k, v in final.items()}
+        np.savez(args.save / f"{name}.npz", **arrays)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""The distributed runtime: gRPC between trainers and pservers.
+
+Importing this package registers the RPC kernels (`send`, `recv`, `send_barrier`,
+`fetch_barrier`, `checkpoint_notify`, `listen_and_serv`) into the kernel registry.
+
+| module | what |
+|---|---|
+| `wire` | `VariableMessage` bytes ⇄ LoDTensor / SelectedRows (zero-copy receive) |
+| `service` | the service's method paths, codecs, channel options, timeouts |
+| `client` | `RpcClient`, one per trainer id per process (`get_client`) |
+| `server` | `PServer`: the gRPC server and the sync / async protocols |
+| `listen_and_serv` | the kernel that runs a `PServer` in a pserver program |
+| `kernels` | the trainer-side kernels |
+| `serve` | run a pserver's startup and main programs (`pstranspile serve`) |
+"""
+
+from __future__ import annotations
+
+from ops import kernels as _kernels  # noqa: F401  (the registry, and the local kernels first)
+from ops.rpc import kernels, listen_and_serv  # noqa: F401  (registers)
+from ops.rpc.client import RpcClient, close_clients, get_client
+from ops.rpc.errors import PserverError, RpcError
+from ops.rpc.server import PServer, ServeConfig
+from ops.rpc.wire import WireError, WireVar, decode_var, encode_var
+
+__all__ = [
+    "PServer",
+    "PserverError",
+    "RpcClient",
+    "RpcError",
+    "ServeConfig",
+    "WireError",
+    "WireVar",
+    "close_clients",
+    "decode_var",
+    "encode_var",
+    "get_client",
+]

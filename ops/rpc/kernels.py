@@ -1,0 +1,198 @@
+"""The trainer-side RPC kernels: `send`, `recv`, `send_barrier`, `fetch_barrier`,
+`checkpoint_notify`.
+
+Each reaches the trainer's `RpcClient` through `ctx.env["rpc"]`, else through
+`get_client(trainer_id attr)`. `send` only starts its RPCs; the next barrier, recv or
+get waits for them (Paddle's send is asynchronous the same way). A `recv` followed by a
+`fetch_barrier` before anything reads what it receives (the sync trainer program, every
+trainer startup) only starts its gets too: the `fetch_barrier` waits for all of them and
+writes the values, so a step's gets travel in parallel instead of one param at a time.
+
+`runtime_split_send_recv` programs carry whole vars: `send` with `send_varnames`
+splits X by the row counts of `sections` and sends block i as `send_varnames[i]` to
+`epmap[i]`; `recv` with `recv_varnames` fetches block i from `epmap[i]` and
+concatenates them (axis 0) into its one output. A `send` of one var to several
+endpoints without sections (the async lr-decay counter) goes to every one of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ops.kernels.context import KernelError, OpContext
+from ops.kernels.registry import register
+from ops.rpc.client import RpcClient, get_client
+from ops.tensor import LoDTensor, SelectedRows
+
+SEND_DEFAULTS = {
+    "trainer_id": 0,
+    "epmap": (),
+    "sections": (),
+    "send_varnames": (),
+    "num": 0,
+    "merge_add": False,
+    "use_send_handler": True,
+}
+RECV_DEFAULTS = {
+    "epmap": (),
+    "trainer_id": 0,
+    "with_barrier": True,
+    "varnames": (),
+    "recv_varnames": (),
+    "do_not_run": 0,
+}
+
+
+def client_of(ctx: OpContext) -> RpcClient:
+    client = ctx.env.get("rpc")
+    if client is not None:
+        return client
+    return get_client(int(ctx.attr("trainer_id", 0)))
+
+
+def split_rows(value: Any, sections: list[int]) -> list[Any]:
+    """Blocks of `sections` rows of a dense value (views) or a SelectedRows (rows re-based)."""
+    if isinstance(value, SelectedRows):
+        starts = np.concatenate(([0], np.cumsum(sections)[:-1])).astype(np.int64)
+        which = np.searchsorted(starts[1:], value.rows, side="right")
+        active = value.active_value()
+        return [
+            SelectedRows(value.rows[which == k] - starts[k], active[which == k], int(sections[k]))
+            for k in range(len(sections))
+        ]
+    array = value.array if isinstance(value, LoDTensor) else np.asarray(value)
+    if sum(sections) != array.shape[0]:
+        raise KernelError(f"sections {sections} do not add up to the {array.shape[0]} rows of the var")
+    return np.split(array, np.cumsum(sections)[:-1], axis=0)
+
+
+@register("send", defaults=SEND_DEFAULTS)
+def send(ctx: OpContext) -> None:
+    client = client_of(ctx)
+    names = ctx.input_names("X")
+    epmap = [str(ep) for ep in ctx.attr("epmap")]
+    merge_add = bool(ctx.attr("merge_add"))
+    send_varnames = [str(n) for n in ctx.attr("send_varnames")]
+    if send_varnames:
+        if len(names) != 1:
+            raise KernelError(f"send with send_varnames splits one var, got {len(names)}")
+        if len(send_varnames) != len(epmap):
+            raise KernelError(f"send: {len(send_varnames)} send_varnames for {len(epmap)} endpoints")
+        value = ctx.value("X")
+        sections = [int(s) for s in ctx.attr("sections")]
+        blocks = split_rows(value, sections) if len(sections) > 1 else [value]
+        if len(blocks) != len(send_varnames):
+            raise KernelError(f"send: {len(blocks)} blocks for {len(send_varnames)} send_varnames")
+        for name, endpoint, block in zip(send_varnames, epmap, blocks, strict=True):
+            client.send_async(endpoint, name, block, merge_add=merge_add)
+        return
+    if len(names) == 1 and len(epmap) > 1:
+        targets = [(names[0], ep) for ep in epmap]  # one var to every pserver
+    elif len(epmap) == len(names):
+        targets = list(zip(names, epmap, strict=True))
+    else:
+        raise KernelError(f"send: {len(names)} vars for {len(epmap)} endpoints in epmap")
+    for name, endpoint in targets:
+        value = ctx.scope.find_var(name)
+        if value is None:
+            raise KernelError(f"send: var {name!r} has no value in the scope")
+        client.send_async(endpoint, name, value, merge_add=merge_add)
+
+
+@register("recv", defaults=RECV_DEFAULTS)
+def recv(ctx: OpContext) -> None:
+    if int(ctx.attr("do_not_run")):
+        return
+    client = client_of(ctx)
+    outs = ctx.output_names("Out")
+    epmap = [str(ep) for ep in ctx.attr("epmap")]
+    recv_varnames = [str(n) for n in ctx.attr("recv_varnames")]
+    if recv_varnames:
+        if len(outs) != 1 or len(recv_varnames) != len(epmap):
+            raise KernelError(f"recv with recv_varnames: {len(recv_varnames)} names, {len(epmap)} endpoints, {len(outs)} outputs")
+        blocks = client.get_many(list(zip(epmap, recv_varnames, strict=True)))
+        value = blocks[0] if len(blocks) == 1 else LoDTensor(np.concatenate([_dense(b) for b in blocks], axis=0))
+        _check_shape(ctx, outs[0], value)
+        ctx.set_output("Out", value)
+        return
+    remote = [str(n) for n in ctx.attr("varnames")] or list(outs)
+    if len(remote) != len(outs) or len(epmap) != len(outs):
+        raise KernelError(f"recv: {len(outs)} outputs, {len(remote)} names, {len(epmap)} endpoints in epmap")
+    futures = client.start_gets(list(zip(epmap, remote, strict=True)))
+
+    def write() -> None:
+        values = client.finish_gets(futures)
+        for i, (name, value) in enumerate(zip(outs, values, strict=True)):
+            _check_shape(ctx, name, value)
+            ctx.set_output("Out", value, i=i)
+
+    if _barrier_follows(ctx, outs):
+        ctx.env.setdefault(DEFERRED_KEY, []).append(write)
+    else:
+        write()
+
+
+DEFERRED_KEY = "_deferred_recvs"  # per run: RunContext.env is a fresh dict each run
+
+
+def _barrier_follows(ctx: OpContext, outs: tuple[str, ...]) -> bool:
+    """True when a fetch_barrier comes after this op before any op reads `outs`."""
+    ops = ctx.block.ops
+    index = next((i for i, op in enumerate(ops) if op is ctx.op), None)
+    if index is None:
+        return False
+    wanted = set(outs)
+    for op in ops[index + 1 :]:
+        if op.type == "fetch_barrier":
+            return True
+        if wanted & set(op.input_names) or op.sub_block_indices():
+            return False
+    return False
+
+
+def finish_recvs(ctx: OpContext) -> None:
+    """Wait for the run's deferred recvs and write what they received."""
+    writers = ctx.env.pop(DEFERRED_KEY, [])
+    for write in writers:
+        write()
+
+
+def _dense(value: Any) -> np.ndarray:
+    if isinstance(value, SelectedRows):
+        return value.to_dense()
+    return value.array
+
+
+def _check_shape(ctx: OpContext, name: str, value: Any) -> None:
+    """A received tensor must fit its declaration (-1 matches any size)."""
+    var = ctx.decl(name)
+    if var is None or var.shape is None or not isinstance(value, LoDTensor):
+        return
+    got, want = tuple(value.array.shape), tuple(var.shape)
+    if len(got) != len(want) or any(w >= 0 and g != w for g, w in zip(got, want, strict=True)):
+        raise KernelError(f"recv: the pserver sent {name!r} with shape {list(got)}, the program declares {list(want)}")
+
+
+@register("send_barrier", defaults={"trainer_id": 0, "endpoints": (), "half_async": False})
+def send_barrier(ctx: OpContext) -> None:
+    client = client_of(ctx)
+    client.wait_pending()
+    client.send_barrier([str(ep) for ep in ctx.attr("endpoints")])
+
+
+@register("fetch_barrier", defaults={"trainer_id": 0, "endpoints": ()})
+def fetch_barrier(ctx: OpContext) -> None:
+    client = client_of(ctx)
+    client.wait_pending()
+    finish_recvs(ctx)
+    client.fetch_barrier([str(ep) for ep in ctx.attr("endpoints")])
+
+
+@register("checkpoint_notify", defaults={"epmap": (), "dir": "", "lookup_table": "", "trainer_id": 0})
+def checkpoint_notify(ctx: OpContext) -> None:
+    directory = str(ctx.attr("dir"))
+    if not directory:
+        raise KernelError("checkpoint_notify needs a `dir` attr")
+    client_of(ctx).checkpoint_notify([str(ep) for ep in ctx.attr("epmap")], directory, str(ctx.attr("lookup_table")))

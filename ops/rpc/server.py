@@ -1,0 +1,536 @@
+"""The pserver: a gRPC server over one scope, and the sync / async protocols.
+
+Sync mode is a three-phase state machine, one round per training step:
+
+    GET(0) ──Fanin fetch barriers──▶ SEND(1) ──Fanin send barriers──▶ OPTIMIZE(1) ──▶ GET(1) ──▶ SEND(2) …
+
+* GET: gets are answered with the params of the last round (round 0: what the startup
+  program initialised — the trainers' startup programs fetch them); each trainer ends
+  its gets with a fetch barrier.
+* SEND: each trainer sends its grads (`X` of `listen_and_serv`, one var per trainer
+  per param block), then a send barrier.
+* OPTIMIZE: every var of `X` must have arrived this round (else an error names the
+  missing ones); the lr-decay block runs, then each optimize block, in the pserver's
+  own scope (so params, accumulators and the lr persist across rounds).
+
+A request that arrives in the wrong phase (a fast trainer's next sends while a slow
+one still fetches; a get before the round's optimize ran) waits for its phase.
+
+Async mode has no phases: a grad's optimize block runs in the handler when the grad
+arrives, one thread per block at a time (a lock per block); gets answer the current
+value; barriers are acknowledged. A `merge_add` send (the async lr-decay counter) is
+added into the pserver's copy and the lr-decay block runs; the lr-decay block also
+runs once when the server starts, so the rate exists before the first grad (if no
+counter ever arrives, that first rate stays).
+
+Trainers leave with `SendComplete`; once all `Fanin` have, the server stops and
+`serve()` returns. If a trainer completes while others go on, its grads count as
+zeros from then on (Paddle resets received vars the same way), and barriers wait for
+the trainers still active.
+
+Timeouts: a trainer the pserver is waiting for (for a barrier in sync mode; any
+trainer in async mode) that has no RPC in flight and has sent nothing for `timeout`
+seconds is declared gone: every waiting RPC is aborted with the reason, and `serve()`
+raises `PserverError` naming the pserver, the trainer, its last request and the step.
+A trainer that reports a failure (`SendComplete(failed=True)`) stops the pserver the
+same way. A failed pserver answers every RPC with its reason for `FAILURE_LINGER`
+seconds before it stops listening, so trainers between two calls learn it too. A handler whose client disconnected (a killed trainer) stops counting as
+in flight within `POLL` seconds.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent import futures
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from ops.rpc.errors import BindError, PserverError
+from ops.rpc.service import DEFAULT_TIMEOUT, METHODS, SERVER_OPTIONS, SERVICE_NAME
+from ops.rpc.wire import WireVar, encode_var
+from ops.scope import Scope
+from ops.tensor import LoDTensor, SelectedRows
+from proto import rpc_pb2
+
+POLL = 0.2  # seconds between liveness checks of a waiting thread
+FAILURE_LINGER = 1.0  # seconds a failed pserver keeps answering, with its reason, before it stops
+
+
+class Phase(enum.Enum):
+    GET = "get"
+    SEND = "send"
+    OPTIMIZE = "optimize"
+    ASYNC = "async"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What `listen_and_serv`'s attrs (and the runtime's options) say about one pserver."""
+
+    endpoint: str
+    fanin: int
+    sync_mode: bool = True
+    received: tuple[str, ...] = ()  # X: the grads trainers send here
+    optimize_blocks: tuple[int, ...] = ()
+    grad_to_block: Mapping[str, int] = field(default_factory=dict)
+    lr_decay_block: int = -1
+    pserver_id: int = 0
+    timeout: float = DEFAULT_TIMEOUT
+    bind: str | None = None  # listen here instead of `endpoint` (e.g. 0.0.0.0:port)
+    known_vars: frozenset[str] | None = None  # names trainers may send; None: any
+    templates: Mapping[str, tuple[tuple[int, ...], Any]] = field(default_factory=dict)  # X name -> (shape, dtype)
+    persistables: tuple[str, ...] = ()  # what a checkpoint saves
+
+    def __post_init__(self) -> None:
+        if self.fanin < 1:
+            raise PserverError(f"pserver {self.endpoint}: Fanin must be >= 1, got {self.fanin}")
+        if not self.timeout > 0:
+            raise PserverError(f"pserver {self.endpoint}: the timeout must be positive, got {self.timeout}")
+
+
+class _Abort(Exception):
+    """End one RPC with a status code and a reason."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+@dataclass
+class _Trainer:
+    last_seen: float
+    inflight: int = 0
+    last_what: str | None = None
+
+
+class PServer:
+    """One pserver. `serve()` blocks until every trainer completed (returns), `stop()`
+    is called (returns), or the protocol fails (raises `PserverError`)."""
+
+    def __init__(
+        self,
+        config: ServeConfig,
+        scope: Scope,
+        run_block: Callable[[int], None],
+        *,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.scope = scope
+        self._run_block = run_block
+        self._log = log or (lambda text: None)
+        self._cond = threading.Condition()
+        self._phase = Phase.GET if config.sync_mode else Phase.ASYNC
+        self._round = 0  # sync: optimize rounds done; async: grads applied
+        self._barriers: set[int] = set()
+        self._received: set[str] = set()
+        self._completed: set[int] = set()
+        self._failure: str | None = None
+        self._stopping = False
+        now = time.monotonic()
+        self._trainers = {t: _Trainer(last_seen=now) for t in range(config.fanin)}
+        self._block_locks = {idx: threading.Lock() for idx in set(config.grad_to_block.values())}
+        self._lr_lock = threading.Lock()
+        self._server: grpc.Server | None = None
+        self.port: int | None = None
+        self.started_at = now
+
+    # ------------------------------------------------------------ lifecycle
+    @property
+    def address(self) -> str:
+        """host:port actually listened on (port resolved when binding port 0)."""
+        host = (self.config.bind or self.config.endpoint).rpartition(":")[0]
+        return f"{host}:{self.port}"
+
+    @property
+    def rounds(self) -> int:
+        return self._round
+
+    @property
+    def stopped(self) -> bool:
+        """True when serving ended before every trainer completed (`stop()` or a failure)."""
+        return self._stopping
+
+    def start(self) -> None:
+        """Bind and start answering RPCs (in async mode after a first lr-decay run)."""
+        if not self.config.sync_mode and self.config.lr_decay_block >= 0:
+            self._run(self.config.lr_decay_block, "the lr-decay block")
+        workers = max(32, 2 * len(self.config.received) + 8 * self.config.fanin)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=list(SERVER_OPTIONS))
+        handlers = {
+            name: grpc.unary_unary_rpc_method_handler(
+                getattr(self, f"_rpc_{name}"),
+                request_deserializer=method.decode_request,
+                response_serializer=method.encode_response,
+            )
+            for name, method in METHODS.items()
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+        where = self.config.bind or self.config.endpoint
+        try:
+            port = server.add_insecure_port(where)
+        except RuntimeError as exc:
+            raise BindError(f"pserver {self.config.endpoint}: cannot listen on {where} ({exc}); is the port in use?") from None
+        if not port:
+            raise BindError(f"pserver {self.config.endpoint}: cannot listen on {where}; is the port in use?")
+        self.port = port
+        server.start()
+        self._server = server
+        self.started_at = time.monotonic()
+        with self._cond:
+            for state in self._trainers.values():
+                state.last_seen = self.started_at
+
+    def serve(self, on_ready: Callable[[PServer], None] | None = None) -> None:
+        """Start, run the protocol to its end, and shut the server down."""
+        if self._server is None:
+            self.start()
+        try:
+            mode = "sync" if self.config.sync_mode else "async"
+            self._log(f"pserver {self.config.endpoint}: serving on {self.address} ({mode}, {self.config.fanin} trainer(s))")
+            if on_ready is not None:
+                on_ready(self)
+            try:
+                if self.config.sync_mode:
+                    self._sync_loop()
+                else:
+                    self._await(lambda: False, "messages")
+            except PserverError:
+                time.sleep(FAILURE_LINGER)  # trainers calling now learn why, not just "unavailable"
+                raise
+            if not self._stopping:
+                done = f"{self._round} step(s)" if self.config.sync_mode else f"{self._round} grad(s) applied"
+                self._log(f"pserver {self.config.endpoint}: all {self.config.fanin} trainer(s) completed after {done}")
+        finally:
+            self.shutdown()
+
+    def stop(self) -> None:
+        """Stop serving (from another thread or a signal handler); `serve()` returns."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
+    def shutdown(self, grace: float = 2.0) -> None:
+        with self._cond:
+            self._stopping = self._stopping or len(self._completed) < self.config.fanin
+            self._cond.notify_all()
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace).wait()
+
+    # ------------------------------------------------------------ the sync loop
+    def _sync_loop(self) -> None:
+        while True:
+            if not self._await(self._barriers_in, "fetch barriers"):
+                return
+            self._enter(Phase.SEND)
+            if not self._await(self._barriers_in, "send barriers"):
+                return
+            self._enter(Phase.OPTIMIZE)
+            self._optimize()
+            self._enter(Phase.GET)
+
+    def _barriers_in(self) -> bool:
+        return self._barriers >= self._active()
+
+    def _active(self) -> set[int]:
+        return set(self._trainers) - self._completed
+
+    def _enter(self, phase: Phase) -> None:
+        with self._cond:
+            if phase is Phase.SEND:
+                self._received.clear()
+            if phase is Phase.GET:
+                self._round += 1
+            self._phase = phase
+            self._barriers.clear()
+            self._cond.notify_all()
+
+    def _optimize(self) -> None:
+        """The round's blocks: check every grad arrived, the lr block, the optimize blocks."""
+        step = self._round + 1
+        missing = [name for name in self.config.received if name not in self._received]
+        if missing and not self._completed:
+            shown = ", ".join(missing[:4]) + (" ..." if len(missing) > 4 else "")
+            self._fail(f"step {step}: every trainer sent its send barrier but {len(missing)} grad(s) never arrived: {shown}")
+        for name in missing:  # a completed trainer's grads count as zeros (Paddle's reset)
+            self.scope.set_var(name, self._zeros(name))
+        lr = self.config.lr_decay_block
+        if lr >= 0:
+            self._run(lr, "the lr-decay block", step)
+        for idx in self.config.optimize_blocks:
+            if idx != lr:
+                self._run(idx, f"optimize block {idx}", step)
+
+    def _zeros(self, name: str) -> Any:
+        value = self.scope.find_var(name)
+        if isinstance(value, SelectedRows):
+            return SelectedRows.empty(value.height, value.row_shape, value.dtype)
+        if isinstance(value, LoDTensor):
+            return LoDTensor(np.zeros_like(value.array))
+        shape, dtype = self.config.templates.get(name, ((), None))
+        if dtype is None or any(d < 0 for d in shape):
+            self._fail(f"grad {name} never arrived and its shape is unknown, so it cannot count as zeros")
+        return LoDTensor(np.zeros(shape, dtype))
+
+    def _run(self, idx: int, what: str, step: int | None = None) -> None:
+        try:
+            self._run_block(idx)
+        except Exception as exc:  # a kernel failed: the pserver cannot go on
+            at = f"step {step}: " if step is not None else ""
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            message = f"pserver {self.config.endpoint}: {at}{what} failed: {reason}"
+            with self._cond:
+                self._failure = self._failure or message
+                self._cond.notify_all()
+            raise PserverError(message) from exc
+
+    # ------------------------------------------------------------ waiting, liveness
+    def _await(self, ready: Callable[[], bool], waiting_for: str) -> bool:
+        """Wait until `ready()` (True), every trainer completed or `stop()` (False), or a
+        failure (raise)."""
+        with self._cond:
+            while True:
+                if self._failure is not None:
+                    raise PserverError(self._failure)
+                if self._stopping or len(self._completed) == self.config.fanin:
+                    return False
+                if ready():
+                    return True
+                self._check_liveness(waiting_for)
+                self._cond.wait(POLL)
+
+    def _check_liveness(self, waiting_for: str) -> None:
+        """Fail if a trainer we wait for is gone (called with the lock held)."""
+        now = time.monotonic()
+        waited = self._active() - self._barriers if self.config.sync_mode else self._active()
+        for tid in sorted(waited):
+            state = self._trainers[tid]
+            if state.inflight or now - state.last_seen <= self.config.timeout:
+                continue
+            if state.last_what is None:
+                what = f"trainer {tid} never contacted the pserver in {self.config.timeout:g} s"
+            else:
+                what = f"trainer {tid} sent nothing for {self.config.timeout:g} s (its last request: {state.last_what})"
+            if self.config.sync_mode:
+                where = f"step {self._round + (0 if self._phase is Phase.GET else 1)} waits for its {waiting_for[:-1]}"
+            else:
+                where = f"after {self._round} grad(s) applied"
+            self._fail(f"{what}; {where}")
+
+    def _fail(self, reason: str) -> None:
+        message = reason if reason.startswith("pserver ") else f"pserver {self.config.endpoint}: {reason}"
+        with self._cond:
+            self._failure = self._failure or message
+            self._cond.notify_all()
+        raise PserverError(message)
+
+    def _wait_phase(self, phase: Phase, context: Any) -> None:
+        """Block an RPC until the server is in `phase` (called with the lock held)."""
+        while self._phase is not phase:
+            self._check_open()
+            if context is not None and not context.is_active():
+                raise _Abort(grpc.StatusCode.CANCELLED, "the client went away")
+            self._cond.wait(POLL)
+        self._check_open()
+
+    def _check_open(self) -> None:
+        if self._failure is not None:
+            raise _Abort(grpc.StatusCode.ABORTED, self._failure)
+        if self._stopping:
+            raise _Abort(grpc.StatusCode.UNAVAILABLE, f"pserver {self.config.endpoint} is shutting down")
+
+    @contextmanager
+    def _visit(self, trainer_id: int, what: str):
+        """Account one RPC of `trainer_id` (in flight while the body runs)."""
+        with self._cond:
+            state = self._trainers.get(trainer_id)
+            if state is None:
+                raise _Abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"pserver {self.config.endpoint}: trainer id {trainer_id} is out of range for Fanin {self.config.fanin}",
+                )
+            state.inflight += 1
+            state.last_seen = time.monotonic()
+            state.last_what = f"{what} at step {self._round + (0 if self._phase is Phase.GET else 1)}" if self.config.sync_mode else what
+        try:
+            yield
+        finally:
+            with self._cond:
+                state.inflight -= 1
+                state.last_seen = time.monotonic()
+                self._cond.notify_all()
+
+    def _handle(self, context: Any, trainer_id: int, what: str, body: Callable[[], Any]) -> Any:
+        try:
+            with self._visit(trainer_id, what):
+                return body()
+        except _Abort as exc:
+            context.abort(exc.code, exc.details)
+        except PserverError as exc:
+            context.abort(grpc.StatusCode.ABORTED, str(exc))
+
+    # ------------------------------------------------------------ RPC handlers
+    def _rpc_SendVariable(self, request: WireVar, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802 - gRPC's name
+        return self._handle(context, request.trainer_id, f"send of {request.name}", lambda: self._on_send(request, context))
+
+    def _on_send(self, var: WireVar, context: Any) -> rpc_pb2.VoidMessage:
+        known = self.config.known_vars
+        if known is not None and var.name not in known:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"pserver {self.config.endpoint} does not hold var {var.name!r}")
+        if var.value is None:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"send of {var.name!r} carries no value")
+        if self.config.sync_mode:
+            with self._cond:
+                self._wait_phase(Phase.SEND, context)
+                self._store(var)
+                self._received.add(var.name)
+            return rpc_pb2.VoidMessage()
+        with self._cond:
+            self._check_open()
+        if var.merge_add:
+            with self._lr_lock:
+                self._store(var)
+                if self.config.lr_decay_block >= 0:
+                    self._run(self.config.lr_decay_block, "the lr-decay block")
+            return rpc_pb2.VoidMessage()
+        block = self.config.grad_to_block.get(var.name)
+        if block is None:
+            self._store(var)
+            return rpc_pb2.VoidMessage()
+        with self._block_locks[block]:
+            self._store(var)
+            self._run(block, f"optimize block {block} (for {var.name})")
+        with self._cond:
+            self._round += 1
+        return rpc_pb2.VoidMessage()
+
+    def _store(self, var: WireVar) -> None:
+        value = var.value
+        if var.merge_add:
+            old = self.scope.find_var(var.name)
+            if isinstance(old, LoDTensor) and isinstance(value, LoDTensor):
+                if old.array.shape != value.array.shape:
+                    raise _Abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"merge_add of {var.name}: shape {list(value.array.shape)} does not match {list(old.array.shape)}",
+                    )
+                value = LoDTensor(old.array + value.array.astype(old.array.dtype, copy=False), old.lod)
+        self.scope.set_var(var.name, value)
+
+    def _rpc_GetVariable(self, request: WireVar, context: Any) -> bytes:  # noqa: N802
+        return self._handle(context, request.trainer_id, f"get of {request.name}", lambda: self._on_get(request, context))
+
+    def _on_get(self, request: WireVar, context: Any) -> bytes:
+        with self._cond:
+            if self.config.sync_mode:
+                self._wait_phase(Phase.GET, context)
+            else:
+                self._check_open()
+            value = self.scope.find_var(request.name)
+        if value is None:
+            raise _Abort(grpc.StatusCode.NOT_FOUND, f"pserver {self.config.endpoint} has no var {request.name!r}")
+        return encode_var(request.name, value)
+
+    def _rpc_PrefetchVariable(self, request: WireVar, context: Any) -> bytes:  # noqa: N802
+        what = f"prefetch from {request.table_name}"
+        return self._handle(context, request.trainer_id, what, lambda: self._on_prefetch(request))
+
+    def _on_prefetch(self, request: WireVar) -> bytes:
+        table = self.scope.find_var(request.table_name)
+        if table is None:
+            raise _Abort(grpc.StatusCode.NOT_FOUND, f"pserver {self.config.endpoint} has no table {request.table_name!r}")
+        if request.value is None or not isinstance(request.value, LoDTensor):
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "a prefetch request carries its ids as a dense int64 tensor")
+        ids = request.value.array.reshape(-1).astype(np.int64, copy=False)
+        if isinstance(table, SelectedRows):
+            slots = table.lookup_index(ids, grow=True)
+            with table.lock:
+                rows = table.value[slots]
+        else:
+            array = table.array
+            if ids.size and (ids.min() < 0 or ids.max() >= array.shape[0]):
+                raise _Abort(grpc.StatusCode.OUT_OF_RANGE, f"prefetch ids outside the {array.shape[0]} rows of {request.table_name}")
+            rows = array[ids]
+        return encode_var(request.table_name, LoDTensor(rows))
+
+    def _rpc_SendBarrier(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
+        return self._handle(context, request.trainer_id, "send barrier", lambda: self._on_barrier(request.trainer_id, Phase.SEND, context))
+
+    def _rpc_FetchBarrier(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
+        return self._handle(context, request.trainer_id, "fetch barrier", lambda: self._on_barrier(request.trainer_id, Phase.GET, context))
+
+    def _on_barrier(self, trainer_id: int, phase: Phase, context: Any) -> rpc_pb2.VoidMessage:
+        with self._cond:
+            if not self.config.sync_mode:
+                self._check_open()
+                return rpc_pb2.VoidMessage()
+            self._wait_phase(phase, context)
+            self._barriers.add(trainer_id)
+            self._cond.notify_all()
+        return rpc_pb2.VoidMessage()
+
+    def _rpc_SendComplete(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
+        return self._handle(context, request.trainer_id, "complete notice", lambda: self._on_complete(request))
+
+    def _on_complete(self, request: Any) -> rpc_pb2.VoidMessage:
+        tid = request.trainer_id
+        with self._cond:
+            if request.failed:
+                reason = request.reason or "no reason given"
+                self._failure = self._failure or f"pserver {self.config.endpoint}: trainer {tid} failed: {reason}"
+            self._completed.add(tid)
+            self._cond.notify_all()
+        return rpc_pb2.VoidMessage()
+
+    def _rpc_CheckpointNotify(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
+        return self._handle(context, request.trainer_id, "checkpoint notice", lambda: self._on_checkpoint(request))
+
+    def _on_checkpoint(self, request: Any) -> rpc_pb2.VoidMessage:
+        if not request.dir:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "checkpoint_notify needs a directory")
+        try:
+            save_vars(self.scope, self.config.persistables, Path(request.dir), only=request.lookup_table or None)
+        except OSError as exc:
+            raise _Abort(grpc.StatusCode.INTERNAL, f"pserver {self.config.endpoint}: cannot save to {request.dir}: {exc}") from None
+        return rpc_pb2.VoidMessage()
+
+
+def save_vars(scope: Scope, names: tuple[str, ...], directory: Path, *, only: str | None = None) -> list[Path]:
+    """Save each named value as `DIR/<name>.npy` (a SelectedRows as `DIR/<name>.npz` with
+    `rows`, `value`, `height`). `only` saves one var (the lookup table)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in names:
+        if only is not None and name != only:
+            continue
+        value = scope.find_var(name)
+        stem = name.replace(os.sep, "%2F")
+        if isinstance(value, LoDTensor):
+            path = directory / f"{stem}.npy"
+            np.save(path, value.array)
+        elif isinstance(value, SelectedRows):
+            path = directory / f"{stem}.npz"
+            np.savez(path, rows=value.rows, value=value.active_value(), height=value.height)
+        else:
+            continue
+        written.append(path)
+    return written
+
+
+def print_log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+__all__ = ["POLL", "PServer", "Phase", "ServeConfig", "print_log", "save_vars"]

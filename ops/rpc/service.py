@@ -1,0 +1,100 @@
+"""The `PServer` service's method paths, codecs and channel options, in one place.
+
+Paths come from the compiled descriptor (`proto/rpc_pb2.py`), so the server, the
+client and `proto/rpc.proto` cannot drift apart. Variable messages go through
+`ops.rpc.wire` (zero-copy on receive); the small messages through protobuf.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ops.rpc.wire import WireVar, decode_var
+from proto import rpc_pb2
+
+SERVICE = rpc_pb2.DESCRIPTOR.services_by_name["PServer"]
+SERVICE_NAME = SERVICE.full_name  # "pstranspiler.rpc.PServer"
+
+DEFAULT_TIMEOUT = 120.0
+TIMEOUT_ENV = "PSTRANSPILE_RPC_TIMEOUT"
+
+# gRPC's default receive limit is 4 MB; tensors are far bigger. -1 lifts the limit to
+# what protobuf allows (2 GB per message).
+MESSAGE_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+)
+CHANNEL_OPTIONS = MESSAGE_OPTIONS + (
+    # Trainers may start before pservers: retry the connection often, not on gRPC's
+    # default backoff of up to two minutes.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.enable_retries", 0),
+)
+SERVER_OPTIONS = MESSAGE_OPTIONS + (
+    # gRPC sets SO_REUSEPORT by default: a second pserver on a busy port would then
+    # share it silently instead of failing.
+    ("grpc.so_reuseport", 0),
+)
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    path: str
+    encode_request: Callable[[Any], bytes]
+    decode_request: Callable[[bytes], Any]
+    encode_response: Callable[[Any], bytes]
+    decode_response: Callable[[bytes], Any]
+
+
+def _proto_codec(message_type: type) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
+    return (lambda message: message.SerializeToString()), message_type.FromString
+
+
+def _method(name: str) -> Method:
+    desc = SERVICE.methods_by_name[name]
+    codecs: list[tuple[Callable[[Any], bytes], Callable[[bytes], Any]]] = []
+    for message in (desc.input_type, desc.output_type):
+        if message.name == "VariableMessage":
+            # Requests and responses are built as bytes by `wire.encode_var`.
+            codecs.append((_identity, decode_var))
+        else:
+            codecs.append(_proto_codec(getattr(rpc_pb2, message.name)))
+    (enc_req, dec_req), (enc_resp, dec_resp) = codecs
+    return Method(name, f"/{SERVICE_NAME}/{name}", enc_req, dec_req, enc_resp, dec_resp)
+
+
+METHODS: dict[str, Method] = {name: _method(name) for name in SERVICE.methods_by_name}
+
+
+def default_timeout() -> float:
+    """`PSTRANSPILE_RPC_TIMEOUT` (seconds) when set, else 120 s."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{TIMEOUT_ENV}={text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise ValueError(f"{TIMEOUT_ENV} must be positive, got {text!r}")
+    return value
+
+
+def call_deadline(timeout: float) -> float:
+    """How long a trainer waits for one RPC when pservers give up on a silent trainer
+    after `timeout`: longer, so a pserver's diagnosis (naming the trainer that vanished)
+    reaches the trainers that are still alive before their own deadline fires."""
+    return timeout * 1.5 + 5.0
+
+
+__all__ = ["CHANNEL_OPTIONS", "METHODS", "SERVER_OPTIONS", "WireVar", "call_deadline", "default_timeout"]

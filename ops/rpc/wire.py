@@ -1,0 +1,235 @@
+"""Tensors on the wire: `VariableMessage` bytes ⇄ `LoDTensor` / `SelectedRows`.
+
+The message is ordinary protobuf (`proto/rpc.proto`), but the big fields are handled
+by hand so a tensor crosses the wire with one copy on each side at most:
+
+* encoding serialises the small fields with protobuf, then appends the `rows` field,
+  a `pad` field and the `data` field as raw bytes (`bytes.join` over the array's own
+  buffer: the only copy). Protobuf allows fields in any order, so this is a valid
+  message for any reader; the pad puts `data` at a 64-byte offset, so the receiver's
+  array is aligned;
+* decoding walks the top-level fields, takes `rows` and `data` as memoryview slices of
+  the received bytes, parses only the rest with protobuf, and wraps the slices with
+  `np.frombuffer`: no copy. The arrays are read-only; kernels never write their inputs.
+
+Arrays in a scope may be non-contiguous views (a `split_byref` block of a transposed
+grad), so `np.ascontiguousarray` comes first (a copy only when needed).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ops.tensor import LoDTensor, SelectedRows
+from proto import rpc_pb2
+from transpiler.errors import PsTranspilerError
+from transpiler.ir.types import DType
+
+ROWS_FIELD = 8
+PAD_FIELD = 14
+DATA_FIELD = 15
+ALIGN = 64
+_BIG_FIELDS = frozenset({ROWS_FIELD, DATA_FIELD})
+_WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
+
+
+class WireError(PsTranspilerError):
+    """Bytes that are not a well-formed `VariableMessage`, or a value that cannot travel."""
+
+
+@dataclass(frozen=True)
+class WireVar:
+    """A decoded `VariableMessage`: the var's name, its value (None when the message
+    only names it, as a get request does) and the request's other fields."""
+
+    name: str
+    value: LoDTensor | SelectedRows | None
+    trainer_id: int = 0
+    merge_add: bool = False
+    table_name: str = ""
+
+
+# ------------------------------------------------------------------ varints
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _key(field: int, wire: int = _WIRE_LEN) -> bytes:
+    return _varint((field << 3) | wire)
+
+
+def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise WireError("truncated VariableMessage (a varint runs past the end)")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise WireError("malformed VariableMessage (a varint is too long)")
+
+
+# ------------------------------------------------------------------ encode
+
+
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    """C-contiguous (a copy only when needed; unlike `np.ascontiguousarray`, 0-d stays 0-d)."""
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
+def _little_endian(array: np.ndarray) -> np.ndarray:
+    """The wire is little-endian; convert a big-endian array (a copy only then)."""
+    if array.dtype.byteorder == ">" or (array.dtype.byteorder == "=" and sys.byteorder == "big"):
+        return array.astype(array.dtype.newbyteorder("<"))
+    return array
+
+
+def _payload(value: Any) -> tuple[int, np.ndarray, Any, np.ndarray | None, int]:
+    """(kind, contiguous array, lod, rows or None, height) of a scope value."""
+    if isinstance(value, SelectedRows):
+        array = _contiguous(value.active_value())
+        rows = _contiguous(np.asarray(value.rows, dtype=np.int64))
+        return rpc_pb2.SELECTED_ROWS, array, (), _little_endian(rows), value.height
+    if isinstance(value, LoDTensor):
+        return rpc_pb2.LOD_TENSOR, _contiguous(value.array), value.lod, None, 0
+    if isinstance(value, np.ndarray):
+        return rpc_pb2.LOD_TENSOR, _contiguous(value), (), None, 0
+    raise WireError(f"cannot send a {type(value).__name__}: only LoDTensor, SelectedRows and numpy arrays travel")
+
+
+def encode_var(
+    name: str,
+    value: Any = None,
+    *,
+    trainer_id: int = 0,
+    merge_add: bool = False,
+    table_name: str = "",
+) -> bytes:
+    """The `VariableMessage` bytes for `name` (and `value`, when given)."""
+    message = rpc_pb2.VariableMessage(
+        varname=name, trainer_id=int(trainer_id), merge_add=bool(merge_add), table_name=table_name
+    )
+    if value is None:
+        return message.SerializeToString()
+    kind, array, lod, rows, height = _payload(value)
+    array = _little_endian(array)
+    try:
+        dtype = DType.from_any(array.dtype.newbyteorder("="))
+    except ValueError:
+        raise WireError(f"var {name!r}: dtype {array.dtype} has no Paddle equivalent") from None
+    message.has_value = True
+    message.kind = kind
+    message.data_type = int(dtype)
+    message.dims.extend(int(d) for d in array.shape)
+    for level in lod:
+        message.lod.add().offsets.extend(int(x) for x in level)
+    message.height = int(height)
+    parts: list[Any] = [message.SerializeToString()]
+    if rows is not None and rows.size:
+        parts += [_key(ROWS_FIELD), _varint(rows.nbytes), rows.view(np.uint8).reshape(-1)]
+    nbytes = array.nbytes
+    if nbytes:
+        data_key = _key(DATA_FIELD) + _varint(nbytes)
+        before = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+        pad = (-(before + 2 + len(data_key))) % ALIGN  # the pad field is 2 + pad bytes (pad < 128)
+        parts += [_key(PAD_FIELD) + _varint(pad) + bytes(pad), data_key, array.reshape(-1).view(np.uint8)]
+    return b"".join(parts)
+
+
+# ------------------------------------------------------------------ decode
+
+
+def _split_fields(buf: memoryview) -> tuple[bytes, dict[int, memoryview]]:
+    """(the message without its big fields, big field number -> its bytes as a view)."""
+    small: list[memoryview] = []
+    big: dict[int, memoryview] = {}
+    pos, end = 0, len(buf)
+    while pos < end:
+        start = pos
+        key, pos = _read_varint(buf, pos)
+        field, wire = key >> 3, key & 7
+        if wire == _WIRE_VARINT:
+            _, pos = _read_varint(buf, pos)
+        elif wire == _WIRE_I64:
+            pos += 8
+        elif wire == _WIRE_I32:
+            pos += 4
+        elif wire == _WIRE_LEN:
+            length, pos = _read_varint(buf, pos)
+            if field in _BIG_FIELDS:
+                if pos + length > end:
+                    raise WireError(f"truncated VariableMessage (field {field} needs {length} bytes)")
+                big[field] = buf[pos : pos + length]
+                pos += length
+                continue
+            pos += length
+        else:
+            raise WireError(f"malformed VariableMessage (wire type {wire} in field {field})")
+        if pos > end:
+            raise WireError("truncated VariableMessage")
+        small.append(buf[start:pos])
+    return b"".join(small), big
+
+
+def decode_var(data: bytes | memoryview) -> WireVar:
+    """Decode `VariableMessage` bytes; the value's arrays are views of `data`."""
+    buf = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
+    small, big = _split_fields(buf)
+    try:
+        message = rpc_pb2.VariableMessage.FromString(small)
+    except Exception as exc:  # protobuf's DecodeError
+        raise WireError(f"malformed VariableMessage: {exc}") from None
+    return WireVar(
+        name=message.varname,
+        value=_value(message, big) if message.has_value else None,
+        trainer_id=message.trainer_id,
+        merge_add=message.merge_add,
+        table_name=message.table_name,
+    )
+
+
+def _value(message: Any, big: dict[int, memoryview]) -> LoDTensor | SelectedRows:
+    name = message.varname
+    try:
+        dtype = DType(message.data_type).to_numpy().newbyteorder("<")
+    except (ValueError, TypeError):
+        raise WireError(f"var {name!r}: unknown data_type {message.data_type}") from None
+    dims = tuple(int(d) for d in message.dims)
+    payload = big.get(DATA_FIELD, memoryview(b""))
+    expected = math.prod(dims) * dtype.itemsize
+    if len(payload) != expected:
+        raise WireError(f"var {name!r}: {len(payload)} data bytes for {dtype.name}{list(dims)} ({expected} expected)")
+    array = np.frombuffer(payload, dtype=dtype).reshape(dims)
+    if message.kind == rpc_pb2.SELECTED_ROWS:
+        raw_rows = big.get(ROWS_FIELD, memoryview(b""))
+        if len(raw_rows) % 8:
+            raise WireError(f"var {name!r}: {len(raw_rows)} row bytes is not a whole number of int64 rows")
+        rows = np.frombuffer(raw_rows, dtype="<i8")
+        try:
+            return SelectedRows(rows, array, int(message.height))
+        except ValueError as exc:
+            raise WireError(f"var {name!r}: {exc}") from None
+    lod = [list(level.offsets) for level in message.lod]
+    try:
+        return LoDTensor(array, lod or None)
+    except ValueError as exc:
+        raise WireError(f"var {name!r}: {exc}") from None

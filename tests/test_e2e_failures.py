@@ -1,0 +1,75 @@
+"""A trainer killed mid-run: the pserver (`pstranspile serve`) names it and the step,
+and exits non-zero once the timeout has passed; the surviving trainer fails with the
+pserver's reason instead of hanging. Processes are started and cleaned up here."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from test_e2e_support import EXAMPLES, ONE_THREAD, REPO
+
+from conftest import PADDLE_PROGRAMS
+from transpiler.api import transpile
+from transpiler.ir import Program
+from transpiler.launch import free_endpoints
+from transpiler.output import pserver_file_stem
+
+TIMEOUT = 3.0
+WAIT = 120  # a bound for the test process, not an assertion on speed
+
+
+@pytest.fixture
+def processes():
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINING_ROLE", "PADDLE_"))}
+    env.update(ONE_THREAD, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def test_a_killed_trainer_makes_the_pserver_fail_naming_it(tmp_path, processes):
+    case = PADDLE_PROGRAMS / "mlp_adam_2ps"
+    (endpoint,) = free_endpoints(1)
+    result = transpile(Program.load(case / "main.pb"), Program.load(case / "startup.pb"), pservers=endpoint, trainers=2)
+    result.save(tmp_path / "programs")
+    stem = tmp_path / "programs" / pserver_file_stem(endpoint)
+
+    def start(command: list[str], log: str, **env: str) -> subprocess.Popen:
+        with open(tmp_path / log, "w") as out:
+            proc = subprocess.Popen(command, env=_env(**env), stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=REPO)
+        processes.append(proc)
+        return proc
+
+    pserver = start([sys.executable, "-m", "transpiler", "serve", "--program", f"{stem}.pb",
+                     "--startup", f"{stem}_startup.pb", "--timeout", str(TIMEOUT)], "pserver.log")
+    trainers = [
+        start([sys.executable, str(EXAMPLES / "train_program.py"), "--main", str(case / "main.pb"),
+               "--startup", str(case / "startup.pb"), "--loss", "mean_0.tmp_0", "--steps", "100",
+               "--die-at-step", "3", "--die-trainer", "1"], f"trainer{tid}.log",
+              TRAINING_ROLE="TRAINER", PADDLE_PSERVER_ENDPOINTS=endpoint, PADDLE_TRAINERS_NUM="2",
+              PADDLE_TRAINER_ID=str(tid), PSTRANSPILE_RPC_TIMEOUT=str(TIMEOUT))
+        for tid in range(2)
+    ]
+    assert pserver.wait(WAIT) == 1
+    assert trainers[1].wait(WAIT) == -signal.SIGKILL
+    assert trainers[0].wait(WAIT) != 0
+
+    lines = (tmp_path / "pserver.log").read_text().splitlines()
+    errors = [line for line in lines if line.startswith("pstranspile: error:")]
+    assert len(errors) == 1, lines
+    assert f"pserver {endpoint}: trainer 1 sent nothing for 3 s (its last request: fetch barrier at step 3)" in errors[0]
+    assert "step 4 waits for its send barrier" in errors[0]
+    survivor = (tmp_path / "trainer0.log").read_text()
+    assert "trainer 1 sent nothing for 3 s" in survivor and "[progress] trainer=0 step=3" in survivor

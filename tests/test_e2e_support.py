@@ -1,0 +1,86 @@
+"""Helpers the end-to-end tests share (no tests here): launch a job of
+`examples/train_program.py`, and train the same batches locally."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from conftest import TESTS
+from transpiler.ir import Program
+from transpiler.launch import LaunchConfig, LaunchResult, launch
+
+REPO = TESTS.parent
+EXAMPLES = REPO / "examples"
+STEPS, BATCH, SEED = 20, 16, 0
+# Every process of a test, and its local reference run, uses one BLAS thread: a matmul
+# split over threads adds in another order, and that rounding is not the runtime's.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def save(tmp: Path, main: Program, startup: Program) -> tuple[Path, Path]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    main.save(tmp / "main.pb")
+    startup.save(tmp / "startup.pb")
+    return tmp / "main.pb", tmp / "startup.pb"
+
+
+def launch_training(
+    tmp: Path, main_pb: Path, startup_pb: Path, *, pservers: int, trainers: int = 2, sync_mode: bool = True,
+    loss: str = "mean_0.tmp_0", extra: tuple[str, ...] = (), timeout: float = 60.0,
+) -> LaunchResult:
+    command = (
+        sys.executable, str(EXAMPLES / "train_program.py"), "--main", str(main_pb), "--startup", str(startup_pb),
+        "--loss", loss, "--steps", str(STEPS), "--batch", str(BATCH), "--seed", str(SEED), "--save", str(tmp / "params"),
+        *extra,
+    )
+    config = LaunchConfig(command=command, pservers=pservers, trainers=trainers, sync_mode=sync_mode, env=ONE_THREAD,
+                          log_dir=tmp / "logs", rpc_timeout=timeout, status_every=60.0, exit_grace=30.0)
+    log = tmp / "launch.txt"
+    with open(log, "w") as out:
+        result = launch(config, out=out)
+    assert result.ok, f"{result.failure}\n{log.read_text()}\n" + "\n".join(
+        f"--- {p.log}\n" + "\n".join(p.tail) for p in result.processes
+    )
+    return result
+
+
+def trained_params(tmp: Path, trainer: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(initial, final) params trainer `trainer` saved."""
+    saved = np.load(tmp / "params" / f"trainer_{trainer}.npz")
+    initial = {k[len("init/"):]: saved[k] for k in saved.files if k.startswith("init/")}
+    final = {k[len("final/"):]: saved[k] for k in saved.files if k.startswith("final/")}
+    return initial, final
+
+
+def train_locally(tmp: Path, main_pb: Path, startup_pb: Path, loss: str = "mean_0.tmp_0") -> dict[str, np.ndarray]:
+    """The untranspiled program on the whole batches, from the params trainer 0 received,
+    by the same script in a process of its own (one BLAS thread, like the trainers)."""
+    command = [
+        sys.executable, str(EXAMPLES / "train_program.py"), "--main", str(main_pb), "--startup", str(startup_pb),
+        "--loss", loss, "--steps", str(STEPS), "--batch", str(BATCH), "--seed", str(SEED),
+        "--init", str(tmp / "params" / "trainer_0.npz"), "--save", str(tmp / "local"),
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINING_ROLE", "PADDLE_"))}
+    env.update(ONE_THREAD)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    saved = np.load(tmp / "local" / "local.npz")
+    return {k[len("final/"):]: saved[k] for k in saved.files if k.startswith("final/")}
+
+
+def differences(dist: dict[str, np.ndarray], local: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
+    """Per param: (max element-wise relative difference, max |difference| / max |local|)."""
+    out = {}
+    for name, a in local.items():
+        diff = np.abs(dist[name].astype(np.float64) - a)
+        scale = float(np.abs(a).max()) or 1.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.where(diff == 0, 0.0, diff / np.abs(a))
+        out[name] = (float(rel.max()), float(diff.max()) / scale)
+    return out

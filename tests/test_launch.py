@@ -1,0 +1,198 @@
+"""`transpiler.launch` and `pstranspile serve|launch` on tiny scripts: Paddle's
+environment conventions, one log per process, live progress, the summary, and a
+failing process stopping the job with a non-zero exit."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import TESTS
+from transpiler.launch import LaunchConfig, LaunchError, free_endpoints, launch
+from transpiler.progress import Progress, format_progress, parse_progress
+
+REPO = TESTS.parent
+
+# Trainers record their environment and report progress; pservers wait for every
+# trainer's record (as real ones wait for every trainer's complete notice). MODE picks
+# a misbehaviour.
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    out, mode = sys.argv[1], sys.argv[2]
+    role = os.environ["TRAINING_ROLE"]
+    keys = [k for k in os.environ if k.startswith(("PADDLE_", "PSTRANSPILE_", "TRAINING_ROLE", "POD_IP"))]
+    keys += ["OPENBLAS_NUM_THREADS", "PYTHONUNBUFFERED"]
+    me = os.environ.get("PADDLE_TRAINER_ID") if role == "TRAINER" else os.environ["PADDLE_CURRENT_ENDPOINT"].replace(":", "_")
+    with open(os.path.join(out, f"{role}.{me}.json"), "w") as f:
+        json.dump({k: os.environ.get(k) for k in keys}, f)
+    if role == "TRAINER":
+        for step in range(1, 4):
+            print(f"[progress] trainer={me} step={step} loss={1.0 / step:.4f} steps/s=10")
+        print("some other output")
+        if mode == "fail" and me == "1":
+            print("trainer 1: giving up", file=sys.stderr)
+            sys.exit(3)
+        sys.exit(0)
+    if mode in ("fail", "linger"):
+        time.sleep(600)
+    n = int(os.environ["PADDLE_TRAINERS_NUM"])
+    while sum(name.startswith("TRAINER.") for name in os.listdir(out)) < n:
+        time.sleep(0.05)
+    """
+)
+
+
+def run(tmp_path, mode: str = "ok", **config) -> tuple:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    (tmp_path / "out").mkdir()
+    config.setdefault("pservers", 2)
+    config.setdefault("trainers", 2)
+    out = io.StringIO()
+    result = launch(LaunchConfig(command=(sys.executable, str(script), str(tmp_path / "out"), mode),
+                                 log_dir=tmp_path / "logs", status_every=0.2, **config), out=out)
+    return result, out.getvalue()
+
+
+def test_every_process_gets_paddle_s_environment_and_a_log(tmp_path):
+    result, text = run(tmp_path, rpc_timeout=33.0)
+    assert result.ok and result.failure is None, text
+    records = {p.name: json.loads(p.read_text()) for p in (tmp_path / "out").iterdir()}
+    endpoints = [p.endpoint for p in result.processes if p.role == "pserver"]
+    assert len(set(endpoints)) == 2 and all(ep.startswith("127.0.0.1:") for ep in endpoints)
+    for tid in ("0", "1"):
+        env = records[f"TRAINER.{tid}.json"]
+        assert env["TRAINING_ROLE"] == "TRAINER" and env["PADDLE_TRAINER_ID"] == tid
+        assert env["PADDLE_TRAINERS_NUM"] == "2" and env["PADDLE_PSERVER_ENDPOINTS"] == ",".join(endpoints)
+        assert env["PSTRANSPILE_SYNC_MODE"] == "1" and env["PSTRANSPILE_RPC_TIMEOUT"] == "33"
+        assert "PADDLE_CURRENT_ENDPOINT" not in env and env["PYTHONUNBUFFERED"] == "1"
+        assert env["OPENBLAS_NUM_THREADS"] is not None
+    for endpoint in endpoints:
+        env = records[f"PSERVER.{endpoint.replace(':', '_')}.json"]
+        assert env["TRAINING_ROLE"] == "PSERVER" and env["PADDLE_CURRENT_ENDPOINT"] == endpoint
+        assert env["POD_IP"] == "127.0.0.1" and env["PADDLE_PORT"] == endpoint.rpartition(":")[2]
+        assert "PADDLE_TRAINER_ID" not in env
+    logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert logs == ["pserver.0.log", "pserver.1.log", "trainer.0.log", "trainer.1.log"]
+    assert "some other output" in (tmp_path / "logs" / "trainer.1.log").read_text()
+
+
+def test_progress_is_parsed_and_the_summary_lists_every_process(tmp_path):
+    result, text = run(tmp_path, sync_mode=False)
+    assert result.ok, text
+    for trainer in result.trainers():
+        assert trainer.progress == Progress(str(trainer.index), 3, 0.3333, 10.0)
+    summary = result.summary()
+    assert summary.splitlines()[0].startswith("launch: 2 pserver(s) x 2 trainer(s), async,") and summary.endswith(
+        "trainer.1.log") and ": ok" in summary.splitlines()[0]
+    assert "trainer.0" in summary and "0.3333" in summary and "pserver.1" in summary
+    assert summary in text
+
+
+def test_a_failing_trainer_stops_the_others_and_fails_the_job(tmp_path):
+    result, text = run(tmp_path, "fail", trainers=3)
+    assert not result.ok
+    assert result.failure == f"trainer.1 exited with code 3 (log: {tmp_path / 'logs' / 'trainer.1.log'})"
+    states = {p.name: p.exit_text for p in result.processes}
+    assert states["trainer.1"] == "3" and states["pserver.0"] == "stopped" and states["pserver.1"] == "stopped"
+    assert "trainer 1: giving up" in text  # the failing log's tail is shown
+    assert "FAILED: trainer.1 exited with code 3" in text
+
+
+def test_pservers_that_outlive_the_trainers_fail_the_job(tmp_path):
+    result, text = run(tmp_path, "linger", pservers=1, trainers=1, exit_grace=0.5)
+    assert not result.ok and result.failure == "pserver.0 still running 0.5 s after every trainer finished"
+    assert {p.name: p.exit_text for p in result.processes} == {"pserver.0": "stopped", "trainer.0": "0"}
+
+
+def test_bad_configurations_are_launch_errors(tmp_path):
+    for config, match in (
+        (LaunchConfig(command=()), "no command"),
+        (LaunchConfig(command=("true",), trainers=0), "trainers must be an integer >= 1"),
+        (LaunchConfig(command=("true",), pservers=2, endpoints=("127.0.0.1:1",)), "1 endpoint"),
+        (LaunchConfig(command=("true",), endpoints=("nohost",)), "malformed pserver endpoint"),
+    ):
+        with pytest.raises(LaunchError, match=match):
+            launch(config, out=io.StringIO())
+    result = launch(LaunchConfig(command=(str(tmp_path / "missing"),), log_dir=tmp_path), out=io.StringIO())
+    assert not result.ok and "cannot start" in result.failure
+
+
+def test_free_endpoints_are_distinct():
+    endpoints = free_endpoints(5)
+    assert len(set(endpoints)) == 5
+
+
+def test_progress_lines_round_trip():
+    line = format_progress(Progress("0", 12, 0.25, 31.5))
+    assert line == "[progress] trainer=0 step=12 loss=0.25 steps/s=31.5"
+    assert parse_progress(line) == Progress("0", 12, 0.25, 31.5)
+    assert parse_progress("[progress] trainer=local step=3") == Progress("local", 3)
+    assert parse_progress("step=3 loss=1") is None and parse_progress("[progress] step=x") is None
+
+
+# ------------------------------------------------------------------ the CLI
+
+
+def cli(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "transpiler", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def test_cli_launch_runs_the_command_after_the_double_dash(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    (tmp_path / "out").mkdir()
+    done = cli("launch", "--pservers", "1", "--trainers", "2", "--log-dir", str(tmp_path / "logs"), "--timeout", "9",
+               "--", sys.executable, str(script), str(tmp_path / "out"), "ok")
+    assert done.returncode == 0, done.stderr
+    assert "launch: 1 pserver(s) x 2 trainer(s), sync" in done.stderr and ": ok" in done.stderr
+    failed = cli("launch", "--pservers", "1", "--trainers", "2", "--log-dir", str(tmp_path / "logs2"),
+                 "--", sys.executable, str(script), str(tmp_path / "out"), "fail")
+    assert failed.returncode == 1 and "FAILED: trainer.1 exited with code 3" in failed.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["launch", "--pservers", "1", "--trainers", "1"], "needs the command to run after `--`"),
+        (["launch", "--pservers", "0", "--trainers", "1", "--", "true"], "pservers must be an integer >= 1"),
+        (["launch", "--trainers", "1", "--", "true"], "the following arguments are required: --pservers"),
+        (["launch", "--pservers", "1", "--trainers", "1", "--timeout", "0", "--", "true"], "--timeout must be positive"),
+        (["serve", "--program", "missing.pb", "--startup", "missing.pb"], "missing.pb"),
+        (["serve", "--program", "tests/fixtures/paddle_programs/mlp_adam_2ps/main.pb",
+          "--startup", "tests/fixtures/paddle_programs/mlp_adam_2ps/startup.pb"], "one listen_and_serv op"),
+    ],
+)
+def test_cli_user_errors_are_one_line_and_exit_2(args, match):
+    done = cli(*args)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pstranspile: error: ") and match in lines[0], done.stderr
+
+
+def test_cli_serve_on_a_busy_port_is_a_user_error(tmp_path):
+    import socket
+
+    from transpiler.api import transpile
+    from transpiler.ir import Program
+    from transpiler.output import pserver_file_stem
+
+    case = REPO / "tests" / "fixtures" / "paddle_programs" / "mlp_adam_2ps"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        endpoint = f"127.0.0.1:{sock.getsockname()[1]}"
+        transpile(Program.load(case / "main.pb"), Program.load(case / "startup.pb"), pservers=endpoint,
+                  trainers=1).save(tmp_path)
+        stem = tmp_path / pserver_file_stem(endpoint)
+        done = cli("serve", "--program", f"{stem}.pb", "--startup", f"{stem}_startup.pb")
+        assert done.returncode == 2 and f"cannot listen on {endpoint}" in done.stderr
+        mismatch = cli("serve", "--program", f"{stem}.pb", "--startup", f"{stem}_startup.pb", "--endpoint", "0.0.0.0:1")
+        assert mismatch.returncode == 2 and "does not match the program's endpoint" in mismatch.stderr

@@ -1,0 +1,70 @@
+"""Helpers the RPC tests share (no tests here): a `PServer` on a free port in a thread."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from ops.rpc.client import RpcClient
+from ops.rpc.server import PServer, ServeConfig
+from ops.scope import Scope
+
+
+@dataclass
+class Running:
+    server: PServer
+    scope: Scope
+    thread: threading.Thread
+    errors: list[BaseException] = field(default_factory=list)
+    clients: list[RpcClient] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    def client(self, trainer_id: int, **options: Any) -> RpcClient:
+        options.setdefault("timeout", 10.0)
+        client = RpcClient(trainer_id, **options)
+        self.clients.append(client)
+        return client
+
+    def join(self, timeout: float = 30.0) -> None:
+        """Wait for `serve()` to end (a test that hangs here is a failing test)."""
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the pserver did not stop"
+
+
+@contextmanager
+def running_pserver(
+    *,
+    fanin: int = 1,
+    sync_mode: bool = True,
+    scope: Scope | None = None,
+    run_block: Callable[[int], None] = lambda idx: None,
+    **config: Any,
+) -> Iterator[Running]:
+    """Start a PServer on 127.0.0.1 (a free port) serving in a thread; stop it after."""
+    scope = scope if scope is not None else Scope()
+    server = PServer(ServeConfig(endpoint="127.0.0.1:0", fanin=fanin, sync_mode=sync_mode, **config), scope, run_block)
+    server.start()
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            server.serve()
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            errors.append(exc)
+
+    thread = threading.Thread(target=serve, name="pserver", daemon=True)
+    thread.start()
+    state = Running(server, scope, thread, errors)
+    try:
+        yield state
+    finally:
+        server.stop()
+        thread.join(30)
+        for client in state.clients:
+            client.close()
