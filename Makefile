@@ -36,6 +36,7 @@ bench: install
 	$(PY) benchmarks/transpile_scaling.py
 	$(PY) benchmarks/ir_scaling.py
 	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/executor_throughput.py
+	$(PY) benchmarks/pserver_throughput.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache
