@@ -428,3 +428,20 @@ def test_role_and_role_vars():
     assert op.role.describe() == "optimize"
     assert op.role_vars == ("w", "w@GRAD")
     assert Op("mul").role.describe() == "forward"
+
+
+def test_var_copy_carries_every_field():
+    """`Var.copy` lists its fields one by one (it is hot); a field added to `__slots__`
+    but not to `copy` fails here."""
+    from transpiler.ir.attrs import Attr
+
+    var = Var("v", VarKind.SELECTED_ROWS, "fp64", (3, 4), lod_level=2, persistable=True, need_check_feed=True,
+              is_parameter=True, stop_gradient=True, attrs={"a": Attr.of(1)})
+    var.reader = ((DType.FP32, (1,), 0),)
+    var.tuple_types = (5,)
+    var._explicit = frozenset({"persistable"})
+    copy = var.copy("w")
+    for slot in Var.__slots__:
+        if slot not in ("_name", "block"):
+            assert getattr(copy, slot) == getattr(var, slot), slot
+    assert copy.name == "w" and copy.block is None and copy.attrs is not var.attrs
