@@ -17,6 +17,8 @@ cut like the param; L2 decay and clip ops on a cut param get block-shaped tempor
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import socket
 import time
@@ -82,8 +84,9 @@ def transpile(
         split_method=split_method,
         min_block_size=min_block_size,
     )
-    bundle = Bundle(origin=program.clone(), origin_startup=startup_program.clone())
-    bundle = run_pipeline(bundle, options, verify=verify, dump_dir=dump_dir, progress=progress)
+    with _gc_paused():
+        bundle = Bundle(origin=program.clone(), origin_startup=startup_program.clone())
+        bundle = run_pipeline(bundle, options, verify=verify, dump_dir=dump_dir, progress=progress)
     return TranspileResult(
         trainer=bundle.trainer,
         trainer_startup=bundle.trainer_startup,
@@ -168,6 +171,20 @@ class DistributeTranspiler:
         except KeyError:
             known = ", ".join(self.result.pservers)
             raise TranspileError(f"{endpoint!r} is not one of the pservers ({known})") from None
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Pause the cyclic GC while the passes run. They allocate hundreds of thousands of
+    small IR objects, all still alive at the end, so every generation-2 collection in
+    between rescans them for nothing (about a third of the time of a large transpile)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _default_programs(program, startup):
