@@ -20,7 +20,9 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +34,7 @@ except ModuleNotFoundError:  # run from a checkout without installing
 from ops.tensor import LoDTensor
 from transpiler.ir import DType, Program
 from transpiler.role import Role
-from transpiler.training import Session
+from transpiler.training import Session, parameter_names
 
 
 def feed_vars(program: Program) -> list[str]:
@@ -46,15 +48,25 @@ def feed_vars(program: Program) -> list[str]:
     ]
 
 
-def synthetic_batch(program: Program, batch: int, seed: int, step: int) -> dict[str, np.ndarray]:
-    """Batch `step` for `program`: class ids for int64 labels, normal floats (sd 0.1) else."""
+LOOKUPS = ("lookup_table", "lookup_table_v2")
+
+
+def synthetic_batch(program: Program, batch: int, seed: int, step: int) -> dict[str, Any]:
+    """Batch `step` for `program`: ids for id slots (LoD sequences when the slot has a LoD
+    level), class ids for int64 labels, normal floats (sd 0.1) else."""
     rng = np.random.default_rng([seed, step])
     block = program.global_block()
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, Any] = {}
     for name in feed_vars(program):
         var = block.var(name)
         shape = [batch if d < 0 else d for d in var.shape]
-        if var.dtype == DType.INT64:
+        lookups = [op for op in block.readers(name) if op.type in LOOKUPS and name in op.input("Ids")]
+        if lookups:
+            rows = block.var(lookups[0].input("W")[0]).shape[0]
+            lengths = rng.integers(1, 4, batch) if var.lod_level else np.ones(batch, np.int64)
+            ids = rng.integers(0, rows, (int(lengths.sum()), *shape[1:])).astype(np.int64)
+            out[name] = LoDTensor.from_lengths(ids, [lengths.tolist()]) if var.lod_level else ids
+        elif var.dtype == DType.INT64:
             reader = block.readers(name)[0]
             logits = (reader.input("Logits") or reader.input("X"))[0]
             classes = block.var(logits).shape[-1]
@@ -62,6 +74,31 @@ def synthetic_batch(program: Program, batch: int, seed: int, step: int) -> dict[
         else:
             out[name] = (rng.standard_normal(shape) * 0.1).astype(var.dtype.to_numpy())
     return out
+
+
+def shard(batch: Mapping[str, Any], role: Role) -> dict[str, Any]:
+    """`Role.shard`, and a LoD slot's share is the sequences of this trainer's examples."""
+    if not role.is_trainer or role.trainers == 1:
+        return dict(batch)
+    plain = {k: v for k, v in batch.items() if not isinstance(v, LoDTensor)}
+    out = role.shard(plain)
+    for name, value in batch.items():
+        if isinstance(value, LoDTensor):
+            offsets = value.lod[0]
+            n = offsets.size - 1
+            lo, hi = n * role.trainer_id // role.trainers, n * (role.trainer_id + 1) // role.trainers
+            out[name] = LoDTensor(value.array[offsets[lo] : offsets[hi]], [offsets[lo : hi + 1] - offsets[lo]])
+    return out
+
+
+def held_params(session: Session) -> dict[str, np.ndarray]:
+    """The params this process holds (not a prefetched table's `fake_init` placeholder)."""
+    held = []
+    for name in parameter_names(session.main):
+        value = session.scope.find_var(name)
+        if isinstance(value, LoDTensor) and not (value.array.size and 0 in value.array.strides):
+            held.append(name)
+    return session.params(held)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,14 +129,14 @@ def main(argv: list[str] | None = None) -> int:
             for key in saved.files:
                 if key.startswith("init/"):
                     session.scope.set_var(key[len("init/"):], LoDTensor(saved[key]))
-        initial = session.params()
+        initial = held_params(session)
         for step in range(args.steps):
             if args.die_at_step == step and role.trainer_id == args.die_trainer and role.is_trainer:
                 print(f"trainer {role.trainer_id}: killing myself at step {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             batch = synthetic_batch(main_program, args.batch, args.seed, step)
-            session.run(role.shard(batch), loss=args.loss)
-        final = session.params()
+            session.run(shard(batch, role), loss=args.loss)
+        final = held_params(session)
     if args.save is not None:
         args.save.mkdir(parents=True, exist_ok=True)
         name = f"trainer_{role.trainer_id}" if role.is_trainer else "local"

@@ -118,7 +118,7 @@ class SelectedRows:
     initialised it), or raises like Paddle's "selected rows is full" when it has none.
     """
 
-    __slots__ = ("rows", "height", "value", "initializer", "lock", "_sorted_ids", "_sorted_slots")
+    __slots__ = ("rows", "height", "value", "initializer", "lock", "_index", "_rows_buf")
 
     def __init__(
         self,
@@ -137,8 +137,8 @@ class SelectedRows:
             raise ValueError(f"SelectedRows has {self.rows.size} rows but its value only {self.value.shape[0]}")
         self.initializer = initializer
         self.lock = threading.RLock()
-        self._sorted_ids: np.ndarray | None = None
-        self._sorted_slots: np.ndarray | None = None
+        self._index: _RowIndex | None = None
+        self._rows_buf: np.ndarray | None = None
 
     @classmethod
     def from_buffer(cls, buffer: Any, dtype: Any, dims: Sequence[int], rows: Any, height: int) -> SelectedRows:
@@ -178,42 +178,53 @@ class SelectedRows:
         return dense
 
     def merged(self) -> SelectedRows:
-        """Duplicate rows summed, rows sorted ascending (Paddle's MergeAdd)."""
-        uniq, inverse = np.unique(self.rows, return_inverse=True)
-        if uniq.size == self.rows.size and np.array_equal(uniq, self.rows):
-            return SelectedRows(self.rows, self.active_value(), self.height)
-        value = np.zeros((uniq.size, *self.row_shape), dtype=self.value.dtype)
-        np.add.at(value, inverse.reshape(-1), self.active_value())
-        return SelectedRows(uniq, value, self.height)
+        """Duplicate rows summed (in their original order, as `np.add.at` adds), rows
+        sorted ascending (Paddle's MergeAdd). Rows that are already unique are only
+        reordered: no scatter-add."""
+        rows, value = self.rows, self.active_value()
+        if rows.size < 2 or bool((rows[1:] > rows[:-1]).all()):
+            return SelectedRows(rows, value, self.height)
+        order = np.argsort(rows, kind="stable")
+        sorted_rows = rows[order]
+        is_start = np.concatenate(([True], sorted_rows[1:] != sorted_rows[:-1]))
+        if is_start.all():
+            return SelectedRows(sorted_rows, value[order], self.height)
+        run = np.cumsum(is_start) - 1
+        inverse = np.empty_like(run)
+        inverse[order] = run
+        summed = np.zeros((int(run[-1]) + 1, *self.row_shape), dtype=value.dtype)
+        np.add.at(summed, inverse, value)
+        return SelectedRows(sorted_rows[is_start], summed, self.height)
 
     # -- the auto-grown table
     def lookup_index(self, ids: Any, *, grow: bool) -> np.ndarray:
         """Slot of each id in `value` (int64, shaped like `ids` flattened); -1 for an
-        unknown id when `grow` is False. Thread-safe."""
+        unknown id when `grow` is False. Unseen ids are added in first-touch order.
+        Thread-safe; vectorised (see `_RowIndex`: no Python loop over ids or rows)."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         with self.lock:
-            slots = self._find(ids)
+            slots = self._row_index().find(ids)
             missing = slots < 0
             if grow and missing.any():
-                self._add(ids[missing])
-                slots = self._find(ids)
+                slots[missing] = self._add(ids[missing])
             return slots
 
-    def _find(self, ids: np.ndarray) -> np.ndarray:
-        if self._sorted_ids is None or self._sorted_ids.size != self.rows.size:
-            order = np.argsort(self.rows, kind="stable")
-            self._sorted_ids, self._sorted_slots = self.rows[order], order
-        sorted_ids, sorted_slots = self._sorted_ids, self._sorted_slots
-        if sorted_ids.size == 0:
-            return np.full(ids.shape, -1, np.int64)
-        pos = np.minimum(np.searchsorted(sorted_ids, ids), sorted_ids.size - 1)
-        found = sorted_ids[pos] == ids
-        return np.where(found, sorted_slots[pos], -1).astype(np.int64)
+    def _row_index(self) -> _RowIndex:
+        index = self._index
+        if index is None or index.count != self.rows.size:
+            index = self._index = _RowIndex(self.rows, max(self.capacity, self.height))
+        return index
 
-    def _add(self, new_ids: np.ndarray) -> None:
-        uniq, first = np.unique(new_ids, return_index=True)
-        fresh = uniq[np.argsort(first, kind="stable")]  # first-touch order, as Paddle inserts
-        need = self.rows.size + fresh.size
+    def _add(self, new_ids: np.ndarray) -> np.ndarray:
+        """Append the distinct ids of `new_ids` (none is in the table yet) in first-touch
+        order, as Paddle inserts; return the slot of each entry of `new_ids`."""
+        uniq, first, inverse = np.unique(new_ids, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")
+        fresh = uniq[order]
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        base = self.rows.size
+        need = base + fresh.size
         if need > self.capacity:
             if self.initializer is None:
                 raise ValueError(
@@ -221,12 +232,109 @@ class SelectedRows:
                 )
             extra = self.initializer(need - self.capacity).astype(self.value.dtype, copy=False)
             self.value = np.concatenate([self.value, extra.reshape(-1, *self.row_shape)])
-        self.rows = np.concatenate([self.rows, fresh])
-        self._sorted_ids = None
+        index = self._row_index()
+        self._append_rows(fresh)
+        index.add(fresh, base + np.arange(fresh.size, dtype=np.int64))
+        return base + rank[inverse.reshape(-1)]
+
+    def _append_rows(self, fresh: np.ndarray) -> None:
+        """`rows` is a view of a buffer grown by doubling, so appending is amortised O(new):
+        a reader holding the old `rows` keeps a consistent prefix."""
+        n, k = self.rows.size, fresh.size
+        buf = self._rows_buf
+        if buf is None or self.rows.base is not buf or buf.size < n + k:
+            buf = np.empty(max(2 * (n + k), 1024), np.int64)
+            buf[:n] = self.rows
+            self._rows_buf = buf
+        buf[n : n + k] = fresh
+        self.rows = buf[: n + k]
 
     def __repr__(self) -> str:
         value = f"{self.value.dtype}{list(self.value.shape)}"
         return f"SelectedRows(rows={self.rows.size}, height={self.height}, value={value})"
+
+
+class _RowIndex:
+    """id -> slot of an auto-grown table, without a Python dict.
+
+    Ids in `[0, limit)` (every id of a table whose ids are row numbers, the usual case)
+    live in a direct-address array, `direct[id] = slot` (int32 while slots fit, -1 for absent), grown by
+    doubling up to the largest id seen: a lookup is one gather, as fast as indexing the
+    table itself. Other ids (negative, or hashed feature ids far beyond the table's size)
+    live in a big sorted run plus a small sorted run of recent inserts, searched by
+    binary search; the small run is folded into the big one when it passes 1/8 of it,
+    so inserting costs amortised O(ids inserted) copies, never a re-sort of the table.
+    """
+
+    __slots__ = ("count", "limit", "direct", "ids", "slots", "recent_ids", "recent_slots")
+    MIN_LIMIT = 1 << 22  # ids below this are always direct (16 MB of int32 at most)
+    MIN_RECENT = 4096
+
+    def __init__(self, rows: np.ndarray, size_hint: int) -> None:
+        self.count = 0
+        self.limit = max(self.MIN_LIMIT, 4 * size_hint)
+        self.direct = np.zeros(0, np.int32)
+        empty = np.zeros(0, np.int64)
+        self.ids, self.slots, self.recent_ids, self.recent_slots = empty, empty, empty, empty
+        if rows.size:
+            self.add(rows, np.arange(rows.size, dtype=np.int64))
+
+    def find(self, ids: np.ndarray) -> np.ndarray:
+        if ids.size == 0:
+            return np.zeros(0, np.int64)
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo >= 0 and hi < self.direct.size:
+            return self.direct[ids].astype(np.int64)
+        slots = np.full(ids.shape, -1, np.int64)
+        near = (ids >= 0) & (ids < self.direct.size)
+        slots[near] = self.direct[ids[near]]
+        far = (ids < 0) | (ids >= self.limit)
+        if far.any() and (self.ids.size or self.recent_ids.size):
+            far_ids = ids[far]
+            found = _search(self.ids, self.slots, far_ids)
+            if self.recent_ids.size:
+                missing = found < 0
+                found[missing] = _search(self.recent_ids, self.recent_slots, far_ids[missing])
+            slots[far] = found
+        return slots
+
+    def add(self, ids: np.ndarray, slots: np.ndarray) -> None:
+        """Index distinct `ids` (none present yet) at `slots`."""
+        self.count += int(ids.size)
+        near = (ids >= 0) & (ids < self.limit)
+        if near.any():
+            near_ids = ids[near]
+            need = int(near_ids.max()) + 1
+            wide = self.direct.dtype == np.int64 or int(slots.max()) > np.iinfo(np.int32).max
+            if need > self.direct.size or (wide and self.direct.dtype != np.int64):
+                size = max(self.direct.size, min(self.limit, max(need, 2 * self.direct.size)))
+                grown = np.full(size, -1, np.int64 if wide else np.int32)
+                grown[: self.direct.size] = self.direct
+                self.direct = grown
+            self.direct[near_ids] = slots[near]
+        if near.all():
+            return
+        far = ~near
+        order = np.argsort(ids[far], kind="stable")
+        far_ids, far_slots = ids[far][order], slots[far][order]
+        at = np.searchsorted(self.recent_ids, far_ids)
+        self.recent_ids = np.insert(self.recent_ids, at, far_ids)
+        self.recent_slots = np.insert(self.recent_slots, at, far_slots)
+        if self.recent_ids.size > max(self.MIN_RECENT, self.ids.size // 8):
+            at = np.searchsorted(self.ids, self.recent_ids)
+            self.ids = np.insert(self.ids, at, self.recent_ids)
+            self.slots = np.insert(self.slots, at, self.recent_slots)
+            self.recent_ids = self.recent_ids[:0]
+            self.recent_slots = self.recent_slots[:0]
+
+
+def _search(sorted_ids: np.ndarray, slots: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """`slots[j]` where `sorted_ids[j] == id`, else -1, for each id."""
+    if sorted_ids.size == 0:
+        return np.full(ids.shape, -1, np.int64)
+    pos = np.searchsorted(sorted_ids, ids)
+    np.minimum(pos, sorted_ids.size - 1, out=pos)
+    return np.where(sorted_ids[pos] == ids, slots[pos], -1).astype(np.int64, copy=False)
 
 
 def shape_of(value: Any) -> tuple[int, ...] | None:

@@ -84,3 +84,33 @@ def differences(dist: dict[str, np.ndarray], local: dict[str, np.ndarray]) -> di
             rel = np.where(diff == 0, 0.0, diff / np.abs(a))
         out[name] = (float(rel.max()), float(diff.max()) / scale)
     return out
+
+
+# ------------------------------------------------------------------ any script
+
+
+def launch_script(tmp: Path, args: tuple[str, ...], *, pservers: int, trainers: int = 2, sync_mode: bool = True,
+                  timeout: float = 60.0) -> LaunchResult:
+    """Launch `python3 <args...>` (a script under examples/ and its flags) as M pservers and
+    N trainers; fail the test with every log's tail when the job fails."""
+    config = LaunchConfig(command=(sys.executable, *args), pservers=pservers, trainers=trainers, sync_mode=sync_mode,
+                          env=ONE_THREAD, log_dir=tmp / "logs", rpc_timeout=timeout, status_every=60.0, exit_grace=30.0)
+    tmp.mkdir(parents=True, exist_ok=True)
+    log = tmp / "launch.txt"
+    with open(log, "w") as out:
+        result = launch(config, out=out)
+    assert result.ok, f"{result.failure}\n{log.read_text()}\n" + "\n".join(
+        f"--- {p.log}\n" + "\n".join(p.tail) for p in result.processes
+    )
+    return result
+
+
+def run_script_locally(args: tuple[str, ...]) -> str:
+    """Run `python3 <args...>` with no role in the environment (local training), one BLAS
+    thread; its stdout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINING_ROLE", "PADDLE_"))}
+    env.update(ONE_THREAD)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout

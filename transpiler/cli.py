@@ -392,9 +392,54 @@ def launch_command(args: argparse.Namespace) -> int:
     return EXIT_OK if result.ok else EXIT_JOB_FAILED
 
 
+@command(
+    "merge-table",
+    "rebuild one dense table from the shards the pservers saved (checkpoint_notify); rows no "
+    "shard holds were never touched and are written as --fill",
+    arg("shards", nargs="+", metavar="SHARD", help="shard files (DIR/<table>_<i>), one per pserver"),
+    arg("-o", "--output", required=True, metavar="TABLE.npy", help="where to write the table (numpy .npy)"),
+    arg("--height", type=int, metavar="N", help="the table's rows (default: --plan's, else the largest id + 1)"),
+    arg("--plan", metavar="PLAN.json", help="take the height from the distributed table of this plan.json"),
+    arg("--fill", type=float, default=0.0, metavar="X", help="value of rows no shard holds (default 0)"),
+)
+def merge_table_command(args: argparse.Namespace) -> int:
+    import json
+
+    from ops.rpc.table_io import TableFileError, merge_shards, read_shard, write_table
+
+    if args.height is not None and args.height < 1:
+        raise UsageError(f"--height must be >= 1, got {args.height}")
+    height = args.height
+    if height is None and args.plan is not None:
+        try:
+            planned = json.loads(Path(args.plan).read_text()).get("table")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise CliError(f"{args.plan}: not a plan.json ({getattr(exc, 'strerror', None) or exc})") from None
+        if not isinstance(planned, dict) or not planned.get("shape"):
+            raise CliError(f"{args.plan}: the plan has no distributed table")
+        height = int(planned["shape"][0])
+    try:
+        merged = merge_shards([read_shard(Path(p)) for p in args.shards], height=height, fill=args.fill)
+    except TableFileError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        write_table(Path(args.output), merged.table)
+    except OSError as exc:
+        raise CliError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    table = merged.table
+    rows = table.shape[0]
+    per = ", ".join(f"{path}: {n:,}" for path, n in zip(args.shards, merged.per_shard, strict=True))
+    print(f"{args.output}: {rows:,} x {' x '.join(str(d) for d in table.shape[1:]) or '1'} {table.dtype} from "
+          f"{len(args.shards)} shard(s) ({per})")
+    print(f"{merged.from_shards:,} rows from the shards, {rows - merged.from_shards:,} never touched "
+          f"(written as {args.fill:g}){'' if height is not None else '; height = the largest id + 1'}")
+    return EXIT_OK
+
+
 # The one place subcommands are registered, in the order `--help` lists them.
 COMMANDS: tuple[Command, ...] = (
     dump_command, diff_command, graph_command, transpile_command, plan_command, serve_command, launch_command,
+    merge_table_command,
 )
 
 

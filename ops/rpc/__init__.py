@@ -1,7 +1,8 @@
 """The distributed runtime: gRPC between trainers and pservers.
 
 Importing this package registers the RPC kernels (`send`, `recv`, `send_barrier`,
-`fetch_barrier`, `checkpoint_notify`, `listen_and_serv`) into the kernel registry.
+`fetch_barrier`, `checkpoint_notify`, `prefetch`, `distributed_lookup_table`,
+`listen_and_serv`) and `save` into the kernel registry.
 
 | module | what |
 |---|---|
@@ -11,23 +12,27 @@ Importing this package registers the RPC kernels (`send`, `recv`, `send_barrier`
 | `server` | `PServer`: the gRPC server and the sync / async protocols |
 | `listen_and_serv` | the kernel that runs a `PServer` in a pserver program |
 | `kernels` | the trainer-side kernels |
+| `prefetch` | the trainer's prefetch kernels: `prefetch`, `distributed_lookup_table` |
+| `table_io` | sparse table shards on disk: the `save` kernel, the shard format, the merge |
 | `serve` | run a pserver's startup and main programs (`pstranspile serve`) |
 """
 
 from __future__ import annotations
 
 from ops import kernels as _kernels  # noqa: F401  (the registry, and the local kernels first)
-from ops.rpc import kernels, listen_and_serv  # noqa: F401  (registers)
-from ops.rpc.client import RpcClient, close_clients, get_client
+from ops.rpc import kernels, listen_and_serv, prefetch, table_io  # noqa: F401  (registers)
+from ops.rpc.client import PrefetchRequest, RpcClient, RpcStats, close_clients, get_client
 from ops.rpc.errors import PserverError, RpcError
 from ops.rpc.server import PServer, ServeConfig
 from ops.rpc.wire import WireError, WireVar, decode_var, encode_var
 
 __all__ = [
     "PServer",
+    "PrefetchRequest",
     "PserverError",
     "RpcClient",
     "RpcError",
+    "RpcStats",
     "ServeConfig",
     "WireError",
     "WireVar",

@@ -1,5 +1,5 @@
 """The trainer-side RPC kernels: `send`, `recv`, `send_barrier`, `fetch_barrier`,
-`checkpoint_notify`.
+`checkpoint_notify` (the prefetch kernels are in `ops.rpc.prefetch`).
 
 Each reaches the trainer's `RpcClient` through `ctx.env["rpc"]`, else through
 `get_client(trainer_id attr)`. `send` only starts its RPCs; the next barrier, recv or
@@ -192,7 +192,21 @@ def fetch_barrier(ctx: OpContext) -> None:
 
 @register("checkpoint_notify", defaults={"epmap": (), "dir": "", "lookup_table": "", "trainer_id": 0})
 def checkpoint_notify(ctx: OpContext) -> None:
+    """Ask the pservers to checkpoint. With `lookup_table`, pserver `i` is sent the path
+    `DIR/<lookup_table>_<i>` (Paddle's), where its checkpoint block saves its shard;
+    without, every pserver saves its persistable vars under `DIR`."""
     directory = str(ctx.attr("dir"))
     if not directory:
         raise KernelError("checkpoint_notify needs a `dir` attr")
-    client_of(ctx).checkpoint_notify([str(ep) for ep in ctx.attr("epmap")], directory, str(ctx.attr("lookup_table")))
+    epmap = [str(ep) for ep in ctx.attr("epmap")]
+    table = str(ctx.attr("lookup_table"))
+    client = client_of(ctx)
+    if table:
+        client.checkpoint_notify_each([(ep, shard_path(directory, table, i)) for i, ep in enumerate(epmap)], table)
+    else:
+        client.checkpoint_notify(epmap, directory)
+
+
+def shard_path(directory: str, table: str, index: int) -> str:
+    """Where pserver `index` saves its shard of `table` (Paddle's `%s/%s_%d`)."""
+    return f"{directory.rstrip('/')}/{table}_{index}"

@@ -6,6 +6,14 @@ when every trainer has completed. Optimize blocks run in that same scope, as
 children of this op's frame: params, accumulators and the learning rate persist
 across steps, and what a block declares itself stays local to the block's run.
 
+The distributed lookup table adds three things the attrs name: its update block in
+`grad_to_block_id` (its grads are not in `X`: in sync mode the vars the trainers send
+for it are found from the block, `trainer_sent_vars`), prefetch blocks
+(`prefetch_var_name_to_block_id`, `"<ids var>:<block>"`; each runs in a scope of its
+own per request and answers with the var it writes, `prefetch_output`), and the
+checkpoint block (`checkpint_block_id`, sic), run on a lookup-table checkpoint notice
+after `kLookupTablePath` is bound to the notice's path.
+
 Runtime options come from the executor's env (`Executor(env={...})`):
 
 | key | meaning |
@@ -24,7 +32,9 @@ from ops.kernels.context import KernelError, OpContext
 from ops.kernels.registry import register
 from ops.rpc.server import PServer, ServeConfig, print_log
 from ops.rpc.service import default_timeout
-from transpiler.ir.types import EMPTY_VAR_NAME
+from ops.rpc.table_io import LOOKUP_TABLE_PATH
+from transpiler.ir import Block, Program
+from transpiler.ir.types import EMPTY_VAR_NAME, VarKind
 
 LISTEN_DEFAULTS = {
     "endpoint": "127.0.0.1:6164",
@@ -36,6 +46,7 @@ LISTEN_DEFAULTS = {
     "Fanin": 1,
     "pserver_id": -1,
     "lr_decay_block_id": -1,
+    "checkpint_block_id": -1,  # sic: Paddle's attr name
     "sync_mode": True,
 }
 
@@ -51,6 +62,47 @@ def parse_grad_to_block(entries: Any, endpoint: str) -> dict[str, int]:
     return mapping
 
 
+def trainer_sent_vars(program: Program, grad_to_block: dict[str, int], listed: tuple[str, ...]) -> tuple[str, ...]:
+    """What trainers send for the blocks of `grad_to_block_id` that `X` (`listed`) does
+    not name (the distributed table's per-trainer shard grads): the vars a block reads
+    (and its key) that no op of the program writes and block 0 declares without keeping
+    them, or keeps as the block's key. In block order, then op order."""
+    block0 = program.global_block()
+    written = {name for blk in program.blocks for op in blk.ops for name in op.output_names}
+    found: list[str] = []
+    for name, idx in sorted(grad_to_block.items(), key=lambda item: (item[1], item[0])):
+        reads = [name, *(arg for op in program.block(idx).ops for arg in op.input_names)]
+        for arg in reads:
+            var = block0.find_var(arg)
+            if var is None or arg in written or arg in listed or arg in found:
+                continue
+            if arg == name or not var.persistable:
+                found.append(arg)
+    return tuple(found)
+
+
+def prefetch_output(program: Program, idx: int, endpoint: str) -> str:
+    """The var a prefetch block answers with: the last var its ops write that block 0
+    declares and does not keep (Paddle's request names it; ours need not)."""
+    block0 = program.global_block()
+    outs = [
+        name
+        for op in program.block(idx).ops
+        for name in op.output_names
+        if name != EMPTY_VAR_NAME and block0.has_var(name) and not block0.var(name).persistable
+    ]
+    if not outs:
+        raise KernelError(f"listen_and_serv on {endpoint}: prefetch block {idx} writes no var block 0 declares")
+    return outs[-1]
+
+
+def _template(block: Block, name: str) -> tuple[tuple[int, ...], object] | None:
+    var = block.find_var(name)
+    if var is None or var.shape is None or var.dtype is None:
+        return None
+    return tuple(var.shape), var.dtype.to_numpy()
+
+
 def serve_config(ctx: OpContext) -> ServeConfig:
     endpoint = str(ctx.attr("endpoint"))
     sync_mode = bool(ctx.attr("sync_mode"))
@@ -61,18 +113,21 @@ def serve_config(ctx: OpContext) -> ServeConfig:
     blocks = tuple(int(b) for b in ctx.attr("optimize_blocks"))
     lr_block = int(ctx.attr("lr_decay_block_id"))
     grad_to_block = parse_grad_to_block(ctx.attr("grad_to_block_id"), endpoint)
-    for idx in (*blocks, *grad_to_block.values(), *([lr_block] if lr_block >= 0 else [])):
+    prefetch = parse_grad_to_block(ctx.attr("prefetch_var_name_to_block_id"), endpoint)
+    checkpoint = int(ctx.attr("checkpint_block_id"))
+    named = [*blocks, *grad_to_block.values(), *prefetch.values(), *(b for b in (lr_block, checkpoint) if b >= 0)]
+    for idx in named:
         if not 0 < idx < program.num_blocks:
             raise KernelError(f"listen_and_serv on {endpoint}: block {idx} does not exist (the program has {program.num_blocks})")
     block = ctx.block
     received = ctx.input_names("X")
-    templates = {}
-    for name in received:
-        var = block.find_var(name)
-        if var is not None and var.shape is not None and var.dtype is not None:
-            templates[name] = (tuple(var.shape), var.dtype.to_numpy())
+    if sync_mode:
+        received = (*received, *trainer_sent_vars(program, grad_to_block, received))
+    templates = {name: t for name in received if (t := _template(block, name)) is not None}
+    decls = {name: block.find_var(name) for name in received}
+    sparse = frozenset(n for n, var in decls.items() if var is not None and var.kind == VarKind.SELECTED_ROWS)
     declared = frozenset(n for n in block.vars if n != EMPTY_VAR_NAME)
-    persistables = tuple(sorted(n for n, v in block.vars.items() if v.persistable))
+    persistables = tuple(sorted(n for n, v in block.vars.items() if v.persistable and v.kind != VarKind.RAW))
     timeout = ctx.env.get("rpc_timeout")
     return ServeConfig(
         endpoint=endpoint,
@@ -88,6 +143,10 @@ def serve_config(ctx: OpContext) -> ServeConfig:
         known_vars=declared | frozenset(received),
         templates=templates,
         persistables=persistables,
+        sparse_vars=sparse,
+        prefetch_blocks={name: (idx, prefetch_output(program, idx, endpoint)) for name, idx in prefetch.items()},
+        checkpoint_block=checkpoint,
+        checkpoint_path_var=LOOKUP_TABLE_PATH,
     )
 
 
@@ -97,5 +156,11 @@ def listen_and_serv(ctx: OpContext) -> None:
     config = serve_config(ctx)
     scope, frame = ctx.scope, ctx.frame
     log = ctx.env.get("pserver_log", print_log)
-    server = PServer(config, scope, lambda idx: ctx.run.run_block(idx, scope, frame), log=log)
+    server = PServer(
+        config,
+        scope,
+        lambda idx: ctx.run.run_block(idx, scope, frame),
+        log=log,
+        run_in=lambda idx, own: ctx.run.run_block(idx, own, None),
+    )
     server.serve(on_ready=ctx.env.get("pserver_ready"))

@@ -23,6 +23,23 @@ added into the pserver's copy and the lr-decay block runs; the lr-decay block al
 runs once when the server starts, so the rate exists before the first grad (if no
 counter ever arrives, that first rate stays).
 
+Prefetch (a trainer asking for rows of a table, at the start of its step, before its
+sends): by table name, rows of that var are gathered (an auto-grown SelectedRows table
+creates unseen ids' rows on first touch); by the ids var a prefetch block is keyed by
+(`prefetch_var_name_to_block_id`), the block runs in a child scope with the ids bound to
+that var and its output var sent back, so concurrent prefetches never share a
+temporary. In sync mode a prefetch waits while the optimize blocks run (a correct
+trainer never asks then), so it always sees the params of the last round; otherwise
+prefetches run in parallel with each other, with sends and with gets.
+
+A checkpoint notice for a lookup table, on a pserver with a checkpoint block
+(`checkpint_block_id`), binds the path to `kLookupTablePath` and runs that block (whose
+`save` writes the shard atomically); any other notice saves the persistable vars.
+
+In sync mode the grads a round needs are `X` plus what the trainers send for the
+blocks of `grad_to_block_id` that `X` does not list (the distributed table's
+per-trainer shard grads): `ServeConfig.received` holds them all.
+
 Trainers leave with `SendComplete`; once all `Fanin` have, the server stops and
 `serve()` returns. If a trainer completes while others go on, its grads count as
 zeros from then on (Paddle resets received vars the same way), and barriers wait for
@@ -90,6 +107,10 @@ class ServeConfig:
     known_vars: frozenset[str] | None = None  # names trainers may send; None: any
     templates: Mapping[str, tuple[tuple[int, ...], Any]] = field(default_factory=dict)  # X name -> (shape, dtype)
     persistables: tuple[str, ...] = ()  # what a checkpoint saves
+    sparse_vars: frozenset[str] = frozenset()  # received vars declared SELECTED_ROWS (their zeros are empty)
+    prefetch_blocks: Mapping[str, tuple[int, str]] = field(default_factory=dict)  # ids var -> (block, output var)
+    checkpoint_block: int = -1  # runs on a lookup-table checkpoint notice
+    checkpoint_path_var: str = "kLookupTablePath"  # bound to the notice's path first
 
     def __post_init__(self) -> None:
         if self.fanin < 1:
@@ -125,10 +146,12 @@ class PServer:
         run_block: Callable[[int], None],
         *,
         log: Callable[[str], None] | None = None,
+        run_in: Callable[[int, Scope], None] | None = None,
     ) -> None:
         self.config = config
         self.scope = scope
         self._run_block = run_block
+        self._run_in = run_in  # run a block in a given scope (prefetch blocks)
         self._log = log or (lambda text: None)
         self._cond = threading.Condition()
         self._phase = Phase.GET if config.sync_mode else Phase.ASYNC
@@ -142,6 +165,7 @@ class PServer:
         self._trainers = {t: _Trainer(last_seen=now) for t in range(config.fanin)}
         self._block_locks = {idx: threading.Lock() for idx in set(config.grad_to_block.values())}
         self._lr_lock = threading.Lock()
+        self._checkpoint_lock = threading.Lock()
         self._server: grpc.Server | None = None
         self.port: int | None = None
         self.started_at = now
@@ -280,6 +304,8 @@ class PServer:
         if isinstance(value, LoDTensor):
             return LoDTensor(np.zeros_like(value.array))
         shape, dtype = self.config.templates.get(name, ((), None))
+        if name in self.config.sparse_vars and dtype is not None and len(shape) >= 1 and min(shape) >= 0:
+            return SelectedRows.empty(shape[0], shape[1:], dtype)
         if dtype is None or any(d < 0 for d in shape):
             self._fail(f"grad {name} never arrived and its shape is unknown, so it cannot count as zeros")
         return LoDTensor(np.zeros(shape, dtype))
@@ -339,6 +365,15 @@ class PServer:
     def _wait_phase(self, phase: Phase, context: Any) -> None:
         """Block an RPC until the server is in `phase` (called with the lock held)."""
         while self._phase is not phase:
+            self._check_open()
+            if context is not None and not context.is_active():
+                raise _Abort(grpc.StatusCode.CANCELLED, "the client went away")
+            self._cond.wait(POLL)
+        self._check_open()
+
+    def _wait_not_optimizing(self, context: Any) -> None:
+        """Block an RPC while the optimize blocks run (called with the lock held)."""
+        while self._phase is Phase.OPTIMIZE:
             self._check_open()
             if context is not None and not context.is_active():
                 raise _Abort(grpc.StatusCode.CANCELLED, "the client went away")
@@ -444,26 +479,67 @@ class PServer:
         return encode_var(request.name, value)
 
     def _rpc_PrefetchVariable(self, request: WireVar, context: Any) -> bytes:  # noqa: N802
-        what = f"prefetch from {request.table_name}"
-        return self._handle(context, request.trainer_id, what, lambda: self._on_prefetch(request))
+        what = f"prefetch from {request.table_name}" if request.table_name else f"prefetch of {request.name}"
+        return self._handle(context, request.trainer_id, what, lambda: self._on_prefetch(request, context))
 
-    def _on_prefetch(self, request: WireVar) -> bytes:
-        table = self.scope.find_var(request.table_name)
-        if table is None:
-            raise _Abort(grpc.StatusCode.NOT_FOUND, f"pserver {self.config.endpoint} has no table {request.table_name!r}")
-        if request.value is None or not isinstance(request.value, LoDTensor):
+    def _on_prefetch(self, request: WireVar, context: Any) -> bytes:
+        if not isinstance(request.value, LoDTensor):
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "a prefetch request carries its ids as a dense int64 tensor")
-        ids = request.value.array.reshape(-1).astype(np.int64, copy=False)
-        if isinstance(table, SelectedRows):
-            slots = table.lookup_index(ids, grow=True)
-            with table.lock:
-                rows = table.value[slots]
+        with self._cond:
+            if self.config.sync_mode:
+                self._wait_not_optimizing(context)
+            else:
+                self._check_open()
+        if request.table_name:
+            ids = request.value.array.reshape(-1).astype(np.int64, copy=False)
+            rows = self._rows_of(request.table_name, ids)
         else:
-            array = table.array
-            if ids.size and (ids.min() < 0 or ids.max() >= array.shape[0]):
-                raise _Abort(grpc.StatusCode.OUT_OF_RANGE, f"prefetch ids outside the {array.shape[0]} rows of {request.table_name}")
-            rows = array[ids]
-        return encode_var(request.table_name, LoDTensor(rows))
+            rows = self._run_prefetch_block(request.name, request.value)
+        return encode_var(request.name, LoDTensor(rows))
+
+    def _rows_of(self, name: str, ids: np.ndarray) -> np.ndarray:
+        """Rows `ids` of table `name`: an auto-grown table creates unseen ids' rows."""
+        table = self.scope.find_var(name)
+        if table is None:
+            raise _Abort(grpc.StatusCode.NOT_FOUND, f"pserver {self.config.endpoint} has no table {name!r}")
+        if isinstance(table, SelectedRows):
+            with table.lock:
+                try:
+                    slots = table.lookup_index(ids, grow=True)
+                except ValueError as exc:  # the table is full
+                    raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 f"pserver {self.config.endpoint}: {name}: {exc}") from None
+                return table.value[slots]
+        if not isinstance(table, LoDTensor) or table.array.ndim < 1:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"pserver {self.config.endpoint}: {name!r} is not a table")
+        array = table.array
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= array.shape[0]):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            where = f"the {array.shape[0]} rows of {name} on pserver {self.config.endpoint}"
+            raise _Abort(grpc.StatusCode.OUT_OF_RANGE, f"prefetch id {bad} is outside {where}")
+        return array[ids]
+
+    def _run_prefetch_block(self, name: str, ids: LoDTensor) -> np.ndarray:
+        """Run the prefetch block keyed by `name` with `ids` bound to it, in a scope of its own."""
+        target = self.config.prefetch_blocks.get(name)
+        if target is None or self._run_in is None:
+            raise _Abort(grpc.StatusCode.NOT_FOUND,
+                         f"pserver {self.config.endpoint} has no prefetch block for {name!r}")
+        block, out = target
+        scope = self.scope.new_scope()
+        scope.set_var(name, ids)
+        scope.set_var(out, None)  # the block's output lands here, not in the shared scope
+        try:
+            self._run_in(block, scope)
+        except Exception as exc:  # noqa: BLE001 - a bad request fails that request, not the pserver
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            where = f"pserver {self.config.endpoint}: prefetch block {block} for {name}"
+            raise _Abort(grpc.StatusCode.INTERNAL, f"{where} failed: {reason}") from None
+        value = scope.local_var(out)
+        if not isinstance(value, LoDTensor):
+            raise _Abort(grpc.StatusCode.INTERNAL,
+                         f"pserver {self.config.endpoint}: prefetch block {block} wrote no {out!r}")
+        return value.array
 
     def _rpc_SendBarrier(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
         return self._handle(context, request.trainer_id, "send barrier", lambda: self._on_barrier(request.trainer_id, Phase.SEND, context))
@@ -495,16 +571,37 @@ class PServer:
         return rpc_pb2.VoidMessage()
 
     def _rpc_CheckpointNotify(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
-        return self._handle(context, request.trainer_id, "checkpoint notice", lambda: self._on_checkpoint(request))
+        return self._handle(context, request.trainer_id, "checkpoint notice", lambda: self._on_checkpoint(request, context))
 
-    def _on_checkpoint(self, request: Any) -> rpc_pb2.VoidMessage:
+    def _on_checkpoint(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:
         if not request.dir:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "checkpoint_notify needs a directory")
+        with self._cond:
+            if self.config.sync_mode:
+                self._wait_not_optimizing(context)
+            else:
+                self._check_open()
+        if request.lookup_table and self.config.checkpoint_block >= 0:
+            self._run_checkpoint_block(request.dir)
+            return rpc_pb2.VoidMessage()
         try:
             save_vars(self.scope, self.config.persistables, Path(request.dir), only=request.lookup_table or None)
         except OSError as exc:
             raise _Abort(grpc.StatusCode.INTERNAL, f"pserver {self.config.endpoint}: cannot save to {request.dir}: {exc}") from None
         return rpc_pb2.VoidMessage()
+
+    def _run_checkpoint_block(self, path: str) -> None:
+        """Paddle's RequestCheckpointHandler: bind the path, run the checkpoint block. A
+        failed save fails the notice, not the pserver."""
+        idx = self.config.checkpoint_block
+        with self._checkpoint_lock:
+            self.scope.set_var(self.config.checkpoint_path_var, path)
+            try:
+                self._run_block(idx)
+            except Exception as exc:  # noqa: BLE001
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                where = f"pserver {self.config.endpoint}: checkpoint block {idx} ({path})"
+                raise _Abort(grpc.StatusCode.INTERNAL, f"{where} failed: {reason}") from None
 
 
 def save_vars(scope: Scope, names: tuple[str, ...], directory: Path, *, only: str | None = None) -> list[Path]:

@@ -106,9 +106,12 @@ def _little_endian(array: np.ndarray) -> np.ndarray:
 def _payload(value: Any) -> tuple[int, np.ndarray, Any, np.ndarray | None, int]:
     """(kind, contiguous array, lod, rows or None, height) of a scope value."""
     if isinstance(value, SelectedRows):
-        array = _contiguous(value.active_value())
-        rows = _contiguous(np.asarray(value.rows, dtype=np.int64))
-        return rpc_pb2.SELECTED_ROWS, array, (), _little_endian(rows), value.height
+        with value.lock:  # an auto-grown table changes in place: snapshot its rows and values together
+            rows = np.asarray(value.rows, dtype=np.int64)
+            array = value.value[: rows.size]
+            if value.initializer is not None or value.capacity > rows.size:  # a table, not a grad
+                rows, array = rows.copy(), array.copy()
+        return rpc_pb2.SELECTED_ROWS, _contiguous(array), (), _little_endian(_contiguous(rows)), value.height
     if isinstance(value, LoDTensor):
         return rpc_pb2.LOD_TENSOR, _contiguous(value.array), value.lod, None, 0
     if isinstance(value, np.ndarray):
