@@ -36,6 +36,8 @@ bench: install
 	$(PY) benchmarks/transpile_scaling.py
 	$(PY) benchmarks/ir_scaling.py
 	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/executor_throughput.py
+	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/sparse_table.py
+	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/sparse_footprint.py
 	$(PY) benchmarks/pserver_throughput.py
 
 clean:

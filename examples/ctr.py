@@ -26,17 +26,20 @@ from transpiler.frontend import ParamAttr, Program, layers, optimizer, program_g
 from transpiler.frontend.io import report, save_programs
 
 SLOTS = 3
-TABLE = [100000, 16]
+TABLE = (100000, 16)  # rows, width
 
 
-def build(is_sparse: bool = True, is_distributed: bool = True) -> tuple[Program, Program]:
+def build(
+    is_sparse: bool = True, is_distributed: bool = True, table: tuple[int, int] = TABLE
+) -> tuple[Program, Program]:
+    """The CTR programs with a `table` = (rows, width) embedding."""
     main, startup = Program(), Program()
     with unique_name.guard(), program_guard(main, startup):
         pooled = []
         for i in range(SLOTS):
             ids = layers.data(name=f"slot{i}", shape=[1], dtype="int64", lod_level=1)
             emb = layers.embedding(
-                input=ids, size=TABLE, is_sparse=is_sparse, is_distributed=is_distributed, param_attr=ParamAttr(name="emb")
+                input=ids, size=list(table), is_sparse=is_sparse, is_distributed=is_distributed, param_attr=ParamAttr(name="emb")
             )
             pooled.append(layers.sequence_pool(input=emb, pool_type="sum"))
         features = layers.concat(pooled, axis=1)

@@ -69,12 +69,7 @@ def build_ctr(variant: str, rows: int, width: int = 16) -> tuple[Program, Progra
     """`examples/ctr.py`'s programs with a `rows` x `width` table."""
     import ctr
 
-    saved = ctr.TABLE
-    ctr.TABLE = [rows, width]
-    try:
-        return ctr.build(is_sparse=variant != "dense", is_distributed=variant == "distributed")
-    finally:
-        ctr.TABLE = saved
+    return ctr.build(is_sparse=variant != "dense", is_distributed=variant == "distributed", table=(rows, width))
 
 
 def as_float64(program: Program) -> Program:
