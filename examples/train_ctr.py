@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ops.tensor import LoDTensor
 from transpiler.ir import DType, OpRole, Program
+from transpiler.ir.precision import as_float64
 from transpiler.role import Role
 from transpiler.training import Session, parameter_names
 
@@ -70,20 +71,6 @@ def build_ctr(variant: str, rows: int, width: int = 16) -> tuple[Program, Progra
     import ctr
 
     return ctr.build(is_sparse=variant != "dense", is_distributed=variant == "distributed", table=(rows, width))
-
-
-def as_float64(program: Program) -> Program:
-    """The same program computing in float64: every FP32 var and `dtype` attr widened."""
-    program = program.clone()
-    for block in program.blocks:
-        for var in block.vars.values():
-            if var.dtype == DType.FP32:
-                var.dtype = DType.FP64
-        for op in block.ops:
-            for attr in ("dtype", "in_dtype", "out_dtype"):
-                if op.attr(attr, None) == int(DType.FP32):
-                    op.set_attr(attr, int(DType.FP64))
-    return program
 
 
 def loss_name(program: Program) -> str:

@@ -38,8 +38,16 @@ def launch_training(
         "--loss", loss, "--steps", str(STEPS), "--batch", str(BATCH), "--seed", str(SEED), "--save", str(tmp / "params"),
         *extra,
     )
+    return launch_ok(tmp, command, pservers=pservers, trainers=trainers, sync_mode=sync_mode, timeout=timeout)
+
+
+def launch_ok(tmp: Path, command: tuple[str, ...], *, pservers: int, trainers: int, sync_mode: bool,
+              timeout: float) -> LaunchResult:
+    """Launch `command` as M pservers and N trainers (one BLAS thread each, logs under
+    `tmp`); fail the test with every log's tail when the job fails."""
     config = LaunchConfig(command=command, pservers=pservers, trainers=trainers, sync_mode=sync_mode, env=ONE_THREAD,
                           log_dir=tmp / "logs", rpc_timeout=timeout, status_every=60.0, exit_grace=30.0)
+    tmp.mkdir(parents=True, exist_ok=True)
     log = tmp / "launch.txt"
     with open(log, "w") as out:
         result = launch(config, out=out)
@@ -93,16 +101,8 @@ def launch_script(tmp: Path, args: tuple[str, ...], *, pservers: int, trainers: 
                   timeout: float = 60.0) -> LaunchResult:
     """Launch `python3 <args...>` (a script under examples/ and its flags) as M pservers and
     N trainers; fail the test with every log's tail when the job fails."""
-    config = LaunchConfig(command=(sys.executable, *args), pservers=pservers, trainers=trainers, sync_mode=sync_mode,
-                          env=ONE_THREAD, log_dir=tmp / "logs", rpc_timeout=timeout, status_every=60.0, exit_grace=30.0)
-    tmp.mkdir(parents=True, exist_ok=True)
-    log = tmp / "launch.txt"
-    with open(log, "w") as out:
-        result = launch(config, out=out)
-    assert result.ok, f"{result.failure}\n{log.read_text()}\n" + "\n".join(
-        f"--- {p.log}\n" + "\n".join(p.tail) for p in result.processes
-    )
-    return result
+    return launch_ok(tmp, (sys.executable, *args), pservers=pservers, trainers=trainers, sync_mode=sync_mode,
+                     timeout=timeout)
 
 
 def run_script_locally(args: tuple[str, ...]) -> str:

@@ -31,6 +31,7 @@ from test_e2e_support import EXAMPLES, differences, launch_training, save, train
 
 from conftest import PADDLE_PROGRAMS
 from transpiler.ir import Program
+from transpiler.ir.precision import as_float64
 
 RTOL = 1e-5
 sys.path.insert(0, str(EXAMPLES))
@@ -85,22 +86,6 @@ def test_sync_training_equals_local_training(case, tmp_path):
         assert moved > 0, f"{name} never changed: the comparison would prove nothing"
         scale = float(np.abs(local[name]).max())
         np.testing.assert_allclose(final0[name], local[name], rtol=RTOL, atol=RTOL * scale, err_msg=f"{case}: {name}")
-
-
-def as_float64(program: Program) -> Program:
-    """The same program computing in float64: every FP32 var and `dtype` attr widened."""
-    from transpiler.ir import DType
-
-    program = program.clone()
-    for block in program.blocks:
-        for var in block.vars.values():
-            if var.dtype == DType.FP32:
-                var.dtype = DType.FP64
-        for op in block.ops:
-            for attr in ("dtype", "in_dtype", "out_dtype"):
-                if op.attr(attr, None) == int(DType.FP32):
-                    op.set_attr(attr, int(DType.FP64))
-    return program
 
 
 @pytest.mark.parametrize("case", ["seed_fc3", "mlp"])
