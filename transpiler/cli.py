@@ -366,7 +366,7 @@ def serve_command(args: argparse.Namespace) -> int:
 )
 def launch_command(args: argparse.Namespace) -> int:
     from transpiler.config import split_endpoint_list
-    from transpiler.launch import LaunchConfig, launch
+    from transpiler.runtime.launch import LaunchConfig, launch
 
     command = list(args.command)
     if command[:1] == ["--"]:
