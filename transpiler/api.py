@@ -30,6 +30,7 @@ from transpiler.config import DistributeTranspilerConfig, TranspileOptions, make
 from transpiler.dispatch import PSDispatcher
 from transpiler.errors import TranspileError
 from transpiler.ir import Program
+from transpiler.output import write_programs
 from transpiler.passes import run_pipeline
 from transpiler.passes.bundle import Bundle
 from transpiler.plan import Plan
@@ -45,9 +46,7 @@ class TranspileResult:
 
     def save(self, out_dir: str | os.PathLike) -> list[Path]:
         """Write every program and plan.json into `out_dir` (see `transpiler.output`)."""
-        from transpiler.output import write_result
-
-        return write_result(self, Path(out_dir))
+        return write_programs(out_dir, self.trainer, self.trainer_startup, self.pservers, self.plan)
 
 
 def transpile(

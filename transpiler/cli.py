@@ -34,7 +34,8 @@ from typing import Any
 
 from transpiler import __version__
 from transpiler.errors import PsTranspilerError, VerifyError
-from transpiler.ir.program import Program, write_bytes_atomic
+from transpiler.fileio import write_bytes_atomic
+from transpiler.ir.program import Program
 
 PROG = "pstranspile"
 EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
