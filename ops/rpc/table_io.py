@@ -147,7 +147,7 @@ def write_table(path: Path, table: np.ndarray) -> None:
 # ------------------------------------------------------------------ the kernel
 
 
-@register("save", defaults={"file_path": "", "overwrite": True, "save_as_fp16": False})
+@register("save")
 def save(ctx: OpContext) -> None:
     """Write X to `file_path` (or, when that is `"none"` or empty, the path bound to
     `kLookupTablePath`): a SelectedRows table as a shard, a tensor as `.npy`."""
