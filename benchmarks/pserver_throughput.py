@@ -115,7 +115,7 @@ def _timed(run, seconds: float, min_steps: int = 3) -> tuple[int, float]:
 def param_program(size: int):
     """One fp32 param `fc_w` of `size` bytes ([size/4096, 1024]) trained by SGD."""
     from transpiler.frontend import ParamAttr, layers, optimizer
-    from transpiler.frontend.test_networks import build
+    from transpiler.frontend.fluid18_networks import build
 
     rows = size // 4096
 

@@ -11,7 +11,7 @@ import pytest
 
 from transpiler.api import transpile
 from transpiler.config import DistributeTranspilerConfig
-from transpiler.frontend import test_networks as nets
+from transpiler.frontend import fluid18_networks as nets
 from transpiler.ir import Program
 
 EP1, EP2 = "127.0.0.1:6174", "127.0.0.1:6175"

@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 import pytest
-from test_e2e_support import EXAMPLES, ONE_THREAD
+from e2e_support import EXAMPLES, ONE_THREAD
 
 from transpiler.runtime.launch import LaunchConfig, launch
 

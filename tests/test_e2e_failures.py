@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from test_e2e_support import EXAMPLES, ONE_THREAD, REPO
+from e2e_support import EXAMPLES, ONE_THREAD, REPO
 
 from conftest import PADDLE_PROGRAMS
 from transpiler.api import transpile

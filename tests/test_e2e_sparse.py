@@ -33,7 +33,7 @@ import contextlib
 import io
 
 import numpy as np
-from test_e2e_support import EXAMPLES, launch_script, run_script_locally
+from e2e_support import EXAMPLES, launch_script, run_script_locally
 
 from conftest import PADDLE_PROGRAMS
 from transpiler.cli import main as cli_main

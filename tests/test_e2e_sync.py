@@ -27,7 +27,7 @@ import sys
 
 import numpy as np
 import pytest
-from test_e2e_support import EXAMPLES, differences, launch_training, save, train_locally, trained_params
+from e2e_support import EXAMPLES, differences, launch_training, save, train_locally, trained_params
 
 from conftest import PADDLE_PROGRAMS
 from transpiler.ir import Program

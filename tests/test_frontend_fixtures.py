@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import PADDLE_PROGRAMS
-from transpiler.frontend import test_networks as nets
+from transpiler.frontend import fluid18_networks as nets
 from transpiler.ir import AttrType, OpRole, Program
 
 NOISE = {"op_callstack", "op_namescope"}

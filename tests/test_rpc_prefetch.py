@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from test_rpc_support import running_pserver
-from test_sparse_table_support import ROWS, serving_ctr
+from rpc_support import running_pserver
+from sparse_table_support import ROWS, serving_ctr
 
 from ops.executor import ExecutionError, Executor
 from ops.kernels.testing import run_op

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_sparse_table_support import ROWS, serving_ctr
+from sparse_table_support import ROWS, serving_ctr
 
 from ops.executor import ExecutionError, Executor
 from ops.kernels.testing import run_op

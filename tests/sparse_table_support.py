@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from test_e2e_support import EXAMPLES
+from e2e_support import EXAMPLES
 
 from ops.executor import Executor
 from ops.rpc.client import RpcClient
