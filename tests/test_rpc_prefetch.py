@@ -16,7 +16,7 @@ from rpc_support import running_pserver
 from sparse_table_support import ROWS, serving_ctr
 
 from ops.executor import ExecutionError, Executor
-from ops.kernels.testing import run_op
+from ops.testing import run_op
 from ops.rpc import RpcError
 from ops.rpc.listen_and_serv import trainer_sent_vars
 from ops.scope import Scope

@@ -11,7 +11,7 @@ import pytest
 from sparse_table_support import ROWS, serving_ctr
 
 from ops.executor import ExecutionError, Executor
-from ops.kernels.testing import run_op
+from ops.testing import run_op
 from ops.rpc import RpcError
 from ops.rpc.kernels import shard_path
 from ops.rpc.table_io import (
