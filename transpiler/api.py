@@ -6,7 +6,7 @@
     result.plan                                       # where every block lives
 
 The user's programs are never changed, and every getter returns a fresh copy.
-Differences from Paddle 1.8's `DistributeTranspiler`, each fixing a bug of its (facts §10):
+Differences from Paddle 1.8's `DistributeTranspiler`, each fixing a bug of its (reproduced on 1.8.5):
 `HashName` works and is stable across processes; sync mode with one trainer works (the
 pserver expects the grad names the trainer sends); `transpile(sync_mode=...)` sets the
 mode of trainer and pservers alike; `grad_to_block_id` and control-var names are

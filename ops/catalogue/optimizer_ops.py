@@ -129,8 +129,8 @@ OPTIMIZER_SLOTS: MappingProxyType[str, OptimizerSlots] = MappingProxyType(
         "adamax": _slots(["Moment", "InfNorm"], ["Beta1Pow"], outs=[("Moment", "MomentOut"), ("InfNorm", "InfNormOut")]),
         "adagrad": _slots(["Moment"], outs=[("Moment", "MomentOut")], sparse=True),
         "decayed_adagrad": _slots(["Moment"], outs=[("Moment", "MomentOut")]),
-        # Paddle slices Moment and MeanSquare but not MeanGrad (facts §10.6); all three are
-        # param-shaped, so we slice all three.
+        # Paddle 1.8 slices Moment and MeanSquare but not MeanGrad (`_get_optimizer_input_shape`
+        # in distribute_transpiler.py); all three are param-shaped, so we slice all three.
         "rmsprop": _slots(
             ["Moment", "MeanSquare", "MeanGrad"],
             outs=[("Moment", "MomentOut"), ("MeanSquare", "MeanSquareOut"), ("MeanGrad", "MeanGradOut")],
