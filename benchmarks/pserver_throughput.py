@@ -115,7 +115,7 @@ def _timed(run, seconds: float, min_steps: int = 3) -> tuple[int, float]:
 def param_program(size: int):
     """One fp32 param `fc_w` of `size` bytes ([size/4096, 1024]) trained by SGD."""
     from transpiler.frontend import ParamAttr, layers, optimizer
-    from transpiler.frontend.test_networks import build
+    from transpiler.frontend.fluid18_networks import build
 
     rows = size // 4096
 
@@ -132,7 +132,7 @@ def measure_pserver(size: int, seconds: float, workdir: Path) -> float:
     import ops.rpc  # noqa: F401
     from ops.rpc.client import RpcClient
     from transpiler.api import transpile
-    from transpiler.launch import free_endpoints
+    from transpiler.runtime.launch import free_endpoints
     from transpiler.output import pserver_file_stem
 
     main, startup = param_program(size)
@@ -194,7 +194,7 @@ def mlp_step_times(steps: int, workdir: Path) -> tuple[float, list[float]]:
 
     from ops.executor import Executor
     from ops.scope import Scope
-    from transpiler.launch import LaunchConfig, launch
+    from transpiler.runtime.launch import LaunchConfig, launch
 
     main, startup = mlp.build()
     batch = 64
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         raw_server(args.raw_server)
         return 0
 
-    from transpiler.launch import free_endpoints
+    from transpiler.runtime.launch import free_endpoints
 
     sizes = [int(float(s) * MB) for s in args.sizes.split(",")]
     (raw_endpoint,) = free_endpoints(1)

@@ -39,7 +39,7 @@ MIB = 2**20
 
 def launched(tmp: Path, *flags: str) -> list[dict]:
     """Run 2 x 2 under launch; each trainer's saved arrays."""
-    from transpiler.launch import LaunchConfig, launch
+    from transpiler.runtime.launch import LaunchConfig, launch
 
     config = LaunchConfig(command=(sys.executable, SCRIPT, "--quiet", "--save", str(tmp / "params"), *flags),
                           pservers=2, trainers=2, env=ONE_THREAD, log_dir=tmp / "logs", status_every=3600.0)
@@ -62,7 +62,7 @@ def unique_ids_per_step(rows: int, steps: int, batch: int, unique: int | None) -
     """Mean unique ids in trainer 0's half of each global batch."""
     import train_ctr
 
-    from transpiler.role import TRAINER, Role
+    from transpiler.runtime.role import TRAINER, Role
 
     main, _ = train_ctr.build_ctr("distributed", rows)
     data = train_ctr.ClickData(main, 0, unique)

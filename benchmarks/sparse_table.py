@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     from ops.scope import Scope
     from ops.tensor import SelectedRows
     from transpiler.api import transpile
-    from transpiler.launch import free_endpoints
+    from transpiler.runtime.launch import free_endpoints
 
     main_program, startup = train_ctr.build_ctr("distributed", args.rows, args.width)
     endpoint = free_endpoints(1)[0]

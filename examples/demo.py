@@ -6,7 +6,7 @@
    transpiles it for 2 pservers x 2 trainers and writes the programs and the plan to
    `OUT_DIR/programs/` (inspect them with `pstranspile dump`);
 2. launches 2 pservers and 2 trainers of `train_mlp_digits.py` on this machine
-   (`transpiler.launch`, sync mode; one log per process in `OUT_DIR/logs/`), each
+   (`transpiler.runtime.launch`, sync mode; one log per process in `OUT_DIR/logs/`), each
    process transpiling for its own role exactly as step 1 did;
 3. prints the test accuracy before and after training (trainer 0's report,
    `OUT_DIR/result.json`). Exits non-zero if any process failed.
@@ -29,7 +29,7 @@ sys.path.insert(0, str(EXAMPLES))
 from train_mlp_digits import build  # noqa: E402
 
 from transpiler.api import transpile  # noqa: E402
-from transpiler.launch import LaunchConfig, free_endpoints, launch  # noqa: E402
+from transpiler.runtime.launch import LaunchConfig, free_endpoints, launch  # noqa: E402
 
 PSERVERS, TRAINERS = 2, 2
 

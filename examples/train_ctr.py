@@ -55,8 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ops.tensor import LoDTensor
 from transpiler.ir import DType, OpRole, Program
 from transpiler.ir.precision import as_float64
-from transpiler.role import Role
-from transpiler.training import Session, parameter_names
+from transpiler.runtime.role import Role
+from transpiler.runtime.session import Session, parameter_names
 
 LOOKUPS = ("lookup_table", "lookup_table_v2")
 SPREAD = 2147483647  # a prime: rank r is id r * SPREAD % rows, popular ids all over the table

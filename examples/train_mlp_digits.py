@@ -28,8 +28,8 @@ except ModuleNotFoundError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from transpiler.frontend import ParamAttr, Program, data, layers, optimizer, program_guard, unique_name
-from transpiler.role import Role
-from transpiler.training import Session
+from transpiler.runtime.role import Role
+from transpiler.runtime.session import Session
 
 FEATURES, CLASSES, TEST_SIZE = 64, 10, 360
 

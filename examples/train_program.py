@@ -33,8 +33,8 @@ except ModuleNotFoundError:  # run from a checkout without installing
 
 from ops.tensor import LoDTensor
 from transpiler.ir import DType, Program
-from transpiler.role import Role
-from transpiler.training import Session, parameter_names
+from transpiler.runtime.role import Role
+from transpiler.runtime.session import Session, parameter_names
 
 
 def feed_vars(program: Program) -> list[str]:

@@ -1,8 +1,8 @@
 """The transpile API: modes, options, Paddle-compat getters, errors, determinism.
 
-Op lists marked "facts" are Fluid 1.8.5's real output for the same network, from
-../shared/reference/paddle18_transpiler_facts.md (§4.1, §4.2, Appendix A); the
-fluid18_basic fixture is Paddle's TestBasicModel network.
+Op lists marked "fluid" are Fluid 1.8.5's real output for the same network (Paddle 1.8's
+unittests test_dist_transpiler_async_decay.py and test_dist_transpiler_config.py, run on
+the paddlepaddle 1.8.5 wheel); the fluid18_basic fixture is Paddle's TestBasicModel network.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_inputs_are_never_changed():
 
 
 def test_sync_with_one_trainer_sends_what_the_pserver_expects():
-    """Paddle 1.8 sums `<grad>.trainer_0` on the pserver while the trainer sends `<grad>` (facts §10.2)."""
+    """Paddle 1.8 sums `<grad>.trainer_0` on the pserver while the trainer sends `<grad>` (the `sync_mode or ...` precedence slip of Paddle PR #22344)."""
     result = basic(trainers=1)
     sends = [n for op in result.trainer.global_block().ops if op.type == "send" for n in op.input("X")]
     assert sends == ["fc_b@GRAD", "fc_w@GRAD.block0", "fc_w@GRAD.block1"]
@@ -62,7 +62,7 @@ def test_sync_with_one_trainer_sends_what_the_pserver_expects():
     assert "send_barrier" in types(result.trainer)
 
 
-def test_half_async_matches_fluid():  # facts §4.2 TestBasicModelHalfAsync
+def test_half_async_matches_fluid():  # test_dist_transpiler_config.py TestBasicModelHalfAsync
     result = basic(sync_mode=False)
     assert types(result.trainer) == FORWARD_BACKWARD + ["send", "mul_grad", "split_byref", "send", "recv", "recv",
                                                         "concat"]
@@ -77,7 +77,7 @@ def test_half_async_matches_fluid():  # facts §4.2 TestBasicModelHalfAsync
     assert types(result.trainer_startup) == ["fill_constant", "uniform_random", "recv", "recv", "fetch_barrier", "concat"]
 
 
-def test_async_with_runtime_split_matches_fluid():  # facts §4.2 TestBasicModelAsync
+def test_async_with_runtime_split_matches_fluid():  # test_dist_transpiler_config.py TestBasicModelAsync
     config = DistributeTranspilerConfig()
     config.sync_mode = False
     config.runtime_split_send_recv = True
@@ -94,14 +94,14 @@ def test_async_with_runtime_split_matches_fluid():  # facts §4.2 TestBasicModel
     assert main.global_block().ops[0].attr("distributed_mode") == 1
 
 
-def test_sync_config_matches_fluid():  # facts §4.2 TestBasicModelSync
+def test_sync_config_matches_fluid():  # test_dist_transpiler_config.py TestBasicModelSync
     result = basic()
     assert types(result.trainer) == FORWARD_BACKWARD + ["send", "mul_grad", "split_byref", "send", "send_barrier",
                                                         "recv", "recv", "fetch_barrier", "concat"]
 
 
 def test_transpile_argument_sets_the_mode_of_trainer_and_pservers_alike():
-    """Paddle takes the pserver's mode from the config and the trainer's from the argument (facts §10.3)."""
+    """Paddle takes the pserver's mode from the config and the trainer's from the argument (Paddle 1.7/1.8; a sync pserver and an async trainer hang)."""
     transpiler = DistributeTranspiler()  # default config: sync_mode=True
     main, startup = load("fluid18_basic_sgd_2ps")
     transpiler.transpile(0, program=main, startup_program=startup, pservers=EPS, trainers=2, sync_mode=False)
@@ -109,7 +109,7 @@ def test_transpile_argument_sets_the_mode_of_trainer_and_pservers_alike():
     assert transpiler.get_pserver_program("127.0.0.1:6174").global_block().ops[0].attr("distributed_mode") == 2
 
 
-def test_async_lr_decay_matches_fluid():  # facts §4.1 (test_dist_transpiler_async_decay)
+def test_async_lr_decay_matches_fluid():  # test_dist_transpiler_async_decay.py
     main, startup = load("fluid18_lr_exp_decay_2ps")
     result = transpile(main, startup, pservers=EPS, trainers=2, sync_mode=False, verify=True)
     assert types(result.trainer) == FORWARD_BACKWARD + ["send", "mul_grad", "split_byref", "send", "send", "recv",
@@ -132,7 +132,7 @@ def test_async_lr_decay_matches_fluid():  # facts §4.1 (test_dist_transpiler_as
     assert types(startup0) == ["fill_constant"] * 4 + ["uniform_random"]
 
 
-def test_lr_decay_block_comes_first_and_parents_the_optimize_blocks():  # facts §3.4 TestLRDecay
+def test_lr_decay_block_comes_first_and_parents_the_optimize_blocks():  # test_dist_transpiler.py TestLRDecay
     main, startup = load("fluid18_lr_exp_decay_2ps")
     result = transpile(main, startup, pservers=EPS, trainers=2, verify=True)
     main0, _ = result.pservers["127.0.0.1:6174"]
@@ -142,7 +142,7 @@ def test_lr_decay_block_comes_first_and_parents_the_optimize_blocks():  # facts 
     assert [main0.block(i).parent_idx for i in range(1, 4)] == [0, 1, 1]
 
 
-def test_piecewise_decay_carries_its_sub_blocks():  # facts §3.7 TestLRDecayConditional
+def test_piecewise_decay_carries_its_sub_blocks():  # test_dist_transpiler.py TestLRDecayConditional
     main, startup = load("fluid18_lr_piecewise_2ps")
     result = transpile(main, startup, pservers=EPS, trainers=2, verify=True)
     main0, _ = result.pservers["127.0.0.1:6174"]
@@ -153,14 +153,14 @@ def test_piecewise_decay_carries_its_sub_blocks():  # facts §3.7 TestLRDecayCon
     assert result.trainer.num_blocks == 1  # Paddle leaves three orphan ['assign'] blocks behind
 
 
-def test_no_slice_keeps_vars_whole():  # facts §3.3 TestNoSliceVar
+def test_no_slice_keeps_vars_whole():  # test_dist_transpiler.py TestNoSliceVar
     result = basic(slice_var_up=False)
     _, startup1 = result.pservers["127.0.0.1:6175"]
     assert startup1.global_block().var("fc_w").shape == (1000, 1000)
     assert "split_byref" not in types(result.trainer) and "concat" not in types(result.trainer)
 
 
-def test_large_block_size():  # facts §3.2 TestBasicModelWithLargeBlockSize
+def test_large_block_size():  # test_dist_transpiler.py TestBasicModelWithLargeBlockSize
     result = basic(min_block_size=1048576)
     assert types(result.trainer) == FORWARD_BACKWARD + ["send", "mul_grad", "send", "send_barrier", "recv", "recv",
                                                         "fetch_barrier"]
@@ -170,7 +170,7 @@ def test_large_block_size():  # facts §3.2 TestBasicModelWithLargeBlockSize
     assert result.pservers["127.0.0.1:6175"][1].global_block().var("fc_w").shape == (1000, 1000)
 
 
-def test_an_empty_pserver_gets_one_empty_block():  # facts §3.10
+def test_an_empty_pserver_gets_one_empty_block():  # test_dist_transpiler.py TestEmptyPserverOptimizeBlocks
     main, startup = load("seed_fc3_sgd_3ps")
     eps = ",".join(f"127.0.0.1:{6170 + i}" for i in range(5))
     result = transpile(main, startup, pservers=eps, trainers=2, slice_var_up=False, verify=True)
@@ -242,7 +242,7 @@ def test_paddle_style_api_returns_copies_and_never_mutates_the_startup():
                          split_method="RoundRobin")
     pserver, pstartup = transpiler.get_pserver_programs("127.0.0.1:6174")
     assert transpiler.get_startup_program("127.0.0.1:6174", pserver).to_bytes() == pstartup.to_bytes()
-    assert startup.to_bytes() == before  # Paddle rewrites the shapes of these ops (facts §10.9)
+    assert startup.to_bytes() == before  # Paddle rewrites the shapes of these ops (`get_startup_program` calls `op._set_attr("shape", ...)` on them)
     trainer = transpiler.get_trainer_program()
     trainer.global_block().remove_op(trainer.global_block().ops[0])
     assert len(transpiler.get_trainer_program().global_block()) == len(trainer.global_block()) + 1

@@ -1,8 +1,9 @@
 """Paddle's own transpiler test networks, built with our builder, transpile as Fluid 1.8.5
-really did (../shared/reference/paddle18_transpiler_facts.md §3, §4 and Appendix A).
+really did (Paddle 1.8's unittests test_dist_transpiler.py, test_dist_transpiler_async_decay.py
+and test_dist_transpiler_config.py, run on the paddlepaddle 1.8.5 wheel).
 
 Where 1.8.5's real output and its unit test's list differ, the real output is pinned;
-where we fix a Paddle bug (§10), the test says so.
+where we fix a Paddle bug, the test says so.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 
 from transpiler.api import transpile
 from transpiler.config import DistributeTranspilerConfig
-from transpiler.frontend import test_networks as nets
+from transpiler.frontend import fluid18_networks as nets
 from transpiler.ir import Program
 
 EP1, EP2 = "127.0.0.1:6174", "127.0.0.1:6175"
@@ -37,13 +38,13 @@ def run(network, **kwargs):
 
 
 def optimized_params(result) -> set[str]:
-    """§3.1's check: every `Param` of every pserver op, `.blockN` stripped, via the plan."""
+    """TestBasicModel's check: every `Param` of every pserver op, `.blockN` stripped, via the plan."""
     block_to_param = {b.name: p.param for p in result.plan.params for b in p.blocks}
     return {block_to_param[name] for main, _ in result.pservers.values() for blk in main.blocks for op in blk.ops
             for name in op.input("Param")}
 
 
-def test_basic_model():  # §3.1, actual 1.8.5 output
+def test_basic_model():  # TestBasicModel, actual 1.8.5 output
     result = run(nets.basic_model)
     assert types(result.trainer) == FWD_BWD + SYNC_TAIL
     assert types(result.trainer_startup) == ["fill_constant", "uniform_random", "recv", "recv", "fetch_barrier",
@@ -61,7 +62,7 @@ def test_basic_model():  # §3.1, actual 1.8.5 output
     assert optimized_params(result) == original == {"fc_w", "fc_b"}
 
 
-def test_lr_decay():  # §3.4, actual 1.8.5 output
+def test_lr_decay():  # TestLRDecay, actual 1.8.5 output
     result = run(nets.lr_decay_model)
     main1, _ = result.pservers[EP1]
     assert main1.num_blocks == 4
@@ -71,7 +72,7 @@ def test_lr_decay():  # §3.4, actual 1.8.5 output
     assert [main1.block(i).parent_idx for i in (2, 3)] == [1, 1]
 
 
-def test_lr_decay_conditional():  # §3.7
+def test_lr_decay_conditional():  # TestLRDecayConditional
     result = run(nets.lr_decay_conditional_model)
     main1, _ = result.pservers[EP1]
     assert main1.num_blocks == 7
@@ -82,7 +83,7 @@ def test_lr_decay_conditional():  # §3.7
     assert [types(main1, i) for i in range(1, 7) if i not in optimize] == [["assign"]] * 3
 
 
-def test_l2_decay_with_clip_on_every_param():  # §3.8's expected lists (clip on both params)
+def test_l2_decay_with_clip_on_every_param():  # TestL2Decay's expected lists (clip on both params)
     result = run(lambda: nets.l2_decay_model(clip_all=True))
     main1, _ = result.pservers[EP1]
     assert main1.num_blocks == 3
@@ -91,7 +92,7 @@ def test_l2_decay_with_clip_on_every_param():  # §3.8's expected lists (clip on
 
 
 def test_l2_decay_and_clip_on_a_sliced_param_get_block_shaped_temporaries():
-    """1.8.5 fails here: the clipped grad is cloned at the whole param's shape (§10.7)."""
+    """1.8.5 fails here: the clipped grad is cloned at the whole param's shape (`get_pserver_program`: SumOp shape mismatch)."""
     result = run(lambda: nets.l2_decay_model(clip_all=True))
     for main, _ in result.pservers.values():
         for blk in main.blocks[1:]:
@@ -106,7 +107,7 @@ def test_l2_decay_and_clip_on_a_sliced_param_get_block_shaped_temporaries():
     assert "clip" not in types(result.trainer) and "scale" not in types(result.trainer)
 
 
-def test_l2_decay_with_piecewise():  # §3.9
+def test_l2_decay_with_piecewise():  # TestL2DecayWithPiecewise
     result = run(nets.l2_decay_with_piecewise_model)
     main1, _ = result.pservers[EP1]
     assert main1.num_blocks == 9
@@ -120,7 +121,7 @@ def test_l2_decay_with_piecewise():  # §3.9
     assert result.trainer.num_blocks == 1  # 1.8.5 leaves five orphan ['assign'] blocks in the trainer
 
 
-def test_empty_pserver():  # §3.10
+def test_empty_pserver():  # TestEmptyPserverOptimizeBlocks
     config = DistributeTranspilerConfig()
     config.slice_var_up = False
     result = run(nets.empty_pserver_model, config=config)
@@ -132,7 +133,7 @@ def test_empty_pserver():  # §3.10
 
 
 @pytest.mark.parametrize(("name", "state"), [("decayed_adagrad", 1), ("ftrl", 2), ("rmsprop", 3)])
-def test_other_optimizers(name, state):  # §3.6, §3.18
+def test_other_optimizers(name, state):  # TestDecayedAdagrad, TestFtrl, TestRMSPropOptimizer
     result = run(lambda: nets.optimizer_model(name))
     main1, startup1 = result.pservers[EP1]
     assert blocks(main1)[1:] == [["sum", "scale", name]] * 2
@@ -145,13 +146,13 @@ def test_other_optimizers(name, state):  # §3.6, §3.18
 
 
 def test_rmsprop_mean_grad_is_sliced():
-    """1.8.5 leaves `fc_w_mean_grad_0` at [1000, 1000] beside a [500, 1000] param (§10.6)."""
+    """1.8.5 leaves `fc_w_mean_grad_0` at [1000, 1000] beside a [500, 1000] param (`_get_optimizer_input_shape` skips it)."""
     result = run(lambda: nets.optimizer_model("rmsprop"))
     _, startup1 = result.pservers[EP1]
     assert startup1.global_block().var("fc_w_mean_grad_0").shape == (500, 1000)
 
 
-def test_async_decay():  # §4.1
+def test_async_decay():  # test_dist_transpiler_async_decay.py
     result = run(nets.async_decay_model, sync_mode=False)
     assert types(result.trainer) == FWD_BWD + ["send", "mul_grad", "split_byref", "send", "send", "recv", "recv",
                                                "concat"]
@@ -172,7 +173,7 @@ def test_async_decay():  # §4.1
         (True, False, 0, SYNC_TAIL, ["sum", "scale", "sgd"]),  # TestBasicModelSync
     ],
 )
-def test_config_cases(sync, runtime_split, mode, trainer_tail, block2):  # §4.2
+def test_config_cases(sync, runtime_split, mode, trainer_tail, block2):  # test_dist_transpiler_config.py
     config = DistributeTranspilerConfig()
     config.sync_mode = sync
     config.runtime_split_send_recv = runtime_split
@@ -190,7 +191,7 @@ TABLE_FWD = ["sequence_pool", "sequence_pool", "sequence_pool", "concat", "mul",
 TABLE_BWD = ["sequence_pool_grad", "lookup_table_grad", "sequence_pool_grad", "lookup_table_grad", "sum"]
 
 
-def test_local_lookup_table():  # §3.12, actual 1.8.5 output
+def test_local_lookup_table():  # TestLocalLookupTable, actual 1.8.5 output
     result = run(lambda: nets.network_with_table(is_sparse=True, is_distributed=False))
     assert types(result.trainer) == (["distributed_lookup_table", "distributed_lookup_table"] + TABLE_FWD
                                      + ["split_selected_rows", "send"] + TABLE_BWD
@@ -209,7 +210,7 @@ def test_local_lookup_table():  # §3.12, actual 1.8.5 output
                                              "fake_init", "fake_init"]
 
 
-def test_dist_lookup_table():  # §3.13, release/1.8's output (the 1.8.5 wheel raises IndexError, §10.4)
+def test_dist_lookup_table():  # TestDistLookupTable, release/1.8's output (1.8.5 raises IndexError: PR #25328)
     result = run(lambda: nets.network_with_table(is_sparse=True, is_distributed=True))
     assert types(result.trainer) == (["distributed_lookup_table", "split_ids", "prefetch", "merge_ids"] + TABLE_FWD
                                      + ["split_selected_rows", "send"] + TABLE_BWD
@@ -222,13 +223,13 @@ def test_dist_lookup_table():  # §3.13, release/1.8's output (the 1.8.5 wheel r
     assert "shared_w@GRAD:3" in serve.attr("grad_to_block_id")
     assert serve.attr("prefetch_var_name_to_block_id") == ("prefetch_compress_in_tmp_0:4",)
     assert serve.attr("checkpint_block_id") == 5
-    assert main1.global_block().var("shared_w").shape[0] == 500  # §3.16 TestDistLookupTableSliceSize
+    assert main1.global_block().var("shared_w").shape[0] == 500  # TestDistLookupTableSliceSize
     assert types(result.trainer_startup) == ["fill_constant", "uniform_random", "recv", "recv", "fetch_barrier",
                                              "fake_init", "fake_init"]
-    assert result.plan.table.table == "shared_w"  # §3.17 TestDistArgsInProgram
+    assert result.plan.table.table == "shared_w"  # TestDistArgsInProgram
 
 
-def test_async_local_lookup_table():  # §3.14 (with the pserver in async mode too, §10.3)
+def test_async_local_lookup_table():  # TestAsyncLocalLookupTable (with the pserver in async mode too)
     result = run(lambda: nets.network_with_table(is_sparse=True, is_distributed=False), sync_mode=False)
     assert types(result.trainer)[-5:] == ["sum", "split_selected_rows", "send", "recv", "recv"]
     main1, _ = result.pservers[EP1]
@@ -238,7 +239,7 @@ def test_async_local_lookup_table():  # §3.14 (with the pserver in async mode t
     assert serve.attr("distributed_mode") == 2
 
 
-def test_async_dist_lookup_table():  # §3.15
+def test_async_dist_lookup_table():  # TestAsyncDistLookupTable
     result = run(lambda: nets.network_with_table(is_sparse=True, is_distributed=True), sync_mode=False)
     assert types(result.trainer)[:4] == ["distributed_lookup_table", "split_ids", "prefetch", "merge_ids"]
     assert types(result.trainer)[-5:] == ["sum", "split_ids", "send", "recv", "recv"]

@@ -5,7 +5,7 @@ Compared: the trainer's op-type sequence (block 0) and its startup's; every pser
 per-block op-type lists, block-0 vars with their shapes, startup ops with their outputs,
 `listen_and_serv` inputs and attrs; `recv` outputs and epmaps; `send` epmaps where Paddle
 kept them (2.6 dropped the attr); `split_byref` sections. `grad_to_block_id` is compared
-as a set: Paddle's order depends on the hash seed (facts §10.8), ours is block order.
+as a set: Paddle builds it with `list(set(...))`, so its order follows the hash seed; ours is block order.
 
 Deliberate differences, each applied to Paddle's output below by `adjusted()` so the rest
 is compared exactly:

@@ -1,5 +1,5 @@
 """Async training on several processes: the digits MLP (`examples/train_mlp_digits.py`),
-2 pservers x 2 trainers under `transpiler.launch --async`, trains to a low loss.
+2 pservers x 2 trainers under `transpiler.runtime.launch --async`, trains to a low loss.
 
 Async runs are not reproducible (the pservers apply grads in arrival order), so the
 test states thresholds rather than equality: over the last 10 steps trainer 0's mean
@@ -15,9 +15,9 @@ import sys
 
 import numpy as np
 import pytest
-from test_e2e_support import EXAMPLES, ONE_THREAD
+from e2e_support import EXAMPLES, ONE_THREAD
 
-from transpiler.launch import LaunchConfig, launch
+from transpiler.runtime.launch import LaunchConfig, launch
 
 LOSS_THRESHOLD = 0.5
 ACCURACY_THRESHOLD = 0.85

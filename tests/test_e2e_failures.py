@@ -10,12 +10,12 @@ import subprocess
 import sys
 
 import pytest
-from test_e2e_support import EXAMPLES, ONE_THREAD, REPO
+from e2e_support import EXAMPLES, ONE_THREAD, REPO
 
 from conftest import PADDLE_PROGRAMS
 from transpiler.api import transpile
 from transpiler.ir import Program
-from transpiler.launch import free_endpoints
+from transpiler.runtime.launch import free_endpoints
 from transpiler.output import pserver_file_stem
 
 TIMEOUT = 3.0

@@ -2,7 +2,7 @@
 
 `examples/train_ctr.py` (the CTR example: 3 LoD id slots on one table, sum-pooled, two
 fc layers; a synthetic click data set with Zipf-skewed ids) runs as 2 pservers x 2
-trainers under `transpiler.launch`, 20 steps, each trainer on half of every batch; then
+trainers under `transpiler.runtime.launch`, 20 steps, each trainer on half of every batch; then
 locally on the whole batches from what trainer 0 started with. Trainer 0 read the
 initial rows of every id the 20 steps touch through the real RPC before its first step
 (a distributed table creates a row on first touch, from the pool its initializer
@@ -33,7 +33,7 @@ import contextlib
 import io
 
 import numpy as np
-from test_e2e_support import EXAMPLES, launch_script, run_script_locally
+from e2e_support import EXAMPLES, launch_script, run_script_locally
 
 from conftest import PADDLE_PROGRAMS
 from transpiler.cli import main as cli_main
@@ -163,7 +163,7 @@ def test_id_feeds_carry_lod_and_trainers_split_them_by_example():
     import train_ctr
     import train_program
 
-    from transpiler.role import TRAINER, Role
+    from transpiler.runtime.role import TRAINER, Role
 
     main, _ = train_ctr.build_ctr("distributed", 5000)
     shares = [Role(TRAINER, t, 2, ("a:1", "b:2")) for t in range(2)]

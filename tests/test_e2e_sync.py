@@ -1,7 +1,7 @@
 """Sync training on several processes equals local training.
 
 2 trainers each on their own half of every batch (`Role.shard`), M pservers, 20 steps,
-all processes on loopback under `transpiler.launch`; then the untranspiled program
+all processes on loopback under `transpiler.runtime.launch`; then the untranspiled program
 trains locally on the whole batches from the params the trainers received (what the
 pservers initialised), and every parameter must match.
 
@@ -27,7 +27,7 @@ import sys
 
 import numpy as np
 import pytest
-from test_e2e_support import EXAMPLES, differences, launch_training, save, train_locally, trained_params
+from e2e_support import EXAMPLES, differences, launch_training, save, train_locally, trained_params
 
 from conftest import PADDLE_PROGRAMS
 from transpiler.ir import Program

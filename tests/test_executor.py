@@ -411,7 +411,7 @@ def test_averaged_half_batch_grads_give_the_full_batch_step(case):
     """What sync-mode parameter serving relies on: two trainers' grads on half batches,
     summed and scaled by 1/2 (dense or SelectedRows, as the pserver does), then the
     optimizer, equal one local step on the whole batch (the loss is a mean)."""
-    from ops.kernels.testing import run_op
+    from ops.testing import run_op
 
     startup, main, _ = load_case(case)
     compute, optimize, grads = split_roles(main)

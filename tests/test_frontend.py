@@ -28,7 +28,7 @@ from transpiler.frontend import (
     regularizer,
     unique_name,
 )
-from transpiler.frontend import test_networks as nets
+from transpiler.frontend import fluid18_networks as nets
 from transpiler.frontend.clip import GradientClipByValue
 from transpiler.ir import AttrType, DType, OpRole, VarKind
 from transpiler.ir import Program as IRProgram
@@ -466,7 +466,7 @@ def test_built_programs_verify_save_load_and_parse_in_paddle(name, tmp_path):
 
 _DIGEST_SCRIPT = """
 import hashlib, importlib.util, sys
-from transpiler.frontend import test_networks as nets
+from transpiler.frontend import fluid18_networks as nets
 h = hashlib.sha256()
 for name in sorted(nets.NETWORKS):
     for program in nets.NETWORKS[name]():

@@ -1,5 +1,5 @@
 """Built with the builder, the networks of the `fluid18_*` fixtures give the programs Fluid
-1.8.5 wrote, and Paddle's own test networks give the op lists the facts file records.
+1.8.5 wrote, and Paddle's own test networks give the op lists 1.8.5's transpiler gave them.
 
 Compared: blocks and parents; per op its type, slots (names and args, in order) and
 every attr with its wire type (FLOAT values as float32), except `op_callstack` and
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import PADDLE_PROGRAMS
-from transpiler.frontend import test_networks as nets
+from transpiler.frontend import fluid18_networks as nets
 from transpiler.ir import AttrType, OpRole, Program
 
 NOISE = {"op_callstack", "op_namescope"}
@@ -60,7 +60,7 @@ def test_builder_rebuilds_the_fluid18_fixture(case):
         assert built.version == fixture.version == 1008005
 
 
-# ---------------------------------------------------------------- facts file op lists
+# ------------------------------------------------------- Fluid 1.8.5's transpiled op lists
 
 # Ops Paddle's transpiler adds to the trainer program (and the param `concat` after the fetch).
 DIST_OPS = {"send", "recv", "send_barrier", "fetch_barrier", "split_byref", "split_selected_rows", "split_ids",
@@ -95,7 +95,7 @@ TABLE_TRAINER_A = ['lookup_table', 'sequence_pool', 'lookup_table', 'sequence_po
                    'lookup_table_grad', 'sequence_pool_grad', 'lookup_table_grad', 'sum', 'split_selected_rows', 'send',
                    'send_barrier', 'recv', 'recv', 'fetch_barrier']
 
-# network -> (trainer ops 1.8.5 built (§3 / Appendix A), lr-decay block, optimize ops per param,
+# network -> (trainer ops 1.8.5 built (test_dist_transpiler.py's cases on the 1.8.5 wheel), lr-decay block, optimize ops per param,
 #             trainer sub-blocks)
 FACTS = {
     "basic_model": (BASIC_TRAINER, [], {"fc_b": ["sgd"], "fc_w": ["sgd"]}, []),
@@ -124,15 +124,15 @@ FACTS = {
         {"fc_w": ["sgd"]},
         [],
     ),
-    # §3.8, as the test expects its pserver blocks: clip on both params (older Fluid's behaviour).
+    # TestL2Decay, as the test expects its pserver blocks: clip on both params (older Fluid's behaviour).
     "l2_decay_model_clip_all": (BASIC_TRAINER, [], {"fc_b": ["clip", "sgd"], "fc_w": ["clip", "scale", "sum", "sgd"]}, []),
-    # §3.8 version C semantics (clip only fc_w), trainer from the 1.8.5 research variant (Appendix A).
+    # TestL2Decay as release/1.8's test file (PR #23224) means it (clip only fc_w), trainer as 1.8.5 builds it.
     "l2_decay_model": (BASIC_TRAINER, [], {"fc_b": ["sgd"], "fc_w": ["clip", "scale", "sum", "sgd"]}, []),
-    # §3.12 version A trainer list (it keeps the lookup_table ops), Adam on every param.
+    # TestLocalLookupTable's trainer list in release/1.4-1.6's test file (it keeps the lookup_table ops), Adam on every param.
     "network_with_table_local": (
         TABLE_TRAINER_A, [], {p: ["adam"] for p in ("fc_b", "fc_w", "profile_emb", "shared_w")}, []
     ),
-    # §3.13: the distributed table is updated by sgd (pserver block 3 `['sum', 'sgd']`), the rest by adam.
+    # TestDistLookupTable: the distributed table is updated by sgd (pserver block 3 `['sum', 'sgd']`), the rest by adam.
     "network_with_table_dist": (
         TABLE_TRAINER_A, [], {"fc_b": ["adam"], "fc_w": ["adam"], "profile_emb": ["adam"], "shared_w": ["sgd"]}, []
     ),
@@ -163,7 +163,7 @@ def test_test_network_matches_the_facts(name):
 
 
 def test_network_with_table_shapes_and_names():
-    """§3.11: three slots (the third reuses `brand_ids`), tables [1000, 64], fc_w [192, 2] (Appendix A)."""
+    """`network_with_table`: three slots (the third reuses `brand_ids`), tables [1000, 64], fc_w [192, 2] (as 1.8.5 built it)."""
     main, startup = nets.network_with_table(is_sparse=True, is_distributed=True)
     block = main.global_block()
     assert [n for n, v in block.vars.items() if v.lod_level == 1 and v.dtype.name == "INT64"] == ["title_ids", "brand_ids"]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ops.executor import ExecutionError
-from ops.kernels.testing import run_op
+from ops.testing import run_op
 from ops.tensor import LoDTensor, SelectedRows
 from transpiler.ir import Attr, AttrType
 

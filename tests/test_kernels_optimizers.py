@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from ops.executor import ExecutionError, Executor
-from ops.kernels.testing import run_op
+from ops.testing import run_op
 from ops.scope import Scope
 from ops.tensor import SelectedRows
-from transpiler.frontend import test_networks as nets
+from transpiler.frontend import fluid18_networks as nets
 from transpiler.frontend.errors import BuildError
 
 RNG = np.random.default_rng(5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ops.executor import Executor
-from ops.kernels.testing import run_op
+from ops.testing import run_op
 from transpiler.ir import DType
 
 FP32, FP64 = int(DType.FP32), int(DType.FP64)

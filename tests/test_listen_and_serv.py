@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from test_rpc_support import running_pserver
+from rpc_support import running_pserver
 
 from ops.rpc import PserverError, RpcError
 from ops.scope import Scope

@@ -18,10 +18,10 @@ from ops.scope import Scope
 from ops.tensor import LoDTensor
 from transpiler.config import DistributeTranspilerConfig
 from transpiler.frontend import ParamAttr, layers, optimizer
-from transpiler.frontend.test_networks import build
-from transpiler.launch import free_endpoints
-from transpiler.role import PSERVER, TRAINER, Role
-from transpiler.training import Session
+from transpiler.frontend.fluid18_networks import build
+from transpiler.runtime.launch import free_endpoints
+from transpiler.runtime.role import PSERVER, TRAINER, Role
+from transpiler.runtime.session import Session
 
 STEPS, BATCH = 8, 8
 

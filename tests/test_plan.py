@@ -69,7 +69,7 @@ def test_load_report_and_imbalance():
                 min_block_size=1)
     param = ParamPlan("w", "w@GRAD", (4, 2), DType.FP32, "sgd", make_blocks("w", (4, 2), [6, 2]), ["a:1", "b:2"])
     plan.params.append(param)
-    load = plan.load()
+    load = plan.load_by_endpoint()
     assert [(r["endpoint"], r["blocks"], r["elements"], r["bytes"]) for r in load] == [("a:1", 1, 6, 24), ("b:2", 1, 2, 8)]
     assert load[0]["share"] == pytest.approx(0.75)
     assert plan.imbalance() == pytest.approx(1.5)

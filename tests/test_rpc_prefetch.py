@@ -12,11 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from test_rpc_support import running_pserver
-from test_sparse_table_support import ROWS, serving_ctr
+from rpc_support import running_pserver
+from sparse_table_support import ROWS, serving_ctr
 
 from ops.executor import ExecutionError, Executor
-from ops.kernels.testing import run_op
+from ops.testing import run_op
 from ops.rpc import RpcError
 from ops.rpc.listen_and_serv import trainer_sent_vars
 from ops.scope import Scope

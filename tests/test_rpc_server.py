@@ -8,7 +8,7 @@ import socket
 import grpc
 import numpy as np
 import pytest
-from test_rpc_support import running_pserver
+from rpc_support import running_pserver
 
 from ops.rpc import RpcClient, RpcError
 from ops.rpc.errors import BindError

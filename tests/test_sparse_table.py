@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_sparse_table_support import ROWS, serving_ctr
+from sparse_table_support import ROWS, serving_ctr
 
 from ops.executor import ExecutionError, Executor
-from ops.kernels.testing import run_op
+from ops.testing import run_op
 from ops.rpc import RpcError
 from ops.rpc.kernels import shard_path
 from ops.rpc.table_io import (

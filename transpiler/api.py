@@ -6,7 +6,7 @@
     result.plan                                       # where every block lives
 
 The user's programs are never changed, and every getter returns a fresh copy.
-Differences from Paddle 1.8's `DistributeTranspiler`, each fixing a bug of its (facts §10):
+Differences from Paddle 1.8's `DistributeTranspiler`, each fixing a bug of its (reproduced on 1.8.5):
 `HashName` works and is stable across processes; sync mode with one trainer works (the
 pserver expects the grad names the trainer sends); `transpile(sync_mode=...)` sets the
 mode of trainer and pservers alike; `grad_to_block_id` and control-var names are
@@ -30,6 +30,7 @@ from transpiler.config import DistributeTranspilerConfig, TranspileOptions, make
 from transpiler.dispatch import PSDispatcher
 from transpiler.errors import TranspileError
 from transpiler.ir import Program
+from transpiler.output import write_programs
 from transpiler.passes import run_pipeline
 from transpiler.passes.bundle import Bundle
 from transpiler.plan import Plan
@@ -45,9 +46,7 @@ class TranspileResult:
 
     def save(self, out_dir: str | os.PathLike) -> list[Path]:
         """Write every program and plan.json into `out_dir` (see `transpiler.output`)."""
-        from transpiler.output import write_result
-
-        return write_result(self, Path(out_dir))
+        return write_programs(out_dir, self.trainer, self.trainer_startup, self.pservers, self.plan)
 
 
 def transpile(
@@ -188,11 +187,10 @@ def _gc_paused():
             gc.enable()
 
 
-def _default_programs(program, startup):
-    try:
-        from transpiler.frontend import default_main_program, default_startup_program
-    except ImportError:  # pragma: no cover - the builder ships with the package
-        raise TranspileError("pass program= and startup_program= (no default programs are available)") from None
+def _default_programs(program: Program | None, startup: Program | None) -> tuple[Program, Program]:
+    # Imported here: transpiling needs no builder, and `pstranspile transpile` starts faster without it.
+    from transpiler.frontend import default_main_program, default_startup_program
+
     return program or default_main_program(), startup or default_startup_program()
 
 

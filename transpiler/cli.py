@@ -34,7 +34,8 @@ from typing import Any
 
 from transpiler import __version__
 from transpiler.errors import PsTranspilerError, VerifyError
-from transpiler.ir.program import Program, write_bytes_atomic
+from transpiler.fileio import write_bytes_atomic
+from transpiler.ir.program import Program
 
 PROG = "pstranspile"
 EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
@@ -366,7 +367,7 @@ def serve_command(args: argparse.Namespace) -> int:
 )
 def launch_command(args: argparse.Namespace) -> int:
     from transpiler.config import split_endpoint_list
-    from transpiler.launch import LaunchConfig, launch
+    from transpiler.runtime.launch import LaunchConfig, launch
 
     command = list(args.command)
     if command[:1] == ["--"]:

@@ -3,7 +3,7 @@ validated `TranspileOptions` the passes read.
 
 Paddle derives the trainer program from `transpile(sync_mode=...)` but the pserver's mode
 from `config.sync_mode`, so `transpile(sync_mode=False)` with a default config gives a
-sync pserver and an async trainer that hang each other (facts §10.3). Here one effective
+sync pserver and an async trainer that hang each other (Paddle 1.7/1.8's distribute_transpiler.py). Here one effective
 mode drives both: the `sync_mode` argument when given, else `config.sync_mode`.
 """
 

@@ -58,7 +58,7 @@ class RoundRobin(PSDispatcher):
 class HashName(PSDispatcher):
     """A block goes to `crc32(block name) % #pservers`.
 
-    Paddle's `HashName` calls `var.name()` on a str (a TypeError, facts §10.1) and, were
+    Paddle's `HashName` (ps_dispatcher.py) calls `var.name()` on a str, a TypeError, and, were
     that fixed, would use Python's `hash()`, which differs per process under hash
     randomisation, so trainers would disagree on placement. CRC-32 of the UTF-8 name is
     stable everywhere.

@@ -1,20 +1,20 @@
-"""Writing a transpile result to a directory, all or nothing.
+"""The files of a transpile result, written all or nothing.
 
 Layout: `trainer.pb`, `trainer_startup.pb`, `pserver_<host>_<port>.pb`,
 `pserver_<host>_<port>_startup.pb` per pserver, and `plan.json`. Files are written to a
-temp dir beside the target and moved in only when all of them are written.
+temp dir beside the target and moved in only when all of them are written
+(`transpiler.fileio.write_files`).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from transpiler.api import TranspileResult
+from transpiler.fileio import write_files
+from transpiler.ir import Program
+from transpiler.plan import Plan
 
 
 def pserver_file_stem(endpoint: str) -> str:
@@ -24,45 +24,21 @@ def pserver_file_stem(endpoint: str) -> str:
     return f"pserver_{host}_{port}"
 
 
-def result_files(result: TranspileResult) -> dict[str, bytes]:
+def write_programs(
+    out_dir: str | os.PathLike,
+    trainer: Program,
+    trainer_startup: Program,
+    pservers: Mapping[str, tuple[Program, Program]],
+    plan: Plan,
+) -> list[Path]:
+    """Write every program and `plan.json` into `out_dir`; the paths written."""
     files = {
-        "trainer.pb": result.trainer.to_bytes(),
-        "trainer_startup.pb": result.trainer_startup.to_bytes(),
+        "trainer.pb": trainer.to_bytes(),
+        "trainer_startup.pb": trainer_startup.to_bytes(),
     }
-    for endpoint, (main, startup) in result.pservers.items():
+    for endpoint, (main, startup) in pservers.items():
         stem = pserver_file_stem(endpoint)
         files[f"{stem}.pb"] = main.to_bytes()
         files[f"{stem}_startup.pb"] = startup.to_bytes()
-    files["plan.json"] = result.plan.to_json_text().encode()
-    return files
-
-
-def write_files(files: dict[str, bytes], out_dir: Path, *, replace_dir: bool = False) -> list[Path]:
-    """Write `files` into `out_dir` so that a reader never sees a partial set.
-    `replace_dir=True` swaps in a folder holding only `files`: whatever else an earlier
-    run left in `out_dir` goes (a `--dump-dir` pass folder must not mix two runs)."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
-    try:
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(staging, 0o777 & ~mask)  # mkdtemp's 0700 would stick to a new out_dir
-        for name, data in files.items():
-            (staging / name).write_bytes(data)  # plain writes: ordinary file modes
-        if replace_dir and out_dir.exists():
-            shutil.rmtree(out_dir)
-        if not out_dir.exists():
-            os.replace(staging, out_dir)
-        else:
-            for name in files:
-                os.replace(staging / name, out_dir / name)
-            shutil.rmtree(staging)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return [out_dir / name for name in files]
-
-
-def write_result(result: TranspileResult, out_dir: Path) -> list[Path]:
-    return write_files(result_files(result), out_dir)
+    files["plan.json"] = plan.to_json_text().encode()
+    return write_files(files, out_dir)

@@ -156,7 +156,7 @@ class Plan:
         return [(p, b) for p in self.params for b in p.blocks_on(endpoint)]
 
     # -- reports
-    def load(self) -> list[dict[str, Any]]:
+    def load_by_endpoint(self) -> list[dict[str, Any]]:
         """Per endpoint: blocks, elements, bytes and share of the total."""
         rows = {ep: {"endpoint": ep, "blocks": 0, "elements": 0, "bytes": 0} for ep in self.endpoints}
         for param in self.params:
@@ -178,7 +178,7 @@ class Plan:
 
     def imbalance(self) -> float:
         """max / mean elements per endpoint (1.0 is perfect balance)."""
-        elements = [row["elements"] for row in self.load()]
+        elements = [row["elements"] for row in self.load_by_endpoint()]
         mean = sum(elements) / len(elements)
         return max(elements) / mean if mean else 1.0
 
@@ -191,7 +191,7 @@ class Plan:
             "split_method": self.split_method,
             "min_block_size": self.min_block_size,
             "imbalance": round(self.imbalance(), 6),
-            "load": self.load(),
+            "load": self.load_by_endpoint(),
             "params": [
                 {
                     "param": p.param,
@@ -262,7 +262,7 @@ def format_plan(plan: Plan) -> str:
         "",
         f"{'pserver':<24} {'blocks':>6} {'elements':>12} {'bytes':>14} {'share':>7}",
     ]
-    for row in plan.load():
+    for row in plan.load_by_endpoint():
         lines.append(
             f"{row['endpoint']:<24} {row['blocks']:>6} {row['elements']:>12,} {row['bytes']:>14,} {row['share']:>7.1%}"
         )

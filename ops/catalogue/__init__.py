@@ -7,7 +7,7 @@
 
 Entries are tables in one module per family (math_ops, tensor_ops, loss_ops,
 sequence_ops, control_flow_ops, optimizer_ops, distributed_ops); grad op entries are
-derived from the forward entries' grad specs (registry.py). `optimizers.OPTIMIZER_SLOTS`
+derived from the forward entries' grad specs (registry.py). `optimizer_ops.OPTIMIZER_SLOTS`
 is the transpiler's view of the optimizer ops. An op the catalogue does not know still
 loads, dumps, verifies and passes through the transpiler untouched; only building or
 differentiating it raises.
@@ -26,7 +26,7 @@ from ops.catalogue.opdef import (
     SlotDef,
     TensorInfo,
 )
-from ops.catalogue.optimizers import OPTIMIZER_SLOTS, OptimizerSlots, UnknownOpError, is_optimizer, optimizer_slots
+from ops.catalogue.optimizer_ops import OPTIMIZER_SLOTS, OptimizerSlots, is_optimizer, optimizer_slots
 from ops.catalogue.registry import CATALOGUE
 
 __all__ = [
@@ -44,7 +44,6 @@ __all__ = [
     "ShapeError",
     "SlotDef",
     "TensorInfo",
-    "UnknownOpError",
     "fill_attrs",
     "get",
     "is_optimizer",

@@ -1,4 +1,5 @@
-"""The ops the transpiler emits (facts §6.7: Fluid 1.8.5's registered signatures).
+"""The ops the transpiler emits, with Fluid 1.8.5's registered signatures (the OpProtos
+of the paddlepaddle 1.8.5 wheel; defaults as an op built without attrs gets them).
 
 Attr types are exactly Paddle's: `sections` is LONGS on `send` but INTS on
 `split_byref`; `height_sections` LONGS; endpoint lists STRINGS. Default roles are what

@@ -158,6 +158,11 @@ class OpDef:
     def grad_supported(self) -> bool:
         return self.grad is not None and self.grad is not GRAD_UNSUPPORTED
 
+    @property
+    def grad_types(self) -> tuple[str, ...]:
+        """The op types its grad maker emits (none when the builder cannot differentiate it)."""
+        return tuple(self.grad.grad_types) if self.grad_supported else ()  # type: ignore[union-attr]
+
     def attr_defaults(self) -> dict[str, Any]:
         return {name: spec.default for name, spec in self.attrs.items() if not spec.required}
 

@@ -16,7 +16,7 @@ def _numel(value: object) -> int:
     return 0
 
 
-@register("conditional_block", defaults={"is_scalar_condition": False})
+@register("conditional_block")
 def conditional_block(ctx: OpContext) -> None:
     """Run `sub_block` when `Cond` holds: its single element is true
     (`is_scalar_condition`), or else every Cond tensor is non-empty (Paddle's rule).

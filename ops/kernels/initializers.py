@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ops import catalogue
 from ops.kernels.context import OpContext
 from ops.kernels.registry import register
 from ops.kernels.tensor_ops import np_dtype, shape_from, store_created
-from transpiler.ir.types import DType
 
 Sampler = Callable[[tuple[int, ...]], np.ndarray]
 
@@ -36,19 +36,7 @@ def _create(ctx: OpContext, sample: Sampler) -> tuple[np.ndarray, Callable[[int]
     return array, grow
 
 
-UNIFORM_DEFAULTS = {
-    "shape": (),
-    "min": -1.0,
-    "max": 1.0,
-    "seed": 0,
-    "dtype": int(DType.FP32),
-    "diag_num": 0,
-    "diag_step": 0,
-    "diag_val": 1.0,
-}
-
-
-@register("uniform_random", defaults=UNIFORM_DEFAULTS)
+@register("uniform_random")
 def uniform_random(ctx: OpContext) -> None:
     low, high = float(ctx.attr("min")), float(ctx.attr("max"))
     rng = ctx.rng()
@@ -65,10 +53,9 @@ def uniform_random(ctx: OpContext) -> None:
     store_created(ctx, array, grow)
 
 
-GAUSSIAN_DEFAULTS = {"shape": (), "mean": 0.0, "std": 1.0, "seed": 0, "dtype": int(DType.FP32)}
 
 
-@register("gaussian_random", defaults=GAUSSIAN_DEFAULTS)
+@register("gaussian_random")
 def gaussian_random(ctx: OpContext) -> None:
     mean, std = float(ctx.attr("mean")), float(ctx.attr("std"))
     rng = ctx.rng()
@@ -83,7 +70,7 @@ def gaussian_random(ctx: OpContext) -> None:
 TRUNCATION = 2.0  # Paddle truncates at two standard deviations
 
 
-@register("truncated_gaussian_random", defaults=GAUSSIAN_DEFAULTS)
+@register("truncated_gaussian_random", defaults=catalogue.require("gaussian_random").attr_defaults())
 def truncated_gaussian_random(ctx: OpContext) -> None:
     """Normal(mean, std) restricted to mean ± 2 std (out-of-range draws are redrawn)."""
     mean, std = float(ctx.attr("mean")), float(ctx.attr("std"))

@@ -32,10 +32,7 @@ def _hard_labels(ctx: OpContext, label: np.ndarray, rows: int, classes: int) -> 
     return np.where(valid, flat, 0), valid
 
 
-CE_DEFAULTS = {"soft_label": False, "ignore_index": -100}
-
-
-@register("cross_entropy", defaults=CE_DEFAULTS, grad="cross_entropy_grad")
+@register("cross_entropy")
 def cross_entropy(ctx: OpContext) -> None:
     """`Y = -log(X[label])` (hard) or `-sum(label * log(X))` (soft), X probabilities."""
     x, label = ctx.input("X"), ctx.input("Label")
@@ -48,7 +45,7 @@ def cross_entropy(ctx: OpContext) -> None:
     ctx.set_output("Y", y.astype(x.dtype).reshape(*x.shape[:-1], 1), lod=ctx.lod("X"))
 
 
-@register("cross_entropy_grad", defaults=CE_DEFAULTS)
+@register("cross_entropy_grad")
 def cross_entropy_grad(ctx: OpContext) -> None:
     x, label, dy = ctx.input("X"), ctx.input("Label"), ctx.input("Y@GRAD")
     x2 = x.reshape(-1, x.shape[-1])
@@ -63,7 +60,7 @@ def cross_entropy_grad(ctx: OpContext) -> None:
     ctx.set_output("X@GRAD", dx.astype(dy.dtype, copy=False).reshape(x.shape), lod=ctx.lod("X"))
 
 
-@register("cross_entropy2", defaults={"ignore_index": -100}, grad="cross_entropy_grad2")
+@register("cross_entropy2")
 def cross_entropy2(ctx: OpContext) -> None:
     """Hard-label cross entropy keeping `MatchX = X[label]` for the grad, and `XShape`
     (an empty tensor of dims X.shape + [0]) to recover X's shape."""
@@ -78,7 +75,7 @@ def cross_entropy2(ctx: OpContext) -> None:
     ctx.set_output("XShape", np.zeros((*x.shape, 0), dtype=x.dtype))
 
 
-@register("cross_entropy_grad2", defaults={"ignore_index": -100})
+@register("cross_entropy_grad2")
 def cross_entropy_grad2(ctx: OpContext) -> None:
     label, match, dy = ctx.input("Label"), ctx.input("MatchX"), ctx.input("Y@GRAD")
     x_shape = ctx.input("XShape").shape[:-1]
@@ -90,13 +87,7 @@ def cross_entropy_grad2(ctx: OpContext) -> None:
     ctx.set_output("X@GRAD", dx.reshape(x_shape))
 
 
-SWCE_DEFAULTS = {
-    "soft_label": False,
-    "ignore_index": -100,
-    "numeric_stable_mode": True,
-    "axis": -1,
-    "use_softmax": True,
-}
+SWCE_EXTRA_DEFAULTS = {"use_softmax": True}  # Paddle 2.x's; the catalogue holds Fluid 1.8's attrs
 
 
 def _axis(ctx: OpContext, ndim: int) -> int:
@@ -104,7 +95,7 @@ def _axis(ctx: OpContext, ndim: int) -> int:
     return axis + ndim if axis < 0 else axis
 
 
-@register("softmax_with_cross_entropy", defaults=SWCE_DEFAULTS, grad="softmax_with_cross_entropy_grad")
+@register("softmax_with_cross_entropy", defaults=SWCE_EXTRA_DEFAULTS)
 def softmax_with_cross_entropy(ctx: OpContext) -> None:
     """`Softmax = softmax(Logits)` along `axis`, `Loss = -log(Softmax[label])` (hard) or
     `-sum(label * log(Softmax))` (soft). With `use_softmax=False` (Paddle 2.x) the
@@ -126,7 +117,7 @@ def softmax_with_cross_entropy(ctx: OpContext) -> None:
     ctx.set_output("Loss", np.moveaxis(loss.astype(logits.dtype).reshape(loss_shape), -1, axis), lod=ctx.lod("Logits"))
 
 
-@register("softmax_with_cross_entropy_grad", defaults=SWCE_DEFAULTS)
+@register("softmax_with_cross_entropy_grad", defaults=SWCE_EXTRA_DEFAULTS)
 def softmax_with_cross_entropy_grad(ctx: OpContext) -> None:
     sm, label, dloss = ctx.input("Softmax"), ctx.input("Label"), ctx.input("Loss@GRAD")
     axis = _axis(ctx, sm.ndim)

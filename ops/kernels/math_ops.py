@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ops import catalogue
 from ops.kernels.broadcast import operands, reduce_to
 from ops.kernels.context import KernelError, OpContext
 from ops.kernels.registry import register
@@ -52,7 +53,6 @@ DIFFERENTIABLE_ELEMENTWISE = (
     "elementwise_min",
     "elementwise_pow",
 )
-ELEMENTWISE_DEFAULTS = {"axis": -1}
 
 
 def _elementwise(ctx: OpContext) -> None:
@@ -62,12 +62,10 @@ def _elementwise(ctx: OpContext) -> None:
     ctx.set_output("Out", np.asarray(out), lod=ctx.lod("X") if x.ndim >= y.ndim else ctx.lod("Y"))
 
 
-for _name in ELEMENTWISE_FORWARD:
-    register(
-        _name,
-        defaults=ELEMENTWISE_DEFAULTS,
-        grad=f"{_name}_grad" if _name in DIFFERENTIABLE_ELEMENTWISE else None,
-    )(_elementwise)
+for _name in DIFFERENTIABLE_ELEMENTWISE:
+    register(_name)(_elementwise)
+for _name in ("elementwise_mod", "elementwise_floordiv"):  # not in the catalogue: the attrs of the others
+    register(_name, defaults=catalogue.require("elementwise_add").attr_defaults())(_elementwise)
 
 
 def _elementwise_grad(ctx: OpContext) -> None:
@@ -112,7 +110,7 @@ def _elementwise_grad(ctx: OpContext) -> None:
 
 
 for _name in DIFFERENTIABLE_ELEMENTWISE:
-    register(f"{_name}_grad", defaults=ELEMENTWISE_DEFAULTS)(_elementwise_grad)
+    register(f"{_name}_grad")(_elementwise_grad)
 
 
 # ------------------------------------------------------------------ activations
@@ -158,11 +156,12 @@ def _activation_grad(ctx: OpContext) -> None:
 
 
 for _name in ACTIVATIONS:
-    register(_name, grad=f"{_name}_grad")(_activation)
+    # The catalogue names the grad op of the ones it holds; sqrt, log and abs are not in it.
+    register(_name, grad=None if catalogue.get(_name) else f"{_name}_grad")(_activation)
     register(f"{_name}_grad")(_activation_grad)
 
 
-@register("floor", grad="floor_grad")
+@register("floor")
 def floor(ctx: OpContext) -> None:
     x = ctx.input("X")
     ctx.set_output("Out", np.floor(x), lod=ctx.lod("X"))
@@ -182,10 +181,9 @@ def _flatten(a: np.ndarray, num_col_dims: int) -> np.ndarray:
     return a.reshape(math.prod(a.shape[:num_col_dims]), math.prod(a.shape[num_col_dims:]))
 
 
-MUL_DEFAULTS = {"x_num_col_dims": 1, "y_num_col_dims": 1}
 
 
-@register("mul", defaults=MUL_DEFAULTS, grad="mul_grad")
+@register("mul")
 def mul(ctx: OpContext) -> None:
     """`Out = flatten(X, x_num_col_dims) @ flatten(Y, y_num_col_dims)`."""
     x, y = ctx.input("X"), ctx.input("Y")
@@ -194,7 +192,7 @@ def mul(ctx: OpContext) -> None:
     ctx.set_output("Out", out.reshape(x.shape[:xn] + y.shape[yn:]), lod=ctx.lod("X"))
 
 
-@register("mul_grad", defaults=MUL_DEFAULTS)
+@register("mul_grad")
 def mul_grad(ctx: OpContext) -> None:
     x, y, dout = ctx.input("X"), ctx.input("Y"), ctx.input("Out@GRAD")
     xn, yn = int(ctx.attr("x_num_col_dims")), int(ctx.attr("y_num_col_dims"))
@@ -215,7 +213,7 @@ def _scalar_shape(ctx: OpContext, slot: str) -> tuple[int, ...]:
     return () if ctx.declared_shape(slot) == () else (1,)
 
 
-@register("mean", grad="mean_grad")
+@register("mean")
 def mean(ctx: OpContext) -> None:
     x = ctx.input("X")
     ctx.set_output("Out", np.asarray(x.mean(dtype=x.dtype), dtype=x.dtype).reshape(_scalar_shape(ctx, "Out")))
@@ -226,9 +224,6 @@ def mean_grad(ctx: OpContext) -> None:
     x, dout = ctx.input("X"), ctx.input("Out@GRAD")
     value = dout.reshape(-1)[0] / x.size
     ctx.set_output("X@GRAD", np.full(x.shape, value, dtype=dout.dtype), lod=ctx.lod("X"))
-
-
-REDUCE_DEFAULTS = {"dim": (0,), "keep_dim": False, "reduce_all": False, "in_dtype": -1, "out_dtype": -1}
 
 
 def _reduce_axes(ctx: OpContext, ndim: int) -> tuple[int, ...]:
@@ -258,10 +253,10 @@ def _reduce(ctx: OpContext) -> None:
     ctx.set_output("Out", out)
 
 
-for _name in REDUCERS:
-    register(_name, defaults=REDUCE_DEFAULTS, grad=f"{_name}_grad" if _name in ("reduce_sum", "reduce_mean") else None)(
-        _reduce
-    )
+register("reduce_sum")(_reduce)
+register("reduce_mean")(_reduce)
+for _name in ("reduce_max", "reduce_min"):  # not in the catalogue: the attrs of the others
+    register(_name, defaults=catalogue.require("reduce_sum").attr_defaults())(_reduce)
 
 
 def _reduce_grad(ctx: OpContext) -> None:
@@ -275,14 +270,14 @@ def _reduce_grad(ctx: OpContext) -> None:
     ctx.set_output("X@GRAD", np.ascontiguousarray(grad, dtype=dout.dtype), lod=ctx.lod("X"))
 
 
-register("reduce_sum_grad", defaults=REDUCE_DEFAULTS)(_reduce_grad)
-register("reduce_mean_grad", defaults=REDUCE_DEFAULTS)(_reduce_grad)
+register("reduce_sum_grad")(_reduce_grad)
+register("reduce_mean_grad")(_reduce_grad)
 
 
 # ------------------------------------------------------------------- scale, sum
 
 
-@register("scale", defaults={"scale": 1.0, "bias": 0.0, "bias_after_scale": True}, grad="scale")
+@register("scale")
 def scale(ctx: OpContext) -> None:
     """`Out = scale * X + bias` (or `scale * (X + bias)`); a SelectedRows input keeps its
     rows. Paddle's grad of `scale` is `scale` with the same factor and no bias."""
@@ -307,7 +302,7 @@ def _affine(x: np.ndarray, factor: float, bias: float, after: bool) -> np.ndarra
     return np.asarray(out, dtype=x.dtype)
 
 
-@register("sum", grad="scale")
+@register("sum")
 def sum_(ctx: OpContext) -> None:
     """Sum of dense tensors and/or SelectedRows. All-SelectedRows inputs give a
     SelectedRows with duplicate rows merged (rows sorted, Paddle's MergeAdd); otherwise a
@@ -335,9 +330,6 @@ def sum_(ctx: OpContext) -> None:
 
 # ------------------------------------------------------------------------- clip
 
-CLIP_DEFAULTS = {"min": -math.inf, "max": math.inf}
-
-
 def _clip_bounds(ctx: OpContext) -> tuple[float, float]:
     low = float(ctx.scalar("Min")) if ctx.has_input("Min") else float(ctx.attr("min"))
     high = float(ctx.scalar("Max")) if ctx.has_input("Max") else float(ctx.attr("max"))
@@ -346,14 +338,14 @@ def _clip_bounds(ctx: OpContext) -> tuple[float, float]:
     return low, high
 
 
-@register("clip", defaults=CLIP_DEFAULTS, grad="clip_grad")
+@register("clip")
 def clip(ctx: OpContext) -> None:
     x = ctx.input("X")
     low, high = _clip_bounds(ctx)
     ctx.set_output("Out", np.clip(x, low, high).astype(x.dtype, copy=False), lod=ctx.lod("X"))
 
 
-@register("clip_grad", defaults=CLIP_DEFAULTS)
+@register("clip_grad")
 def clip_grad(ctx: OpContext) -> None:
     x, dout = ctx.input("X"), ctx.input("Out@GRAD")
     low, high = _clip_bounds(ctx)

@@ -19,13 +19,13 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e / e.sum(axis=axis, keepdims=True)
 
 
-@register("softmax", defaults={"axis": -1}, grad="softmax_grad")
+@register("softmax")
 def softmax_kernel(ctx: OpContext) -> None:
     x = ctx.input("X")
     ctx.set_output("Out", softmax(x, int(ctx.attr("axis"))).astype(x.dtype, copy=False), lod=ctx.lod("X"))
 
 
-@register("softmax_grad", defaults={"axis": -1})
+@register("softmax_grad")
 def softmax_grad(ctx: OpContext) -> None:
     out, dout = ctx.input("Out"), ctx.input("Out@GRAD")
     axis = int(ctx.attr("axis"))
@@ -34,13 +34,7 @@ def softmax_grad(ctx: OpContext) -> None:
 
 # ------------------------------------------------------------------- embeddings
 
-LOOKUP_DEFAULTS = {
-    "padding_idx": -1,
-    "is_sparse": False,
-    "is_distributed": False,
-    "remote_prefetch": False,
-    "is_test": False,
-}
+LOOKUP_EXTRA_DEFAULTS = {"is_test": False}  # Paddle 2.6's; the catalogue holds Fluid 1.8's attrs
 NO_PADDING = -1
 
 
@@ -119,14 +113,13 @@ def _lookup_grad(ctx: OpContext) -> None:
 
 
 for _name in ("lookup_table", "lookup_table_v2"):
-    register(_name, defaults=LOOKUP_DEFAULTS, grad=f"{_name}_grad")(_lookup)
-    register(f"{_name}_grad", defaults=LOOKUP_DEFAULTS)(_lookup_grad)
+    register(_name, defaults=LOOKUP_EXTRA_DEFAULTS)(_lookup)
+    register(f"{_name}_grad", defaults=LOOKUP_EXTRA_DEFAULTS)(_lookup_grad)
 
 
 # ---------------------------------------------------------------- sequence_pool
 
 POOL_TYPES = ("SUM", "AVERAGE", "SQRT", "MAX", "FIRST", "LAST")
-POOL_DEFAULTS = {"pooltype": "AVERAGE", "is_test": False, "pad_value": 0.0}
 
 
 def _pool_layout(ctx: OpContext) -> tuple[np.ndarray, tuple, np.ndarray, np.ndarray, np.ndarray]:
@@ -144,7 +137,7 @@ def _pool_layout(ctx: OpContext) -> tuple[np.ndarray, tuple, np.ndarray, np.ndar
     return x.reshape(x.shape[0], -1), lod, offsets[:-1], lengths, lengths > 0
 
 
-@register("sequence_pool", defaults=POOL_DEFAULTS, grad="sequence_pool_grad")
+@register("sequence_pool")
 def sequence_pool(ctx: OpContext) -> None:
     """Pool each sequence of X's last LoD level to one row; empty sequences get
     `pad_value` (MaxIndex -1)."""
@@ -185,7 +178,7 @@ def _argmax_rows(x2: np.ndarray, starts: np.ndarray, lengths: np.ndarray, maxima
     return np.minimum.reduceat(candidates, starts, axis=0).astype(np.int32)
 
 
-@register("sequence_pool_grad", defaults=POOL_DEFAULTS)
+@register("sequence_pool_grad")
 def sequence_pool_grad(ctx: OpContext) -> None:
     x2, _, starts, lengths, full = _pool_layout(ctx)
     x = ctx.input("X")

@@ -62,10 +62,14 @@ def _check_rows(ctx: OpContext, grad: SelectedRows, param: np.ndarray) -> None:
         raise KernelError(f"{ctx.type}: grad row {row} is outside the parameter's {param.shape[0]} rows")
 
 
+# Attr defaults come from the op catalogue (Fluid 1.8's attrs); a kernel names only the
+# attrs Paddle 2.x added, which every optimizer shares one of.
+PADDLE2_DEFAULTS = {"multi_precision": False}
+
 # -------------------------------------------------------------------------- sgd
 
 
-@register("sgd", defaults={"multi_precision": False})
+@register("sgd", defaults=PADDLE2_DEFAULTS)
 def sgd(ctx: OpContext) -> None:
     """`ParamOut = Param - lr * Grad`."""
     param_value = ctx.value("Param")
@@ -98,17 +102,15 @@ def _sgd_table(ctx: OpContext, table: SelectedRows, grad: np.ndarray | SelectedR
 
 # --------------------------------------------------------------------- momentum
 
-MOMENTUM_DEFAULTS = {
-    "mu": 0.9,
-    "use_nesterov": False,
+MOMENTUM_PADDLE2_DEFAULTS = {
+    **PADDLE2_DEFAULTS,
     "regularization_method": "",
     "regularization_coeff": 0.0,
     "rescale_grad": 1.0,
-    "multi_precision": False,
 }
 
 
-@register("momentum", defaults=MOMENTUM_DEFAULTS)
+@register("momentum", defaults=MOMENTUM_PADDLE2_DEFAULTS)
 def momentum(ctx: OpContext) -> None:
     """`v = mu * v + g; p -= lr * v` (Nesterov: `p -= lr * (g + mu * v)`), with
     Paddle 2.x's optional L2 decay and grad rescaling folded into g."""
@@ -131,16 +133,10 @@ def momentum(ctx: OpContext) -> None:
 
 # ---------------------------------------------------------------- lars_momentum
 
-LARS_MOMENTUM_DEFAULTS = {
-    "lars_coeff": 0.001,
-    "lars_weight_decay": 0.0005,
-    "epsilon": 0.0,
-    "rescale_grad": 1.0,
-    "multi_precision": False,
-}
+LARS_MOMENTUM_PADDLE2_DEFAULTS = {**PADDLE2_DEFAULTS, "epsilon": 0.0, "rescale_grad": 1.0}
 
 
-@register("lars_momentum", defaults=LARS_MOMENTUM_DEFAULTS)
+@register("lars_momentum", defaults=LARS_MOMENTUM_PADDLE2_DEFAULTS)
 def lars_momentum(ctx: OpContext) -> None:
     """Momentum with a layer-wise lr (lars_momentum_op.h): `local_lr = lr * lars_coeff *
     |p| / (|g| + lars_weight_decay * |p| + epsilon)` when both L2 norms are non-zero, else
@@ -182,22 +178,14 @@ def _lars_momentum_one(ctx: OpContext, i: int, decay: float, *, keep_lr_without_
 
 # ------------------------------------------------------------------------- adam
 
-ADAM_DEFAULTS = {
-    "beta1": 0.9,
-    "beta2": 0.999,
-    "epsilon": 1e-8,
-    "lazy_mode": False,
-    "min_row_size_to_use_multithread": 1000,
-    "use_global_beta_pow": False,
-    "multi_precision": False,
-}
+ADAM_PADDLE2_DEFAULTS = {**PADDLE2_DEFAULTS, "use_global_beta_pow": False}
 
 
 def _attr_or_tensor(ctx: OpContext, attr: str, slot: str, dt: type) -> np.generic:
     return dt(ctx.scalar(slot)) if ctx.has_input(slot) else dt(ctx.attr(attr))
 
 
-@register("adam", defaults=ADAM_DEFAULTS)
+@register("adam", defaults=ADAM_PADDLE2_DEFAULTS)
 def adam(ctx: OpContext) -> None:
     """Adam as Paddle computes it: `lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t)`,
     `p -= lr_t * m1 / (sqrt(m2) + eps * sqrt(1 - b2^t))`, and the beta powers advance
@@ -262,7 +250,7 @@ def _adam_dense(p, g, m1, m2, beta1, beta2, lr_t, eps_t) -> tuple[np.ndarray, np
 # ----------------------------------------------------------------------- adamax
 
 
-@register("adamax", defaults={"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8})
+@register("adamax")
 def adamax(ctx: OpContext) -> None:
     """adamax_op.h: `m = b1 * m + (1 - b1) * g; u = max(|g|, b2 * u + eps);
     p -= lr / (1 - beta1_pow) * (m / u)`. `Beta1Pow` is only read: Fluid's `Adamax`
@@ -283,7 +271,7 @@ def adamax(ctx: OpContext) -> None:
 # ---------------------------------------------------------------------- adagrad
 
 
-@register("adagrad", defaults={"epsilon": 1e-6, "multi_precision": False})
+@register("adagrad", defaults=PADDLE2_DEFAULTS)
 def adagrad(ctx: OpContext) -> None:
     """`m += g^2; p -= lr * g / (sqrt(m) + eps)`; a sparse grad touches its rows only."""
     param = _dense_param(ctx)
@@ -304,7 +292,7 @@ def adagrad(ctx: OpContext) -> None:
     ctx.set_output("MomentOut", m_out.astype(param.dtype, copy=False))
 
 
-@register("decayed_adagrad", defaults={"decay": 0.95, "epsilon": 1e-6})
+@register("decayed_adagrad")
 def decayed_adagrad(ctx: OpContext) -> None:
     """`m = decay * m + (1 - decay) * g^2; p -= lr * g / (sqrt(m) + eps)` (dense grads only)."""
     param = _dense_param(ctx)
@@ -319,10 +307,7 @@ def decayed_adagrad(ctx: OpContext) -> None:
 
 # ---------------------------------------------------------------------- rmsprop
 
-RMSPROP_DEFAULTS = {"epsilon": 1e-10, "decay": 0.9, "momentum": 0.0, "centered": False, "multi_precision": False}
-
-
-@register("rmsprop", defaults=RMSPROP_DEFAULTS)
+@register("rmsprop", defaults=PADDLE2_DEFAULTS)
 def rmsprop(ctx: OpContext) -> None:
     """`ms = decay * ms + (1 - decay) * g^2`; centered: `mg = decay * mg + (1 - decay) * g`,
     `mom = momentum * mom + lr * g / sqrt(ms - mg^2 + eps)`, else `mom = momentum * mom +
@@ -355,7 +340,7 @@ def rmsprop(ctx: OpContext) -> None:
 # ------------------------------------------------------------------------- ftrl
 
 
-@register("ftrl", defaults={"l1": 0.0, "l2": 0.0, "lr_power": -0.5})
+@register("ftrl")
 def ftrl(ctx: OpContext) -> None:
     """Follow The Regularized Leader as ftrl_op.h computes it (l1 and l2 each + 1e-10;
     `sqrt` when `lr_power == -0.5`, else `pow(·, -lr_power)`). A sparse grad updates

@@ -4,11 +4,18 @@ and the op type of its grad op).
 Other modules plug ops in with the same decorator (the RPC layer registers `send`,
 `recv`, `listen_and_serv`, ... this way):
 
-    @register("mul", defaults={"x_num_col_dims": 1, "y_num_col_dims": 1}, grad="mul_grad")
+    @register("mul")
     def mul(ctx: OpContext) -> None: ...
 
-`grad` names the op Paddle's grad maker emits for the op (`mul_grad`; `scale` for
-`scale` and `sum`; `cast` for `cast`), so `tests/test_gradcheck.py` can insist every
+The op catalogue is the one source of what an op is: a kernel of a catalogue op takes
+its attr defaults and its grad op type from the catalogue entry. A kernel gives
+`defaults=` only for attrs the entry does not declare (Paddle 2.6's additions such as
+`multi_precision`, or every attr of an op the catalogue does not know) and `grad=` only
+for an op the catalogue does not know; repeating what the catalogue holds is an error at
+registration, so the two cannot disagree.
+
+`grad` is the op Paddle's grad maker emits for the op (`mul_grad`; `scale` for `scale`
+and `sum`; `cast` for `cast`), so `tests/test_gradcheck.py` can insist every
 differentiable kernel has a finite-difference check. An op without a kernel is an
 `UnknownOpError`, never a silent no-op.
 """
@@ -21,6 +28,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from ops import catalogue
+from ops.catalogue import OpDef
 from transpiler.errors import UnknownOpError
 
 if TYPE_CHECKING:
@@ -62,13 +71,16 @@ def register(
     """
     if not isinstance(op_type, str) or not op_type:
         raise ValueError(f"an op type must be a non-empty string, got {op_type!r}")
+    entry = catalogue.get(op_type)
+    all_defaults = _defaults(op_type, entry, defaults or {})
+    grad_type = _grad_type(op_type, entry, grad)
 
     def decorate(fn: KernelFn) -> KernelFn:
         spec = KernelSpec(
             op_type=op_type,
             fn=fn,
-            defaults=MappingProxyType(dict(defaults or {})),
-            grad=grad,
+            defaults=MappingProxyType(all_defaults),
+            grad=grad_type,
             family=getattr(fn, "__module__", "").rsplit(".", 1)[-1],
         )
         with _LOCK:
@@ -78,6 +90,25 @@ def register(
         return fn
 
     return decorate
+
+
+def _defaults(op_type: str, entry: OpDef | None, local: Mapping[str, Any]) -> dict[str, Any]:
+    """The catalogue entry's defaults, plus `local` for the attrs the entry does not declare."""
+    if entry is None:
+        return dict(local)
+    repeated = sorted(set(local) & set(entry.attrs))
+    if repeated:
+        raise ValueError(f"kernel {op_type!r}: the op catalogue holds {', '.join(repeated)}; do not repeat it")
+    return {**local, **entry.attr_defaults()}
+
+
+def _grad_type(op_type: str, entry: OpDef | None, local: str | None) -> str | None:
+    """The grad op type the catalogue's grad maker emits; `local` for an op it does not know."""
+    if entry is None:
+        return local
+    if local is not None:
+        raise ValueError(f"kernel {op_type!r}: the op catalogue names its grad op; do not repeat it")
+    return entry.grad_types[0] if entry.grad_types else None
 
 
 def unregister(op_type: str) -> None:

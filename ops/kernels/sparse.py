@@ -11,7 +11,7 @@ from ops.tensor import LoDTensor, SelectedRows
 from transpiler.ir.types import VarKind
 
 
-@register("split_byref", defaults={"sections": (), "num": 0, "axis": 0})
+@register("split_byref", defaults={"axis": 0})  # Paddle 2.x's; 1.8 splits along dim 0 only
 def split_byref(ctx: OpContext) -> None:
     """Split X along dim 0 into blocks of `sections` rows (or `num` equal blocks); the
     blocks are views of X, not copies."""
@@ -33,7 +33,7 @@ def split_byref(ctx: OpContext) -> None:
     ctx.set_outputs("Out", np.split(x, bounds, axis=0))
 
 
-@register("split_selected_rows", defaults={"height_sections": ()})
+@register("split_selected_rows")
 def split_selected_rows(ctx: OpContext) -> None:
     """Split a SelectedRows by row ranges of `height_sections`; each output's rows are
     re-based to its block (row r in block k becomes r - start_k)."""
@@ -111,7 +111,7 @@ def merge_ids(ctx: OpContext) -> None:
         ctx.set_output("Out", all_x[order[pos]], lod=ctx.lod("Ids", i), i=i)
 
 
-@register("lookup_sparse_table", defaults={"padding_idx": -1, "auto_grown_table": True, "is_test": False})
+@register("lookup_sparse_table")
 def lookup_sparse_table(ctx: OpContext) -> None:
     """Rows of an auto-grown table for `Ids` (`Out` is [numel(Ids), width]). An unseen
     id gets the table's next preallocated row (or a fresh one from its initializer);
@@ -139,7 +139,7 @@ def lookup_sparse_table(ctx: OpContext) -> None:
     ctx.set_output("Out", out, lod=ctx.lod("Ids"))
 
 
-@register("fake_init", defaults={"shape": ()})
+@register("fake_init")
 def fake_init(ctx: OpContext) -> None:
     """Create the var with its shape but no data (a read-only zero-stride view of one
     zero), so ops that only need the shape — a sparse lookup grad on a trainer whose

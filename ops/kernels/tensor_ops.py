@@ -61,10 +61,7 @@ def _parse_value(text: str, dtype: np.dtype) -> Any:
     return float(text)  # accepts "inf", "-inf", "nan", "1e-3"
 
 
-FILL_CONSTANT_DEFAULTS = {"shape": (), "dtype": int(DType.FP32), "value": 0.0, "str_value": "", "force_cpu": False}
-
-
-@register("fill_constant", defaults=FILL_CONSTANT_DEFAULTS)
+@register("fill_constant")
 def fill_constant(ctx: OpContext) -> None:
     dtype = np_dtype(ctx.attr("dtype"))
     if ctx.has_input("ValueTensor"):
@@ -82,7 +79,7 @@ def fill_zeros_like(ctx: OpContext) -> None:
     ctx.set_output("Out", np.zeros_like(x), lod=ctx.lod("X"))
 
 
-@register("assign", grad="assign")
+@register("assign")
 def assign(ctx: OpContext) -> None:
     """Out = X (the same value object: values are never mutated in place)."""
     ctx.set_output("Out", ctx.value("X"))
@@ -105,7 +102,7 @@ def assign_value(ctx: OpContext) -> None:
     ctx.set_output("Out", np.asarray(values, dtype=dtype).reshape(shape))
 
 
-@register("cast", grad="cast")
+@register("cast")
 def cast(ctx: OpContext) -> None:
     """Out = X as `out_dtype`. Its grad is `cast` with the dtypes swapped."""
     value = ctx.value("X")
@@ -116,7 +113,7 @@ def cast(ctx: OpContext) -> None:
     ctx.set_output("Out", ctx.input("X").astype(dtype, copy=False), lod=ctx.lod("X"))
 
 
-@register("increment", defaults={"step": 1.0})
+@register("increment")
 def increment(ctx: OpContext) -> None:
     x = ctx.input("X")
     step = x.dtype.type(ctx.attr("step"))
@@ -134,7 +131,7 @@ def _axis(ctx: OpContext, ndim: int) -> int:
     return axis
 
 
-@register("concat", defaults={"axis": 0}, grad="concat_grad")
+@register("concat")
 def concat(ctx: OpContext) -> None:
     xs = ctx.inputs("X")
     axis = _axis(ctx, xs[0].ndim)
@@ -142,7 +139,7 @@ def concat(ctx: OpContext) -> None:
     ctx.set_output("Out", out, lod=ctx.lod("X") if axis != 0 else None)
 
 
-@register("concat_grad", defaults={"axis": 0})
+@register("concat_grad")
 def concat_grad(ctx: OpContext) -> None:
     """Split Out@GRAD back into one piece per X (X@GRAD args line up with X's; Paddle
     puts `@EMPTY@` where a grad is not needed)."""
@@ -228,7 +225,7 @@ def _compare(ctx: OpContext) -> None:
 
 
 for _name in COMPARE:
-    register(_name, defaults={"axis": -1, "force_cpu": False})(_compare)
+    register(_name)(_compare)
 
 LOGICAL: dict[str, Callable[..., np.ndarray]] = {
     "logical_and": np.logical_and,

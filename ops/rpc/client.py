@@ -1,6 +1,6 @@
 """The trainer's side of the RPC: one `RpcClient` per trainer id per process.
 
-Kernels reach it through `ctx.env["rpc"]` (what `transpiler.training.Session` sets),
+Kernels reach it through `ctx.env["rpc"]` (what `transpiler.runtime.session.Session` sets),
 else through `get_client(trainer_id)`. It keeps one channel per pserver, created on
 first use and waited on until `connect_timeout`, so trainers may start before the
 pservers. Sends are asynchronous (`send_async`): the next barrier, recv or

@@ -26,23 +26,6 @@ from ops.kernels.registry import register
 from ops.rpc.client import RpcClient, get_client
 from ops.tensor import LoDTensor, SelectedRows
 
-SEND_DEFAULTS = {
-    "trainer_id": 0,
-    "epmap": (),
-    "sections": (),
-    "send_varnames": (),
-    "num": 0,
-    "merge_add": False,
-    "use_send_handler": True,
-}
-RECV_DEFAULTS = {
-    "epmap": (),
-    "trainer_id": 0,
-    "with_barrier": True,
-    "varnames": (),
-    "recv_varnames": (),
-    "do_not_run": 0,
-}
 
 
 def client_of(ctx: OpContext) -> RpcClient:
@@ -68,7 +51,7 @@ def split_rows(value: Any, sections: list[int]) -> list[Any]:
     return np.split(array, np.cumsum(sections)[:-1], axis=0)
 
 
-@register("send", defaults=SEND_DEFAULTS)
+@register("send")
 def send(ctx: OpContext) -> None:
     client = client_of(ctx)
     names = ctx.input_names("X")
@@ -101,7 +84,7 @@ def send(ctx: OpContext) -> None:
         client.send_async(endpoint, name, value, merge_add=merge_add)
 
 
-@register("recv", defaults=RECV_DEFAULTS)
+@register("recv")
 def recv(ctx: OpContext) -> None:
     if int(ctx.attr("do_not_run")):
         return
@@ -175,14 +158,14 @@ def _check_shape(ctx: OpContext, name: str, value: Any) -> None:
         raise KernelError(f"recv: the pserver sent {name!r} with shape {list(got)}, the program declares {list(want)}")
 
 
-@register("send_barrier", defaults={"trainer_id": 0, "endpoints": (), "half_async": False})
+@register("send_barrier")
 def send_barrier(ctx: OpContext) -> None:
     client = client_of(ctx)
     client.wait_pending()
     client.send_barrier([str(ep) for ep in ctx.attr("endpoints")])
 
 
-@register("fetch_barrier", defaults={"trainer_id": 0, "endpoints": ()})
+@register("fetch_barrier")
 def fetch_barrier(ctx: OpContext) -> None:
     client = client_of(ctx)
     client.wait_pending()
@@ -190,7 +173,7 @@ def fetch_barrier(ctx: OpContext) -> None:
     client.fetch_barrier([str(ep) for ep in ctx.attr("endpoints")])
 
 
-@register("checkpoint_notify", defaults={"epmap": (), "dir": "", "lookup_table": "", "trainer_id": 0})
+@register("checkpoint_notify")
 def checkpoint_notify(ctx: OpContext) -> None:
     """Ask the pservers to checkpoint. With `lookup_table`, pserver `i` is sent the path
     `DIR/<lookup_table>_<i>` (Paddle's), where its checkpoint block saves its shard;

@@ -36,19 +36,7 @@ from ops.rpc.table_io import LOOKUP_TABLE_PATH
 from transpiler.ir import Block, Program
 from transpiler.ir.types import EMPTY_VAR_NAME, VarKind
 
-LISTEN_DEFAULTS = {
-    "endpoint": "127.0.0.1:6164",
-    "optimize_blocks": (),
-    "grad_to_block_id": (),
-    "sparse_grad_to_param": (),
-    "prefetch_var_name_to_block_id": (),
-    "distributed_mode": 0,
-    "Fanin": 1,
-    "pserver_id": -1,
-    "lr_decay_block_id": -1,
-    "checkpint_block_id": -1,  # sic: Paddle's attr name
-    "sync_mode": True,
-}
+LISTEN_EXTRA_DEFAULTS = {"sync_mode": True}  # older Paddles' attr; the catalogue holds 1.8's
 
 
 def parse_grad_to_block(entries: Any, endpoint: str) -> dict[str, int]:
@@ -150,7 +138,7 @@ def serve_config(ctx: OpContext) -> ServeConfig:
     )
 
 
-@register("listen_and_serv", defaults=LISTEN_DEFAULTS)
+@register("listen_and_serv", defaults=LISTEN_EXTRA_DEFAULTS)
 def listen_and_serv(ctx: OpContext) -> None:
     """Serve the pserver protocol until every trainer completed (see `ops.rpc.server`)."""
     config = serve_config(ctx)

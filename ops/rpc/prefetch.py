@@ -87,7 +87,7 @@ def _gather(client: RpcClient, requests: list[PrefetchRequest], picks: list[np.n
 # ------------------------------------------------------------------ kernels
 
 
-@register("prefetch", defaults={"trainer_id": 0, "epmap": ()})
+@register("prefetch")
 def prefetch(ctx: OpContext) -> None:
     names, outs = ctx.input_names("X"), ctx.output_names("Out")
     epmap = [str(ep) for ep in ctx.attr("epmap")]
@@ -123,18 +123,7 @@ def _dtype(ctx: OpContext, name: str, fetched: dict[int, np.ndarray]) -> np.dtyp
     return var.dtype.to_numpy() if var is not None and var.dtype is not None else np.dtype(np.float32)
 
 
-DISTRIBUTED_LOOKUP_DEFAULTS = {
-    "table_names": (),
-    "height_sections": (),
-    "endpoints": (),
-    "trainer_id": 0,
-    "lookup_table_version": "lookup_table",
-    "padding_idx": NO_PADDING,
-    "dtype": 5,
-}
-
-
-@register("distributed_lookup_table", defaults=DISTRIBUTED_LOOKUP_DEFAULTS)
+@register("distributed_lookup_table")
 def distributed_lookup_table(ctx: OpContext) -> None:
     tables = [str(t) for t in ctx.attr("table_names")]
     sections = [int(h) for h in ctx.attr("height_sections")]

@@ -1,6 +1,6 @@
 """Run one pserver: its startup program, then its main program (whose
 `listen_and_serv` serves until every trainer completed). What `pstranspile serve` and
-`transpiler.training.Session.serve` call."""
+`transpiler.runtime.session.Session.serve` call."""
 
 from __future__ import annotations
 

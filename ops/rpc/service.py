@@ -8,7 +8,7 @@ client and `proto/rpc.proto` cannot drift apart. Variable messages go through
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,9 +76,10 @@ def _method(name: str) -> Method:
 METHODS: dict[str, Method] = {name: _method(name) for name in SERVICE.methods_by_name}
 
 
-def default_timeout() -> float:
-    """`PSTRANSPILE_RPC_TIMEOUT` (seconds) when set, else 120 s."""
-    text = os.environ.get(TIMEOUT_ENV, "").strip()
+def default_timeout(env: Mapping[str, str] | None = None) -> float:
+    """`PSTRANSPILE_RPC_TIMEOUT` (seconds) in `env` (default: the process's) when set,
+    else 120 s; a ValueError naming the variable when it is not a positive number."""
+    text = (os.environ if env is None else env).get(TIMEOUT_ENV, "").strip()
     if not text:
         return DEFAULT_TIMEOUT
     try:
@@ -86,7 +87,7 @@ def default_timeout() -> float:
     except ValueError:
         raise ValueError(f"{TIMEOUT_ENV}={text!r} is not a number of seconds") from None
     if not value > 0:
-        raise ValueError(f"{TIMEOUT_ENV} must be positive, got {text!r}")
+        raise ValueError(f"{TIMEOUT_ENV} must be positive, got {text}")
     return value
 
 

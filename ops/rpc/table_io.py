@@ -23,12 +23,10 @@ save leaves the previous one in place.
 from __future__ import annotations
 
 import io
-import os
-import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 import numpy as np
 
@@ -36,6 +34,7 @@ from ops.kernels.context import KernelError, OpContext
 from ops.kernels.registry import register
 from ops.tensor import LoDTensor, SelectedRows
 from transpiler.errors import PsTranspilerError
+from transpiler.fileio import write_atomic
 
 LOOKUP_TABLE_PATH = "kLookupTablePath"  # the RAW var a checkpoint notice fills (Paddle's name)
 SHARD_FORMAT = "ps-transpiler-table-shard/1"
@@ -45,23 +44,10 @@ class TableFileError(PsTranspilerError):
     """A file that is not a table shard, or shards that do not make one table."""
 
 
-def write_atomic(path: Path, write: Any) -> None:
-    """Call `write(file)` on a temp file beside `path`, fsync, then rename it to `path`."""
+def _write_durable(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """A checkpoint write: the folder made if need be, the file fsynced before the rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, path.stat().st_mode & 0o777 if path.exists() else 0o644)  # mkstemp's is 0600
-        with os.fdopen(fd, "wb") as out:
-            write(out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    write_atomic(path, write, durable=True)
 
 
 def write_shard(path: Path, rows: np.ndarray, value: np.ndarray, height: int) -> None:
@@ -71,7 +57,7 @@ def write_shard(path: Path, rows: np.ndarray, value: np.ndarray, height: int) ->
         raise ValueError(f"a shard needs one value row per id: {rows.size} ids, {value.shape[0]} rows")
     arrays = {"format": np.array(SHARD_FORMAT), "rows": rows, "value": np.ascontiguousarray(value),
               "height": np.array(int(height), np.int64)}
-    write_atomic(path, lambda out: np.savez(out, **arrays))
+    _write_durable(path, lambda out: np.savez(out, **arrays))
 
 
 @dataclass(frozen=True)
@@ -155,13 +141,13 @@ def merge_shards(shards: Sequence[Shard], *, height: int | None = None, fill: fl
 
 def write_table(path: Path, table: np.ndarray) -> None:
     """`np.save` the merged table atomically."""
-    write_atomic(path, lambda out: np.save(out, table))
+    _write_durable(path, lambda out: np.save(out, table))
 
 
 # ------------------------------------------------------------------ the kernel
 
 
-@register("save", defaults={"file_path": "", "overwrite": True, "save_as_fp16": False})
+@register("save")
 def save(ctx: OpContext) -> None:
     """Write X to `file_path` (or, when that is `"none"` or empty, the path bound to
     `kLookupTablePath`): a SelectedRows table as a shard, a tensor as `.npy`."""
@@ -187,4 +173,4 @@ def save(ctx: OpContext) -> None:
     array = array.astype(np.float16) if fp16 else array
     buffer = io.BytesIO()
     np.save(buffer, array)
-    write_atomic(target, lambda out: out.write(buffer.getbuffer()))
+    _write_durable(target, lambda out: out.write(buffer.getbuffer()))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from transpiler.fileio import write_bytes_atomic
 from transpiler.ir import Program
-from transpiler.ir.program import write_bytes_atomic
 
 
 def save_programs(out_dir: str | Path, main: Program, startup: Program) -> list[Path]:

@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import math
 import os
-import stat
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Union
 
 from transpiler.errors import IRError
+from transpiler.fileio import write_bytes_atomic
 from transpiler.ir.attrs import Attr, AttrType
 from transpiler.ir.types import (
     OP_ROLE_ATTR,
@@ -774,7 +772,7 @@ class Program:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically: a reader never sees a half-written file."""
-        write_bytes_atomic(Path(path), self.to_bytes())
+        write_bytes_atomic(path, self.to_bytes())
 
     def clone(self) -> Program:
         """A deep copy; editing it never touches this program."""
@@ -793,30 +791,3 @@ class Program:
 
     def __repr__(self) -> str:
         return f"Program(blocks={len(self._blocks)}, ops={self.num_ops()})"
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temp file in the same directory and a rename.
-
-    The file gets the mode an ordinary write would give it (an existing file's mode, else
-    0666 minus the umask), not `mkstemp`'s private 0600."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            os.fchmod(handle.fileno(), _new_file_mode(path))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _new_file_mode(path: Path) -> int:
-    try:
-        return stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        mask = os.umask(0)
-        os.umask(mask)
-        return 0o666 & ~mask

@@ -7,10 +7,13 @@ per pass, `NN_<pass>/`, holding the whole bundle's state: see `_dump`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from transpiler.config import TranspileOptions
+from transpiler.fileio import write_files
+from transpiler.ir.printer import dump
 from transpiler.passes import (
     async_lr_decay,
     find_optimize,
@@ -21,6 +24,7 @@ from transpiler.passes import (
     trainer_startup,
 )
 from transpiler.passes.bundle import Bundle
+from transpiler.passes.checks import verify_bundle
 
 Pass = Callable[[Bundle, TranspileOptions], Bundle]
 
@@ -44,10 +48,6 @@ def run_pipeline(
     progress: Callable[[str, float], None] | None = None,
 ) -> Bundle:
     """`progress(pass_name, seconds)` is called after each pass."""
-    import time
-
-    from transpiler.passes.checks import verify_bundle
-
     for number, (name, run) in enumerate(PIPELINE, start=1):
         started = time.perf_counter()
         bundle = run(bundle, options)
@@ -67,9 +67,6 @@ def _dump(bundle: Bundle, directory: Path) -> None:
     did: the bundle's copies of the user's programs (`origin.txt`, `origin_startup.txt`;
     the async lr-decay pass rewrites them), what find_optimize found (`analysis.txt`),
     the plan once there is one, and every program built so far."""
-    from transpiler.ir.printer import dump
-    from transpiler.output import write_files
-
     files = {"origin.txt": dump(bundle.origin), "origin_startup.txt": dump(bundle.origin_startup)}
     if bundle.analysis is not None:
         files["analysis.txt"] = bundle.analysis.to_text(bundle.origin)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from ops.catalogue.optimizers import is_optimizer
+from ops.catalogue.optimizer_ops import is_optimizer
 from transpiler.errors import VerifyError
 from transpiler.ir import Program
 from transpiler.ir.verifier import op_problem, verify

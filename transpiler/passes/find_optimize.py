@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ops.catalogue.optimizers import optimizer_slots
+from ops.catalogue.optimizer_ops import optimizer_slots
 from transpiler.errors import TranspileError
 from transpiler.ir import Op, OpRole, VarKind
 from transpiler.passes.bundle import Analysis, Bundle, ParamChain, TableLookups

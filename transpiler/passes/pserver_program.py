@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ops.catalogue.optimizers import OptimizerSlots, optimizer_slots
+from ops.catalogue.optimizer_ops import OptimizerSlots, optimizer_slots
 from transpiler.config import TranspileOptions
 from transpiler.ir import AttrType, Block, DType, Op, OpRole, Program, VarKind
 from transpiler.ir.types import EMPTY_VAR_NAME, OP_ROLE_VAR_ATTR

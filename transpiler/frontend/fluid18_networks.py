@@ -1,4 +1,5 @@
-"""The networks of Paddle's own transpiler tests (facts file §2–§4) and of the `fluid18_*`
+"""The networks of Paddle's own transpiler tests (Paddle 1.8's unittests test_dist_transpiler.py,
+test_dist_transpiler_async_decay.py, test_dist_transpiler_config.py) and of the `fluid18_*`
 fixtures, built with the builder. Each function returns `(main, startup)`, built under
 fresh unique-name counters, so the names are the ones Fluid 1.8.5 gave (`fc_0.tmp_0`,
 `learning_rate_0`, `_generated_var_0`, ...) whatever was built before.
@@ -46,17 +47,17 @@ def _net_conf(make_optimizer: Callable[[], optimizer.Optimizer], *, fc_w_attr: P
 
 
 def basic_model() -> tuple[Program, Program]:
-    """§2 / §3.1 TestBasicModel (and the `fluid18_basic_sgd_2ps` fixture): SGD(0.1)."""
+    """`TranspilerTest.net_conf` / TestBasicModel (and the `fluid18_basic_sgd_2ps` fixture): SGD(0.1)."""
     return build(lambda: _net_conf(lambda: optimizer.SGD(learning_rate=0.1)))
 
 
 def empty_pserver_model() -> tuple[Program, Program]:
-    """§3.10 TestEmptyPserverOptimizeBlocks: no bias, SGD(1.0)."""
+    """TestEmptyPserverOptimizeBlocks: no bias, SGD(1.0)."""
     return build(lambda: _net_conf(lambda: optimizer.SGD(learning_rate=1.0), bias=False))
 
 
 def lr_decay_model() -> tuple[Program, Program]:
-    """§3.4 TestLRDecay (and `fluid18_lr_exp_decay_2ps`): SGD(exponential_decay(1.0, 2100, 0.1, staircase=True))."""
+    """TestLRDecay (and `fluid18_lr_exp_decay_2ps`): SGD(exponential_decay(1.0, 2100, 0.1, staircase=True))."""
     return build(
         lambda: _net_conf(
             lambda: optimizer.SGD(
@@ -67,7 +68,7 @@ def lr_decay_model() -> tuple[Program, Program]:
 
 
 def lr_decay_conditional_model() -> tuple[Program, Program]:
-    """§3.7 TestLRDecayConditional (and `fluid18_lr_piecewise_2ps`): SGD(piecewise_decay([10000, 20000], [1.0, 0.5, 1.0]))."""
+    """TestLRDecayConditional (and `fluid18_lr_piecewise_2ps`): SGD(piecewise_decay([10000, 20000], [1.0, 0.5, 1.0]))."""
     return build(
         lambda: _net_conf(
             lambda: optimizer.SGD(learning_rate=layers.piecewise_decay([10000, 20000], [1.0, 0.5, 1.0]))
@@ -76,7 +77,7 @@ def lr_decay_conditional_model() -> tuple[Program, Program]:
 
 
 def l2_decay_model(clip_all: bool = False) -> tuple[Program, Program]:
-    """§3.8 TestL2Decay: `fc_w` with `L2Decay()`, grads clipped by value 0.1, SGD(0.1).
+    """TestL2Decay: `fc_w` with `L2Decay()`, grads clipped by value 0.1, SGD(0.1).
 
     Version C of the test clips only `fc_w` (`need_clip`), which 1.8.5 can build only
     as `SGD(0.1, grad_clip=clip)` (its `minimize` has no `grad_clip`): that is the
@@ -93,7 +94,7 @@ def l2_decay_model(clip_all: bool = False) -> tuple[Program, Program]:
 
 
 def l2_decay_with_piecewise_model() -> tuple[Program, Program]:
-    """§3.9 TestL2DecayWithPiecewise: Momentum(piecewise_decay([1, 10, 20, 30], [0.1**i]), 0.9, L2Decay(1e-4))."""
+    """TestL2DecayWithPiecewise: Momentum(piecewise_decay([1, 10, 20, 30], [0.1**i]), 0.9, L2Decay(1e-4))."""
     base_lr = 1.0
     bd = [1, 10, 20, 30]
     lr = [base_lr * (0.1**i) for i in range(len(bd) + 1)]
@@ -109,7 +110,7 @@ def l2_decay_with_piecewise_model() -> tuple[Program, Program]:
 
 
 def async_decay_model() -> tuple[Program, Program]:
-    """§4.1 test_dist_transpiler_async_decay: SGD(exponential_decay(0.1, 100, 0.99, staircase=True))."""
+    """test_dist_transpiler_async_decay.py: SGD(exponential_decay(0.1, 100, 0.99, staircase=True))."""
     return build(
         lambda: _net_conf(
             lambda: optimizer.SGD(
@@ -120,7 +121,7 @@ def async_decay_model() -> tuple[Program, Program]:
 
 
 def optimizer_model(name: str) -> tuple[Program, Program]:
-    """The default network with another optimizer (§3.6, §3.18)."""
+    """The default network with another optimizer (TestDecayedAdagrad, TestFtrl, TestRMSPropOptimizer)."""
     makers = {
         "sgd": lambda: optimizer.SGD(learning_rate=0.1),
         "momentum": lambda: optimizer.Momentum(learning_rate=0.1, momentum=0.9),
@@ -138,7 +139,7 @@ def optimizer_model(name: str) -> tuple[Program, Program]:
 
 
 def network_with_table(is_sparse: bool, is_distributed: bool) -> tuple[Program, Program]:
-    """§3.11 `TestDistLookupTableBase.network_with_table`: three id slots, two on the
+    """`TestDistLookupTableBase.network_with_table`: three id slots, two on the
     shared table `shared_w` (1000×64, distributed when asked), one on `profile_emb`
     (never distributed), average-pooled, concatenated, fc 2, cross_entropy, Adam(0.003).
     The third data layer reuses the name `brand_ids`, as Paddle's test does."""

@@ -12,7 +12,7 @@ import numpy as np
 
 from conftest import TESTS
 from transpiler.ir import Program
-from transpiler.launch import LaunchConfig, LaunchResult, launch
+from transpiler.runtime.launch import LaunchConfig, LaunchResult, launch
 
 REPO = TESTS.parent
 EXAMPLES = REPO / "examples"

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ops.executor import Executor
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows
 from transpiler.ir import DType, Program, VarKind
@@ -33,13 +34,11 @@ def run_op(
     output_kinds: Mapping[str, VarKind] | None = None,
     output_shapes: Mapping[str, Sequence[int]] | None = None,
     scope: Scope | None = None,
-    executor: Any = None,
+    executor: Executor | None = None,
     raw: bool = False,
 ) -> dict[str, Any]:
     """Run `op_type` once. `inputs` maps a slot to a value or a list of values;
     `outputs` names single-arg slots, or maps a slot to its number of args."""
-    from ops.executor import Executor
-
     program = Program.empty()
     block = program.global_block()
     feed: dict[str, Any] = {}

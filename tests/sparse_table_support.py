@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from test_e2e_support import EXAMPLES
+from e2e_support import EXAMPLES
 
 from ops.executor import Executor
 from ops.rpc.client import RpcClient
@@ -17,7 +17,7 @@ from ops.rpc.serve import serve_program
 from ops.rpc.server import PServer
 from ops.scope import Scope
 from transpiler.api import TranspileResult, transpile
-from transpiler.launch import free_endpoints
+from transpiler.runtime.launch import free_endpoints
 
 sys.path.insert(0, str(EXAMPLES))
 import train_ctr  # noqa: E402

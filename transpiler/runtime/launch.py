@@ -4,11 +4,11 @@
     result.ok, result.failure, print(result.summary())
 
 Every process runs the same command with Paddle's environment conventions
-(`transpiler.role`: `TRAINING_ROLE`, `PADDLE_PSERVER_ENDPOINTS`, `PADDLE_TRAINER_ID`,
+(`transpiler.runtime.role`: `TRAINING_ROLE`, `PADDLE_PSERVER_ENDPOINTS`, `PADDLE_TRAINER_ID`,
 `PADDLE_TRAINERS_NUM`, `PADDLE_CURRENT_ENDPOINT`, plus `PSTRANSPILE_SYNC_MODE` and
 `PSTRANSPILE_RPC_TIMEOUT`), so the script decides what to do from its role. Endpoints
 default to free ports on `host`. Each process's stdout and stderr go to
-`LOG_DIR/<role>.<i>.log`; trainers' progress lines (`transpiler.progress`) are shown
+`LOG_DIR/<role>.<i>.log`; trainers' progress lines (`transpiler.runtime.progress`) are shown
 live, one status line per `status_every` seconds (rewritten in place on a terminal).
 
 The job fails — every other process is stopped (SIGTERM to its process group, SIGKILL
@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TextIO
 
+from ops.rpc.service import DEFAULT_TIMEOUT
 from transpiler.config import parse_endpoints
 from transpiler.errors import PsTranspilerError
-from transpiler.progress import Progress, parse_progress
-from transpiler.role import DEFAULT_TIMEOUT, PSERVER, TRAINER, Role
+from transpiler.runtime.progress import Progress, parse_progress
+from transpiler.runtime.role import PSERVER, TRAINER, Role
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 POLL = 0.1

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ops.rpc.service import DEFAULT_TIMEOUT, TIMEOUT_ENV, default_timeout
 from transpiler.config import split_endpoint_list
 from transpiler.errors import PsTranspilerError
 
@@ -34,8 +35,6 @@ TRAINERS_ENV = "PADDLE_TRAINERS_NUM"
 TRAINER_ID_ENV = "PADDLE_TRAINER_ID"
 CURRENT_ENDPOINT_ENV = "PADDLE_CURRENT_ENDPOINT"
 SYNC_MODE_ENV = "PSTRANSPILE_SYNC_MODE"
-TIMEOUT_ENV = "PSTRANSPILE_RPC_TIMEOUT"
-DEFAULT_TIMEOUT = 120.0
 
 LOCAL, TRAINER, PSERVER = "local", "trainer", "pserver"
 
@@ -65,7 +64,10 @@ class Role:
         """The role the environment describes; local training when `TRAINING_ROLE` is unset."""
         env = os.environ if env is None else env
         sync_mode = _flag(env, SYNC_MODE_ENV, True)
-        timeout = _seconds(env, TIMEOUT_ENV, DEFAULT_TIMEOUT)
+        try:
+            timeout = default_timeout(env)
+        except ValueError as exc:
+            raise RoleError(str(exc)) from None
         kind = env.get(ROLE_ENV, "").strip().upper()
         if not kind:
             return cls(sync_mode=sync_mode, rpc_timeout=timeout)
@@ -175,16 +177,3 @@ def _flag(env: Mapping[str, str], key: str, default: bool) -> bool:
     if text in ("0", "false", "no", "async"):
         return False
     raise RoleError(f"{key}={env.get(key)!r}: expected 1 (sync) or 0 (async)")
-
-
-def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
-    text = env.get(key, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise RoleError(f"{key}={text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise RoleError(f"{key} must be positive, got {text}")
-    return value

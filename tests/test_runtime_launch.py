@@ -1,4 +1,4 @@
-"""`transpiler.launch` and `pstranspile serve|launch` on tiny scripts: Paddle's
+"""`transpiler.runtime.launch` and `pstranspile serve|launch` on tiny scripts: Paddle's
 environment conventions, one log per process, live progress, the summary, and a
 failing process stopping the job with a non-zero exit."""
 
@@ -13,8 +13,8 @@ import textwrap
 import pytest
 
 from conftest import TESTS
-from transpiler.launch import LaunchConfig, LaunchError, free_endpoints, launch
-from transpiler.progress import Progress, format_progress, parse_progress
+from transpiler.runtime.launch import LaunchConfig, LaunchError, free_endpoints, launch
+from transpiler.runtime.progress import Progress, format_progress, parse_progress
 
 REPO = TESTS.parent
 

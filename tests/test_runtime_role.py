@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from transpiler.role import PSERVER, TRAINER, Role, RoleError
+from transpiler.runtime.role import PSERVER, TRAINER, Role, RoleError
 
 EPS = "127.0.0.1:6170,127.0.0.1:6171"
 

@@ -12,7 +12,7 @@
 The same script then trains locally (no environment), under `pstranspile launch`, or on
 many machines under any scheduler that sets Paddle's variables. A distributed role
 transpiles the programs itself (deterministic: every process agrees on the placement).
-`run(..., loss=name)` prints a progress line (`transpiler.progress`) that `launch`
+`run(..., loss=name)` prints a progress line (`transpiler.runtime.progress`) that `launch`
 shows live. Leaving the `with` block tells the pservers this trainer is done — or,
 on an exception, that it failed, so they stop at once instead of timing out.
 """
@@ -26,12 +26,17 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from ops.executor import Executor
+from ops.rpc.client import RpcClient  # importing ops.rpc registers the RPC kernels
+from ops.rpc.serve import serve_program
+from ops.scope import Scope
+from ops.tensor import LoDTensor
 from transpiler.api import TranspileResult, transpile
 from transpiler.config import DistributeTranspilerConfig
 from transpiler.errors import PsTranspilerError
 from transpiler.ir import Program
-from transpiler.progress import Progress, format_progress
-from transpiler.role import Role
+from transpiler.runtime.progress import Progress, format_progress
+from transpiler.runtime.role import Role
 
 FAILURE_NOTICE_DEADLINE = 5.0  # seconds to tell the pservers a trainer failed
 
@@ -52,10 +57,6 @@ class Session:
         progress_every: int = 1,
         **transpile_options: Any,
     ) -> None:
-        import ops.rpc  # noqa: F401  (registers the RPC kernels)
-        from ops.executor import Executor
-        from ops.scope import Scope
-
         self.role = role if role is not None else Role.from_env()
         self.main, self.startup = main, startup
         self.sync_mode = self.role.sync_mode if sync_mode is None else bool(sync_mode)
@@ -76,8 +77,6 @@ class Session:
         self.client = None
         env: dict[str, Any] = {}
         if self.role.is_trainer:
-            from ops.rpc.client import RpcClient
-
             self.client = RpcClient(self.role.trainer_id, timeout=self.role.rpc_timeout)
             env["rpc"] = self.client
         self.scope = Scope()
@@ -107,8 +106,6 @@ class Session:
         """Pserver: initialise and serve until every trainer completed; the scope."""
         if not self.role.is_pserver:
             raise PsTranspilerError(f"serve() is for pservers; this process is {self.role.name}")
-        from ops.rpc.serve import serve_program
-
         main, startup = self.result.pservers[self.role.current_endpoint]
         self._finished = True
         return serve_program(main, startup, timeout=self.role.rpc_timeout, seed=self.executor.seed, scope=self.scope)
@@ -148,8 +145,6 @@ class Session:
 
     def params(self, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
         """Copies of the current values of `names` (default: the main program's parameters)."""
-        from ops.tensor import LoDTensor
-
         if names is None:
             names = parameter_names(self.main)
         out = {}

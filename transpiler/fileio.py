@@ -1,0 +1,81 @@
+"""Atomic file writing: a reader never sees a half-written file or a partial set of files.
+
+A leaf module (the standard library only), so every layer can use it: the IR saves
+programs, the output layer a transpile result, the passes their dump folders, the RPC
+layer table shards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import BinaryIO
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *, durable: bool = False) -> None:
+    """Call `write(file)` on a temp file beside `path`, then rename it over `path`.
+    `durable=True` fsyncs first, so a crash leaves the old file or the new, never a torn
+    one (checkpoints). The file gets the mode an ordinary write would give it (an existing
+    file's mode, else 0666 minus the umask), not `mkstemp`'s private 0600."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            os.fchmod(handle.fileno(), _new_file_mode(path))
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """`data` to `path` through a temp file and a rename (see `write_atomic`)."""
+    write_atomic(path, lambda handle: handle.write(data))
+
+
+def write_files(files: Mapping[str, bytes], out_dir: str | os.PathLike, *, replace_dir: bool = False) -> list[Path]:
+    """Write `files` into `out_dir` so that a reader never sees a partial set.
+    `replace_dir=True` swaps in a folder holding only `files`: whatever else an earlier
+    run left in `out_dir` goes (a `--dump-dir` pass folder must not mix two runs)."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
+    try:
+        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700 would stick to a new out_dir
+        for name, data in files.items():
+            (staging / name).write_bytes(data)  # plain writes: ordinary file modes
+        if replace_dir and out_dir.exists():
+            shutil.rmtree(out_dir)
+        if not out_dir.exists():
+            os.replace(staging, out_dir)
+        else:
+            for name in files:
+                os.replace(staging / name, out_dir / name)
+            shutil.rmtree(staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return [out_dir / name for name in files]
+
+
+def _new_file_mode(path: Path) -> int:
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set it straight back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
