@@ -25,7 +25,7 @@ from ops.rpc.table_io import (
 )
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows, _RowIndex
-from transpiler.passes.pserver_program import LOOKUP_TABLE_PATH as TRANSPILER_PATH_VAR
+from transpiler.naming import LOOKUP_TABLE_PATH as TRANSPILER_PATH_VAR
 
 IN0 = "prefetch_compress_in_tmp_0"
 

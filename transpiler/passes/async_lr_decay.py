@@ -18,13 +18,8 @@ from transpiler.errors import TranspileError
 from transpiler.ir import Attr, AttrType, OpRole
 from transpiler.ir.types import OP_ROLE_ATTR
 from transpiler.passes.bundle import Bundle
+from transpiler.naming import trainer_name
 from ops.catalogue import make_op
-
-COUNTER_SUFFIX = ".trainer_{trainer}"
-
-
-def counter_name(counter: str, trainer: int) -> str:
-    return counter + COUNTER_SUFFIX.format(trainer=trainer)
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
@@ -35,7 +30,7 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     counter = analysis.lr_counter
     main = bundle.origin.global_block()
     counter_var = main.var(counter)
-    per_trainer = [counter_name(counter, k) for k in range(options.trainers)]
+    per_trainer = [trainer_name(counter, k) for k in range(options.trainers)]
     for name in per_trainer:
         if main.has_var(name):
             raise TranspileError(f"the program already declares {name!r}, which async lr decay needs")

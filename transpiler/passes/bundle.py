@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from transpiler.ir import Program
+from transpiler.naming import control_var
 from transpiler.plan import Plan
-
-CONTROL_VAR_PREFIX = "__control_var@"
 
 
 @dataclass
@@ -105,7 +104,7 @@ class Bundle:
         """A fresh dependency-only var, `__control_var@<n>` (Paddle uses random numbers;
         these count up so every process names them alike)."""
         while True:
-            name = f"{CONTROL_VAR_PREFIX}{self.control_vars}"
+            name = control_var(self.control_vars)
             self.control_vars += 1
             if not program.global_block().has_var(name):
                 break

@@ -27,12 +27,10 @@ from ops.catalogue.optimizers import OptimizerSlots, optimizer_slots
 from transpiler.config import TranspileOptions
 from transpiler.ir import AttrType, Block, DType, Op, OpRole, Program, VarKind
 from transpiler.ir.types import EMPTY_VAR_NAME, OP_ROLE_VAR_ATTR
+from transpiler.naming import LOOKUP_TABLE_PATH, block_name, encode_pairs
 from transpiler.passes.bundle import Bundle, ParamChain, PserverPrograms
 from ops.catalogue import make_op
 from transpiler.plan import ParamPlan, VarBlock
-
-# The var a checkpoint notification fills with the directory the table shard is saved to.
-LOOKUP_TABLE_PATH = "kLookupTablePath"
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
@@ -63,17 +61,17 @@ class _PserverBuilder:
             optimize_blocks.append(lr_block.idx)
         parent = lr_block.idx if lr_block is not None else 0
         recv_inputs: list[str] = []
-        grad_to_block: list[str] = []
-        sparse_grad_to_param: list[str] = []
+        grad_to_block: list[tuple[str, int]] = []
+        sparse_grad_to_param: list[tuple[str, str]] = []
         for param, var_block in self.plan.on(self.endpoint):
             block = self.program.create_block(parent)
             inputs = self._optimize_block(block, chains[param.param], param, var_block)
             recv_inputs.extend(inputs)
             optimize_blocks.append(block.idx)
             merged = param.grad_block_name(var_block.index)
-            grad_to_block.append(f"{merged}:{block.idx}")
+            grad_to_block.append((merged, block.idx))
             if param.sparse:
-                sparse_grad_to_param.append(f"{merged}:{var_block.name}")
+                sparse_grad_to_param.append((merged, var_block.name))
         table_attrs = {}
         if self.plan.table is not None:
             table_attrs = self._table_blocks(parent, optimize_blocks, grad_to_block)
@@ -93,8 +91,8 @@ class _PserverBuilder:
                     "sync_mode": options.sync_mode,
                     "distributed_mode": int(options.distributed_mode),
                     "optimize_blocks": optimize_blocks,
-                    "grad_to_block_id": grad_to_block,
-                    "sparse_grad_to_param": sparse_grad_to_param,
+                    "grad_to_block_id": encode_pairs(grad_to_block),
+                    "sparse_grad_to_param": encode_pairs(sparse_grad_to_param),
                     "lr_decay_block_id": lr_block.idx if lr_block is not None else -1,
                     **table_attrs,
                 },
@@ -105,7 +103,7 @@ class _PserverBuilder:
         return PserverPrograms(main=self.program, instances=self.instances)
 
     # -- the distributed table
-    def _table_blocks(self, parent: int, optimize_blocks: list[int], grad_to_block: list[str]) -> dict:
+    def _table_blocks(self, parent: int, optimize_blocks: list[int], grad_to_block: list[tuple[str, int]]) -> dict:
         """This pserver's shard of the distributed table: its update block (a child of
         `parent`), then a prefetch block and a checkpoint block (children of the update
         block). Returns the `listen_and_serv` attrs that name them."""
@@ -135,7 +133,7 @@ class _PserverBuilder:
             sgd.set_input(slot, [known[a] if a in known else self.declare(a) for a in args])
         block.add_op(sgd)
         optimize_blocks.append(block.idx)
-        grad_to_block.append(f"{merged}:{block.idx}")
+        grad_to_block.append((merged, block.idx))
 
         # The ids a trainer asks for and the rows it gets back (not state: nothing initialises them).
         prefetch_in, prefetch_out = table.prefetch_in(shard), table.prefetch_out(shard)
@@ -151,7 +149,7 @@ class _PserverBuilder:
         checkpoint = self.program.create_block(block.idx)
         checkpoint.add_op(make_op("save", {"X": [table.table]}, {}, {"file_path": "none"}, role=OpRole.RPC))
         return {
-            "prefetch_var_name_to_block_id": [f"{prefetch_in}:{prefetch.idx}"],
+            "prefetch_var_name_to_block_id": encode_pairs([(prefetch_in, prefetch.idx)]),
             "checkpint_block_id": checkpoint.idx,  # sic: Paddle's attr name
         }
 
@@ -254,7 +252,7 @@ class _PserverBuilder:
             return arg
         if arg in mapping:
             return mapping[arg]
-        suffixed = f"{arg}.block{var_block.index}" if shared else arg
+        suffixed = block_name(arg, var_block.index) if shared else arg
         origin_var = self.origin.global_block().find_var(arg)
         if slots is not None:
             state_slot = slot if direction == "inputs" else _input_of_output(slots, slot)

@@ -33,7 +33,7 @@ from ops.catalogue import make_op
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
 from transpiler.ir import Block, Op, OpRole, Program
-from transpiler.passes.async_lr_decay import counter_name
+from transpiler.naming import trainer_name
 from transpiler.passes.bundle import Analysis, Bundle, TableLookups
 from transpiler.plan import ParamPlan, Plan, TablePlan
 
@@ -86,7 +86,7 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         block.add_op(
             make_op(
                 "send",
-                {"X": [counter_name(analysis.lr_counter, tid)]},
+                {"X": [trainer_name(analysis.lr_counter, tid)]},
                 {"Out": [ctrl]},
                 {"epmap": list(options.endpoints), "trainer_id": tid, "merge_add": True, "use_send_handler": False},
                 role=OpRole.RPC,
