@@ -12,8 +12,8 @@ from pathlib import Path
 
 from transpiler.config import TranspileOptions
 from transpiler.passes import (
-    async_lr_decay,
     find_optimize,
+    lower_async_lr_decay,
     pserver_program,
     pserver_startup,
     slice_vars,
@@ -25,8 +25,8 @@ from transpiler.passes.bundle import Bundle
 Pass = Callable[[Bundle, TranspileOptions], Bundle]
 
 PIPELINE: tuple[tuple[str, Pass], ...] = (
+    ("lower_async_lr_decay", lower_async_lr_decay.run),
     ("find_optimize", find_optimize.run),
-    ("async_lr_decay", async_lr_decay.run),
     ("slice_vars", slice_vars.run),
     ("trainer_program", trainer_program.run),
     ("trainer_startup", trainer_startup.run),
@@ -72,7 +72,7 @@ def _dump(bundle: Bundle, directory: Path) -> None:
 
     files = {"origin.txt": dump(bundle.origin), "origin_startup.txt": dump(bundle.origin_startup)}
     if bundle.analysis is not None:
-        files["analysis.txt"] = bundle.analysis.to_text(bundle.origin)
+        files["analysis.txt"] = bundle.analysis.to_text()
     if bundle.plan is not None:
         files["plan.json"] = bundle.plan.to_json_text()
     for label, program in bundle.programs():

@@ -127,7 +127,7 @@ class _PserverBuilder:
                                  role=OpRole.Optimize, role_vars=(table.table, merged)))
         else:
             merged = self.declare(table.grad, table.shard_grad_name(shard, None), persistable=True)
-        sgd = self.origin.global_block().ops[chain.optimizer].clone()
+        sgd = chain.optimizer.clone()
         known = {table.grad: merged, table.table: table_var}
         for slot, args in sgd.inputs.items():
             sgd.set_input(slot, [known[a] if a in known else self.declare(a) for a in args])
@@ -180,9 +180,8 @@ class _PserverBuilder:
         if not lr_ops:
             return None
         block = self.program.create_block(0)
-        origin_ops = self.origin.global_block().ops
-        for index in lr_ops:
-            self._copy_op(origin_ops[index], self.origin.global_block(), block)
+        for op in lr_ops:
+            self._copy_op(op, self.origin.global_block(), block)
         return block
 
     def _copy_op(self, op: Op, source_block: Block, target: Block) -> None:
@@ -231,10 +230,8 @@ class _PserverBuilder:
             received = [merged]
 
         shared = len(param.blocks_on(self.endpoint)) > 1
-        origin_ops = self.origin.global_block().ops
-        for op_index in chain.ops:
-            op = origin_ops[op_index]
-            slots = optimizer_slots(op.type) if op_index == chain.optimizer else None
+        for op in chain.ops:
+            slots = optimizer_slots(op.type) if op is chain.optimizer else None
             new = op.clone()
             for direction in ("inputs", "outputs"):
                 for slot, args in getattr(op, direction).items():

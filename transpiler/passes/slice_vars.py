@@ -40,7 +40,7 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
                 grad=chain.grad,
                 shape=shape,
                 dtype=var.dtype,
-                optimizer=bundle.origin.global_block().ops[chain.optimizer].type,
+                optimizer=chain.optimizer.type,
                 blocks=make_blocks(chain.param, shape, sizes),
                 sparse=chain.sparse,
                 remote_prefetch=lookups is not None and lookups.remote_prefetch,

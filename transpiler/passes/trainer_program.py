@@ -32,7 +32,7 @@ from dataclasses import replace
 from ops.catalogue import make_op
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
-from transpiler.ir import Block, Op, OpRole, Program
+from transpiler.ir import Block, CloneMap, Op, OpRole, Program
 from transpiler.naming import trainer_name
 from transpiler.passes.bundle import Analysis, Bundle, TableLookups
 from transpiler.plan import ParamPlan, Plan, TablePlan
@@ -41,16 +41,15 @@ from transpiler.plan import ParamPlan, Plan, TablePlan
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     analysis, plan = bundle.analysis, bundle.plan
     assert analysis is not None and plan is not None, "run find_optimize and slice_vars first"
-    trainer = bundle.origin.clone()
+    trainer, copies = bundle.origin.clone_with_map()
     block = trainer.global_block()
-    ops = block.ops  # aligned with the original program's indices
     chains = [*analysis.chains, *([analysis.distributed_table] if analysis.distributed_table else [])]
-    anchors = {chain.param: ops[chain.grad_producer] for chain in chains}
-    moved = [ops[i] for i in sorted({*analysis.optimize_ops, *analysis.lr_ops})]
+    anchors = {chain.param: copies.op(chain.grad_producer) for chain in chains}
+    moved = [copies.op(op) for op in (*analysis.optimize_ops, *analysis.lr_ops)]
     orphan_blocks = _sub_blocks_of(trainer, moved)
     touched = {name for op in moved for name in (*op.input_names, *op.output_names)}
     block.remove_ops(moved)
-    _replace_prefetched_lookups(block, ops, analysis, plan, options)
+    _replace_prefetched_lookups(block, copies, analysis, plan, options)
 
     tid = options.trainer_id
     send_outs: dict[str, str] = {}
@@ -212,30 +211,30 @@ def _send_table_grad(block: Block, after: Op, plan: Plan, options: TranspileOpti
 # ------------------------------------------------------------------ lookups
 
 
-def _replace_prefetched_lookups(block: Block, ops: tuple[Op, ...], analysis: Analysis, plan: Plan,
+def _replace_prefetched_lookups(block: Block, copies: CloneMap, analysis: Analysis, plan: Plan,
                                 options: TranspileOptions) -> None:
     """Put the lookups of prefetched tables where their ids are ready, in param order."""
     after_anchor: dict[Op | None, Op] = {}
     for param in plan.params:
         if param.remote_prefetch:
-            lookups = analysis.tables[param.param]
-            new_ops = [_distributed_lookup_table(block, ops, lookups, param, options)]
-            _place_lookup(block, ops, lookups, new_ops, after_anchor)
+            lookup_ops = [copies.op(op) for op in analysis.tables[param.param].lookups]
+            new_ops = [_distributed_lookup_table(lookup_ops, analysis.tables[param.param], param, options)]
+            _place_lookup(block, lookup_ops, analysis.tables[param.param], new_ops, after_anchor)
     if plan.table is not None:
         lookups = analysis.tables[plan.table.table]
-        _place_lookup(block, ops, lookups, _prefetch_ops(block, ops, lookups, plan.table, options), after_anchor)
+        lookup_ops = [copies.op(op) for op in lookups.lookups]
+        _place_lookup(block, lookup_ops, lookups, _prefetch_ops(block, lookup_ops, plan.table, options), after_anchor)
 
 
-def _place_lookup(block: Block, ops, lookups: TableLookups, new_ops: list[Op], after_anchor: dict) -> None:
-    lookup_ops = [ops[i] for i in lookups.lookups]
+def _place_lookup(block: Block, lookup_ops: list[Op], lookups: TableLookups, new_ops: list[Op],
+                  after_anchor: dict) -> None:
     ids = [name for op in lookup_ops for name in op.input("Ids")]
     outs = [name for op in lookup_ops for name in op.output("Out")]
     block.remove_ops(lookup_ops)
-    position = {op: i for i, op in enumerate(block.ops)}
     producers = [op for name in ids for op in block.writers(name)]
-    anchor = max(producers, key=position.__getitem__) if producers else None
+    anchor = max(producers, key=block.index_of) if producers else None
     consumers = [op for name in outs for op in block.readers(name)]
-    if consumers and anchor is not None and min(position[op] for op in consumers) <= position[anchor]:
+    if consumers and anchor is not None and min(map(block.index_of, consumers)) <= block.index_of(anchor):
         raise TranspileError(
             f"the lookups of table {lookups.table!r} cannot be merged: an output is read before the last of its "
             "ids is written"
@@ -246,9 +245,8 @@ def _place_lookup(block: Block, ops, lookups: TableLookups, new_ops: list[Op], a
     after_anchor[anchor] = last
 
 
-def _distributed_lookup_table(block: Block, ops, lookups: TableLookups, param: ParamPlan,
+def _distributed_lookup_table(lookup_ops: list[Op], lookups: TableLookups, param: ParamPlan,
                               options: TranspileOptions) -> Op:
-    lookup_ops = [ops[i] for i in lookups.lookups]
     return make_op(
         "distributed_lookup_table",
         {"Ids": [n for op in lookup_ops for n in op.input("Ids")], "W": [param.param]},
@@ -266,8 +264,7 @@ def _distributed_lookup_table(block: Block, ops, lookups: TableLookups, param: P
     )
 
 
-def _prefetch_ops(block: Block, ops, lookups: TableLookups, table: TablePlan, options: TranspileOptions) -> list[Op]:
-    lookup_ops = [ops[i] for i in lookups.lookups]
+def _prefetch_ops(block: Block, lookup_ops: list[Op], table: TablePlan, options: TranspileOptions) -> list[Op]:
     ids = [n for op in lookup_ops for n in op.input("Ids")]
     outs = [n for op in lookup_ops for n in op.output("Out")]
     shards = range(len(table.endpoints))

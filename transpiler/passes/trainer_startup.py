@@ -26,12 +26,11 @@ from transpiler.passes.trainer_program import concat_op, declare_param_blocks, r
 
 def optimizer_state_vars(bundle: Bundle) -> set[str]:
     """Inputs of optimize ops that are not params or grads (Paddle's rule, facts §5.2)."""
-    ops = bundle.origin.global_block().ops
     inputs: set[str] = set()
     role_vars: set[str] = set()
-    for index in bundle.analysis.optimize_ops:
-        inputs.update(ops[index].input_names)
-        role_vars.update(ops[index].role_vars)
+    for op in bundle.analysis.optimize_ops:
+        inputs.update(op.input_names)
+        role_vars.update(op.role_vars)
     for chain in bundle.analysis.chains:
         role_vars.update((chain.param, chain.grad))
     return inputs - role_vars
