@@ -343,8 +343,10 @@ def test_an_op_the_catalogue_does_not_know_passes_through_untouched(sync_mode):
         assert "my_custom_op" not in [op.type for b in pserver.blocks for op in b.ops]
 
 
-PASS_FOLDERS = ["01_lower_async_lr_decay", "02_find_optimize", "03_slice_vars", "04_trainer_program",
-                "05_trainer_startup", "06_pserver_program", "07_pserver_startup"]
+PASS_FOLDERS = ["01_lower_async_lr_decay", "02_find_optimize", "03_slice_vars", "04_drop_optimize",
+                "05_distribute_lookups", "06_insert_sends", "07_insert_recvs", "08_drop_unused_vars",
+                "09_trainer_startup", "10_pserver_lr_decay", "11_pserver_optimize_blocks", "12_pserver_table_blocks",
+                "13_pserver_serve", "14_pserver_startup"]
 
 
 def test_dump_dir_has_every_program_after_every_pass(tmp_path):

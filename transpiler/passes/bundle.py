@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from transpiler.ir import Op, Program
+from transpiler.ir import CloneMap, Op, Program
 from transpiler.naming import control_var
 from transpiler.plan import Plan
 
@@ -79,12 +79,36 @@ class Analysis:
 
 
 @dataclass
+class TrainerSends:
+    """What insert_sends left for insert_recvs: each param's `send` control var (an async
+    `recv` waits on it) and the `send_barrier`'s (a sync `recv` waits on that)."""
+
+    control: dict[str, str] = field(default_factory=dict)  # param -> the control var its send writes
+    barrier: str | None = None
+
+
+@dataclass
 class PserverPrograms:
+    """One pserver's programs, and what the pserver passes that build block 0's
+    `listen_and_serv` collect for it on the way."""
+
     main: Program
     startup: Program | None = None
     # Original var name -> (pserver var, block index) standing for it here (a param's
     # blocks, an accumulator cut like its param, ...): what the startup pass initialises.
     instances: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    lr_block: int = -1  # the lr-decay block, -1 when there is none
+    optimize_blocks: list[int] = field(default_factory=list)
+    received: list[str] = field(default_factory=list)  # the grads `listen_and_serv` takes (its X)
+    grad_to_block: list[tuple[str, int]] = field(default_factory=list)
+    sparse_grad_to_param: list[tuple[str, str]] = field(default_factory=list)
+    table_attrs: dict = field(default_factory=dict)  # the distributed table's blocks, as listen_and_serv attrs
+
+    @property
+    def optimize_parent(self) -> int:
+        """Optimize blocks are children of the lr block, which then runs first (Paddle makes
+        them children of its last sub-block, an artefact of how it counted blocks)."""
+        return self.lr_block if self.lr_block >= 0 else 0
 
 
 @dataclass
@@ -95,6 +119,8 @@ class Bundle:
     origin: Program
     origin_startup: Program
     trainer: Program | None = None
+    trainer_ops: CloneMap | None = None  # origin -> trainer: where the analysed ops are in the trainer
+    trainer_sends: TrainerSends | None = None
     trainer_startup: Program | None = None
     pservers: dict[str, PserverPrograms] = field(default_factory=dict)
     analysis: Analysis | None = None

@@ -29,6 +29,7 @@ from transpiler.errors import TranspileError
 from transpiler.ir import Block, Op, OpRole, VarKind
 from transpiler.passes.bundle import Analysis, Bundle, ParamChain, TableLookups
 from transpiler.passes.lr_ops import counter_increment, is_lr_op
+from transpiler.passes.contract import Pass
 
 LOOKUP_TABLE_OPS = ("lookup_table", "lookup_table_v2")
 
@@ -207,3 +208,6 @@ def _lr_counter(block: Block, lr_ops: list[Op], lowered: str | None) -> tuple[st
         return lowered, next((op for op in block.writers(lowered) if op in lr), None)
     increment = counter_increment(lr_ops)
     return (None, None) if increment is None else (increment.input("X")[0], increment)
+
+
+PASS = Pass("find_optimize", run, requires=("origin", "origin_startup"), produces=("analysis",))

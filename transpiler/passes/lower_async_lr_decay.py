@@ -25,6 +25,7 @@ from transpiler.ir.types import OP_ROLE_ATTR
 from transpiler.naming import trainer_name
 from transpiler.passes.bundle import Bundle
 from transpiler.passes.lr_ops import counter_increment, is_lr_op
+from transpiler.passes.contract import Pass
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
@@ -67,3 +68,6 @@ def _set_fill_value(op: Op, value: float) -> None:
     op.set_attr("value", value)
     if op.attr("str_value", ""):
         op.set_attr("str_value", repr(value))
+
+
+PASS = Pass("lower_async_lr_decay", run, requires=("origin", "origin_startup"), produces=())

@@ -1,4 +1,4 @@
-"""Pass 2: cut each parameter into blocks and place the blocks on pservers.
+"""Pass: cut each parameter into blocks and place the blocks on pservers.
 
 Grads are cut exactly like their params (the optimizer updates block i of the param
 with block i of the grad), so one slicing and one dispatch serve both: a param block
@@ -14,10 +14,10 @@ from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
 from transpiler.passes.bundle import Bundle
 from transpiler.plan import ParamPlan, Plan, TablePlan, make_blocks, slice_sizes
+from transpiler.passes.contract import Pass
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
-    assert bundle.analysis is not None, "run find_optimize first"
     block = bundle.origin.global_block()
     plan = Plan(
         endpoints=options.endpoints,
@@ -78,3 +78,6 @@ def _check_names_free(block, plan: Plan) -> None:
             for name in (var_block.name, param.grad_block_name(var_block.index)):
                 if block.has_var(name):
                     raise TranspileError(f"cannot slice {param.param!r}: the program already declares {name!r}")
+
+
+PASS = Pass("slice_vars", run, requires=("analysis",), produces=("plan",))
