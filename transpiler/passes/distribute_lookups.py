@@ -18,8 +18,8 @@ from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
 from transpiler.ir import Block, Op, OpRole
 from transpiler.passes.bundle import Bundle, TableLookups
-from transpiler.plan import ParamPlan, TablePlan
 from transpiler.passes.contract import Pass
+from transpiler.plan import ParamPlan, TablePlan
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:

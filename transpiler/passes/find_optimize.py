@@ -28,8 +28,8 @@ from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
 from transpiler.ir import Block, Op, OpRole, VarKind
 from transpiler.passes.bundle import Analysis, Bundle, ParamChain, TableLookups
-from transpiler.passes.lr_ops import counter_increment, is_lr_op
 from transpiler.passes.contract import Pass
+from transpiler.passes.lr_ops import counter_increment, is_lr_op
 
 LOOKUP_TABLE_OPS = ("lookup_table", "lookup_table_v2")
 

@@ -22,8 +22,8 @@ from transpiler.config import TranspileOptions
 from transpiler.ir import Block, Op, OpRole, Program
 from transpiler.naming import trainer_name
 from transpiler.passes.bundle import Bundle, TrainerSends
-from transpiler.plan import ParamPlan, Plan
 from transpiler.passes.contract import Pass
+from transpiler.plan import ParamPlan, Plan
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:

@@ -24,8 +24,8 @@ from transpiler.ir import Attr, AttrType, Op, OpRole
 from transpiler.ir.types import OP_ROLE_ATTR
 from transpiler.naming import trainer_name
 from transpiler.passes.bundle import Bundle
-from transpiler.passes.lr_ops import counter_increment, is_lr_op
 from transpiler.passes.contract import Pass
+from transpiler.passes.lr_ops import counter_increment, is_lr_op
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:

@@ -15,8 +15,8 @@ from transpiler.config import TranspileOptions
 from transpiler.ir import AttrType, Block, Op, Program
 from transpiler.ir.types import EMPTY_VAR_NAME
 from transpiler.passes.bundle import Bundle, PserverPrograms
-from transpiler.passes.pserver_vars import declare
 from transpiler.passes.contract import Pass
+from transpiler.passes.pserver_vars import declare
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:

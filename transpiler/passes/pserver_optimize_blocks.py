@@ -20,9 +20,9 @@ from transpiler.ir import Block, OpRole, Program
 from transpiler.ir.types import EMPTY_VAR_NAME, OP_ROLE_VAR_ATTR
 from transpiler.naming import block_name
 from transpiler.passes.bundle import Bundle, ParamChain, PserverPrograms
+from transpiler.passes.contract import Pass
 from transpiler.passes.pserver_vars import declare
 from transpiler.plan import ParamPlan, Plan, VarBlock
-from transpiler.passes.contract import Pass
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:

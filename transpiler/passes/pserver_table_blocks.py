@@ -14,9 +14,9 @@ from transpiler.config import TranspileOptions
 from transpiler.ir import DType, OpRole, Program, VarKind
 from transpiler.naming import LOOKUP_TABLE_PATH, encode_pairs
 from transpiler.passes.bundle import Bundle, ParamChain, PserverPrograms
+from transpiler.passes.contract import Pass
 from transpiler.passes.pserver_vars import declare
 from transpiler.plan import Plan
-from transpiler.passes.contract import Pass
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:

@@ -13,8 +13,8 @@ from dataclasses import replace
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
 from transpiler.passes.bundle import Bundle
-from transpiler.plan import ParamPlan, Plan, TablePlan, make_blocks, slice_sizes
 from transpiler.passes.contract import Pass
+from transpiler.plan import ParamPlan, Plan, TablePlan, make_blocks, slice_sizes
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:

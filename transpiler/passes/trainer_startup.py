@@ -21,8 +21,8 @@ from ops.catalogue import make_op
 from transpiler.config import TranspileOptions
 from transpiler.ir import OpRole
 from transpiler.passes.bundle import Bundle
-from transpiler.passes.trainer_vars import concat_op, recv_attrs, recv_outputs, received_params
 from transpiler.passes.contract import Pass
+from transpiler.passes.trainer_vars import concat_op, recv_attrs, recv_outputs, received_params
 
 
 def optimizer_state_vars(bundle: Bundle) -> set[str]:
