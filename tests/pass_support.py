@@ -50,16 +50,5 @@ def ops(program: IRProgram, block: int = 0) -> str:
         if line.startswith("block "):
             inside = line.startswith(header)
         elif inside and line.startswith("  op "):
-            out.append(line[2:].split(" {")[0])
-    return "\n".join(out) + "\n"
-
-
-def var_lines(program: IRProgram, block: int = 0) -> str:
-    """The var lines of one block of the text dump."""
-    header, out, inside = f"block {block} ", [], False
-    for line in dump(program).splitlines():
-        if line.startswith("block "):
-            inside = line.startswith(header)
-        elif inside and line.startswith("  var "):
-            out.append(line[2:])
-    return "\n".join(out) + "\n"
+            out.append(line[2:].split(" {")[0] + "\n")
+    return "".join(out)
