@@ -38,3 +38,12 @@ def test_the_naming_module_is_a_leaf():
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported <= {"__future__", "collections.abc", "transpiler.errors"}
+
+
+def test_the_pserver_runtime_names_a_malformed_entry_and_its_endpoint():
+    from ops.kernels.context import KernelError
+    from ops.rpc.listen_and_serv import parse_grad_to_block
+
+    assert parse_grad_to_block(["a:b:2"], "ep") == {"a:b": 2}
+    with pytest.raises(KernelError, match="listen_and_serv on ep: malformed prefetch_var_name_to_block_id entry 'x:y'"):
+        parse_grad_to_block(["x:y"], "ep", "prefetch_var_name_to_block_id")
