@@ -343,43 +343,50 @@ def test_an_op_the_catalogue_does_not_know_passes_through_untouched(sync_mode):
         assert "my_custom_op" not in [op.type for b in pserver.blocks for op in b.ops]
 
 
+PASS_FOLDERS = ["01_lower_async_lr_decay", "02_find_optimize", "03_slice_vars", "04_drop_optimize",
+                "05_distribute_lookups", "06_insert_sends", "07_insert_recvs", "08_drop_unused_vars",
+                "09_trainer_startup", "10_pserver_lr_decay", "11_pserver_optimize_blocks", "12_pserver_table_blocks",
+                "13_pserver_serve", "14_pserver_startup"]
+
+
 def test_dump_dir_has_every_program_after_every_pass(tmp_path):
     basic(dump_dir=tmp_path)
     passes = sorted(p.name for p in tmp_path.iterdir())
-    assert passes == ["01_find_optimize", "02_async_lr_decay", "03_slice_vars", "04_trainer_program",
-                      "05_trainer_startup", "06_pserver_program", "07_pserver_startup"]
+    assert passes == PASS_FOLDERS
     for name in passes:  # no pass folder is empty: each holds the whole state after its pass
         files = sorted(p.name for p in (tmp_path / name).iterdir())
-        assert {"origin.txt", "origin_startup.txt", "analysis.txt"} <= set(files), (name, files)
+        assert {"origin.txt", "origin_startup.txt"} <= set(files), (name, files)
+        assert ("analysis.txt" in files) == (name >= "02")  # the analysis exists from find_optimize on
         assert ("plan.json" in files) == (name >= "03")
         assert all((tmp_path / name / f).stat().st_size > 0 for f in files)
     last = sorted(p.name for p in (tmp_path / passes[-1]).iterdir())
     assert "trainer.txt" in last and "plan.json" in last and "pserver_127_0_0_1_6175_startup.txt" in last
-    analysis = (tmp_path / "01_find_optimize" / "analysis.txt").read_text()
+    analysis = (tmp_path / "02_find_optimize" / "analysis.txt").read_text()
     assert "param fc_w grad=fc_w@GRAD optimizer=" in analysis and "optimize_ops [" in analysis
-    assert (tmp_path / "01_find_optimize" / "origin.txt").read_text().startswith("# ps-transpiler dump")
+    assert (tmp_path / "02_find_optimize" / "origin.txt").read_text().startswith("# ps-transpiler dump")
 
 
 def test_a_reused_dump_dir_holds_only_the_latest_run(tmp_path):
     main, startup = load("fluid18_basic_sgd_2ps")
     transpile(main, startup, pservers="127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", trainers=1, dump_dir=tmp_path)
     transpile(main, startup, pservers="127.0.0.1:1", trainers=1, dump_dir=tmp_path)
-    last = sorted(p.name for p in (tmp_path / "07_pserver_startup").iterdir())
+    last = sorted(p.name for p in (tmp_path / PASS_FOLDERS[-1]).iterdir())
     assert [f for f in last if f.startswith("pserver_")] == ["pserver_127_0_0_1_1.txt", "pserver_127_0_0_1_1_startup.txt"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging folder left behind
 
 
-def test_dump_dir_shows_what_the_async_lr_decay_pass_rewrote(tmp_path):
+def test_dump_dir_shows_what_the_async_lr_decay_lowering_rewrote(tmp_path):
+    from transpiler.ir.printer import dump
+
     main, startup = load("fluid18_lr_exp_decay_2ps")
     transpile(main, startup, pservers=EPS, trainers=2, sync_mode=False, dump_dir=tmp_path)
-    before = (tmp_path / "01_find_optimize" / "origin.txt").read_text()
-    after = (tmp_path / "02_async_lr_decay" / "origin.txt").read_text()
+    before = dump(main)
+    after = (tmp_path / "01_lower_async_lr_decay" / "origin.txt").read_text()
     assert " increment X=[@LR_DECAY_COUNTER@]" in before and " increment " not in after
     assert " sum X=[@LR_DECAY_COUNTER@.trainer_0, @LR_DECAY_COUNTER@.trainer_1]" in after
-    assert "lr_counter @LR_DECAY_COUNTER@ updated_by=0:increment" in (
-        tmp_path / "01_find_optimize" / "analysis.txt").read_text()
-    assert (tmp_path / "02_async_lr_decay" / "origin_startup.txt").read_text() != (
-        tmp_path / "01_find_optimize" / "origin_startup.txt").read_text()
+    assert "lr_counter @LR_DECAY_COUNTER@ updated_by=0:sum" in (
+        tmp_path / "02_find_optimize" / "analysis.txt").read_text()
+    assert (tmp_path / "01_lower_async_lr_decay" / "origin_startup.txt").read_text() != dump(startup)
 
 
 DUMP_SCRIPT = """

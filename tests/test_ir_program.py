@@ -445,3 +445,58 @@ def test_var_copy_carries_every_field():
         if slot not in ("_name", "block"):
             assert getattr(copy, slot) == getattr(var, slot), slot
     assert copy.name == "w" and copy.block is None and copy.attrs is not var.attrs
+
+
+# ------------------------------------------------------------- clone map, freeze
+
+
+def test_clone_with_map_maps_every_op_and_var_to_its_copy():
+    program = _program("x", "y")
+    block = program.global_block()
+    a = block.add_op("relu", {"X": "x"}, {"Out": "y"})
+    sub = program.create_block(0)
+    b = sub.add_op("scale", {"X": "y"}, {"Out": "y"})
+    copy, copies = program.clone_with_map()
+    assert copies.op(a) is copy.global_block().ops[0] and copies.op(b) is copy.block(1).ops[0]
+    assert copies.op(a) is not a and copies.op(a).type == "relu"
+    assert copies.var(block.var("x")) is copy.global_block().var("x")
+    assert len(copies.ops) == 2 and len(copies.vars) == 2
+    with pytest.raises(IRError, match="not an op of the cloned program"):
+        copies.op(Op("relu"))
+    copy.global_block().remove_op(copies.op(a))  # editing the copy leaves the original alone
+    assert _types(block) == ["relu"]
+
+
+def test_a_frozen_program_refuses_every_edit_and_its_clones_do_not():
+    from transpiler.ir import FrozenProgramError
+
+    program = _program("x", "y")
+    block = program.global_block()
+    op = block.add_op("relu", {"X": "x"}, {"Out": "y"})
+    program.freeze()
+    edits = [
+        lambda: block.add_op("relu"),
+        lambda: block.insert_after(op, "relu"),
+        lambda: block.insert_before(op, "relu"),
+        lambda: block.remove_op(op),
+        lambda: block.create_var("z"),
+        lambda: block.remove_var("x"),
+        lambda: block.rename_var("x", "x2"),
+        lambda: block.replace_uses("x", "y"),
+        lambda: block.reorder([op]),
+        lambda: program.create_block(0),
+        lambda: op.set_attr("alpha", 1.0),
+        lambda: op.remove_attr("alpha"),
+        lambda: op.set_input("X", ["y"]),
+        lambda: op.set_output("Out", ["x"]),
+    ]
+    for edit in edits:
+        with pytest.raises(FrozenProgramError, match="frozen program"):
+            edit()
+    assert _types(block) == ["relu"] and op.input("X") == ("x",) and not op.has_attr("alpha")
+    assert isinstance(FrozenProgramError("x"), IRError)
+    copy = program.clone()
+    assert not copy.frozen
+    copy.global_block().add_op("relu")
+    detached = op.clone()
+    detached.set_attr("alpha", 1.0)  # a detached copy of a frozen op is free

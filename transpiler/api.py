@@ -69,7 +69,7 @@ def transpile(
 
     `verify=True` runs the verifier after every pass (always after the last).
     `dump_dir` gets a folder per pass with the state after it: the original programs as
-    they stand, what pass 1 found (`analysis.txt`), the plan and every program built so far.
+    they stand, what find_optimize found (`analysis.txt`), the plan and every program built so far.
     `progress(pass_name, seconds)` is called after each pass.
     """
     if not isinstance(program, Program) or not isinstance(startup_program, Program):

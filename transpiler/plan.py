@@ -19,12 +19,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from transpiler import naming
 from transpiler.errors import TranspileError
 from transpiler.ir.types import DType
-
-GRAD_BLOCK = "{grad}.block{index}"
-PARAM_BLOCK = "{param}.block{index}"
-TRAINER_SUFFIX = ".trainer_{trainer}"
 
 
 def slice_sizes(shape: tuple[int, ...], slice_count: int, min_block_size: int) -> list[int]:
@@ -84,7 +81,7 @@ class ParamPlan:
 
     def grad_block_name(self, index: int) -> str:
         """The merged grad of block `index` as the pserver names it."""
-        return GRAD_BLOCK.format(grad=self.grad, index=index) if self.sliced else self.grad
+        return naming.block_name(self.grad, index) if self.sliced else self.grad
 
     def blocks_on(self, endpoint: str) -> list[VarBlock]:
         return [b for b, ep in zip(self.blocks, self.endpoints, strict=True) if ep == endpoint]
@@ -112,16 +109,16 @@ class TablePlan:
 
     def shard_grad_name(self, shard: int, trainer: int | None) -> str:
         """What a trainer calls the rows of the table grad it sends to pserver `shard`."""
-        middle = "" if trainer is None else TRAINER_SUFFIX.format(trainer=trainer)
-        return f"{self.grad}{middle}.pserver_{shard}"
+        grad = self.grad if trainer is None else naming.trainer_name(self.grad, trainer)
+        return naming.shard_name(grad, shard)
 
     @staticmethod
     def prefetch_in(shard: int) -> str:
-        return f"prefetch_compress_in_tmp_{shard}"
+        return naming.prefetch_in(shard)
 
     @staticmethod
     def prefetch_out(shard: int) -> str:
-        return f"prefetch_compress_out_tmp_{shard}"
+        return naming.prefetch_out(shard)
 
 
 @dataclass
@@ -149,7 +146,7 @@ class Plan:
     def trainer_grad_name(self, param: ParamPlan, index: int, trainer: int) -> str:
         """What trainer `trainer` calls the grad of block `index` it sends."""
         base = param.grad_block_name(index)
-        return base + TRAINER_SUFFIX.format(trainer=trainer) if self.per_trainer_grads else base
+        return naming.trainer_name(base, trainer) if self.per_trainer_grads else base
 
     def on(self, endpoint: str) -> list[tuple[ParamPlan, VarBlock]]:
         """Every (param, block) placed on `endpoint`, in param order."""
@@ -247,7 +244,7 @@ def make_blocks(name: str, shape: tuple[int, ...], sizes: list[int]) -> list[Var
     for index, size in enumerate(sizes):
         rows = size // row_width if row_width else 0
         block_shape = (rows, *shape[1:]) if shape else ()
-        block_name = PARAM_BLOCK.format(param=name, index=index) if len(sizes) > 1 else name
+        block_name = naming.block_name(name, index) if len(sizes) > 1 else name
         blocks.append(VarBlock(name, index, row, rows, block_shape, block_name))
         row += rows
     return blocks

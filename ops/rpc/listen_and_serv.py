@@ -32,22 +32,19 @@ from ops.kernels.context import KernelError, OpContext
 from ops.kernels.registry import register
 from ops.rpc.server import PServer, ServeConfig, print_log
 from ops.rpc.service import default_timeout
-from ops.rpc.table_io import LOOKUP_TABLE_PATH
 from transpiler.ir import Block, Program
 from transpiler.ir.types import EMPTY_VAR_NAME, VarKind
+from transpiler.naming import LOOKUP_TABLE_PATH, MalformedEntryError, decode_block_ids
 
 LISTEN_EXTRA_DEFAULTS = {"sync_mode": True}  # older Paddles' attr; the catalogue holds 1.8's
 
 
-def parse_grad_to_block(entries: Any, endpoint: str) -> dict[str, int]:
+def parse_grad_to_block(entries: Any, endpoint: str, attr: str = "grad_to_block_id") -> dict[str, int]:
     """`["fc_w@GRAD.block1:3", ...]` → `{"fc_w@GRAD.block1": 3}` (names may hold ':')."""
-    mapping: dict[str, int] = {}
-    for entry in entries or ():
-        name, sep, idx = str(entry).rpartition(":")
-        if not sep or not name or not idx.lstrip("-").isdigit():
-            raise KernelError(f"listen_and_serv on {endpoint}: malformed grad_to_block_id entry {entry!r}")
-        mapping[name] = int(idx)
-    return mapping
+    try:
+        return decode_block_ids(entries, attr)
+    except MalformedEntryError as exc:
+        raise KernelError(f"listen_and_serv on {endpoint}: {exc}") from None
 
 
 def trainer_sent_vars(program: Program, grad_to_block: dict[str, int], listed: tuple[str, ...]) -> tuple[str, ...]:
@@ -101,7 +98,8 @@ def serve_config(ctx: OpContext) -> ServeConfig:
     blocks = tuple(int(b) for b in ctx.attr("optimize_blocks"))
     lr_block = int(ctx.attr("lr_decay_block_id"))
     grad_to_block = parse_grad_to_block(ctx.attr("grad_to_block_id"), endpoint)
-    prefetch = parse_grad_to_block(ctx.attr("prefetch_var_name_to_block_id"), endpoint)
+    prefetch = parse_grad_to_block(ctx.attr("prefetch_var_name_to_block_id"), endpoint,
+                                   "prefetch_var_name_to_block_id")
     checkpoint = int(ctx.attr("checkpint_block_id"))
     named = [*blocks, *grad_to_block.values(), *prefetch.values(), *(b for b in (lr_block, checkpoint) if b >= 0)]
     for idx in named:

@@ -78,6 +78,7 @@ from ops.rpc.wire import WireVar, encode_var
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows
 from proto import rpc_pb2
+from transpiler.naming import LOOKUP_TABLE_PATH
 
 POLL = 0.2  # seconds between liveness checks of a waiting thread
 FAILURE_LINGER = 1.0  # seconds a failed pserver keeps answering, with its reason, before it stops
@@ -110,7 +111,7 @@ class ServeConfig:
     sparse_vars: frozenset[str] = frozenset()  # received vars declared SELECTED_ROWS (their zeros are empty)
     prefetch_blocks: Mapping[str, tuple[int, str]] = field(default_factory=dict)  # ids var -> (block, output var)
     checkpoint_block: int = -1  # runs on a lookup-table checkpoint notice
-    checkpoint_path_var: str = "kLookupTablePath"  # bound to the notice's path first
+    checkpoint_path_var: str = LOOKUP_TABLE_PATH  # bound to the notice's path first
 
     def __post_init__(self) -> None:
         if self.fanin < 1:

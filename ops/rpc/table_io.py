@@ -35,8 +35,8 @@ from ops.kernels.registry import register
 from ops.tensor import LoDTensor, SelectedRows
 from transpiler.errors import PsTranspilerError
 from transpiler.fileio import write_atomic
+from transpiler.naming import LOOKUP_TABLE_PATH
 
-LOOKUP_TABLE_PATH = "kLookupTablePath"  # the RAW var a checkpoint notice fills (Paddle's name)
 SHARD_FORMAT = "ps-transpiler-table-shard/1"
 
 

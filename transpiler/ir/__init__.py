@@ -8,14 +8,16 @@ imports the generated code), the dependency-graph view (graph.py), the verifier
 
 from transpiler.errors import IRError, ProgramFormatError, VerifyError
 from transpiler.ir.attrs import Attr
-from transpiler.ir.program import Block, Op, Program, Var
+from transpiler.ir.program import Block, CloneMap, FrozenProgramError, Op, Program, Var
 from transpiler.ir.types import AttrType, DType, OpRole, VarKind
 
 __all__ = [
     "Attr",
     "AttrType",
     "Block",
+    "CloneMap",
     "DType",
+    "FrozenProgramError",
     "IRError",
     "Op",
     "OpRole",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Union
 
@@ -35,6 +36,11 @@ from transpiler.ir.types import (
 
 if TYPE_CHECKING:
     from transpiler.ir.graph import BlockGraph
+
+
+class FrozenProgramError(IRError):
+    """An edit of a frozen program: once a pass has analysed a program, later passes
+    hold its ops, so it must stay as it was (see `Program.freeze`)."""
 
 _MISSING: Any = object()
 
@@ -243,6 +249,7 @@ class Op:
 
     def _edit_slots(self, edit) -> None:
         block = self.block
+        self._check_mutable()
         if block is not None:
             block._unindex(self)
         edit()
@@ -276,11 +283,13 @@ class Op:
         """Set an attr. The type is inferred from `value` unless given; an existing attr
         keeps its wire type when no type is given, so `set_attr("axis", 1)` on a LONG
         attr stays LONG."""
+        self._check_mutable()
         if type is None and name in self._attrs and not isinstance(value, Attr):
             type = self._attrs[name].type
         self._attrs[name] = Attr.of(value, type)
 
     def remove_attr(self, name: str) -> None:
+        self._check_mutable()
         self._attrs.pop(name, None)
 
     def attr_values(self) -> dict[str, Any]:
@@ -307,6 +316,10 @@ class Op:
             elif attr.type == AttrType.BLOCKS:
                 found.extend(attr.value)
         return found
+
+    def _check_mutable(self) -> None:
+        if self.block is not None:
+            self.block._check_mutable()
 
     def _program(self) -> Program:
         if self.block is None or self.block.program is None:
@@ -408,6 +421,7 @@ class Block:
         return self.add_var(Var(name, kind, dtype, shape, **flags))
 
     def add_var(self, var: Var) -> Var:
+        self._check_mutable()
         if var.block is not None:
             raise IRError(f"var {var.name!r} already belongs to block {var.block.idx}")
         if var.name in self._vars:
@@ -417,6 +431,7 @@ class Block:
         return var
 
     def remove_var(self, name: str) -> Var:
+        self._check_mutable()
         var = self.var(name)
         del self._vars[name]
         var.block = None
@@ -430,6 +445,7 @@ class Block:
     def rename_vars(self, renames: Mapping[str, str]) -> None:
         """Rename several declared vars at once (one O(vars) pass however many), keeping
         each declaration's position, and every read and write of them in this block."""
+        self._check_mutable()
         for old, new in renames.items():
             self.var(old)
             if new in self._vars and new not in renames:
@@ -538,6 +554,7 @@ class Block:
 
     def remove_op(self, op: Op) -> Op:
         """Unlink `op` from this block; it comes back detached and can be added elsewhere."""
+        self._check_mutable()
         self._check_member(op)
         self._unindex(op)
         if op._prev is None:
@@ -569,6 +586,7 @@ class Block:
         reorder_block(self, order)
 
     def _relink(self, order: list[Op]) -> None:
+        self._check_mutable()
         prev: Op | None = None
         for op in order:
             op._prev = prev
@@ -599,12 +617,20 @@ class Block:
             return op
         return Op(op, inputs, outputs, attrs)
 
+    def _check_mutable(self) -> None:
+        if self.program is not None and self.program.frozen:
+            raise FrozenProgramError(
+                f"block {self.idx} belongs to a frozen program (analysed, so later passes hold its ops); "
+                "clone it to edit"
+            )
+
     def _check_member(self, op: Op) -> None:
         if op.block is not self:
             where = "no block" if op.block is None else f"block {op.block.idx}"
             raise IRError(f"op {op.type!r} is in {where}, not in block {self.idx}")
 
     def _link_after(self, prev: Op | None, op: Op) -> None:
+        self._check_mutable()
         nxt = self._head if prev is None else prev._next
         op._prev, op._next = prev, nxt
         if prev is None:
@@ -655,6 +681,7 @@ class Program:
         self._blocks: list[Block] = []
         self._blocks_cache: tuple[Block, ...] | None = None
         self.version: int | None = None
+        self.frozen = False
         # Paddle 2.x records the op versions a program was built with; None when absent.
         self.op_version_map: dict[str, int] | None = None
 
@@ -692,6 +719,8 @@ class Program:
         return self.append_block(Block(self, len(self._blocks), parent_idx))
 
     def append_block(self, block: Block) -> Block:
+        if self.frozen:
+            raise FrozenProgramError("cannot add a block to a frozen program; clone it to edit")
         block.program = self
         self._blocks.append(block)
         self._blocks_cache = None
@@ -714,6 +743,8 @@ class Program:
         """Remove blocks and renumber the rest, rewriting `idx`, `parent_idx`,
         `forward_block_idx` and every BLOCK / BLOCKS attr. Raises `IRError` if a kept
         op or block still refers to a dropped block."""
+        if self.frozen:
+            raise FrozenProgramError("cannot drop blocks of a frozen program; clone it to edit")
         drop = set(indices)
         if 0 in drop:
             raise IRError("the global block (0) cannot be dropped")
@@ -774,20 +805,57 @@ class Program:
         """Write atomically: a reader never sees a half-written file."""
         write_bytes_atomic(path, self.to_bytes())
 
+    def freeze(self) -> Program:
+        """Forbid every edit of this program from now on (`FrozenProgramError`): passes
+        after the analysis hold its ops, which must not move or change under them.
+        Clones of a frozen program are not frozen."""
+        self.frozen = True
+        return self
+
     def clone(self) -> Program:
         """A deep copy; editing it never touches this program."""
+        return self.clone_with_map()[0]
+
+    def clone_with_map(self) -> tuple[Program, CloneMap]:
+        """A deep copy, and the map from this program's ops and vars to their copies, so
+        a pass that analysed this program can find what it found in the copy."""
         new = Program()
+        copies = CloneMap()
         new.version = self.version
         new.op_version_map = None if self.op_version_map is None else dict(self.op_version_map)
         for block in self._blocks:
             copy = Block(new, block.idx, block.parent_idx, block.forward_block_idx)
             copy._explicit = block._explicit
             for var in block._vars.values():
-                copy.add_var(var.copy())
+                copies.vars[var] = copy.add_var(var.copy())
             for op in block.ops:
-                copy._link_after(copy._tail, op.clone())
+                new_op = op.clone()
+                copy._link_after(copy._tail, new_op)
+                copies.ops[op] = new_op
             new.append_block(copy)
-        return new
+        return new, copies
 
     def __repr__(self) -> str:
         return f"Program(blocks={len(self._blocks)}, ops={self.num_ops()})"
+
+
+@dataclass
+class CloneMap:
+    """Original op / var → its copy, from `Program.clone_with_map` (torch.fx's value map)."""
+
+    ops: dict[Op, Op] = field(default_factory=dict)
+    vars: dict[Var, Var] = field(default_factory=dict)
+
+    def op(self, original: Op) -> Op:
+        """The copy of `original` (IRError if it is not an op of the cloned program)."""
+        try:
+            return self.ops[original]
+        except KeyError:
+            raise IRError(f"op {original.type!r} is not an op of the cloned program") from None
+
+    def var(self, original: Var) -> Var:
+        try:
+            return self.vars[original]
+        except KeyError:
+            raise IRError(f"var {original.name!r} is not a var of the cloned program") from None
+

@@ -5,26 +5,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from transpiler.ir import Program
+from transpiler.ir import CloneMap, Op, Program
+from transpiler.naming import control_var
 from transpiler.plan import Plan
-
-CONTROL_VAR_PREFIX = "__control_var@"
 
 
 @dataclass
 class ParamChain:
     """One parameter's update: the ops that leave the trainer for its pservers.
 
-    Indices are positions in the original program's global block. `ops` holds every
-    optimize-role op tied to the param (L2-decay `scale`/`sum`, `clip`, ...) and the
-    optimizer op itself, in program order.
+    Ops are the original program's (global block); a pass working on a clone finds
+    their copies through the clone's map. `ops` holds every optimize-role op tied to the
+    param (L2-decay `scale`/`sum`, `clip`, ...) and the optimizer op itself, in program order.
     """
 
     param: str
     grad: str  # the grad the trainer sends: what backward wrote, before decay or clip
-    optimizer: int
-    ops: list[int]
-    grad_producer: int  # the last op the trainer keeps that writes `grad`
+    optimizer: Op
+    ops: list[Op]
+    grad_producer: Op  # the last op the trainer keeps that writes `grad`
     sparse: bool = False  # the grad is SELECTED_ROWS (an is_sparse embedding table)
 
 
@@ -33,7 +32,7 @@ class TableLookups:
     """The `lookup_table` ops reading one embedding table."""
 
     table: str
-    lookups: list[int]  # their indices in the original program
+    lookups: list[Op]  # in program order
     op_type: str  # lookup_table or lookup_table_v2
     distributed: bool  # is_distributed: rows live only on the pservers, sharded id % #pservers
     remote_prefetch: bool  # rows are fetched from the table's blocks instead of receiving the table
@@ -42,21 +41,22 @@ class TableLookups:
 
 @dataclass
 class Analysis:
+    """What find_optimize learnt about the original program; its ops, never positions."""
+
     chains: list[ParamChain]
-    optimize_ops: list[int]  # every op that leaves the trainer for the optimize blocks
-    lr_ops: list[int]  # ops computing the learning rate, in order
-    lr_counter: str | None = None  # the global step var the lr ops increment, if any
-    lr_counter_increment: int | None = None  # index of that `increment` op
+    optimize_ops: list[Op]  # every op that leaves the trainer for the optimize blocks
+    lr_ops: list[Op]  # ops computing the learning rate, in order
+    lr_counter: str | None = None  # the global step var the lr ops update, if any
+    lr_counter_update: Op | None = None  # the op that updates it (`increment`, or the lowered `sum`)
     tables: dict[str, TableLookups] = field(default_factory=dict)  # sparse / distributed embedding tables
     distributed_table: ParamChain | None = None  # the is_distributed table (at most one), not in `chains`
 
-    def to_text(self, program: Program) -> str:
+    def to_text(self) -> str:
         """A stable text form for `--dump-dir` (`analysis.txt`): one line per finding,
-        ops as `index:type` in `program`'s global block (the original as it stands)."""
-        ops = program.global_block().ops
+        ops as `index:type`, the index their position in the (frozen) original."""
 
-        def op(index: int | None) -> str:
-            return "none" if index is None else f"{index}:{ops[index].type}"
+        def op(found: Op | None) -> str:
+            return "none" if found is None else f"{found.index}:{found.type}"
 
         def chain(kind: str, c: ParamChain) -> str:
             return (f"{kind} {c.param} grad={c.grad} optimizer={op(c.optimizer)} grad_producer={op(c.grad_producer)} "
@@ -65,7 +65,7 @@ class Analysis:
         lines = ["# ps-transpiler analysis v1",
                  f"optimize_ops [{', '.join(op(i) for i in self.optimize_ops)}]",
                  f"lr_ops [{', '.join(op(i) for i in self.lr_ops)}]",
-                 f"lr_counter {self.lr_counter} updated_by={op(self.lr_counter_increment)}"
+                 f"lr_counter {self.lr_counter} updated_by={op(self.lr_counter_update)}"
                  if self.lr_counter is not None else "lr_counter none"]
         lines += [chain("param", c) for c in self.chains]
         for name, t in self.tables.items():
@@ -79,33 +79,60 @@ class Analysis:
 
 
 @dataclass
+class TrainerSends:
+    """What insert_sends left for insert_recvs: each param's `send` control var (an async
+    `recv` waits on it) and the `send_barrier`'s (a sync `recv` waits on that)."""
+
+    control: dict[str, str] = field(default_factory=dict)  # param -> the control var its send writes
+    barrier: str | None = None
+
+
+@dataclass
 class PserverPrograms:
+    """One pserver's programs, and what the pserver passes that build block 0's
+    `listen_and_serv` collect for it on the way."""
+
     main: Program
     startup: Program | None = None
     # Original var name -> (pserver var, block index) standing for it here (a param's
     # blocks, an accumulator cut like its param, ...): what the startup pass initialises.
     instances: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    lr_block: int = -1  # the lr-decay block, -1 when there is none
+    optimize_blocks: list[int] = field(default_factory=list)
+    received: list[str] = field(default_factory=list)  # the grads `listen_and_serv` takes (its X)
+    grad_to_block: list[tuple[str, int]] = field(default_factory=list)
+    sparse_grad_to_param: list[tuple[str, str]] = field(default_factory=list)
+    table_attrs: dict = field(default_factory=dict)  # the distributed table's blocks, as listen_and_serv attrs
+
+    @property
+    def optimize_parent(self) -> int:
+        """Optimize blocks are children of the lr block, which then runs first (Paddle makes
+        them children of its last sub-block, an artefact of how it counted blocks)."""
+        return self.lr_block if self.lr_block >= 0 else 0
 
 
 @dataclass
 class Bundle:
     """Programs under construction. `origin` / `origin_startup` are private copies of
-    the user's programs; passes never change them."""
+    the user's programs: lowerings rewrite them, find_optimize analyses and freezes them."""
 
     origin: Program
     origin_startup: Program
     trainer: Program | None = None
+    trainer_ops: CloneMap | None = None  # origin -> trainer: where the analysed ops are in the trainer
+    trainer_sends: TrainerSends | None = None
     trainer_startup: Program | None = None
     pservers: dict[str, PserverPrograms] = field(default_factory=dict)
     analysis: Analysis | None = None
     plan: Plan | None = None
     control_vars: int = 0
+    lowered_lr_counter: str | None = None  # the step counter the async lr-decay lowering split per trainer
 
     def new_control_var(self, program: Program) -> str:
         """A fresh dependency-only var, `__control_var@<n>` (Paddle uses random numbers;
         these count up so every process names them alike)."""
         while True:
-            name = f"{CONTROL_VAR_PREFIX}{self.control_vars}"
+            name = control_var(self.control_vars)
             self.control_vars += 1
             if not program.global_block().has_var(name):
                 break

@@ -20,6 +20,7 @@ from ops.catalogue.optimizer_ops import is_optimizer
 from transpiler.errors import VerifyError
 from transpiler.ir import Program
 from transpiler.ir.verifier import op_problem, verify
+from transpiler.naming import MalformedEntryError, decode_block_id, decode_pair
 from transpiler.passes.bundle import Bundle
 
 
@@ -74,9 +75,12 @@ def _received_vars(program: Program) -> frozenset[str] | None:
         return None
     names = set(serve.input("X"))
     for entry in serve.attr("grad_to_block_id", ()):
-        _, _, idx = entry.rpartition(":")
-        if idx.isdigit() and 0 < int(idx) < program.num_blocks:
-            names.update(n for op in program.block(int(idx)).ops for n in op.input_names)
+        try:
+            _, idx = decode_block_id(entry, "grad_to_block_id")
+        except MalformedEntryError:
+            continue  # _check_grad_to_block reports it
+        if 0 < idx < program.num_blocks:
+            names.update(n for op in program.block(idx).ops for n in op.input_names)
     return frozenset(names)
 
 
@@ -120,9 +124,19 @@ def _check_prefetch(label, block, index, op, bundle):
     for name, ep in zip(op.input("X"), op.attr("epmap", ()), strict=False):
         progs = bundle.pservers.get(ep)
         serve = None if progs is None else _listen_and_serv(progs.main)
-        prefetched = () if serve is None else [e.rpartition(":")[0] for e in serve.attr("prefetch_var_name_to_block_id", ())]
-        if name not in prefetched:
+        entries = () if serve is None else serve.attr("prefetch_var_name_to_block_id", ())
+        if name not in _prefetched_names(entries):
             yield op_problem(label, block, op, index, f"prefetch of {name!r} from {ep}: that pserver has no prefetch block for it")
+
+
+def _prefetched_names(entries) -> list[str]:
+    names = []
+    for entry in entries:
+        try:
+            names.append(decode_pair(entry, "prefetch_var_name_to_block_id")[0])
+        except MalformedEntryError:
+            continue  # then no prefetch block answers for it: the caller reports the prefetch
+    return names
 
 
 def _check_each_block_optimized_once(bundle: Bundle):
@@ -152,10 +166,13 @@ def _check_grad_to_block(label: str, program: Program):
         yield VerifyError("has no listen_and_serv op", program=label, block=0)
         return
     for entry in serve.attr("grad_to_block_id", ()):
-        grad, _, idx = entry.rpartition(":")
-        if not idx.isdigit() or not 0 < int(idx) < program.num_blocks:
+        try:
+            grad, idx = decode_block_id(entry, "grad_to_block_id")
+        except MalformedEntryError:
+            idx = -1
+        if not 0 < idx < program.num_blocks:
             yield VerifyError(f"grad_to_block_id entry {entry!r} names no block", program=label, block=0)
             continue
-        if not any(grad in op.input_names for op in program.block(int(idx)).ops):
+        if not any(grad in op.input_names for op in program.block(idx).ops):
             yield VerifyError(f"grad_to_block_id entry {entry!r}: block {idx} does not read {grad!r}", program=label,
-                              block=int(idx))
+                              block=idx)

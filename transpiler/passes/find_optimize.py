@@ -1,4 +1,4 @@
-"""Pass 1: find what leaves the trainer.
+"""Pass: find what leaves the trainer, then freeze the analysed original.
 
 * Optimize ops: `op_role` has the Optimize bit (and not LRSched), or the op has `Param`,
   `Grad` and `LearningRate` slots (programs built without roles). Each is tied to a
@@ -14,103 +14,104 @@
   A sparse table's grad is SELECTED_ROWS; with `remote_prefetch` its rows are fetched
   from its blocks rather than the table received; an `is_distributed` table (at most
   one, updated by `sgd`) lives only on the pservers, sharded by `id % #pservers`.
+
+The analysis holds the original's ops, so the original is frozen afterwards: an edit of
+it would move or change what the analysis points at.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ops.catalogue.optimizer_ops import optimizer_slots
+from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
-from transpiler.ir import Op, OpRole, VarKind
+from transpiler.ir import Block, Op, OpRole, VarKind
 from transpiler.passes.bundle import Analysis, Bundle, ParamChain, TableLookups
+from transpiler.passes.contract import Pass
+from transpiler.passes.lr_ops import counter_increment, is_lr_op
 
 LOOKUP_TABLE_OPS = ("lookup_table", "lookup_table_v2")
-
-
-@dataclass(frozen=True)
-class Options:
-    pass
 
 
 def is_optimizer_op(op: Op) -> bool:
     return bool(op.input("Param")) and bool(op.input("Grad")) and bool(op.input("LearningRate"))
 
 
-def run(bundle: Bundle, options=None) -> Bundle:
+def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     block = bundle.origin.global_block()
-    ops = block.ops
-    lr_ops: list[int] = []
-    optimize: list[int] = []
-    tied: dict[str, list[int]] = {}
-    optimizers: dict[str, int] = {}
-    for index, op in enumerate(ops):
-        role = op.role
-        if role & OpRole.LRSched:
-            lr_ops.append(index)
+    lr_ops: list[Op] = []
+    optimize: list[Op] = []
+    tied: dict[str, list[Op]] = {}
+    optimizers: dict[str, Op] = {}
+    for op in block.ops:
+        if is_lr_op(op):
+            lr_ops.append(op)
             continue
-        if not (role & OpRole.Optimize or is_optimizer_op(op)):
+        if not (op.role & OpRole.Optimize or is_optimizer_op(op)):
             continue
-        optimize.append(index)
-        param = _tied_param(op, index)
-        tied.setdefault(param, []).append(index)
+        optimize.append(op)
+        param = _tied_param(op)
+        tied.setdefault(param, []).append(op)
         if is_optimizer_op(op):
             optimizer_slots(op.type)  # UnknownOpError for an optimizer we cannot distribute
             if param in optimizers:
                 raise TranspileError(
-                    f"param {param!r} is updated by two optimizer ops (ops {optimizers[param]} and {index})"
+                    f"param {param!r} is updated by two optimizer ops (ops {optimizers[param].index} and {op.index})"
                 )
-            optimizers[param] = index
+            optimizers[param] = op
     if not optimizers:
         raise TranspileError(
             "the program has no optimizer ops (sgd, adam, ...): call optimizer.minimize(loss) before transpiling"
         )
-    for param, indices in tied.items():
+    for param, chain_ops in tied.items():
         if param not in optimizers:
-            op = ops[indices[0]]
-            raise TranspileError(f"optimize op {indices[0]} ({op.type}) is tied to {param!r}, which no optimizer updates")
+            op = chain_ops[0]
+            raise TranspileError(f"optimize op {op.index} ({op.type}) is tied to {param!r}, which no optimizer updates")
 
-    moved = set(optimize) | set(lr_ops)
+    moved = {*optimize, *lr_ops}
     tables = _find_tables(block, set(optimizers))
     chains = []
-    for param, opt_index in sorted(optimizers.items(), key=lambda item: item[1]):
+    for param, optimizer in optimizers.items():  # in program order: the dict was filled walking the ops
         chain_ops = tied[param]
-        grad = _sent_grad(block, [ops[i] for i in chain_ops], param, moved)
+        grad = _sent_grad(block, chain_ops, param, moved)
         _check_param_and_grad(block, param, grad)
         producer = _last_kept_writer(block, grad, moved)
         sparse = block.find_var(grad).kind == VarKind.SELECTED_ROWS
-        if sparse and not optimizer_slots(ops[opt_index].type).sparse_grad:
-            raise TranspileError(f"{ops[opt_index].type} cannot apply the sparse grad {grad!r} of {param!r}")
-        chains.append(ParamChain(param=param, grad=grad, optimizer=opt_index, ops=chain_ops, grad_producer=producer,
+        if sparse and not optimizer_slots(optimizer.type).sparse_grad:
+            raise TranspileError(f"{optimizer.type} cannot apply the sparse grad {grad!r} of {param!r}")
+        chains.append(ParamChain(param=param, grad=grad, optimizer=optimizer, ops=chain_ops, grad_producer=producer,
                                  sparse=sparse))
 
-    distributed = _split_off_distributed_table(chains, tables, ops)
-    counter, increment = _lr_counter(ops, lr_ops)
+    distributed = _split_off_distributed_table(chains, tables)
+    counter, update = _lr_counter(block, lr_ops, bundle.lowered_lr_counter)
     analysis = Analysis(
-        chains=chains, optimize_ops=optimize, lr_ops=lr_ops, lr_counter=counter, lr_counter_increment=increment,
+        chains=chains, optimize_ops=optimize, lr_ops=lr_ops, lr_counter=counter, lr_counter_update=update,
         tables=tables, distributed_table=distributed,
     )
+    bundle.origin.freeze()
+    bundle.origin_startup.freeze()
     return replace(bundle, analysis=analysis)
 
 
-def _tied_param(op: Op, index: int) -> str:
+def _tied_param(op: Op) -> str:
     role_vars = op.role_vars
     if role_vars:
         return role_vars[0]
     if op.input("Param"):
         return op.input("Param")[0]
     raise TranspileError(
-        f"optimize op {index} ({op.type}) names no parameter (empty op_role_var, no Param slot); "
+        f"optimize op {op.index} ({op.type}) names no parameter (empty op_role_var, no Param slot); "
         "ops that act on several parameters at once (e.g. global-norm clipping) cannot be placed on pservers"
     )
 
 
-def _sent_grad(block, chain: list[Op], param: str, moved: set[int]) -> str:
+def _sent_grad(block: Block, chain: list[Op], param: str, moved: set[Op]) -> str:
     """The one var the chain reads that the trainer computes."""
     found: list[str] = []
     for op in chain:
         for name in op.input_names:
-            if name != param and name not in found and any(w.index not in moved for w in block.writers(name)):
+            if name != param and name not in found and any(w not in moved for w in block.writers(name)):
                 found.append(name)
     if len(found) == 1:
         return found[0]
@@ -126,7 +127,7 @@ def _sent_grad(block, chain: list[Op], param: str, moved: set[int]) -> str:
     )
 
 
-def _check_param_and_grad(block, param: str, grad: str) -> None:
+def _check_param_and_grad(block: Block, param: str, grad: str) -> None:
     for name, what in ((param, "param"), (grad, "grad")):
         var = block.find_var(name)
         if var is None:
@@ -137,15 +138,14 @@ def _check_param_and_grad(block, param: str, grad: str) -> None:
             raise TranspileError(f"{what} {name!r} has no static shape ({var.shape}); parameters must")
 
 
-def _last_kept_writer(block, grad: str, moved: set[int]) -> int:
-    writers = [op.index for op in block.writers(grad)]
-    kept = [i for i in writers if i not in moved]
+def _last_kept_writer(block: Block, grad: str, moved: set[Op]) -> Op:
+    kept = [op for op in block.writers(grad) if op not in moved]
     if not kept:
         raise TranspileError(f"no op the trainer keeps writes grad {grad!r}; was append_backward run?")
     return kept[-1]
 
 
-def _find_tables(block, params: set[str]) -> dict[str, TableLookups]:
+def _find_tables(block: Block, params: set[str]) -> dict[str, TableLookups]:
     """Every sparse or distributed embedding table, with the lookups that read it."""
     tables: dict[str, TableLookups] = {}
     for op in block.ops:
@@ -157,18 +157,18 @@ def _find_tables(block, params: set[str]) -> dict[str, TableLookups]:
             continue
         found = tables.get(table)
         if found is None:
-            tables[table] = TableLookups(table, [op.index], op.type, *flags, int(op.attr("padding_idx", -1)))
+            tables[table] = TableLookups(table, [op], op.type, *flags, int(op.attr("padding_idx", -1)))
         elif (found.distributed, found.remote_prefetch, found.op_type) != (*flags, op.type):
             raise TranspileError(
-                f"the lookups of table {table!r} disagree (ops {found.lookups[0]} and {op.index}): "
+                f"the lookups of table {table!r} disagree (ops {found.lookups[0].index} and {op.index}): "
                 "is_distributed, remote_prefetch and the op type must be the same for every lookup of a table"
             )
         else:
-            found.lookups.append(op.index)
+            found.lookups.append(op)
     for table, info in tables.items():
         if info.distributed or info.remote_prefetch:
             lookups = set(info.lookups)
-            other = [op for op in block.readers(table) if op.index not in lookups and not op.type.endswith("_grad")
+            other = [op for op in block.readers(table) if op not in lookups and not op.type.endswith("_grad")
                      and not (op.role & OpRole.Optimize)]
             if other:
                 raise TranspileError(
@@ -183,14 +183,14 @@ def _find_tables(block, params: set[str]) -> dict[str, TableLookups]:
     return tables
 
 
-def _split_off_distributed_table(chains: list[ParamChain], tables: dict[str, TableLookups], ops) -> ParamChain | None:
+def _split_off_distributed_table(chains: list[ParamChain], tables: dict[str, TableLookups]) -> ParamChain | None:
     """Take the distributed table's chain out of `chains`: it is placed by id, not sliced."""
     table = next((t for t in tables.values() if t.distributed), None)
     if table is None:
         return None
     chain = next(c for c in chains if c.param == table.table)
-    if len(chain.ops) != 1 or ops[chain.optimizer].type != "sgd":
-        kinds = ", ".join(ops[i].type for i in chain.ops)
+    if len(chain.ops) != 1 or chain.optimizer.type != "sgd":
+        kinds = ", ".join(op.type for op in chain.ops)
         raise TranspileError(
             f"distributed table {table.table!r} must be updated by a lone sgd op (Fluid builds it so), not by {kinds}"
         )
@@ -200,10 +200,14 @@ def _split_off_distributed_table(chains: list[ParamChain], tables: dict[str, Tab
     return chain
 
 
-def _lr_counter(ops, lr_ops: list[int]) -> tuple[str | None, int | None]:
-    """The global step: the var an lr `increment` op adds to in place."""
-    for index in lr_ops:
-        op = ops[index]
-        if op.type == "increment" and op.input("X") and op.input("X") == op.output("Out"):
-            return op.input("X")[0], index
-    return None, None
+def _lr_counter(block: Block, lr_ops: list[Op], lowered: str | None) -> tuple[str | None, Op | None]:
+    """The global step and the lr op that updates it: the `increment` that adds to it in
+    place, or, once the async lowering split it per trainer, the lr op that writes it."""
+    if lowered is not None:
+        lr = set(lr_ops)
+        return lowered, next((op for op in block.writers(lowered) if op in lr), None)
+    increment = counter_increment(lr_ops)
+    return (None, None) if increment is None else (increment.input("X")[0], increment)
+
+
+PASS = Pass("find_optimize", run, requires=("origin", "origin_startup"), produces=("analysis",))

@@ -4,8 +4,9 @@ It declares the pserver's vars and keeps, in the original startup's order, the
 initializers of the vars this pserver holds: an initializer of a cut param (or of state
 cut like it) is copied once per block with its `shape` attr set to the block's shape.
 A fixed non-zero `seed` is offset by the block index, so the blocks of one param do not
-start as copies of each other. Paddle sets those shapes on the trainer's own startup ops
-(facts §10.9); here the original is never touched.
+start as copies of each other. Paddle 1.8's `get_startup_program` sets those shapes with
+`op._set_attr` on the trainer's own startup ops (`distribute_transpiler.py`); here the
+original is never touched.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
 from transpiler.ir import Op, Program
 from transpiler.passes.bundle import Bundle
+from transpiler.passes.contract import Pass
 
 # Initializers whose output shape is their `shape` attr, so a block is made by changing it.
 SHAPED_INITIALIZERS = ("fill_constant", "uniform_random", "gaussian_random", "truncated_gaussian_random")
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
-    assert bundle.pservers, "run pserver_program first"
     pservers = {}
     for endpoint, progs in bundle.pservers.items():
         pservers[endpoint] = replace(progs, startup=_startup_for(bundle, progs.main, progs.instances))
@@ -69,3 +70,6 @@ def _initializer_for(op: Op, origin_name: str, origin_var, target, index: int) -
         if seed:
             new.set_attr("seed", seed + index)
     return new
+
+
+PASS = Pass("pserver_startup", run, requires=("origin_startup", "pservers"), produces=("pservers.startup",))

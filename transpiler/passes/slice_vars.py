@@ -1,4 +1,4 @@
-"""Pass 2: cut each parameter into blocks and place the blocks on pservers.
+"""Pass: cut each parameter into blocks and place the blocks on pservers.
 
 Grads are cut exactly like their params (the optimizer updates block i of the param
 with block i of the grad), so one slicing and one dispatch serve both: a param block
@@ -13,11 +13,11 @@ from dataclasses import replace
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
 from transpiler.passes.bundle import Bundle
+from transpiler.passes.contract import Pass
 from transpiler.plan import ParamPlan, Plan, TablePlan, make_blocks, slice_sizes
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
-    assert bundle.analysis is not None, "run find_optimize first"
     block = bundle.origin.global_block()
     plan = Plan(
         endpoints=options.endpoints,
@@ -40,7 +40,7 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
                 grad=chain.grad,
                 shape=shape,
                 dtype=var.dtype,
-                optimizer=bundle.origin.global_block().ops[chain.optimizer].type,
+                optimizer=chain.optimizer.type,
                 blocks=make_blocks(chain.param, shape, sizes),
                 sparse=chain.sparse,
                 remote_prefetch=lookups is not None and lookups.remote_prefetch,
@@ -78,3 +78,6 @@ def _check_names_free(block, plan: Plan) -> None:
             for name in (var_block.name, param.grad_block_name(var_block.index)):
                 if block.has_var(name):
                     raise TranspileError(f"cannot slice {param.param!r}: the program already declares {name!r}")
+
+
+PASS = Pass("slice_vars", run, requires=("analysis",), produces=("plan",))

@@ -17,21 +17,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ops.catalogue import make_op
 from transpiler.config import TranspileOptions
 from transpiler.ir import OpRole
 from transpiler.passes.bundle import Bundle
-from ops.catalogue import make_op
-from transpiler.passes.trainer_program import concat_op, declare_param_blocks, received_params
+from transpiler.passes.contract import Pass
+from transpiler.passes.trainer_vars import concat_op, recv_attrs, recv_outputs, received_params
 
 
 def optimizer_state_vars(bundle: Bundle) -> set[str]:
-    """Inputs of optimize ops that are not params or grads (Paddle's rule, facts §5.2)."""
-    ops = bundle.origin.global_block().ops
+    """Inputs of optimize ops that are not params or grads: Paddle 1.7+'s
+    `_delete_trainer_optimizer(is_startup=True)` removes their initialisers the same way."""
     inputs: set[str] = set()
     role_vars: set[str] = set()
-    for index in bundle.analysis.optimize_ops:
-        inputs.update(ops[index].input_names)
-        role_vars.update(ops[index].role_vars)
+    for op in bundle.analysis.optimize_ops:
+        inputs.update(op.input_names)
+        role_vars.update(op.role_vars)
     for chain in bundle.analysis.chains:
         role_vars.update((chain.param, chain.grad))
     return inputs - role_vars
@@ -39,7 +40,6 @@ def optimizer_state_vars(bundle: Bundle) -> set[str]:
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     plan = bundle.plan
-    assert plan is not None and bundle.analysis is not None, "run the earlier passes first"
     startup = bundle.origin_startup.clone()
     block = startup.global_block()
     state = optimizer_state_vars(bundle)
@@ -56,11 +56,8 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     for param in received_params(plan):
         if not block.has_var(param.param):
             block.add_var(bundle.origin.global_block().var(param.param).copy())
-        outs = [param.param] if options.runtime_split_send_recv or not param.sliced else declare_param_blocks(startup, param)
-        attrs = {"epmap": list(param.endpoints), "trainer_id": options.trainer_id}
-        if options.runtime_split_send_recv:
-            attrs["recv_varnames"] = [b.name for b in param.blocks]
-        block.add_op(make_op("recv", {"X": []}, {"Out": outs}, attrs, role=OpRole.RPC))
+        outs = recv_outputs(startup, param, options)
+        block.add_op(make_op("recv", {"X": []}, {"Out": outs}, recv_attrs(param, options), role=OpRole.RPC))
     block.add_op(
         make_op(
             "fetch_barrier",
@@ -80,3 +77,6 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         shape = list(block.var(table).shape)
         block.add_op(make_op("fake_init", {}, {"Out": [table]}, {"shape": shape}, role=OpRole.Forward))
     return replace(bundle, trainer_startup=startup)
+
+
+PASS = Pass("trainer_startup", run, requires=("origin", "origin_startup", "analysis", "plan"), produces=("trainer_startup",))

@@ -1,4 +1,5 @@
-"""Pass: the global step of lr decay in async mode (Fluid 1.6+, facts §7).
+"""Lowering: the global step of lr decay in async mode (Fluid 1.6+, Paddle PR #20816 "Optimize
+decay": `DistributeTranspiler._get_lr_ops` rewrites the program the same way).
 
 In async mode no pserver sees "a step"; each trainer counts its own. The `increment` of
 `@LR_DECAY_COUNTER@` becomes `sum(@LR_DECAY_COUNTER@.trainer_0 .. _{n-1}) ->
@@ -7,41 +8,41 @@ shared counter's initial value becomes `-trainers`. The trainer sends its counte
 every pserver after each step (`send` with `merge_add=True`), where it is added to the
 pserver's copy before the lr-decay block runs.
 
-This rewrites the bundle's private copies of the original programs, so the trainer and
-pserver passes that follow see the per-trainer counters. Sync mode is left alone.
+It runs before the analysis and rewrites the bundle's private copies of the original
+programs, so find_optimize and every pass after it see the per-trainer counters; it
+records the counter it rewrote in `bundle.lowered_lr_counter`. Sync mode is left alone.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from ops.catalogue import make_op
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
-from transpiler.ir import Attr, AttrType, OpRole
+from transpiler.ir import Attr, AttrType, Op, OpRole
 from transpiler.ir.types import OP_ROLE_ATTR
+from transpiler.naming import trainer_name
 from transpiler.passes.bundle import Bundle
-from ops.catalogue import make_op
-
-COUNTER_SUFFIX = ".trainer_{trainer}"
-
-
-def counter_name(counter: str, trainer: int) -> str:
-    return counter + COUNTER_SUFFIX.format(trainer=trainer)
+from transpiler.passes.contract import Pass
+from transpiler.passes.lr_ops import counter_increment, is_lr_op
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
-    analysis = bundle.analysis
-    assert analysis is not None, "run find_optimize first"
-    if options.sync_mode or analysis.lr_counter is None:
+    if options.sync_mode:
         return bundle
-    counter = analysis.lr_counter
     main = bundle.origin.global_block()
+    increment = counter_increment(op for op in main.ops if is_lr_op(op))
+    if increment is None:
+        return bundle
+    (counter,) = increment.input("X")
     counter_var = main.var(counter)
-    per_trainer = [counter_name(counter, k) for k in range(options.trainers)]
+    per_trainer = [trainer_name(counter, k) for k in range(options.trainers)]
     for name in per_trainer:
         if main.has_var(name):
             raise TranspileError(f"the program already declares {name!r}, which async lr decay needs")
         main.add_var(counter_var.copy(name))
 
-    increment = main.ops[analysis.lr_counter_increment]
     merged = make_op("sum", {"X": per_trainer}, {"Out": [counter]}, role=OpRole.LRSched)
     main.insert_after(increment, merged)
     main.remove_op(increment)
@@ -59,11 +60,14 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         _set_fill_value(fill, 1.0)
         fill.set_attr(OP_ROLE_ATTR, Attr.of(int(OpRole.Forward), AttrType.INT))
         startup.insert_before(first, fill)
-    return bundle
+    return replace(bundle, lowered_lr_counter=counter)
 
 
-def _set_fill_value(op, value: float) -> None:
+def _set_fill_value(op: Op, value: float) -> None:
     """Set a fill_constant's value; Paddle reads `str_value` first when it is set."""
     op.set_attr("value", value)
     if op.attr("str_value", ""):
         op.set_attr("str_value", repr(value))
+
+
+PASS = Pass("lower_async_lr_decay", run, requires=("origin", "origin_startup"), produces=())

@@ -1,0 +1,121 @@
+"""Pass: one optimize block per param block placed on each pserver.
+
+In sync mode with several trainers: `sum` of the trainers' grads → `scale` by
+1/trainers; then the param's other optimize ops (L2 decay, clip) and its optimizer op,
+rewritten onto the block: the param and grad become the block vars, accumulators shaped
+like the param (`OPTIMIZER_SLOTS`) and param-shaped temporaries are cut to the block's
+shape. When one pserver holds two blocks of a param (possible with `HashName`), its
+state vars get a `.block<i>` suffix so the blocks do not share moments.
+
+Blocks are children of the lr-decay block when there is one; `grad_to_block_id` lists
+them in block order (Paddle's order depends on the hash seed).
+"""
+
+from __future__ import annotations
+
+from ops.catalogue import make_op
+from ops.catalogue.optimizer_ops import OptimizerSlots, optimizer_slots
+from transpiler.config import TranspileOptions
+from transpiler.ir import Block, OpRole, Program
+from transpiler.ir.types import EMPTY_VAR_NAME, OP_ROLE_VAR_ATTR
+from transpiler.naming import block_name
+from transpiler.passes.bundle import Bundle, ParamChain, PserverPrograms
+from transpiler.passes.contract import Pass
+from transpiler.passes.pserver_vars import declare
+from transpiler.plan import ParamPlan, Plan, VarBlock
+
+
+def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
+    chains = {chain.param: chain for chain in bundle.analysis.chains}
+    for endpoint, progs in bundle.pservers.items():
+        filler = _BlockFiller(bundle.origin, bundle.plan, progs, endpoint)
+        for param, var_block in bundle.plan.on(endpoint):
+            block = progs.main.create_block(progs.optimize_parent)
+            progs.received.extend(filler.fill(block, chains[param.param], param, var_block))
+            progs.optimize_blocks.append(block.idx)
+            merged = param.grad_block_name(var_block.index)
+            progs.grad_to_block.append((merged, block.idx))
+            if param.sparse:
+                progs.sparse_grad_to_param.append((merged, var_block.name))
+    return bundle
+
+
+class _BlockFiller:
+    def __init__(self, origin: Program, plan: Plan, progs: PserverPrograms, endpoint: str) -> None:
+        self.origin = origin
+        self.plan = plan
+        self.progs = progs
+        self.endpoint = endpoint
+
+    def declare(self, origin_name: str, name: str | None = None, shape=None, *, persistable: bool | None = None,
+                index: int = 0) -> str:
+        return declare(self.progs, self.origin, origin_name, name, shape, persistable=persistable, index=index)
+
+    def fill(self, block: Block, chain: ParamChain, param: ParamPlan, var_block: VarBlock) -> list[str]:
+        """Fill one optimize block; return the grad vars `listen_and_serv` receives for it."""
+        plan, index = self.plan, var_block.index
+        merged = param.grad_block_name(index)
+        self.declare(param.param, var_block.name, var_block.shape, persistable=True, index=index)
+        self.declare(param.grad, merged, var_block.shape, persistable=True, index=index)
+        mapping = {param.param: var_block.name, param.grad: merged}
+        if plan.per_trainer_grads:
+            received = [plan.trainer_grad_name(param, index, k) for k in range(plan.trainers)]
+            for name in received:
+                self.declare(param.grad, name, var_block.shape, persistable=False, index=index)
+            block.add_op(make_op("sum", {"X": received}, {"Out": [merged]}, role=OpRole.Optimize,
+                                 role_vars=(var_block.name, merged)))
+            block.add_op(make_op("scale", {"X": [merged]}, {"Out": [merged]}, {"scale": 1.0 / plan.trainers},
+                                 role=OpRole.Optimize, role_vars=(var_block.name, merged)))
+        else:
+            received = [merged]
+
+        shared = len(param.blocks_on(self.endpoint)) > 1
+        for op in chain.ops:
+            slots = optimizer_slots(op.type) if op is chain.optimizer else None
+            new = op.clone()
+            for direction in ("inputs", "outputs"):
+                for slot, args in getattr(op, direction).items():
+                    mapped = [self._map_arg(arg, slot, slots, direction, param, var_block, shared, mapping)
+                              for arg in args]
+                    (new.set_input if direction == "inputs" else new.set_output)(slot, mapped)
+            if new.role_vars:
+                new.set_attr(OP_ROLE_VAR_ATTR, [mapping.get(name, name) for name in new.role_vars])
+            block.add_op(new)
+        return received
+
+    def _map_arg(self, arg: str, slot: str, slots: OptimizerSlots | None, direction: str,
+                 param: ParamPlan, var_block: VarBlock, shared: bool, mapping: dict[str, str]) -> str:
+        if arg == EMPTY_VAR_NAME:
+            return arg
+        if arg in mapping:
+            return mapping[arg]
+        suffixed = block_name(arg, var_block.index) if shared else arg
+        origin_var = self.origin.global_block().find_var(arg)
+        if slots is not None:
+            state_slot = slot if direction == "inputs" else _input_of_output(slots, slot)
+            if state_slot in slots.sliced:
+                mapping[arg] = self.declare(arg, suffixed, var_block.shape, index=var_block.index)
+                return mapping[arg]
+            if state_slot in slots.unsliced:
+                mapping[arg] = self.declare(arg, suffixed, index=var_block.index)
+                return mapping[arg]
+        elif (
+            param.sliced
+            and origin_var is not None
+            and not origin_var.persistable
+            and origin_var.shape == param.shape
+        ):
+            # A param-shaped temporary of L2 decay or clipping: it lives block by block.
+            mapping[arg] = self.declare(arg, suffixed, var_block.shape, index=var_block.index)
+            return mapping[arg]
+        return self.declare(arg)
+
+
+def _input_of_output(slots: OptimizerSlots, output_slot: str) -> str | None:
+    for input_slot, out in slots.outputs.items():
+        if out == output_slot:
+            return input_slot
+    return None
+
+
+PASS = Pass("pserver_optimize_blocks", run, requires=("origin", "analysis", "plan", "pservers"), produces=("pservers",))
