@@ -86,6 +86,12 @@ def test_plan_report_and_json(capsys):
         (["--pservers", "127.0.0.1:6170,", "--trainers", "2"], "entry 2 of 2 is empty"),
         (["--pservers", "", "--trainers", "2"], "no pserver endpoints given"),
         (["--pservers", EPS, "--trainers", "0"], "trainers must be an integer >= 1"),
+        (["--pservers", EPS, "--trainers", "99999999999999999999"], "trainers must be at most 100000"),
+        (["--pservers", "127.0.0.1:06170,127.0.0.1:6170", "--trainers", "2"],
+         "127.0.0.1:06170 and 127.0.0.1:6170 name the same socket"),
+        (["--pservers", "localhost:6170,127.0.0.1:6170", "--trainers", "2"],
+         "localhost:6170 and 127.0.0.1:6170 name the same socket"),
+        (["--pservers", "[::1]:6170,[0:0::1]:6170", "--trainers", "2"], "name the same socket"),
         (["--pservers", EPS, "--trainers", "2", "--trainer-id", "2"], r"trainer_id must be in [0, 1]"),
         (["--pservers", EPS, "--trainers", "2", "--min-block-size", "0"], "min_block_size must be an integer >= 1"),
         (["--pservers", EPS, "--trainers", "2", "--split-method", "zigzag"], "unknown split method"),
@@ -122,3 +128,40 @@ def test_bad_programs(capsys, tmp_path):
     code, _, err = run(capsys, "plan", str(lone), "--pservers", EPS, "--trainers", "2")
     assert code == 2 and "pass the startup program with --startup" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_distinct_addresses_on_one_port_are_distinct_pservers(capsys):
+    code, out, err = run(capsys, "plan", str(MLP / "main.pb"), "--pservers", "127.0.0.1:6170,127.0.0.2:6170,[::1]:6170",
+                         "--trainers", "2", "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["endpoints"]) == 3
+
+
+def test_an_older_runs_pserver_files_do_not_linger(capsys, tmp_path):
+    out_dir = tmp_path / "out"
+    for eps in ("127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003", EPS):
+        code, _, err = run(capsys, "transpile", str(MLP / "main.pb"), "--pservers", eps, "--trainers", "2",
+                           "-o", str(out_dir))
+        assert code == 0, err
+    assert sorted(p.name for p in out_dir.iterdir()) == FILES
+
+
+def test_a_file_in_the_way_of_the_output_folder(capsys, tmp_path):
+    (tmp_path / "afile").write_text("")
+    code, _, err = run(capsys, "transpile", str(MLP / "main.pb"), "--pservers", EPS, "--trainers", "2",
+                       "-o", str(tmp_path / "afile" / "sub"))
+    assert code == 2 and err.count("\n") == 1 and "afile is a file, not a directory" in err
+
+
+def test_a_wrongly_typed_op_role_is_a_user_error(capsys, tmp_path):
+    from transpiler.ir import Attr, AttrType
+
+    program = Program.load(MLP / "main.pb")
+    program.global_block().ops[3].set_attr("op_role", Attr.of("forward", AttrType.STRING))
+    program.save(tmp_path / "bad.pb")
+    code, _, err = run(capsys, "transpile", str(tmp_path / "bad.pb"), "--startup", str(MLP / "startup.pb"),
+                       "--pservers", EPS, "--trainers", "2", "-o", str(tmp_path / "o"))
+    assert code == 2 and err.count("\n") == 1 and "attr op_role is STRING, not INT" in err
+    assert not (tmp_path / "o").exists()
+    code, _, err = run(capsys, "dump", str(tmp_path / "bad.pb"))
+    assert code == 2 and "attr op_role is STRING, not INT" in err

@@ -30,6 +30,7 @@ from transpiler.config import DistributeTranspilerConfig, TranspileOptions, make
 from transpiler.dispatch import PSDispatcher
 from transpiler.errors import TranspileError
 from transpiler.ir import Program
+from transpiler.ir.verifier import verify as verify_program
 from transpiler.output import write_programs
 from transpiler.passes import run_pipeline
 from transpiler.passes.bundle import Bundle
@@ -84,6 +85,10 @@ def transpile(
         split_method=split_method,
         min_block_size=min_block_size,
     )
+    # A malformed input (a typo'd var, a STRING op_role) is the user's error, named here,
+    # not a crash inside a pass that trusted it.
+    verify_program(program, name="the main program")
+    verify_program(startup_program, name="the startup program")
     with _gc_paused():
         bundle = Bundle(origin=program.clone(), origin_startup=startup_program.clone())
         bundle = run_pipeline(bundle, options, verify=verify, dump_dir=dump_dir, progress=progress)

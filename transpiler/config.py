@@ -9,6 +9,7 @@ mode drives both: the `sync_mode` argument when given, else `config.sync_mode`.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from enum import IntEnum
@@ -77,6 +78,10 @@ class TranspileOptions:
         return dispatcher_name(self.dispatcher)
 
 
+# Transpile cost is linear in trainers (a sync pserver declares every trainer's grad of
+# every block): 16,000 trainers take about 5 s. Far beyond any job, it is a typo.
+MAX_TRAINERS = 100_000
+
 _ENDPOINT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(?P<port>[0-9]{1,5})$")
 
 
@@ -105,12 +110,35 @@ def parse_endpoints(pservers: str | list[str] | tuple[str, ...]) -> tuple[str, .
         match = _ENDPOINT.match(endpoint)
         if not match or not 0 < int(match["port"]) < 65536:
             raise TranspileError(f"malformed pserver endpoint {endpoint!r} (expected host:port, port 1-65535)")
-    seen: set[str] = set()
+    seen: dict[tuple[str, int], str] = {}
     for endpoint in endpoints:
-        if endpoint in seen:
+        key = socket_key(endpoint)
+        if seen.get(key) == endpoint:
             raise TranspileError(f"pserver endpoint {endpoint} is listed twice")
-        seen.add(endpoint)
+        if key in seen:
+            raise TranspileError(f"pserver endpoints {seen[key]} and {endpoint} name the same socket")
+        seen[key] = endpoint
     return endpoints
+
+
+# Names every process resolves to this machine's loopback address, without asking a
+# resolver: a transpile never touches the network, so other host names compare as written.
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
+
+
+def socket_key(endpoint: str) -> tuple[str, int]:
+    """What an endpoint listens on, so that `127.0.0.1:06170`, `127.0.0.1:6170` and
+    `localhost:6170` compare equal: the port as a number, an IP address in its canonical
+    form, `localhost` as 127.0.0.1, other names lower-cased."""
+    host, _, port = endpoint.rpartition(":")
+    host = host.strip("[]").lower()
+    if host in _LOOPBACK_NAMES:
+        host = "127.0.0.1"
+    try:
+        host = ipaddress.ip_address(host).compressed
+    except ValueError:
+        pass  # a host name
+    return (host, int(port))
 
 
 def make_options(
@@ -134,6 +162,9 @@ def make_options(
         raise TranspileError("geo_sgd_mode is not supported")
     if isinstance(trainers, bool) or not isinstance(trainers, int) or trainers < 1:
         raise TranspileError(f"trainers must be an integer >= 1, got {trainers!r}")
+    if trainers > MAX_TRAINERS:
+        raise TranspileError(f"trainers must be at most {MAX_TRAINERS} (a sync pserver declares a grad per trainer), "
+                             f"got {trainers}")
     if isinstance(trainer_id, bool) or not isinstance(trainer_id, int) or not 0 <= trainer_id < trainers:
         raise TranspileError(f"trainer_id must be in [0, {trainers - 1}] for {trainers} trainer(s), got {trainer_id!r}")
     sync = (config.sync_mode or config.completely_not_async) if sync_mode is None else bool(sync_mode)

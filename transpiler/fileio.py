@@ -21,7 +21,14 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
     `durable=True` fsyncs first, so a crash leaves the old file or the new, never a torn
     one (checkpoints). The file gets the mode an ordinary write would give it (an existing
     file's mode, else 0666 minus the umask), not `mkstemp`'s private 0600."""
-    path = Path(path)
+    path = Path(os.path.realpath(path))  # through a symlink: replace what it points at
+    if path.exists() and not path.is_file():
+        # A FIFO, a device, a terminal: a rename would replace the node itself with a
+        # regular file (as root, `-o /dev/full` would replace the device). Write into it.
+        with open(path, "wb") as handle:
+            write(handle)
+        return
+    _check_parent(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -42,11 +49,22 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     write_atomic(path, lambda handle: handle.write(data))
 
 
-def write_files(files: Mapping[str, bytes], out_dir: str | os.PathLike, *, replace_dir: bool = False) -> list[Path]:
+def write_files(
+    files: Mapping[str, bytes],
+    out_dir: str | os.PathLike,
+    *,
+    replace_dir: bool = False,
+    stale: str | None = None,
+) -> list[Path]:
     """Write `files` into `out_dir` so that a reader never sees a partial set.
     `replace_dir=True` swaps in a folder holding only `files`: whatever else an earlier
-    run left in `out_dir` goes (a `--dump-dir` pass folder must not mix two runs)."""
+    run left in `out_dir` goes (a `--dump-dir` pass folder must not mix two runs).
+    `stale` (a glob) names files an earlier run may have left that this set replaces:
+    those not in `files` are removed once the new ones are in."""
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(f"{out_dir} is a file, not a directory")
+    _check_parent(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
     try:
@@ -61,10 +79,23 @@ def write_files(files: Mapping[str, bytes], out_dir: str | os.PathLike, *, repla
             for name in files:
                 os.replace(staging / name, out_dir / name)
             shutil.rmtree(staging)
+            for old in sorted(out_dir.glob(stale)) if stale else ():
+                if old.name not in files and old.is_file():
+                    old.unlink()
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return [out_dir / name for name in files]
+
+
+def _check_parent(path: Path) -> None:
+    """A clear error where a file stands in the way of `path`'s folders (mkdir would say
+    only "File exists")."""
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(f"{parent} is a file, not a directory")
+            return
 
 
 def _new_file_mode(path: Path) -> int:

@@ -41,4 +41,4 @@ def write_programs(
         files[f"{stem}.pb"] = main.to_bytes()
         files[f"{stem}_startup.pb"] = startup.to_bytes()
     files["plan.json"] = plan.to_json_text().encode()
-    return write_files(files, out_dir)
+    return write_files(files, out_dir, stale="pserver_*.pb")  # an older run's other pservers

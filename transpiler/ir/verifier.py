@@ -20,7 +20,22 @@ from transpiler.errors import VerifyError
 from transpiler.ir.attrs import AttrType
 from transpiler.ir.printer import op_context
 from transpiler.ir.program import Block, Op, Program
-from transpiler.ir.types import EMPTY_VAR_NAME
+from transpiler.ir.types import (
+    EMPTY_VAR_NAME,
+    OP_CALLSTACK_ATTR,
+    OP_NAMESCOPE_ATTR,
+    OP_ROLE_ATTR,
+    OP_ROLE_VAR_ATTR,
+)
+
+# The attrs every Paddle op may carry, with the type Paddle's OpDesc gives them: the
+# transpiler reads them, so a program that types one otherwise is malformed.
+COMMON_ATTR_TYPES = {
+    OP_ROLE_ATTR: (AttrType.INT,),
+    OP_ROLE_VAR_ATTR: (AttrType.STRINGS,),
+    OP_NAMESCOPE_ATTR: (AttrType.STRING,),
+    OP_CALLSTACK_ATTR: (AttrType.STRINGS,),
+}
 
 # An extra check gets the program and its name and yields the problems it finds.
 Check = Callable[[Program, str], Iterable[VerifyError]]
@@ -120,7 +135,13 @@ def _check_ops(program: Program, block: Block, name: str) -> Iterable[VerifyErro
                             f"{direction} {slot}={arg!r} names a var that block {block.idx} and its ancestors do not declare",
                         )
         for attr_name, attr in op.attrs.items():
-            if attr.type in (AttrType.BLOCK, AttrType.BLOCKS):
+            expected = COMMON_ATTR_TYPES.get(attr_name)
+            if expected is not None and attr.type not in expected:
+                yield op_problem(
+                    name, block, op, index,
+                    f"attr {attr_name} is {attr.type.name}, not {' or '.join(t.name for t in expected)}",
+                )
+            elif attr.type in (AttrType.BLOCK, AttrType.BLOCKS):
                 targets = (attr.value,) if attr.type == AttrType.BLOCK else attr.value
                 for target in targets:
                     if not 0 <= target < count:

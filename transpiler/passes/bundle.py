@@ -96,7 +96,8 @@ class PserverPrograms:
     startup: Program | None = None
     # Original var name -> (pserver var, block index) standing for it here (a param's
     # blocks, an accumulator cut like its param, ...): what the startup pass initialises.
-    instances: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    # An ordered set (dict keys): membership must not cost a scan, there is one per trainer.
+    instances: dict[str, dict[tuple[str, int], None]] = field(default_factory=dict)
     lr_block: int = -1  # the lr-decay block, -1 when there is none
     optimize_blocks: list[int] = field(default_factory=list)
     received: list[str] = field(default_factory=list)  # the grads `listen_and_serv` takes (its X)

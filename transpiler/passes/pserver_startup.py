@@ -30,7 +30,7 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     return replace(bundle, pservers=pservers)
 
 
-def _startup_for(bundle: Bundle, main: Program, instances: dict[str, list[tuple[str, int]]]) -> Program:
+def _startup_for(bundle: Bundle, main: Program, instances: dict[str, dict[tuple[str, int], None]]) -> Program:
     startup = Program.empty()
     startup.version = main.version
     startup.op_version_map = None if main.op_version_map is None else dict(main.op_version_map)
@@ -43,7 +43,7 @@ def _startup_for(bundle: Bundle, main: Program, instances: dict[str, list[tuple[
             continue
         outputs = op.output_names
         if len(outputs) != 1:
-            if all(instances.get(out) == [(out, 0)] for out in outputs):
+            if all(list(instances.get(out, ())) == [(out, 0)] for out in outputs):
                 block.add_op(op.clone())
                 continue
             raise TranspileError(f"startup op {op.type!r} writes several vars {outputs}; cannot place it per block")

@@ -27,7 +27,5 @@ def declare(progs: PserverPrograms, origin: Program, origin_name: str, name: str
         if persistable is not None:
             var.persistable = persistable
         globals_.add_var(var)
-    known = progs.instances.setdefault(origin_name, [])
-    if (name, index) not in known:
-        known.append((name, index))
+    progs.instances.setdefault(origin_name, {})[(name, index)] = None
     return name
