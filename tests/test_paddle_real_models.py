@@ -261,6 +261,8 @@ def test_cli_dump_and_transpile(case, tmp_path, capsys):
     argv += [] if info["sync_mode"] else ["--async"]
     argv += [] if info["slice_var_up"] else ["--no-slice"]
     assert cli_main(argv) == 0
+    _, err = capsys.readouterr()
+    assert err.splitlines() == warnings, err
     written = {p.name for p in (tmp_path / "out").iterdir()}
     assert {"trainer.pb", "trainer_startup.pb", "plan.json"} <= written
     assert len([n for n in written if n.startswith("pserver_") and not n.endswith("_startup.pb")]) == len(
