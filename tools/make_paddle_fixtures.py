@@ -9,16 +9,17 @@ dependency only; the product never imports Paddle):
 It writes tests/fixtures/paddle_programs/<case>/{main.pb,startup.pb,case.json,expected.json}
 in the format of tests/fixtures/paddle_programs/README.md: `main.pb` / `startup.pb` are
 `program.desc.serialize_to_string()` before transpiling, without the `op_callstack` attrs
-(see `strip_callstacks`: with them each case folder is 4-8 MB); `expected.json` is Paddle's `DistributeTranspiler` output (pserver mode,
-`RoundRobin`) with the attrs that matter for placement kept and the random
-`__control_var@<random>` names renumbered `__control_var@N` in order of appearance, written
-without indentation (1-1.5 MB each; indented they would be twice that).
+(see `strip_callstacks`: with them each case folder is 4-8 MB); `expected.json` is the
+output of Paddle's `DistributeTranspiler` (pserver mode, `RoundRobin`) with the attrs that
+matter for placement kept and the random `__control_var@<random>` names renumbered
+`__control_var@N` in order of appearance, written without indentation (1-1.5 MB each;
+indented they would be twice that).
 
-Deterministic as far as Paddle allows: names and name scopes start afresh for each build,
-the programs' `random_seed` is left at 0, and Paddle's transpiler shuffles unsliced
-grads with `np.random.seed(program.random_seed)`, and the script runs under
-`PYTHONHASHSEED=0` (it re-executes itself) because Paddle's transpiler iterates sets of
-names (grad_to_block_id's order). Running it twice gives the same bytes.
+Deterministic: names and name scopes start afresh for each build; the programs'
+`random_seed` stays at 0, which seeds the shuffle Paddle's transpiler gives unsliced grads;
+and the script runs under `PYTHONHASHSEED=0` (it re-executes itself) because Paddle's
+transpiler iterates sets of names (grad_to_block_id's order). Running it twice gives the
+same bytes.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def empty_slots_hidden():
 # ---------------------------------------------------------------------- networks
 
 
-def resnet50() -> tuple[str, paddle.optimizer.Optimizer]:
+def resnet50() -> str:
     image = paddle.static.data("image", [-1, 3, 224, 224], "float32")
     label = paddle.static.data("label", [-1, 1], "int64")
     logits = paddle.vision.models.resnet50(num_classes=1000)(image)
