@@ -28,7 +28,7 @@ import json
 import pytest
 
 from conftest import PADDLE_CASES, PADDLE_PROGRAMS
-from test_paddle_fixtures_support import (
+from paddle_fixtures_support import (
     compare_listen_and_serv,
     compare_pserver_blocks,
     compare_pserver_startup_ops,
@@ -39,7 +39,7 @@ from test_paddle_fixtures_support import (
     compare_trainer_startup_op_sequence,
     op_types,
 )
-from test_paddle_fixtures_support import run_case as transpile_case
+from paddle_fixtures_support import run_case as transpile_case
 
 CASES = [
     "ctr_v1_dist_sgd_2ps",

@@ -3,7 +3,7 @@ ResNet-50 with Momentum and a BERT-base encoder with Adam, in tests/fixtures/pad
 
 Each loads, saves byte-identically, verifies (BERT's `reshape2` ops repeat attrs: a warning,
 not a refusal), works through the CLI, and transpiles (verified) to what Paddle's own
-transpiler made, compared as in test_api_paddle_fixtures.py (test_paddle_fixtures_support).
+transpiler made, compared as in test_api_paddle_fixtures.py (paddle_fixtures_support).
 
 Deliberate differences, applied by comparing the trainer's sends as a set of units (a
 `split_byref` with its `send`, or a lone `send`) and everything else in order:
@@ -37,7 +37,7 @@ import pytest
 from conftest import PADDLE_PROGRAMS, REAL_MODEL_CASES
 from ops import catalogue
 from proto import framework_pb2
-from test_paddle_fixtures_support import COMPARISONS, compare_rpc_ops, op_types, run_case
+from paddle_fixtures_support import COMPARISONS, compare_rpc_ops, op_types, run_case
 from transpiler.cli import main as cli_main
 from transpiler.ir import Op, Program
 from transpiler.ir.verifier import check, check_warnings, verify
