@@ -87,6 +87,7 @@ CASES = (
 class Measurement:
     steps_per_s: float
     cpu_ms: float  # CPU ms per step, all of the run's processes
+    elsewhere: float  # cores other processes on the machine kept busy meanwhile
     rpcs: float | None = None  # per step per pserver
 
 
@@ -106,6 +107,13 @@ def proc_stat(pid: int) -> list[str] | None:
         return None
 
 
+def machine_busy_ticks() -> int:
+    """Clock ticks all cores spent on anything but idling (/proc/stat), since boot."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    return user + nice + system + irq + softirq + steal
+
+
 def children(pid: int) -> list[int]:
     """The processes whose parent is `pid` (launch's pservers and trainers)."""
     found = []
@@ -122,12 +130,14 @@ class CpuSampler:
 
     Sampling from outside covers what cannot report its own CPU: Paddle's pservers (killed,
     never exiting cleanly) and launch's children (not ours to wait for). The trainers'
-    timing windows then pick the samples, interpolated at the windows' ends."""
+    timing windows then pick the samples, interpolated at the windows' ends. The whole
+    machine's busy time is sampled too: what other processes took from the run shows."""
 
     def __init__(self, find_pids: Callable[[], list[int]], expected: int) -> None:
         self._find_pids = find_pids
         self._expected = expected
         self._series: dict[int, list[tuple[float, int]]] = {}
+        self._machine: list[tuple[float, int]] = []
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
 
@@ -149,6 +159,7 @@ class CpuSampler:
             if len(pids) < self._expected:
                 pids = self._find_pids()
             now = time.time()
+            self._machine.append((now, machine_busy_ticks()))
             for pid in pids:
                 fields = proc_stat(pid)
                 if fields is not None:
@@ -160,13 +171,19 @@ class CpuSampler:
         """CPU seconds all sampled processes spent between wall-clock `start` and `end`."""
         if len(self._series) < self._expected:
             raise RunFailed(f"only {len(self._series)} of {self._expected} processes were sampled")
-        total = 0.0
-        for pid, series in self._series.items():
-            times, ticks = zip(*series)
-            if times[0] > start or times[-1] < end:
-                raise RunFailed(f"process {pid} was not sampled over the whole timed window")
-            total += float(np.interp(end, times, ticks) - np.interp(start, times, ticks))
-        return total / CLOCK_TICKS
+        return sum(spent(series, start, end, f"process {pid}") for pid, series in self._series.items())
+
+    def elsewhere(self, start: float, end: float) -> float:
+        """Cores other processes kept busy on average between `start` and `end`."""
+        return (spent(self._machine, start, end, "the machine") - self.seconds(start, end)) / (end - start)
+
+
+def spent(series: list[tuple[float, int]], start: float, end: float, what: str) -> float:
+    """CPU seconds between `start` and `end` from (wall time, cumulative ticks) samples."""
+    times, ticks = zip(*series)
+    if times[0] > start or times[-1] < end:
+        raise RunFailed(f"{what} was not sampled over the whole timed window")
+    return float(np.interp(end, times, ticks) - np.interp(start, times, ticks)) / CLOCK_TICKS
 
 
 def free_endpoints(count: int) -> list[str]:
@@ -256,9 +273,10 @@ def timing(log: Path) -> dict:
 
 
 def measure(cpu: CpuSampler, trainer_log: Path, rpcs: float | None = None) -> Measurement:
+    """The figures of one run, all over trainer 0's timed window."""
     window = timing(trainer_log)
-    used = cpu.seconds(window["start"], window["end"])
-    return Measurement(window["steps"] / window["seconds"], used / window["steps"] * 1000, rpcs)
+    start, end, steps = window["start"], window["end"], window["steps"]
+    return Measurement(steps / window["seconds"], cpu.seconds(start, end) / steps * 1000, cpu.elsewhere(start, end), rpcs)
 
 
 def run_paddle(python: Path, folder: Path, case: Case, steps: int, warmup: int, logs: Path) -> Measurement:
@@ -338,7 +356,7 @@ def pserver_rpcs(logs: Path) -> float | None:
 
 def median(runs: list[Measurement]) -> Measurement:
     rpcs = [r.rpcs for r in runs if r.rpcs is not None]
-    return Measurement(statistics.median(r.steps_per_s for r in runs), statistics.median(r.cpu_ms for r in runs),
+    return Measurement(*(statistics.median(getattr(r, name) for r in runs) for name in ("steps_per_s", "cpu_ms", "elsewhere")),
                        statistics.median(rpcs) if rpcs else None)
 
 
@@ -352,7 +370,7 @@ def row(case: Case, paddle: Measurement, ours: Measurement) -> str:
         speed_ratio = ours.steps_per_s / paddle.steps_per_s
     rpcs = "-" if case.local else f"n/a / {ours.rpcs:.1f}" if ours.rpcs is not None else "n/a / ?"
     cells = [case.label, *speed, f"{speed_ratio:.2f}", f"{paddle.cpu_ms:.1f}", f"{ours.cpu_ms:.1f}",
-             f"{ours.cpu_ms / paddle.cpu_ms:.2f}", rpcs]
+             f"{ours.cpu_ms / paddle.cpu_ms:.2f}", rpcs, f"{paddle.elsewhere:.2f} / {ours.elsewhere:.2f}"]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -368,12 +386,13 @@ def print_table(results: list[tuple[Case, Measurement, Measurement]], args: argp
           f"alternating runs of {args.steps} timed steps after {args.warmup} warm-up (batch 512: a quarter)")
     print()
     print("| workload (batch per trainer) | Paddle 1.8.5 | ps-transpiler | ours/Paddle | Paddle CPU ms/step "
-          "| ours CPU ms/step | ours/Paddle | RPCs/step/pserver Paddle / ours |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| ours CPU ms/step | ours/Paddle | RPCs/step/pserver Paddle / ours | other load, cores |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for case, paddle, ours in results:
         print(row(case, paddle, ours))
     print()
-    print("CPU: all 4 processes (1 when local), user + system. Local row: ms per step, ratio ours/Paddle in time.")
+    print("CPU: all 4 processes (1 when local), user + system. Local row: ms per step, ratio ours/Paddle in time. "
+          "Other load: cores that other processes on the machine kept busy during the runs (Paddle's / ours).")
 
 
 # ------------------------------------------------------------------ main
@@ -401,7 +420,7 @@ def compare(python: Path, work: Path, case: Case, args: argparse.Namespace) -> t
                 got = run_ours(folder, case, steps, args.warmup, logs)
             runs[who].append(got)
             print(f"  {case.label}: {who} run {rep + 1}: {got.steps_per_s:.1f} steps/s, "
-                  f"{got.cpu_ms:.1f} CPU ms/step", file=sys.stderr, flush=True)
+                  f"{got.cpu_ms:.1f} CPU ms/step, other load {got.elsewhere:.2f} cores", file=sys.stderr, flush=True)
     return median(runs["paddle"]), median(runs["ours"])
 
 
