@@ -21,8 +21,12 @@ figure's median. A last row trains the MLP locally (no pservers) on both.
 * CPU ms/step: user + system time of all 4 processes (1 for the local row) over trainer 0's
   timed window, from /proc/<pid>/stat sampled every 0.1 s and interpolated at the window's
   ends; launch's own process is not counted.
-* RPCs/step/pserver: ours from each pserver's last log line (RPCs answered between its first
-  and last optimize, per step), averaged over the pservers; Paddle's are not counted (n/a).
+* RPCs/step/pserver (averaged over the pservers): ours from each pserver's last log line
+  (RPCs answered between its first and last optimize, per step); Paddle's from one extra,
+  untimed run of at most 50 steps with its gRPC server's request log on
+  (`GLOG_vmodule=grpc_server=4`): the sends, gets and prefetches it logged (barriers are
+  sends and gets of marker vars; complete notices are left out) within trainer 0's timed
+  window, per step.
 
 Exits 0 with one line when Paddle 1.8.5 cannot be installed here.
 """
@@ -43,7 +47,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +68,11 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ROLE_VARS = ("TRAINING_ROLE", "PADDLE_PSERVER_ENDPOINTS", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID",
              "PADDLE_CURRENT_ENDPOINT", "POD_IP", "PADDLE_PORT")
 RPCS_LINE = re.compile(r"([0-9.]+) RPCs per step")
+# Paddle 1.8's gRPC server logs every request it handles at verbosity 4 (time of day first).
+PADDLE_RPC_LOG = {"GLOG_minloglevel": "0", "GLOG_v": "0", "GLOG_vmodule": "grpc_server=4", "GLOG_logtostderr": "1"}
+PADDLE_REQUEST = re.compile(r"^I\d{4} (\d\d):(\d\d):(\d\d\.\d+) +\d+ grpc_server\.cc:\d+\] "
+                            r"Request(?:Send var_name:(?!COMPLETE@)|Get \S* ?from |Prefetch, in_var_name:)")
+RPC_COUNT_STEPS = 50  # steps of the extra run that counts Paddle's RPCs
 
 
 @dataclass(frozen=True)
@@ -279,8 +288,10 @@ def measure(cpu: CpuSampler, trainer_log: Path, rpcs: float | None = None) -> Me
     return Measurement(steps / window["seconds"], cpu.seconds(start, end) / steps * 1000, cpu.elsewhere(start, end), rpcs)
 
 
-def run_paddle(python: Path, folder: Path, case: Case, steps: int, warmup: int, logs: Path) -> Measurement:
-    """Paddle's pservers and trainers (or one local process), started and stopped here."""
+def run_paddle(python: Path, folder: Path, case: Case, steps: int, warmup: int, logs: Path,
+               count_rpcs: bool = False) -> Measurement:
+    """Paddle's pservers and trainers (or one local process), started and stopped here;
+    `count_rpcs` turns on the pservers' request log (which slows them) and counts it."""
     argv = [python, WORKLOADS, "run", folder, "--steps", steps, "--warmup", warmup]
     if case.local:
         return run_local([*argv, "--batch", case.batch], clean_env(), steps + warmup, logs)
@@ -293,6 +304,7 @@ def run_paddle(python: Path, folder: Path, case: Case, steps: int, warmup: int, 
         with CpuSampler(lambda: [p.pid for p in pservers + trainers], PSERVERS + TRAINERS) as cpu:
             for i, endpoint in enumerate(endpoints):
                 env = clean_env(TRAINING_ROLE="PSERVER", PADDLE_CURRENT_ENDPOINT=endpoint, **common)
+                env.update(PADDLE_RPC_LOG if count_rpcs else {})
                 pservers.append(start(argv, env, logs / f"pserver.{i}.log"))
             for i in range(TRAINERS):
                 env = clean_env(TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID=str(i), **common)
@@ -302,7 +314,32 @@ def run_paddle(python: Path, folder: Path, case: Case, steps: int, warmup: int, 
         grace_ends = time.monotonic() + PSERVER_GRACE
         for proc in pservers + trainers:
             kill_group(proc, max(0.0, grace_ends - time.monotonic()))
-    return measure(cpu, logs / "trainer.0.log")
+    result = measure(cpu, logs / "trainer.0.log")
+    return replace(result, rpcs=paddle_rpcs(logs, timing(logs / "trainer.0.log"))) if count_rpcs else result
+
+
+def paddle_rpcs(logs: Path, window: dict) -> float:
+    """Requests per step per pserver that Paddle's pservers logged within `window`."""
+    start, end = day_seconds(window["start"]), day_seconds(window["end"])
+    counts = []
+    for i in range(PSERVERS):
+        times = request_times(logs / f"pserver.{i}.log")
+        inside = [t for t in times if (start <= t <= end if start <= end else t >= start or t <= end)]
+        counts.append(len(inside) / window["steps"])
+    return statistics.mean(counts)
+
+
+def request_times(log: Path) -> list[float]:
+    """The time of day (s) of each request a Paddle pserver's log records."""
+    with open(log, errors="replace") as lines:
+        found = (PADDLE_REQUEST.match(line) for line in lines)
+        return [int(h) * 3600 + int(m) * 60 + float(sec) for h, m, sec in (match.groups() for match in found if match)]
+
+
+def day_seconds(epoch: float) -> float:
+    """Local time of day in seconds, as glog stamps its lines (a window may span midnight)."""
+    t = time.localtime(epoch)
+    return t.tm_hour * 3600 + t.tm_min * 60 + t.tm_sec + epoch % 1
 
 
 def run_local(argv: list, env: dict[str, str], steps: int, logs: Path) -> Measurement:
@@ -368,7 +405,7 @@ def row(case: Case, paddle: Measurement, ours: Measurement) -> str:
     else:
         speed = [f"{m.steps_per_s:.1f} steps/s" for m in (paddle, ours)]
         speed_ratio = ours.steps_per_s / paddle.steps_per_s
-    rpcs = "-" if case.local else f"n/a / {ours.rpcs:.1f}" if ours.rpcs is not None else "n/a / ?"
+    rpcs = "-" if case.local else " / ".join("?" if m.rpcs is None else f"{m.rpcs:.1f}" for m in (paddle, ours))
     cells = [case.label, *speed, f"{speed_ratio:.2f}", f"{paddle.cpu_ms:.1f}", f"{ours.cpu_ms:.1f}",
              f"{ours.cpu_ms / paddle.cpu_ms:.2f}", rpcs, f"{paddle.elsewhere:.2f} / {ours.elsewhere:.2f}"]
     return "| " + " | ".join(cells) + " |"
@@ -421,7 +458,15 @@ def compare(python: Path, work: Path, case: Case, args: argparse.Namespace) -> t
             runs[who].append(got)
             print(f"  {case.label}: {who} run {rep + 1}: {got.steps_per_s:.1f} steps/s, "
                   f"{got.cpu_ms:.1f} CPU ms/step, other load {got.elsewhere:.2f} cores", file=sys.stderr, flush=True)
-    return median(runs["paddle"]), median(runs["ours"])
+    counted = None if case.local else count_paddle_rpcs(python, work, case, min(steps, RPC_COUNT_STEPS), args.warmup)
+    return replace(median(runs["paddle"]), rpcs=counted), median(runs["ours"])
+
+
+def count_paddle_rpcs(python: Path, work: Path, case: Case, steps: int, warmup: int) -> float:
+    """Paddle's RPCs per step per pserver, from an extra run with its request log on."""
+    logs = work / "logs" / f"{case.workload}-{case.batch}-paddle-rpcs"
+    logs.mkdir(parents=True, exist_ok=True)
+    return run_paddle(python, work / case.workload, case, steps, warmup, logs, count_rpcs=True).rpcs
 
 
 def main(argv: list[str] | None = None) -> int:
