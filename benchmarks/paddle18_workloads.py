@@ -15,8 +15,9 @@ the feeds) for `mlp` (784-512-512-10, softmax cross-entropy, Adam) and `emb` (a 
 `PADDLE_CURRENT_ENDPOINT`; none: locally), loading the saved programs with
 `Program.parse_from_string` and transpiling them with Fluid's `DistributeTranspiler`, sync.
 A trainer (or a local run) prints one `timing: {json}` line at the end, for the steps after
-`--warmup` (wall seconds, and the wall-clock start and end, so a harness can match its CPU
-samples to the window); a pserver serves until the harness stops it.
+`--warmup`: wall seconds, this process's CPU seconds, and the wall-clock start and end (so a
+harness can match its CPU samples of the pservers to the window); a pserver serves until the
+harness stops it.
 """
 
 from __future__ import annotations
@@ -104,14 +105,15 @@ def train(exe, program, spec, args, trainer_id: int, trainers: int) -> None:
     """`--warmup` + `--steps` steps on this trainer's share of each global batch; the
     `timing:` line for the last `--steps`."""
     share = args.batch // trainers
-    start = wall = None
+    start, cpu, wall = time.perf_counter(), time.process_time(), time.time()
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
-            start, wall = time.perf_counter(), time.time()
+            start, cpu, wall = time.perf_counter(), time.process_time(), time.time()
         feed = {k: v[trainer_id * share:(trainer_id + 1) * share] for k, v in batch_of(spec["feeds"], args.batch, args.seed, step).items()}
         exe.run(program, feed=feed, fetch_list=[spec["loss"]], use_program_cache=True)
-    seconds = time.perf_counter() - start
-    print("timing: " + json.dumps({"steps": args.steps, "seconds": seconds, "start": wall, "end": wall + seconds}), flush=True)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    window = {"steps": args.steps, "seconds": seconds, "cpu": cpu, "start": wall, "end": wall + seconds}
+    print("timing: " + json.dumps(window), flush=True)
 
 
 def run(args) -> None:

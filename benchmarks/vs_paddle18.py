@@ -18,9 +18,13 @@ Runs alternate (Paddle, ours, Paddle, ours, ...; `--repeat` each) and the table 
 figure's median. A last row trains the MLP locally (no pservers) on both.
 
 * steps/s: trainer 0's, over the steps after `--warmup` (its `timing:` line).
-* CPU ms/step: user + system time of all 4 processes (1 for the local row) over trainer 0's
-  timed window, from /proc/<pid>/stat sampled every 0.1 s and interpolated at the window's
-  ends; launch's own process is not counted.
+* CPU ms/step: user + system time of all 4 processes (1 for the local row): each trainer's
+  own over its timed window (its `timing:` line), plus the pservers' over trainer 0's window,
+  from /proc/<pid>/stat sampled every 0.1 s and interpolated at the window's ends (a pserver
+  that exits less than a sample after the window counts its last sample). launch's own
+  process is not counted.
+* other load: the cores the rest of the machine kept busy meanwhile (/proc/stat), since a
+  shared machine makes steps/s noisy; CPU ms/step is the steadier figure.
 * RPCs/step/pserver (averaged over the pservers): ours from each pserver's last log line
   (RPCs answered between its first and last optimize, per step); Paddle's from one extra,
   untimed run of at most 50 steps with its gRPC server's request log on
@@ -123,6 +127,14 @@ def machine_busy_ticks() -> int:
     return user + nice + system + irq + softirq + steal
 
 
+def is_pserver(pid: int) -> bool:
+    """Whether launch started `pid` as a pserver (its environment says so)."""
+    try:
+        return b"TRAINING_ROLE=PSERVER" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
 def children(pid: int) -> list[int]:
     """The processes whose parent is `pid` (launch's pservers and trainers)."""
     found = []
@@ -135,12 +147,12 @@ def children(pid: int) -> list[int]:
 
 
 class CpuSampler:
-    """CPU seconds (user + system, all threads) of a run's processes, sampled from /proc.
+    """CPU seconds (user + system, all threads) of a run's pservers, sampled from /proc.
 
-    Sampling from outside covers what cannot report its own CPU: Paddle's pservers (killed,
-    never exiting cleanly) and launch's children (not ours to wait for). The trainers'
-    timing windows then pick the samples, interpolated at the windows' ends. The whole
-    machine's busy time is sampled too: what other processes took from the run shows."""
+    Trainers report their own CPU; pservers cannot (Paddle's are killed, never exiting
+    cleanly; ours are launch's children), so they are sampled from outside and trainer 0's
+    timing window picks the samples, interpolated at its ends. The whole machine's busy
+    time is sampled too: what other processes took from the run shows."""
 
     def __init__(self, find_pids: Callable[[], list[int]], expected: int) -> None:
         self._find_pids = find_pids
@@ -157,10 +169,6 @@ class CpuSampler:
     def __exit__(self, *exc: object) -> None:
         self._done.set()
         self._thread.join()
-
-    @property
-    def pids(self) -> list[int]:
-        return list(self._series)
 
     def _loop(self) -> None:
         pids: list[int] = []
@@ -182,16 +190,17 @@ class CpuSampler:
             raise RunFailed(f"only {len(self._series)} of {self._expected} processes were sampled")
         return sum(spent(series, start, end, f"process {pid}") for pid, series in self._series.items())
 
-    def elsewhere(self, start: float, end: float) -> float:
-        """Cores other processes kept busy on average between `start` and `end`."""
-        return (spent(self._machine, start, end, "the machine") - self.seconds(start, end)) / (end - start)
+    def machine_cores(self, start: float, end: float) -> float:
+        """Cores the whole machine kept busy on average between `start` and `end`."""
+        return spent(self._machine, start, end, "the machine") / (end - start)
 
 
 def spent(series: list[tuple[float, int]], start: float, end: float, what: str) -> float:
-    """CPU seconds between `start` and `end` from (wall time, cumulative ticks) samples."""
+    """CPU seconds between `start` and `end` from (wall time, cumulative ticks) samples; a
+    process gone before `end` counts its last sample."""
     times, ticks = zip(*series)
-    if times[0] > start or times[-1] < end:
-        raise RunFailed(f"{what} was not sampled over the whole timed window")
+    if times[0] > start:
+        raise RunFailed(f"{what} was not sampled from the start of the timed window")
     return float(np.interp(end, times, ticks) - np.interp(start, times, ticks)) / CLOCK_TICKS
 
 
@@ -241,22 +250,19 @@ def wait(procs: list[subprocess.Popen], deadline: float, what: str) -> None:
 
 
 def kill_group(proc: subprocess.Popen, grace: float, first: int = signal.SIGKILL) -> None:
-    """Stop `proc`'s process group: `first` after `grace` seconds, SIGKILL after another."""
-    try:
-        proc.wait(timeout=grace)
-        return
-    except subprocess.TimeoutExpired:
-        pass
-    for sig in dict.fromkeys((first, signal.SIGKILL)):
+    """Unless `proc` exits within `grace` seconds, send its process group `first`, then
+    SIGKILL if it still runs `LAUNCH_GRACE` seconds later (launch stops its children on SIGINT)."""
+    for sig, wait_for in ((None, grace), (first, LAUNCH_GRACE), (signal.SIGKILL, None)):
+        if sig is not None:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
         try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=grace)
-            return
-        except ProcessLookupError:
+            proc.wait(timeout=wait_for)
             return
         except subprocess.TimeoutExpired:
             continue
-    proc.wait()
 
 
 def deadline_for(steps: int) -> float:
@@ -281,11 +287,16 @@ def timing(log: Path) -> dict:
     raise RunFailed(f"no timing line in {log}")
 
 
-def measure(cpu: CpuSampler, trainer_log: Path, rpcs: float | None = None) -> Measurement:
-    """The figures of one run, all over trainer 0's timed window."""
-    window = timing(trainer_log)
-    start, end, steps = window["start"], window["end"], window["steps"]
-    return Measurement(steps / window["seconds"], cpu.seconds(start, end) / steps * 1000, cpu.elsewhere(start, end), rpcs)
+def measure(cpu: CpuSampler, logs: Path, trainers: int, rpcs: float | None = None) -> Measurement:
+    """The figures of one run: steps/s over trainer 0's timed window; CPU per step, each
+    trainer's own over its window plus the pservers' over trainer 0's."""
+    windows = [timing(logs / f"trainer.{i}.log") for i in range(trainers)]
+    first = windows[0]
+    start, end, steps = first["start"], first["end"], first["steps"]
+    pservers = cpu.seconds(start, end)
+    cpu_ms = (pservers / steps + sum(w["cpu"] / w["steps"] for w in windows)) * 1000
+    cores = pservers / (end - start) + sum(w["cpu"] / w["seconds"] for w in windows)
+    return Measurement(steps / first["seconds"], cpu_ms, cpu.machine_cores(start, end) - cores, rpcs)
 
 
 def run_paddle(python: Path, folder: Path, case: Case, steps: int, warmup: int, logs: Path,
@@ -301,7 +312,7 @@ def run_paddle(python: Path, folder: Path, case: Case, steps: int, warmup: int, 
     pservers: list[subprocess.Popen] = []
     trainers: list[subprocess.Popen] = []
     try:
-        with CpuSampler(lambda: [p.pid for p in pservers + trainers], PSERVERS + TRAINERS) as cpu:
+        with CpuSampler(lambda: [p.pid for p in pservers], PSERVERS) as cpu:
             for i, endpoint in enumerate(endpoints):
                 env = clean_env(TRAINING_ROLE="PSERVER", PADDLE_CURRENT_ENDPOINT=endpoint, **common)
                 env.update(PADDLE_RPC_LOG if count_rpcs else {})
@@ -314,7 +325,7 @@ def run_paddle(python: Path, folder: Path, case: Case, steps: int, warmup: int, 
         grace_ends = time.monotonic() + PSERVER_GRACE
         for proc in pservers + trainers:
             kill_group(proc, max(0.0, grace_ends - time.monotonic()))
-    result = measure(cpu, logs / "trainer.0.log")
+    result = measure(cpu, logs, TRAINERS)
     return replace(result, rpcs=paddle_rpcs(logs, timing(logs / "trainer.0.log"))) if count_rpcs else result
 
 
@@ -343,16 +354,16 @@ def day_seconds(epoch: float) -> float:
 
 
 def run_local(argv: list, env: dict[str, str], steps: int, logs: Path) -> Measurement:
-    """One local training process, sampled as it runs."""
+    """One local training process (it reports its own CPU; the machine is sampled)."""
     proc = None
     try:
-        with CpuSampler(lambda: [proc.pid] if proc else [], 1) as cpu:
+        with CpuSampler(list, 0) as cpu:
             proc = start(argv, env, logs / "trainer.0.log")
             wait([proc], deadline_for(steps), f"local training (log: {logs / 'trainer.0.log'})")
     finally:
         if proc is not None:
             kill_group(proc, 0.0)
-    return measure(cpu, logs / "trainer.0.log")
+    return measure(cpu, logs, 1)
 
 
 def run_ours(folder: Path, case: Case, steps: int, warmup: int, logs: Path) -> Measurement:
@@ -367,15 +378,16 @@ def run_ours(folder: Path, case: Case, steps: int, warmup: int, logs: Path) -> M
             "--", *train, "--batch", case.batch * TRAINERS]
     launcher = None
     try:
-        with CpuSampler(lambda: children(launcher.pid) if launcher else [], PSERVERS + TRAINERS) as cpu:
+        with CpuSampler(lambda: list(filter(is_pserver, children(launcher.pid))) if launcher else [], PSERVERS) as cpu:
             launcher = start(argv, ours_env(), logs / "launch.log")
             wait([launcher], deadline_for(steps + warmup), f"pstranspile launch (logs: {logs})")
     finally:
         if launcher is not None:
+            launched = children(launcher.pid)
             kill_group(launcher, 0.0, first=signal.SIGINT)  # SIGINT: launch stops its children
-            for pid in filter(leads_group, cpu.pids):  # what a killed launch left behind
+            for pid in filter(leads_group, launched):  # what a killed launch left behind
                 os.killpg(pid, signal.SIGKILL)
-    return measure(cpu, logs / "trainer.0.log", pserver_rpcs(logs))
+    return measure(cpu, logs, TRAINERS, pserver_rpcs(logs))
 
 
 def pserver_rpcs(logs: Path) -> float | None:
@@ -429,7 +441,7 @@ def print_table(results: list[tuple[Case, Measurement, Measurement]], args: argp
         print(row(case, paddle, ours))
     print()
     print("CPU: all 4 processes (1 when local), user + system. Local row: ms per step, ratio ours/Paddle in time. "
-          "Other load: cores that other processes on the machine kept busy during the runs (Paddle's / ours).")
+          "Other load: cores the rest of the machine kept busy during the runs (Paddle's / ours).")
 
 
 # ------------------------------------------------------------------ main
