@@ -205,7 +205,8 @@ def spent(series: list[tuple[float, int]], start: float, end: float, what: str) 
 
 
 def free_endpoints(count: int) -> list[str]:
-    """`count` distinct free ports on 127.0.0.1 (all held open together so they differ)."""
+    """`count` distinct free ports on 127.0.0.1 (all held open together so they differ). Not
+    `transpiler.launch`'s: the harness reaches our runtime only through its CLI."""
     sockets = [socket.socket() for _ in range(count)]
     try:
         for sock in sockets:
