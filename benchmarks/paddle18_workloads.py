@@ -34,30 +34,34 @@ import paddle.fluid as fluid
 ROWS, WIDTH, CLASSES = 100000, 64, 10
 
 
+LABEL = ("label", [1], "int64", CLASSES)  # a feed: name, shape past the batch, dtype, ids below
+
+
+def classify(hidden, optimizer):
+    """fc 10 and softmax cross-entropy against the `label` feed, minimised: the loss."""
+    label = fluid.data(name="label", shape=[-1, 1], dtype="int64")
+    logits = fluid.layers.fc(hidden, CLASSES)
+    loss = fluid.layers.mean(fluid.layers.softmax_with_cross_entropy(logits, label))
+    optimizer.minimize(loss)
+    return loss
+
+
 def mlp():
     """784-512-512-10 with softmax cross-entropy, Adam."""
     x = fluid.data(name="x", shape=[-1, 784], dtype="float32")
-    label = fluid.data(name="label", shape=[-1, 1], dtype="int64")
     hidden = fluid.layers.fc(x, 512, act="relu")
     hidden = fluid.layers.fc(hidden, 512, act="relu")
-    logits = fluid.layers.fc(hidden, CLASSES)
-    loss = fluid.layers.mean(fluid.layers.softmax_with_cross_entropy(logits, label))
-    fluid.optimizer.Adam(learning_rate=0.001).minimize(loss)
-    feeds = [("x", [784], "float32", None), ("label", [1], "int64", CLASSES)]
-    return loss, feeds
+    loss = classify(hidden, fluid.optimizer.Adam(learning_rate=0.001))
+    return loss, [("x", [784], "float32", None), LABEL]
 
 
 def emb():
     """A 100k x 64 sparse embedding (remote prefetch in 1.8) + fc 64 + fc 10, SGD."""
     ids = fluid.data(name="ids", shape=[-1, 1], dtype="int64")
-    label = fluid.data(name="label", shape=[-1, 1], dtype="int64")
     rows = fluid.layers.embedding(ids, size=[ROWS, WIDTH], is_sparse=True, is_distributed=False)
     hidden = fluid.layers.fc(rows, WIDTH, act="relu")
-    logits = fluid.layers.fc(hidden, CLASSES)
-    loss = fluid.layers.mean(fluid.layers.softmax_with_cross_entropy(logits, label))
-    fluid.optimizer.SGD(learning_rate=0.01).minimize(loss)
-    feeds = [("ids", [1], "int64", ROWS), ("label", [1], "int64", CLASSES)]
-    return loss, feeds
+    loss = classify(hidden, fluid.optimizer.SGD(learning_rate=0.01))
+    return loss, [("ids", [1], "int64", ROWS), LABEL]
 
 
 WORKLOADS = {"mlp": mlp, "emb": emb}
