@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 DEMO   ?= build/demo
 
-.PHONY: install test demo golden proto bench clean
+.PHONY: install test demo golden proto bench bench-paddle clean
 
 install: $(VENV)/.installed
 
@@ -39,6 +39,11 @@ bench: install
 	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/sparse_table.py
 	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/sparse_footprint.py
 	$(PY) benchmarks/pserver_throughput.py
+
+# Ours beside Fluid 1.8.5 on the same Paddle-built programs (2 x 2 sync, and a local step).
+# Makes Paddle's venv under ~/.cache the first time (tools/paddle_env.py); skips where it cannot.
+bench-paddle: install
+	$(PY) benchmarks/vs_paddle18.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

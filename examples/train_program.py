@@ -12,14 +12,20 @@ trainer started from (what the pservers initialised) and ended with to
 `init/<param>` arrays of such a file instead of the startup program's values. The
 end-to-end tests train locally with `--init trainer_0.npz` and compare. `--die-at-step K --die-trainer I` makes trainer I kill itself
 (SIGKILL) after K steps, to test what the pservers do when a trainer vanishes.
+`--warmup K` trains K more steps first and prints, at the end, one `timing: {json}` line
+for the `--steps` after them: wall seconds, this process's CPU seconds, and the wall-clock
+start and end (so a harness such as `benchmarks/vs_paddle18.py` can match its CPU samples
+of other processes to the timed window).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -113,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init", type=Path, help="start from the init/<param> arrays of this .npz (local runs)")
     parser.add_argument("--die-at-step", type=int)
     parser.add_argument("--die-trainer", type=int, default=0)
+    parser.add_argument("--warmup", type=int, help="untimed steps first; then print a `timing:` line for --steps")
     args = parser.parse_args(argv)
 
     main_program, startup = Program.load(args.main), Program.load(args.startup)
@@ -130,13 +137,21 @@ def main(argv: list[str] | None = None) -> int:
                 if key.startswith("init/"):
                     session.scope.set_var(key[len("init/"):], LoDTensor(saved[key]))
         initial = held_params(session)
-        for step in range(args.steps):
+        warmup = args.warmup or 0
+        start, cpu, wall = time.perf_counter(), time.process_time(), time.time()
+        for step in range(warmup + args.steps):
+            if step == warmup:
+                start, cpu, wall = time.perf_counter(), time.process_time(), time.time()
             if args.die_at_step == step and role.trainer_id == args.die_trainer and role.is_trainer:
                 print(f"trainer {role.trainer_id}: killing myself at step {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             batch = synthetic_batch(main_program, args.batch, args.seed, step)
             session.run(shard(batch, role), loss=args.loss)
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         final = held_params(session)
+    if args.warmup is not None:
+        window = {"steps": args.steps, "seconds": seconds, "cpu": cpu, "start": wall, "end": wall + seconds}
+        print("timing: " + json.dumps(window), flush=True)
     if args.save is not None:
         args.save.mkdir(parents=True, exist_ok=True)
         name = f"trainer_{role.trainer_id}" if role.is_trainer else "local"

@@ -57,6 +57,7 @@ def test_sync_rounds_give_both_trainers_the_averaged_update():
             client.complete([ps.address])
         ps.join()
     assert not ps.errors and calls == [1, 1, 1] and ps.server.rounds == 3
+    assert ps.server.messages_per_step == 8  # per trainer: send, send barrier, get, fetch barrier
 
 
 def test_a_get_waits_for_the_round_s_optimize_and_a_send_for_the_next_round():

@@ -40,6 +40,11 @@ In sync mode the grads a round needs are `X` plus what the trainers send for the
 blocks of `grad_to_block_id` that `X` does not list (the distributed table's
 per-trainer shard grads): `ServeConfig.received` holds them all.
 
+Every RPC a trainer makes is counted when answered; in sync mode the pserver's final log line gives the
+RPCs per step, counted between the ends of the first and the last optimize: whole steps
+only, so each kind of message (a step's prefetches, sends, barriers, gets) counts once per
+step, and the startup fetch and the complete notices not at all.
+
 Trainers leave with `SendComplete`; once all `Fanin` have, the server stops and
 `serve()` returns. If a trainer completes while others go on, its grads count as
 zeros from then on (Paddle resets received vars the same way), and barriers wait for
@@ -167,6 +172,8 @@ class PServer:
         self._block_locks = {idx: threading.Lock() for idx in set(config.grad_to_block.values())}
         self._lr_lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
+        self._messages = 0  # RPCs answered
+        self._marks: list[tuple[int, int]] = []  # sync: (round, RPCs answered) when the first and last optimize ended
         self._server: grpc.Server | None = None
         self.port: int | None = None
         self.started_at = now
@@ -181,6 +188,15 @@ class PServer:
     @property
     def rounds(self) -> int:
         return self._round
+
+    @property
+    def messages_per_step(self) -> float | None:
+        """Sync: RPCs per step between the ends of the first and the last optimize (None
+        before two optimizes ended)."""
+        if len(self._marks) < 2:
+            return None
+        (first, before), (last, after) = self._marks
+        return (after - before) / (last - first)
 
     @property
     def stopped(self) -> bool:
@@ -236,6 +252,8 @@ class PServer:
                 raise
             if not self._stopping:
                 done = f"{self._round} step(s)" if self.config.sync_mode else f"{self._round} grad(s) applied"
+                if self.messages_per_step is not None:
+                    done += f", {self.messages_per_step:.1f} RPCs per step"
                 self._log(f"pserver {self.config.endpoint}: all {self.config.fanin} trainer(s) completed after {done}")
         finally:
             self.shutdown()
@@ -278,6 +296,7 @@ class PServer:
                 self._received.clear()
             if phase is Phase.GET:
                 self._round += 1
+                self._marks[1:] = [(self._round, self._messages)]
             self._phase = phase
             self._barriers.clear()
             self._cond.notify_all()
@@ -405,6 +424,7 @@ class PServer:
         finally:
             with self._cond:
                 state.inflight -= 1
+                self._messages += 1  # counted when answered: a step's RPCs all end inside its round
                 state.last_seen = time.monotonic()
                 self._cond.notify_all()
 

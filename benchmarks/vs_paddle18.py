@@ -1,0 +1,515 @@
+"""Ours beside Fluid 1.8.5 on the same Paddle-built programs: 2 pservers x 2 trainers, sync.
+
+    python benchmarks/vs_paddle18.py [--steps 200] [--warmup 20] [--repeat 3] [--quick]
+    make bench-paddle
+
+Fluid 1.8.5, in its own venv (`tools/paddle_env.py`), builds the workloads and saves their
+main/startup programs (`benchmarks/paddle18_workloads.py`): the MLP 784-512-512-10 with
+Adam, at batch 64 and 512 per trainer (the 512 row runs a quarter of `--steps`), and a
+100k x 64 `is_sparse` embedding (remote prefetch) + fc 64 + fc 10 with SGD, batch 64 per
+trainer. Each workload then trains on those same .pb files, 127.0.0.1 only, free ports:
+
+* Paddle: the harness starts 2 pservers and 2 trainers of `paddle18_workloads.py run`
+  (`DistributeTranspiler`, `use_program_cache=True`, `PADDLE_SPEED_ENV`) and, once the
+  trainers are done, stops the pservers itself (a sync Fluid pserver does not always exit).
+* ours: `pstranspile launch --pservers 2 --trainers 2 -- python examples/train_program.py`.
+
+Runs alternate (Paddle, ours, Paddle, ours, ...; `--repeat` each) and the table shows each
+figure's median. A last row trains the MLP locally (no pservers) on both.
+
+* steps/s: trainer 0's, over the steps after `--warmup` (its `timing:` line).
+* CPU ms/step: user + system time of all 4 processes (1 for the local row): each trainer's
+  own over its timed window (its `timing:` line), plus the pservers' over trainer 0's window,
+  from /proc/<pid>/stat sampled every 0.1 s and interpolated at the window's ends (a pserver
+  that exits less than a sample after the window counts its last sample). launch's own
+  process is not counted.
+* other load: the cores the rest of the machine kept busy meanwhile (/proc/stat), since a
+  shared machine makes steps/s noisy; CPU ms/step is the steadier figure.
+* RPCs/step/pserver (averaged over the pservers): ours from each pserver's last log line
+  (RPCs answered between its first and last optimize, per step); Paddle's from one extra,
+  untimed run of at most 50 steps with its gRPC server's request log on
+  (`GLOG_vmodule=grpc_server=4`): the sends, gets and prefetches it logged (barriers are
+  sends and gets of marker vars; complete notices are left out) within trainer 0's timed
+  window, per step.
+
+Exits 0 with one line when Paddle 1.8.5 cannot be installed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tools.paddle_env import PADDLE_SPEED_ENV, PaddleUnavailable, ensure  # noqa: E402
+
+WORKLOADS = ROOT / "benchmarks" / "paddle18_workloads.py"
+TRAIN_PROGRAM = ROOT / "examples" / "train_program.py"
+HOST = "127.0.0.1"
+PSERVERS = TRAINERS = 2
+PSERVER_GRACE = 3.0  # seconds Paddle's pservers get to exit after the trainers, before we kill them
+LAUNCH_GRACE = 15.0  # seconds launch gets to stop its children after SIGINT
+SAMPLE_EVERY = 0.1  # seconds between CPU samples
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+ROLE_VARS = ("TRAINING_ROLE", "PADDLE_PSERVER_ENDPOINTS", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID",
+             "PADDLE_CURRENT_ENDPOINT", "POD_IP", "PADDLE_PORT")
+RPCS_LINE = re.compile(r"([0-9.]+) RPCs per step")
+# Paddle 1.8's gRPC server logs every request it handles at verbosity 4 (time of day first).
+PADDLE_RPC_LOG = {"GLOG_minloglevel": "0", "GLOG_v": "0", "GLOG_vmodule": "grpc_server=4", "GLOG_logtostderr": "1"}
+PADDLE_REQUEST = re.compile(r"^I\d{4} (\d\d):(\d\d):(\d\d\.\d+) +\d+ grpc_server\.cc:\d+\] "
+                            r"Request(?:Send var_name:(?!COMPLETE@)|Get \S* ?from |Prefetch, in_var_name:)")
+RPC_COUNT_STEPS = 50  # steps of the extra run that counts Paddle's RPCs
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    workload: str  # folder of the built programs
+    batch: int  # per trainer
+    steps_share: float = 1.0  # of --steps
+    local: bool = False
+
+
+CASES = (
+    Case("MLP 784-512-512-10, Adam, batch 64", "mlp", 64),
+    Case("MLP 784-512-512-10, Adam, batch 512", "mlp", 512, steps_share=0.25),
+    Case("embedding 100k x 64 sparse + fc 64 + fc 10, SGD, batch 64", "emb", 64),
+    Case("local step: the MLP, batch 64, no pservers", "mlp", 64, local=True),
+)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    steps_per_s: float
+    cpu_ms: float  # CPU ms per step, all of the run's processes
+    elsewhere: float  # cores other processes on the machine kept busy meanwhile
+    rpcs: float | None = None  # per step per pserver
+
+
+class RunFailed(RuntimeError):
+    """A run exited badly or overran its deadline; the message names its log."""
+
+
+# ------------------------------------------------------------------ processes and CPU
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name (state, ppid, ...), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def machine_busy_ticks() -> int:
+    """Clock ticks all cores spent on anything but idling (/proc/stat), since boot."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    return user + nice + system + irq + softirq + steal
+
+
+def is_pserver(pid: int) -> bool:
+    """Whether launch started `pid` as a pserver (its environment says so)."""
+    try:
+        return b"TRAINING_ROLE=PSERVER" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (launch's pservers and trainers)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            fields = proc_stat(int(entry.name))
+            if fields is not None and fields[1] == str(pid):
+                found.append(int(entry.name))
+    return found
+
+
+class CpuSampler:
+    """CPU seconds (user + system, all threads) of a run's pservers, sampled from /proc.
+
+    Trainers report their own CPU; pservers cannot (Paddle's are killed, never exiting
+    cleanly; ours are launch's children), so they are sampled from outside and trainer 0's
+    timing window picks the samples, interpolated at its ends. The whole machine's busy
+    time is sampled too: what other processes took from the run shows."""
+
+    def __init__(self, find_pids: Callable[[], list[int]], expected: int) -> None:
+        self._find_pids = find_pids
+        self._expected = expected
+        self._series: dict[int, list[tuple[float, int]]] = {}
+        self._machine: list[tuple[float, int]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        pids: list[int] = []
+        while True:
+            if len(pids) < self._expected:
+                pids = self._find_pids()
+            now = time.time()
+            self._machine.append((now, machine_busy_ticks()))
+            for pid in pids:
+                fields = proc_stat(pid)
+                if fields is not None:
+                    self._series.setdefault(pid, []).append((now, int(fields[11]) + int(fields[12])))
+            if self._done.wait(SAMPLE_EVERY):
+                return
+
+    def seconds(self, start: float, end: float) -> float:
+        """CPU seconds all sampled processes spent between wall-clock `start` and `end`."""
+        if len(self._series) < self._expected:
+            raise RunFailed(f"only {len(self._series)} of {self._expected} processes were sampled")
+        return sum(spent(series, start, end, f"process {pid}") for pid, series in self._series.items())
+
+    def machine_cores(self, start: float, end: float) -> float:
+        """Cores the whole machine kept busy on average between `start` and `end`."""
+        return spent(self._machine, start, end, "the machine") / (end - start)
+
+
+def spent(series: list[tuple[float, int]], start: float, end: float, what: str) -> float:
+    """CPU seconds between `start` and `end` from (wall time, cumulative ticks) samples; a
+    process gone before `end` counts its last sample."""
+    times, ticks = zip(*series)
+    if times[0] > start:
+        raise RunFailed(f"{what} was not sampled from the start of the timed window")
+    return float(np.interp(end, times, ticks) - np.interp(start, times, ticks)) / CLOCK_TICKS
+
+
+def free_endpoints(count: int) -> list[str]:
+    """`count` distinct free ports on 127.0.0.1 (all held open together so they differ). Not
+    `transpiler.launch`'s: the harness reaches our runtime only through its CLI."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((HOST, 0))
+        return [f"{HOST}:{sock.getsockname()[1]}" for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without any role or PYTHONPATH (Paddle's python must not see this
+    checkout), with Paddle's speed settings for both sides: one BLAS thread per process, as
+    4 processes share the cores."""
+    env = {k: v for k, v in os.environ.items() if k not in (*ROLE_VARS, "PYTHONPATH")}
+    env.update(PADDLE_SPEED_ENV)
+    env.update(extra)
+    return env
+
+
+def ours_env() -> dict[str, str]:
+    """`clean_env`, with this checkout first on PYTHONPATH (over an installed copy)."""
+    return clean_env(PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+
+def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """A process in its own session (so its group can be killed by its pid), output to `log`."""
+    with open(log, "wb") as out:
+        return subprocess.Popen([str(a) for a in argv], env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait(procs: list[subprocess.Popen], deadline: float, what: str) -> None:
+    """Wait for every process of `procs` to exit 0 by the monotonic `deadline`."""
+    for proc in procs:
+        try:
+            code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise RunFailed(f"{what} did not finish in time") from None
+        if code != 0:
+            raise RunFailed(f"{what} exited with code {code}")
+
+
+def kill_group(proc: subprocess.Popen, grace: float, first: int = signal.SIGKILL) -> None:
+    """Unless `proc` exits within `grace` seconds, send its process group `first`, then
+    SIGKILL if it still runs `LAUNCH_GRACE` seconds later (launch stops its children on SIGINT)."""
+    for sig, wait_for in ((None, grace), (first, LAUNCH_GRACE), (signal.SIGKILL, None)):
+        if sig is not None:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        try:
+            proc.wait(timeout=wait_for)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def deadline_for(steps: int) -> float:
+    """Generous: startup, and 2 s a step (the slowest row runs about 4 steps/s)."""
+    return time.monotonic() + 120.0 + 2.0 * steps
+
+
+def leads_group(pid: int) -> bool:
+    """`pid` is alive and the leader of its process group (as launch starts its children)."""
+    fields = proc_stat(pid)
+    return fields is not None and fields[2] == str(pid)
+
+
+# ------------------------------------------------------------------ one run
+
+
+def timing(log: Path) -> dict:
+    """The `timing:` line a trainer printed (train_program.py and paddle18_workloads.py)."""
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("timing: "):
+            return json.loads(line[len("timing: "):])
+    raise RunFailed(f"no timing line in {log}")
+
+
+def measure(cpu: CpuSampler, logs: Path, trainers: int, rpcs: float | None = None) -> Measurement:
+    """The figures of one run: steps/s over trainer 0's timed window; CPU per step, each
+    trainer's own over its window plus the pservers' over trainer 0's."""
+    windows = [timing(logs / f"trainer.{i}.log") for i in range(trainers)]
+    first = windows[0]
+    start, end, steps = first["start"], first["end"], first["steps"]
+    pservers = cpu.seconds(start, end)
+    cpu_ms = (pservers / steps + sum(w["cpu"] / w["steps"] for w in windows)) * 1000
+    cores = pservers / (end - start) + sum(w["cpu"] / w["seconds"] for w in windows)
+    return Measurement(steps / first["seconds"], cpu_ms, cpu.machine_cores(start, end) - cores, rpcs)
+
+
+def run_paddle(python: Path, folder: Path, case: Case, steps: int, warmup: int, logs: Path,
+               count_rpcs: bool = False) -> Measurement:
+    """Paddle's pservers and trainers (or one local process), started and stopped here;
+    `count_rpcs` turns on the pservers' request log (which slows them) and counts it."""
+    argv = [python, WORKLOADS, "run", folder, "--steps", steps, "--warmup", warmup]
+    if case.local:
+        return run_local([*argv, "--batch", case.batch], clean_env(), steps + warmup, logs)
+    endpoints = free_endpoints(PSERVERS)
+    common = {"PADDLE_PSERVER_ENDPOINTS": ",".join(endpoints), "PADDLE_TRAINERS_NUM": str(TRAINERS)}
+    argv += ["--batch", case.batch * TRAINERS]
+    pservers: list[subprocess.Popen] = []
+    trainers: list[subprocess.Popen] = []
+    try:
+        with CpuSampler(lambda: [p.pid for p in pservers], PSERVERS) as cpu:
+            for i, endpoint in enumerate(endpoints):
+                env = clean_env(TRAINING_ROLE="PSERVER", PADDLE_CURRENT_ENDPOINT=endpoint, **common)
+                env.update(PADDLE_RPC_LOG if count_rpcs else {})
+                pservers.append(start(argv, env, logs / f"pserver.{i}.log"))
+            for i in range(TRAINERS):
+                env = clean_env(TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID=str(i), **common)
+                trainers.append(start(argv, env, logs / f"trainer.{i}.log"))
+            wait(trainers, deadline_for(steps + warmup), f"Paddle's trainers (logs: {logs})")
+    finally:
+        grace_ends = time.monotonic() + PSERVER_GRACE
+        for proc in pservers + trainers:
+            kill_group(proc, max(0.0, grace_ends - time.monotonic()))
+    result = measure(cpu, logs, TRAINERS)
+    return replace(result, rpcs=paddle_rpcs(logs, timing(logs / "trainer.0.log"))) if count_rpcs else result
+
+
+def paddle_rpcs(logs: Path, window: dict) -> float:
+    """Requests per step per pserver that Paddle's pservers logged within `window`."""
+    start, end = day_seconds(window["start"]), day_seconds(window["end"])
+    counts = []
+    for i in range(PSERVERS):
+        times = request_times(logs / f"pserver.{i}.log")
+        inside = [t for t in times if (start <= t <= end if start <= end else t >= start or t <= end)]
+        counts.append(len(inside) / window["steps"])
+    return statistics.mean(counts)
+
+
+def request_times(log: Path) -> list[float]:
+    """The time of day (s) of each request a Paddle pserver's log records."""
+    with open(log, errors="replace") as lines:
+        found = (PADDLE_REQUEST.match(line) for line in lines)
+        return [int(h) * 3600 + int(m) * 60 + float(sec) for h, m, sec in (match.groups() for match in found if match)]
+
+
+def day_seconds(epoch: float) -> float:
+    """Local time of day in seconds, as glog stamps its lines (a window may span midnight)."""
+    t = time.localtime(epoch)
+    return t.tm_hour * 3600 + t.tm_min * 60 + t.tm_sec + epoch % 1
+
+
+def run_local(argv: list, env: dict[str, str], steps: int, logs: Path) -> Measurement:
+    """One local training process (it reports its own CPU; the machine is sampled)."""
+    proc = None
+    try:
+        with CpuSampler(list, 0) as cpu:
+            proc = start(argv, env, logs / "trainer.0.log")
+            wait([proc], deadline_for(steps), f"local training (log: {logs / 'trainer.0.log'})")
+    finally:
+        if proc is not None:
+            kill_group(proc, 0.0)
+    return measure(cpu, logs, 1)
+
+
+def run_ours(folder: Path, case: Case, steps: int, warmup: int, logs: Path) -> Measurement:
+    """`pstranspile launch` (or train_program.py locally) on the same programs."""
+    loss = json.loads((folder / "workload.json").read_text())["loss"]
+    train = [sys.executable, TRAIN_PROGRAM, "--main", folder / "main.pb", "--startup", folder / "startup.pb",
+             "--loss", loss, "--steps", steps, "--warmup", warmup]
+    if case.local:
+        return run_local([*train, "--batch", case.batch], ours_env(), steps + warmup, logs)
+    argv = [sys.executable, "-m", "transpiler", "launch", "--pservers", PSERVERS, "--trainers", TRAINERS,
+            "--host", HOST, "--log-dir", logs, "--timeout", 60, "--exit-grace", 10, "--status-every", 3600,
+            "--", *train, "--batch", case.batch * TRAINERS]
+    launcher = None
+    try:
+        with CpuSampler(lambda: list(filter(is_pserver, children(launcher.pid))) if launcher else [], PSERVERS) as cpu:
+            launcher = start(argv, ours_env(), logs / "launch.log")
+            wait([launcher], deadline_for(steps + warmup), f"pstranspile launch (logs: {logs})")
+    finally:
+        if launcher is not None:
+            launched = children(launcher.pid)
+            kill_group(launcher, 0.0, first=signal.SIGINT)  # SIGINT: launch stops its children
+            for pid in filter(leads_group, launched):  # what a killed launch left behind
+                os.killpg(pid, signal.SIGKILL)
+    return measure(cpu, logs, TRAINERS, pserver_rpcs(logs))
+
+
+def pserver_rpcs(logs: Path) -> float | None:
+    """RPCs per step per pserver, from our pservers' last log lines (their mean)."""
+    found = []
+    for i in range(PSERVERS):
+        match = RPCS_LINE.search((logs / f"pserver.{i}.log").read_text(errors="replace"))
+        if match:
+            found.append(float(match.group(1)))
+    return statistics.mean(found) if found else None
+
+
+# ------------------------------------------------------------------ the table
+
+
+def median(runs: list[Measurement]) -> Measurement:
+    rpcs = [r.rpcs for r in runs if r.rpcs is not None]
+    return Measurement(*(statistics.median(getattr(r, name) for r in runs) for name in ("steps_per_s", "cpu_ms", "elsewhere")),
+                       statistics.median(rpcs) if rpcs else None)
+
+
+def row(case: Case, paddle: Measurement, ours: Measurement) -> str:
+    """Throughput as steps/s, except the local row: ms per step, as a local step is quoted."""
+    if case.local:
+        speed = [f"{1000 / m.steps_per_s:.1f} ms/step" for m in (paddle, ours)]
+        speed_ratio = paddle.steps_per_s / ours.steps_per_s
+    else:
+        speed = [f"{m.steps_per_s:.1f} steps/s" for m in (paddle, ours)]
+        speed_ratio = ours.steps_per_s / paddle.steps_per_s
+    rpcs = "-" if case.local else " / ".join("?" if m.rpcs is None else f"{m.rpcs:.1f}" for m in (paddle, ours))
+    cells = [case.label, *speed, f"{speed_ratio:.2f}", f"{paddle.cpu_ms:.1f}", f"{ours.cpu_ms:.1f}",
+             f"{ours.cpu_ms / paddle.cpu_ms:.2f}", rpcs, f"{paddle.elsewhere:.2f} / {ours.elsewhere:.2f}"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.machine())
+    return f"{os.cpu_count()} cores, {model}"
+
+
+def print_table(results: list[tuple[Case, Measurement, Measurement]], args: argparse.Namespace) -> None:
+    print(f"Ours vs Fluid 1.8.5, same Paddle-built programs, {PSERVERS} pservers x {TRAINERS} trainers, sync, "
+          f"127.0.0.1 ({time.strftime('%Y-%m-%d', time.gmtime())}, {machine()}); median of {args.repeat} "
+          f"alternating runs of {args.steps} timed steps after {args.warmup} warm-up (batch 512: a quarter)")
+    print()
+    print("| workload (batch per trainer) | Paddle 1.8.5 | ps-transpiler | ours/Paddle | Paddle CPU ms/step "
+          "| ours CPU ms/step | ours/Paddle | RPCs/step/pserver Paddle / ours | other load, cores |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for case, paddle, ours in results:
+        print(row(case, paddle, ours))
+    print()
+    print("CPU: all 4 processes (1 when local), user + system. Local row: ms per step, ratio ours/Paddle in time. "
+          "Other load: cores the rest of the machine kept busy during the runs (Paddle's / ours).")
+
+
+# ------------------------------------------------------------------ main
+
+
+def build(python: Path, out: Path) -> None:
+    done = subprocess.run([str(python), str(WORKLOADS), "build", str(out)], env=clean_env(),
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RunFailed(f"building the workloads with Paddle failed: {done.stderr.strip()[-2000:]}")
+
+
+def compare(python: Path, work: Path, case: Case, args: argparse.Namespace) -> tuple[Measurement, Measurement]:
+    """Paddle, ours, Paddle, ours, ...: the medians."""
+    steps = max(1, round(args.steps * case.steps_share))
+    folder = work / case.workload
+    runs: dict[str, list[Measurement]] = {"paddle": [], "ours": []}
+    for rep in range(args.repeat):
+        for who in runs:
+            logs = work / "logs" / f"{case.workload}-{case.batch}{'-local' if case.local else ''}-{who}-{rep}"
+            logs.mkdir(parents=True, exist_ok=True)
+            if who == "paddle":
+                got = run_paddle(python, folder, case, steps, args.warmup, logs)
+            else:
+                got = run_ours(folder, case, steps, args.warmup, logs)
+            runs[who].append(got)
+            print(f"  {case.label}: {who} run {rep + 1}: {got.steps_per_s:.1f} steps/s, "
+                  f"{got.cpu_ms:.1f} CPU ms/step, other load {got.elsewhere:.2f} cores", file=sys.stderr, flush=True)
+    counted = None if case.local else count_paddle_rpcs(python, work, case, min(steps, RPC_COUNT_STEPS), args.warmup)
+    return replace(median(runs["paddle"]), rpcs=counted), median(runs["ours"])
+
+
+def count_paddle_rpcs(python: Path, work: Path, case: Case, steps: int, warmup: int) -> float:
+    """Paddle's RPCs per step per pserver, from an extra run with its request log on."""
+    logs = work / "logs" / f"{case.workload}-{case.batch}-paddle-rpcs"
+    logs.mkdir(parents=True, exist_ok=True)
+    return run_paddle(python, work / case.workload, case, steps, warmup, logs, count_rpcs=True).rpcs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200, help="timed steps per run (batch 512: a quarter)")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed steps before them")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each side per workload")
+    parser.add_argument("--quick", action="store_true", help="a short smoke run: 20 steps, 5 warm-up, 1 repeat")
+    parser.add_argument("--keep", type=Path, help="keep programs and logs here (default: a temporary folder)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.warmup, args.repeat = 20, 5, 1
+    if min(args.steps, args.repeat) < 1 or args.warmup < 0:
+        parser.error("--steps and --repeat must be >= 1, --warmup >= 0")
+    try:
+        python = ensure("1.8.5", log=lambda line: print(line, file=sys.stderr))
+    except PaddleUnavailable as error:
+        print(f"vs_paddle18: skipped: Paddle 1.8.5 is unavailable here ({error})")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="vs_paddle18_") as tmp:
+        work = args.keep or Path(tmp)
+        build(python, work)
+        try:
+            results = [(case, *compare(python, work, case, args)) for case in CASES]
+        except RunFailed as error:
+            print(f"vs_paddle18: {error}", file=sys.stderr)
+            return 1
+    print_table(results, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
