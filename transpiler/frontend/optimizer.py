@@ -8,6 +8,10 @@ param name, each grad clipped (`grad_clip` or the param's clip) and regularised
 `_beta2_pow_acc_0`, `_moment_0`) are persistable vars filled by `fill_constant`s in the
 startup program; a float learning rate becomes the persistable `learning_rate_<n>`,
 a Variable (an lr schedule) is used as it is.
+
+The distributed lookup table is updated by a plain `sgd` whatever the optimizer, as in
+Fluid 1.x; with `optimizer.sgd_for_distributed_table = False` it gets the optimizer's own
+op and accumulators like any param (the transpiler trains it so on the pservers).
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ class Optimizer:
     type = ""
     # Fluid's public names for the subclasses, used in error messages.
     display_name = "Optimizer"
+    # Fluid 1.x updates the distributed lookup table with `sgd`; False keeps this optimizer.
+    sgd_for_distributed_table = True
 
     def __init__(
         self,
@@ -228,7 +234,7 @@ class Optimizer:
         optimizer, without clip or regularisation, and builds that op first."""
         program = default_main_program()
         table = find_distributed_lookup_table(program)
-        if table is None:
+        if table is None or not self.sgd_for_distributed_table:
             return list(params_grads), None
         rest = [(p, g) for p, g in params_grads if p.name != table]
         found = [(p, g) for p, g in params_grads if p.name == table and g is not None]

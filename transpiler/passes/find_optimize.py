@@ -13,7 +13,8 @@
 * Embedding tables: the `lookup_table` ops on a param with `is_sparse` / `is_distributed`.
   A sparse table's grad is SELECTED_ROWS; with `remote_prefetch` its rows are fetched
   from its blocks rather than the table received; an `is_distributed` table (at most
-  one, updated by `sgd`) lives only on the pservers, sharded by `id % #pservers`.
+  one) lives only on the pservers, sharded by `id % #pservers`, and is updated there by
+  its own optimizer op, alone (`_split_off_distributed_table` says what it refuses).
 
 The analysis holds the original's ops, so the original is frozen afterwards: an edit of
 it would move or change what the analysis points at.
@@ -184,18 +185,32 @@ def _find_tables(block: Block, params: set[str]) -> dict[str, TableLookups]:
 
 
 def _split_off_distributed_table(chains: list[ParamChain], tables: dict[str, TableLookups]) -> ParamChain | None:
-    """Take the distributed table's chain out of `chains`: it is placed by id, not sliced."""
+    """Take the distributed table's chain out of `chains`: it is placed by id, not sliced.
+
+    Any optimizer with a sparse rule trains it on the pservers (Paddle swaps it for `sgd`),
+    its param-shaped accumulators sharded with the table's rows. Refused: other optimize
+    ops on its grad (L2 decay, clipping: they read or write every row of the table, which
+    no pserver holds), and momentum's built-in L2 decay (it would move rows no trainer
+    ever looked up, which a shard does not hold)."""
     table = next((t for t in tables.values() if t.distributed), None)
     if table is None:
         return None
     chain = next(c for c in chains if c.param == table.table)
-    if len(chain.ops) != 1 or chain.optimizer.type != "sgd":
-        kinds = ", ".join(op.type for op in chain.ops)
-        raise TranspileError(
-            f"distributed table {table.table!r} must be updated by a lone sgd op (Fluid builds it so), not by {kinds}"
-        )
     if not chain.sparse:
         raise TranspileError(f"distributed table {table.table!r} needs is_sparse=True (its grad must be SELECTED_ROWS)")
+    if len(chain.ops) != 1:
+        kinds = ", ".join(f"{op.index}:{op.type}" for op in chain.ops if op is not chain.optimizer)
+        raise TranspileError(
+            f"distributed table {table.table!r} must be updated by its optimizer op alone "
+            f"({chain.optimizer.type}); it also has optimize ops {kinds} (regularization or clipping of a "
+            "table's grad is not supported)"
+        )
+    if chain.optimizer.attr("regularization_method", "") not in ("", None):
+        method = chain.optimizer.attr("regularization_method")
+        raise TranspileError(
+            f"distributed table {table.table!r}: {chain.optimizer.type} with regularization_method={method!r} "
+            "decays rows no trainer looked up; a sharded table cannot"
+        )
     chains.remove(chain)
     return chain
 
