@@ -30,17 +30,14 @@ def tiny(*, rows: int = 4, lr_decay: bool = False, embedding: str | None = None,
         out = layers.fc(input=x, size=2, param_attr=ParamAttr(name="w"), bias_attr=ParamAttr(name="b"))
         loss = layers.mean(out)
         lr = layers.exponential_decay(0.1, decay_steps=10, decay_rate=0.5) if lr_decay else 0.1
-        if table_optimizer is None:
-            optimizer.SGD(learning_rate=lr).minimize(loss)
-            return main, startup
-        table_opt = {"adam": lambda: optimizer.Adam(learning_rate=0.01),
-                     "momentum": lambda: optimizer.Momentum(learning_rate=0.01, momentum=0.9),
-                     "decayed_adagrad": lambda: optimizer.DecayedAdagrad(learning_rate=0.01)}[table_optimizer]()
         sgd = optimizer.SGD(learning_rate=lr)
-        table_opt.sgd_for_distributed_table = False
-        params_grads = sgd.backward(loss)
-        table_opt.apply_optimize(loss, startup, [pg for pg in params_grads if pg[0].name == "emb"])
-        sgd.apply_optimize(loss, startup, [pg for pg in params_grads if pg[0].name != "emb"])
+        if table_optimizer is not None:
+            sgd.distributed_table_optimizer = {
+                "adam": lambda: optimizer.Adam(learning_rate=0.01),
+                "momentum": lambda: optimizer.Momentum(learning_rate=0.01, momentum=0.9),
+                "decayed_adagrad": lambda: optimizer.DecayedAdagrad(learning_rate=0.01),
+            }[table_optimizer]()
+        sgd.minimize(loss)
     return main, startup
 
 
