@@ -71,3 +71,14 @@ def test_a_distributed_table_refuses_other_optimize_ops_and_a_decay_of_every_row
     main, startup = tiny(embedding="distributed", table_optimizer="decayed_adagrad")
     with pytest.raises(TranspileError, match="decayed_adagrad cannot apply the sparse grad 'emb@GRAD'"):
         run_until("find_optimize", main, startup)
+
+
+def test_a_table_whose_every_row_optimizer_starts_from_non_zero_state_is_refused():
+    main, startup = tiny(embedding="distributed", table_optimizer="momentum")
+    init = next(op for op in startup.global_block().ops if op.output_names == ["emb_velocity_0"])
+    init.set_attr("value", 0.5)
+    with pytest.raises(TranspileError, match="momentum updates every row, and its accumulator 'emb_velocity_0' "
+                                             "starts at 0.5"):
+        run_until("find_optimize", main, startup)
+    init.set_attr("value", 0.0)
+    assert run_until("find_optimize", main, startup).analysis.distributed_table.optimizer.type == "momentum"

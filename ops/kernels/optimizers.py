@@ -25,7 +25,7 @@ import numpy as np
 
 from ops.kernels.context import KernelError, OpContext
 from ops.kernels.registry import register
-from ops.kernels.table_update import EVERY_ROW, TOUCHED, on_table
+from ops.kernels.table_update import on_table
 from ops.tensor import SelectedRows
 
 
@@ -75,7 +75,7 @@ PADDLE2_DEFAULTS = {"multi_precision": False}
 
 
 @register("sgd", defaults=PADDLE2_DEFAULTS)
-@on_table(TOUCHED)
+@on_table
 def sgd(ctx: OpContext) -> None:
     """`ParamOut = Param - lr * Grad`."""
     grad = _grad(ctx)
@@ -102,7 +102,7 @@ MOMENTUM_PADDLE2_DEFAULTS = {
 
 
 @register("momentum", defaults=MOMENTUM_PADDLE2_DEFAULTS)
-@on_table(EVERY_ROW)
+@on_table
 def momentum(ctx: OpContext) -> None:
     """`v = mu * v + g; p -= lr * v` (Nesterov: `p -= lr * (g + mu * v)`), with
     Paddle 2.x's optional L2 decay and grad rescaling folded into g."""
@@ -178,7 +178,7 @@ def _attr_or_tensor(ctx: OpContext, attr: str, slot: str, dt: type) -> np.generi
 
 
 @register("adam", defaults=ADAM_PADDLE2_DEFAULTS)
-@on_table(lambda ctx: TOUCHED if ctx.attr("lazy_mode") else EVERY_ROW)
+@on_table
 def adam(ctx: OpContext) -> None:
     """Adam as Paddle computes it: `lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t)`,
     `p -= lr_t * m1 / (sqrt(m2) + eps * sqrt(1 - b2^t))`, and the beta powers advance
@@ -265,7 +265,7 @@ def adamax(ctx: OpContext) -> None:
 
 
 @register("adagrad", defaults=PADDLE2_DEFAULTS)
-@on_table(TOUCHED)
+@on_table
 def adagrad(ctx: OpContext) -> None:
     """`m += g^2; p -= lr * g / (sqrt(m) + eps)`; a sparse grad touches its rows only."""
     param = _dense_param(ctx)
@@ -302,7 +302,7 @@ def decayed_adagrad(ctx: OpContext) -> None:
 # ---------------------------------------------------------------------- rmsprop
 
 @register("rmsprop", defaults=PADDLE2_DEFAULTS)
-@on_table(EVERY_ROW)
+@on_table
 def rmsprop(ctx: OpContext) -> None:
     """`ms = decay * ms + (1 - decay) * g^2`; centered: `mg = decay * mg + (1 - decay) * g`,
     `mom = momentum * mom + lr * g / sqrt(ms - mg^2 + eps)`, else `mom = momentum * mom +
@@ -336,7 +336,7 @@ def rmsprop(ctx: OpContext) -> None:
 
 
 @register("ftrl")
-@on_table(TOUCHED)
+@on_table
 def ftrl(ctx: OpContext) -> None:
     """Follow The Regularized Leader as ftrl_op.h computes it (l1 and l2 each + 1e-10;
     `sqrt` when `lr_power == -0.5`, else `pow(·, -lr_power)`). A sparse grad updates

@@ -7,15 +7,16 @@ row created in the table created in each with the accumulator's own initial valu
 Scalar accumulators (Adam's beta powers) stay dense.
 
 The update runs the op's own kernel on dense rows of the table, so it is the rule local
-training applies, by construction, on the rows Paddle's sparse kernel updates:
+training applies, by construction, on the rows Paddle's sparse kernel updates (the
+catalogue's `OptimizerSlots.updates_every_row`):
 
-* `TOUCHED` (sgd, adagrad, ftrl, adam with `lazy_mode`: rows present in the grad): the
-  kernel gets the grad's rows gathered into a small dense param and accumulators;
-* `EVERY_ROW` (momentum, rmsprop, adam without `lazy_mode`: every row, absent ones with a
-  zero grad, their state decaying): it gets every row the shard has created so far, the
-  grad scattered on them. A row not created yet has its initial value and its
-  accumulators' initial state, which these rules leave unchanged when the state starts
-  at zero (as every Fluid optimizer's does): local training does not move it either.
+* the grad's rows (sgd, adagrad, ftrl, adam with `lazy_mode`): the kernel gets them
+  gathered into a small dense param and accumulators;
+* every row (momentum, rmsprop, adam without `lazy_mode`: absent rows with a zero grad,
+  their state decaying): it gets every row the shard has created so far, the grad
+  scattered on them. A row not created yet has its initial value and its accumulators'
+  initial state, which these rules leave unchanged when the state starts at zero (the
+  transpiler refuses other starts): local training does not move it either.
 
 The results are written back in place, under the table's lock (prefetches read the
 table concurrently); the outputs are the same `SelectedRows` objects.
@@ -34,30 +35,23 @@ from ops.kernels.context import KernelError, OpContext
 from ops.tensor import LoDTensor, SelectedRows
 
 KernelFn = Callable[[OpContext], None]
-TOUCHED, EVERY_ROW = "touched", "every row"
-RowsRule = Callable[[OpContext], str]
 
 
-def on_table(rows: str | RowsRule) -> Callable[[KernelFn], KernelFn]:
-    """Decorate an optimizer kernel so that a `SelectedRows` param is updated as a table;
-    `rows` is `TOUCHED`, `EVERY_ROW`, or a function of the op choosing one."""
-    rule: RowsRule = rows if callable(rows) else (lambda ctx: rows)
+def on_table(kernel: KernelFn) -> KernelFn:
+    """Decorate an optimizer kernel so that a `SelectedRows` param is updated as a table."""
 
-    def decorate(kernel: KernelFn) -> KernelFn:
-        @functools.wraps(kernel)
-        def run(ctx: OpContext) -> None:
-            table = ctx.value("Param")
-            if isinstance(table, SelectedRows):
-                update_table(ctx, kernel, table, rule(ctx))
-            else:
-                kernel(ctx)
+    @functools.wraps(kernel)
+    def run(ctx: OpContext) -> None:
+        table = ctx.value("Param")
+        if isinstance(table, SelectedRows):
+            update_table(ctx, kernel, table)
+        else:
+            kernel(ctx)
 
-        return run
-
-    return decorate
+    return run
 
 
-def update_table(ctx: OpContext, kernel: KernelFn, table: SelectedRows, rows: str) -> None:
+def update_table(ctx: OpContext, kernel: KernelFn, table: SelectedRows) -> None:
     grad = ctx.value("Grad")
     if not isinstance(grad, SelectedRows):
         raise KernelError(f"{ctx.type} on a SelectedRows parameter (a table) needs a SelectedRows grad")
@@ -79,7 +73,7 @@ def update_table(ctx: OpContext, kernel: KernelFn, table: SelectedRows, rows: st
         at = table.lookup_index(grad.rows, grow=True)
         for value in accumulators.values():
             value.follow(table)
-        if rows == EVERY_ROW:
+        if slots.updates_every_row(ctx.attr):
             pick: Any = slice(0, table.rows.size)
             sub_grad = SelectedRows(at, grad.value, table.rows.size)
         else:
