@@ -5,8 +5,9 @@ gives: locally, or as one pserver or trainer under `pstranspile launch`.
     pstranspile launch --pservers 2 --trainers 2 -- python3 examples/train_ctr.py --rows 1000000
 
 The model is `examples/ctr.py`'s (3 LoD id slots on one embedding table, sum-pooled,
-fc 32 relu, fc 2 softmax; Adagrad, the distributed table by sgd); `--variant` picks the
-table: `distributed` (sharded `id % M` over the pservers, rows created on first
+fc 32 relu, fc 2 softmax; Adagrad, the distributed table by sgd, or by
+`--table-optimizer adam|lazy-adam|adagrad|momentum|rmsprop|ftrl` with its accumulators
+on the pservers); `--variant` picks the table: `distributed` (sharded `id % M` over the pservers, rows created on first
 touch, prefetched), `local-table` (sliced like a param, prefetched from its blocks) or
 `dense`. `--main/--startup` trains a saved program of the same kind instead (id slots
 that feed `lookup_table`s, an int64 label).
@@ -52,6 +53,7 @@ except ModuleNotFoundError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import ctr
 from ops.tensor import LoDTensor
 from transpiler.ir import DType, OpRole, Program
 from transpiler.ir.precision import as_float64
@@ -66,11 +68,10 @@ ZIPF = 1.3
 # ------------------------------------------------------------------ programs
 
 
-def build_ctr(variant: str, rows: int, width: int = 16) -> tuple[Program, Program]:
+def build_ctr(variant: str, rows: int, width: int = 16, table_optimizer: str | None = None) -> tuple[Program, Program]:
     """`examples/ctr.py`'s programs with a `rows` x `width` table."""
-    import ctr
-
-    return ctr.build(is_sparse=variant != "dense", is_distributed=variant == "distributed", table=(rows, width))
+    return ctr.build(is_sparse=variant != "dense", is_distributed=variant == "distributed", table=(rows, width),
+                     table_optimizer=table_optimizer)
 
 
 def loss_name(program: Program) -> str:
@@ -229,6 +230,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--variant", choices=("distributed", "local-table", "dense"), default="distributed")
     parser.add_argument("--rows", type=int, default=1_000_000, help="the table's rows (default 1,000,000)")
     parser.add_argument("--width", type=int, default=16, help="the table's row width (default 16)")
+    parser.add_argument("--table-optimizer", choices=sorted(ctr.TABLE_OPTIMIZERS),
+                        help="--variant distributed: train the table with this optimizer (default: Fluid's sgd)")
     parser.add_argument("--main", type=Path, help="train this saved program instead of building ctr.py's")
     parser.add_argument("--startup", type=Path, help="its startup program (default: startup.pb beside --main)")
     parser.add_argument("--float64", action="store_true", help="compute in float64")
@@ -243,6 +246,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.rows < 2 or args.steps < 0 or args.batch < 1:
         parser.error("--rows must be >= 2, --steps >= 0 and --batch >= 1")
+    if args.table_optimizer is not None and (args.variant != "distributed" or args.main is not None):
+        parser.error("--table-optimizer is for ctr.py's distributed table (--variant distributed, no --main)")
     return args
 
 
@@ -251,7 +256,7 @@ def programs(args: argparse.Namespace) -> tuple[Program, Program]:
         main = Program.load(args.main)
         startup = Program.load(args.startup or args.main.with_name("startup.pb"))
     else:
-        main, startup = build_ctr(args.variant, args.rows, args.width)
+        main, startup = build_ctr(args.variant, args.rows, args.width, args.table_optimizer)
     if args.float64:
         main, startup = as_float64(main), as_float64(startup)
     return main, startup

@@ -209,6 +209,19 @@ class SelectedRows:
                 slots[missing] = self._add(ids[missing])
             return slots
 
+    def follow(self, table: SelectedRows) -> None:
+        """Give this table (an accumulator of `table`: a moment, a velocity) `table`'s
+        id -> slot map: the ids `table` created since the last call are appended here in
+        the same order, so they land at the same slots, with this table's own initial
+        values. Its rows must be a prefix of `table`'s (only `follow` adds rows to it).
+        Call it holding `table.lock`."""
+        with self.lock:
+            have, want = self.rows.size, table.rows.size
+            if have > want or (have and self.rows[have - 1] != table.rows[have - 1]):
+                raise ValueError(f"an accumulator's {have} rows are not a prefix of its table's {want} rows")
+            if have < want:
+                self._add(table.rows[have:want])
+
     def _row_index(self) -> _RowIndex:
         index = self._index
         if index is None or index.count != self.rows.size:

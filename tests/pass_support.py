@@ -13,9 +13,12 @@ from transpiler.passes.bundle import Bundle
 EPS = "127.0.0.1:6174,127.0.0.1:6175"
 
 
-def tiny(*, rows: int = 4, lr_decay: bool = False, embedding: str | None = None) -> tuple[Program, Program]:
+def tiny(*, rows: int = 4, lr_decay: bool = False, embedding: str | None = None,
+         table_optimizer: str | None = None) -> tuple[Program, Program]:
     """`x [-1, rows]` → fc 2 (`w`, `b`) → mean → SGD; `lr_decay` adds exponential decay;
-    `embedding="sparse"|"distributed"` reads `x` through a 10-row embedding `emb` first."""
+    `embedding="sparse"|"distributed"` reads `x` through a 10-row embedding `emb` first;
+    `table_optimizer="adam"|"momentum"|"decayed_adagrad"` trains the distributed `emb` with
+    that optimizer (Fluid's sgd otherwise)."""
     main, startup = Program(), Program()
     with unique_name.guard(), program_guard(main, startup):
         if embedding is None:
@@ -27,7 +30,14 @@ def tiny(*, rows: int = 4, lr_decay: bool = False, embedding: str | None = None)
         out = layers.fc(input=x, size=2, param_attr=ParamAttr(name="w"), bias_attr=ParamAttr(name="b"))
         loss = layers.mean(out)
         lr = layers.exponential_decay(0.1, decay_steps=10, decay_rate=0.5) if lr_decay else 0.1
-        optimizer.SGD(learning_rate=lr).minimize(loss)
+        sgd = optimizer.SGD(learning_rate=lr)
+        if table_optimizer is not None:
+            sgd.distributed_table_optimizer = {
+                "adam": lambda: optimizer.Adam(learning_rate=0.01),
+                "momentum": lambda: optimizer.Momentum(learning_rate=0.01, momentum=0.9),
+                "decayed_adagrad": lambda: optimizer.DecayedAdagrad(learning_rate=0.01),
+            }[table_optimizer]()
+        sgd.minimize(loss)
     return main, startup
 
 

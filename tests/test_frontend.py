@@ -271,6 +271,35 @@ def test_distributed_table_is_updated_by_sgd_first():
     assert [op.role_vars[0] for op in optimize] == ["emb", "ctr_fc.b", "ctr_fc.w", "ctr_out.b", "ctr_out.w"]
 
 
+def test_distributed_table_optimizer_replaces_fluids_sgd_without_clip_or_regularisation():
+    def body():
+        ids = layers.data(name="ids", shape=[1], dtype="int64")
+        emb = layers.embedding(ids, size=[10, 4], is_sparse=True, is_distributed=True, param_attr=ParamAttr(name="emb"))
+        loss = layers.mean(layers.fc(input=emb, size=1, param_attr=ParamAttr(name="w"), bias_attr=False))
+        sgd = optimizer.SGD(learning_rate=0.1, regularization=regularizer.L2Decay(1e-4), grad_clip=GradientClipByValue(1.0))
+        sgd.distributed_table_optimizer = optimizer.Adam(learning_rate=0.01, lazy_mode=True)
+        sgd.minimize(loss)
+
+    main, startup, _ = build(body)
+    optimize = [(op.type, op.role_vars[0]) for op in main.global_block().ops if op.role == OpRole.Optimize]
+    assert optimize[0] == ("adam", "emb") and ("sgd", "w") in optimize
+    assert [op.type for op in main.global_block().ops if "emb" in op.role_vars and op.role == OpRole.Optimize] == ["adam"]
+    adam = op_of(main, "adam")
+    assert adam.attr("lazy_mode") and adam.input("Moment1") == ("emb_moment1_0",)
+    assert {"emb_moment1_0", "emb_moment2_0", "emb_beta1_pow_acc_0"} <= set(startup.global_block().vars)
+
+    def itself():
+        ids = layers.data(name="ids", shape=[1], dtype="int64")
+        emb = layers.embedding(ids, size=[10, 4], is_sparse=True, is_distributed=True, param_attr=ParamAttr(name="emb"))
+        adam = optimizer.Adam(learning_rate=0.01)
+        adam.distributed_table_optimizer = adam
+        adam.minimize(layers.mean(layers.fc(input=emb, size=1, param_attr=ParamAttr(name="w"), bias_attr=False)))
+
+    main, _, _ = build(itself)
+    assert [(op.type, op.role_vars[0]) for op in main.global_block().ops if op.role == OpRole.Optimize] == [
+        ("adam", "emb"), ("adam", "w")]
+
+
 # ------------------------------------------------------------------ lr decay, L2, clip
 
 

@@ -168,9 +168,9 @@ def test_adam_lazy_mode_touches_only_present_rows():
         np.testing.assert_allclose(lazy[slot][[1, 3]], dense[slot][[1, 3]], rtol=1e-6)
 
 
-def test_adam_refuses_a_selected_rows_param():
+def test_adam_refuses_a_table_whose_moments_are_not_tables():
     table = SelectedRows([], np.zeros((4, 2), np.float32), 100)
-    with pytest.raises(ExecutionError, match="only sgd"):
+    with pytest.raises(ExecutionError, match="accumulator Moment1='Moment1' must be a SelectedRows"):
         adam_step(table, sparse_grad(), f32(4, 2), f32(4, 2), np.array([0.9], np.float32), np.array([0.9], np.float32))
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from pass_support import run_until, tiny
 
-from transpiler.ir import FrozenProgramError
+from ops.catalogue import make_op
+from transpiler.errors import TranspileError
+from transpiler.ir import FrozenProgramError, OpRole
 
 
 def test_the_analysis_names_optimize_and_lr_ops_and_each_params_grad_producer():
@@ -44,3 +46,39 @@ def test_the_analysed_original_is_frozen():
     with pytest.raises(FrozenProgramError):
         bundle.origin_startup.global_block().create_var("z")
     main.global_block().create_var("z")  # the user's program is not the bundle's copy
+
+
+def test_a_distributed_table_keeps_its_own_optimizer():
+    main, startup = tiny(embedding="distributed", table_optimizer="adam")
+    text = run_until("find_optimize", main, startup).analysis.to_text()
+    assert "distributed_table emb grad=emb@GRAD optimizer=9:adam grad_producer=8:lookup_table_grad ops=[9:adam] sparse\n" in text
+
+
+def test_a_distributed_table_refuses_other_optimize_ops_and_a_decay_of_every_row():
+    main, startup = tiny(embedding="distributed", table_optimizer="adam")
+    adam = next(op for op in main.global_block().ops if op.type == "adam")
+    clip = make_op("clip", {"X": ["emb@GRAD"]}, {"Out": ["emb@GRAD"]}, {"min": -1.0, "max": 1.0},
+                   role=OpRole.Optimize, role_vars=("emb", "emb@GRAD"))
+    main.global_block().insert_before(adam, clip)
+    with pytest.raises(TranspileError, match=r"updated by its optimizer op alone \(adam\); it also has optimize ops 9:clip"):
+        run_until("find_optimize", main, startup)
+
+    main, startup = tiny(embedding="distributed", table_optimizer="momentum")
+    next(op for op in main.global_block().ops if op.type == "momentum").set_attr("regularization_method", "l2_decay")
+    with pytest.raises(TranspileError, match="momentum with regularization_method='l2_decay' decays rows"):
+        run_until("find_optimize", main, startup)
+
+    main, startup = tiny(embedding="distributed", table_optimizer="decayed_adagrad")
+    with pytest.raises(TranspileError, match="decayed_adagrad cannot apply the sparse grad 'emb@GRAD'"):
+        run_until("find_optimize", main, startup)
+
+
+def test_a_table_whose_every_row_optimizer_starts_from_non_zero_state_is_refused():
+    main, startup = tiny(embedding="distributed", table_optimizer="momentum")
+    init = next(op for op in startup.global_block().ops if op.output_names == ["emb_velocity_0"])
+    init.set_attr("value", 0.5)
+    with pytest.raises(TranspileError, match="momentum updates every row, and its accumulator 'emb_velocity_0' "
+                                             "starts at 0.5"):
+        run_until("find_optimize", main, startup)
+    init.set_attr("value", 0.0)
+    assert run_until("find_optimize", main, startup).analysis.distributed_table.optimizer.type == "momentum"

@@ -23,3 +23,10 @@ def test_a_distributed_table_is_fake_initialised_not_received():
     main, startup = tiny(embedding="distributed")
     text = ops(run_until("trainer_startup", main, startup).trainer_startup)
     assert text.endswith("op 5 fake_init -> Out=[emb]\n") and "Out=[emb]" not in text.split("op 5")[0]
+
+
+def test_a_distributed_tables_optimizer_state_is_not_initialised_on_the_trainer():
+    main, startup = tiny(embedding="distributed", table_optimizer="adam")
+    trainer_startup = run_until("trainer_startup", main, startup).trainer_startup
+    assert not [name for name in trainer_startup.global_block().vars if name.startswith("emb_")]
+    assert "fake_init -> Out=[emb]" in ops(trainer_startup)

@@ -10,8 +10,10 @@ raises `UnknownOpError` naming it, never a silent default.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from ops.catalogue.opdef import Bool, Float, Long, op
 from transpiler.errors import UnknownOpError
@@ -88,6 +90,10 @@ class OptimizerSlots:
     `unsliced` ones (Adam's beta powers, shape [1]) are copied whole to every pserver that
     holds a block of the param. `outputs` maps each updated input slot to the output slot
     that aliases it (`Param` → `ParamOut`, `Moment1` → `Moment1Out`, ...).
+
+    With a sparse grad, Paddle's kernel updates the grad's rows only, or every row of the
+    param (absent rows with a zero grad, their state decaying: `every_row`), except with
+    the `lazy` attr set (Adam's `lazy_mode`): see `updates_every_row`.
     """
 
     param: str = "Param"
@@ -97,23 +103,30 @@ class OptimizerSlots:
     unsliced: tuple[str, ...] = ()
     outputs: MappingProxyType = field(default_factory=lambda: MappingProxyType({"Param": "ParamOut"}))
     sparse_grad: bool = False  # has an update rule for SelectedRows grads
+    every_row: bool = False
+    lazy: str | None = None
+
+    def updates_every_row(self, attr: Callable[[str], Any]) -> bool:
+        """Whether a sparse grad updates every row of the param; `attr(name)` reads the op's attr."""
+        return self.every_row and not (self.lazy is not None and bool(attr(self.lazy)))
 
     @property
     def accumulators(self) -> tuple[str, ...]:
         return self.sliced + self.unsliced
 
 
-def _slots(sliced=(), unsliced=(), outs=(), sparse=False) -> OptimizerSlots:
+def _slots(sliced=(), unsliced=(), outs=(), sparse=False, every_row=False, lazy=None) -> OptimizerSlots:
     outputs = {"Param": "ParamOut", **dict(outs)}
     return OptimizerSlots(
-        sliced=tuple(sliced), unsliced=tuple(unsliced), outputs=MappingProxyType(outputs), sparse_grad=sparse
+        sliced=tuple(sliced), unsliced=tuple(unsliced), outputs=MappingProxyType(outputs), sparse_grad=sparse,
+        every_row=every_row, lazy=lazy,
     )
 
 
 OPTIMIZER_SLOTS: MappingProxyType[str, OptimizerSlots] = MappingProxyType(
     {
         "sgd": _slots(sparse=True),
-        "momentum": _slots(["Velocity"], outs=[("Velocity", "VelocityOut")], sparse=True),
+        "momentum": _slots(["Velocity"], outs=[("Velocity", "VelocityOut")], sparse=True, every_row=True),
         "lars_momentum": _slots(["Velocity"], outs=[("Velocity", "VelocityOut")]),
         "adam": _slots(
             ["Moment1", "Moment2"],
@@ -125,6 +138,8 @@ OPTIMIZER_SLOTS: MappingProxyType[str, OptimizerSlots] = MappingProxyType(
                 ("Beta2Pow", "Beta2PowOut"),
             ],
             sparse=True,
+            every_row=True,
+            lazy="lazy_mode",
         ),
         "adamax": _slots(["Moment", "InfNorm"], ["Beta1Pow"], outs=[("Moment", "MomentOut"), ("InfNorm", "InfNormOut")]),
         "adagrad": _slots(["Moment"], outs=[("Moment", "MomentOut")], sparse=True),
@@ -135,6 +150,7 @@ OPTIMIZER_SLOTS: MappingProxyType[str, OptimizerSlots] = MappingProxyType(
             ["Moment", "MeanSquare", "MeanGrad"],
             outs=[("Moment", "MomentOut"), ("MeanSquare", "MeanSquareOut"), ("MeanGrad", "MeanGradOut")],
             sparse=True,
+            every_row=True,
         ),
         "ftrl": _slots(
             ["SquaredAccumulator", "LinearAccumulator"],

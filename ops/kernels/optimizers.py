@@ -9,8 +9,9 @@ dense zero grad still re-shrinks the param); `momentum`, `rmsprop` and non-lazy 
 update every row, absent rows with a zero grad (their velocity / moments still decay),
 so sparse and dense grads give the same parameters; `adam` with `lazy_mode=True`
 touches only the rows present. `lars_momentum`, `adamax` and `decayed_adagrad` take
-dense grads only, as in Paddle. A SelectedRows *parameter* (a pserver's auto-grown
-table) is updated in place under its lock, and only `sgd` supports it, as in Paddle.
+dense grads only, as in Paddle. A SelectedRows *parameter* (a pserver's shard of the
+distributed table) is updated in place, with its accumulators, by every optimizer with
+a sparse rule (`ops.kernels.table_update`); Paddle updates it with `sgd` only.
 
 `adamax` does not advance `Beta1Pow`: Fluid's `Adamax` appends a `scale` op for that.
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from ops.kernels.context import KernelError, OpContext
 from ops.kernels.registry import register
+from ops.kernels.table_update import on_table
 from ops.tensor import SelectedRows
 
 
@@ -52,7 +54,10 @@ def _dense_grad(ctx: OpContext, i: int = 0) -> np.ndarray:
 def _dense_param(ctx: OpContext, i: int = 0) -> np.ndarray:
     value = ctx.value("Param", i)
     if isinstance(value, SelectedRows):
-        raise KernelError(f"{ctx.type} cannot update a SelectedRows parameter (Paddle supports only sgd)")
+        raise KernelError(
+            f"{ctx.type} cannot update a SelectedRows parameter (a table needs sgd, momentum, adam, adagrad, "
+            "rmsprop or ftrl)"
+        )
     return ctx.input("Param", i)
 
 
@@ -70,13 +75,10 @@ PADDLE2_DEFAULTS = {"multi_precision": False}
 
 
 @register("sgd", defaults=PADDLE2_DEFAULTS)
+@on_table
 def sgd(ctx: OpContext) -> None:
     """`ParamOut = Param - lr * Grad`."""
-    param_value = ctx.value("Param")
     grad = _grad(ctx)
-    if isinstance(param_value, SelectedRows):
-        _sgd_table(ctx, param_value, grad)
-        return
     param = ctx.input("Param")
     lr = _learning_rate(ctx, param.dtype)
     if isinstance(grad, SelectedRows):
@@ -87,17 +89,6 @@ def sgd(ctx: OpContext) -> None:
         out = np.multiply(grad, lr, dtype=param.dtype)
         np.subtract(param, out, out=out)
     ctx.set_output("ParamOut", out, lod=ctx.lod("Param"))
-
-
-def _sgd_table(ctx: OpContext, table: SelectedRows, grad: np.ndarray | SelectedRows) -> None:
-    """SGD on an auto-grown table: rows are found (or created) by id and updated in place."""
-    if not isinstance(grad, SelectedRows):
-        raise KernelError("sgd on a SelectedRows parameter needs a SelectedRows grad")
-    lr = _learning_rate(ctx, table.dtype)
-    with table.lock:
-        slots = table.lookup_index(grad.rows, grow=True)
-        table.value[slots] -= lr * grad.value.astype(table.dtype, copy=False)
-    ctx.set_output("ParamOut", table)
 
 
 # --------------------------------------------------------------------- momentum
@@ -111,6 +102,7 @@ MOMENTUM_PADDLE2_DEFAULTS = {
 
 
 @register("momentum", defaults=MOMENTUM_PADDLE2_DEFAULTS)
+@on_table
 def momentum(ctx: OpContext) -> None:
     """`v = mu * v + g; p -= lr * v` (Nesterov: `p -= lr * (g + mu * v)`), with
     Paddle 2.x's optional L2 decay and grad rescaling folded into g."""
@@ -186,6 +178,7 @@ def _attr_or_tensor(ctx: OpContext, attr: str, slot: str, dt: type) -> np.generi
 
 
 @register("adam", defaults=ADAM_PADDLE2_DEFAULTS)
+@on_table
 def adam(ctx: OpContext) -> None:
     """Adam as Paddle computes it: `lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t)`,
     `p -= lr_t * m1 / (sqrt(m2) + eps * sqrt(1 - b2^t))`, and the beta powers advance
@@ -272,6 +265,7 @@ def adamax(ctx: OpContext) -> None:
 
 
 @register("adagrad", defaults=PADDLE2_DEFAULTS)
+@on_table
 def adagrad(ctx: OpContext) -> None:
     """`m += g^2; p -= lr * g / (sqrt(m) + eps)`; a sparse grad touches its rows only."""
     param = _dense_param(ctx)
@@ -308,6 +302,7 @@ def decayed_adagrad(ctx: OpContext) -> None:
 # ---------------------------------------------------------------------- rmsprop
 
 @register("rmsprop", defaults=PADDLE2_DEFAULTS)
+@on_table
 def rmsprop(ctx: OpContext) -> None:
     """`ms = decay * ms + (1 - decay) * g^2`; centered: `mg = decay * mg + (1 - decay) * g`,
     `mom = momentum * mom + lr * g / sqrt(ms - mg^2 + eps)`, else `mom = momentum * mom +
@@ -341,6 +336,7 @@ def rmsprop(ctx: OpContext) -> None:
 
 
 @register("ftrl")
+@on_table
 def ftrl(ctx: OpContext) -> None:
     """Follow The Regularized Leader as ftrl_op.h computes it (l1 and l2 each + 1e-10;
     `sqrt` when `lr_power == -0.5`, else `pow(·, -lr_power)`). A sparse grad updates

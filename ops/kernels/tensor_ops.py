@@ -70,7 +70,9 @@ def fill_constant(ctx: OpContext) -> None:
         value = _parse_value(str(ctx.attr("str_value")), dtype)
     else:
         value = ctx.attr("value")
-    store_created(ctx, np.full(shape_from(ctx), value, dtype=dtype))
+    shape = shape_from(ctx)
+    grow = (lambda n: np.full((n, *shape[1:]), value, dtype=dtype)) if shape else None
+    store_created(ctx, np.full(shape, value, dtype=dtype), grow)
 
 
 @register("fill_zeros_like")

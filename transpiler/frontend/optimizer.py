@@ -8,6 +8,11 @@ param name, each grad clipped (`grad_clip` or the param's clip) and regularised
 `_beta2_pow_acc_0`, `_moment_0`) are persistable vars filled by `fill_constant`s in the
 startup program; a float learning rate becomes the persistable `learning_rate_<n>`,
 a Variable (an lr schedule) is used as it is.
+
+The distributed lookup table is updated by a plain `sgd` whatever the optimizer, as in
+Fluid 1.x; `optimizer.distributed_table_optimizer = Adam(...)` (or the optimizer itself)
+updates it with that optimizer's op and accumulators instead, without clip or
+regularisation (the transpiler trains it so on the pservers).
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ class Optimizer:
     type = ""
     # Fluid's public names for the subclasses, used in error messages.
     display_name = "Optimizer"
+    # Fluid 1.x updates the distributed lookup table with `sgd`; an optimizer here replaces it.
+    distributed_table_optimizer: Optimizer | None = None
 
     def __init__(
         self,
@@ -214,27 +221,30 @@ class Optimizer:
 
     def apply_gradients(self, params_grads: Sequence[tuple[Parameter, Variable | None]]) -> list[Op]:
         params_grads = sorted(params_grads, key=lambda pg: pg[0].name)
-        params_grads, table_op = self._process_distribute_lookuptable(params_grads)
+        params_grads, table_ops = self._process_distribute_lookuptable(params_grads)
         if self._grad_clip is not None:
             params_grads = self._grad_clip(params_grads)
         else:
             params_grads = append_gradient_clip_ops(params_grads)
         params_grads = append_regularization_ops(params_grads, self.regularization)
         ops = self._create_optimization_pass(params_grads)
-        return ops if table_op is None else [*ops, table_op]
+        return [*ops, *table_ops]
 
     def _process_distribute_lookuptable(self, params_grads):
         """Fluid 1.x updates the distributed lookup table with a plain `sgd` whatever the
-        optimizer, without clip or regularisation, and builds that op first."""
+        optimizer (or here with `distributed_table_optimizer`), without clip or
+        regularisation, and builds that op first."""
         program = default_main_program()
         table = find_distributed_lookup_table(program)
         if table is None:
-            return list(params_grads), None
+            return list(params_grads), []
         rest = [(p, g) for p, g in params_grads if p.name != table]
         found = [(p, g) for p, g in params_grads if p.name == table and g is not None]
         if not found:
-            return rest, None
+            return rest, []
         param, grad = found[0]
+        if self.distributed_table_optimizer is not None:
+            return rest, self.distributed_table_optimizer._create_optimization_pass([(param, grad)])
         with program._optimized_guard([param, grad]):
             self._create_global_learning_rate()
             from transpiler.frontend.framework import append_op
@@ -246,7 +256,7 @@ class Optimizer:
                 {"ParamOut": [param]},
                 layer=self.display_name,
             )
-        return rest, op
+        return rest, [op]
 
     def apply_optimize(self, loss: Variable, startup_program: Program | None, params_grads) -> list[Op]:
         with program_guard(loss.program, startup_program):

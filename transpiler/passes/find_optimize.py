@@ -13,7 +13,8 @@
 * Embedding tables: the `lookup_table` ops on a param with `is_sparse` / `is_distributed`.
   A sparse table's grad is SELECTED_ROWS; with `remote_prefetch` its rows are fetched
   from its blocks rather than the table received; an `is_distributed` table (at most
-  one, updated by `sgd`) lives only on the pservers, sharded by `id % #pservers`.
+  one) lives only on the pservers, sharded by `id % #pservers`, and is updated there by
+  its own optimizer op, alone (`_split_off_distributed_table` says what it refuses).
 
 The analysis holds the original's ops, so the original is frozen afterwards: an edit of
 it would move or change what the analysis points at.
@@ -83,7 +84,7 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         chains.append(ParamChain(param=param, grad=grad, optimizer=optimizer, ops=chain_ops, grad_producer=producer,
                                  sparse=sparse))
 
-    distributed = _split_off_distributed_table(chains, tables)
+    distributed = _split_off_distributed_table(chains, tables, bundle.origin_startup.global_block())
     counter, update = _lr_counter(block, lr_ops, bundle.lowered_lr_counter)
     analysis = Analysis(
         chains=chains, optimize_ops=optimize, lr_ops=lr_ops, lr_counter=counter, lr_counter_update=update,
@@ -183,21 +184,59 @@ def _find_tables(block: Block, params: set[str]) -> dict[str, TableLookups]:
     return tables
 
 
-def _split_off_distributed_table(chains: list[ParamChain], tables: dict[str, TableLookups]) -> ParamChain | None:
-    """Take the distributed table's chain out of `chains`: it is placed by id, not sliced."""
+def _split_off_distributed_table(chains: list[ParamChain], tables: dict[str, TableLookups],
+                                 startup: Block) -> ParamChain | None:
+    """Take the distributed table's chain out of `chains`: it is placed by id, not sliced.
+
+    Any optimizer with a sparse rule trains it on the pservers (Paddle swaps it for `sgd`),
+    its param-shaped accumulators sharded with the table's rows. Refused: other optimize
+    ops on its grad (L2 decay, clipping: they read or write every row of the table, which
+    no pserver holds), and what would move rows no trainer has looked up yet (a shard does
+    not hold them, local training would): momentum's built-in L2 decay, and an optimizer
+    that updates every row (momentum, rmsprop, non-lazy adam) from non-zero state."""
     table = next((t for t in tables.values() if t.distributed), None)
     if table is None:
         return None
     chain = next(c for c in chains if c.param == table.table)
-    if len(chain.ops) != 1 or chain.optimizer.type != "sgd":
-        kinds = ", ".join(op.type for op in chain.ops)
-        raise TranspileError(
-            f"distributed table {table.table!r} must be updated by a lone sgd op (Fluid builds it so), not by {kinds}"
-        )
     if not chain.sparse:
         raise TranspileError(f"distributed table {table.table!r} needs is_sparse=True (its grad must be SELECTED_ROWS)")
+    if len(chain.ops) != 1:
+        kinds = ", ".join(f"{op.index}:{op.type}" for op in chain.ops if op is not chain.optimizer)
+        raise TranspileError(
+            f"distributed table {table.table!r} must be updated by its optimizer op alone "
+            f"({chain.optimizer.type}); it also has optimize ops {kinds} (regularization or clipping of a "
+            "table's grad is not supported)"
+        )
+    if chain.optimizer.attr("regularization_method", "") not in ("", None):
+        method = chain.optimizer.attr("regularization_method")
+        raise TranspileError(
+            f"distributed table {table.table!r}: {chain.optimizer.type} with regularization_method={method!r} "
+            "decays rows no trainer looked up; a sharded table cannot"
+        )
+    slots = optimizer_slots(chain.optimizer.type)
+    if slots.updates_every_row(lambda name: chain.optimizer.attr(name, False)):
+        for name in (name for slot in slots.sliced for name in chain.optimizer.input(slot)):
+            start = _nonzero_start(startup, name)
+            if start is not None:
+                raise TranspileError(
+                    f"distributed table {table.table!r}: {chain.optimizer.type} updates every row, and its "
+                    f"accumulator {name!r} starts at {start}, so rows no trainer has looked up would move; "
+                    "a sharded table only holds rows looked up (start it at 0)"
+                )
     chains.remove(chain)
     return chain
+
+
+def _nonzero_start(startup: Block, name: str) -> str | None:
+    """How the startup program initialises `name`, when that is not all zeros."""
+    for op in startup.writers(name):
+        if op.type != "fill_constant":
+            return f"a {op.type}"
+        text = str(op.attr("str_value", ""))
+        value = float(text) if text else float(op.attr("value", 0.0))
+        if value != 0.0:
+            return f"{value:g}"
+    return None
 
 
 def _lr_counter(block: Block, lr_ops: list[Op], lowered: str | None) -> tuple[str | None, Op | None]:

@@ -2,14 +2,19 @@
 
 Pserver `i` holds the table rows with `id % M == i` (a SELECTED_ROWS var). It gets an
 update block (a child of the lr-decay block when there is one): sync mode with several
-trainers `sum` of the trainers' shard grads → `scale` 1/trainers → the table's `sgd`;
-then a prefetch block (`lookup_sparse_table`, the `prefetch_var_name_to_block_id` attr)
+trainers `sum` of the trainers' shard grads → `scale` 1/trainers → the table's own
+optimizer op. Its param-shaped accumulators (the catalogue's `sliced` slots: Adam's
+moments, a velocity) are SELECTED_ROWS shards like the table, with the shard's shape, so
+the pserver startup initialises them as it does the table and the kernel grows them with
+the table's rows (`ops.kernels.table_update`); scalar ones (Adam's beta powers) are
+whole per shard. Then a prefetch block (`lookup_sparse_table`, the `prefetch_var_name_to_block_id` attr)
 and a checkpoint block (`save`, `checkpint_block_id`), both children of the update block.
 """
 
 from __future__ import annotations
 
 from ops.catalogue import make_op
+from ops.catalogue.optimizer_ops import optimizer_slots
 from transpiler.config import TranspileOptions
 from transpiler.ir import DType, OpRole, Program, VarKind
 from transpiler.naming import LOOKUP_TABLE_PATH, encode_pairs
@@ -48,11 +53,15 @@ def _table_blocks(origin: Program, plan: Plan, chain: ParamChain, progs: Pserver
                              role=OpRole.Optimize, role_vars=(table.table, merged)))
     else:
         merged = declare(progs, origin, table.grad, table.shard_grad_name(shard, None), persistable=True)
-    sgd = chain.optimizer.clone()
+    optimizer = chain.optimizer.clone()
     known = {table.grad: merged, table.table: table_var}
-    for slot, args in sgd.inputs.items():
-        sgd.set_input(slot, [known[a] if a in known else declare(progs, origin, a) for a in args])
-    block.add_op(sgd)
+    for slot in optimizer_slots(optimizer.type).sliced:
+        for name in optimizer.input(slot):
+            known[name] = declare(progs, origin, name, name, table.shard_shape, persistable=True, index=shard)
+            globals_.var(name).kind = VarKind.SELECTED_ROWS
+    for slot, args in optimizer.inputs.items():
+        optimizer.set_input(slot, [known[a] if a in known else declare(progs, origin, a) for a in args])
+    block.add_op(optimizer)
     progs.optimize_blocks.append(block.idx)
     progs.grad_to_block.append((merged, block.idx))
 
