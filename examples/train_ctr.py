@@ -59,6 +59,7 @@ from transpiler.ir import DType, OpRole, Program
 from transpiler.ir.precision import as_float64
 from transpiler.runtime.role import Role
 from transpiler.runtime.session import Session, parameter_names
+from transpiler.runtime.script import run_script
 
 LOOKUPS = ("lookup_table", "lookup_table_v2")
 SPREAD = 2147483647  # a prime: rank r is id r * SPREAD % rows, popular ids all over the table
@@ -335,4 +336,4 @@ def checkpoint(session: Session, directory: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

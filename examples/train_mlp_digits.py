@@ -30,6 +30,7 @@ except ModuleNotFoundError:  # run from a checkout without installing
 from transpiler.frontend import ParamAttr, Program, data, layers, optimizer, program_guard, unique_name
 from transpiler.runtime.role import Role
 from transpiler.runtime.session import Session
+from transpiler.runtime.script import run_script
 
 FEATURES, CLASSES, TEST_SIZE = 64, 10, 360
 
@@ -121,4 +122,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

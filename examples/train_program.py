@@ -41,6 +41,7 @@ from ops.tensor import LoDTensor
 from transpiler.ir import DType, Program
 from transpiler.runtime.role import Role
 from transpiler.runtime.session import Session, parameter_names
+from transpiler.runtime.script import run_script
 
 
 def feed_vars(program: Program) -> list[str]:
@@ -161,4 +162,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -121,5 +121,27 @@ def test_a_busy_port_is_a_bind_error():
         sock.listen()
         port = sock.getsockname()[1]
         server = PServer(ServeConfig(endpoint=f"127.0.0.1:{port}", fanin=1), Scope(), lambda idx: None)
-        with pytest.raises(BindError, match=f"cannot listen on 127.0.0.1:{port}"):
+        with pytest.raises(BindError, match=f"cannot listen on 127.0.0.1:{port}: port {port} is in use$"):
             server.start()
+
+
+def test_the_cli_says_a_busy_port_in_one_line(tmp_path):
+    """gRPC's own `add_port.cc` line must not leak before ours."""
+    import subprocess
+    import sys
+
+    from conftest import PADDLE_PROGRAMS
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        out = tmp_path / "o"
+        cli = [sys.executable, "-m", "transpiler"]
+        subprocess.run([*cli, "transpile", str(PADDLE_PROGRAMS / "seed_fc3_sgd_3ps" / "main.pb"), "--pservers",
+                        f"127.0.0.1:{port}", "--trainers", "1", "-o", str(out)], check=True, capture_output=True)
+        stem = f"pserver_127.0.0.1_{port}"
+        done = subprocess.run([*cli, "serve", "--program", str(out / f"{stem}.pb"), "--startup",
+                               str(out / f"{stem}_startup.pb")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr == f"pstranspile: error: pserver 127.0.0.1:{port}: cannot listen on 127.0.0.1:{port}: port {port} is in use\n"

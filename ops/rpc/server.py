@@ -77,6 +77,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from ops.rpc.bind import check_bindable
 from ops.rpc.errors import BindError, PserverError
 from ops.rpc.service import DEFAULT_TIMEOUT, METHODS, SERVER_OPTIONS, SERVICE_NAME
 from ops.rpc.wire import WireVar, encode_var
@@ -219,6 +220,7 @@ class PServer:
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
         where = self.config.bind or self.config.endpoint
+        check_bindable(where, who=f"pserver {self.config.endpoint}")  # a clear reason, before gRPC's own line
         try:
             port = server.add_insecure_port(where)
         except RuntimeError as exc:

@@ -7,6 +7,7 @@ the executor / `ops.rpc`.
 | `session` | `Session`: one process's part of a training job, for any role |
 | `launch` | `launch`: M pservers and N trainers of one script on this machine |
 | `progress` | the progress line trainers print and `launch` reads |
+| `script` | `run_script`: a training script that fails exits 1 with one line, not a traceback |
 
 The package imports nothing itself, so `launch` does not pay for the executor.
 """
