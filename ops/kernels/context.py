@@ -105,13 +105,16 @@ class RunContext:
 class OpContext:
     """One op being run: slot and attr access for its kernel."""
 
-    __slots__ = ("op", "frame", "run", "spec")
+    __slots__ = ("op", "frame", "run", "spec", "memo")
 
-    def __init__(self, op: Op, frame: Frame, run: RunContext, spec: KernelSpec) -> None:
+    def __init__(self, op: Op, frame: Frame, run: RunContext, spec: KernelSpec, memo: dict[str, Any] | None = None) -> None:
         self.op = op
         self.frame = frame
         self.run = run
         self.spec = spec
+        # Facts a kernel works out about its op's place in the block (does a barrier
+        # follow?), kept by the executor for as long as the block is unchanged.
+        self.memo: dict[str, Any] = {} if memo is None else memo
 
     @property
     def type(self) -> str:
