@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from ops.rpc.wire import WireError, decode_batch, decode_var, encode_batch, encode_var
+from ops.rpc.wire import WireError, decode_batch, decode_var, encode_batch, encode_var, var_parts
 from ops.tensor import LoDTensor, SelectedRows
 from proto import rpc_pb2
 
@@ -98,7 +98,7 @@ def test_any_protobuf_reader_parses_our_bytes_and_we_parse_theirs():
 
 def test_a_batch_round_trips_zero_copy_aligned_and_any_protobuf_reader_parses_it():
     arrays = [np.arange(5, dtype=np.float32), np.ones((3, 7), np.float64), np.arange(2, dtype=np.int64)]
-    data = encode_batch([encode_var(f"v{i}", a, trainer_id=3) for i, a in enumerate(arrays)], trainer_id=3, barrier=True)
+    data = encode_batch([var_parts(f"v{i}", a, trainer_id=3) for i, a in enumerate(arrays)], trainer_id=3, barrier=True)
     batch = decode_batch(data)
     assert batch.trainer_id == 3 and batch.barrier and [v.name for v in batch.vars] == ["v0", "v1", "v2"]
     base = np.frombuffer(data, np.uint8).ctypes.data

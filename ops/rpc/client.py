@@ -43,7 +43,7 @@ import numpy as np
 
 from ops.rpc.errors import RpcError
 from ops.rpc.service import CHANNEL_OPTIONS, METHODS, call_deadline, default_timeout
-from ops.rpc.wire import WireVar, encode_batch, encode_var
+from ops.rpc.wire import Parts, WireVar, encode_batch, encode_var, var_parts
 from ops.tensor import LoDTensor
 from proto import rpc_pb2
 
@@ -140,7 +140,7 @@ class RpcClient:
         self.connect_timeout = float(connect_timeout) if connect_timeout is not None else self.timeout
         self.deadline = call_deadline(self.timeout)
         self._endpoints: dict[str, _Endpoint] = {}
-        self._queued: dict[str, list[tuple[str, bytes]]] = {}  # endpoint -> (var name, encoded message)
+        self._queued: dict[str, list[tuple[str, Parts]]] = {}  # endpoint -> (var name, its message's pieces)
         self._pending: list[tuple[Any, str, str]] = []  # (future, what, endpoint) of flushed sends
         self._lock = threading.Lock()
         self._closed = False
@@ -227,18 +227,19 @@ class RpcClient:
         self.wait_pending()
 
     def send_async(self, endpoint: str, name: str, value: Any, *, merge_add: bool = False) -> None:
-        """Queue `value` as `name` for `endpoint` (encoded now: the caller may rebind it);
-        the next barrier, `flush`, get or `wait_pending` sends it."""
-        message = encode_var(name, value, trainer_id=self.trainer_id, merge_add=merge_add)
+        """Queue `value` as `name` for `endpoint`; the next barrier, `flush`, get or
+        `wait_pending` sends it. Scope values are replaced, never changed in place, so
+        the pieces may hold the value's own buffer until then."""
+        message = var_parts(name, value, trainer_id=self.trainer_id, merge_add=merge_add)
         with self._lock:
             self._queued.setdefault(endpoint, []).append((name, message))
 
-    def _take_queued(self) -> dict[str, list[tuple[str, bytes]]]:
+    def _take_queued(self) -> dict[str, list[tuple[str, Parts]]]:
         with self._lock:
             queued, self._queued = self._queued, {}
         return queued
 
-    def _send_batch(self, endpoint: str, queued: list[tuple[str, bytes]], barrier: bool) -> tuple[str, str, bytes, str]:
+    def _send_batch(self, endpoint: str, queued: list[tuple[str, Parts]], barrier: bool) -> tuple[str, str, bytes, str]:
         """The call (for `_call_all` / `_future`) sending `queued` to `endpoint`."""
         request = encode_batch([message for _, message in queued], trainer_id=self.trainer_id, barrier=barrier)
         what = "send barrier" if barrier else f"send of {', '.join(name for name, _ in queued)}"

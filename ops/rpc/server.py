@@ -84,7 +84,7 @@ import numpy as np
 
 from ops.rpc.errors import BindError, PserverError
 from ops.rpc.service import DEFAULT_TIMEOUT, METHODS, SERVER_OPTIONS, SERVICE_NAME
-from ops.rpc.wire import WireBatch, WireVar, encode_batch, encode_var
+from ops.rpc.wire import WireBatch, WireVar, encode_batch, encode_var, var_parts
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows
 from proto import rpc_pb2
@@ -536,7 +536,7 @@ class PServer:
     def _rpc_FetchBatch(self, request: Any, context: Any) -> bytes:  # noqa: N802
         what = "fetch barrier" if request.barrier else _get_label(request.varnames)
         return self._handle(context, "FetchBatch", request.trainer_id, what,
-                            lambda: encode_batch([encode_var(n, v) for n, v in self._on_fetch(
+                            lambda: encode_batch([var_parts(n, v) for n, v in self._on_fetch(
                                 request.trainer_id, request.varnames, request.barrier, context)]))
 
     def _rpc_GetVariable(self, request: WireVar, context: Any) -> bytes:  # noqa: N802

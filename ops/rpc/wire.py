@@ -14,7 +14,7 @@ by hand so a tensor crosses the wire with one copy on each side at most:
 
 A `VarBatch` (several vars and a barrier flag in one message, what a sync trainer
 sends and fetches once per pserver per step) is framed the same way: `encode_batch`
-joins already-encoded vars, each after a `pad` field that puts the var at a 64-byte
+joins the vars' pieces (`var_parts`) in one copy, each var after a `pad` field that puts the var at a 64-byte
 offset (so its `data` stays aligned), and `decode_batch` decodes each var in place.
 
 Arrays in a scope may be non-contiguous views (a `split_byref` block of a transposed
@@ -143,11 +143,27 @@ def encode_var(
     table_name: str = "",
 ) -> bytes:
     """The `VariableMessage` bytes for `name` (and `value`, when given)."""
+    return b"".join(var_parts(name, value, trainer_id=trainer_id, merge_add=merge_add, table_name=table_name))
+
+
+Parts = list[Any]  # bytes and uint8 arrays: a message not yet joined
+
+
+def var_parts(
+    name: str,
+    value: Any = None,
+    *,
+    trainer_id: int = 0,
+    merge_add: bool = False,
+    table_name: str = "",
+) -> Parts:
+    """`encode_var`'s message as pieces (the array's own buffer among them), so a batch
+    of vars is joined, and copied, once."""
     message = rpc_pb2.VariableMessage(
         varname=name, trainer_id=int(trainer_id), merge_add=bool(merge_add), table_name=table_name
     )
     if value is None:
-        return message.SerializeToString()
+        return [message.SerializeToString()]
     kind, array, lod, rows, height = _payload(value)
     array = _little_endian(array)
     try:
@@ -167,17 +183,20 @@ def encode_var(
     nbytes = array.nbytes
     if nbytes:
         data_key = _key(DATA_FIELD) + _varint(nbytes)
-        before = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-        pad = (-(before + 2 + len(data_key))) % ALIGN  # the pad field is 2 + pad bytes (pad < 128)
+        pad = (-(_size(parts) + 2 + len(data_key))) % ALIGN  # the pad field is 2 + pad bytes (pad < 128)
         parts += [_key(PAD_FIELD) + _varint(pad) + bytes(pad), data_key, array.reshape(-1).view(np.uint8)]
-    return b"".join(parts)
+    return parts
+
+
+def _size(parts: Parts) -> int:
+    return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
 
 
 BATCH_TRAINER_FIELD, BATCH_BARRIER_FIELD, BATCH_VARS_FIELD, BATCH_PAD_FIELD = 1, 2, 3, 15
 
 
-def encode_batch(encoded: list[bytes], *, trainer_id: int = 0, barrier: bool = False) -> bytes:
-    """The `VarBatch` bytes holding `encoded` (each `encode_var`'s bytes), in order."""
+def encode_batch(encoded: list[Parts], *, trainer_id: int = 0, barrier: bool = False) -> bytes:
+    """The `VarBatch` bytes holding `encoded` (each var's `var_parts`), in order."""
     parts: list[bytes] = [
         _key(BATCH_TRAINER_FIELD, _WIRE_VARINT) + _varint(int(trainer_id) & _UINT64),  # two's complement, as protobuf
         _key(BATCH_BARRIER_FIELD, _WIRE_VARINT) + _varint(int(bool(barrier))),
@@ -185,10 +204,11 @@ def encode_batch(encoded: list[bytes], *, trainer_id: int = 0, barrier: bool = F
     size = len(parts[0]) + len(parts[1])
     var_key = _key(BATCH_VARS_FIELD)
     for message in encoded:
-        head = var_key + _varint(len(message))
+        length = _size(message)
+        head = var_key + _varint(length)
         pad = (-(size + 2 + len(head))) % ALIGN  # the pad field is 2 + pad bytes (pad < 128)
-        parts += [_key(BATCH_PAD_FIELD) + _varint(pad) + bytes(pad), head, message]
-        size += 2 + pad + len(head) + len(message)
+        parts += [_key(BATCH_PAD_FIELD) + _varint(pad) + bytes(pad), head, *message]
+        size += 2 + pad + len(head) + length
     return b"".join(parts)
 
 
