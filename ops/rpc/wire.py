@@ -134,16 +134,10 @@ def _payload(value: Any) -> tuple[int, np.ndarray, Any, np.ndarray | None, int]:
     raise WireError(f"cannot send a {type(value).__name__}: only LoDTensor, SelectedRows and numpy arrays travel")
 
 
-def encode_var(
-    name: str,
-    value: Any = None,
-    *,
-    trainer_id: int = 0,
-    merge_add: bool = False,
-    table_name: str = "",
-) -> bytes:
-    """The `VariableMessage` bytes for `name` (and `value`, when given)."""
-    return b"".join(var_parts(name, value, trainer_id=trainer_id, merge_add=merge_add, table_name=table_name))
+def encode_var(name: str, value: Any = None, **fields: Any) -> bytes:
+    """The `VariableMessage` bytes for `name` (and `value`, when given); `fields` are
+    `var_parts`' (`trainer_id`, `merge_add`, `table_name`)."""
+    return b"".join(var_parts(name, value, **fields))
 
 
 Parts = list[Any]  # bytes and uint8 arrays: a message not yet joined
