@@ -16,9 +16,10 @@ first, so a var is never read before the send queued ahead of it.
 Every failure is an `RpcError` naming the call, the var and the pserver, and carrying
 the pserver's own reason when it gave one (a trainer that vanished, say).
 
-Concurrent calls run as blocking calls on the client's own thread pool: gRPC Python's
-`.future()` starts a "channel spin" thread per call, which costs more than a small
-RPC itself (measured: ~0.5 ms of a ~0.8 ms loopback round trip).
+Concurrent calls (one per pserver) run as blocking calls, the last on the caller's
+thread and the others on the client's own thread pool: gRPC Python's `.future()` starts
+a "channel spin" thread per call, which costs more than a small RPC itself (measured:
+~0.5 ms of a ~0.8 ms loopback round trip).
 
 `client.stats` counts the bytes of every message sent and received, per method (the
 serialised messages: gRPC's HTTP/2 framing, a few dozen bytes a call, is not counted);
@@ -165,13 +166,6 @@ class RpcClient:
             ep.ready = True
         return ep
 
-    def _call(self, endpoint: str, method: str, request: Any, what: str) -> Any:
-        call = self._endpoint(endpoint).calls[method]
-        try:
-            return call(request, timeout=self.deadline)
-        except grpc.RpcError as exc:
-            raise self._error(exc, what, endpoint) from None
-
     def _future(self, endpoint: str, method: str, request: Any, *, deadline: float | None = None) -> Any:
         """A `concurrent.futures.Future` of the call's reply."""
         call = self._endpoint(endpoint).calls[method]
@@ -305,14 +299,10 @@ class RpcClient:
             ids = LoDTensor(np.ascontiguousarray(np.asarray(req.ids, dtype=np.int64).reshape(-1, 1)))
             message = encode_var(req.name, ids, trainer_id=self.trainer_id, table_name=req.table)
             what = f"prefetch from {req.table}" if req.table else f"prefetch of {req.name}"
-            calls.append((message, what, req.endpoint))
-        if len(calls) == 1:  # on this thread: no hand-off to the pool and back
-            message, what, endpoint = calls[0]
-            replies: list[WireVar] = [self._call(endpoint, "PrefetchVariable", message, what)]
-        else:
-            replies = self._gather([(self._future(ep, "PrefetchVariable", m), what, ep) for m, what, ep in calls])
+            calls.append((req.endpoint, "PrefetchVariable", message, what))
+        replies: list[WireVar] = self._call_all(calls)
         values = []
-        for (_, what, endpoint), reply in zip(calls, replies, strict=True):
+        for (endpoint, _, _, what), reply in zip(calls, replies, strict=True):
             if not isinstance(reply.value, LoDTensor):
                 raise RpcError(f"trainer {self.trainer_id}: {what} on pserver {endpoint} came back without rows")
             values.append(reply.value)

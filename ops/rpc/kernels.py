@@ -28,6 +28,7 @@ from ops.kernels.context import KernelError, OpContext
 from ops.kernels.registry import register
 from ops.rpc.client import RpcClient, get_client
 from ops.tensor import LoDTensor, SelectedRows
+from transpiler.ir import Op
 
 SEND_DEFAULTS = {
     "trainer_id": 0,
@@ -110,14 +111,16 @@ def _maybe_flush(ctx: OpContext, client: RpcClient) -> None:
     """Start the queued sends unless a later `send` or `send_barrier` of the block will."""
     last = ctx.memo.get("last_send")
     if last is None:
-        later = ctx.block.ops[_index(ctx) + 1 :]
-        last = ctx.memo["last_send"] = not any(op.type in ("send", "send_barrier") for op in later)
+        last = ctx.memo["last_send"] = not any(op.type in ("send", "send_barrier") for op in _ops_after(ctx))
     if last:
         client.flush()
 
 
-def _index(ctx: OpContext) -> int:
-    return next(i for i, op in enumerate(ctx.block.ops) if op is ctx.op)
+def _ops_after(ctx: OpContext) -> tuple[Op, ...]:
+    """The ops after this one in its block."""
+    ops = ctx.block.ops
+    index = next((i for i, op in enumerate(ops) if op is ctx.op), len(ops))
+    return ops[index + 1 :]
 
 
 @register("recv", defaults=RECV_DEFAULTS)
@@ -159,17 +162,15 @@ def _barrier_follows(ctx: OpContext, outs: tuple[str, ...]) -> bool:
     """True when a fetch_barrier comes after this op before any op reads `outs`."""
     found = ctx.memo.get("barrier_follows")
     if found is None:
-        found = ctx.memo["barrier_follows"] = _scan_for_barrier(ctx.block.ops[_index(ctx) + 1 :], set(outs))
+        found = False
+        for op in _ops_after(ctx):
+            if op.type == "fetch_barrier":
+                found = True
+                break
+            if set(outs) & set(op.input_names) or op.sub_block_indices():
+                break
+        ctx.memo["barrier_follows"] = found
     return found
-
-
-def _scan_for_barrier(later: Any, wanted: set[str]) -> bool:
-    for op in later:
-        if op.type == "fetch_barrier":
-            return True
-        if wanted & set(op.input_names) or op.sub_block_indices():
-            return False
-    return False
 
 
 def _dense(value: Any) -> np.ndarray:
