@@ -15,7 +15,8 @@ gRPC ceiling measured in the same run; and the MLP's step time, 2 x 2 vs local.
    so the ratio says how much of the transport's ceiling the runtime keeps.
 3. **MLP step time.** `examples/mlp.py` (784-256-128-10, Adam), global batch 64:
    local training in this process vs `pstranspile launch` 2 pservers x 2 trainers
-   (`examples/train_program.py`, each trainer on 32 rows), from the trainers' steps/s.
+   (`examples/train_program.py`, each trainer on 32 rows), from the trainers' steps/s;
+   and the RPCs per step per trainer each pserver counted (its exit line).
 
 Every process runs with one BLAS thread (as `launch` gives 4 processes on 2 cores).
 """
@@ -187,8 +188,8 @@ def measure_pserver(size: int, seconds: float, workdir: Path) -> float:
 # ------------------------------------------------------------------ the MLP
 
 
-def mlp_step_times(steps: int, workdir: Path) -> tuple[float, list[float]]:
-    """(local ms/step, each trainer's ms/step under launch 2 x 2)."""
+def mlp_step_times(steps: int, workdir: Path) -> tuple[float, list[float], list[str]]:
+    """(local ms/step, each trainer's ms/step under launch 2 x 2, each pserver's RPC count line)."""
     import mlp
     from train_program import synthetic_batch
 
@@ -218,7 +219,9 @@ def mlp_step_times(steps: int, workdir: Path) -> tuple[float, list[float]]:
                                  status_every=3600), out=io.StringIO())
     if not result.ok:
         raise RuntimeError(result.summary())
-    return local, [1000 / t.progress.steps_per_s for t in result.trainers()]
+    logs = sorted((folder / "logs").glob("pserver.*.log"))
+    rpc_lines = [line for log in logs for line in log.read_text().splitlines() if "rpc/step/trainer" in line]
+    return local, [1000 / t.progress.steps_per_s for t in result.trainers()], rpc_lines
 
 
 # ------------------------------------------------------------------ main
@@ -249,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append((size, ceiling, ours))
                 print(f"  {size // MB:>4} MB: raw {ceiling:8.1f} MB/s, pserver {ours:8.1f} MB/s", file=sys.stderr, flush=True)
             raw.kill()
-            local, dist = mlp_step_times(args.mlp_steps, Path(tmp))
+            local, dist, rpc_lines = mlp_step_times(args.mlp_steps, Path(tmp))
     finally:
         if raw.poll() is None:
             raw.kill()
@@ -269,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| local | {local:.1f} |")
     for i, ms in enumerate(dist):
         print(f"| 2 pservers x 2 trainers: trainer {i} | {ms:.1f} |")
+    print()
+    print("Messages each pserver handled (its exit line):")
+    for line in rpc_lines:
+        print(f"    {line}")
     return 0
 
 

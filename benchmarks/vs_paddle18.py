@@ -71,7 +71,7 @@ SAMPLE_EVERY = 0.1  # seconds between CPU samples
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ROLE_VARS = ("TRAINING_ROLE", "PADDLE_PSERVER_ENDPOINTS", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID",
              "PADDLE_CURRENT_ENDPOINT", "POD_IP", "PADDLE_PORT")
-RPCS_LINE = re.compile(r"([0-9.]+) RPCs per step")
+RPCS_LINE = re.compile(r"([0-9.]+) rpc/step/trainer")  # the pserver's exit line (ops/rpc/server.py)
 # Paddle 1.8's gRPC server logs every request it handles at verbosity 4 (time of day first).
 PADDLE_RPC_LOG = {"GLOG_minloglevel": "0", "GLOG_v": "0", "GLOG_vmodule": "grpc_server=4", "GLOG_logtostderr": "1"}
 PADDLE_REQUEST = re.compile(r"^I\d{4} (\d\d):(\d\d):(\d\d\.\d+) +\d+ grpc_server\.cc:\d+\] "
@@ -392,12 +392,14 @@ def run_ours(folder: Path, case: Case, steps: int, warmup: int, logs: Path) -> M
 
 
 def pserver_rpcs(logs: Path) -> float | None:
-    """RPCs per step per pserver, from our pservers' last log lines (their mean)."""
+    """RPCs per step per pserver, from our pservers' exit lines (their mean): each gives
+    RPCs per step per trainer over the whole run (the startup fetch and the complete
+    notices included, 1% over 200 steps)."""
     found = []
     for i in range(PSERVERS):
         match = RPCS_LINE.search((logs / f"pserver.{i}.log").read_text(errors="replace"))
         if match:
-            found.append(float(match.group(1)))
+            found.append(float(match.group(1)) * TRAINERS)
     return statistics.mean(found) if found else None
 
 

@@ -17,6 +17,11 @@ executor drew for that name) — so two executors with the same seed initialise 
 program identically, whatever the op order — and `None` draws from OS entropy. The
 default is seed 0: runs are reproducible unless asked otherwise.
 
+A block is prepared once per executor — each op's kernel looked up, a memo for what a
+kernel works out about its op's place in the block — and reused until the block's ops
+change (`Block.version`) or a kernel is (un)registered: the per-step cost is the kernels,
+not the lookups.
+
 When a kernel fails, `ExecutionError` names the block, the op index and type, and each
 input's name, shape and dtype, and chains the original exception. An op without a
 kernel is an `UnknownOpError` before anything in its block runs.
@@ -25,6 +30,7 @@ kernel is an `UnknownOpError` before anything in its block runs.
 from __future__ import annotations
 
 import threading
+import weakref
 import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -32,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ops.kernels import Frame, OpContext, RunContext, get_kernel
+from ops.kernels import registry
 from ops.kernels.registry import KernelSpec
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows, describe
@@ -91,6 +98,7 @@ class Executor:
         self.env: dict[str, Any] = dict(env or {})
         self._draws: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._prepared: weakref.WeakKeyDictionary[Block, _Prepared] = weakref.WeakKeyDictionary()
 
     # -- public API
     def run(
@@ -130,16 +138,23 @@ class Executor:
 
     # -- internals
     def _run_block(self, run: RunContext, block: Block, scope: Scope, parent: Frame | None) -> None:
-        ops = block.ops
-        specs = [_kernel_for(block, i, op) for i, op in enumerate(ops)]
         frame = Frame(block, scope, parent)
-        for i, (op, spec) in enumerate(zip(ops, specs, strict=True)):
+        for i, (op, spec, memo) in enumerate(self._prepare(block).steps):
             try:
-                spec.fn(OpContext(op, frame, run, spec))
+                spec.fn(OpContext(op, frame, run, spec, memo))
             except (ExecutionError, UnknownOpError):
                 raise  # from a sub-block: its report already names the precise place
             except Exception as exc:
                 raise _execution_error(block, i, op, scope, exc) from exc
+
+    def _prepare(self, block: Block) -> _Prepared:
+        """The block's prepared form, rebuilt when its ops or the kernels changed."""
+        ops = block.ops
+        prepared = self._prepared.get(block)
+        if prepared is None or not prepared.fits(block, ops):
+            prepared = _Prepared(block, ops)
+            self._prepared[block] = prepared
+        return prepared
 
     @staticmethod
     def _fetch(scope: Scope, item: str | Var, return_numpy: bool) -> Any:
@@ -154,6 +169,25 @@ class Executor:
             view.flags.writeable = False
             return view
         return value  # SelectedRows and other objects come back as they are
+
+
+class _Prepared:
+    """A block's ops with their kernels and memos, as of `Block.version` and the registry's
+    generation. Built whole before anything runs: an op without a kernel is an error
+    before the block's first op."""
+
+    __slots__ = ("ops", "version", "generation", "steps")
+
+    def __init__(self, block: Block, ops: tuple[Op, ...]) -> None:
+        self.ops = ops
+        self.version = block.version
+        self.generation = registry.generation()
+        self.steps: tuple[tuple[Op, KernelSpec, dict[str, Any]], ...] = tuple(
+            (op, _kernel_for(block, i, op), {}) for i, op in enumerate(ops)
+        )
+
+    def fits(self, block: Block, ops: tuple[Op, ...]) -> bool:
+        return self.ops is ops and self.version == block.version and self.generation == registry.generation()
 
 
 def _kernel_for(block: Block, index: int, op: Op) -> KernelSpec:

@@ -59,6 +59,16 @@ class PServerStub:
                 request_serializer=proto_dot_rpc__pb2.BarrierMessage.SerializeToString,
                 response_deserializer=proto_dot_rpc__pb2.VoidMessage.FromString,
                 _registered_method=True)
+        self.SendBatch = channel.unary_unary(
+                '/pstranspiler.rpc.PServer/SendBatch',
+                request_serializer=proto_dot_rpc__pb2.VarBatch.SerializeToString,
+                response_deserializer=proto_dot_rpc__pb2.VoidMessage.FromString,
+                _registered_method=True)
+        self.FetchBatch = channel.unary_unary(
+                '/pstranspiler.rpc.PServer/FetchBatch',
+                request_serializer=proto_dot_rpc__pb2.FetchRequest.SerializeToString,
+                response_deserializer=proto_dot_rpc__pb2.VarBatch.FromString,
+                _registered_method=True)
         self.SendComplete = channel.unary_unary(
                 '/pstranspiler.rpc.PServer/SendComplete',
                 request_serializer=proto_dot_rpc__pb2.CompleteMessage.SerializeToString,
@@ -109,6 +119,22 @@ class PServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendBatch(self, request, context):
+        """Store several vars; with `barrier`, also this trainer's send barrier (sync mode:
+        the last trainer's barrier runs the round's optimize blocks before the reply).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchBatch(self, request, context):
+        """The pserver's values of `varnames` (sync: once the round's optimize ran); with
+        `barrier`, also this trainer's fetch barrier.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SendComplete(self, request, context):
         """This trainer will send nothing more.
         """
@@ -150,6 +176,16 @@ def add_PServerServicer_to_server(servicer, server):
                     servicer.FetchBarrier,
                     request_deserializer=proto_dot_rpc__pb2.BarrierMessage.FromString,
                     response_serializer=proto_dot_rpc__pb2.VoidMessage.SerializeToString,
+            ),
+            'SendBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendBatch,
+                    request_deserializer=proto_dot_rpc__pb2.VarBatch.FromString,
+                    response_serializer=proto_dot_rpc__pb2.VoidMessage.SerializeToString,
+            ),
+            'FetchBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchBatch,
+                    request_deserializer=proto_dot_rpc__pb2.FetchRequest.FromString,
+                    response_serializer=proto_dot_rpc__pb2.VarBatch.SerializeToString,
             ),
             'SendComplete': grpc.unary_unary_rpc_method_handler(
                     servicer.SendComplete,
@@ -297,6 +333,60 @@ class PServer:
             '/pstranspiler.rpc.PServer/FetchBarrier',
             proto_dot_rpc__pb2.BarrierMessage.SerializeToString,
             proto_dot_rpc__pb2.VoidMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pstranspiler.rpc.PServer/SendBatch',
+            proto_dot_rpc__pb2.VarBatch.SerializeToString,
+            proto_dot_rpc__pb2.VoidMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pstranspiler.rpc.PServer/FetchBatch',
+            proto_dot_rpc__pb2.FetchRequest.SerializeToString,
+            proto_dot_rpc__pb2.VarBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -12,7 +12,7 @@ import pytest
 from conftest import PADDLE_CASES, PADDLE_PROGRAMS
 
 from ops.executor import ExecutionError, Executor, FetchError
-from ops.kernels import register, unregister
+from ops.kernels import get_kernel, register, unregister
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows
 from transpiler.errors import PsTranspilerError, UnknownOpError
@@ -335,6 +335,28 @@ def test_other_modules_plug_kernels_and_services_in():
             register("test_send")(lambda ctx: None)
     finally:
         unregister("test_send")
+
+
+def test_a_prepared_block_follows_edits_to_the_program_and_the_registry():
+    """The executor resolves a block's kernels once, but an op added, a slot renamed or a
+    kernel re-registered between runs is what the next run runs."""
+    program = program_with(("scale", {"X": ["x"]}, {"Out": ["y"]}, {"scale": 2.0}))
+    exe, scope = Executor(), Scope()
+    feed = {"x": np.array([1.0], np.float32)}
+    assert exe.run(program, feed=feed, fetch_list=["y"], scope=scope)[0].tolist() == [2.0]
+    block = program.global_block()
+    block.create_var("z", dtype=DType.FP32, shape=(1,))
+    block.add_op("scale", inputs={"X": ["y"]}, outputs={"Out": ["z"]}, attrs={"scale": 3.0})
+    assert exe.run(program, feed=feed, fetch_list=["z"], scope=scope)[0].tolist() == [6.0]
+    block.ops[1].rename_input("y", "x")
+    assert exe.run(program, feed=feed, fetch_list=["z"], scope=scope)[0].tolist() == [3.0]
+    calls, original = [], get_kernel("scale")
+    register("scale", replace=True)(lambda ctx: calls.append(ctx.op.type))
+    try:
+        exe.run(program, feed=feed, scope=scope)
+        assert calls == ["scale", "scale"]
+    finally:
+        register("scale", defaults=original.defaults, grad=original.grad, replace=True)(original.fn)
 
 
 def test_runs_from_threads_share_a_scope_safely():

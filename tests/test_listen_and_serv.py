@@ -57,7 +57,36 @@ def test_sync_rounds_give_both_trainers_the_averaged_update():
             client.complete([ps.address])
         ps.join()
     assert not ps.errors and calls == [1, 1, 1] and ps.server.rounds == 3
-    assert ps.server.messages_per_step == 8  # per trainer: send, send barrier, get, fetch barrier
+    # The one-var client calls each travel as a batch: per trainer per round a send and a
+    # send barrier (SendBatch), a get and a fetch barrier (FetchBatch); round 0 fetches only.
+    assert ps.server.rpc_counts == {"SendBatch": 2 * 2 * 3, "FetchBatch": 2 * 2 * 4, "SendComplete": 2}
+
+
+def test_a_sync_step_is_one_send_batch_and_one_fetch_batch_per_trainer():
+    """What the trainer's kernels do: `send` queues, `send_barrier` sends the grads with
+    the barrier, `fetch_barrier` gets the params with the barrier; the pserver counts."""
+    scope, calls, lines = Scope(), [], []
+    with running_pserver(fanin=2, scope=scope, run_block=sgd_pserver(scope, calls), received=GRADS,
+                         optimize_blocks=(1,)) as ps:
+        ps.server._log = lines.append
+        clients = [ps.client(0), ps.client(1)]
+
+        def kernels_step(client, grad: float) -> np.ndarray:
+            client.send_async(ps.address, f"g.trainer_{client.trainer_id}", np.full(3, grad, np.float32))
+            client.send_barrier([ps.address])
+            (w,) = client.fetch_barrier([ps.address], [(ps.address, "w")])
+            return w.array
+
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda c: c.fetch_barrier([ps.address]), clients))
+            for k in range(1, 4):
+                got = list(pool.map(lambda c: kernels_step(c, 1.0), clients))
+                assert all(w.tolist() == [-k] * 3 for w in got)
+        for client in clients:
+            client.complete([ps.address])
+        ps.join()
+    assert ps.server.rpc_counts == {"FetchBatch": 8, "SendBatch": 6, "SendComplete": 2}
+    assert lines[-1] == "pserver 127.0.0.1:0: 2.67 rpc/step/trainer over 3 steps (FetchBatch 8, SendBatch 6, SendComplete 2)"
 
 
 def test_a_get_waits_for_the_round_s_optimize_and_a_send_for_the_next_round():

@@ -49,7 +49,8 @@ def test_generated_modules_are_not_stale(tmp_path):
 def test_the_service_has_the_runtime_s_methods():
     assert SERVICE_NAME == "pstranspiler.rpc.PServer"
     assert sorted(METHODS) == sorted(
-        ["SendVariable", "GetVariable", "PrefetchVariable", "SendBarrier", "FetchBarrier", "SendComplete", "CheckpointNotify"]
+        ["SendVariable", "GetVariable", "PrefetchVariable", "SendBarrier", "FetchBarrier", "SendBatch", "FetchBatch",
+         "SendComplete", "CheckpointNotify"]
     )
 
 

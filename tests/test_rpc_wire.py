@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from ops.rpc.wire import WireError, decode_var, encode_var
+from ops.rpc.wire import WireError, decode_batch, decode_var, encode_batch, encode_var, var_parts
 from ops.tensor import LoDTensor, SelectedRows
 from proto import rpc_pb2
 
@@ -94,6 +94,21 @@ def test_any_protobuf_reader_parses_our_bytes_and_we_parse_theirs():
     ).SerializeToString()
     got = decode_var(theirs)
     assert got.name == "y" and got.value.rows.tolist() == [1, 8] and got.value.value.tolist() == [[0, 1], [2, 3]]
+
+
+def test_a_batch_round_trips_zero_copy_aligned_and_any_protobuf_reader_parses_it():
+    arrays = [np.arange(5, dtype=np.float32), np.ones((3, 7), np.float64), np.arange(2, dtype=np.int64)]
+    data = encode_batch([var_parts(f"v{i}", a, trainer_id=3) for i, a in enumerate(arrays)], trainer_id=3, barrier=True)
+    batch = decode_batch(data)
+    assert batch.trainer_id == 3 and batch.barrier and [v.name for v in batch.vars] == ["v0", "v1", "v2"]
+    base = np.frombuffer(data, np.uint8).ctypes.data
+    for var, array in zip(batch.vars, arrays, strict=True):
+        assert np.array_equal(var.value.array, array) and np.shares_memory(var.value.array, np.frombuffer(data, np.uint8))
+        assert (var.value.array.ctypes.data - base) % 64 == 0
+    theirs = rpc_pb2.VarBatch.FromString(data)
+    assert theirs.trainer_id == 3 and theirs.barrier and [v.varname for v in theirs.vars] == ["v0", "v1", "v2"]
+    empty = rpc_pb2.VarBatch(trainer_id=-1).SerializeToString()
+    assert decode_batch(empty).trainer_id == -1 and decode_batch(encode_batch([], trainer_id=-1)).vars == ()
 
 
 def test_a_request_without_a_value():

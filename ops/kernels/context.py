@@ -105,13 +105,16 @@ class RunContext:
 class OpContext:
     """One op being run: slot and attr access for its kernel."""
 
-    __slots__ = ("op", "frame", "run", "spec")
+    __slots__ = ("op", "frame", "run", "spec", "memo")
 
-    def __init__(self, op: Op, frame: Frame, run: RunContext, spec: KernelSpec) -> None:
+    def __init__(self, op: Op, frame: Frame, run: RunContext, spec: KernelSpec, memo: dict[str, Any] | None = None) -> None:
         self.op = op
         self.frame = frame
         self.run = run
         self.spec = spec
+        # Facts about the op and its place in the block (its slots' args, does a barrier
+        # follow?), kept by the executor for as long as the block is unchanged.
+        self.memo: dict[str, Any] = {} if memo is None else memo
 
     @property
     def type(self) -> str:
@@ -146,8 +149,13 @@ class OpContext:
 
     # -- inputs
     def input_names(self, slot: str) -> tuple[str, ...]:
-        """The slot's args, without Paddle's `@EMPTY@` placeholders."""
-        return tuple(n for n in self.op.input(slot) if n and n != EMPTY_VAR_NAME)
+        """The slot's args, without Paddle's `@EMPTY@` placeholders (worked out once per
+        prepared block: the memo lives as long as the op's slots do)."""
+        key = ("in", slot)
+        names = self.memo.get(key)
+        if names is None:
+            names = self.memo[key] = tuple(n for n in self.op.input(slot) if n and n != EMPTY_VAR_NAME)
+        return names
 
     def has_input(self, slot: str) -> bool:
         return bool(self.input_names(slot))
@@ -222,7 +230,11 @@ class OpContext:
 
     # -- outputs
     def output_names(self, slot: str) -> tuple[str, ...]:
-        return tuple(n for n in self.op.output(slot) if n and n != EMPTY_VAR_NAME)
+        key = ("out", slot)
+        names = self.memo.get(key)
+        if names is None:
+            names = self.memo[key] = tuple(n for n in self.op.output(slot) if n and n != EMPTY_VAR_NAME)
+        return names
 
     def has_output(self, slot: str) -> bool:
         return bool(self.output_names(slot))

@@ -55,6 +55,7 @@ class KernelSpec:
 
 _REGISTRY: dict[str, KernelSpec] = {}
 _LOCK = threading.Lock()
+_GENERATION = [0]  # bumped by every (un)registration: the executor's prepared blocks check it
 
 
 def register(
@@ -87,6 +88,7 @@ def register(
             if op_type in _REGISTRY and not replace and _REGISTRY[op_type].fn is not fn:
                 raise ValueError(f"op {op_type!r} already has a kernel (from {_REGISTRY[op_type].family})")
             _REGISTRY[op_type] = spec
+            _GENERATION[0] += 1
         return fn
 
     return decorate
@@ -115,6 +117,12 @@ def unregister(op_type: str) -> None:
     """Remove a kernel (tests that register temporary ops clean up with this)."""
     with _LOCK:
         _REGISTRY.pop(op_type, None)
+        _GENERATION[0] += 1
+
+
+def generation() -> int:
+    """A number that changes whenever a kernel is registered or removed."""
+    return _GENERATION[0]
 
 
 def get_kernel(op_type: str) -> KernelSpec:

@@ -6,7 +6,7 @@ Importing this package registers the RPC kernels (`send`, `recv`, `send_barrier`
 
 | module | what |
 |---|---|
-| `wire` | `VariableMessage` bytes ⇄ LoDTensor / SelectedRows (zero-copy receive) |
+| `wire` | `VariableMessage` / `VarBatch` bytes ⇄ LoDTensor / SelectedRows (zero-copy receive) |
 | `service` | the service's method paths, codecs, channel options, timeouts |
 | `client` | `RpcClient`, one per trainer id per process (`get_client`) |
 | `server` | `PServer`: the gRPC server and the sync / async protocols |

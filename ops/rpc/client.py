@@ -3,16 +3,23 @@
 Kernels reach it through `ctx.env["rpc"]` (what `transpiler.runtime.session.Session` sets),
 else through `get_client(trainer_id)`. It keeps one channel per pserver, created on
 first use and waited on until `connect_timeout`, so trainers may start before the
-pservers. Sends are asynchronous (`send_async`): the next barrier, recv or
-`wait_pending` waits for them, as Paddle's send op does, so a trainer overlaps its
-sends with the rest of its backward pass.
+pservers.
+
+The cost of an RPC on loopback is the message, not its bytes, so a step is few
+messages: `send_async` only encodes and queues a var for its pserver; `send_barrier`
+sends each pserver ONE `SendBatch` (its queued vars and the barrier), and
+`fetch_barrier` asks each ONE `FetchBatch` (every var wanted from it and the barrier):
+two RPCs per pserver per sync step. Without barriers (async mode), `flush` starts one
+`SendBatch` per pserver for what is queued, and any get, recv or `wait_pending` flushes
+first, so a var is never read before the send queued ahead of it.
 
 Every failure is an `RpcError` naming the call, the var and the pserver, and carrying
 the pserver's own reason when it gave one (a trainer that vanished, say).
 
-Concurrent calls run as blocking calls on the client's own thread pool: gRPC Python's
-`.future()` starts a "channel spin" thread per call, which costs more than a small
-RPC itself (measured: ~0.5 ms of a ~0.8 ms loopback round trip).
+Concurrent calls (one per pserver) run as blocking calls, the last on the caller's
+thread and the others on the client's own thread pool: gRPC Python's `.future()` starts
+a "channel spin" thread per call, which costs more than a small RPC itself (measured:
+~0.5 ms of a ~0.8 ms loopback round trip).
 
 `client.stats` counts the bytes of every message sent and received, per method (the
 serialised messages: gRPC's HTTP/2 framing, a few dozen bytes a call, is not counted);
@@ -37,7 +44,7 @@ import numpy as np
 
 from ops.rpc.errors import RpcError
 from ops.rpc.service import CHANNEL_OPTIONS, METHODS, call_deadline, default_timeout
-from ops.rpc.wire import WireVar, encode_var
+from ops.rpc.wire import Parts, WireVar, encode_batch, encode_var, var_parts
 from ops.tensor import LoDTensor
 from proto import rpc_pb2
 
@@ -134,7 +141,8 @@ class RpcClient:
         self.connect_timeout = float(connect_timeout) if connect_timeout is not None else self.timeout
         self.deadline = call_deadline(self.timeout)
         self._endpoints: dict[str, _Endpoint] = {}
-        self._pending: list[tuple[Any, str, str]] = []  # (future, what, endpoint)
+        self._queued: dict[str, list[tuple[str, Parts]]] = {}  # endpoint -> (var name, its message's pieces)
+        self._pending: list[tuple[Any, str, str]] = []  # (future, what, endpoint) of flushed sends
         self._lock = threading.Lock()
         self._closed = False
         self.stats = RpcStats()
@@ -158,17 +166,25 @@ class RpcClient:
             ep.ready = True
         return ep
 
-    def _call(self, endpoint: str, method: str, request: Any, what: str) -> Any:
-        call = self._endpoint(endpoint).calls[method]
-        try:
-            return call(request, timeout=self.deadline)
-        except grpc.RpcError as exc:
-            raise self._error(exc, what, endpoint) from None
-
     def _future(self, endpoint: str, method: str, request: Any, *, deadline: float | None = None) -> Any:
         """A `concurrent.futures.Future` of the call's reply."""
         call = self._endpoint(endpoint).calls[method]
         return self._pool.submit(call, request, timeout=deadline or self.deadline)
+
+    def _call_all(self, calls: Sequence[tuple[str, str, Any, str]]) -> list[Any]:
+        """Replies to `(endpoint, method, request, what)` calls, in order, made in parallel:
+        the last on this thread (a hand-off to the pool and back costs more than a small
+        call). The first failure is raised once all have finished."""
+        if not calls:
+            return []
+        started = [(self._future(ep, method, request), what, ep) for ep, method, request, what in calls[:-1]]
+        endpoint, method, request, what = calls[-1]
+        here: _futures.Future = _futures.Future()
+        try:
+            here.set_result(self._endpoint(endpoint).calls[method](request, timeout=self.deadline))
+        except (grpc.RpcError, RpcError) as exc:
+            here.set_exception(exc)
+        return self._gather([*started, (here, what, endpoint)])
 
     def _error(self, exc: grpc.RpcError, what: str, endpoint: str) -> RpcError:
         code = exc.code() if hasattr(exc, "code") else None
@@ -205,14 +221,34 @@ class RpcClient:
         self.wait_pending()
 
     def send_async(self, endpoint: str, name: str, value: Any, *, merge_add: bool = False) -> None:
-        """Start sending `value` as `name`; `wait_pending` (or any barrier, recv or get) waits."""
-        request = encode_var(name, value, trainer_id=self.trainer_id, merge_add=merge_add)
-        future = self._future(endpoint, "SendVariable", request)
+        """Queue `value` as `name` for `endpoint`; the next barrier, `flush`, get or
+        `wait_pending` sends it. Scope values are replaced, never changed in place, so
+        the pieces may hold the value's own buffer until then."""
+        message = var_parts(name, value, trainer_id=self.trainer_id, merge_add=merge_add)
         with self._lock:
-            self._pending.append((future, f"send of {name}", endpoint))
+            self._queued.setdefault(endpoint, []).append((name, message))
+
+    def _take_queued(self) -> dict[str, list[tuple[str, Parts]]]:
+        with self._lock:
+            queued, self._queued = self._queued, {}
+        return queued
+
+    def _send_batch(self, endpoint: str, queued: list[tuple[str, Parts]], barrier: bool) -> tuple[str, str, bytes, str]:
+        """The call (for `_call_all` / `_future`) sending `queued` to `endpoint`."""
+        request = encode_batch([message for _, message in queued], trainer_id=self.trainer_id, barrier=barrier)
+        what = "send barrier" if barrier else f"send of {', '.join(name for name, _ in queued)}"
+        return endpoint, "SendBatch", request, what
+
+    def flush(self) -> None:
+        """Start one `SendBatch` per pserver with what is queued; `wait_pending` waits."""
+        started = [(self._future(*call[:3]), call[3], call[0])
+                   for call in (self._send_batch(ep, queued, False) for ep, queued in self._take_queued().items())]
+        with self._lock:
+            self._pending.extend(started)
 
     def wait_pending(self) -> None:
-        """Wait for every send started so far; raise the first failure."""
+        """Send what is queued and wait for every send so far; raise the first failure."""
+        self.flush()
         with self._lock:
             pending, self._pending = self._pending, []
         if pending:
@@ -223,26 +259,30 @@ class RpcClient:
         return self.get_many([(endpoint, name)])[0]
 
     def get_many(self, requests: Iterable[tuple[str, str]]) -> list[Any]:
-        """Values of `(endpoint, name)` pairs, fetched in parallel, in order."""
-        return self.finish_gets(self.start_gets(requests))
+        """Values of `(endpoint, name)` pairs, one `FetchBatch` per pserver, in order."""
+        return self._fetch(requests, ())
 
-    def start_gets(self, requests: Iterable[tuple[str, str]]) -> list[tuple[Any, str, str]]:
-        """Start fetching `(endpoint, name)` pairs; `finish_gets` waits for them."""
+    def _fetch(self, requests: Iterable[tuple[str, str]], barriers: Sequence[str]) -> list[Any]:
+        """Values of `(endpoint, name)` pairs, and the fetch barrier of each of `barriers`,
+        in one `FetchBatch` per pserver (after the sends queued so far)."""
         self.wait_pending()
-        futures = []
+        wanted: dict[str, list[str]] = {ep: [] for ep in barriers}
+        requests = list(requests)
         for endpoint, name in requests:
-            request = encode_var(name, trainer_id=self.trainer_id)
-            futures.append((self._future(endpoint, "GetVariable", request), f"get of {name}", endpoint))
-        return futures
-
-    def finish_gets(self, futures: list[tuple[Any, str, str]]) -> list[Any]:
-        replies: list[WireVar] = self._gather(futures)
-        values = []
-        for (_, what, endpoint), reply in zip(futures, replies, strict=True):
-            if reply.value is None:
-                raise RpcError(f"trainer {self.trainer_id}: {what} on pserver {endpoint} came back without a value")
-            values.append(reply.value)
-        return values
+            wanted.setdefault(endpoint, []).append(name)
+        barrier = set(barriers)
+        calls = [
+            (ep, "FetchBatch", rpc_pb2.FetchRequest(trainer_id=self.trainer_id, varnames=names, barrier=ep in barrier),
+             "fetch barrier" if ep in barrier else f"get of {', '.join(names)}")
+            for ep, names in wanted.items()
+        ]
+        got: dict[tuple[str, str], Any] = {}
+        for (endpoint, names), reply in zip(wanted.items(), self._call_all(calls), strict=True):
+            if [var.name for var in reply.vars] != names or any(var.value is None for var in reply.vars):
+                raise RpcError(f"trainer {self.trainer_id}: a get of {', '.join(names)} on pserver {endpoint} "
+                               "came back without its values")
+            got.update(((endpoint, var.name), var.value) for var in reply.vars)
+        return [got[request] for request in requests]
 
     def prefetch(self, endpoint: str, table: str, ids: Any) -> LoDTensor:
         """Rows `ids` (int64) of table `table` on `endpoint`, as a dense tensor."""
@@ -259,14 +299,10 @@ class RpcClient:
             ids = LoDTensor(np.ascontiguousarray(np.asarray(req.ids, dtype=np.int64).reshape(-1, 1)))
             message = encode_var(req.name, ids, trainer_id=self.trainer_id, table_name=req.table)
             what = f"prefetch from {req.table}" if req.table else f"prefetch of {req.name}"
-            calls.append((message, what, req.endpoint))
-        if len(calls) == 1:  # on this thread: no hand-off to the pool and back
-            message, what, endpoint = calls[0]
-            replies: list[WireVar] = [self._call(endpoint, "PrefetchVariable", message, what)]
-        else:
-            replies = self._gather([(self._future(ep, "PrefetchVariable", m), what, ep) for m, what, ep in calls])
+            calls.append((req.endpoint, "PrefetchVariable", message, what))
+        replies: list[WireVar] = self._call_all(calls)
         values = []
-        for (_, what, endpoint), reply in zip(calls, replies, strict=True):
+        for (endpoint, _, _, what), reply in zip(calls, replies, strict=True):
             if not isinstance(reply.value, LoDTensor):
                 raise RpcError(f"trainer {self.trainer_id}: {what} on pserver {endpoint} came back without rows")
             values.append(reply.value)
@@ -285,10 +321,19 @@ class RpcClient:
 
     # ------------------------------------------------------------ control
     def send_barrier(self, endpoints: Sequence[str]) -> None:
-        self._broadcast(endpoints, "SendBarrier", rpc_pb2.BarrierMessage(trainer_id=self.trainer_id), "send barrier")
+        """One `SendBatch` per pserver: its queued vars and, for `endpoints`, the barrier."""
+        queued = self._take_queued()
+        calls = [self._send_batch(ep, queued.pop(ep, []), True) for ep in endpoints]
+        calls += [self._send_batch(ep, rest, False) for ep, rest in queued.items()]
+        with self._lock:
+            pending, self._pending = self._pending, []
+        self._gather(pending)
+        self._call_all(calls)
 
-    def fetch_barrier(self, endpoints: Sequence[str]) -> None:
-        self._broadcast(endpoints, "FetchBarrier", rpc_pb2.BarrierMessage(trainer_id=self.trainer_id), "fetch barrier")
+    def fetch_barrier(self, endpoints: Sequence[str], requests: Iterable[tuple[str, str]] = ()) -> list[Any]:
+        """The values of `(endpoint, name)` `requests` and the fetch barrier of each of
+        `endpoints`: one `FetchBatch` per pserver."""
+        return self._fetch(requests, endpoints)
 
     def checkpoint_notify(self, endpoints: Sequence[str], directory: str, lookup_table: str = "") -> None:
         message = rpc_pb2.CheckpointMessage(trainer_id=self.trainer_id, dir=directory, lookup_table=lookup_table)
@@ -303,7 +348,7 @@ class RpcClient:
         message = rpc_pb2.CompleteMessage(trainer_id=self.trainer_id, failed=failed, reason=reason)
         if failed:
             with self._lock:
-                self._pending = []  # a failed trainer's sends no longer matter
+                self._pending, self._queued = [], {}  # a failed trainer's sends no longer matter
         if deadline is None:
             self._broadcast(endpoints, "SendComplete", message, "complete notice")
             return
@@ -323,7 +368,7 @@ class RpcClient:
         with self._lock:
             self._closed = True
             endpoints, self._endpoints = self._endpoints, {}
-            self._pending = []
+            self._pending, self._queued = [], {}
         self._pool.shutdown(wait=False, cancel_futures=True)
         for ep in endpoints.values():
             ep.channel.close()

@@ -2,11 +2,14 @@
 `checkpoint_notify` (the prefetch kernels are in `ops.rpc.prefetch`).
 
 Each reaches the trainer's `RpcClient` through `ctx.env["rpc"]`, else through
-`get_client(trainer_id attr)`. `send` only starts its RPCs; the next barrier, recv or
-get waits for them (Paddle's send is asynchronous the same way). A `recv` followed by a
+`get_client(trainer_id attr)`. A step is few messages (see `ops.rpc.client`): `send`
+only queues its vars; the `send_barrier` sends each pserver one message with its vars
+and the barrier. Without a later `send` or `send_barrier` in the block (async mode), the
+last `send` flushes the queue, one message per pserver. A `recv` followed by a
 `fetch_barrier` before anything reads what it receives (the sync trainer program, every
-trainer startup) only starts its gets too: the `fetch_barrier` waits for all of them and
-writes the values, so a step's gets travel in parallel instead of one param at a time.
+trainer startup) only registers what it wants: the `fetch_barrier` fetches it all, one
+message per pserver with the barrier, and writes the values. Which of these applies is
+a fact of the op's place in its block, worked out once per prepared block (`ctx.memo`).
 
 `runtime_split_send_recv` programs carry whole vars: `send` with `send_varnames`
 splits X by the row counts of `sections` and sends block i as `send_varnames[i]` to
@@ -25,6 +28,7 @@ from ops.kernels.context import KernelError, OpContext
 from ops.kernels.registry import register
 from ops.rpc.client import RpcClient, get_client
 from ops.tensor import LoDTensor, SelectedRows
+from transpiler.ir import Op
 
 
 
@@ -70,6 +74,7 @@ def send(ctx: OpContext) -> None:
             raise KernelError(f"send: {len(blocks)} blocks for {len(send_varnames)} send_varnames")
         for name, endpoint, block in zip(send_varnames, epmap, blocks, strict=True):
             client.send_async(endpoint, name, block, merge_add=merge_add)
+        _maybe_flush(ctx, client)
         return
     if len(names) == 1 and len(epmap) > 1:
         targets = [(names[0], ep) for ep in epmap]  # one var to every pserver
@@ -82,6 +87,23 @@ def send(ctx: OpContext) -> None:
         if value is None:
             raise KernelError(f"send: var {name!r} has no value in the scope")
         client.send_async(endpoint, name, value, merge_add=merge_add)
+    _maybe_flush(ctx, client)
+
+
+def _maybe_flush(ctx: OpContext, client: RpcClient) -> None:
+    """Start the queued sends unless a later `send` or `send_barrier` of the block will."""
+    last = ctx.memo.get("last_send")
+    if last is None:
+        last = ctx.memo["last_send"] = not any(op.type in ("send", "send_barrier") for op in _ops_after(ctx))
+    if last:
+        client.flush()
+
+
+def _ops_after(ctx: OpContext) -> tuple[Op, ...]:
+    """The ops after this one in its block."""
+    ops = ctx.block.ops
+    index = next((i for i, op in enumerate(ops) if op is ctx.op), len(ops))
+    return ops[index + 1 :]
 
 
 @register("recv")
@@ -103,43 +125,35 @@ def recv(ctx: OpContext) -> None:
     remote = [str(n) for n in ctx.attr("varnames")] or list(outs)
     if len(remote) != len(outs) or len(epmap) != len(outs):
         raise KernelError(f"recv: {len(outs)} outputs, {len(remote)} names, {len(epmap)} endpoints in epmap")
-    futures = client.start_gets(list(zip(epmap, remote, strict=True)))
-
-    def write() -> None:
-        values = client.finish_gets(futures)
-        for i, (name, value) in enumerate(zip(outs, values, strict=True)):
-            _check_shape(ctx, name, value)
-            ctx.set_output("Out", value, i=i)
-
+    requests = list(zip(epmap, remote, strict=True))
     if _barrier_follows(ctx, outs):
-        ctx.env.setdefault(DEFERRED_KEY, []).append(write)
+        ctx.env.setdefault(DEFERRED_KEY, []).append((ctx, requests))
     else:
-        write()
+        _write_outs(ctx, client.get_many(requests))
 
 
 DEFERRED_KEY = "_deferred_recvs"  # per run: RunContext.env is a fresh dict each run
 
 
+def _write_outs(ctx: OpContext, values: list[Any]) -> None:
+    for i, (name, value) in enumerate(zip(ctx.output_names("Out"), values, strict=True)):
+        _check_shape(ctx, name, value)
+        ctx.set_output("Out", value, i=i)
+
+
 def _barrier_follows(ctx: OpContext, outs: tuple[str, ...]) -> bool:
     """True when a fetch_barrier comes after this op before any op reads `outs`."""
-    ops = ctx.block.ops
-    index = next((i for i, op in enumerate(ops) if op is ctx.op), None)
-    if index is None:
-        return False
-    wanted = set(outs)
-    for op in ops[index + 1 :]:
-        if op.type == "fetch_barrier":
-            return True
-        if wanted & set(op.input_names) or op.sub_block_indices():
-            return False
-    return False
-
-
-def finish_recvs(ctx: OpContext) -> None:
-    """Wait for the run's deferred recvs and write what they received."""
-    writers = ctx.env.pop(DEFERRED_KEY, [])
-    for write in writers:
-        write()
+    found = ctx.memo.get("barrier_follows")
+    if found is None:
+        found = False
+        for op in _ops_after(ctx):
+            if op.type == "fetch_barrier":
+                found = True
+                break
+            if set(outs) & set(op.input_names) or op.sub_block_indices():
+                break
+        ctx.memo["barrier_follows"] = found
+    return found
 
 
 def _dense(value: Any) -> np.ndarray:
@@ -161,16 +175,19 @@ def _check_shape(ctx: OpContext, name: str, value: Any) -> None:
 @register("send_barrier")
 def send_barrier(ctx: OpContext) -> None:
     client = client_of(ctx)
-    client.wait_pending()
     client.send_barrier([str(ep) for ep in ctx.attr("endpoints")])
 
 
 @register("fetch_barrier")
 def fetch_barrier(ctx: OpContext) -> None:
+    """Fetch what the run's deferred recvs want and the barrier, one message per
+    pserver, and write the values."""
     client = client_of(ctx)
-    client.wait_pending()
-    finish_recvs(ctx)
-    client.fetch_barrier([str(ep) for ep in ctx.attr("endpoints")])
+    deferred = ctx.env.pop(DEFERRED_KEY, [])
+    requests = [request for _, wanted in deferred for request in wanted]
+    values = iter(client.fetch_barrier([str(ep) for ep in ctx.attr("endpoints")], requests))
+    for recv_ctx, wanted in deferred:
+        _write_outs(recv_ctx, [next(values) for _ in wanted])
 
 
 @register("checkpoint_notify")

@@ -13,8 +13,18 @@ Sync mode is a three-phase state machine, one round per training step:
   missing ones); the lr-decay block runs, then each optimize block, in the pserver's
   own scope (so params, accumulators and the lr persist across rounds).
 
-A request that arrives in the wrong phase (a fast trainer's next sends while a slow
-one still fetches; a get before the round's optimize ran) waits for its phase.
+A trainer's step is two RPCs per pserver: `SendBatch` (every grad of the step and the
+send barrier) and `FetchBatch` (every param block it wants and the fetch barrier). The
+state machine moves in the handlers: the handler that brings the last barrier of a
+phase opens the next one; only the optimize blocks run on `serve()`'s thread, woken by
+the last send barrier (which is answered at once, as in Paddle). The one-var RPCs
+(`SendVariable`, `GetVariable`, `SendBarrier`, `FetchBarrier`) are the same operations
+with one var or none. A request that arrives in the wrong phase (a fast trainer's next
+sends while a slow one still fetches; a get before the round's optimize ran) waits for
+its phase.
+
+`rpc_counts` counts the RPCs handled per method; `serve()` logs them at its end, with
+the RPCs per step per trainer.
 
 Async mode has no phases: a grad's optimize block runs in the handler when the grad
 arrives, one thread per block at a time (a lock per block); gets answer the current
@@ -80,7 +90,7 @@ import numpy as np
 from ops.rpc.bind import check_bindable
 from ops.rpc.errors import BindError, PserverError
 from ops.rpc.service import DEFAULT_TIMEOUT, METHODS, SERVER_OPTIONS, SERVICE_NAME
-from ops.rpc.wire import WireVar, encode_var
+from ops.rpc.wire import WireBatch, WireVar, encode_batch, encode_var, var_parts
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows
 from proto import rpc_pb2
@@ -173,8 +183,8 @@ class PServer:
         self._block_locks = {idx: threading.Lock() for idx in set(config.grad_to_block.values())}
         self._lr_lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
-        self._messages = 0  # RPCs answered
-        self._marks: list[tuple[int, int]] = []  # sync: (round, RPCs answered) when the first and last optimize ended
+        self._wake = threading.Event()  # for serve(): a round to run, every trainer completed, stop() or a failure
+        self._calls: dict[str, int] = {}  # RPCs handled per method
         self._server: grpc.Server | None = None
         self.port: int | None = None
         self.started_at = now
@@ -191,13 +201,22 @@ class PServer:
         return self._round
 
     @property
-    def messages_per_step(self) -> float | None:
-        """Sync: RPCs per step between the ends of the first and the last optimize (None
-        before two optimizes ended)."""
-        if len(self._marks) < 2:
-            return None
-        (first, before), (last, after) = self._marks
-        return (after - before) / (last - first)
+    def rpc_counts(self) -> dict[str, int]:
+        """RPCs handled so far, per method."""
+        with self._cond:
+            return dict(self._calls)
+
+    def rpc_summary(self) -> str:
+        """One line: RPCs per step per trainer (sync) and the count per method."""
+        counts = self.rpc_counts
+        total = sum(counts.values())
+        methods = ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        where = f"pserver {self.config.endpoint}"
+        if not self.config.sync_mode or not self._round:
+            done = f"{self._round} grad(s) applied" if not self.config.sync_mode else "0 steps"
+            return f"{where}: {total} rpc over {done} ({methods})"
+        per = total / (self._round * self.config.fanin)
+        return f"{where}: {per:.2f} rpc/step/trainer over {self._round} steps ({methods})"
 
     @property
     def stopped(self) -> bool:
@@ -245,18 +264,14 @@ class PServer:
             if on_ready is not None:
                 on_ready(self)
             try:
-                if self.config.sync_mode:
-                    self._sync_loop()
-                else:
-                    self._await(lambda: False, "messages")
+                self._monitor()
             except PserverError:
                 time.sleep(FAILURE_LINGER)  # trainers calling now learn why, not just "unavailable"
                 raise
             if not self._stopping:
                 done = f"{self._round} step(s)" if self.config.sync_mode else f"{self._round} grad(s) applied"
-                if self.messages_per_step is not None:
-                    done += f", {self.messages_per_step:.1f} RPCs per step"
                 self._log(f"pserver {self.config.endpoint}: all {self.config.fanin} trainer(s) completed after {done}")
+                self._log(self.rpc_summary())
         finally:
             self.shutdown()
 
@@ -265,43 +280,48 @@ class PServer:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+        self._wake.set()
 
     def shutdown(self, grace: float = 2.0) -> None:
         with self._cond:
             self._stopping = self._stopping or len(self._completed) < self.config.fanin
             self._cond.notify_all()
+        self._wake.set()
         server, self._server = self._server, None
         if server is not None:
             server.stop(grace).wait()
 
-    # ------------------------------------------------------------ the sync loop
-    def _sync_loop(self) -> None:
-        while True:
-            if not self._await(self._barriers_in, "fetch barriers"):
-                return
-            self._enter(Phase.SEND)
-            if not self._await(self._barriers_in, "send barriers"):
-                return
-            self._enter(Phase.OPTIMIZE)
-            self._optimize()
-            self._enter(Phase.GET)
+    # ------------------------------------------------------------ the sync rounds
+    def _arrive_locked(self, trainer_id: int) -> None:
+        """Count `trainer_id`'s barrier of the current phase (lock held)."""
+        self._barriers.add(trainer_id)
+        self._advance_locked()
 
-    def _barriers_in(self) -> bool:
-        return self._barriers >= self._active()
+    def _advance_locked(self) -> None:
+        """Open the next phase once every active trainer's barrier is in (lock held); the
+        OPTIMIZE phase runs on `serve()`'s thread."""
+        active = self._active()
+        if not active or not self._barriers >= active or self._failure is not None or self._stopping:
+            return
+        self._barriers.clear()
+        if self._phase is Phase.GET:
+            self._phase = Phase.SEND
+            self._received.clear()
+            self._cond.notify_all()
+        elif self._phase is Phase.SEND:
+            self._phase = Phase.OPTIMIZE
+            self._wake.set()
+
+    def _optimize_round(self) -> None:
+        """Run the round's blocks, then answer its gets."""
+        self._optimize()
+        with self._cond:
+            self._round += 1
+            self._phase = Phase.GET
+            self._cond.notify_all()
 
     def _active(self) -> set[int]:
         return set(self._trainers) - self._completed
-
-    def _enter(self, phase: Phase) -> None:
-        with self._cond:
-            if phase is Phase.SEND:
-                self._received.clear()
-            if phase is Phase.GET:
-                self._round += 1
-                self._marks[1:] = [(self._round, self._messages)]
-            self._phase = phase
-            self._barriers.clear()
-            self._cond.notify_all()
 
     def _optimize(self) -> None:
         """The round's blocks: check every grad arrived, the lr block, the optimize blocks."""
@@ -339,28 +359,32 @@ class PServer:
             at = f"step {step}: " if step is not None else ""
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             message = f"pserver {self.config.endpoint}: {at}{what} failed: {reason}"
-            with self._cond:
-                self._failure = self._failure or message
-                self._cond.notify_all()
+            self._set_failure(message)
             raise PserverError(message) from exc
 
     # ------------------------------------------------------------ waiting, liveness
-    def _await(self, ready: Callable[[], bool], waiting_for: str) -> bool:
-        """Wait until `ready()` (True), every trainer completed or `stop()` (False), or a
-        failure (raise)."""
-        with self._cond:
-            while True:
+    def _monitor(self) -> None:
+        """Until every trainer completed or `stop()` (return) or a failure (raise): run
+        each sync round's optimize blocks when its last send barrier is in, and check
+        every `POLL` seconds that the trainers the protocol waits for are alive."""
+        while True:
+            self._wake.wait(POLL)
+            self._wake.clear()  # state is read after this: a wake-up set since is not lost
+            with self._cond:
                 if self._failure is not None:
                     raise PserverError(self._failure)
                 if self._stopping or len(self._completed) == self.config.fanin:
-                    return False
-                if ready():
-                    return True
-                self._check_liveness(waiting_for)
-                self._cond.wait(POLL)
+                    return
+                due = self._phase is Phase.OPTIMIZE
+                if not due:
+                    self._check_liveness()
+            if due:
+                self._optimize_round()
 
-    def _check_liveness(self, waiting_for: str) -> None:
+    def _check_liveness(self) -> None:
         """Fail if a trainer we wait for is gone (called with the lock held)."""
+        if self._phase is Phase.OPTIMIZE:
+            return  # waiting for no trainer
         now = time.monotonic()
         waited = self._active() - self._barriers if self.config.sync_mode else self._active()
         for tid in sorted(waited):
@@ -372,17 +396,23 @@ class PServer:
             else:
                 what = f"trainer {tid} sent nothing for {self.config.timeout:g} s (its last request: {state.last_what})"
             if self.config.sync_mode:
-                where = f"step {self._round + (0 if self._phase is Phase.GET else 1)} waits for its {waiting_for[:-1]}"
+                waiting_for = "fetch barrier" if self._phase is Phase.GET else "send barrier"
+                where = f"step {self._round + (0 if self._phase is Phase.GET else 1)} waits for its {waiting_for}"
             else:
                 where = f"after {self._round} grad(s) applied"
             self._fail(f"{what}; {where}")
 
     def _fail(self, reason: str) -> None:
         message = reason if reason.startswith("pserver ") else f"pserver {self.config.endpoint}: {reason}"
+        self._set_failure(message)
+        raise PserverError(message)
+
+    def _set_failure(self, message: str) -> None:
+        """Record the first failure: every RPC answers with it from now on."""
         with self._cond:
             self._failure = self._failure or message
             self._cond.notify_all()
-        raise PserverError(message)
+        self._wake.set()
 
     def _wait_phase(self, phase: Phase, context: Any) -> None:
         """Block an RPC until the server is in `phase` (called with the lock held)."""
@@ -409,9 +439,10 @@ class PServer:
             raise _Abort(grpc.StatusCode.UNAVAILABLE, f"pserver {self.config.endpoint} is shutting down")
 
     @contextmanager
-    def _visit(self, trainer_id: int, what: str):
+    def _visit(self, method: str, trainer_id: int, what: str):
         """Account one RPC of `trainer_id` (in flight while the body runs)."""
         with self._cond:
+            self._calls[method] = self._calls.get(method, 0) + 1
             state = self._trainers.get(trainer_id)
             if state is None:
                 raise _Abort(
@@ -424,55 +455,78 @@ class PServer:
         try:
             yield
         finally:
-            with self._cond:
+            with self._cond:  # no notify: only the liveness check reads this, every POLL
                 state.inflight -= 1
-                self._messages += 1  # counted when answered: a step's RPCs all end inside its round
                 state.last_seen = time.monotonic()
-                self._cond.notify_all()
 
-    def _handle(self, context: Any, trainer_id: int, what: str, body: Callable[[], Any]) -> Any:
+    def _handle(self, context: Any, method: str, trainer_id: int, what: str, body: Callable[[], Any]) -> Any:
         try:
-            with self._visit(trainer_id, what):
+            with self._visit(method, trainer_id, what):
                 return body()
         except _Abort as exc:
             context.abort(exc.code, exc.details)
         except PserverError as exc:
             context.abort(grpc.StatusCode.ABORTED, str(exc))
 
-    # ------------------------------------------------------------ RPC handlers
-    def _rpc_SendVariable(self, request: WireVar, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802 - gRPC's name
-        return self._handle(context, request.trainer_id, f"send of {request.name}", lambda: self._on_send(request, context))
+    # ------------------------------------------------------------ RPC handlers: vars
+    def _rpc_SendBatch(self, request: WireBatch, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802 - gRPC's name
+        what = "send barrier" if request.barrier else _send_label(request.vars)
+        return self._handle(context, "SendBatch", request.trainer_id, what, lambda: self._on_send(request, context))
 
-    def _on_send(self, var: WireVar, context: Any) -> rpc_pb2.VoidMessage:
+    def _rpc_SendVariable(self, request: WireVar, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
+        batch = WireBatch(request.trainer_id, False, (request,))
+        return self._handle(context, "SendVariable", request.trainer_id, f"send of {request.name}",
+                            lambda: self._on_send(batch, context))
+
+    def _rpc_SendBarrier(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
+        batch = WireBatch(request.trainer_id, True, ())
+        return self._handle(context, "SendBarrier", request.trainer_id, "send barrier", lambda: self._on_send(batch, context))
+
+    def _on_send(self, batch: WireBatch, context: Any) -> rpc_pb2.VoidMessage:
+        """Store the batch's vars (checked first, all or none); with its barrier, count
+        the sender's send barrier."""
+        for var in batch.vars:
+            self._check_sendable(var)
+        if not self.config.sync_mode:
+            with self._cond:
+                self._check_open()
+            for var in batch.vars:
+                self._apply_async(var)
+            return rpc_pb2.VoidMessage()
+        with self._cond:
+            self._wait_phase(Phase.SEND, context)
+            for var in batch.vars:
+                self._store(var)
+                self._received.add(var.name)
+            if batch.barrier:
+                self._arrive_locked(batch.trainer_id)
+        return rpc_pb2.VoidMessage()
+
+    def _check_sendable(self, var: WireVar) -> None:
         known = self.config.known_vars
         if known is not None and var.name not in known:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"pserver {self.config.endpoint} does not hold var {var.name!r}")
         if var.value is None:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"send of {var.name!r} carries no value")
-        if self.config.sync_mode:
-            with self._cond:
-                self._wait_phase(Phase.SEND, context)
-                self._store(var)
-                self._received.add(var.name)
-            return rpc_pb2.VoidMessage()
-        with self._cond:
-            self._check_open()
+
+    def _apply_async(self, var: WireVar) -> None:
+        """Async mode: store a grad and run its optimize block (one run per block at a
+        time); a `merge_add` var (the lr-decay counter) is added in and the lr block runs."""
         if var.merge_add:
             with self._lr_lock:
                 self._store(var)
                 if self.config.lr_decay_block >= 0:
                     self._run(self.config.lr_decay_block, "the lr-decay block")
-            return rpc_pb2.VoidMessage()
+            return
         block = self.config.grad_to_block.get(var.name)
         if block is None:
             self._store(var)
-            return rpc_pb2.VoidMessage()
+            return
         with self._block_locks[block]:
             self._store(var)
             self._run(block, f"optimize block {block} (for {var.name})")
         with self._cond:
             self._round += 1
-        return rpc_pb2.VoidMessage()
 
     def _store(self, var: WireVar) -> None:
         value = var.value
@@ -487,23 +541,46 @@ class PServer:
                 value = LoDTensor(old.array + value.array.astype(old.array.dtype, copy=False), old.lod)
         self.scope.set_var(var.name, value)
 
-    def _rpc_GetVariable(self, request: WireVar, context: Any) -> bytes:  # noqa: N802
-        return self._handle(context, request.trainer_id, f"get of {request.name}", lambda: self._on_get(request, context))
+    def _rpc_FetchBatch(self, request: Any, context: Any) -> bytes:  # noqa: N802
+        what = "fetch barrier" if request.barrier else _get_label(request.varnames)
+        return self._handle(context, "FetchBatch", request.trainer_id, what,
+                            lambda: encode_batch([var_parts(n, v) for n, v in self._on_fetch(
+                                request.trainer_id, request.varnames, request.barrier, context)]))
 
-    def _on_get(self, request: WireVar, context: Any) -> bytes:
+    def _rpc_GetVariable(self, request: WireVar, context: Any) -> bytes:  # noqa: N802
+        def body() -> bytes:
+            ((name, value),) = self._on_fetch(request.trainer_id, (request.name,), False, context)
+            return encode_var(name, value)
+
+        return self._handle(context, "GetVariable", request.trainer_id, f"get of {request.name}", body)
+
+    def _rpc_FetchBarrier(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
+        def body() -> rpc_pb2.VoidMessage:
+            self._on_fetch(request.trainer_id, (), True, context)
+            return rpc_pb2.VoidMessage()
+
+        return self._handle(context, "FetchBarrier", request.trainer_id, "fetch barrier", body)
+
+    def _on_fetch(self, trainer_id: int, names: Any, barrier: bool, context: Any) -> list[tuple[str, Any]]:
+        """The current values of `names` (sync: once the round's optimize ran); with
+        `barrier`, the sender's fetch barrier is counted after them. Values are replaced,
+        never changed in place, so they are encoded after the lock is released."""
         with self._cond:
             if self.config.sync_mode:
                 self._wait_phase(Phase.GET, context)
             else:
                 self._check_open()
-            value = self.scope.find_var(request.name)
-        if value is None:
-            raise _Abort(grpc.StatusCode.NOT_FOUND, f"pserver {self.config.endpoint} has no var {request.name!r}")
-        return encode_var(request.name, value)
+            values = [(name, self.scope.find_var(name)) for name in names]
+            missing = [name for name, value in values if value is None]
+            if missing:
+                raise _Abort(grpc.StatusCode.NOT_FOUND, f"pserver {self.config.endpoint} has no var {missing[0]!r}")
+            if barrier and self.config.sync_mode:
+                self._arrive_locked(trainer_id)
+        return values
 
     def _rpc_PrefetchVariable(self, request: WireVar, context: Any) -> bytes:  # noqa: N802
         what = f"prefetch from {request.table_name}" if request.table_name else f"prefetch of {request.name}"
-        return self._handle(context, request.trainer_id, what, lambda: self._on_prefetch(request, context))
+        return self._handle(context, "PrefetchVariable", request.trainer_id, what, lambda: self._on_prefetch(request, context))
 
     def _on_prefetch(self, request: WireVar, context: Any) -> bytes:
         if not isinstance(request.value, LoDTensor):
@@ -564,37 +641,26 @@ class PServer:
                          f"pserver {self.config.endpoint}: prefetch block {block} wrote no {out!r}")
         return value.array
 
-    def _rpc_SendBarrier(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
-        return self._handle(context, request.trainer_id, "send barrier", lambda: self._on_barrier(request.trainer_id, Phase.SEND, context))
-
-    def _rpc_FetchBarrier(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
-        return self._handle(context, request.trainer_id, "fetch barrier", lambda: self._on_barrier(request.trainer_id, Phase.GET, context))
-
-    def _on_barrier(self, trainer_id: int, phase: Phase, context: Any) -> rpc_pb2.VoidMessage:
-        with self._cond:
-            if not self.config.sync_mode:
-                self._check_open()
-                return rpc_pb2.VoidMessage()
-            self._wait_phase(phase, context)
-            self._barriers.add(trainer_id)
-            self._cond.notify_all()
-        return rpc_pb2.VoidMessage()
-
     def _rpc_SendComplete(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
-        return self._handle(context, request.trainer_id, "complete notice", lambda: self._on_complete(request))
+        return self._handle(context, "SendComplete", request.trainer_id, "complete notice", lambda: self._on_complete(request))
 
     def _on_complete(self, request: Any) -> rpc_pb2.VoidMessage:
+        """A trainer leaves: barriers stop waiting for it (which may end a phase), and
+        once every trainer has, `serve()` returns."""
         tid = request.trainer_id
+        if request.failed:
+            self._set_failure(f"pserver {self.config.endpoint}: trainer {tid} failed: {request.reason or 'no reason given'}")
         with self._cond:
-            if request.failed:
-                reason = request.reason or "no reason given"
-                self._failure = self._failure or f"pserver {self.config.endpoint}: trainer {tid} failed: {reason}"
             self._completed.add(tid)
             self._cond.notify_all()
+            if self.config.sync_mode:
+                self._advance_locked()
+            if len(self._completed) == self.config.fanin:
+                self._wake.set()
         return rpc_pb2.VoidMessage()
 
     def _rpc_CheckpointNotify(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
-        return self._handle(context, request.trainer_id, "checkpoint notice", lambda: self._on_checkpoint(request, context))
+        return self._handle(context, "CheckpointNotify", request.trainer_id, "checkpoint notice", lambda: self._on_checkpoint(request, context))
 
     def _on_checkpoint(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:
         if not request.dir:
@@ -625,6 +691,17 @@ class PServer:
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 where = f"pserver {self.config.endpoint}: checkpoint block {idx} ({path})"
                 raise _Abort(grpc.StatusCode.INTERNAL, f"{where} failed: {reason}") from None
+
+
+def _send_label(vars: tuple[WireVar, ...]) -> str:
+    """How a send shows in a timeout's "last request" (its first var names it)."""
+    more = f" (+{len(vars) - 1} more)" if len(vars) > 1 else ""
+    return f"send of {vars[0].name}{more}" if vars else "empty send"
+
+
+def _get_label(names: Any) -> str:
+    more = f" (+{len(names) - 1} more)" if len(names) > 1 else ""
+    return f"get of {names[0]}{more}" if names else "empty get"
 
 
 def save_vars(scope: Scope, names: tuple[str, ...], directory: Path, *, only: str | None = None) -> list[Path]:

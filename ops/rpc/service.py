@@ -1,8 +1,9 @@
 """The `PServer` service's method paths, codecs and channel options, in one place.
 
 Paths come from the compiled descriptor (`proto/rpc_pb2.py`), so the server, the
-client and `proto/rpc.proto` cannot drift apart. Variable messages go through
-`ops.rpc.wire` (zero-copy on receive); the small messages through protobuf.
+client and `proto/rpc.proto` cannot drift apart. Variable messages and batches of them
+go through `ops.rpc.wire` (built as bytes, zero-copy on receive); the small messages
+through protobuf.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ops.rpc.wire import WireVar, decode_var
+from ops.rpc.wire import WireVar, decode_batch, decode_var
 from proto import rpc_pb2
 
 SERVICE = rpc_pb2.DESCRIPTOR.services_by_name["PServer"]
@@ -46,6 +47,10 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
+# Messages `ops.rpc.wire` builds as bytes and decodes by hand: message name -> decoder.
+_WIRE_DECODERS: dict[str, Callable[[Any], Any]] = {"VariableMessage": decode_var, "VarBatch": decode_batch}
+
+
 @dataclass(frozen=True)
 class Method:
     name: str
@@ -64,9 +69,8 @@ def _method(name: str) -> Method:
     desc = SERVICE.methods_by_name[name]
     codecs: list[tuple[Callable[[Any], bytes], Callable[[bytes], Any]]] = []
     for message in (desc.input_type, desc.output_type):
-        if message.name == "VariableMessage":
-            # Requests and responses are built as bytes by `wire.encode_var`.
-            codecs.append((_identity, decode_var))
+        if message.name in _WIRE_DECODERS:
+            codecs.append((_identity, _WIRE_DECODERS[message.name]))
         else:
             codecs.append(_proto_codec(getattr(rpc_pb2, message.name)))
     (enc_req, dec_req), (enc_resp, dec_resp) = codecs

@@ -12,6 +12,11 @@ by hand so a tensor crosses the wire with one copy on each side at most:
   the received bytes, parses only the rest with protobuf, and wraps the slices with
   `np.frombuffer`: no copy. The arrays are read-only; kernels never write their inputs.
 
+A `VarBatch` (several vars and a barrier flag in one message, what a sync trainer
+sends and fetches once per pserver per step) is framed the same way: `encode_batch`
+joins the vars' pieces (`var_parts`) in one copy, each var after a `pad` field that puts the var at a 64-byte
+offset (so its `data` stays aligned), and `decode_batch` decodes each var in place.
+
 Arrays in a scope may be non-contiguous views (a `split_byref` block of a transposed
 grad), so `np.ascontiguousarray` comes first (a copy only when needed).
 """
@@ -36,6 +41,7 @@ DATA_FIELD = 15
 ALIGN = 64
 _BIG_FIELDS = frozenset({ROWS_FIELD, DATA_FIELD})
 _WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
+_UINT64 = (1 << 64) - 1
 
 
 class WireError(PsTranspilerError):
@@ -52,6 +58,15 @@ class WireVar:
     trainer_id: int = 0
     merge_add: bool = False
     table_name: str = ""
+
+
+@dataclass(frozen=True)
+class WireBatch:
+    """A decoded `VarBatch`."""
+
+    trainer_id: int
+    barrier: bool
+    vars: tuple[WireVar, ...]
 
 
 # ------------------------------------------------------------------ varints
@@ -119,20 +134,30 @@ def _payload(value: Any) -> tuple[int, np.ndarray, Any, np.ndarray | None, int]:
     raise WireError(f"cannot send a {type(value).__name__}: only LoDTensor, SelectedRows and numpy arrays travel")
 
 
-def encode_var(
+def encode_var(name: str, value: Any = None, **fields: Any) -> bytes:
+    """The `VariableMessage` bytes for `name` (and `value`, when given); `fields` are
+    `var_parts`' (`trainer_id`, `merge_add`, `table_name`)."""
+    return b"".join(var_parts(name, value, **fields))
+
+
+Parts = list[Any]  # bytes and uint8 arrays: a message not yet joined
+
+
+def var_parts(
     name: str,
     value: Any = None,
     *,
     trainer_id: int = 0,
     merge_add: bool = False,
     table_name: str = "",
-) -> bytes:
-    """The `VariableMessage` bytes for `name` (and `value`, when given)."""
+) -> Parts:
+    """`encode_var`'s message as pieces (the array's own buffer among them), so a batch
+    of vars is joined, and copied, once."""
     message = rpc_pb2.VariableMessage(
         varname=name, trainer_id=int(trainer_id), merge_add=bool(merge_add), table_name=table_name
     )
     if value is None:
-        return message.SerializeToString()
+        return [message.SerializeToString()]
     kind, array, lod, rows, height = _payload(value)
     array = _little_endian(array)
     try:
@@ -152,10 +177,63 @@ def encode_var(
     nbytes = array.nbytes
     if nbytes:
         data_key = _key(DATA_FIELD) + _varint(nbytes)
-        before = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-        pad = (-(before + 2 + len(data_key))) % ALIGN  # the pad field is 2 + pad bytes (pad < 128)
+        pad = (-(_size(parts) + 2 + len(data_key))) % ALIGN  # the pad field is 2 + pad bytes (pad < 128)
         parts += [_key(PAD_FIELD) + _varint(pad) + bytes(pad), data_key, array.reshape(-1).view(np.uint8)]
+    return parts
+
+
+def _size(parts: Parts) -> int:
+    return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+
+
+BATCH_TRAINER_FIELD, BATCH_BARRIER_FIELD, BATCH_VARS_FIELD, BATCH_PAD_FIELD = 1, 2, 3, 15
+
+
+def encode_batch(encoded: list[Parts], *, trainer_id: int = 0, barrier: bool = False) -> bytes:
+    """The `VarBatch` bytes holding `encoded` (each var's `var_parts`), in order."""
+    parts: list[bytes] = [
+        _key(BATCH_TRAINER_FIELD, _WIRE_VARINT) + _varint(int(trainer_id) & _UINT64),  # two's complement, as protobuf
+        _key(BATCH_BARRIER_FIELD, _WIRE_VARINT) + _varint(int(bool(barrier))),
+    ]
+    size = len(parts[0]) + len(parts[1])
+    var_key = _key(BATCH_VARS_FIELD)
+    for message in encoded:
+        length = _size(message)
+        head = var_key + _varint(length)
+        pad = (-(size + 2 + len(head))) % ALIGN  # the pad field is 2 + pad bytes (pad < 128)
+        parts += [_key(BATCH_PAD_FIELD) + _varint(pad) + bytes(pad), head, *message]
+        size += 2 + pad + len(head) + length
     return b"".join(parts)
+
+
+def decode_batch(data: bytes | memoryview) -> WireBatch:
+    """Decode `VarBatch` bytes; every var's arrays are views of `data`."""
+    buf = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
+    trainer_id, barrier, found = 0, False, []
+    pos, end = 0, len(buf)
+    while pos < end:
+        key, pos = _read_varint(buf, pos)
+        field, wire = key >> 3, key & 7
+        if wire == _WIRE_VARINT:
+            value, pos = _read_varint(buf, pos)
+            if field == BATCH_TRAINER_FIELD:
+                trainer_id = value - (1 << 64) if value >= 1 << 63 else value  # int32: negatives are 10-byte varints
+            elif field == BATCH_BARRIER_FIELD:
+                barrier = bool(value)
+        elif wire == _WIRE_LEN:
+            length, pos = _read_varint(buf, pos)
+            if pos + length > end:
+                raise WireError(f"truncated VarBatch (field {field} needs {length} bytes)")
+            if field == BATCH_VARS_FIELD:
+                found.append(decode_var(buf[pos : pos + length]))
+            pos += length
+        elif wire in (_WIRE_I64, _WIRE_I32):
+            pos += 8 if wire == _WIRE_I64 else 4
+        else:
+            raise WireError(f"malformed VarBatch (wire type {wire} in field {field})")
+    if pos > end:
+        raise WireError("truncated VarBatch")
+    return WireBatch(trainer_id, barrier, tuple(found))
 
 
 # ------------------------------------------------------------------ decode

@@ -423,6 +423,7 @@ class Block:
         self._ops_cache: tuple[Op, ...] | None = None
         self._pos_cache: dict[Op, int] | None = None
         self._graph_cache: BlockGraph | None = None
+        self.version = 0  # bumped by every op edit: caches of a block's ops (the executor's) check it
 
     # -- vars
     @property
@@ -695,6 +696,7 @@ class Block:
                         del table[name]
 
     def _changed(self, *, structure: bool) -> None:
+        self.version += 1
         self._graph_cache = None
         if structure:
             self._ops_cache = None
