@@ -76,13 +76,13 @@ def profile(exe: Executor, main: Program, feed: dict, scope: Scope, steps: int) 
             _fn(ctx)
             spent[_name] += time.perf_counter() - start
 
-        registry.register(op.type, defaults=spec.defaults, grad=spec.grad, replace=True)(timed)
+        registry.swap_kernel(op.type, timed)
     try:
         for _ in range(steps):
             exe.run(main, feed=feed, scope=scope)
     finally:
-        for op_type, spec in originals.items():
-            registry.register(op_type, defaults=spec.defaults, grad=spec.grad, replace=True)(spec.fn)
+        for spec in originals.values():
+            registry.restore_kernel(spec)
     return dict(spent)
 
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import PADDLE_CASES, PADDLE_PROGRAMS
 
 from ops.executor import ExecutionError, Executor, FetchError
-from ops.kernels import get_kernel, register, unregister
+from ops.kernels import get_kernel, register, restore_kernel, swap_kernel, unregister
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows
 from transpiler.errors import PsTranspilerError, UnknownOpError
@@ -350,13 +350,13 @@ def test_a_prepared_block_follows_edits_to_the_program_and_the_registry():
     assert exe.run(program, feed=feed, fetch_list=["z"], scope=scope)[0].tolist() == [6.0]
     block.ops[1].rename_input("y", "x")
     assert exe.run(program, feed=feed, fetch_list=["z"], scope=scope)[0].tolist() == [3.0]
-    calls, original = [], get_kernel("scale")
-    register("scale", replace=True)(lambda ctx: calls.append(ctx.op.type))
+    calls = []
+    original = swap_kernel("scale", lambda ctx: calls.append(ctx.op.type))
     try:
         exe.run(program, feed=feed, scope=scope)
         assert calls == ["scale", "scale"]
     finally:
-        register("scale", defaults=original.defaults, grad=original.grad, replace=True)(original.fn)
+        restore_kernel(original)
 
 
 def test_runs_from_threads_share_a_scope_safely():

@@ -28,6 +28,8 @@ from ops.kernels.registry import (
     has_kernel,
     register,
     registered_ops,
+    restore_kernel,
+    swap_kernel,
     unregister,
 )
 
@@ -42,5 +44,7 @@ __all__ = [
     "has_kernel",
     "register",
     "registered_ops",
+    "restore_kernel",
+    "swap_kernel",
     "unregister",
 ]

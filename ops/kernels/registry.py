@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -111,6 +111,25 @@ def _grad_type(op_type: str, entry: OpDef | None, local: str | None) -> str | No
     if local is not None:
         raise ValueError(f"kernel {op_type!r}: the op catalogue names its grad op; do not repeat it")
     return entry.grad_types[0] if entry.grad_types else None
+
+
+def swap_kernel(op_type: str, fn: KernelFn) -> KernelSpec:
+    """Run `fn` for `op_type` instead of its kernel, keeping the spec's defaults and grad
+    (a profiler's timers, a test's spy); returns the spec to give `restore_kernel`."""
+    with _LOCK:
+        original = _REGISTRY.get(op_type)
+        if original is None:
+            raise UnknownOpError(f"no kernel for op {op_type!r}")
+        _REGISTRY[op_type] = replace(original, fn=fn)
+        _GENERATION[0] += 1
+    return original
+
+
+def restore_kernel(spec: KernelSpec) -> None:
+    """Put back a spec `swap_kernel` returned."""
+    with _LOCK:
+        _REGISTRY[spec.op_type] = spec
+        _GENERATION[0] += 1
 
 
 def unregister(op_type: str) -> None:
