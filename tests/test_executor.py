@@ -12,7 +12,7 @@ import pytest
 from conftest import PADDLE_CASES, PADDLE_PROGRAMS
 
 from ops.executor import ExecutionError, Executor, FetchError
-from ops.kernels import get_kernel, register, restore_kernel, swap_kernel, unregister
+from ops.kernels import register, restore_kernel, swap_kernel, unregister
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows
 from transpiler.errors import PsTranspilerError, UnknownOpError
