@@ -27,10 +27,19 @@ import json
 
 import pytest
 
-from conftest import PADDLE_PROGRAMS, load_case_json
-from transpiler.api import transpile
-from transpiler.errors import TranspileError
-from transpiler.ir import Program
+from conftest import PADDLE_CASES, PADDLE_PROGRAMS
+from test_paddle_fixtures_support import (
+    compare_listen_and_serv,
+    compare_pserver_blocks,
+    compare_pserver_startup_ops,
+    compare_pserver_vars_and_shapes,
+    compare_rpc_op_attrs,
+    compare_send_epmaps_with_recv_epmaps,
+    compare_trainer_op_sequence,
+    compare_trainer_startup_op_sequence,
+    op_types,
+)
+from test_paddle_fixtures_support import run_case as transpile_case
 
 CASES = [
     "ctr_v1_dist_sgd_2ps",
@@ -47,20 +56,7 @@ STARTUP_RECEIVES_SPARSE_TABLE = {"ctr_v1_sparse_sgd_2ps"}
 
 
 def run_case(name: str):
-    case_dir = PADDLE_PROGRAMS / name
-    case, expected = load_case_json(case_dir)
-    result = transpile(
-        Program.load(case_dir / "main.pb"),
-        Program.load(case_dir / "startup.pb"),
-        pservers=case["pservers"],
-        trainers=case["trainers"],
-        trainer_id=case["trainer_id"],
-        sync_mode=case["sync_mode"],
-        slice_var_up=case["slice_var_up"],
-        split_method=case["split_method"],
-        min_block_size=case["min_block_size"],
-        verify=True,
-    )
+    result, expected, _ = transpile_case(name)
     return result, adjusted(expected)
 
 
@@ -80,14 +76,6 @@ def adjusted(expected: dict) -> dict:
     return expected
 
 
-def op_types(block) -> list[str]:
-    return [op.type for op in block.ops]
-
-
-def expected_types(block: dict) -> list[str]:
-    return [op["type"] for op in block["ops"]]
-
-
 @pytest.fixture(params=CASES)
 def case(request):
     return (request.param, *run_case(request.param))
@@ -95,105 +83,44 @@ def case(request):
 
 def test_trainer_op_sequence(case):
     _, result, expected = case
-    assert op_types(result.trainer.global_block()) == expected_types(expected["trainer"][0])
+    compare_trainer_op_sequence(result, expected)
 
 
 def test_trainer_startup_op_sequence(case):
     name, result, expected = case
     if name in STARTUP_RECEIVES_SPARSE_TABLE:
         pytest.skip("deliberately different: see test_a_sparse_table_that_is_not_prefetched_is_received")
-    assert op_types(result.trainer_startup.global_block()) == expected_types(expected["trainer_startup"][0])
+    compare_trainer_startup_op_sequence(result, expected)
 
 
 def test_pserver_blocks(case):
     _, result, expected = case
-    assert list(result.pservers) == list(expected["pservers"])
-    for endpoint, (main, _) in result.pservers.items():
-        want = expected["pservers"][endpoint]["main"]
-        assert [op_types(b) for b in main.blocks] == [expected_types(b) for b in want], endpoint
+    compare_pserver_blocks(result, expected)
 
 
 def test_pserver_vars_and_shapes(case):
     _, result, expected = case
-    for endpoint, (main, startup) in result.pservers.items():
-        for program, key in ((main, "main"), (startup, "startup")):
-            ours = {n: list(v.shape) for n, v in program.global_block().vars.items() if v.shape is not None}
-            theirs = {n: v["shape"] for n, v in expected["pservers"][endpoint][key][0]["vars"].items() if v["shape"] is not None}
-            theirs_named = {n for n, v in expected["pservers"][endpoint][key][0]["vars"].items()}
-            assert ours == theirs, (endpoint, key)
-            assert set(program.global_block().vars) == theirs_named, (endpoint, key)
+    compare_pserver_vars_and_shapes(result, expected)
 
 
 def test_pserver_startup_ops(case):
     _, result, expected = case
-    for endpoint, (_, startup) in result.pservers.items():
-        ours = [(op.type, list(op.output("Out"))) for op in startup.global_block().ops]
-        theirs = [(op["type"], op["outputs"]["Out"]) for op in expected["pservers"][endpoint]["startup"][0]["ops"]]
-        assert ours == theirs, endpoint
-        for op in startup.global_block().ops:
-            if op.has_attr("shape"):
-                (out,) = op.output("Out")
-                assert tuple(op.attr("shape")) == startup.global_block().var(out).shape
+    compare_pserver_startup_ops(result, expected)
 
 
 def test_listen_and_serv(case):
     _, result, expected = case
-    for endpoint, (main, _) in result.pservers.items():
-        (ours,) = main.global_block().ops
-        (theirs,) = expected["pservers"][endpoint]["main"][0]["ops"]
-        assert ours.type == "listen_and_serv"
-        assert list(ours.input("X")) == theirs["inputs"].get("X", [])
-        for attr in ("Fanin", "lr_decay_block_id", "distributed_mode", "endpoint"):
-            assert ours.attr(attr) == theirs["attrs"][attr], attr
-        for attr in ("prefetch_var_name_to_block_id", "checkpint_block_id"):
-            if attr in theirs["attrs"]:
-                assert ours.attr(attr) == theirs["attrs"][attr], attr
-        assert set(ours.attr("grad_to_block_id")) == set(theirs["attrs"]["grad_to_block_id"])
-        assert list(ours.attr("sparse_grad_to_param")) == theirs["attrs"]["sparse_grad_to_param"]
-        optimize_blocks = ours.attr("optimize_blocks")
-        assert list(optimize_blocks) == sorted(optimize_blocks)
-        assert ours.attr("pserver_id") == list(result.pservers).index(endpoint)
+    compare_listen_and_serv(result, expected)
 
 
 def test_rpc_op_attrs(case):
     name, result, expected = case
-    programs = [(result.trainer, expected["trainer"][0])]
-    if name not in STARTUP_RECEIVES_SPARSE_TABLE:
-        programs.append((result.trainer_startup, expected["trainer_startup"][0]))
-    for program, want in programs:
-        kinds = ("recv", "send", "split_byref", "split_selected_rows", "split_ids", "prefetch", "merge_ids")
-        ours = [op for op in program.global_block().ops if op.type in kinds]
-        theirs = [op for op in want["ops"] if op["type"] in kinds]
-        assert len(ours) == len(theirs)
-        for mine, paddle in zip(ours, theirs, strict=True):
-            if mine.type == "recv":
-                assert list(mine.output("Out")) == paddle["outputs"]["Out"]
-                assert list(mine.attr("epmap")) == paddle["attrs"]["epmap"]
-            elif mine.type == "send":
-                assert list(mine.input("X")) == paddle["inputs"]["X"]
-                if "epmap" in paddle["attrs"]:
-                    assert list(mine.attr("epmap")) == paddle["attrs"]["epmap"]
-            elif mine.type == "split_byref":
-                assert list(mine.attr("sections")) == paddle["attrs"]["sections"]
-                assert list(mine.output("Out")) == paddle["outputs"]["Out"]
-            elif mine.type == "split_selected_rows":
-                assert list(mine.attr("height_sections")) == paddle["attrs"]["height_sections"]
-                assert list(mine.output("Out")) == paddle["outputs"]["Out"]
-            else:
-                assert {k: list(v) for k, v in mine.inputs.items() if v} == paddle["inputs"]
-                assert {k: list(v) for k, v in mine.outputs.items()} == paddle["outputs"]
-                if "epmap" in paddle["attrs"]:
-                    assert list(mine.attr("epmap")) == paddle["attrs"]["epmap"]
+    compare_rpc_op_attrs(result, expected, with_startup=name not in STARTUP_RECEIVES_SPARSE_TABLE)
 
 
 def test_send_epmaps_match_paddle_recv_epmaps(case):
-    """2.6 dropped `epmap` from `send`; the grad of a block must go where its param is fetched from."""
-    _, result, _ = case
-    block = result.trainer.global_block()
-    recv_ep = {out: ep for op in block.ops if op.type == "recv" for out, ep in zip(op.output("Out"), op.attr("epmap"), strict=True)}
-    for param in result.plan.params:
-        for var_block, endpoint in zip(param.blocks, param.endpoints, strict=True):
-            assert recv_ep[var_block.name] == endpoint
+    _, result, expected = case
+    compare_send_epmaps_with_recv_epmaps(result, expected)
 
 
 def test_a_sparse_table_that_is_not_prefetched_is_received():
@@ -208,5 +135,6 @@ def test_a_sparse_table_that_is_not_prefetched_is_received():
 
 
 def test_every_fixture_case_is_covered():
-    assert set(CASES) == {p.name for p in PADDLE_PROGRAMS.iterdir() if (p / "case.json").exists()}
+    """The real-model cases (ResNet-50, BERT) are test_paddle_real_models.py's."""
+    assert set(CASES) == set(PADDLE_CASES)
     assert all(json.loads((PADDLE_PROGRAMS / n / "case.json").read_text())["sync_mode"] for n in CASES)

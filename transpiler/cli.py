@@ -12,7 +12,8 @@ and append `plan_command` to `COMMANDS`.
 
 Errors a user can cause (our `PsTranspilerError`s, unreadable or unwritable files, bad
 arguments) become exactly one line on stderr, `pstranspile: error: ...`, and exit code 2,
-never a traceback; `UnknownFieldsWarning`s from serde become `pstranspile: warning: ...`.
+never a traceback; `UnknownFieldsWarning`s from serde and the verifier's warnings (once per
+file) become `pstranspile: warning: ...`.
 Anything else is a bug: one `pstranspile: internal error: ...` line and exit code 3
 (`PSTRANSPILE_TRACEBACK=1` re-raises it to show the traceback). `serve` and `launch`
 exit 1 when the training job itself fails (a trainer vanished or failed, a process
@@ -90,8 +91,10 @@ def command(name: str, help: str, *args: Arg) -> Callable[[Callable[[argparse.Na
 
 
 def load_program(path: str) -> Program:
-    """Load a `.pb`, turning serde's `UnknownFieldsWarning`s into warning lines."""
+    """Load a `.pb`, turning serde's `UnknownFieldsWarning`s and the verifier's warnings
+    (one line per kind for the file, e.g. ops that repeat attrs) into warning lines."""
     from transpiler.ir.serde import UnknownFieldsWarning
+    from transpiler.ir.verifier import check_warnings
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UnknownFieldsWarning)
@@ -105,6 +108,8 @@ def load_program(path: str) -> Program:
                 warn(text)
         else:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    for text in check_warnings(program, name=path):
+        warn(text)
     return program
 
 

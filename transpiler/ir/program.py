@@ -178,9 +178,15 @@ class Op:
     Slots and attrs keep the order they were given (and the order they had on the
     wire). Read them through `inputs` / `outputs` / `attrs` (read-only views) or the
     accessors; change them through the setters so the block's indices stay right.
+
+    Paddle 2.6 writes some attrs twice (`use_mkldnn`, ... of `reshape2`) and its `OpDesc`
+    keeps the last value. `attrs` holds that value (at the name's first place); the entries
+    as they were on the wire stay in `_wire_attrs` so that saving writes them again
+    (`None` when no name repeats). Setting or removing an attr drops its stale entries.
     """
 
-    __slots__ = ("type", "_inputs", "_outputs", "_attrs", "is_target", "_explicit", "block", "_prev", "_next")
+    __slots__ = ("type", "_inputs", "_outputs", "_attrs", "_wire_attrs", "is_target", "_explicit", "block", "_prev",
+                 "_next")
 
     def __init__(
         self,
@@ -197,6 +203,7 @@ class Op:
         self._attrs: dict[str, Attr] = {}
         for name, value in (attrs or {}).items():
             self._attrs[name] = Attr.of(value)
+        self._wire_attrs: tuple[tuple[str, Attr], ...] | None = None
         self.is_target = False
         self._explicit: frozenset[str] = frozenset()
         self.block: Block | None = None
@@ -287,10 +294,35 @@ class Op:
         if type is None and name in self._attrs and not isinstance(value, Attr):
             type = self._attrs[name].type
         self._attrs[name] = Attr.of(value, type)
+        if self._wire_attrs is not None:
+            self._drop_stale_entries(name)
 
     def remove_attr(self, name: str) -> None:
         self._check_mutable()
         self._attrs.pop(name, None)
+        if self._wire_attrs is not None:
+            self._drop_stale_entries(name)
+
+    def repeated_attrs(self) -> dict[str, int]:
+        """Attr names the wire held more than once, with how many entries each had."""
+        if self._wire_attrs is None:
+            return {}
+        counts: dict[str, int] = {}
+        for name, _ in self._wire_attrs:
+            counts[name] = counts.get(name, 0) + 1
+        return {name: n for name, n in counts.items() if n > 1}
+
+    def _drop_stale_entries(self, name: str) -> None:
+        """`name` changed: its wire entries become its one current entry at its first place."""
+        wire: list[tuple[str, Attr]] = []
+        for entry_name, attr in self._wire_attrs or ():
+            if entry_name != name:
+                wire.append((entry_name, attr))
+            elif name in self._attrs and all(n != name for n, _ in wire):
+                wire.append((name, self._attrs[name]))
+        if name in self._attrs and all(n != name for n, _ in wire):
+            wire.append((name, self._attrs[name]))
+        self._wire_attrs = tuple(wire) if len({n for n, _ in wire}) < len(wire) else None
 
     def attr_values(self) -> dict[str, Any]:
         return {name: attr.value for name, attr in self._attrs.items()}
@@ -351,6 +383,7 @@ class Op:
         new._inputs = dict(self._inputs)
         new._outputs = dict(self._outputs)
         new._attrs = dict(self._attrs)
+        new._wire_attrs = self._wire_attrs
         new.is_target = self.is_target
         new._explicit = self._explicit
         new.block = None

@@ -2,7 +2,8 @@
 
 Load -> save is byte-identical for every program Paddle writes: slot, attr, var and
 block order are kept, and optional fields that were present at their default value are
-remembered (`_explicit`) and written again.
+remembered (`_explicit`) and written again; an attr written twice (Paddle 2.6 does it) is
+read as Paddle reads it, last value wins, and written again as it came (`Op._wire_attrs`).
 
 Fields outside Paddle 2.6's schema (from a newer Paddle) cannot be represented in the IR;
 `program_from_bytes` warns with `UnknownFieldsWarning` when it drops any.
@@ -195,12 +196,13 @@ def _op(message, source: str, block_idx: int, op_index: int) -> Op:
                     f"{source}: block {block_idx} op {op_index} ({message.type}) has slot {var_msg.parameter!r} twice"
                 )
             slots[var_msg.parameter] = _texts(var_msg.arguments, "slot argument")
+    wire = []
     for attr_msg in message.attrs:
-        if _text(attr_msg.name, "attr name") in op._attrs:
-            raise ProgramFormatError(
-                f"{source}: block {block_idx} op {op_index} ({message.type}) has attr {attr_msg.name!r} twice"
-            )
-        op._attrs[attr_msg.name] = _attr(attr_msg)
+        attr = _attr(attr_msg)
+        wire.append((_text(attr_msg.name, "attr name"), attr))
+        op._attrs[attr_msg.name] = attr  # a repeated name: Paddle's OpDesc keeps the last value
+    if len(op._attrs) < len(wire):
+        op._wire_attrs = tuple(wire)  # saved as it came (load -> save byte-identical)
     op.is_target = message.is_target
     op._explicit = _present(message, ("is_target",))
     return op
@@ -311,7 +313,7 @@ def _write_op(message, op: Op) -> None:
             entry = wire.add()
             entry.parameter = slot
             entry.arguments.extend(args)
-    for name, attr in op._attrs.items():
+    for name, attr in op._attrs.items() if op._wire_attrs is None else op._wire_attrs:
         entry = message.attrs.add()
         entry.name = name
         entry.type = int(attr.type)

@@ -10,6 +10,10 @@
 `check(program)` returns every problem found; `verify(program)` raises the first as a
 `VerifyError` naming program, block, op index and op type, with the dump lines around
 the op. Passes of the transpiler add their own checks through `extra_checks`.
+
+`check_warnings(program)` returns what is legal but worth saying, one line per kind for
+the whole program (never per op), e.g. ops that repeat an attr: Paddle 2.6 writes them and
+reads them back (its `OpDesc` keeps the last value), so they are never refused.
 """
 
 from __future__ import annotations
@@ -52,6 +56,23 @@ def check(program: Program, *, name: str = "program", extra_checks: Iterable[Che
     for extra in extra_checks:
         problems.extend(extra(program, name))
     return problems
+
+
+def check_warnings(program: Program, *, name: str = "program") -> list[str]:
+    repeating, names = 0, {}
+    for _, op in program.all_ops():
+        repeated = op.repeated_attrs()
+        if repeated:
+            repeating += 1
+            for attr_name in repeated:
+                names[attr_name] = names.get(attr_name, 0) + 1
+    if not repeating:
+        return []
+    listed = ", ".join(f"{n} ({count} op{'s' if count > 1 else ''})" for n, count in sorted(names.items()))
+    return [
+        f"{name}: {repeating} of {program.num_ops()} ops repeat attrs ({listed}); the last value of each is used, "
+        "as in Paddle"
+    ]
 
 
 def op_problem(name: str, block: Block, op: Op, index: int, message: str) -> VerifyError:

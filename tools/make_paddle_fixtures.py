@@ -1,0 +1,307 @@
+"""Build the real-model fixtures (ResNet-50, a BERT-base encoder) with Paddle 2.6.2 and
+record what Paddle's own legacy transpiler makes of them.
+
+Run it from the repository root with the Paddle 2.6.2 reference venv (a test and tool
+dependency only; the product never imports Paddle):
+
+    $(python3 tools/paddle_env.py 2.6.2) tools/make_paddle_fixtures.py [CASE ...]
+
+It writes tests/fixtures/paddle_programs/<case>/{main.pb,startup.pb,case.json,expected.json}
+in the format of tests/fixtures/paddle_programs/README.md: `main.pb` / `startup.pb` are
+`program.desc.serialize_to_string()` before transpiling, without the `op_callstack` attrs
+(see `strip_callstacks`: with them each case folder is 4-8 MB); `expected.json` is the
+output of Paddle's `DistributeTranspiler` (pserver mode, `RoundRobin`) with the attrs that
+matter for placement kept and the random `__control_var@<random>` names renumbered
+`__control_var@N` in order of appearance, written without indentation (1-1.5 MB each;
+indented they would be twice that).
+
+Deterministic: names and name scopes start afresh for each build; the programs'
+`random_seed` stays at 0, which seeds the shuffle Paddle's transpiler gives unsliced grads;
+and the script runs under `PYTHONHASHSEED=0` (it re-executes itself) because Paddle's
+transpiler iterates sets of names (grad_to_block_id's order). Running it twice gives the
+same bytes.
+"""
+
+from __future__ import annotations
+
+import numpy.random  # noqa: F401  (before paddle: Paddle's bundled zlib breaks a later import)
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import paddle
+from paddle.base import framework
+from paddle.base.proto import framework_pb2
+from paddle.distributed.transpiler import DistributeTranspiler, DistributeTranspilerConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "tests" / "fixtures" / "paddle_programs"
+MIN_BLOCK_SIZE = 8192
+
+# The attrs expected.json keeps: the ones that say where things go (the same selection as
+# the older fixtures).
+KEPT_ATTRS = (
+    "Fanin", "grad_to_block_id", "sparse_grad_to_param", "lr_decay_block_id", "distributed_mode", "endpoint",
+    "epmap", "sections", "height_sections", "table_names", "send_varnames", "recv_varnames", "endpoints",
+    "trainer_id", "axis",
+)
+CONTROL_VAR = "__control_var@"
+
+
+def endpoints(count: int) -> str:
+    return ",".join(f"127.0.0.1:{6170 + i}" for i in range(count))
+
+
+# ---------------------------------------------------------------------- Paddle shim
+
+_operator_init = framework.Operator.__init__
+
+
+def _operator_init_unregistered(self, block, desc, type=None, inputs=None, outputs=None, attrs=None):
+    """Paddle 2.6 no longer registers some ops its own legacy transpiler inserts
+    (`split_byref`, ...), so `Operator` refuses them; build those descs by hand, slots and
+    attrs as given, so the transpiler can finish. Registered ops go through Paddle as is."""
+    if type is None or desc.type() or type in framework.OpProtoHolder.instance().op_proto_map:
+        _operator_init(self, block, desc, type, inputs, outputs, attrs)
+        return
+    from paddle.static.amp.fp16_utils import DEFAULT_AMP_OPTIONS
+
+    self.block, self.desc = block, desc
+    self._cuda_graph_attr = framework._current_cuda_graph_mode
+    self._amp_options = DEFAULT_AMP_OPTIONS
+    desc.set_type(type)
+    for slots, setter in ((inputs, desc.set_input), (outputs, desc.set_output)):
+        for slot, args in (slots or {}).items():
+            args = args if isinstance(args, (list, tuple)) else [args]
+            setter(slot, [a if isinstance(a, str) else a.name for a in args])
+    for args in (outputs or {}).values():
+        for arg in args if isinstance(args, (list, tuple)) else [args]:
+            if not isinstance(arg, str):
+                arg.op = self
+    attrs = dict(attrs or {})
+    attrs.setdefault(framework.core.op_proto_and_checker_maker.kOpRoleAttrName(), block.program._op_role)
+    for name, value in attrs.items():
+        if value is not None:
+            self._update_desc_attr(name, value)
+
+
+framework.Operator.__init__ = _operator_init_unregistered
+
+
+@contextlib.contextmanager
+def empty_slots_hidden():
+    """2.6's legacy transpiler reads `op.input(slot)[0]` of every optimizer slot
+    (`_append_pserver_ops`, `_get_distributed_optimizer_vars`) and raises `IndexError` on
+    2.6's own `momentum` op, whose optional `MasterParam` slot is written empty. While it
+    runs, `Operator.input_names` leaves empty slots out (the pserver's optimizer op then
+    has no `MasterParam` slot; nothing else changes)."""
+    input_names = framework.Operator.input_names
+    framework.Operator.input_names = property(lambda op: [n for n in op.desc.input_names() if op.desc.input(n)])
+    try:
+        yield
+    finally:
+        framework.Operator.input_names = input_names
+
+
+# ---------------------------------------------------------------------- networks
+
+
+def resnet50() -> str:
+    image = paddle.static.data("image", [-1, 3, 224, 224], "float32")
+    label = paddle.static.data("label", [-1, 1], "int64")
+    logits = paddle.vision.models.resnet50(num_classes=1000)(image)
+    loss = paddle.nn.functional.cross_entropy(logits, label)
+    paddle.optimizer.Momentum(learning_rate=0.1, momentum=0.9).minimize(loss)
+    return loss.name
+
+
+def bert(clip: bool) -> str:
+    vocab, hidden, heads, layers, ffn, max_len, seq = 30522, 768, 12, 12, 3072, 512, 128
+    ids = paddle.static.data("src_ids", [-1, seq], "int64")
+    pos = paddle.static.data("pos_ids", [-1, seq], "int64")
+    label = paddle.static.data("label", [-1, 1], "int64")
+    word = paddle.nn.Embedding(vocab, hidden, sparse=False)(ids)
+    position = paddle.nn.Embedding(max_len, hidden, sparse=False)(pos)
+    x = paddle.nn.Dropout(0.1)(paddle.nn.LayerNorm(hidden)(word + position))
+    layer = paddle.nn.TransformerEncoderLayer(hidden, heads, ffn, dropout=0.1, activation="gelu")
+    x = paddle.nn.TransformerEncoder(layer, layers)(x)
+    pooled = paddle.tanh(paddle.nn.Linear(hidden, hidden)(x[:, 0]))
+    logits = paddle.nn.Linear(hidden, 2)(paddle.nn.Dropout(0.1)(pooled))
+    loss = paddle.nn.functional.cross_entropy(logits, label)
+    grad_clip = paddle.nn.ClipGradByGlobalNorm(1.0) if clip else None
+    paddle.optimizer.Adam(learning_rate=1e-4, grad_clip=grad_clip).minimize(loss)
+    return loss.name
+
+
+NETS = {
+    "resnet50": ("ResNet-50 (paddle.vision.models.resnet50, 1000 classes), image [N,3,224,224]", "Momentum",
+                 resnet50),
+    "bert": ("BERT-base encoder: 30522x768 word + 512x768 position embeddings, 12 layers, 12 heads, FFN 3072, "
+             "gelu, seq 128, 2-class head", "Adam", lambda: bert(clip=False)),
+    "bert_clip": ("the BERT encoder with grad_clip=ClipGradByGlobalNorm(1.0)", "Adam", lambda: bert(clip=True)),
+}
+
+# case -> (network, pservers, trainers, sync_mode, slice_var_up)
+CASES = {
+    "resnet50_momentum_4ps_sync": ("resnet50", 4, 2, True, True),
+    "resnet50_momentum_8ps_noslice": ("resnet50", 8, 2, True, False),
+    "bert_adam_4ps_async": ("bert", 4, 2, False, True),
+    "bert_adam_2ps_noslice_sync": ("bert", 2, 2, True, False),
+    "bert_adam_clip_2ps_sync": ("bert_clip", 2, 2, True, True),
+}
+
+
+def build(net: str):
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    framework._name_scope = framework.NameScope()  # op_namescope counters (`/optimizer_7/`) start afresh
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
+        loss = NETS[net][2]()
+    return main, startup, loss
+
+
+# ---------------------------------------------------------------------- saving
+
+
+def strip_callstacks(program) -> None:
+    """Remove every op's `op_callstack` attr: with them a case folder is 4-8 MB (a BERT
+    op's Python stack is ~3 KB, and Paddle also stacks its startup initializers). Every
+    other byte is Paddle's own serialization (`remove_attr` on its `OpDesc`, then Paddle's
+    `serialize_to_string`)."""
+    for block in program.blocks:
+        for op in block.ops:
+            if op.desc.has_attr("op_callstack"):
+                op.desc.remove_attr("op_callstack")
+
+
+def repeated_attr_ops(data: bytes) -> tuple[int, int, dict[str, int]]:
+    """(ops, ops with an attr name written twice, how often each repeated name is repeated)."""
+    message = framework_pb2.ProgramDesc.FromString(data)
+    ops, repeated, names = 0, 0, {}
+    for block in message.blocks:
+        for op in block.ops:
+            ops += 1
+            seen: set[str] = set()
+            twice = False
+            for attr in op.attrs:
+                if attr.name in seen:
+                    names[attr.name] = names.get(attr.name, 0) + 1
+                    twice = True
+                seen.add(attr.name)
+            repeated += twice
+    return ops, repeated, names
+
+
+# ---------------------------------------------------------------------- expected.json
+
+
+def block_json(block) -> dict:
+    ops = []
+    for op in block.ops:
+        ops.append({
+            "type": op.type,
+            "inputs": {slot: list(op.input(slot)) for slot in op.input_names if op.input(slot)},
+            "outputs": {slot: list(op.output(slot)) for slot in op.output_names if op.output(slot)},
+            "attrs": {name: _plain(op.attr(name)) for name in KEPT_ATTRS if op.has_attr(name)},
+        })
+    variables = {}
+    for name, var in block.vars.items():
+        try:
+            shape = list(var.shape)
+        except Exception:  # a var kind without a tensor desc (RAW, STEP_SCOPES, ...)
+            shape = None
+        variables[name] = {"shape": shape, "type": var.type.name, "persistable": bool(var.persistable)}
+    return {"ops": ops, "vars": variables}
+
+
+def _plain(value):
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def program_json(program) -> list[dict]:
+    return [block_json(block) for block in program.blocks]
+
+
+def renumber_control_vars(node, names: dict[str, str]):
+    """`__control_var@<random>` -> `__control_var@N`, N in order of first appearance."""
+    if isinstance(node, str):
+        if node.startswith(CONTROL_VAR):
+            return names.setdefault(node, f"{CONTROL_VAR}{len(names)}")
+        return node
+    if isinstance(node, list):
+        return [renumber_control_vars(v, names) for v in node]
+    if isinstance(node, dict):
+        return {renumber_control_vars(k, names): renumber_control_vars(v, names) for k, v in node.items()}
+    return node
+
+
+def make_case(name: str) -> None:
+    net, n_pservers, trainers, sync_mode, slice_var_up = CASES[name]
+    folder = OUT / name
+    folder.mkdir(parents=True, exist_ok=True)
+    main, startup, loss = build(net)
+    strip_callstacks(main)
+    strip_callstacks(startup)
+    main_bytes = main.desc.serialize_to_string()
+    (folder / "main.pb").write_bytes(main_bytes)
+    (folder / "startup.pb").write_bytes(startup.desc.serialize_to_string())
+    ops, repeated, names = repeated_attr_ops(main_bytes)
+    print(f"{name}: main.pb {len(main_bytes)} bytes, {ops} ops, {repeated} repeat attrs {names}")
+
+    pservers = endpoints(n_pservers)
+    case = {
+        "pservers": pservers,
+        "trainers": trainers,
+        "trainer_id": 0,
+        "sync_mode": sync_mode,
+        "slice_var_up": slice_var_up,
+        "split_method": "RoundRobin",
+        "min_block_size": MIN_BLOCK_SIZE,
+        "loss": loss,
+        "network": NETS[net][0],
+        "optimizer": NETS[net][1],
+        "paddle": paddle.__version__,
+        "generator": "tools/make_paddle_fixtures.py",
+    }
+    (folder / "case.json").write_text(json.dumps(case, indent=1) + "\n")
+
+    config = DistributeTranspilerConfig()
+    config.slice_var_up = slice_var_up
+    config.split_method = paddle.distributed.transpiler.distribute_transpiler.RoundRobin
+    config.min_block_size = MIN_BLOCK_SIZE
+    # The pserver's `distributed_mode` follows the config, not `transpile(sync_mode=...)`:
+    # with the argument alone 2.6 writes an async trainer and a SYNC (0) listen_and_serv.
+    config.sync_mode = sync_mode
+    transpiler = DistributeTranspiler(config)
+    with empty_slots_hidden():
+        transpiler.transpile(0, program=main, pservers=pservers, trainers=trainers, sync_mode=sync_mode,
+                             startup_program=startup)
+        programs = {}
+        for endpoint in pservers.split(","):
+            pserver_main, pserver_startup = transpiler.get_pserver_programs(endpoint)
+            programs[endpoint] = {"main": program_json(pserver_main), "startup": program_json(pserver_startup)}
+        expected = {
+            "trainer": program_json(transpiler.get_trainer_program(wait_port=False)),
+            "trainer_startup": program_json(transpiler.startup_program),
+            "pservers": programs,
+        }
+    expected = renumber_control_vars(expected, {})
+    ordered = {key: expected[key] for key in ("pservers", "trainer", "trainer_startup")}
+    (folder / "expected.json").write_text(json.dumps(ordered, separators=(",", ":")) + "\n")
+
+
+def main(argv: list[str]) -> None:
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        # Paddle's transpiler iterates sets of names (grad_to_block_id's order, facts §10.8).
+        os.execve(sys.executable, [sys.executable, __file__, *argv], {**os.environ, "PYTHONHASHSEED": "0"})
+    paddle.enable_static()
+    for name in argv or CASES:
+        if name not in CASES:
+            raise SystemExit(f"unknown case {name!r}; cases: {', '.join(CASES)}")
+        make_case(name)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
