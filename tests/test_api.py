@@ -154,10 +154,42 @@ def test_piecewise_decay_carries_its_sub_blocks():  # test_dist_transpiler.py Te
 
 
 def test_no_slice_keeps_vars_whole():  # test_dist_transpiler.py TestNoSliceVar
-    result = basic(slice_var_up=False)
+    # TranspilerTest's main program has random_seed 1 (a Python attr the .pb does not carry):
+    # Paddle's seeded shuffle keeps [fc_b, fc_w], so fc_w is dealt to the second pserver.
+    result = basic(slice_var_up=False, random_seed=1)
     _, startup1 = result.pservers["127.0.0.1:6175"]
     assert startup1.global_block().var("fc_w").shape == (1000, 1000)
     assert "split_byref" not in types(result.trainer) and "concat" not in types(result.trainer)
+
+
+def placed(result) -> dict[str, str]:
+    return {p.param: p.endpoints[0] for p in result.plan.params}
+
+
+def test_unsliced_round_robin_deals_paddles_seeded_shuffle():
+    """Paddle (1.8 and 2.6) shuffles the grads with np.random.seed(program.random_seed)
+    before round robin when vars are not sliced; a loaded program's seed is 0."""
+    assert placed(basic(slice_var_up=False)) == {"fc_b": "127.0.0.1:6175", "fc_w": "127.0.0.1:6174"}
+    assert placed(basic(slice_var_up=False, random_seed=1)) == {"fc_b": "127.0.0.1:6174", "fc_w": "127.0.0.1:6175"}
+    config = DistributeTranspilerConfig()
+    config.random_seed = 1
+    assert placed(basic(slice_var_up=False, config=config)) == {"fc_b": "127.0.0.1:6174", "fc_w": "127.0.0.1:6175"}
+    # sliced, or another dispatcher: program order
+    assert placed(basic(slice_var_up=False, split_method="balanced")) == {"fc_b": "127.0.0.1:6175",
+                                                                          "fc_w": "127.0.0.1:6174"}
+    with pytest.raises(TranspileError, match="random_seed must be an integer"):
+        basic(slice_var_up=False, random_seed=-1)
+
+
+def test_a_builder_programs_random_seed_seeds_the_shuffle():
+    from transpiler.frontend import fluid18_networks as nets
+
+    main, startup = nets.basic_model()  # TranspilerTest: main.random_seed = 1
+    assert main.random_seed == 1
+    result = transpile(main, startup, pservers=EPS, trainers=2, slice_var_up=False)
+    assert placed(result) == {"fc_b": "127.0.0.1:6174", "fc_w": "127.0.0.1:6175"}  # as 1.8.5 placed them (facts §3.3)
+    result = transpile(main, startup, pservers=EPS, trainers=2, slice_var_up=False, random_seed=0)
+    assert placed(result) == {"fc_b": "127.0.0.1:6175", "fc_w": "127.0.0.1:6174"}
 
 
 def test_large_block_size():  # test_dist_transpiler.py TestBasicModelWithLargeBlockSize

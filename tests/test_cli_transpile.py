@@ -122,3 +122,15 @@ def test_bad_programs(capsys, tmp_path):
     code, _, err = run(capsys, "plan", str(lone), "--pservers", EPS, "--trainers", "2")
     assert code == 2 and "pass the startup program with --startup" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_random_seed_seeds_the_unsliced_shuffle(capsys):
+    base = ("plan", str(MLP / "main.pb"), "--pservers", EPS, "--trainers", "2", "--no-slice", "--json")
+    placements = []
+    for seed in ("0", "1", "2"):
+        code, out, _ = run(capsys, *base, "--random-seed", seed)
+        assert code == 0
+        placements.append({p["param"]: p["blocks"][0]["endpoint"] for p in json.loads(out)["params"]})
+    code, out, _ = run(capsys, *base)
+    assert {p["param"]: p["blocks"][0]["endpoint"] for p in json.loads(out)["params"]} == placements[0]
+    assert len({tuple(sorted(p.items())) for p in placements}) > 1

@@ -60,6 +60,7 @@ def transpile(
     slice_var_up: bool | None = None,
     split_method: str | type[PSDispatcher] | None = None,
     min_block_size: int | None = None,
+    random_seed: int | None = None,
     config: DistributeTranspilerConfig | None = None,
     verify: bool = False,
     dump_dir: str | os.PathLike | None = None,
@@ -71,9 +72,14 @@ def transpile(
     `dump_dir` gets a folder per pass with the state after it: the original programs as
     they stand, what find_optimize found (`analysis.txt`), the plan and every program built so far.
     `progress(pass_name, seconds)` is called after each pass.
+    `random_seed` seeds the shuffle of unsliced round robin as Paddle's `program.random_seed`
+    does; by default the config's, else the program's `random_seed` (a builder program's),
+    else 0 (a loaded ProgramDesc does not carry it, and Paddle's default is 0).
     """
     if not isinstance(program, Program) or not isinstance(startup_program, Program):
         raise TranspileError("transpile needs the main and the startup Program")
+    if random_seed is None and getattr(config, "random_seed", None) is None:
+        random_seed = getattr(program, "random_seed", None)
     options = make_options(
         config,
         pservers=pservers,
@@ -83,6 +89,7 @@ def transpile(
         slice_var_up=slice_var_up,
         split_method=split_method,
         min_block_size=min_block_size,
+        random_seed=random_seed,
     )
     with _gc_paused():
         bundle = Bundle(origin=program.clone(), origin_startup=startup_program.clone())

@@ -252,6 +252,9 @@ TRANSPILE_ARGS = (
     arg("--split-method", default="round_robin", metavar="M",
         help="block placement: round_robin (default), hash_name or balanced"),
     arg("--min-block-size", type=int, default=8192, metavar="N", help="smallest block, in elements (default 8192)"),
+    arg("--random-seed", type=int, default=0, metavar="S",
+        help="Paddle's program.random_seed, which shuffles unsliced round-robin placement (default 0, "
+             "Paddle's default; a saved program does not carry it)"),
 )
 
 
@@ -275,6 +278,7 @@ def _transpile(args: argparse.Namespace, **extra):
         slice_var_up=not args.no_slice,
         split_method=args.split_method,
         min_block_size=args.min_block_size,
+        random_seed=args.random_seed,
         config=config,
         **extra,
     )
