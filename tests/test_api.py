@@ -375,10 +375,10 @@ def test_an_op_the_catalogue_does_not_know_passes_through_untouched(sync_mode):
         assert "my_custom_op" not in [op.type for b in pserver.blocks for op in b.ops]
 
 
-PASS_FOLDERS = ["01_lower_async_lr_decay", "02_find_optimize", "03_slice_vars", "04_drop_optimize",
-                "05_distribute_lookups", "06_insert_sends", "07_insert_recvs", "08_drop_unused_vars",
-                "09_trainer_startup", "10_pserver_lr_decay", "11_pserver_optimize_blocks", "12_pserver_table_blocks",
-                "13_pserver_serve", "14_pserver_startup"]
+PASS_FOLDERS = ["01_lower_async_lr_decay", "02_keep_clip_on_trainer", "03_find_optimize", "04_slice_vars",
+                "05_drop_optimize", "06_distribute_lookups", "07_insert_sends", "08_insert_recvs", "09_drop_unused_vars",
+                "10_trainer_startup", "11_pserver_lr_decay", "12_pserver_optimize_blocks", "13_pserver_table_blocks",
+                "14_pserver_serve", "15_pserver_startup"]
 
 
 def test_dump_dir_has_every_program_after_every_pass(tmp_path):
@@ -388,14 +388,14 @@ def test_dump_dir_has_every_program_after_every_pass(tmp_path):
     for name in passes:  # no pass folder is empty: each holds the whole state after its pass
         files = sorted(p.name for p in (tmp_path / name).iterdir())
         assert {"origin.txt", "origin_startup.txt"} <= set(files), (name, files)
-        assert ("analysis.txt" in files) == (name >= "02")  # the analysis exists from find_optimize on
-        assert ("plan.json" in files) == (name >= "03")
+        assert ("analysis.txt" in files) == (name >= "03")  # the analysis exists from find_optimize on
+        assert ("plan.json" in files) == (name >= "04")
         assert all((tmp_path / name / f).stat().st_size > 0 for f in files)
     last = sorted(p.name for p in (tmp_path / passes[-1]).iterdir())
     assert "trainer.txt" in last and "plan.json" in last and "pserver_127_0_0_1_6175_startup.txt" in last
-    analysis = (tmp_path / "02_find_optimize" / "analysis.txt").read_text()
+    analysis = (tmp_path / "03_find_optimize" / "analysis.txt").read_text()
     assert "param fc_w grad=fc_w@GRAD optimizer=" in analysis and "optimize_ops [" in analysis
-    assert (tmp_path / "02_find_optimize" / "origin.txt").read_text().startswith("# ps-transpiler dump")
+    assert (tmp_path / "03_find_optimize" / "origin.txt").read_text().startswith("# ps-transpiler dump")
 
 
 def test_a_reused_dump_dir_holds_only_the_latest_run(tmp_path):
@@ -417,7 +417,7 @@ def test_dump_dir_shows_what_the_async_lr_decay_lowering_rewrote(tmp_path):
     assert " increment X=[@LR_DECAY_COUNTER@]" in before and " increment " not in after
     assert " sum X=[@LR_DECAY_COUNTER@.trainer_0, @LR_DECAY_COUNTER@.trainer_1]" in after
     assert "lr_counter @LR_DECAY_COUNTER@ updated_by=0:sum" in (
-        tmp_path / "02_find_optimize" / "analysis.txt").read_text()
+        tmp_path / "03_find_optimize" / "analysis.txt").read_text()
     assert (tmp_path / "01_lower_async_lr_decay" / "origin_startup.txt").read_text() != dump(startup)
 
 
