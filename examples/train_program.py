@@ -12,6 +12,10 @@ trainer started from (what the pservers initialised) and ended with to
 `init/<param>` arrays of such a file instead of the startup program's values. The
 end-to-end tests train locally with `--init trainer_0.npz` and compare. `--die-at-step K --die-trainer I` makes trainer I kill itself
 (SIGKILL) after K steps, to test what the pservers do when a trainer vanishes.
+`--float64` trains float64 copies of the programs (`transpiler.api.as_float64`; every
+process of a job must pass it). `--permute` (local runs) feeds each batch's examples in
+another fixed order: a mean loss does not depend on the order, so the difference it
+makes is float32 rounding alone, the control the end-to-end proof measures against.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ except ModuleNotFoundError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ops.tensor import LoDTensor
+from transpiler.api import as_float64
 from transpiler.ir import DType, Program
 from transpiler.runtime.role import Role
 from transpiler.runtime.session import Session, parameter_names
@@ -91,6 +96,17 @@ def shard(batch: Mapping[str, Any], role: Role) -> dict[str, Any]:
     return out
 
 
+def permuted(batch: Mapping[str, Any], seed: int, step: int) -> dict[str, Any]:
+    """The batch with its examples in another order (the same for every slot)."""
+    if any(isinstance(v, LoDTensor) for v in batch.values()):
+        raise SystemExit("--permute: a LoD slot's sequences cannot be permuted here")
+    sizes = {len(v) for v in batch.values()}
+    if len(sizes) != 1:
+        raise SystemExit(f"--permute: the slots disagree on the batch size ({sorted(sizes)})")
+    order = np.random.default_rng([seed, step, 1]).permutation(sizes.pop())
+    return {name: np.asarray(value)[order] for name, value in batch.items()}
+
+
 def held_params(session: Session) -> dict[str, np.ndarray]:
     """The params this process holds (not a prefetched table's `fake_init` placeholder)."""
     held = []
@@ -113,10 +129,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init", type=Path, help="start from the init/<param> arrays of this .npz (local runs)")
     parser.add_argument("--die-at-step", type=int)
     parser.add_argument("--die-trainer", type=int, default=0)
+    parser.add_argument("--float64", action="store_true", help="train float64 copies of the programs")
+    parser.add_argument("--permute", action="store_true", help="local runs: each batch's examples in another order")
     args = parser.parse_args(argv)
 
     main_program, startup = Program.load(args.main), Program.load(args.startup)
+    if args.float64:
+        main_program, startup = as_float64(main_program), as_float64(startup)
     role = Role.from_env()
+    if args.permute and role.is_distributed:
+        parser.error("--permute is for local runs")
     with Session(main_program, startup, role=role) as session:
         if role.is_pserver:
             session.serve()
@@ -135,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"trainer {role.trainer_id}: killing myself at step {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             batch = synthetic_batch(main_program, args.batch, args.seed, step)
+            if args.permute:
+                batch = permuted(batch, args.seed, step)
             session.run(shard(batch, role), loss=args.loss)
         final = held_params(session)
     if args.save is not None:

@@ -6,6 +6,10 @@
     result.plan                                       # where every block lives
 
 The user's programs are never changed, and every getter returns a fresh copy.
+
+`as_float64(program)` (from `transpiler.ir.precision`, re-exported here) is a copy of a
+program computing in float64: transpile the float64 copies of main and startup to train
+in float64 (the proof of distributed == local element by element uses it).
 Differences from Paddle 1.8's `DistributeTranspiler`, each fixing a bug of its (reproduced on 1.8.5):
 `HashName` works and is stable across processes; sync mode with one trainer works (the
 pserver expects the grad names the trainer sends); `transpile(sync_mode=...)` sets the
@@ -30,10 +34,13 @@ from transpiler.config import DistributeTranspilerConfig, TranspileOptions, make
 from transpiler.dispatch import PSDispatcher
 from transpiler.errors import TranspileError
 from transpiler.ir import Program
+from transpiler.ir.precision import as_float64
 from transpiler.output import write_programs
 from transpiler.passes import run_pipeline
 from transpiler.passes.bundle import Bundle
 from transpiler.plan import Plan
+
+__all__ = ["DistributeTranspiler", "TranspileResult", "as_float64", "transpile", "wait_server_ready"]
 
 
 @dataclass
