@@ -577,3 +577,14 @@ def test_local_training_with_each_clip_kind_clips():
     total = np.sqrt(sum(np.sum(np.square(g, dtype=np.float64)) for g in plain.values()))
     assert total > 0.1
     assert all(np.allclose(by_global[p], plain[p] * 0.1 / total, rtol=1e-4, atol=1e-7) for p in plain)
+
+
+def test_name_scopes_are_the_programs_so_a_rebuild_is_byte_identical():
+    """Fluid's scope tree is the process's (a second build gets `/gradient_clip_1/`); ours
+    is the main program's, so the same script gives the same bytes however often it runs."""
+    first, _, _ = _two_layer(GradientClipByGlobalNorm(1.0), "set")
+    second, _, _ = _two_layer(GradientClipByGlobalNorm(1.0), "set")
+    assert first.to_bytes() == second.to_bytes()
+    scopes = [op.attr("op_namescope") for op in first.global_block().ops if op.type == "elementwise_mul"]
+    assert scopes == ["/graident_clip_@CLIP/", "/graident_clip_@CLIP_1/", "/graident_clip_@CLIP_2/",
+                      "/graident_clip_@CLIP_3/"]

@@ -16,7 +16,8 @@ pserver expects the grad names the trainer sends); `transpile(sync_mode=...)` se
 mode of trainer and pservers alike; `grad_to_block_id` and control-var names are
 deterministic; `get_startup_program` does not touch the trainer's startup program;
 `get_trainer_program` returns a copy, not the mutated original; RMSProp's `MeanGrad` is
-cut like the param; L2 decay and clip ops on a cut param get block-shaped temporaries.
+cut like the param; L2 decay on a cut param gets block-shaped temporaries; gradient clips
+(an optimizer's `grad_clip=` too, which Paddle's `@CLIP` rule misses) stay on the trainer.
 """
 
 from __future__ import annotations

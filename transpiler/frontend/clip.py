@@ -37,19 +37,24 @@ class GradientClipBase:
 
     def __call__(self, params_grads: Sequence[tuple[Parameter, Variable | None]]) -> list[tuple[Parameter, Variable | None]]:
         """`optimizer(grad_clip=self)`: Fluid's `_static_clip`, in `/gradient_clip/`."""
+        with name_scope(GRAD_CLIP_SCOPE):
+            return self._clip_each(params_grads, self._clip)
+
+    def _clip_each(self, params_grads, clip_one: Callable[[Parameter, Variable], Variable]):
+        """Each selected grad through `clip_one(param, grad)` under its role vars, the others
+        as they are (grads that are None dropped, as Fluid does)."""
         out: list[tuple[Parameter, Variable | None]] = []
         renamed: dict[str, str] = {}
-        with name_scope(GRAD_CLIP_SCOPE):
-            for param, grad in params_grads:
-                if grad is None:
-                    continue
-                if not self._selected(param):
-                    out.append((param, grad))
-                    continue
-                with param.program._optimized_guard([param, grad]):
-                    new_grad = self._clip(param, grad)
-                renamed[param.name] = new_grad.name
-                out.append((param, new_grad))
+        for param, grad in params_grads:
+            if grad is None:
+                continue
+            if not self._selected(param):
+                out.append((param, grad))
+                continue
+            with param.program._optimized_guard([param, grad]):
+                new_grad = clip_one(param, grad)
+            renamed[param.name] = new_grad.name
+            out.append((param, new_grad))
         _correct_clip_op_role_var(out, renamed)
         return out
 
@@ -125,8 +130,6 @@ class GradientClipByGlobalNorm(GradientClipBase):
         last grad's role vars), then each grad times the scale."""
         from transpiler.frontend import layers
 
-        out: list[tuple[Parameter, Variable | None]] = []
-        renamed: dict[str, str] = {}
         squares: list[Variable] = []
         last = None
         with name_scope(GRAD_CLIP_SCOPE):
@@ -142,18 +145,7 @@ class GradientClipByGlobalNorm(GradientClipBase):
                 norm = layers.sqrt(layers.sums(squares))
                 limit = layers.fill_constant(shape=[1], dtype=last[1].dtype, value=self.clip_norm)
                 scale = layers.elementwise_div(limit, layers.elementwise_max(limit, norm))
-            for param, grad in params_grads:
-                if grad is None:
-                    continue
-                if not self._selected(param):
-                    out.append((param, grad))
-                    continue
-                with param.program._optimized_guard([param, grad]):
-                    new_grad = layers.elementwise_mul(grad, scale)
-                renamed[param.name] = new_grad.name
-                out.append((param, new_grad))
-        _correct_clip_op_role_var(out, renamed)
-        return out
+            return self._clip_each(params_grads, lambda param, grad: layers.elementwise_mul(grad, scale))
 
     @staticmethod
     def _sum_of_squares(param: Parameter, grad: Variable) -> Variable:

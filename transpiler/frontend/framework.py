@@ -181,6 +181,27 @@ class Parameter(Variable):
 # -------------------------------------------------------------------- Program
 
 
+class _NameScope:
+    """Fluid's name-scope tree: a scope entered again under the same parent gets `_1`, `_2`, ..."""
+
+    def __init__(self, name: str = "", parent: _NameScope | None = None) -> None:
+        self.name, self.parent = name, parent
+        self.children: dict[str, list[_NameScope]] = {}
+
+    def child(self, prefix: str) -> _NameScope:
+        siblings = self.children.setdefault(prefix, [])
+        scope = _NameScope(prefix if not siblings else f"{prefix}_{len(siblings)}", self)
+        siblings.append(scope)
+        return scope
+
+    def full_name(self) -> str:
+        names, scope = [], self
+        while scope.parent is not None:
+            names.append(scope.name)
+            scope = scope.parent
+        return "/" + "".join(f"{name}/" for name in reversed(names))
+
+
 class Program(IRProgram):
     """A Fluid-1.x program being built; an IR `Program` at every moment."""
 
@@ -189,6 +210,7 @@ class Program(IRProgram):
         self.append_block(Block(self, 0, -1))
         self.version = FLUID_VERSION
         self.random_seed = 0
+        self._name_scope_root = _NameScope()
         self.current_block_idx = 0
         self._op_role: int = int(OpRole.Forward)
         self._op_role_var: tuple[str, ...] = ()
@@ -309,47 +331,27 @@ def program_guard(main_program: Program, startup_program: Program | None = None)
             switch_startup_program(old_startup)
 
 
-class _NameScope:
-    """Fluid's name-scope tree: a scope entered again under the same parent gets `_1`, `_2`, ..."""
-
-    def __init__(self, name: str = "", parent: _NameScope | None = None) -> None:
-        self.name, self.parent = name, parent
-        self.children: dict[str, list[_NameScope]] = {}
-
-    def child(self, prefix: str) -> _NameScope:
-        siblings = self.children.setdefault(prefix, [])
-        scope = _NameScope(prefix if not siblings else f"{prefix}_{len(siblings)}", self)
-        siblings.append(scope)
-        return scope
-
-    def full_name(self) -> str:
-        names, scope = [], self
-        while scope.parent is not None:
-            names.append(scope.name)
-            scope = scope.parent
-        return "/" + "".join(f"{name}/" for name in reversed(names))
-
-
-_name_scope = _NameScope()
+_scope_path: list[_NameScope] = []  # the scopes entered, innermost last
 
 
 @contextmanager
 def name_scope(prefix: str | None = None) -> Iterator[None]:
     """Fluid's name scopes: ops built inside get `op_namescope` = the scope path, e.g.
     `/gradient_clip/` (the transpiler keeps gradient-clip ops on the trainer by it).
-    Outside every scope the builder writes no `op_namescope` (Fluid's is "/")."""
-    global _name_scope
-    saved = _name_scope
-    _name_scope = _name_scope.child(prefix or "")
+    Outside every scope the builder writes no `op_namescope` (Fluid's is "/"). The tree
+    of scopes is the main program's (Fluid's is the process's), so a program's scope
+    names do not depend on what was built before it."""
+    parent = _scope_path[-1] if _scope_path else default_main_program()._name_scope_root
+    _scope_path.append(parent.child(prefix or ""))
     try:
         yield
     finally:
-        _name_scope = saved
+        _scope_path.pop()
 
 
 def current_name_scope() -> str | None:
     """The `op_namescope` an op built now gets, None outside every scope."""
-    return None if _name_scope.parent is None else _name_scope.full_name()
+    return _scope_path[-1].full_name() if _scope_path else None
 
 
 @contextmanager
