@@ -16,6 +16,10 @@ end-to-end tests train locally with `--init trainer_0.npz` and compare. `--die-a
 for the `--steps` after them: wall seconds, this process's CPU seconds, and the wall-clock
 start and end (so a harness such as `benchmarks/vs_paddle18.py` can match its CPU samples
 of other processes to the timed window).
+`--float64` trains float64 copies of the programs (`transpiler.api.as_float64`; every
+process of a job must pass it). `--permute` (local runs) feeds each batch's examples in
+another fixed order: a mean loss does not depend on the order, so the difference it
+makes is float32 rounding alone, the control the end-to-end proof measures against.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ except ModuleNotFoundError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ops.tensor import LoDTensor
+from transpiler.api import as_float64
 from transpiler.ir import DType, Program
 from transpiler.runtime.role import Role
 from transpiler.runtime.session import Session, parameter_names
@@ -98,6 +103,17 @@ def shard(batch: Mapping[str, Any], role: Role) -> dict[str, Any]:
     return out
 
 
+def permuted(batch: Mapping[str, Any], seed: int, step: int) -> dict[str, Any]:
+    """The batch with its examples in another order (the same for every slot)."""
+    if any(isinstance(v, LoDTensor) for v in batch.values()):
+        raise SystemExit("--permute: a LoD slot's sequences cannot be permuted here")
+    sizes = {len(v) for v in batch.values()}
+    if len(sizes) != 1:
+        raise SystemExit(f"--permute: the slots disagree on the batch size ({sorted(sizes)})")
+    order = np.random.default_rng([seed, step, 1]).permutation(sizes.pop())
+    return {name: np.asarray(value)[order] for name, value in batch.items()}
+
+
 def held_params(session: Session) -> dict[str, np.ndarray]:
     """The params this process holds (not a prefetched table's `fake_init` placeholder)."""
     held = []
@@ -121,10 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--die-at-step", type=int)
     parser.add_argument("--die-trainer", type=int, default=0)
     parser.add_argument("--warmup", type=int, help="untimed steps first; then print a `timing:` line for --steps")
+    parser.add_argument("--float64", action="store_true", help="train float64 copies of the programs")
+    parser.add_argument("--permute", action="store_true", help="local runs: each batch's examples in another order")
     args = parser.parse_args(argv)
 
     main_program, startup = Program.load(args.main), Program.load(args.startup)
+    if args.float64:
+        main_program, startup = as_float64(main_program), as_float64(startup)
     role = Role.from_env()
+    if args.permute and role.is_distributed:
+        parser.error("--permute is for local runs")
     with Session(main_program, startup, role=role) as session:
         if role.is_pserver:
             session.serve()
@@ -147,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"trainer {role.trainer_id}: killing myself at step {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             batch = synthetic_batch(main_program, args.batch, args.seed, step)
+            if args.permute:
+                batch = permuted(batch, args.seed, step)
             session.run(shard(batch, role), loss=args.loss)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         final = held_params(session)

@@ -65,21 +65,30 @@ def trained_params(tmp: Path, trainer: int) -> tuple[dict[str, np.ndarray], dict
     return initial, final
 
 
-def train_locally(tmp: Path, main_pb: Path, startup_pb: Path, loss: str = "mean_0.tmp_0") -> dict[str, np.ndarray]:
+def train_locally(tmp: Path, main_pb: Path, startup_pb: Path, loss: str = "mean_0.tmp_0", *,
+                  permute: bool = False) -> dict[str, np.ndarray]:
     """The untranspiled program on the whole batches, from the params trainer 0 received,
-    by the same script in a process of its own (one BLAS thread, like the trainers)."""
+    by the same script in a process of its own (one BLAS thread, like the trainers).
+    `permute`: each batch's examples in another order, the rounding control (a mean loss
+    does not depend on the order; what changes is float32 rounding alone)."""
+    out = tmp / ("local_permuted" if permute else "local")
     command = [
         sys.executable, str(EXAMPLES / "train_program.py"), "--main", str(main_pb), "--startup", str(startup_pb),
         "--loss", loss, "--steps", str(STEPS), "--batch", str(BATCH), "--seed", str(SEED),
-        "--init", str(tmp / "params" / "trainer_0.npz"), "--save", str(tmp / "local"),
+        "--init", str(tmp / "params" / "trainer_0.npz"), "--save", str(out), *(("--permute",) if permute else ()),
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINING_ROLE", "PADDLE_"))}
     env.update(ONE_THREAD)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    saved = np.load(tmp / "local" / "local.npz")
+    saved = np.load(out / "local.npz")
     return {k[len("final/"):]: saved[k] for k in saved.files if k.startswith("final/")}
+
+
+def scaled_difference(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| / max |b|: a difference on the parameter's scale."""
+    return float(np.abs(a.astype(np.float64) - b).max()) / (float(np.abs(b).max()) or 1.0)
 
 
 def differences(dist: dict[str, np.ndarray], local: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:

@@ -154,10 +154,42 @@ def test_piecewise_decay_carries_its_sub_blocks():  # test_dist_transpiler.py Te
 
 
 def test_no_slice_keeps_vars_whole():  # test_dist_transpiler.py TestNoSliceVar
-    result = basic(slice_var_up=False)
+    # TranspilerTest's main program has random_seed 1 (a Python attr the .pb does not carry):
+    # Paddle's seeded shuffle keeps [fc_b, fc_w], so fc_w is dealt to the second pserver.
+    result = basic(slice_var_up=False, random_seed=1)
     _, startup1 = result.pservers["127.0.0.1:6175"]
     assert startup1.global_block().var("fc_w").shape == (1000, 1000)
     assert "split_byref" not in types(result.trainer) and "concat" not in types(result.trainer)
+
+
+def placed(result) -> dict[str, str]:
+    return {p.param: p.endpoints[0] for p in result.plan.params}
+
+
+def test_unsliced_round_robin_deals_paddles_seeded_shuffle():
+    """Paddle (1.8 and 2.6) shuffles the grads with np.random.seed(program.random_seed)
+    before round robin when vars are not sliced; a loaded program's seed is 0."""
+    assert placed(basic(slice_var_up=False)) == {"fc_b": "127.0.0.1:6175", "fc_w": "127.0.0.1:6174"}
+    assert placed(basic(slice_var_up=False, random_seed=1)) == {"fc_b": "127.0.0.1:6174", "fc_w": "127.0.0.1:6175"}
+    config = DistributeTranspilerConfig()
+    config.random_seed = 1
+    assert placed(basic(slice_var_up=False, config=config)) == {"fc_b": "127.0.0.1:6174", "fc_w": "127.0.0.1:6175"}
+    # sliced, or another dispatcher: program order
+    assert placed(basic(slice_var_up=False, split_method="balanced")) == {"fc_b": "127.0.0.1:6175",
+                                                                          "fc_w": "127.0.0.1:6174"}
+    with pytest.raises(TranspileError, match="random_seed must be an integer"):
+        basic(slice_var_up=False, random_seed=-1)
+
+
+def test_a_builder_programs_random_seed_seeds_the_shuffle():
+    from transpiler.frontend import fluid18_networks as nets
+
+    main, startup = nets.basic_model()  # TranspilerTest: main.random_seed = 1
+    assert main.random_seed == 1
+    result = transpile(main, startup, pservers=EPS, trainers=2, slice_var_up=False)
+    assert placed(result) == {"fc_b": "127.0.0.1:6174", "fc_w": "127.0.0.1:6175"}  # as 1.8.5 placed them (facts §3.3)
+    result = transpile(main, startup, pservers=EPS, trainers=2, slice_var_up=False, random_seed=0)
+    assert placed(result) == {"fc_b": "127.0.0.1:6175", "fc_w": "127.0.0.1:6174"}
 
 
 def test_large_block_size():  # test_dist_transpiler.py TestBasicModelWithLargeBlockSize
@@ -343,10 +375,10 @@ def test_an_op_the_catalogue_does_not_know_passes_through_untouched(sync_mode):
         assert "my_custom_op" not in [op.type for b in pserver.blocks for op in b.ops]
 
 
-PASS_FOLDERS = ["01_lower_async_lr_decay", "02_find_optimize", "03_slice_vars", "04_drop_optimize",
-                "05_distribute_lookups", "06_insert_sends", "07_insert_recvs", "08_drop_unused_vars",
-                "09_trainer_startup", "10_pserver_lr_decay", "11_pserver_optimize_blocks", "12_pserver_table_blocks",
-                "13_pserver_serve", "14_pserver_startup"]
+PASS_FOLDERS = ["01_lower_async_lr_decay", "02_keep_clip_on_trainer", "03_find_optimize", "04_slice_vars",
+                "05_drop_optimize", "06_distribute_lookups", "07_insert_sends", "08_insert_recvs", "09_drop_unused_vars",
+                "10_trainer_startup", "11_pserver_lr_decay", "12_pserver_optimize_blocks", "13_pserver_table_blocks",
+                "14_pserver_serve", "15_pserver_startup"]
 
 
 def test_dump_dir_has_every_program_after_every_pass(tmp_path):
@@ -356,14 +388,14 @@ def test_dump_dir_has_every_program_after_every_pass(tmp_path):
     for name in passes:  # no pass folder is empty: each holds the whole state after its pass
         files = sorted(p.name for p in (tmp_path / name).iterdir())
         assert {"origin.txt", "origin_startup.txt"} <= set(files), (name, files)
-        assert ("analysis.txt" in files) == (name >= "02")  # the analysis exists from find_optimize on
-        assert ("plan.json" in files) == (name >= "03")
+        assert ("analysis.txt" in files) == (name >= "03")  # the analysis exists from find_optimize on
+        assert ("plan.json" in files) == (name >= "04")
         assert all((tmp_path / name / f).stat().st_size > 0 for f in files)
     last = sorted(p.name for p in (tmp_path / passes[-1]).iterdir())
     assert "trainer.txt" in last and "plan.json" in last and "pserver_127_0_0_1_6175_startup.txt" in last
-    analysis = (tmp_path / "02_find_optimize" / "analysis.txt").read_text()
+    analysis = (tmp_path / "03_find_optimize" / "analysis.txt").read_text()
     assert "param fc_w grad=fc_w@GRAD optimizer=" in analysis and "optimize_ops [" in analysis
-    assert (tmp_path / "02_find_optimize" / "origin.txt").read_text().startswith("# ps-transpiler dump")
+    assert (tmp_path / "03_find_optimize" / "origin.txt").read_text().startswith("# ps-transpiler dump")
 
 
 def test_a_reused_dump_dir_holds_only_the_latest_run(tmp_path):
@@ -385,7 +417,7 @@ def test_dump_dir_shows_what_the_async_lr_decay_lowering_rewrote(tmp_path):
     assert " increment X=[@LR_DECAY_COUNTER@]" in before and " increment " not in after
     assert " sum X=[@LR_DECAY_COUNTER@.trainer_0, @LR_DECAY_COUNTER@.trainer_1]" in after
     assert "lr_counter @LR_DECAY_COUNTER@ updated_by=0:sum" in (
-        tmp_path / "02_find_optimize" / "analysis.txt").read_text()
+        tmp_path / "03_find_optimize" / "analysis.txt").read_text()
     assert (tmp_path / "01_lower_async_lr_decay" / "origin_startup.txt").read_text() != dump(startup)
 
 

@@ -54,15 +54,15 @@ def test_dump_dir_and_progress(capsys, tmp_path):
                        str(tmp_path / "o"), "--dump-dir", str(tmp_path / "dumps"), "--progress", "--verify-each-pass")
     assert code == 0
     assert [line.split(":")[1].strip() for line in err.splitlines()] == [
-        "pass lower_async_lr_decay", "pass find_optimize", "pass slice_vars", "pass drop_optimize",
+        "pass lower_async_lr_decay", "pass keep_clip_on_trainer", "pass find_optimize", "pass slice_vars", "pass drop_optimize",
         "pass distribute_lookups", "pass insert_sends", "pass insert_recvs", "pass drop_unused_vars",
         "pass trainer_startup", "pass pserver_lr_decay", "pass pserver_optimize_blocks", "pass pserver_table_blocks",
         "pass pserver_serve", "pass pserver_startup"]
-    assert (tmp_path / "dumps" / "04_drop_optimize" / "trainer.txt").read_text().startswith("# ps-transpiler dump")
+    assert (tmp_path / "dumps" / "05_drop_optimize" / "trainer.txt").read_text().startswith("# ps-transpiler dump")
     folders = sorted((tmp_path / "dumps").iterdir())
-    assert len(folders) == 14 and all(sorted(f.iterdir()) for f in folders)  # no pass folder is empty
-    assert sorted(p.name for p in folders[0].iterdir()) == ["origin.txt", "origin_startup.txt"]
-    assert sorted(p.name for p in folders[1].iterdir()) == ["analysis.txt", "origin.txt", "origin_startup.txt"]
+    assert len(folders) == 15 and all(sorted(f.iterdir()) for f in folders)  # no pass folder is empty
+    assert sorted(p.name for p in folders[1].iterdir()) == ["origin.txt", "origin_startup.txt"]
+    assert sorted(p.name for p in folders[2].iterdir()) == ["analysis.txt", "origin.txt", "origin_startup.txt"]
 
 
 def test_plan_report_and_json(capsys):
@@ -165,3 +165,15 @@ def test_a_wrongly_typed_op_role_is_a_user_error(capsys, tmp_path):
     assert not (tmp_path / "o").exists()
     code, _, err = run(capsys, "dump", str(tmp_path / "bad.pb"))
     assert code == 2 and "attr op_role is STRING, not INT" in err
+
+
+def test_random_seed_seeds_the_unsliced_shuffle(capsys):
+    base = ("plan", str(MLP / "main.pb"), "--pservers", EPS, "--trainers", "2", "--no-slice", "--json")
+    placements = []
+    for seed in ("0", "1", "2"):
+        code, out, _ = run(capsys, *base, "--random-seed", seed)
+        assert code == 0
+        placements.append({p["param"]: p["blocks"][0]["endpoint"] for p in json.loads(out)["params"]})
+    code, out, _ = run(capsys, *base)
+    assert {p["param"]: p["blocks"][0]["endpoint"] for p in json.loads(out)["params"]} == placements[0]
+    assert len({tuple(sorted(p.items())) for p in placements}) > 1

@@ -29,7 +29,7 @@ from transpiler.frontend import (
     unique_name,
 )
 from transpiler.frontend import fluid18_networks as nets
-from transpiler.frontend.clip import GradientClipByValue
+from transpiler.frontend.clip import GradientClipByGlobalNorm, GradientClipByNorm, GradientClipByValue
 from transpiler.ir import AttrType, DType, OpRole, VarKind
 from transpiler.ir import Program as IRProgram
 from transpiler.ir.verifier import verify
@@ -526,3 +526,94 @@ def test_rebuilding_in_one_process_gives_the_same_bytes():
     again = [p.to_bytes() for p in nets.lr_decay_conditional_model()]
     assert first == again
     assert hashlib.sha256(b"".join(first)).hexdigest() == hashlib.sha256(b"".join(again)).hexdigest()
+
+
+# ------------------------------------------------------------------ gradient clip kinds
+
+
+def _two_layer(clip, via):
+    """x [8] → fc 4 (w1, b1) → fc 1 (w2, b2) → square error → mean, SGD(0.1) with `clip`."""
+    from transpiler.frontend.clip import set_gradient_clip
+
+    def body():
+        x, y = layers.data(name="x", shape=[8]), layers.data(name="y", shape=[1])
+        h = layers.fc(input=x, size=4, param_attr=ParamAttr(name="w1"), bias_attr=ParamAttr(name="b1"))
+        out = layers.fc(input=h, size=1, param_attr=ParamAttr(name="w2"), bias_attr=ParamAttr(name="b2"))
+        loss = layers.mean(layers.square_error_cost(out, y))
+        if via == "grad_clip":
+            optimizer.SGD(learning_rate=0.1, grad_clip=clip).minimize(loss)
+        else:
+            set_gradient_clip(clip)
+            optimizer.SGD(learning_rate=0.1).minimize(loss)
+        return loss
+
+    return build(body)
+
+
+# What the paddlepaddle 1.8.5 wheel builds for this network (its ops after the backward pass).
+GLOBAL_NORM_BY_GRAD_CLIP = ["square", "reduce_sum"] * 4 + ["sum", "sqrt", "fill_constant", "elementwise_max",
+                                                           "elementwise_div"] + ["elementwise_mul"] * 4
+GLOBAL_NORM_BY_SET_CLIP = ["fill_constant"] + ["square", "reduce_sum"] * 4 + ["sum", "sqrt", "elementwise_max",
+                                                                              "elementwise_div"] + ["elementwise_mul"] * 4
+
+
+@pytest.mark.parametrize(("make", "via", "clip_types"), [
+    (lambda: GradientClipByNorm(1.0), "grad_clip", ["clip_by_norm"] * 4),
+    (lambda: GradientClipByNorm(1.0), "set", ["clip_by_norm"] * 4),
+    (lambda: GradientClipByGlobalNorm(1.0), "grad_clip",
+     GLOBAL_NORM_BY_GRAD_CLIP),
+    (lambda: GradientClipByGlobalNorm(1.0), "set",
+     GLOBAL_NORM_BY_SET_CLIP),
+], ids=["norm-grad_clip", "norm-set", "global_norm-grad_clip", "global_norm-set"])
+def test_clip_ops_are_fluid18s(make, via, clip_types):
+    main, _, _ = _two_layer(make(), via)
+    verify(main)
+    optimize = [op for op in main.global_block().ops if op.role == OpRole.Optimize]
+    assert [op.type for op in optimize] == clip_types + ["sgd"] * 4
+    clipped = [op.input("Grad")[0] for op in optimize if op.type == "sgd"]
+    last = {op.output("Out")[0]: op for op in optimize if op.type != "sgd"}
+    assert all(name in last for name in clipped)  # each sgd reads its grad's clip
+    scopes = {op.attr("op_namescope") for op in optimize if op.type != "sgd"}
+    assert all(("gradient_clip" if via == "grad_clip" else "@CLIP") in s for s in scopes)
+
+
+def test_local_training_with_each_clip_kind_clips():
+    """One SGD step from the same params: a clip that bites changes the update as it should."""
+    import numpy as np
+
+    from ops.executor import Executor
+    from ops.scope import Scope
+
+    rng = np.random.default_rng(0)
+    feed = {"x": rng.standard_normal((16, 8)).astype(np.float32) * 3, "y": rng.standard_normal((16, 1)).astype(np.float32)}
+
+    def step(clip):
+        main, startup, loss = _two_layer(clip, "grad_clip")
+        exe, scope = Executor(seed=0), Scope()
+        exe.run(startup, scope=scope)
+        before = {p: np.array(scope.find_var(p).array) for p in ("w1", "b1", "w2", "b2")}
+        exe.run(main, feed=feed, fetch_list=[loss.name], scope=scope)
+        return {p: (before[p] - scope.find_var(p).array) / 0.1 for p in before}  # the grad sgd applied
+
+    plain = step(GradientClipByValue(1e9))
+    by_value = step(GradientClipByValue(0.01))
+    assert all(np.allclose(by_value[p], np.clip(plain[p], -0.01, 0.01), atol=1e-6) for p in plain)
+    by_norm = step(GradientClipByNorm(0.1))
+    for p in plain:
+        norm = np.linalg.norm(plain[p])
+        assert np.allclose(by_norm[p], plain[p] * min(1.0, 0.1 / norm), rtol=1e-4, atol=1e-7)
+    by_global = step(GradientClipByGlobalNorm(0.1))
+    total = np.sqrt(sum(np.sum(np.square(g, dtype=np.float64)) for g in plain.values()))
+    assert total > 0.1
+    assert all(np.allclose(by_global[p], plain[p] * 0.1 / total, rtol=1e-4, atol=1e-7) for p in plain)
+
+
+def test_name_scopes_are_the_programs_so_a_rebuild_is_byte_identical():
+    """Fluid's scope tree is the process's (a second build gets `/gradient_clip_1/`); ours
+    is the main program's, so the same script gives the same bytes however often it runs."""
+    first, _, _ = _two_layer(GradientClipByGlobalNorm(1.0), "set")
+    second, _, _ = _two_layer(GradientClipByGlobalNorm(1.0), "set")
+    assert first.to_bytes() == second.to_bytes()
+    scopes = [op.attr("op_namescope") for op in first.global_block().ops if op.type == "elementwise_mul"]
+    assert scopes == ["/graident_clip_@CLIP/", "/graident_clip_@CLIP_1/", "/graident_clip_@CLIP_2/",
+                      "/graident_clip_@CLIP_3/"]

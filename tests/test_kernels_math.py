@@ -229,3 +229,10 @@ def test_sum_mixed_dense_and_selected_rows_is_dense():
 def test_clip():
     x = np.array([-2.0, -0.5, 0.3, 4.0], np.float32)
     np.testing.assert_array_equal(run_op("clip", {"X": x}, attrs={"min": -1.0, "max": 1.0})["Out"], np.float32([-1, -0.5, 0.3, 1]))
+
+
+def test_clip_by_norm_scales_down_only_above_the_norm():
+    x = np.array([[3.0, 4.0]], np.float32)  # norm 5
+    assert np.allclose(run_op("clip_by_norm", {"X": x}, attrs={"max_norm": 1.0})["Out"], [[0.6, 0.8]])
+    out = run_op("clip_by_norm", {"X": x}, attrs={"max_norm": 5.0})["Out"]
+    assert np.array_equal(out, x) and out.dtype == np.float32

@@ -15,14 +15,21 @@ Deliberate differences, applied by comparing the trainer's sends as a set of uni
   backward pass. Ours follow the last writer the trainer keeps, the backward op, so the
   trainer op sequence differs in where the sends are, nowhere else.
 
-Known gaps, `xfail(strict=True)` until they are fixed (in transpiler/passes/ and dispatch):
-* issue 12 item 3: with `slice_var_up=False` Paddle shuffles the grads with
-  `np.random.seed(program.random_seed)` before round-robin; we do not, so most params sit on
-  another pserver. `test_unsliced_placement_is_a_seeded_shuffle_then_round_robin` pins down
-  Paddle's rule on these fixtures.
-(Issue 12 item 2, `@CLIP` ops kept on the trainer, does not show here: Paddle 2.6 names the
-clip's scope `/gradient_clip/`, which its transpiler's `@CLIP` test does not match, so it
-moves the clip ops to the pservers as we do; see the README.)
+* gradient clipping (`bert_adam_clip_2ps_sync`, ClipGradByGlobalNorm): Paddle 2.6 builds the
+  clip in `/gradient_clip/`, which its transpiler's `@CLIP` test misses, so it moves the clip
+  ops to the pservers, each computing a "global" norm from its own grads. We keep every
+  gradient-clip op on the trainer (transpiler/passes/keep_clip_on_trainer.py), which sends
+  the clipped grad: the comparisons take Paddle's programs with the clip moved back
+  (`clip_moved_to_trainer`). The clip multiplies each grad in place, so the sent grads,
+  their splits and their names are Paddle's.
+
+* unsliced (`slice_var_up=False`), `listen_and_serv`'s X lists the grads in block order, as
+  `grad_to_block_id` does; Paddle's follows its shuffled dispatch order (the set is the same;
+  the pserver runtime reads it as a set).
+
+Unsliced placement is Paddle's: its grads, in optimizer order, shuffled with
+`np.random.seed(program.random_seed)` (0: a loaded program's) then dealt round-robin;
+`test_unsliced_placement_is_a_seeded_shuffle_then_round_robin` pins the rule down.
 """
 
 from __future__ import annotations
@@ -39,22 +46,42 @@ from ops import catalogue
 from proto import framework_pb2
 from paddle_fixtures_support import COMPARISONS, compare_rpc_ops, op_types, run_case
 from transpiler.cli import main as cli_main
-from transpiler.ir import Op, Program
+from transpiler.ir import Op, OpRole, Program
 from transpiler.ir.verifier import check, check_warnings, verify
 
 UNSLICED = [c for c in REAL_MODEL_CASES if not json.loads((PADDLE_PROGRAMS / c / "case.json").read_text())["slice_var_up"]]
-ITEM_3 = ("issue 12 item 3: with slice_var_up=False Paddle shuffles the grad->endpoint mapping with "
-          "np.random.seed(program.random_seed) before round-robin; we do not")
-# (case, comparison) -> why it fails until the gap is closed.
-KNOWN_GAPS = {
-    (case, comparison): ITEM_3
-    for case in UNSLICED
-    for comparison in ("pserver_vars_and_shapes", "pserver_startup_ops", "listen_and_serv", "trainer_rpc_ops")
-}
+# (case, comparison) -> why it fails until the gap is closed (none at the moment).
+KNOWN_GAPS: dict[tuple[str, str], str] = {}
 # Compared as in test_api_paddle_fixtures, but the trainer's RPC ops: `trainer_rpc_ops` below.
 REAL_COMPARISONS = {name: check for name, check in COMPARISONS.items() if name != "rpc_op_attrs"}
 PADDLE_RANDOM_SEED = 0  # Paddle's default `Program.random_seed`, which make_paddle_fixtures.py keeps
-SENDS_PLACED_AFTER_CLIP = {"bert_adam_clip_2ps_sync"}  # see the module docstring
+CLIP_ON_TRAINER = {"bert_adam_clip_2ps_sync"}  # see the module docstring
+CLIP_SCOPE = "/gradient_clip/"
+
+
+def clip_ops(program: Program) -> list[Op]:
+    return [op for op in program.global_block().ops if op.attr("op_namescope", "") == CLIP_SCOPE]
+
+
+def clip_moved_to_trainer(case: str, expected: dict) -> dict:
+    """Paddle's programs as they would be with the clip on the trainer: each optimize
+    block without its clip ops (between the trainers' `sum, scale` and the optimizer) and
+    each pserver without the clip's temporaries. The trainer's ops are compared apart."""
+    main = Program.load(PADDLE_PROGRAMS / case / "main.pb")
+    clip = clip_ops(main)
+    kept_writers = {name for op in main.global_block().ops if op not in clip for name in op.output_names}
+    temporaries = {name for op in clip for name in op.output_names} - kept_writers
+    types = {op.type for op in clip}
+    out = json.loads(json.dumps(expected))
+    for pserver in out["pservers"].values():
+        for block in pserver["main"][1:]:
+            moved = block["ops"][2:-1]
+            assert {op["type"] for op in moved} <= types, [op["type"] for op in moved]
+            block["ops"] = block["ops"][:2] + block["ops"][-1:]
+        for program in ("main", "startup"):
+            block = pserver[program][0]
+            block["vars"] = {n: v for n, v in block["vars"].items() if n not in temporaries}
+    return out
 
 
 def test_the_real_model_cases_are_there():
@@ -96,28 +123,33 @@ def send_units(ops: list[dict]) -> tuple[list[dict], Counter]:
 
 
 def compare_trainer_rpc_ops(result, expected) -> None:
-    ours = [as_dict(op) | {"attrs": {"sections": list(op.attr("sections", ()))}} for op in result.trainer.global_block().ops]
+    kept = [op for op in result.trainer.global_block().ops if op.attr("op_namescope", "") != CLIP_SCOPE]
+    ours = [as_dict(op) | {"attrs": {"sections": list(op.attr("sections", ()))}} for op in kept]
     our_rest, our_units = send_units(ours)
     their_rest, their_units = send_units(expected["trainer"][0]["ops"])
     assert our_units == their_units
-    rest_ops = [op for op in result.trainer.global_block().ops if op.type not in ("send", "split_byref")]
+    rest_ops = [op for op in kept if op.type not in ("send", "split_byref")]
     assert [op["type"] for op in our_rest] == [op["type"] for op in their_rest]
     compare_rpc_ops(rest_ops, their_rest)
     compare_rpc_ops(result.trainer_startup.global_block().ops, expected["trainer_startup"][0]["ops"])
 
 
-def compare_trainer_op_sequence_but_sends(result, expected) -> None:
+def compare_trainer_op_sequence_clip_kept(result, expected) -> None:
+    """Paddle's trainer ops (sends aside: ours follow each grad's clip) with the clip ops
+    added back where the original has them: after the backward pass, in its order."""
+    clip = [op for op in result.trainer.global_block().ops if op.attr("op_namescope", "") == CLIP_SCOPE]
     ours = [op.type for op in result.trainer.global_block().ops if op.type not in ("send", "split_byref")]
     theirs = [op["type"] for op in expected["trainer"][0]["ops"] if op["type"] not in ("send", "split_byref")]
-    assert ours == theirs
+    barrier = theirs.index("send_barrier")
+    assert ours == theirs[:barrier] + [op.type for op in clip] + theirs[barrier:]
 
 
 def comparison_params():
     params = []
     for case in REAL_MODEL_CASES:
         checks = dict(REAL_COMPARISONS, trainer_rpc_ops=compare_trainer_rpc_ops)
-        if case in SENDS_PLACED_AFTER_CLIP:
-            checks["trainer_op_sequence"] = compare_trainer_op_sequence_but_sends
+        if case in CLIP_ON_TRAINER:
+            checks["trainer_op_sequence"] = compare_trainer_op_sequence_clip_kept
         for name, check_fn in checks.items():
             gap = KNOWN_GAPS.get((case, name))
             marks = [pytest.mark.xfail(strict=True, reason=gap)] if gap else []
@@ -128,7 +160,22 @@ def comparison_params():
 @pytest.mark.parametrize(("case", "compare"), comparison_params())
 def test_transpile_matches_paddle(case, compare):
     result, expected, _ = transpiled(case)
+    if case in CLIP_ON_TRAINER and compare is not compare_trainer_op_sequence_clip_kept:
+        expected = clip_moved_to_trainer(case, expected)
+    if case in UNSLICED and compare is REAL_COMPARISONS["listen_and_serv"]:
+        expected = received_in_block_order(result, expected)
     compare(result, expected)
+
+
+def received_in_block_order(result, expected) -> dict:
+    """Paddle's programs with each `listen_and_serv`'s X in our (block) order, once it is the same set."""
+    out = json.loads(json.dumps(expected))
+    for endpoint, (main, _) in result.pservers.items():
+        theirs = out["pservers"][endpoint]["main"][0]["ops"][0]["inputs"]
+        ours = list(main.global_block().ops[0].input("X"))
+        assert sorted(ours) == sorted(theirs.get("X", [])), endpoint
+        theirs["X"] = ours
+    return out
 
 
 # ------------------------------------------------------------------ the programs
@@ -197,16 +244,15 @@ def test_the_ops_the_catalogue_does_not_know_yet():
         "batch_norm", "batch_norm_grad", "conv2d", "conv2d_grad", "dropout", "dropout_grad",
         "flatten_contiguous_range", "flatten_contiguous_range_grad", "gelu", "gelu_grad", "layer_norm",
         "layer_norm_grad", "matmul_v2", "matmul_v2_grad", "pool2d", "pool2d_grad", "reshape2", "reshape2_grad",
-        "slice", "slice_grad", "sqrt", "squared_l2_norm", "transpose2", "transpose2_grad",
+        "slice", "slice_grad", "squared_l2_norm", "transpose2", "transpose2_grad",
     ]
 
 
 def test_unsliced_placement_is_a_seeded_shuffle_then_round_robin():
-    """Issue 12 item 3, what Paddle did: the grads, in optimizer order, shuffled with
+    """What Paddle did, and we do: the grads, in optimizer order, shuffled with
     `np.random.seed(program.random_seed)`, then dealt round-robin; each param is received
-    from its grad's pserver. Our plan deals them unshuffled (the xfails above).
-    `random_seed` is a Python attr of Paddle's `Program`, not in the ProgramDesc; the
-    generator left it at Paddle's default, 0."""
+    from its grad's pserver. `random_seed` is a Python attr of Paddle's `Program`, not in
+    the ProgramDesc; the generator left it at Paddle's default, 0, our default for a loaded program."""
     for case in UNSLICED:
         result, expected, info = transpiled(case)
         endpoints = info["pservers"].split(",")
@@ -218,21 +264,22 @@ def test_unsliced_placement_is_a_seeded_shuffle_then_round_robin():
         theirs = {op["outputs"]["Out"][0]: op["attrs"]["epmap"][0]
                   for op in expected["trainer"][0]["ops"] if op["type"] == "recv"}
         assert theirs == paddle_rule, case
-        ours = {p.param: p.endpoints[0] for p in result.plan.params}
-        assert ours == {param: endpoints[i % len(endpoints)] for i, param in enumerate(params)}, case
+        assert {p.param: p.endpoints[0] for p in result.plan.params} == paddle_rule, case
+        assert set(paddle_rule.values()) != {endpoints[0]}  # not trivially one pserver
 
 
-def test_clip_ops_go_to_the_pservers_in_paddle_2_6_too():
+def test_paddle_2_6_moves_the_clip_to_the_pservers_we_keep_it_on_the_trainer():
     """Paddle 2.6's clip ops are in `/gradient_clip/`, not `@CLIP`: its transpiler leaves them
     Optimize ops, drops them from the trainer, and puts each grad's `squared_l2_norm` and
     in-place `elementwise_mul` before its `adam` on the pserver, and the global norm
     (`sum`, `sqrt`, `fill_constant`, `elementwise_max`, `elementwise_div`) in one block of
-    each pserver, from that pserver's norms only. Ours does the same (`pserver_blocks`)."""
+    each pserver, from that pserver's norms only. Ours keeps all of them on the trainer,
+    in the original's order, and the pserver blocks are `sum, scale, adam`."""
     result, expected, _ = transpiled("bert_adam_clip_2ps_sync")
     main = Program.load(PADDLE_PROGRAMS / "bert_adam_clip_2ps_sync" / "main.pb")
-    clip_ops = [op for _, op in main.all_ops() if op.attr("op_namescope", "") == "/gradient_clip/"]
-    assert {op.type for op in clip_ops} == {"squared_l2_norm", "sum", "sqrt", "fill_constant", "elementwise_max",
-                                            "elementwise_div", "elementwise_mul"}
+    clip = clip_ops(main)
+    assert {op.type for op in clip} == {"squared_l2_norm", "sum", "sqrt", "fill_constant", "elementwise_max",
+                                        "elementwise_div", "elementwise_mul"}
     assert not [op for _, op in main.all_ops() if "@CLIP" in op.attr("op_namescope", "")]
     assert "squared_l2_norm" not in {op["type"] for op in expected["trainer"][0]["ops"]}
     global_norm = ["squared_l2_norm", "sum", "sqrt", "fill_constant", "elementwise_max", "elementwise_div"]
@@ -241,7 +288,16 @@ def test_clip_ops_go_to_the_pservers_in_paddle_2_6_too():
         assert all(b[:3] == ["sum", "scale", "squared_l2_norm"] and b[-2:] == ["elementwise_mul", "adam"]
                    for b in blocks), endpoint
         assert sum(b[2:-2] == global_norm for b in blocks) == 1, endpoint
-    assert "squared_l2_norm" not in op_types(result.trainer.global_block())
+    ours = clip_ops(result.trainer)
+
+    def slots(op: Op) -> tuple:  # the trainer renames an unsliced grad it sends to <grad>.trainer_0
+        names = {k: tuple(n.removesuffix(".trainer_0") for n in v) for k, v in (*op.inputs.items(), *op.outputs.items())}
+        return op.type, names
+
+    assert [slots(op) for op in ours] == [slots(op) for op in clip]
+    assert {op.role for op in ours} == {OpRole.Backward}  # re-tagged, as Paddle's @CLIP rule does
+    for main_program, _ in result.pservers.values():
+        assert all(op_types(b) == ["sum", "scale", "adam"] for b in main_program.blocks[1:])
 
 
 # ------------------------------------------------------------------ the CLI

@@ -6,13 +6,18 @@
     result.plan                                       # where every block lives
 
 The user's programs are never changed, and every getter returns a fresh copy.
+
+`as_float64(program)` (from `transpiler.ir.precision`, re-exported here) is a copy of a
+program computing in float64: transpile the float64 copies of main and startup to train
+in float64 (the proof of distributed == local element by element uses it).
 Differences from Paddle 1.8's `DistributeTranspiler`, each fixing a bug of its (reproduced on 1.8.5):
 `HashName` works and is stable across processes; sync mode with one trainer works (the
 pserver expects the grad names the trainer sends); `transpile(sync_mode=...)` sets the
 mode of trainer and pservers alike; `grad_to_block_id` and control-var names are
 deterministic; `get_startup_program` does not touch the trainer's startup program;
 `get_trainer_program` returns a copy, not the mutated original; RMSProp's `MeanGrad` is
-cut like the param; L2 decay and clip ops on a cut param get block-shaped temporaries.
+cut like the param; L2 decay on a cut param gets block-shaped temporaries; gradient clips
+(an optimizer's `grad_clip=` too, which Paddle's `@CLIP` rule misses) stay on the trainer.
 """
 
 from __future__ import annotations
@@ -31,10 +36,13 @@ from transpiler.dispatch import PSDispatcher
 from transpiler.errors import TranspileError
 from transpiler.ir import Program
 from transpiler.ir.verifier import verify as verify_program
+from transpiler.ir.precision import as_float64
 from transpiler.output import write_programs
 from transpiler.passes import run_pipeline
 from transpiler.passes.bundle import Bundle
 from transpiler.plan import Plan
+
+__all__ = ["DistributeTranspiler", "TranspileResult", "as_float64", "transpile", "wait_server_ready"]
 
 
 @dataclass
@@ -61,6 +69,7 @@ def transpile(
     slice_var_up: bool | None = None,
     split_method: str | type[PSDispatcher] | None = None,
     min_block_size: int | None = None,
+    random_seed: int | None = None,
     config: DistributeTranspilerConfig | None = None,
     verify: bool = False,
     dump_dir: str | os.PathLike | None = None,
@@ -72,9 +81,14 @@ def transpile(
     `dump_dir` gets a folder per pass with the state after it: the original programs as
     they stand, what find_optimize found (`analysis.txt`), the plan and every program built so far.
     `progress(pass_name, seconds)` is called after each pass.
+    `random_seed` seeds the shuffle of unsliced round robin as Paddle's `program.random_seed`
+    does; by default the config's, else the program's `random_seed` (a builder program's),
+    else 0 (a loaded ProgramDesc does not carry it, and Paddle's default is 0).
     """
     if not isinstance(program, Program) or not isinstance(startup_program, Program):
         raise TranspileError("transpile needs the main and the startup Program")
+    if random_seed is None and getattr(config, "random_seed", None) is None:
+        random_seed = getattr(program, "random_seed", None)
     options = make_options(
         config,
         pservers=pservers,
@@ -84,6 +98,7 @@ def transpile(
         slice_var_up=slice_var_up,
         split_method=split_method,
         min_block_size=min_block_size,
+        random_seed=random_seed,
     )
     # A malformed input (a typo'd var, a STRING op_role) is the user's error, named here,
     # not a crash inside a pass that trusted it.

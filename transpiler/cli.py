@@ -239,6 +239,20 @@ def _render_svg(dot_program: str, text: str) -> bytes:
     return done.stdout
 
 
+@command(
+    "cast",
+    "write a copy of a program computing in float64 (every float32 var and dtype attr widened)",
+    arg("program", metavar="P.pb", help="a serialized ProgramDesc (main or startup)"),
+    arg("--float64", action="store_true", required=True, help="the precision to widen to (the only one so far)"),
+    arg("-o", "--output", required=True, metavar="OUT.pb", help="the float64 program"),
+)
+def cast_command(args: argparse.Namespace) -> int:
+    from transpiler.ir.precision import as_float64
+
+    write_output(args.output, as_float64(load_program(args.program)).to_bytes())
+    return EXIT_OK
+
+
 # The inputs and options `transpile` and `plan` share (DESIGN.md's CLI contract).
 TRANSPILE_ARGS = (
     arg("program", metavar="MAIN.pb", help="the training program (with optimizer ops)"),
@@ -252,6 +266,10 @@ TRANSPILE_ARGS = (
     arg("--split-method", default="round_robin", metavar="M",
         help="block placement: round_robin (default), hash_name or balanced"),
     arg("--min-block-size", type=int, default=8192, metavar="N", help="smallest block, in elements (default 8192)"),
+    arg("--random-seed", type=int, default=0, metavar="S",
+        help="Paddle's program.random_seed, which shuffles unsliced round-robin placement (default 0, "
+             "Paddle's default; a saved program does not carry it)"),
+    arg("--float64", action="store_true", help="transpile a float64 copy of the programs (see `cast`)"),
 )
 
 
@@ -263,6 +281,10 @@ def _transpile(args: argparse.Namespace, **extra):
     if args.startup is None and not Path(startup_path).exists():
         raise CliError(f"no --startup given and no {startup_path}: pass the startup program with --startup")
     main, startup = load_program(args.program), load_program(startup_path)
+    if args.float64:
+        from transpiler.ir.precision import as_float64
+
+        main, startup = as_float64(main), as_float64(startup)
     config = DistributeTranspilerConfig()
     config.runtime_split_send_recv = args.runtime_split
     return transpile(
@@ -275,6 +297,7 @@ def _transpile(args: argparse.Namespace, **extra):
         slice_var_up=not args.no_slice,
         split_method=args.split_method,
         min_block_size=args.min_block_size,
+        random_seed=args.random_seed,
         config=config,
         **extra,
     )
@@ -449,8 +472,8 @@ def merge_table_command(args: argparse.Namespace) -> int:
 
 # The one place subcommands are registered, in the order `--help` lists them.
 COMMANDS: tuple[Command, ...] = (
-    dump_command, diff_command, graph_command, transpile_command, plan_command, serve_command, launch_command,
-    merge_table_command,
+    dump_command, diff_command, graph_command, cast_command, transpile_command, plan_command, serve_command,
+    launch_command, merge_table_command,
 )
 
 

@@ -31,7 +31,9 @@ class DistributeTranspilerConfig:
     `DistributeTranspiler(config)`.
 
     Supported: `slice_var_up`, `split_method` (a `PSDispatcher` subclass or a name),
-    `min_block_size` (>= 1; Paddle insists on >= 8192), `sync_mode`,
+    `min_block_size` (>= 1; Paddle insists on >= 8192), `sync_mode`, `random_seed` (ours:
+    the seed of the unsliced round-robin shuffle, Paddle's `program.random_seed`; None
+    takes the program's, 0 for a loaded one),
     `runtime_split_send_recv` (async only), `half_async`, `completely_not_async`
     (treated as sync), `mode="pserver"`, `print_log`, `wait_port`.
     Not supported (a `TranspileError` says so): `mode` "nccl2"/"collective",
@@ -51,6 +53,7 @@ class DistributeTranspilerConfig:
         self.mode = "pserver"
         self.print_log = False
         self.wait_port = False
+        self.random_seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class TranspileOptions:
     min_block_size: int
     runtime_split_send_recv: bool = False
     half_async: bool = False
+    random_seed: int = 0  # Paddle's `program.random_seed`: it shuffles the unsliced round-robin order
 
     @property
     def distributed_mode(self) -> DistributedMode:
@@ -151,6 +155,7 @@ def make_options(
     slice_var_up: bool | None = None,
     split_method=None,
     min_block_size: int | None = None,
+    random_seed: int | None = None,
 ) -> TranspileOptions:
     """Merge explicit arguments over `config` and validate the result."""
     config = config or DistributeTranspilerConfig()
@@ -174,6 +179,10 @@ def make_options(
     block_size = config.min_block_size if min_block_size is None else min_block_size
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise TranspileError(f"min_block_size must be an integer >= 1, got {block_size!r}")
+    seed = getattr(config, "random_seed", None) if random_seed is None else random_seed
+    seed = 0 if seed is None else seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise TranspileError(f"random_seed must be an integer in [0, 2**32), got {seed!r}")
     return TranspileOptions(
         endpoints=parse_endpoints(pservers),
         trainers=trainers,
@@ -184,4 +193,5 @@ def make_options(
         min_block_size=block_size,
         runtime_split_send_recv=runtime_split,
         half_async=bool(config.half_async) and not sync,
+        random_seed=seed,
     )

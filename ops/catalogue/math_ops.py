@@ -55,6 +55,7 @@ OPS = (
     _act("tanh", (), ("Out",)),
     _act("sigmoid", (), ("Out",)),
     _act("exp", (), ("Out",)),
+    _act("sqrt", (), ("Out",)),
     _act("square", ("X",), ()),
     _act("floor", (), ()),
     op(
@@ -105,6 +106,8 @@ OPS = (
     ),
     op("cast", "X", "Out", {"in_dtype": Int(), "out_dtype": Int()}, grad=cast_grad, infer=shapes.cast),
     op("clip", "X", "Out", {"min": Float(), "max": Float()}, grad=GradSpec("clip_grad", inputs=("X",)), infer=shapes.keep_kind),
+    # Paddle's clip_by_norm: X * max_norm / ||X||_2 when the norm exceeds max_norm (gradient clipping; no grad).
+    op("clip_by_norm", "X", "Out", {"max_norm": Float()}, infer=shapes.unary),
     op("assign", "X", "Out", grad=assign_grad, infer=shapes.keep_kind, var_kind=same_kind_var_kind),
     op("increment", "X", "Out", {"step": Float(1.0)}, infer=shapes.unary),
     op("fill_zeros_like", "X", "Out", infer=shapes.unary),

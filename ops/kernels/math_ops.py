@@ -345,6 +345,16 @@ def clip(ctx: OpContext) -> None:
     ctx.set_output("Out", np.clip(x, low, high).astype(x.dtype, copy=False), lod=ctx.lod("X"))
 
 
+@register("clip_by_norm")
+def clip_by_norm(ctx: OpContext) -> None:
+    """Paddle's: the L2 norm of the whole tensor, scaled down to `max_norm` when above it."""
+    x = ctx.input("X")
+    max_norm = float(ctx.attr("max_norm"))
+    norm = float(np.sqrt(np.sum(np.square(x, dtype=np.float64))))
+    out = x * x.dtype.type(max_norm / norm) if norm > max_norm else x
+    ctx.set_output("Out", out.astype(x.dtype, copy=False), lod=ctx.lod("X"))
+
+
 @register("clip_grad")
 def clip_grad(ctx: OpContext) -> None:
     x, dout = ctx.input("X"), ctx.input("Out@GRAD")

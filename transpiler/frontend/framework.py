@@ -25,7 +25,7 @@ from transpiler.frontend import unique_name
 from transpiler.frontend.errors import BuildError
 from transpiler.ir import Block, DType, Op, OpRole, Var, VarKind
 from transpiler.ir import Program as IRProgram
-from transpiler.ir.types import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR
+from transpiler.ir.types import OP_NAMESCOPE_ATTR, OP_ROLE_ATTR, OP_ROLE_VAR_ATTR
 
 # What Fluid 1.8.5 writes in `ProgramDesc.version` (the Paddle version as an integer).
 FLUID_VERSION = 1008005
@@ -181,6 +181,27 @@ class Parameter(Variable):
 # -------------------------------------------------------------------- Program
 
 
+class _NameScope:
+    """Fluid's name-scope tree: a scope entered again under the same parent gets `_1`, `_2`, ..."""
+
+    def __init__(self, name: str = "", parent: _NameScope | None = None) -> None:
+        self.name, self.parent = name, parent
+        self.children: dict[str, list[_NameScope]] = {}
+
+    def child(self, prefix: str) -> _NameScope:
+        siblings = self.children.setdefault(prefix, [])
+        scope = _NameScope(prefix if not siblings else f"{prefix}_{len(siblings)}", self)
+        siblings.append(scope)
+        return scope
+
+    def full_name(self) -> str:
+        names, scope = [], self
+        while scope.parent is not None:
+            names.append(scope.name)
+            scope = scope.parent
+        return "/" + "".join(f"{name}/" for name in reversed(names))
+
+
 class Program(IRProgram):
     """A Fluid-1.x program being built; an IR `Program` at every moment."""
 
@@ -189,6 +210,7 @@ class Program(IRProgram):
         self.append_block(Block(self, 0, -1))
         self.version = FLUID_VERSION
         self.random_seed = 0
+        self._name_scope_root = _NameScope()
         self.current_block_idx = 0
         self._op_role: int = int(OpRole.Forward)
         self._op_role_var: tuple[str, ...] = ()
@@ -309,18 +331,27 @@ def program_guard(main_program: Program, startup_program: Program | None = None)
             switch_startup_program(old_startup)
 
 
-_name_scopes: list[str] = []
+_scope_path: list[_NameScope] = []  # the scopes entered, innermost last
 
 
 @contextmanager
 def name_scope(prefix: str | None = None) -> Iterator[None]:
-    """Fluid's name scopes. They only fed the `op_namescope` attr, which says where
-    Python built an op; the builder does not write it, so this just nests."""
-    _name_scopes.append(prefix or "")
+    """Fluid's name scopes: ops built inside get `op_namescope` = the scope path, e.g.
+    `/gradient_clip/` (the transpiler keeps gradient-clip ops on the trainer by it).
+    Outside every scope the builder writes no `op_namescope` (Fluid's is "/"). The tree
+    of scopes is the main program's (Fluid's is the process's), so a program's scope
+    names do not depend on what was built before it."""
+    parent = _scope_path[-1] if _scope_path else default_main_program()._name_scope_root
+    _scope_path.append(parent.child(prefix or ""))
     try:
         yield
     finally:
-        _name_scopes.pop()
+        _scope_path.pop()
+
+
+def current_name_scope() -> str | None:
+    """The `op_namescope` an op built now gets, None outside every scope."""
+    return _scope_path[-1].full_name() if _scope_path else None
 
 
 @contextmanager
@@ -469,6 +500,9 @@ def append_op(
             values[OP_ROLE_VAR_ATTR] = list(program._op_role_var)
         if program._device is not None:
             values.setdefault("op_device", program._device)
+        scope = current_name_scope()
+        if scope is not None:
+            values.setdefault(OP_NAMESCOPE_ATTR, scope)
     ins = None if inputs is None else {slot: _arg_names(args) for slot, args in inputs.items()}
     outs = None if outputs is None else {slot: _arg_names(args) for slot, args in outputs.items()}
     try:

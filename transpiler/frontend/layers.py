@@ -194,6 +194,10 @@ def square(x: Variable, name: str | None = None) -> Variable:
     return _activation("square", x, name)
 
 
+def sqrt(x: Variable, name: str | None = None) -> Variable:
+    return _activation("sqrt", x, name)
+
+
 def floor(x: Variable, name: str | None = None) -> Variable:
     return _activation("floor", x, name)
 
@@ -413,6 +417,16 @@ def clip(x: Variable, min: float, max: float, name: str | None = None) -> Variab
     return out
 
 
+def clip_by_norm(x: Variable, max_norm: float, name: str | None = None) -> Variable:
+    """`x * max_norm / ||x||_2` when the L2 norm of `x` exceeds `max_norm`, else `x`."""
+    helper = LayerHelper("clip_by_norm", x=x, name=name)
+    helper.check_float(helper.check_variable(x, "x"), "x")
+    out_name = name if name is not None else unique_name.generate_with_ignorable_key(f"{helper.name}.tmp")
+    out = helper.create_variable(name=out_name, dtype=x.dtype, kind=x.type, persistable=False)
+    helper.append_op("clip_by_norm", {"X": x}, {"Out": out}, {"max_norm": float(max_norm)})
+    return out
+
+
 def cast(x: Variable, dtype: Any) -> Variable:
     helper = LayerHelper("cast", x=x)
     helper.check_variable(x, "x")
@@ -515,6 +529,7 @@ __all__ = [
     "autoincreased_step_counter",
     "cast",
     "clip",
+    "clip_by_norm",
     "concat",
     "create_global_var",
     "create_tensor",
@@ -559,6 +574,7 @@ __all__ = [
     "sigmoid",
     "softmax",
     "softmax_with_cross_entropy",
+    "sqrt",
     "square",
     "square_error_cost",
     "sum",

@@ -24,6 +24,7 @@ from transpiler.passes import (
     find_optimize,
     insert_recvs,
     insert_sends,
+    keep_clip_on_trainer,
     lower_async_lr_decay,
     pserver_lr_decay,
     pserver_optimize_blocks,
@@ -41,6 +42,7 @@ __all__ = ["PIPELINE", "Pass", "PipelineError", "run_pipeline"]
 
 PIPELINE: tuple[Pass, ...] = (
     lower_async_lr_decay.PASS,
+    keep_clip_on_trainer.PASS,
     find_optimize.PASS,
     slice_vars.PASS,
     drop_optimize.PASS,

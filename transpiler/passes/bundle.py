@@ -16,11 +16,12 @@ class ParamChain:
 
     Ops are the original program's (global block); a pass working on a clone finds
     their copies through the clone's map. `ops` holds every optimize-role op tied to the
-    param (L2-decay `scale`/`sum`, `clip`, ...) and the optimizer op itself, in program order.
+    param (L2-decay `scale`/`sum`, ...; gradient clips stay on the trainer) and the optimizer
+    op itself, in program order.
     """
 
     param: str
-    grad: str  # the grad the trainer sends: what backward wrote, before decay or clip
+    grad: str  # the grad the trainer sends: what backward (or the trainer's clip) wrote, before decay
     optimizer: Op
     ops: list[Op]
     grad_producer: Op  # the last op the trainer keeps that writes `grad`

@@ -6,9 +6,9 @@
 * Optimizer ops: optimize ops with those three slots; their type must be in
   `OPTIMIZER_SLOTS`, else `UnknownOpError`. One per parameter.
 * The grad a trainer sends for a param: the one var the param's optimize ops read that an
-  op staying on the trainer writes (the grad backward wrote, before any clip or L2
-  decay: found by data flow, not by trusting `op_role_var`); the last op the trainer
-  keeps that writes it is where the `send` goes.
+  op staying on the trainer writes (what backward wrote, or the trainer's gradient clip
+  made of it, before any L2 decay: found by data flow, not by trusting `op_role_var`);
+  the last op the trainer keeps that writes it is where the `send` goes.
 * LR ops: `op_role` has the LRSched bit; they move to an lr-decay block on each pserver.
 * Embedding tables: the `lookup_table` ops on a param with `is_sparse` / `is_distributed`.
   A sparse table's grad is SELECTED_ROWS; with `remote_prefetch` its rows are fetched

@@ -4,11 +4,21 @@ Grads are cut exactly like their params (the optimizer updates block i of the pa
 with block i of the grad), so one slicing and one dispatch serve both: a param block
 and its grad block always share an endpoint. (Paddle dispatches grads and params
 separately; with `HashName` that would put them on different servers.)
+
+Unsliced round robin deals the params in Paddle's order: with `slice_var_up=False`
+Paddle 1.8 and 2.6 shuffle their grads (in optimizer order) with
+`np.random.seed(program.random_seed); np.random.shuffle(...)` before dispatching (PR
+#12152: with `fc_w, fc_b` pairs on an even pserver count, program order put every weight
+on one half of the pservers). `RandomState(seed).shuffle` of a list is that legacy
+stream, the same in every numpy and every process. Other dispatchers see program order
+(`hash_name` does not depend on it; `balanced` sorts by size).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+
+import numpy as np
 
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
@@ -55,7 +65,8 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
 
     dispatcher = options.dispatcher(list(options.endpoints))
     dispatcher.reset()
-    all_blocks = [b for p in plan.params for b in p.blocks]
+    order = dispatch_order(plan.params, options)
+    all_blocks = [b for i in order for b in plan.params[i].blocks]
     endpoints = list(dispatcher.dispatch(all_blocks))
     if len(endpoints) != len(all_blocks) or any(ep not in options.endpoints for ep in endpoints):
         raise TranspileError(
@@ -63,10 +74,20 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
             "it must return one of the pserver endpoints per block"
         )
     cursor = 0
-    for param in plan.params:
+    for i in order:
+        param = plan.params[i]
         param.endpoints = endpoints[cursor : cursor + len(param.blocks)]
         cursor += len(param.blocks)
     return replace(bundle, plan=plan)
+
+
+def dispatch_order(params: list[ParamPlan], options: TranspileOptions) -> list[int]:
+    """The order the dispatcher sees the params in: program order, or for unsliced round
+    robin Paddle's seeded shuffle of it (see the module docstring)."""
+    order = list(range(len(params)))
+    if not options.slice_var_up and options.split_method_name == "round_robin":
+        np.random.RandomState(options.random_seed).shuffle(order)
+    return order
 
 
 def _check_names_free(block, plan: Plan) -> None:

@@ -1,0 +1,48 @@
+"""Lowering: gradient-clip ops stay on the trainer, which sends the clipped grad.
+
+Fluid 1.7+'s `DistributeTranspiler._get_optimize_pass` re-tags every Optimize op whose
+`op_namescope` contains `@CLIP` as Backward (pserver mode), so it stays on the trainer:
+each trainer clips its own grad, sends the clipped grad, and the pserver block has no
+clip. That is also the only place a global-norm clip can be computed: it reads every
+grad, and no pserver holds them all.
+
+Which scopes are clips (`CLIP_NAME_SCOPES`): Paddle's rule, `@CLIP`, matches only what
+Fluid 1.8's `set_gradient_clip` (`append_gradient_clip_ops`) emits, `/gradient_clip_@CLIP/`
+and `/graident_clip_@CLIP/` (sic). An optimizer's `grad_clip=` (Fluid 1.8's `_static_clip`,
+Paddle 2.x's `ClipGradBy*`) builds its ops in `/gradient_clip/`, which Paddle's rule
+misses: Fluid 1.8.5 then drops them from the trainer yet sends the clipped grad they
+wrote (a var no trainer op computes), and Paddle 2.6 clips on the pservers, a global norm
+from one pserver's grads. Paddle's own `_correct_clip_op_role_var` knows clip ops by
+`gradient_clip` in the scope; so do we, and both kinds stay on the trainer.
+
+It runs before the analysis and rewrites the bundle's private copy of the original (the
+user's program keeps its roles), so find_optimize's data flow sees the clip ops as
+trainer ops: the grad the optimize ops read that a trainer op writes is the clipped one.
+"""
+
+from __future__ import annotations
+
+from transpiler.config import TranspileOptions
+from transpiler.ir import Op, OpRole
+from transpiler.ir.types import OP_NAMESCOPE_ATTR, OP_ROLE_ATTR
+from transpiler.passes.bundle import Bundle
+from transpiler.passes.contract import Pass
+
+# Substrings of `op_namescope` that mark a gradient-clip op (see the module docstring).
+CLIP_NAME_SCOPES = ("@CLIP", "gradient_clip")
+
+
+def is_clip_op(op: Op) -> bool:
+    """An optimize op built by a gradient clip."""
+    scope = op.attr(OP_NAMESCOPE_ATTR, "") or ""
+    return bool(op.role & OpRole.Optimize) and any(mark in scope for mark in CLIP_NAME_SCOPES)
+
+
+def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
+    for op in bundle.origin.global_block().ops:
+        if is_clip_op(op):
+            op.set_attr(OP_ROLE_ATTR, int(OpRole.Backward))  # as Paddle: the op stays, its role_var too
+    return bundle
+
+
+PASS = Pass("keep_clip_on_trainer", run, requires=("origin",), produces=("origin",))
