@@ -35,6 +35,7 @@ from ops.rpc.wire import encode_var
 from ops.scope import Scope
 from ops.tensor import LoDTensor
 from proto import rpc_pb2
+from transpiler.runtime.launch import job_env
 
 TOKEN = "s3cret-job-token-0123456789abcdef"
 WRONG = "not-the-job-token-0123456789abcde"
@@ -295,3 +296,10 @@ def test_token_sources_and_their_errors(tmp_path):
     with pytest.raises(AuthError, match=r"the job token from --token-file .* is empty"):
         load_token({}, token_file=path)
 
+
+def test_launch_makes_one_token_per_job_unless_one_is_given():
+    made = job_env({"X": "1"}, base={})
+    assert made["X"] == "1" and len(made["PSTRANSPILE_JOB_TOKEN"]) >= 40
+    assert job_env({}, base={})["PSTRANSPILE_JOB_TOKEN"] != made["PSTRANSPILE_JOB_TOKEN"]
+    assert job_env({}, base={"PSTRANSPILE_JOB_TOKEN": TOKEN}) == {}
+    assert job_env({"PSTRANSPILE_JOB_TOKEN_FILE": "/t"}, base={}) == {"PSTRANSPILE_JOB_TOKEN_FILE": "/t"}
