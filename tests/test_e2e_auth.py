@@ -1,17 +1,16 @@
 """The job token and the handshake across real processes: a job whose trainer 1 was
 started with `PADDLE_TRAINERS_NUM=3` against pservers built for 2 stops on every process
 with one clear reason; `serve` refuses a non-loopback address without a token before
-anything binds. Processes listen on 127.0.0.1 only and are stopped by their own pid."""
+anything binds. Processes listen on 127.0.0.1 only (6170 is never bound: the refusals
+come first) and are stopped by their own pids (`e2e_support.Processes`)."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 
 import pytest
-from e2e_support import EXAMPLES, ONE_THREAD, REPO
+from e2e_support import EXAMPLES, REPO, job_free_env, processes  # noqa: F401 - a fixture
 
 from conftest import PADDLE_PROGRAMS
 from transpiler.api import transpile
@@ -23,20 +22,17 @@ WAIT = 120  # a bound for the test process, not an assertion on speed
 TOKEN = "e2e-job-token-0123456789abcdefghij"
 
 
-@pytest.fixture
-def processes():
-    started: list[subprocess.Popen] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINING_ROLE", "PADDLE_", "PSTRANSPILE_"))}
-    env.update(ONE_THREAD, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **extra)
-    return env
+def serve_cli(tmp_path, *flags: str, cwd=REPO) -> subprocess.CompletedProcess:
+    """`pstranspile serve` of a 1-trainer pserver program for 127.0.0.1:6170 with `flags`,
+    expected to fail before anything binds."""
+    case = PADDLE_PROGRAMS / "mlp_adam_2ps"
+    endpoint = "127.0.0.1:6170"
+    transpile(Program.load(case / "main.pb"), Program.load(case / "startup.pb"), pservers=endpoint,
+              trainers=1).save(tmp_path)
+    stem = tmp_path / pserver_file_stem(endpoint)
+    return subprocess.run([sys.executable, "-m", "transpiler", "serve", "--program", f"{stem}.pb", "--startup",
+                           f"{stem}_startup.pb", *flags], env=job_free_env(), capture_output=True, text=True,
+                          timeout=WAIT, cwd=cwd, check=False)
 
 
 def test_a_trainer_started_for_3_trainers_stops_a_job_built_for_2_on_every_process(tmp_path, processes):
@@ -54,11 +50,7 @@ def test_a_trainer_started_for_3_trainers_stops_a_job_built_for_2_on_every_proce
            "PSTRANSPILE_JOB_TOKEN_FILE": str(token_file)}
 
     def start(command: list[str], log: str, **env: str) -> subprocess.Popen:
-        with open(tmp_path / log, "w") as out:
-            proc = subprocess.Popen(command, env=_env(**job, **env), stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=REPO)
-        processes.append(proc)
-        return proc
+        return processes.start(command, tmp_path / log, **job, **env)
 
     # pserver 0 through the CLI (token file, plan.json), pserver 1 through a Session, as `launch` runs them
     start([sys.executable, "-m", "transpiler", "serve", "--program", f"{stem}.pb", "--startup", f"{stem}_startup.pb",
@@ -67,7 +59,7 @@ def test_a_trainer_started_for_3_trainers_stops_a_job_built_for_2_on_every_proce
           PADDLE_CURRENT_ENDPOINT=endpoints[1])
     start(script, "trainer0.log", TRAINING_ROLE="TRAINER", PADDLE_TRAINERS_NUM="2", PADDLE_TRAINER_ID="0")
     start(script, "trainer1.log", TRAINING_ROLE="TRAINER", PADDLE_TRAINERS_NUM="3", PADDLE_TRAINER_ID="1")
-    codes = [proc.wait(WAIT) for proc in processes]
+    codes = [proc.wait(WAIT) for proc in processes.started]
 
     logs = {name: (tmp_path / f"{name}.log").read_text() for name in ("pserver0", "pserver1", "trainer0", "trainer1")}
     reason = "trainer 1 was started for 3 trainer(s), sync"
@@ -82,14 +74,7 @@ def test_a_trainer_started_for_3_trainers_stops_a_job_built_for_2_on_every_proce
 
 
 def test_serve_refuses_a_non_loopback_address_without_a_token(tmp_path):
-    case = PADDLE_PROGRAMS / "mlp_adam_2ps"
-    endpoint = "127.0.0.1:6170"  # never bound: the refusal comes first
-    transpile(Program.load(case / "main.pb"), Program.load(case / "startup.pb"), pservers=endpoint,
-              trainers=1).save(tmp_path)
-    stem = tmp_path / pserver_file_stem(endpoint)
-    done = subprocess.run([sys.executable, "-m", "transpiler", "serve", "--program", f"{stem}.pb", "--startup",
-                           f"{stem}_startup.pb", "--endpoint", "0.0.0.0:6170"], env=_env(), capture_output=True,
-                          text=True, timeout=WAIT, cwd=REPO, check=False)
+    done = serve_cli(tmp_path, "--endpoint", "0.0.0.0:6170")
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(
@@ -106,14 +91,7 @@ def test_serve_refuses_a_non_loopback_address_without_a_token(tmp_path):
     ],
 )
 def test_serve_security_settings_that_cannot_work_are_user_errors(tmp_path, flags, says):
-    case = PADDLE_PROGRAMS / "mlp_adam_2ps"
-    endpoint = "127.0.0.1:6170"  # never bound: the error comes first
-    transpile(Program.load(case / "main.pb"), Program.load(case / "startup.pb"), pservers=endpoint,
-              trainers=1).save(tmp_path)
-    stem = tmp_path / pserver_file_stem(endpoint)
-    done = subprocess.run([sys.executable, "-m", "transpiler", "serve", "--program", f"{stem}.pb", "--startup",
-                           f"{stem}_startup.pb", *flags], env=_env(), capture_output=True, text=True, timeout=WAIT,
-                          cwd=tmp_path, check=False)
+    done = serve_cli(tmp_path, *flags, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pstranspile: error: ") and says in lines[0], lines
