@@ -1,22 +1,25 @@
 """The job token and the handshake across real processes: a job whose trainer 1 was
 started with `PADDLE_TRAINERS_NUM=3` against pservers built for 2 stops on every process
-with one clear reason; `serve` refuses a non-loopback address without a token before
-anything binds. Processes listen on 127.0.0.1 only (6170 is never bound: the refusals
-come first) and are stopped by their own pids (`e2e_support.Processes`)."""
+with one clear reason; a launched job trains over mutual TLS; `serve` refuses a
+non-loopback address without a token before anything binds. Processes listen on
+127.0.0.1 only (6170 is never bound: the refusals come first) and are stopped by their
+own pids (`e2e_support.Processes`, `launch`)."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 
 import pytest
-from e2e_support import EXAMPLES, REPO, job_free_env, processes  # noqa: F401 - a fixture
+from e2e_support import EXAMPLES, ONE_THREAD, REPO, job_free_env, processes  # noqa: F401 - a fixture
+from rpc_support import self_signed
 
 from conftest import PADDLE_PROGRAMS
 from transpiler.api import transpile
 from transpiler.ir import Program
 from transpiler.output import pserver_file_stem
-from transpiler.runtime.launch import free_endpoints
+from transpiler.runtime.launch import LaunchConfig, free_endpoints, launch
 
 WAIT = 120  # a bound for the test process, not an assertion on speed
 TOKEN = "e2e-job-token-0123456789abcdefghij"
@@ -95,3 +98,23 @@ def test_serve_security_settings_that_cannot_work_are_user_errors(tmp_path, flag
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pstranspile: error: ") and says in lines[0], lines
+
+
+def test_a_launched_job_trains_over_mutual_tls(tmp_path):
+    """`launch` with one certificate for every process (pservers: server cert; trainers:
+    client cert, and the CA that verifies the pservers): it trains, with a job token."""
+    certs = self_signed(tmp_path, "job")
+    tls = {"PSTRANSPILE_TLS_CERT": str(certs / "job.pem"), "PSTRANSPILE_TLS_KEY": str(certs / "job.key"),
+           "PSTRANSPILE_TLS_CA": str(certs / "job.pem")}
+    case = PADDLE_PROGRAMS / "mlp_adam_2ps"
+    command = (sys.executable, str(EXAMPLES / "train_program.py"), "--main", str(case / "main.pb"),
+               "--startup", str(case / "startup.pb"), "--loss", "mean_0.tmp_0", "--steps", "5")
+    config = LaunchConfig(command=command, pservers=2, trainers=2, env={**ONE_THREAD, **tls}, log_dir=tmp_path / "logs",
+                          rpc_timeout=60.0, status_every=60.0)
+    out = io.StringIO()
+    result = launch(config, out=out)
+    logs = {p.name: p.log.read_text() for p in result.processes}
+    assert result.ok, (out.getvalue(), logs)
+    for name in ("pserver.0", "pserver.1"):
+        assert "job token required on every RPC, TLS with client certificates" in logs[name], logs[name]
+    assert all("[progress] trainer=" in logs[f"trainer.{i}"] and "step=5" in logs[f"trainer.{i}"] for i in (0, 1))

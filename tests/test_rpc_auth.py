@@ -5,14 +5,12 @@ handshake, and where tokens come from. Servers listen on 127.0.0.1 only."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import threading
 
 import grpc
 import numpy as np
 import pytest
-from rpc_support import running_pserver
+from rpc_support import running_pserver, self_signed
 
 from ops.rpc import RpcClient, RpcError
 from ops.rpc.auth import (
@@ -138,17 +136,7 @@ def test_insecure_and_token_lines():
 def certs(tmp_path_factory):
     """A self-signed certificate for localhost and 127.0.0.1 (its own CA), and a second,
     unrelated one."""
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl program")
-    out = tmp_path_factory.mktemp("certs")
-    for name in ("job", "other"):
-        subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", str(out / f"{name}.key"), "-out", str(out / f"{name}.pem"), "-days", "2",
-             "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-            check=True, capture_output=True, timeout=60,
-        )
-    return out
+    return self_signed(tmp_path_factory.mktemp("certs"), "job", "other")
 
 
 def test_tls_with_a_token(certs):
