@@ -208,11 +208,11 @@ class PServer:
 
     def start(self) -> None:
         """Bind and start answering RPCs (in async mode after a first lr-decay run)."""
+        where = self.config.bind or self.config.endpoint
+        who_may_call = self.config.auth.check_listen(where, self.config.endpoint)  # before anything runs or binds
+        credentials = self.config.auth.credentials()
         if not self.config.sync_mode and self.config.lr_decay_block >= 0:
             self._run(self.config.lr_decay_block, "the lr-decay block")
-        where = self.config.bind or self.config.endpoint
-        who_may_call = self.config.auth.check_listen(where, self.config.endpoint)  # before anything binds
-        credentials = self.config.auth.credentials()
 
         def refuse(reason: str) -> None:  # a trainer started for another job: every process must stop
             with self._cond:
