@@ -1,14 +1,18 @@
 """Helpers the end-to-end tests share (no tests here): launch a job of
-`examples/train_program.py`, and train the same batches locally."""
+`examples/train_program.py`, train the same batches locally, and start processes of a
+job one by one (`processes`, a fixture)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from conftest import TESTS
 from transpiler.ir import Program
@@ -123,3 +127,44 @@ def run_script_locally(args: tuple[str, ...]) -> str:
     done = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
+
+
+# ------------------------------------------------------------------ processes one by one
+
+
+def job_free_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any job's role or settings (`TRAINING_ROLE`,
+    `PADDLE_*`, `PSTRANSPILE_*`), with one BLAS thread, this checkout importable,
+    unbuffered output, and `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINING_ROLE", "PADDLE_", "PSTRANSPILE_"))}
+    env.update(ONE_THREAD, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+class Processes:
+    """The processes a test starts: each in a process group of its own, its output in a
+    log, with `job_free_env(**env)`; `stop()` kills those still running, by their own pid."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen] = []
+
+    def start(self, command: Sequence[str], log: Path, **env: str) -> subprocess.Popen:
+        with open(log, "w") as out:
+            proc = subprocess.Popen(list(command), env=job_free_env(**env), stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=REPO)
+        self.started.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for proc in self.started:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture
+def processes() -> Iterator[Processes]:
+    """`Processes`, stopped after the test (import this fixture into the test module)."""
+    started = Processes()
+    yield started
+    started.stop()

@@ -1,12 +1,18 @@
-"""Helpers the RPC tests share (no tests here): a `PServer` on a free port in a thread."""
+"""Helpers the RPC tests share (no tests here): a `PServer` on a free port in a thread,
+and self-signed TLS certificates for localhost."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from ops.rpc.client import RpcClient
 from ops.rpc.server import PServer, ServeConfig
@@ -68,3 +74,19 @@ def running_pserver(
         thread.join(30)
         for client in state.clients:
             client.close()
+
+
+def self_signed(directory: Path, *names: str) -> Path:
+    """`DIR/<name>.pem` and `DIR/<name>.key` per name: a self-signed EC certificate for
+    `localhost` and 127.0.0.1 (its own CA), made by the openssl program (the test is
+    skipped without it)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl program")
+    for name in names:
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", str(directory / f"{name}.key"), "-out", str(directory / f"{name}.pem"), "-days", "2",
+             "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+            check=True, capture_output=True, timeout=60,
+        )
+    return directory

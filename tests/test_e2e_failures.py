@@ -1,16 +1,15 @@
 """A trainer killed mid-run: the pserver (`pstranspile serve`) names it and the step,
 and exits non-zero once the timeout has passed; the surviving trainer fails with the
-pserver's reason instead of hanging. Processes are started and cleaned up here."""
+pserver's reason instead of hanging. Processes are started here and stopped by their
+pids (`e2e_support.Processes`)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 
-import pytest
-from e2e_support import EXAMPLES, ONE_THREAD, REPO
+from e2e_support import EXAMPLES, processes  # noqa: F401 - a fixture
 
 from conftest import PADDLE_PROGRAMS
 from transpiler.api import transpile
@@ -22,22 +21,6 @@ TIMEOUT = 3.0
 WAIT = 120  # a bound for the test process, not an assertion on speed
 
 
-@pytest.fixture
-def processes():
-    started: list[subprocess.Popen] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINING_ROLE", "PADDLE_"))}
-    env.update(ONE_THREAD, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **extra)
-    return env
-
-
 def test_a_killed_trainer_makes_the_pserver_fail_naming_it(tmp_path, processes):
     case = PADDLE_PROGRAMS / "mlp_adam_2ps"
     (endpoint,) = free_endpoints(1)
@@ -46,11 +29,7 @@ def test_a_killed_trainer_makes_the_pserver_fail_naming_it(tmp_path, processes):
     stem = tmp_path / "programs" / pserver_file_stem(endpoint)
 
     def start(command: list[str], log: str, **env: str) -> subprocess.Popen:
-        with open(tmp_path / log, "w") as out:
-            proc = subprocess.Popen(command, env=_env(**env), stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=REPO)
-        processes.append(proc)
-        return proc
+        return processes.start(command, tmp_path / log, **env)
 
     pserver = start([sys.executable, "-m", "transpiler", "serve", "--program", f"{stem}.pb",
                      "--startup", f"{stem}_startup.pb", "--timeout", str(TIMEOUT)], "pserver.log")

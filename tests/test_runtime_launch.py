@@ -78,6 +78,8 @@ def test_every_process_gets_paddle_s_environment_and_a_log(tmp_path):
         assert env["TRAINING_ROLE"] == "PSERVER" and env["PADDLE_CURRENT_ENDPOINT"] == endpoint
         assert env["POD_IP"] == "127.0.0.1" and env["PADDLE_PORT"] == endpoint.rpartition(":")[2]
         assert "PADDLE_TRAINER_ID" not in env
+    (token,) = {env["PSTRANSPILE_JOB_TOKEN"] for env in records.values()}  # one per job, in every process
+    assert len(token) >= 40 and token not in text
     logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
     assert logs == ["pserver.0.log", "pserver.1.log", "trainer.0.log", "trainer.1.log"]
     assert "some other output" in (tmp_path / "logs" / "trainer.1.log").read_text()

@@ -358,16 +358,35 @@ def plan_command(args: argparse.Namespace) -> int:
     arg("--timeout", type=float, metavar="S",
         help="give up on a trainer silent this long (default $PSTRANSPILE_RPC_TIMEOUT, else 120)"),
     arg("--seed", type=int, default=0, metavar="N", help="executor seed for the startup's initializers (default 0)"),
+    arg("--token-file", metavar="FILE",
+        help="the job token every RPC must carry (default $PSTRANSPILE_JOB_TOKEN, else $PSTRANSPILE_JOB_TOKEN_FILE)"),
+    arg("--insecure", action="store_true",
+        help="without a job token, listen beyond loopback anyway (anyone who reaches the port controls the job)"),
+    arg("--tls-cert", metavar="PEM", help="serve TLS with this certificate (default $PSTRANSPILE_TLS_CERT)"),
+    arg("--tls-key", metavar="PEM", help="the certificate's private key (default $PSTRANSPILE_TLS_KEY)"),
+    arg("--tls-ca", metavar="PEM", help="require client certificates signed by this CA (default $PSTRANSPILE_TLS_CA)"),
+    arg("--plan", metavar="PLAN.json",
+        help="the job's plan.json: trainers transpiled with another plan are refused (the handshake)"),
 )
 def serve_command(args: argparse.Namespace) -> int:
+    from ops.rpc.auth import ServerAuth, Tls, read_plan_fingerprint
     from ops.rpc.errors import BindError, PserverError
-    from ops.rpc.serve import serve_program
+    from ops.rpc.serve import check_endpoint, listen_op_endpoint, serve_program
 
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    tls_flags = (args.tls_cert, args.tls_key, args.tls_ca)
+    tls = Tls(*(Path(p) if p else None for p in tls_flags)) if any(tls_flags) else None
+    auth = ServerAuth.from_env(token_file=args.token_file, tls=tls, insecure=args.insecure, warn=warn)
+    if auth.tls is not None:
+        auth.tls.server_credentials()  # a missing or unreadable file: a usage error now, not after the startup program
+    fingerprint = read_plan_fingerprint(args.plan) if args.plan else None
     main, startup = load_program(args.program), load_program(args.startup)
+    planned = listen_op_endpoint(main)
+    auth.check_listen(check_endpoint(main, args.endpoint) or planned, planned)  # refused before the startup runs
     try:
-        serve_program(main, startup, endpoint=args.endpoint, timeout=args.timeout, seed=args.seed)
+        serve_program(main, startup, endpoint=args.endpoint, timeout=args.timeout, seed=args.seed, auth=auth,
+                      plan_fingerprint=fingerprint)
     except BindError:
         raise  # a user error (the port is taken): exit 2
     except PserverError as exc:  # the job failed at run time: exit 1

@@ -8,6 +8,7 @@ Importing this package registers the RPC kernels (`send`, `recv`, `send_barrier`
 |---|---|
 | `wire` | `VariableMessage` / `VarBatch` bytes ⇄ LoDTensor / SelectedRows (zero-copy receive) |
 | `service` | the service's method paths, codecs, channel options, timeouts |
+| `auth` | the job token, TLS, the loopback default, the trainer/pserver handshake |
 | `client` | `RpcClient`, one per trainer id per process (`get_client`) |
 | `server` | `PServer`: the gRPC server and the sync / async protocols |
 | `listen_and_serv` | the kernel that runs a `PServer` in a pserver program |

@@ -37,11 +37,13 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent import futures as _futures
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import grpc
 import numpy as np
 
+from ops.rpc.auth import ClientAuth, Handshake
 from ops.rpc.errors import RpcError
 from ops.rpc.service import CHANNEL_OPTIONS, METHODS, call_deadline, default_timeout
 from ops.rpc.wire import Parts, WireVar, encode_batch, encode_var, var_parts
@@ -110,16 +112,21 @@ class PrefetchRequest:
 
 
 class _Endpoint:
-    """One pserver's channel and its callables (which count their bytes in `stats`)."""
+    """One pserver's channel (TLS when `auth` says so) and its callables, which count
+    their bytes in `stats` and carry `metadata` (the job token, the handshake) on every
+    call: every RPC goes through `calls`."""
 
-    def __init__(self, endpoint: str, stats: RpcStats) -> None:
+    def __init__(self, endpoint: str, stats: RpcStats, auth: ClientAuth, metadata: tuple[tuple[str, str], ...]) -> None:
         self.endpoint = endpoint
-        self.channel = grpc.insecure_channel(endpoint, options=list(CHANNEL_OPTIONS))
+        self.channel = auth.channel(endpoint, list(CHANNEL_OPTIONS))
         self.calls = {
-            name: self.channel.unary_unary(
-                m.path,
-                request_serializer=lambda request, enc=m.encode_request, n=name: stats.sent(n, enc(request)),
-                response_deserializer=lambda data, dec=m.decode_response, n=name: dec(stats.received(n, data)),
+            name: partial(
+                self.channel.unary_unary(
+                    m.path,
+                    request_serializer=lambda request, enc=m.encode_request, n=name: stats.sent(n, enc(request)),
+                    response_deserializer=lambda data, dec=m.decode_response, n=name: dec(stats.received(n, data)),
+                ),
+                metadata=metadata,
             )
             for name, m in METHODS.items()
         }
@@ -133,10 +140,24 @@ class RpcClient:
     or 120): one RPC may take `call_deadline(timeout)` (the pserver blocks a get until
     every trainer's barrier is in). `connect_timeout` bounds the first connection to
     each pserver (default: `timeout`); after that a call to a pserver that is gone fails
-    at once (UNAVAILABLE) rather than waiting for it to come back."""
+    at once (UNAVAILABLE) rather than waiting for it to come back.
 
-    def __init__(self, trainer_id: int = 0, *, timeout: float | None = None, connect_timeout: float | None = None) -> None:
+    `auth` is the job token and TLS to present (default: the environment's,
+    `ClientAuth.from_env`); `handshake`, what this trainer was started as, travels with
+    every call so a pserver of another job shape refuses it (`ops.rpc.auth`)."""
+
+    def __init__(
+        self,
+        trainer_id: int = 0,
+        *,
+        timeout: float | None = None,
+        connect_timeout: float | None = None,
+        auth: ClientAuth | None = None,
+        handshake: Handshake | None = None,
+    ) -> None:
         self.trainer_id = int(trainer_id)
+        self.auth = auth if auth is not None else ClientAuth.from_env()
+        self._metadata = self.auth.metadata(handshake)
         self.timeout = float(timeout) if timeout is not None else default_timeout()
         self.connect_timeout = float(connect_timeout) if connect_timeout is not None else self.timeout
         self.deadline = call_deadline(self.timeout)
@@ -155,7 +176,7 @@ class RpcClient:
                 raise RpcError(f"trainer {self.trainer_id}'s RPC client is closed")
             ep = self._endpoints.get(endpoint)
             if ep is None:
-                ep = self._endpoints[endpoint] = _Endpoint(endpoint, self.stats)
+                ep = self._endpoints[endpoint] = _Endpoint(endpoint, self.stats, self.auth, self._metadata)
         if not ep.ready:
             try:
                 grpc.channel_ready_future(ep.channel).result(timeout=self.connect_timeout)

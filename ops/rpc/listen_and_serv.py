@@ -22,6 +22,8 @@ Runtime options come from the executor's env (`Executor(env={...})`):
 | `bind_endpoint` | listen here instead of the `endpoint` attr (e.g. `0.0.0.0:6174`, or port 0 in tests) |
 | `pserver_ready` | called with the `PServer` once it listens (tests read `.port`, call `.stop()`) |
 | `pserver_log` | called with a line at start and end (default: print to stderr; None: quiet) |
+| `pserver_auth` | the `ops.rpc.auth.ServerAuth` (token, TLS, `insecure`; default: from the environment) |
+| `plan_fingerprint` | the job's plan fingerprint, for the handshake (default: not compared) |
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from ops.kernels.context import KernelError, OpContext
 from ops.kernels.registry import register
+from ops.rpc.auth import ServerAuth
 from ops.rpc.server import PServer, ServeConfig, print_log
 from ops.rpc.service import default_timeout
 from transpiler.ir import Block, Program
@@ -133,6 +136,8 @@ def serve_config(ctx: OpContext) -> ServeConfig:
         prefetch_blocks={name: (idx, prefetch_output(program, idx, endpoint)) for name, idx in prefetch.items()},
         checkpoint_block=checkpoint,
         checkpoint_path_var=LOOKUP_TABLE_PATH,
+        auth=ctx.env.get("pserver_auth") or ServerAuth.from_env(),
+        plan_fingerprint=ctx.env.get("plan_fingerprint"),
     )
 
 

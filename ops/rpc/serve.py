@@ -9,6 +9,7 @@ from typing import Any
 
 import ops.rpc  # noqa: F401  (registers the RPC kernels)
 from ops.executor import ExecutionError, Executor
+from ops.rpc.auth import ServerAuth
 from ops.rpc.errors import PserverError
 from ops.rpc.server import PServer, print_log
 from ops.scope import Scope
@@ -49,11 +50,17 @@ def serve_program(
     scope: Scope | None = None,
     ready: Callable[[PServer], None] | None = None,
     log: Callable[[str], None] | None = print_log,
+    auth: ServerAuth | None = None,
+    plan_fingerprint: str | None = None,
 ) -> Scope:
     """Initialise and serve; return the pserver's scope once every trainer completed.
-    Raises `PserverError` when the protocol fails (a trainer vanished, a block failed)."""
+    Raises `PserverError` when the protocol fails (a trainer vanished, a block failed).
+    `auth` defaults to the environment's (`ServerAuth.from_env`); `plan_fingerprint`, when
+    given, is compared with the trainers' (`ops.rpc.auth`)."""
     bind = check_endpoint(main, endpoint)
-    env: dict[str, Any] = {"pserver_log": log}
+    env: dict[str, Any] = {"pserver_log": log, "pserver_auth": auth or ServerAuth.from_env()}
+    if plan_fingerprint is not None:
+        env["plan_fingerprint"] = plan_fingerprint
     if timeout is not None:
         env["rpc_timeout"] = float(timeout)
     if bind is not None:

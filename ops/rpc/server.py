@@ -87,6 +87,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from ops.rpc.auth import Gate, ServerAuth
 from ops.rpc.bind import check_bindable
 from ops.rpc.errors import BindError, PserverError
 from ops.rpc.service import DEFAULT_TIMEOUT, METHODS, SERVER_OPTIONS, SERVICE_NAME
@@ -128,6 +129,8 @@ class ServeConfig:
     prefetch_blocks: Mapping[str, tuple[int, str]] = field(default_factory=dict)  # ids var -> (block, output var)
     checkpoint_block: int = -1  # runs on a lookup-table checkpoint notice
     checkpoint_path_var: str = LOOKUP_TABLE_PATH  # bound to the notice's path first
+    auth: ServerAuth = ServerAuth()  # the job token, TLS, the loopback default (`ops.rpc.auth`)
+    plan_fingerprint: str | None = None  # the handshake compares it with the trainers' when both know it
 
     def __post_init__(self) -> None:
         if self.fanin < 1:
@@ -225,10 +228,23 @@ class PServer:
 
     def start(self) -> None:
         """Bind and start answering RPCs (in async mode after a first lr-decay run)."""
+        where = self.config.bind or self.config.endpoint
+        who_may_call = self.config.auth.check_listen(where, self.config.endpoint)  # before anything runs or binds
+        check_bindable(where, who=f"pserver {self.config.endpoint}")  # a clear reason, before gRPC's own line
+        credentials = self.config.auth.credentials()
         if not self.config.sync_mode and self.config.lr_decay_block >= 0:
             self._run(self.config.lr_decay_block, "the lr-decay block")
+
+        def refuse(reason: str) -> None:  # a trainer started for another job: every process must stop
+            with self._cond:
+                self._failure = self._failure or reason
+                self._cond.notify_all()
+
+        gate = Gate(self.config.auth.token, endpoint=self.config.endpoint, fanin=self.config.fanin,
+                    sync_mode=self.config.sync_mode, plan=self.config.plan_fingerprint, refuse=refuse)
         workers = max(32, 2 * len(self.config.received) + 8 * self.config.fanin)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=list(SERVER_OPTIONS))
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=list(SERVER_OPTIONS),
+                             interceptors=(gate,))
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(
                 getattr(self, f"_rpc_{name}"),
@@ -238,16 +254,15 @@ class PServer:
             for name, method in METHODS.items()
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-        where = self.config.bind or self.config.endpoint
-        check_bindable(where, who=f"pserver {self.config.endpoint}")  # a clear reason, before gRPC's own line
         try:
-            port = server.add_insecure_port(where)
+            port = server.add_secure_port(where, credentials) if credentials else server.add_insecure_port(where)
         except RuntimeError as exc:
             raise BindError(f"pserver {self.config.endpoint}: cannot listen on {where} ({exc}); is the port in use?") from None
         if not port:
             raise BindError(f"pserver {self.config.endpoint}: cannot listen on {where}; is the port in use?")
         self.port = port
         server.start()
+        self._log(f"pserver {self.config.endpoint}: {who_may_call}")
         self._server = server
         self.started_at = time.monotonic()
         with self._cond:

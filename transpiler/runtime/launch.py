@@ -6,7 +6,8 @@
 Every process runs the same command with Paddle's environment conventions
 (`transpiler.runtime.role`: `TRAINING_ROLE`, `PADDLE_PSERVER_ENDPOINTS`, `PADDLE_TRAINER_ID`,
 `PADDLE_TRAINERS_NUM`, `PADDLE_CURRENT_ENDPOINT`, plus `PSTRANSPILE_SYNC_MODE` and
-`PSTRANSPILE_RPC_TIMEOUT`), so the script decides what to do from its role. Endpoints
+`PSTRANSPILE_RPC_TIMEOUT`, and the job's token `PSTRANSPILE_JOB_TOKEN`, made per job
+unless one is set: `ops.rpc.auth`), so the script decides what to do from its role. Endpoints
 default to free ports on `host`. Each process's stdout and stderr go to
 `LOG_DIR/<role>.<i>.log`; trainers' progress lines (`transpiler.runtime.progress`) are shown
 live, one status line per `status_every` seconds (rewritten in place on a terminal).
@@ -20,6 +21,7 @@ seconds after the last trainer finished. It succeeds when every process exits 0.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TextIO
 
+from ops.rpc.auth import TOKEN_ENV, has_token
 from ops.rpc.service import DEFAULT_TIMEOUT
 from transpiler.config import parse_endpoints
 from transpiler.errors import PsTranspilerError
@@ -96,6 +99,17 @@ def free_endpoints(count: int, host: str = "127.0.0.1") -> list[str]:
         for sock in sockets:
             sock.close()
     return [f"{host}:{port}" for port in ports]
+
+
+def job_env(extra: Mapping[str, str], base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`extra` plus, unless `base` (default `os.environ`) or `extra` already names one, a
+    fresh job token (`PSTRANSPILE_JOB_TOKEN`) every process of the job shares: passed in
+    the environment, which only the user can read, never on a command line, which anyone
+    can (`/proc/<pid>/cmdline`)."""
+    env = dict(extra)
+    if not has_token({**(os.environ if base is None else base), **env}):
+        env[TOKEN_ENV] = secrets.token_urlsafe(32)
+    return env
 
 
 BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -269,6 +283,7 @@ def launch(config: LaunchConfig, *, out: TextIO | None = None) -> LaunchResult:
     config.validate()
     out = out or sys.stderr
     endpoints = list(config.endpoints) if config.endpoints else free_endpoints(config.pservers, config.host)
+    extra = job_env(config.env)
     log_dir = Path(config.log_dir)
     started = time.monotonic()
     procs: list[_Process] = []
@@ -279,11 +294,11 @@ def launch(config: LaunchConfig, *, out: TextIO | None = None) -> LaunchResult:
         for i, endpoint in enumerate(endpoints):
             role = Role(PSERVER, 0, config.trainers, tuple(endpoints), endpoint, config.sync_mode, config.rpc_timeout)
             status = ProcessStatus(PSERVER, i, endpoint, log_dir / f"pserver.{i}.log")
-            procs.append(_Process(status, config.command, process_env(role, config.env, processes=total), config.cwd))
+            procs.append(_Process(status, config.command, process_env(role, extra, processes=total), config.cwd))
         for i in range(config.trainers):
             role = Role(TRAINER, i, config.trainers, tuple(endpoints), None, config.sync_mode, config.rpc_timeout)
             status = ProcessStatus(TRAINER, i, None, log_dir / f"trainer.{i}.log")
-            procs.append(_Process(status, config.command, process_env(role, config.env, processes=total), config.cwd))
+            procs.append(_Process(status, config.command, process_env(role, extra, processes=total), config.cwd))
         failure = _monitor(procs, config, out)
     except KeyboardInterrupt:
         failure, interrupted = "interrupted", True

@@ -12,6 +12,8 @@ Paddle's conventions, which `pstranspile launch` sets and any scheduler can:
 
 and two of ours: `PSTRANSPILE_SYNC_MODE` (`1` sync, the default; `0` async) and
 `PSTRANSPILE_RPC_TIMEOUT` (seconds a pserver waits for a silent trainer; default 120).
+Who may call a pserver (`PSTRANSPILE_JOB_TOKEN`, TLS) is `ops.rpc.auth`'s, read where the
+channels and servers are made.
 
     role = Role.from_env()
     if role.is_pserver: ...            # serve

@@ -27,6 +27,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from ops.executor import Executor
+from ops.rpc.auth import Handshake, plan_fingerprint
 from ops.rpc.client import RpcClient  # importing ops.rpc registers the RPC kernels
 from ops.rpc.serve import serve_program
 from ops.scope import Scope
@@ -77,7 +78,8 @@ class Session:
         self.client = None
         env: dict[str, Any] = {}
         if self.role.is_trainer:
-            self.client = RpcClient(self.role.trainer_id, timeout=self.role.rpc_timeout)
+            handshake = Handshake(self.role.trainer_id, self.role.trainers, self.sync_mode, self.plan_fingerprint)
+            self.client = RpcClient(self.role.trainer_id, timeout=self.role.rpc_timeout, handshake=handshake)
             env["rpc"] = self.client
         self.scope = Scope()
         self.executor = Executor(seed=seed, env=env)
@@ -101,6 +103,11 @@ class Session:
             return self.result.pservers[self.role.current_endpoint][1]
         return self.result.trainer_startup
 
+    @property
+    def plan_fingerprint(self) -> str | None:
+        """The plan's fingerprint, which the handshake compares between trainers and pservers."""
+        return plan_fingerprint(self.result.plan.to_json()) if self.result is not None else None
+
     # ------------------------------------------------------------ roles
     def serve(self) -> Any:
         """Pserver: initialise and serve until every trainer completed; the scope."""
@@ -108,7 +115,8 @@ class Session:
             raise PsTranspilerError(f"serve() is for pservers; this process is {self.role.name}")
         main, startup = self.result.pservers[self.role.current_endpoint]
         self._finished = True
-        return serve_program(main, startup, timeout=self.role.rpc_timeout, seed=self.executor.seed, scope=self.scope)
+        return serve_program(main, startup, timeout=self.role.rpc_timeout, seed=self.executor.seed, scope=self.scope,
+                             plan_fingerprint=self.plan_fingerprint)
 
     def start(self) -> None:
         """Run the startup program (a trainer's fetches the pservers' initial params)."""
