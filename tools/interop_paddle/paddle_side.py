@@ -1,0 +1,359 @@
+"""Fluid 1.8.5's side of the interop check (run by the Paddle venv's Python 3.7, never by ours).
+
+It must not import ps-transpiler: it talks to it only through the .pb files the harness
+(tools/interop.py) hands over. Subcommands, each one process:
+
+    build CASE DIR                     build CASE with fluid.layers: DIR/main.pb, startup.pb,
+                                       case.json (feeds, loss, params, tables), init.npz
+    transpile DIR OUT --pservers EPS --trainers N [--async]
+                                       Paddle's own DistributeTranspiler: OUT/t<i>/trainer.pb,
+                                       trainer_startup.pb and OUT/pserver_<host>_<port>[_startup].pb
+    pserver DIR PROGS EP               run one pserver of PROGS on Paddle's runtime (blocks)
+    trainer DIR PROGS ID OUT.npz       run trainer ID of PROGS (PROGS/t<ID>) for the case's steps
+    local DIR OUT.npz                  train DIR/main.pb in one process on the trainers' batches
+
+Every run starts from init.npz (set on the pservers after their startup, or locally after the
+startup), and trainer i of step s is fed batch(s, i), seeded: both transpilers' programs see
+the same values.
+"""
+
+import json
+import os
+import re
+import socket
+import sys
+import time
+
+import numpy as np
+
+import paddle.fluid as fluid
+from paddle.fluid import core
+
+BATCH = 16           # rows per trainer per step
+TABLE_ROWS = 2000      # 2000x16: sliced in 2 blocks at the default min_block_size
+EMB = 16
+
+
+# ---------------------------------------------------------------------------------------------
+# cases
+
+def _mlp(optimizer, x_dim=64):
+    x = fluid.data(name="x", shape=[None, x_dim], dtype="float32")
+    label = fluid.data(name="label", shape=[None, 1], dtype="int64")
+    hidden = fluid.layers.fc(x, size=256, act="relu")          # 64x256: sliced in 2 blocks
+    out = fluid.layers.fc(hidden, size=10, act="softmax")
+    loss = fluid.layers.mean(fluid.layers.cross_entropy(out, label))
+    optimizer.minimize(loss)
+    feeds = [{"name": "x", "kind": "dense", "dim": x_dim}, {"name": "label", "kind": "label", "classes": 10}]
+    return loss, feeds, []
+
+
+def _embedding_net(optimizer, distributed):
+    ids = fluid.data(name="ids", shape=[None, 1], dtype="int64")
+    label = fluid.data(name="label", shape=[None, 1], dtype="int64")
+    emb = fluid.layers.embedding(ids, size=[TABLE_ROWS, EMB], is_sparse=True, is_distributed=distributed,
+                                 param_attr=fluid.ParamAttr(name="emb"))
+    hidden = fluid.layers.fc(emb, size=32, act="relu")
+    out = fluid.layers.fc(hidden, size=10, act="softmax")
+    loss = fluid.layers.mean(fluid.layers.cross_entropy(out, label))
+    optimizer.minimize(loss)
+    feeds = [{"name": "ids", "kind": "ids", "rows": TABLE_ROWS}, {"name": "label", "kind": "label", "classes": 10}]
+    tables = [{"name": "emb", "rows": TABLE_ROWS, "width": EMB, "distributed": distributed}]
+    return loss, feeds, tables
+
+
+CASES = {
+    # name: (network, pservers, trainers, sync, steps)
+    "dense_sync": (lambda: _mlp(fluid.optimizer.Adam(learning_rate=0.01)), 2, 2, True, 5),
+    "dense_async": (lambda: _mlp(fluid.optimizer.SGD(learning_rate=0.1)), 2, 1, False, 5),
+    "lr_decay": (lambda: _mlp(fluid.optimizer.SGD(learning_rate=fluid.layers.exponential_decay(
+        learning_rate=0.5, decay_steps=2, decay_rate=0.5, staircase=True))), 2, 2, True, 5),
+    "sparse_prefetch": (lambda: _embedding_net(fluid.optimizer.SGD(learning_rate=0.5), False), 2, 2, True, 5),
+    "distributed_table": (lambda: _embedding_net(fluid.optimizer.SGD(learning_rate=0.5), True), 2, 2, True, 5),
+}
+
+
+def build(case, out_dir):
+    network, pservers, trainers, sync, steps = CASES[case]
+    main, startup = fluid.Program(), fluid.Program()
+    main.random_seed = startup.random_seed = 1
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        loss, feeds, tables = network()
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "main.pb"), "wb") as f:
+        f.write(main.desc.serialize_to_string())
+    with open(os.path.join(out_dir, "startup.pb"), "wb") as f:
+        f.write(startup.desc.serialize_to_string())
+    rng = np.random.RandomState(2020)
+    init = {}
+    params = []
+    table_names = {t["name"] for t in tables}
+    for p in main.global_block().all_parameters():
+        shape = [int(d) for d in p.shape]
+        if p.name in table_names:
+            # every row of a table alike: a distributed shard hands out rows from its pool in
+            # first-touch order, which two concurrent trainers make nondeterministic
+            row = rng.uniform(-0.1, 0.1, size=(1, shape[1])).astype("float32")
+            init[p.name] = np.repeat(row, shape[0], axis=0)
+        else:
+            init[p.name] = rng.uniform(-0.1, 0.1, size=shape).astype("float32")
+            params.append(p.name)
+    np.savez(os.path.join(out_dir, "init.npz"), **init)
+    spec = {"case": case, "pservers": pservers, "trainers": trainers, "sync": sync, "steps": steps,
+            "loss": loss.name, "feeds": feeds, "params": sorted(params), "tables": tables}
+    with open(os.path.join(out_dir, "case.json"), "w") as f:
+        json.dump(spec, f, indent=1)
+
+
+def batch(spec, step, trainer):
+    """The feed of `trainer` at `step`: the same in every run of the case."""
+    rng = np.random.RandomState(1000 * step + trainer)
+    feed = {}
+    for item in spec["feeds"]:
+        if item["kind"] == "dense":
+            feed[item["name"]] = rng.uniform(-1, 1, size=(BATCH, item["dim"])).astype("float32")
+        elif item["kind"] == "label":
+            feed[item["name"]] = rng.randint(0, item["classes"], size=(BATCH, 1)).astype("int64")
+        else:
+            feed[item["name"]] = rng.randint(0, item["rows"], size=(BATCH, 1)).astype("int64")
+    return feed
+
+
+# ---------------------------------------------------------------------------------------------
+# Paddle's own transpiler, written in ps-transpiler's file layout
+
+def _load(path):
+    with open(path, "rb") as f:
+        return fluid.Program.parse_from_string(f.read())
+
+
+def _save(program, path):
+    with open(path, "wb") as f:
+        f.write(program.desc.serialize_to_string())
+
+
+def _pserver_file(ep, suffix=""):
+    host, port = ep.rsplit(":", 1)
+    return "pserver_%s_%s%s.pb" % (host, port, suffix)
+
+
+def _transpiler(case_dir, trainer_id, eps, trainers, sync):
+    main, startup = _load(os.path.join(case_dir, "main.pb")), _load(os.path.join(case_dir, "startup.pb"))
+    config = fluid.DistributeTranspilerConfig()
+    config.sync_mode = sync        # 1.7+ takes the pservers' mode from here (facts §10.3)
+    t = fluid.DistributeTranspiler(config=config)
+    t.transpile(trainer_id, program=main, pservers=eps, trainers=trainers, sync_mode=sync,
+                startup_program=startup)
+    return t, startup
+
+
+def transpile(case_dir, out_dir, eps, trainers, sync):
+    for tid in range(trainers):
+        # a fresh transpile per program: get_startup_program rewrites the trainer startup (§10)
+        t, startup = _transpiler(case_dir, tid, eps, trainers, sync)
+        sub = os.path.join(out_dir, "t%d" % tid)
+        os.makedirs(sub, exist_ok=True)
+        _save(t.get_trainer_program(wait_port=False), os.path.join(sub, "trainer.pb"))
+        _save(startup, os.path.join(sub, "trainer_startup.pb"))
+    for ep in eps.split(","):
+        t, _ = _transpiler(case_dir, 0, eps, trainers, sync)
+        prog = t.get_pserver_program(ep)
+        _save(prog, os.path.join(out_dir, _pserver_file(ep)))
+        _save(t.get_startup_program(ep, prog), os.path.join(out_dir, _pserver_file(ep, "_startup")))
+
+
+# ---------------------------------------------------------------------------------------------
+# running on Paddle's runtime
+
+def _spec(case_dir):
+    with open(os.path.join(case_dir, "case.json")) as f:
+        return json.load(f)
+
+
+def _block_rows(progs_dir):
+    """{param: [(block index, rows)]} over every pserver program of the run: where a block starts."""
+    found = {}
+    for name in sorted(os.listdir(progs_dir)):
+        if name.startswith("pserver_") and not name.endswith("_startup.pb"):
+            for var in _load(os.path.join(progs_dir, name)).global_block().vars.values():
+                m = re.match(r"^(.*)\.block(\d+)$", var.name)
+                if m:
+                    found.setdefault(m.group(1), {})[int(m.group(2))] = int(var.shape[0])
+    return found
+
+
+def _set(name, value, place):
+    var = fluid.global_scope().find_var(name)
+    if var is None:
+        raise SystemExit("interop: %s is not in the scope after the startup" % name)
+    if var.is_selected_rows() if hasattr(var, "is_selected_rows") else False:
+        var.get_selected_rows().get_tensor().set(value, place)
+    else:
+        var.get_tensor().set(value, place)
+
+
+def serve(case_dir, progs_dir, ep):
+    spec = _spec(case_dir)
+    init = np.load(os.path.join(case_dir, "init.npz"))
+    prog = _load(os.path.join(progs_dir, _pserver_file(ep)))
+    startup = _load(os.path.join(progs_dir, _pserver_file(ep, "_startup")))
+    place = fluid.CPUPlace()
+    exe = fluid.Executor(place)
+    exe.run(startup)
+    blocks = _block_rows(progs_dir)
+    tables = {t["name"]: t for t in spec["tables"]}
+    for var in prog.global_block().vars.values():
+        shape = [int(d) for d in var.shape] if var.shape is not None else None
+        m = re.match(r"^(.*)\.block(\d+)$", var.name)
+        if var.name in init.files:
+            full = init[var.name]
+            if var.name in tables and tables[var.name]["distributed"]:
+                value = full[:shape[0]]            # the shard's row pool (all rows alike)
+            else:
+                value = full
+            _set(var.name, value, place)
+        elif m and m.group(1) in init.files:
+            index = int(m.group(2))
+            start = sum(rows for i, rows in blocks[m.group(1)].items() if i < index)
+            _set(var.name, init[m.group(1)][start:start + shape[0]], place)
+    print("interop: pserver %s serving" % ep, flush=True)
+    exe.run(prog)
+
+
+def _wait_ports(eps, seconds=60.0):
+    deadline = time.time() + seconds
+    for ep in eps:
+        host, port = ep.rsplit(":", 1)
+        while True:
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise SystemExit("interop: pserver %s did not open its port in %.0f s" % (ep, seconds))
+                time.sleep(0.2)
+
+
+def _prefetch_all(trainer_prog, table, place, exe):
+    """The whole remote table, read through the trainer's own prefetch ops on ids 0..rows-1."""
+    block = trainer_prog.global_block()
+    chain = [op for op in block.ops if op.type in ("distributed_lookup_table", "split_ids", "prefetch", "merge_ids")
+             and (op.type != "split_ids" or not op.input("Ids")[0].endswith("@GRAD"))]
+    chain = [op for op in chain if op.attr("table_names") in (None, []) or table in op.attr("table_names")
+             or op.type in ("split_ids", "merge_ids")]
+    if not chain:
+        raise SystemExit("interop: the trainer program has no prefetch op for table %s" % table["name"])
+    prog = fluid.Program()
+    new = prog.global_block()
+    ids = new.create_var(name="interop_all_ids", shape=[-1, 1], dtype="int64")
+    rename = {}
+
+    def var_for(name):
+        if name in rename:
+            return rename[name]
+        src = block.var(name)
+        dst = new.create_var(name=name, shape=src.shape, dtype=src.dtype, type=src.type,
+                             persistable=src.persistable)
+        rename[name] = dst.name
+        return dst.name
+
+    first_ids = None
+    for op in chain:
+        if op.type in ("distributed_lookup_table", "split_ids"):
+            if first_ids is None:
+                first_ids = op.input("Ids")[0]
+    rows = []
+    for op in chain:
+        inputs, outputs = {}, {}
+        for slot in op.input_names:
+            names = op.input(slot)
+            if slot == "Ids":
+                names = [first_ids] if first_ids in names else []
+                inputs[slot] = [ids.name if n == first_ids else var_for(n) for n in names]
+            else:
+                inputs[slot] = [var_for(n) for n in names]
+        for slot in op.output_names:
+            names = op.output(slot)
+            if op.type in ("distributed_lookup_table", "merge_ids") and slot in ("Outputs", "Out"):
+                index = op.input("Ids").index(first_ids) if first_ids in op.input("Ids") else None
+                names = [names[index]] if index is not None else []
+                rows = [var_for(n) for n in names]
+                outputs[slot] = rows
+            else:
+                outputs[slot] = [var_for(n) for n in names]
+        new.append_op(type=op.type, inputs=inputs, outputs=outputs, attrs=op.all_attrs())
+    out, = exe.run(prog, feed={ids.name: np.arange(table["rows"], dtype="int64").reshape(-1, 1)},
+                   fetch_list=rows, return_numpy=False)
+    return np.array(out)
+
+
+def train(case_dir, progs_dir, trainer_id, out_path):
+    spec = _spec(case_dir)
+    sub = os.path.join(progs_dir, "t%d" % trainer_id)
+    prog = _load(os.path.join(sub, "trainer.pb"))
+    startup = _load(os.path.join(sub, "trainer_startup.pb"))
+    eps = [n for n in os.listdir(progs_dir) if n.startswith("pserver_") and not n.endswith("_startup.pb")]
+    eps = [n[len("pserver_"):-len(".pb")].rsplit("_", 1) for n in eps]
+    _wait_ports(["%s:%s" % (h, p) for h, p in sorted(eps)])
+    place = fluid.CPUPlace()
+    exe = fluid.Executor(place)
+    exe.run(startup)
+    losses = []
+    for step in range(spec["steps"]):
+        loss, = exe.run(prog, feed=batch(spec, step, trainer_id), fetch_list=[spec["loss"]],
+                        use_program_cache=True)
+        losses.append(np.array(loss).reshape(-1)[0])
+    result = {"losses": np.array(losses, dtype="float32")}
+    if trainer_id == 0:
+        scope = fluid.global_scope()
+        for name in spec["params"]:
+            result["param:" + name] = np.array(scope.find_var(name).get_tensor())
+        for table in spec["tables"]:
+            result["param:" + table["name"]] = _prefetch_all(prog, table, place, exe)
+    np.savez(out_path, **result)
+    exe.close()
+
+
+def local(case_dir, out_path):
+    spec = _spec(case_dir)
+    prog = _load(os.path.join(case_dir, "main.pb"))
+    startup = _load(os.path.join(case_dir, "startup.pb"))
+    init = np.load(os.path.join(case_dir, "init.npz"))
+    place = fluid.CPUPlace()
+    exe = fluid.Executor(place)
+    exe.run(startup)
+    for name in init.files:
+        _set(name, init[name], place)
+    losses = []
+    for step in range(spec["steps"]):
+        parts = [batch(spec, step, t) for t in range(spec["trainers"])]
+        feed = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        loss, = exe.run(prog, feed=feed, fetch_list=[spec["loss"]], use_program_cache=True)
+        losses.append(np.array(loss).reshape(-1)[0])
+    result = {"losses": np.array(losses, dtype="float32")}
+    for name in init.files:
+        result["param:" + name] = np.array(fluid.global_scope().find_var(name).get_tensor())
+    np.savez(out_path, **result)
+
+
+def main(argv):
+    cmd, args = argv[0], argv[1:]
+    if cmd == "build":
+        build(args[0], args[1])
+    elif cmd == "transpile":
+        case_dir, out_dir = args[0], args[1]
+        eps = args[args.index("--pservers") + 1]
+        trainers = int(args[args.index("--trainers") + 1])
+        transpile(case_dir, out_dir, eps, trainers, "--async" not in args)
+    elif cmd == "pserver":
+        serve(args[0], args[1], args[2])
+    elif cmd == "trainer":
+        train(args[0], args[1], int(args[2]), args[3])
+    elif cmd == "local":
+        local(args[0], args[1])
+    else:
+        raise SystemExit("interop: unknown command %r" % cmd)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
