@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import paddle_env  # noqa: E402
 
 PADDLE_SIDE = ROOT / "tools" / "interop_paddle" / "paddle_side.py"
-RUN_TIMEOUT = 180.0      # seconds for one run's trainers
+RUN_TIMEOUT = 60.0       # seconds for one run's trainers
 PSERVER_GRACE = 5.0      # seconds a pserver may take to exit after the trainers, then it is killed
 
 

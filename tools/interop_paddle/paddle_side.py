@@ -182,11 +182,11 @@ def _block_rows(progs_dir):
     return found
 
 
-def _set(name, value, place):
+def _set(name, value, place, selected_rows=False):
     var = fluid.global_scope().find_var(name)
     if var is None:
         raise SystemExit("interop: %s is not in the scope after the startup" % name)
-    if var.is_selected_rows() if hasattr(var, "is_selected_rows") else False:
+    if selected_rows:
         var.get_selected_rows().get_tensor().set(value, place)
     else:
         var.get_tensor().set(value, place)
@@ -203,7 +203,9 @@ def serve(case_dir, progs_dir, ep):
     blocks = _block_rows(progs_dir)
     tables = {t["name"]: t for t in spec["tables"]}
     for var in prog.global_block().vars.values():
-        shape = [int(d) for d in var.shape] if var.shape is not None else None
+        if var.type not in (core.VarDesc.VarType.LOD_TENSOR, core.VarDesc.VarType.SELECTED_ROWS):
+            continue
+        shape = [int(d) for d in var.shape]
         m = re.match(r"^(.*)\.block(\d+)$", var.name)
         if var.name in init.files:
             full = init[var.name]
@@ -211,7 +213,7 @@ def serve(case_dir, progs_dir, ep):
                 value = full[:shape[0]]            # the shard's row pool (all rows alike)
             else:
                 value = full
-            _set(var.name, value, place)
+            _set(var.name, value, place, var.type == core.VarDesc.VarType.SELECTED_ROWS)
         elif m and m.group(1) in init.files:
             index = int(m.group(2))
             start = sum(rows for i, rows in blocks[m.group(1)].items() if i < index)
@@ -234,56 +236,38 @@ def _wait_ports(eps, seconds=60.0):
                 time.sleep(0.2)
 
 
-def _prefetch_all(trainer_prog, table, place, exe):
-    """The whole remote table, read through the trainer's own prefetch ops on ids 0..rows-1."""
+def _prefetch_all(trainer_prog, table, exe):
+    """The whole remote table, read through the trainer's own prefetch ops on ids 0..rows-1:
+    its `distributed_lookup_table`, or its `split_ids -> prefetch -> merge_ids` (the nets here
+    look each table up once, so the chain reads one Ids var)."""
     block = trainer_prog.global_block()
-    chain = [op for op in block.ops if op.type in ("distributed_lookup_table", "split_ids", "prefetch", "merge_ids")
-             and (op.type != "split_ids" or not op.input("Ids")[0].endswith("@GRAD"))]
-    chain = [op for op in chain if op.attr("table_names") in (None, []) or table in op.attr("table_names")
-             or op.type in ("split_ids", "merge_ids")]
+    chain = []
+    for op in block.ops:
+        if any(n.endswith("@GRAD") or "@GRAD." in n for n in op.input_arg_names):
+            continue
+        if op.type == "distributed_lookup_table" and any(
+                n == table["name"] or n.startswith(table["name"] + ".block") for n in op.attr("table_names")):
+            chain.append(op)
+        elif op.type in ("split_ids", "prefetch", "merge_ids"):
+            chain.append(op)
     if not chain:
         raise SystemExit("interop: the trainer program has no prefetch op for table %s" % table["name"])
+    ids_name = chain[0].input("Ids")[0]
     prog = fluid.Program()
     new = prog.global_block()
-    ids = new.create_var(name="interop_all_ids", shape=[-1, 1], dtype="int64")
-    rename = {}
-
-    def var_for(name):
-        if name in rename:
-            return rename[name]
+    new.create_var(name="interop_all_ids", shape=[-1, 1], dtype="int64")
+    for name in set(n for op in chain for n in op.input_arg_names + op.output_arg_names) - {ids_name}:
         src = block.var(name)
-        dst = new.create_var(name=name, shape=src.shape, dtype=src.dtype, type=src.type,
-                             persistable=src.persistable)
-        rename[name] = dst.name
-        return dst.name
-
-    first_ids = None
+        new.create_var(name=name, shape=src.shape, dtype=src.dtype, type=src.type, persistable=src.persistable)
     for op in chain:
-        if op.type in ("distributed_lookup_table", "split_ids"):
-            if first_ids is None:
-                first_ids = op.input("Ids")[0]
-    rows = []
-    for op in chain:
-        inputs, outputs = {}, {}
-        for slot in op.input_names:
-            names = op.input(slot)
-            if slot == "Ids":
-                names = [first_ids] if first_ids in names else []
-                inputs[slot] = [ids.name if n == first_ids else var_for(n) for n in names]
-            else:
-                inputs[slot] = [var_for(n) for n in names]
-        for slot in op.output_names:
-            names = op.output(slot)
-            if op.type in ("distributed_lookup_table", "merge_ids") and slot in ("Outputs", "Out"):
-                index = op.input("Ids").index(first_ids) if first_ids in op.input("Ids") else None
-                names = [names[index]] if index is not None else []
-                rows = [var_for(n) for n in names]
-                outputs[slot] = rows
-            else:
-                outputs[slot] = [var_for(n) for n in names]
+        inputs = {slot: [new.var("interop_all_ids" if n == ids_name else n) for n in op.input(slot)]
+                  for slot in op.input_names}
+        outputs = {slot: [new.var(n) for n in op.output(slot)] for slot in op.output_names}
         new.append_op(type=op.type, inputs=inputs, outputs=outputs, attrs=op.all_attrs())
-    out, = exe.run(prog, feed={ids.name: np.arange(table["rows"], dtype="int64").reshape(-1, 1)},
-                   fetch_list=rows, return_numpy=False)
+    last = chain[-1]
+    out_name = last.output("Outputs" if last.type == "distributed_lookup_table" else "Out")[0]
+    out, = exe.run(prog, feed={"interop_all_ids": np.arange(table["rows"], dtype="int64").reshape(-1, 1)},
+                   fetch_list=[out_name])
     return np.array(out)
 
 
@@ -298,18 +282,20 @@ def train(case_dir, progs_dir, trainer_id, out_path):
     place = fluid.CPUPlace()
     exe = fluid.Executor(place)
     exe.run(startup)
+    print("interop: trainer %d started" % trainer_id, flush=True)
     losses = []
     for step in range(spec["steps"]):
         loss, = exe.run(prog, feed=batch(spec, step, trainer_id), fetch_list=[spec["loss"]],
                         use_program_cache=True)
         losses.append(np.array(loss).reshape(-1)[0])
+        print("interop: trainer %d step %d loss %r" % (trainer_id, step, float(losses[-1])), flush=True)
     result = {"losses": np.array(losses, dtype="float32")}
     if trainer_id == 0:
         scope = fluid.global_scope()
         for name in spec["params"]:
             result["param:" + name] = np.array(scope.find_var(name).get_tensor())
         for table in spec["tables"]:
-            result["param:" + table["name"]] = _prefetch_all(prog, table, place, exe)
+            result["param:" + table["name"]] = _prefetch_all(prog, table, exe)
     np.savez(out_path, **result)
     exe.close()
 
