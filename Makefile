@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 DEMO   ?= build/demo
 
-.PHONY: install test demo golden proto bench clean
+.PHONY: install test demo golden proto bench interop clean
 
 install: $(VENV)/.installed
 
@@ -39,6 +39,11 @@ bench: install
 	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/sparse_table.py
 	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/sparse_footprint.py
 	$(PY) benchmarks/pserver_throughput.py
+
+# Our programs on Fluid 1.8.5's own runtime vs the programs Paddle's transpiler writes (issue 12);
+# makes the Fluid 1.8.5 venv (Python 3.7) under ~/.cache on first use.
+interop: install
+	$(PY) tools/interop.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

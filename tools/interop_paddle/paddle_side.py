@@ -23,6 +23,7 @@ import re
 import socket
 import sys
 import time
+import traceback
 
 import numpy as np
 
@@ -222,18 +223,41 @@ def serve(case_dir, progs_dir, ep):
     exe.run(prog)
 
 
+def _listening(port):
+    """Whether some socket listens on `port`, read from /proc/net (Linux) without connecting:
+    a probe connection that is closed at once can stall Fluid 1.8.5's gRPC server (observed:
+    a trainer's first RPC to it then hung for 26 s)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
 def _wait_ports(eps, seconds=60.0):
+    proc_net = os.path.exists("/proc/net/tcp")
     deadline = time.time() + seconds
     for ep in eps:
         host, port = ep.rsplit(":", 1)
         while True:
-            try:
-                socket.create_connection((host, int(port)), timeout=1).close()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    raise SystemExit("interop: pserver %s did not open its port in %.0f s" % (ep, seconds))
-                time.sleep(0.2)
+            if proc_net:
+                if _listening(int(port)):
+                    break
+            else:
+                try:
+                    socket.create_connection((host, int(port)), timeout=1).close()
+                    break
+                except OSError:
+                    pass
+            if time.time() > deadline:
+                raise SystemExit("interop: pserver %s did not open its port in %.0f s" % (ep, seconds))
+            time.sleep(0.2)
 
 
 def _prefetch_all(trainer_prog, table, exe):
@@ -271,6 +295,19 @@ def _prefetch_all(trainer_prog, table, exe):
     return np.array(out)
 
 
+def _start_barrier(run_dir, trainer_id, trainers, seconds=60.0):
+    """Step 0 only once every trainer has its params. Fluid 1.8.5's sync pserver serves the
+    startup fetches first; a trainer's step-0 grad arriving before another trainer's startup
+    fetch stalled the pserver's gRPC for 25 s at a time (seen in 2 of 12 runs), in Paddle's
+    programs and ours alike."""
+    open(os.path.join(run_dir, "started.%d" % trainer_id), "w").close()
+    deadline = time.time() + seconds
+    while not all(os.path.exists(os.path.join(run_dir, "started.%d" % i)) for i in range(trainers)):
+        if time.time() > deadline:
+            raise SystemExit("interop: trainer %d: the other trainers did not start in %.0f s" % (trainer_id, seconds))
+        time.sleep(0.05)
+
+
 def train(case_dir, progs_dir, trainer_id, out_path):
     spec = _spec(case_dir)
     sub = os.path.join(progs_dir, "t%d" % trainer_id)
@@ -282,6 +319,7 @@ def train(case_dir, progs_dir, trainer_id, out_path):
     place = fluid.CPUPlace()
     exe = fluid.Executor(place)
     exe.run(startup)
+    _start_barrier(os.path.dirname(os.path.abspath(out_path)), trainer_id, spec["trainers"])
     print("interop: trainer %d started" % trainer_id, flush=True)
     losses = []
     for step in range(spec["steps"]):
@@ -342,4 +380,20 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    # os._exit: a Paddle process whose gRPC client or server threads are still up can hang
+    # in interpreter shutdown after an error; the harness would only see a timeout
+    code = 0
+    try:
+        main(sys.argv[1:])
+    except SystemExit as error:
+        if isinstance(error.code, int):
+            code = error.code
+        elif error.code is not None:
+            print(error.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
