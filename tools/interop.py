@@ -51,6 +51,7 @@ CASES = [
     Case("dense_sync", "MLP 64-256-10, Adam, sliced fc_0.w_0, sync"),
     Case("dense_async", "MLP, SGD, async, 1 trainer"),
     Case("lr_decay", "MLP, SGD on exponential_decay (lr-decay block on the pservers), sync"),
+    Case("lr_piecewise_l2", "MLP, Momentum on piecewise_decay (conditional sub-blocks on the pservers), L2Decay, sync"),
     Case("sparse_prefetch", "2000x16 is_sparse embedding (remote prefetch, sliced), SGD, sync"),
     # Fluid 1.8.5's transpiler raises IndexError on an is_distributed table (Paddle #26479):
     # the reference is Paddle training the program in one process on both trainers' batches;
@@ -141,7 +142,7 @@ def run_programs(py: Path, case_dir: Path, progs: Path, spec: dict, eps: list[st
             log_path = out / f"pserver{i}.log"
             with open(log_path, "w") as log_file:
                 procs.append((f"pserver {ep}", subprocess.Popen(
-                    [str(py), str(PADDLE_SIDE), "pserver", str(case_dir), str(progs), ep],
+                    [str(py), str(PADDLE_SIDE), "pserver", str(case_dir), str(progs), ep, str(out)],
                     stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True), log_path))
         trainers = []
         for i in range(spec["trainers"]):
@@ -228,6 +229,23 @@ def compare(case: Case, spec: dict, ref: list[Path], got: list[Path]) -> str:
     return "; ".join(problems), len(pairs), worst
 
 
+def startup_values(run: Path) -> dict[str, np.ndarray]:
+    values = {}
+    for path in sorted(run.glob("startup_values_*.npz")):
+        values.update(np.load(path))
+    return values
+
+
+def compare_startups(ref_run: Path, got_run: Path) -> str:
+    """Whether both runs' pserver startups made the same params before the harness set them."""
+    ref, got = startup_values(ref_run), startup_values(got_run)
+    differ = sorted(n for n in set(ref) | set(got)
+                    if n not in ref or n not in got or not np.array_equal(ref[n], got[n]))
+    if not differ:
+        return "the pserver startups' own initial values are equal too"
+    return f"the pserver startups' own initial values differ for {', '.join(differ)} (set to one array in both runs)"
+
+
 def run_case(case: Case, py: Path, work: Path) -> tuple[bool, str]:
     case_dir = work / case.name
     shutil.rmtree(case_dir, ignore_errors=True)
@@ -254,7 +272,10 @@ def run_case(case: Case, py: Path, work: Path) -> tuple[bool, str]:
     if problems:
         return False, f"{case.name}: DIFFERENT from {against} ({mode}): {problems}"
     how = "bit-equal" if case.rtol == 0.0 else f"equal within {case.rtol:g} of each value's scale (worst {worst:.2g})"
-    return True, f"{case.name}: equal to {against} ({mode}; losses and params, {count} arrays {how})"
+    note = ""
+    if case.reference == "paddle":
+        note = "; " + compare_startups(case_dir / "run_paddle", case_dir / "run_ours")
+    return True, f"{case.name}: equal to {against} ({mode}; losses and params, {count} arrays {how}){note}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ It must not import ps-transpiler: it talks to it only through the .pb files the 
     transpile DIR OUT --pservers EPS --trainers N [--async]
                                        Paddle's own DistributeTranspiler: OUT/t<i>/trainer.pb,
                                        trainer_startup.pb and OUT/pserver_<host>_<port>[_startup].pb
-    pserver DIR PROGS EP               run one pserver of PROGS on Paddle's runtime (blocks)
+    pserver DIR PROGS EP RUN           run one pserver of PROGS on Paddle's runtime (blocks)
     trainer DIR PROGS ID OUT.npz       run trainer ID of PROGS (PROGS/t<ID>) for the case's steps
     local DIR OUT.npz                  train DIR/main.pb in one process on the trainers' batches
 
@@ -69,6 +69,9 @@ CASES = {
     "dense_async": (lambda: _mlp(fluid.optimizer.SGD(learning_rate=0.1)), 2, 1, False, 5),
     "lr_decay": (lambda: _mlp(fluid.optimizer.SGD(learning_rate=fluid.layers.exponential_decay(
         learning_rate=0.5, decay_steps=2, decay_rate=0.5, staircase=True))), 2, 2, True, 5),
+    "lr_piecewise_l2": (lambda: _mlp(fluid.optimizer.Momentum(
+        learning_rate=fluid.layers.piecewise_decay(boundaries=[2, 4], values=[0.5, 0.25, 0.1]), momentum=0.9,
+        regularization=fluid.regularizer.L2Decay(1e-4))), 2, 2, True, 6),
     "sparse_prefetch": (lambda: _embedding_net(fluid.optimizer.SGD(learning_rate=0.5), False), 2, 2, True, 5),
     "distributed_table": (lambda: _embedding_net(fluid.optimizer.SGD(learning_rate=0.5), True), 2, 2, True, 5),
 }
@@ -193,7 +196,12 @@ def _set(name, value, place, selected_rows=False):
         var.get_tensor().set(value, place)
 
 
-def serve(case_dir, progs_dir, ep):
+def _get(name, selected_rows=False):
+    var = fluid.global_scope().find_var(name)
+    return np.array(var.get_selected_rows().get_tensor() if selected_rows else var.get_tensor())
+
+
+def serve(case_dir, progs_dir, ep, run_dir):
     spec = _spec(case_dir)
     init = np.load(os.path.join(case_dir, "init.npz"))
     prog = _load(os.path.join(progs_dir, _pserver_file(ep)))
@@ -203,11 +211,14 @@ def serve(case_dir, progs_dir, ep):
     exe.run(startup)
     blocks = _block_rows(progs_dir)
     tables = {t["name"]: t for t in spec["tables"]}
+    own = {}   # what the pserver startup itself made of each param, kept for the harness's report
     for var in prog.global_block().vars.values():
         if var.type not in (core.VarDesc.VarType.LOD_TENSOR, core.VarDesc.VarType.SELECTED_ROWS):
             continue
         shape = [int(d) for d in var.shape]
         m = re.match(r"^(.*)\.block(\d+)$", var.name)
+        if var.name in init.files or (m and m.group(1) in init.files):
+            own[var.name] = _get(var.name, var.type == core.VarDesc.VarType.SELECTED_ROWS)
         if var.name in init.files:
             full = init[var.name]
             if var.name in tables and tables[var.name]["distributed"]:
@@ -219,42 +230,22 @@ def serve(case_dir, progs_dir, ep):
             index = int(m.group(2))
             start = sum(rows for i, rows in blocks[m.group(1)].items() if i < index)
             _set(var.name, init[m.group(1)][start:start + shape[0]], place)
+    np.savez(os.path.join(run_dir, "startup_values_%s.npz" % ep.rsplit(":", 1)[1]), **own)
     print("interop: pserver %s serving" % ep, flush=True)
     exe.run(prog)
 
 
-def _listening(port):
-    """Whether some socket listens on `port`, read from /proc/net (Linux) without connecting:
-    a probe connection that is closed at once can stall Fluid 1.8.5's gRPC server (observed:
-    a trainer's first RPC to it then hung for 26 s)."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                lines = f.readlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                return True
-    return False
-
-
 def _wait_ports(eps, seconds=60.0):
-    proc_net = os.path.exists("/proc/net/tcp")
+    """As Paddle's own wait_server_ready: until each pserver accepts a connection."""
     deadline = time.time() + seconds
     for ep in eps:
         host, port = ep.rsplit(":", 1)
         while True:
-            if proc_net:
-                if _listening(int(port)):
-                    break
-            else:
-                try:
-                    socket.create_connection((host, int(port)), timeout=1).close()
-                    break
-                except OSError:
-                    pass
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                break
+            except OSError:
+                pass
             if time.time() > deadline:
                 raise SystemExit("interop: pserver %s did not open its port in %.0f s" % (ep, seconds))
             time.sleep(0.2)
@@ -370,7 +361,7 @@ def main(argv):
         trainers = int(args[args.index("--trainers") + 1])
         transpile(case_dir, out_dir, eps, trainers, "--async" not in args)
     elif cmd == "pserver":
-        serve(args[0], args[1], args[2])
+        serve(args[0], args[1], args[2], args[3])
     elif cmd == "trainer":
         train(args[0], args[1], int(args[2]), args[3])
     elif cmd == "local":
