@@ -198,8 +198,9 @@ def transpile_ours(case_dir: Path, progs: Path, spec: dict, eps: list[str]) -> N
         shutil.copy(path, progs / path.name)
 
 
-def compare(case: Case, spec: dict, ref: list[Path], got: list[Path]) -> str:
-    """'' when equal (bit-equal, or within case.rtol), else what differs."""
+def compare(case: Case, spec: dict, ref: list[Path], got: list[Path]) -> tuple[str, int, float]:
+    """(what differs, '' when equal: bit-equal, or within case.rtol of each array's max |value|;
+    how many arrays were compared; the worst relative difference under a tolerance)."""
     problems = []
     worst = 0.0
     ref_data = [dict(np.load(p)) for p in ref]

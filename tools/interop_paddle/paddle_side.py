@@ -175,7 +175,8 @@ def _spec(case_dir):
 
 
 def _block_rows(progs_dir):
-    """{param: [(block index, rows)]} over every pserver program of the run: where a block starts."""
+    """{param: {block index: rows}} over every pserver program of the run: blocks are row
+    ranges in index order, so block i starts after the rows of blocks 0..i-1."""
     found = {}
     for name in sorted(os.listdir(progs_dir)):
         if name.startswith("pserver_") and not name.endswith("_startup.pb"):
