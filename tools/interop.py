@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import paddle_env  # noqa: E402
 
 PADDLE_SIDE = ROOT / "tools" / "interop_paddle" / "paddle_side.py"
+FIXTURES = ROOT / "tests" / "fixtures" / "paddle_programs"
 RUN_TIMEOUT = 60.0       # seconds for one run's trainers
 PSERVER_GRACE = 5.0      # seconds a pserver may take to exit after the trainers, then it is killed
 
@@ -45,18 +46,23 @@ class Case:
     what: str
     reference: str = "paddle"   # "paddle": Paddle's transpiler; "local": one Paddle process
     rtol: float = 0.0           # 0: bit-equal
+    fixture: str = ""           # a folder of tests/fixtures/paddle_programs: its programs as they are
 
 
 CASES = [
     Case("dense_sync", "MLP 64-256-10, Adam, sliced fc_0.w_0, sync"),
+    Case("fixture_basic_sgd", "Paddle's own test network x[1000] -> fc 1000, square error, SGD "
+         "(fixture fluid18_basic_sgd_2ps), sync", fixture="fluid18_basic_sgd_2ps"),
     Case("dense_async", "MLP, SGD, async, 1 trainer"),
     Case("lr_decay", "MLP, SGD on exponential_decay (lr-decay block on the pservers), sync"),
     Case("lr_piecewise_l2", "MLP, Momentum on piecewise_decay (conditional sub-blocks on the pservers), L2Decay, sync"),
     Case("sparse_prefetch", "2000x16 is_sparse embedding (remote prefetch, sliced), SGD, sync"),
+    Case("sparse_async_adam", "the remote-prefetch table, Adam, async, 1 trainer"),
     # Fluid 1.8.5's transpiler raises IndexError on an is_distributed table (Paddle #26479):
     # the reference is Paddle training the program in one process on both trainers' batches;
     # a mean of two half-batch means is not bit-equal to the mean of the whole batch.
     Case("distributed_table", "2000x16 is_distributed embedding, SGD, sync", reference="local", rtol=1e-5),
+    Case("distributed_table_async", "the is_distributed table, SGD, async, 1 trainer", reference="local"),
 ]
 
 
@@ -250,7 +256,8 @@ def compare_startups(ref_run: Path, got_run: Path) -> str:
 def run_case(case: Case, py: Path, work: Path) -> tuple[bool, str]:
     case_dir = work / case.name
     shutil.rmtree(case_dir, ignore_errors=True)
-    run_checked([str(py), str(PADDLE_SIDE), "build", case.name, str(case_dir)], "Fluid 1.8.5 build",
+    fixture = ["--fixture", str(FIXTURES / case.fixture)] if case.fixture else []
+    run_checked([str(py), str(PADDLE_SIDE), "build", case.name, str(case_dir), *fixture], "Fluid 1.8.5 build",
                 env=paddle_env_vars())
     spec = json.loads((case_dir / "case.json").read_text())
     ports = free_ports(2 * spec["pservers"])

@@ -3,7 +3,8 @@
 It must not import ps-transpiler: it talks to it only through the .pb files the harness
 (tools/interop.py) hands over. Subcommands, each one process:
 
-    build CASE DIR                     build CASE with fluid.layers: DIR/main.pb, startup.pb,
+    build CASE DIR [--fixture FIX]     build CASE with fluid.layers (or copy the Fluid 1.8.5
+                                       fixture FIX): DIR/main.pb, startup.pb,
                                        case.json (feeds, loss, params, tables), init.npz
     transpile DIR OUT --pservers EPS --trainers N [--async]
                                        Paddle's own DistributeTranspiler: OUT/t<i>/trainer.pb,
@@ -73,38 +74,66 @@ CASES = {
         learning_rate=fluid.layers.piecewise_decay(boundaries=[2, 4], values=[0.5, 0.25, 0.1]), momentum=0.9,
         regularization=fluid.regularizer.L2Decay(1e-4))), 2, 2, True, 6),
     "sparse_prefetch": (lambda: _embedding_net(fluid.optimizer.SGD(learning_rate=0.5), False), 2, 2, True, 5),
+    "sparse_async_adam": (lambda: _embedding_net(fluid.optimizer.Adam(learning_rate=0.01), False), 2, 1, False, 5),
+    "distributed_table_async": (lambda: _embedding_net(fluid.optimizer.SGD(learning_rate=0.5), True), 2, 1, False, 5),
     "distributed_table": (lambda: _embedding_net(fluid.optimizer.SGD(learning_rate=0.5), True), 2, 2, True, 5),
 }
 
 
-def build(case, out_dir):
+def _fixture(name, loss, feeds):
+    """A program Fluid 1.8.5 built earlier, from tests/fixtures/paddle_programs/<name> (the
+    harness passes its path): its main.pb and startup.pb as they are."""
+    def network(fixture_dir):
+        with open(os.path.join(fixture_dir, "main.pb"), "rb") as f:
+            main_bytes = f.read()
+        with open(os.path.join(fixture_dir, "startup.pb"), "rb") as f:
+            startup_bytes = f.read()
+        return main_bytes, startup_bytes, loss, feeds, []
+    network.fixture = name
+    return network
+
+
+CASES["fixture_basic_sgd"] = (
+    _fixture("fluid18_basic_sgd_2ps", "mean_0.tmp_0",
+             [{"name": "x", "kind": "dense", "dim": 1000}, {"name": "y", "kind": "target"}]), 2, 2, True, 5)
+
+
+def build(case, out_dir, fixture_dir=None):
     network, pservers, trainers, sync, steps = CASES[case]
-    main, startup = fluid.Program(), fluid.Program()
-    main.random_seed = startup.random_seed = 1
-    with fluid.program_guard(main, startup), fluid.unique_name.guard():
-        loss, feeds, tables = network()
+    if getattr(network, "fixture", None):
+        main_bytes, startup_bytes, loss_name, feeds, tables = network(fixture_dir)
+    else:
+        main, startup = fluid.Program(), fluid.Program()
+        main.random_seed = startup.random_seed = 1
+        with fluid.program_guard(main, startup), fluid.unique_name.guard():
+            loss, feeds, tables = network()
+        main_bytes, startup_bytes = main.desc.serialize_to_string(), startup.desc.serialize_to_string()
+        loss_name = loss.name
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "main.pb"), "wb") as f:
-        f.write(main.desc.serialize_to_string())
+        f.write(main_bytes)
     with open(os.path.join(out_dir, "startup.pb"), "wb") as f:
-        f.write(startup.desc.serialize_to_string())
+        f.write(startup_bytes)
+    # a loaded Program has no Parameter objects: the params are what optimizer ops update
+    block = fluid.Program.parse_from_string(main_bytes).global_block()
+    names = sorted(set(n for op in block.ops if "Param" in op.input_names for n in op.input("Param")))
     rng = np.random.RandomState(2020)
     init = {}
     params = []
     table_names = {t["name"] for t in tables}
-    for p in main.global_block().all_parameters():
-        shape = [int(d) for d in p.shape]
-        if p.name in table_names:
+    for name in names:
+        shape = [int(d) for d in block.var(name).shape]
+        if name in table_names:
             # every row of a table alike: a distributed shard hands out rows from its pool in
             # first-touch order, which two concurrent trainers make nondeterministic
             row = rng.uniform(-0.1, 0.1, size=(1, shape[1])).astype("float32")
-            init[p.name] = np.repeat(row, shape[0], axis=0)
+            init[name] = np.repeat(row, shape[0], axis=0)
         else:
-            init[p.name] = rng.uniform(-0.1, 0.1, size=shape).astype("float32")
-            params.append(p.name)
+            init[name] = rng.uniform(-0.1, 0.1, size=shape).astype("float32")
+            params.append(name)
     np.savez(os.path.join(out_dir, "init.npz"), **init)
     spec = {"case": case, "pservers": pservers, "trainers": trainers, "sync": sync, "steps": steps,
-            "loss": loss.name, "feeds": feeds, "params": sorted(params), "tables": tables}
+            "loss": loss_name, "feeds": feeds, "params": params, "tables": tables}
     with open(os.path.join(out_dir, "case.json"), "w") as f:
         json.dump(spec, f, indent=1)
 
@@ -116,6 +145,8 @@ def batch(spec, step, trainer):
     for item in spec["feeds"]:
         if item["kind"] == "dense":
             feed[item["name"]] = rng.uniform(-1, 1, size=(BATCH, item["dim"])).astype("float32")
+        elif item["kind"] == "target":
+            feed[item["name"]] = rng.uniform(-1, 1, size=(BATCH, 1)).astype("float32")
         elif item["kind"] == "label":
             feed[item["name"]] = rng.randint(0, item["classes"], size=(BATCH, 1)).astype("int64")
         else:
@@ -355,7 +386,7 @@ def local(case_dir, out_path):
 def main(argv):
     cmd, args = argv[0], argv[1:]
     if cmd == "build":
-        build(args[0], args[1])
+        build(args[0], args[1], args[args.index("--fixture") + 1] if "--fixture" in args else None)
     elif cmd == "transpile":
         case_dir, out_dir = args[0], args[1]
         eps = args[args.index("--pservers") + 1]
