@@ -3,8 +3,9 @@
 Runs tools/interop.py on the dense sync case only (about 30 s): Fluid 1.8.5 builds an Adam
 MLP; Paddle's DistributeTranspiler and `pstranspile transpile` each turn it into 2 pserver
 and 2 trainer programs; both sets run on Fluid 1.8.5's runtime from the same initial values
-on the same batches; every loss and final param must be bit-equal. `make interop` runs every
-case (dense async, lr decay, a remote-prefetch table, a distributed table).
+on the same batches; every loss and final param must be bit-equal. `make interop` runs all
+nine cases (a Paddle fixture, dense async, two lr decays, remote-prefetch tables sync and
+async, a distributed table sync and async).
 
 Skipped, saying why, where Fluid 1.8.5 cannot be had: its wheels need CPython 3.5-3.8. The
 venv is made on demand (1-2 minutes, once per machine, under ~/.cache; see tools/paddle_env.py).

@@ -37,7 +37,9 @@ import paddle_env  # noqa: E402
 PADDLE_SIDE = ROOT / "tools" / "interop_paddle" / "paddle_side.py"
 FIXTURES = ROOT / "tests" / "fixtures" / "paddle_programs"
 RUN_TIMEOUT = 60.0       # seconds for one run's trainers
-PSERVER_GRACE = 5.0      # seconds a pserver may take to exit after the trainers, then it is killed
+# seconds a pserver may take to exit after the trainers, then it is killed: Fluid 1.8.5's
+# pservers (sync and async) did not exit on their own after every trainer's exe.close() here
+PSERVER_GRACE = 1.0
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def run_programs(py: Path, case_dir: Path, progs: Path, spec: dict, eps: list[str], out: Path) -> list[Path]:
-    """2 pservers + the trainers on Paddle's runtime; returns each trainer's result file."""
+    """The pservers, then the trainers, on Paddle's runtime; each trainer's result file."""
     env = paddle_env_vars()
     out.mkdir(parents=True, exist_ok=True)
     procs: list[tuple[str, subprocess.Popen, Path]] = []
