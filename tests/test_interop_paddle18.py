@@ -1,6 +1,6 @@
 """Interop (issue 12): our programs train on Fluid 1.8.5's own runtime exactly as Paddle's do.
 
-Runs tools/interop.py on the dense sync case only (about 30 s): Fluid 1.8.5 builds an Adam
+Runs tools/interop.py on the dense sync case only (10-30 s): Fluid 1.8.5 builds an Adam
 MLP; Paddle's DistributeTranspiler and `pstranspile transpile` each turn it into 2 pserver
 and 2 trainer programs; both sets run on Fluid 1.8.5's runtime from the same initial values
 on the same batches; every loss and final param must be bit-equal. `make interop` runs all
