@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 DEMO   ?= build/demo
 
-.PHONY: install test demo golden proto bench bench-paddle clean
+.PHONY: install test demo golden proto bench bench-paddle interop clean
 
 install: $(VENV)/.installed
 
@@ -44,6 +44,11 @@ bench: install
 # Makes Paddle's venv under ~/.cache the first time (tools/paddle_env.py); skips where it cannot.
 bench-paddle: install
 	$(PY) benchmarks/vs_paddle18.py
+
+# Our programs on Fluid 1.8.5's own runtime vs the programs Paddle's transpiler writes;
+# makes the Fluid 1.8.5 venv (Python 3.7) under ~/.cache on first use.
+interop: install
+	$(PY) tools/interop.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache
