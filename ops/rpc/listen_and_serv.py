@@ -22,6 +22,7 @@ Runtime options come from the executor's env (`Executor(env={...})`):
 | `bind_endpoint` | listen here instead of the `endpoint` attr (e.g. `0.0.0.0:6174`, or port 0 in tests) |
 | `pserver_ready` | called with the `PServer` once it listens (tests read `.port`, call `.stop()`) |
 | `pserver_log` | called with a line at start and end (default: print to stderr; None: quiet) |
+| `checkpointer` | an `ops.rpc.checkpoint.Checkpointer`: where checkpoint notices write (none: refused) |
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ def serve_config(ctx: OpContext) -> ServeConfig:
         prefetch_blocks={name: (idx, prefetch_output(program, idx, endpoint)) for name, idx in prefetch.items()},
         checkpoint_block=checkpoint,
         checkpoint_path_var=LOOKUP_TABLE_PATH,
+        checkpointer=ctx.env.get("checkpointer"),
     )
 
 
