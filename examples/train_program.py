@@ -16,7 +16,8 @@ Checkpoints: `--checkpoint-dir D --checkpoint-every N [--keep-checkpoints K]` (e
 process gets the same flags: the pservers write into D, trainer 0 asks every N steps);
 `--restore D` resumes the job from D's newest complete checkpoint (the pservers load it,
 whatever pserver count wrote it; the trainers skip the steps it holds); `--warm-start D`
-starts from LoDTensor files of whole vars (`pstranspile fetch`, `save_persistables`).
+starts from LoDTensor files of whole vars (`pstranspile fetch`, `save_persistables`);
+`--pull-to D` has trainer 0 (or local training) write `Session.pull()` there at the end.
 `--kill-at-step K --kill ROLE:I --pid-dir P` (the recovery test): every process writes
 its pid to `P/<role>.<i>`, and trainer 0, about to run step K, SIGKILLs that process.
 `--warmup K` trains K more steps first and prints, at the end, one `timing: {json}` line
@@ -44,6 +45,7 @@ try:
 except ModuleNotFoundError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ops.rpc.fetch import write_vars
 from ops.tensor import LoDTensor
 from transpiler.ir import DType, Program
 from transpiler.runtime.role import Role
@@ -143,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-checkpoints", type=int, default=3, help="keep the newest K complete checkpoints")
     parser.add_argument("--restore", type=Path, help="resume from this checkpoint dir's newest complete checkpoint")
     parser.add_argument("--warm-start", type=Path, help="start from the LoDTensor files of whole vars in this folder")
+    parser.add_argument("--pull-to", type=Path, help="at the end, trainer 0 (or local) writes Session.pull() here")
     parser.add_argument("--kill-at-step", type=int, help="(tests) trainer 0 SIGKILLs --kill before this step")
     parser.add_argument("--kill", help="(tests) ROLE:I, e.g. pserver:1 or trainer:0")
     parser.add_argument("--pid-dir", type=Path, help="(tests) every process writes its pid to DIR/<role>.<i>")
@@ -183,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             session.run(shard(batch, role), loss=args.loss)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         final = held_params(session)
+        if args.pull_to is not None and role.trainer_id == 0:
+            write_vars(args.pull_to, session.pull())
     if args.warmup is not None:
         window = {"steps": args.steps, "seconds": seconds, "cpu": cpu, "start": wall, "end": wall + seconds}
         print("timing: " + json.dumps(window), flush=True)

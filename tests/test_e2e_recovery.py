@@ -4,10 +4,11 @@ bit-identical to an uninterrupted run of the same steps.
 
 The MLP (Adam, params sliced over the pservers), 2 pservers x 2 trainers, 12 steps,
 a checkpoint every 2 steps (`examples/train_program.py --checkpoint-every 2`). Each
-cycle draws (seeded, so a failure repeats) the victim and the step K; trainer 0 SIGKILLs
+cycle draws (seeded, so a failure repeats) the victim (a pserver, then a trainer, in turn)
+and the step K; trainer 0 SIGKILLs
 it after K steps, before step K+1 (`--kill-at-step`, 0-based), `launch` stops the rest of the job, and the
 job restarts with `--restore` (from scratch when no checkpoint was complete yet). Every
-other cycle restarts onto 3 pservers: the checkpoint is cut by the new plan. Cycles
+other pair of cycles restarts onto 3 pservers: the checkpoint is cut by the new plan. Cycles
 repeat within a time budget (at least two, at most six); `pytest -s` prints each.
 """
 
@@ -20,6 +21,8 @@ import numpy as np
 from e2e_support import EXAMPLES, ONE_THREAD, launch_ok, save
 
 from ops.rpc.checkpoint import find_latest, read_manifest
+from ops.rpc.fetch import write_vars
+from ops.rpc.tensor_file import read_tensor
 from transpiler.runtime.launch import LaunchConfig, launch
 
 STEPS, EVERY, BATCH = 12, 2, 16
@@ -41,15 +44,18 @@ def test_a_job_killed_at_random_steps_and_restored_ends_bit_identical(tmp_path):
     import mlp
 
     main_pb, startup_pb = save(tmp_path, *mlp.build())
-    launch_ok(tmp_path / "reference", command(main_pb, startup_pb, tmp_path / "reference" / "params"),
+    launch_ok(tmp_path / "reference", command(main_pb, startup_pb, tmp_path / "reference" / "params",
+                                              "--pull-to", str(tmp_path / "pulled")),
               pservers=2, trainers=2, sync_mode=True, timeout=60.0)
     reference = finals(tmp_path / "reference" / "params")
+    for name, value in reference.items():  # Session.pull: the same params, as Fluid LoDTensor files
+        assert np.array_equal(read_tensor(tmp_path / "pulled" / name), value), name
 
     rng = np.random.default_rng(14)
     started, cycles, kills = time.monotonic(), 0, []
     while cycles < MAX_CYCLES and (cycles < MIN_CYCLES or time.monotonic() - started < BUDGET):
         run = tmp_path / f"cycle{cycles}"
-        victim = ["pserver:0", "pserver:1", "trainer:0", "trainer:1"][int(rng.integers(4))]
+        victim = f"{('pserver', 'trainer')[cycles % 2]}:{int(rng.integers(2))}"  # the roles alternate
         step = int(rng.integers(1, STEPS))
         checkpoints = ("--checkpoint-dir", str(run / "ckpt"), "--checkpoint-every", str(EVERY))
         config = LaunchConfig(
@@ -64,7 +70,7 @@ def test_a_job_killed_at_random_steps_and_restored_ends_bit_identical(tmp_path):
         latest = find_latest(run / "ckpt", missing_ok=True)
         resumed = int(read_manifest(latest)["step"]) if latest is not None else 0
         assert resumed == step // EVERY * EVERY, (step, resumed)  # `step` steps ran: the last checkpoint of those
-        pservers = 3 if cycles % 2 else 2
+        pservers = 3 if cycles // 2 % 2 else 2
         restore = ("--restore", str(run / "ckpt")) if latest is not None else ()
         launch_ok(run / "restored", command(main_pb, startup_pb, run / "restored" / "params", *checkpoints, *restore),
                   pservers=pservers, trainers=2, sync_mode=True, timeout=60.0)
@@ -79,3 +85,20 @@ def test_a_job_killed_at_random_steps_and_restored_ends_bit_identical(tmp_path):
               f"{pservers} pservers; {len(reference)} params bit-identical")
         cycles += 1
     print(f"{cycles} cycles in {time.monotonic() - started:.1f} s, every one bit-identical")
+
+
+def test_a_warm_start_begins_from_the_given_values_cut_by_the_plan(tmp_path):
+    """`--warm-start DIR` (LoDTensor files of whole vars): the pservers start from them
+    (vars without a file keep their initialisers), and the trainers receive them."""
+    import mlp
+
+    main_pb, startup_pb = save(tmp_path, *mlp.build())
+    rng = np.random.default_rng(3)
+    given = {"h1.w": rng.standard_normal((784, 256)).astype(np.float32), "out.b": np.arange(10, dtype=np.float32)}
+    write_vars(tmp_path / "given", given)
+    launch_ok(tmp_path / "job", command(main_pb, startup_pb, tmp_path / "params", "--warm-start", str(tmp_path / "given")),
+              pservers=3, trainers=2, sync_mode=True, timeout=60.0)
+    saved = np.load(tmp_path / "params" / "trainer_0.npz")
+    for name, value in given.items():
+        assert np.array_equal(saved[f"init/{name}"], value), name
+    assert np.abs(saved["init/h2.w"]).max() > 0  # initialised as usual

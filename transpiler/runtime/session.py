@@ -47,6 +47,7 @@ from ops.rpc.checkpoint import (
     warm_start,
 )
 from ops.rpc.client import RpcClient  # importing ops.rpc registers the RPC kernels
+from ops.rpc.fetch import pull
 from ops.rpc.serve import serve_program
 from ops.scope import Scope
 from ops.tensor import LoDTensor
@@ -210,6 +211,39 @@ class Session:
             if isinstance(value, LoDTensor):
                 out[name] = np.array(value.array)
         return out
+
+    def pull(self, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Whole values of `names` (default: every param, and the distributed table).
+        Local: this scope's. A trainer: a dense param it receives whole each step is
+        its own copy (in sync mode the pservers' values after the last step, bit for
+        bit); the rest (the distributed table, blocks of a `remote_prefetch` table) is
+        read from the pservers, which in sync mode answer gets only in their get phase:
+        mid-job, only an async job or another process (`pstranspile fetch`) can read
+        those; a sync trainer asking for them gets a clear error."""
+        if self.result is None:
+            wanted = list(names) if names is not None else parameter_names(self.main)
+            return {name: np.array(value) for name, value in self.params(wanted).items()}
+        if self.client is None:
+            raise PsTranspilerError("pull() is for trainers and local training; a pserver holds its own scope")
+        plan = self.result.plan.to_json()
+        params = {p["param"]: p for p in plan["params"]}
+        wanted = list(names) if names is not None else [*sorted(params), *([plan["table"]["table"]] if plan["table"] else [])]
+        out: dict[str, np.ndarray] = {}
+        remote = []
+        for name in wanted:
+            value = self.scope.find_var(name)
+            held = isinstance(value, LoDTensor) and not (value.array.size and 0 in value.array.strides)  # not fake_init
+            if name in params and held and not params[name]["remote_prefetch"]:
+                out[name] = np.array(value.array)
+            else:
+                remote.append(name)
+        if remote and self.sync_mode:
+            raise PsTranspilerError(
+                f"a sync trainer cannot read {', '.join(remote)} mid-job (the pservers answer gets only between "
+                "steps of every trainer): use `pstranspile fetch` from another process, or a checkpoint")
+        if remote:
+            out |= pull(self.client, plan, remote)
+        return {name: out[name] for name in wanted}
 
     # ------------------------------------------------------------ the end
     def finish(self, *, failed: bool = False, reason: str = "") -> None:
