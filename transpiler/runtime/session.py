@@ -10,8 +10,8 @@
                 loss, = session.run(role.shard(batch), loss="mean_0.tmp_0")
 
 Checkpoints (`ops.rpc.checkpoint`): `Session(..., checkpoint_dir=D, checkpoint_every=N)`
-makes trainer 0 (or local training) ask for checkpoint `ckpt-<step>` after every N steps,
-which each pserver writes into `D` (every process of the job is given the same options;
+makes trainer 0 (or local training) ask for checkpoint `ckpt-<step>` after every N steps
+and after the last one, which each pserver writes into `D` (every process of the job is given the same options;
 the pservers get the dir, the trainers the cadence). `restore=D` starts from the newest
 complete checkpoint in `D` (or that checkpoint folder): the pservers load it, cut by
 their own plan (any pserver count), and `session.steps` starts at its step, so a script
@@ -247,10 +247,13 @@ class Session:
 
     # ------------------------------------------------------------ the end
     def finish(self, *, failed: bool = False, reason: str = "") -> None:
-        """Tell the pservers this trainer is done (or failed); idempotent."""
+        """Tell the pservers this trainer is done (or failed); idempotent. A job that
+        checkpoints ends with one of its last step, unless that step just had one."""
         if self._finished:
             return
         self._finished = True
+        if not failed and self.checkpoint_every and self.steps % self.checkpoint_every and self._started_at is not None:
+            self.checkpoint()
         if self.client is None:
             return
         try:
