@@ -195,3 +195,13 @@ def test_the_pserver_refuses_escaping_requests_and_writes_nothing(tmp_path):
     with running_pserver(sync_mode=False, scope=scope) as ps:
         with pytest.raises(RpcError, match="FAILED_PRECONDITION.*without a checkpoint dir"):
             ps.client(0).checkpoint_notify([ps.address], "ckpt-1")
+
+
+def test_a_complete_checkpoint_is_never_rewritten(tmp_path):
+    savers, scopes = two_parts(tmp_path)
+    fill(scopes, W, 0.5)
+    for saver, scope in zip(savers, scopes, strict=True):
+        saver.save(scope, "ckpt-2")
+    fill(scopes, W * 3, 0.25)
+    savers[0].save(scopes[0], "ckpt-2")  # a restored job at step 2 asking again
+    assert np.array_equal(CheckpointReader(tmp_path).whole("w"), W)

@@ -253,12 +253,16 @@ class Checkpointer:
 
     def save(self, scope: Scope, name: str) -> Path:
         """Write this part of checkpoint `name` (`ckpt-<step>`); complete the checkpoint
-        when every part is in. Returns the checkpoint's folder."""
+        when every part is in. Returns the checkpoint's folder. A part left by an
+        earlier, interrupted save of that step is replaced; a complete checkpoint is
+        left as it is."""
         step = step_of(name)
         if step is None:
             raise CheckpointPathError(f"checkpoint name {name!r} is not ckpt-<step>")
         self.root.mkdir(parents=True, exist_ok=True)
         folder = confine(self.root, name)
+        if (folder / MANIFEST).is_file():
+            return folder  # complete already (a restored job asked again): never unmake a complete one
         folder.mkdir(exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=folder, prefix=f".{self.part}.tmp-"))
         try:
