@@ -216,10 +216,10 @@ class Session:
         """Whole values of `names` (default: every param, and the distributed table).
         Local: this scope's. A trainer: a dense param it receives whole each step is
         its own copy (in sync mode the pservers' values after the last step, bit for
-        bit); the rest (the distributed table, blocks of a `remote_prefetch` table) is
-        read from the pservers, which in sync mode answer gets only in their get phase:
-        mid-job, only an async job or another process (`pstranspile fetch`) can read
-        those; a sync trainer asking for them gets a clear error."""
+        bit); the rest (the distributed table, blocks of a `remote_prefetch` table)
+        comes from the pservers: in async mode by gets; in sync mode, where the
+        pservers answer gets only between steps of every trainer, through a checkpoint
+        of this step (`ckpt-<steps>`, which needs the job's `checkpoint_dir`) read back."""
         if self.result is None:
             wanted = list(names) if names is not None else parameter_names(self.main)
             return {name: np.array(value) for name, value in self.params(wanted).items()}
@@ -237,12 +237,17 @@ class Session:
                 out[name] = np.array(value.array)
             else:
                 remote.append(name)
-        if remote and self.sync_mode:
-            raise PsTranspilerError(
-                f"a sync trainer cannot read {', '.join(remote)} mid-job (the pservers answer gets only between "
-                "steps of every trainer): use `pstranspile fetch` from another process, or a checkpoint")
-        if remote:
+        if remote and not self.sync_mode:
             out |= pull(self.client, plan, remote)
+        elif remote:
+            if self.checkpoint_dir is None:
+                raise PsTranspilerError(
+                    f"a sync trainer reads {', '.join(remote)} through a checkpoint of its step: give the Session "
+                    "the job's checkpoint_dir (or use `pstranspile fetch` from another process)")
+            name = checkpoint_name(self.steps)
+            self.client.checkpoint_notify(list(self.role.endpoints), name)
+            reader = CheckpointReader(self.checkpoint_dir / name)
+            out |= {var: reader.whole(var) for var in remote}
         return {name: out[name] for name in wanted}
 
     # ------------------------------------------------------------ the end
