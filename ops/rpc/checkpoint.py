@@ -123,12 +123,6 @@ class VarSlice:
         return {"origin": self.origin, "whole_shape": list(self.whole_shape),
                 "rows": list(self.rows) if self.rows is not None else None, "table": self.table}
 
-    @classmethod
-    def from_json(cls, entry: Mapping[str, Any]) -> VarSlice:
-        rows = entry.get("rows")
-        return cls(str(entry["origin"]), tuple(int(d) for d in entry["whole_shape"]),
-                   (int(rows[0]), int(rows[1])) if rows is not None else None, bool(entry.get("table", False)))
-
 
 def local_layout(program: Program) -> dict[str, VarSlice]:
     """Every persistable tensor of a (local or trainer) program, whole."""
@@ -321,6 +315,7 @@ class Checkpointer:
         latest = find_latest(self.root, missing_ok=True)
         if latest is None or read_manifest(latest)["step"] <= step:
             write_atomic(self.root / LATEST, lambda out: out.write(f"{folder.name}\n".encode()), durable=True)
+            _fsync_dir(self.root)
         self.prune()
 
     def prune(self) -> None:
@@ -368,10 +363,6 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{folder}: {MANIFEST} is not a {FORMAT} manifest")
     return manifest
-
-
-def checkpoint_step(path: Path) -> int:
-    return int(read_manifest(find_latest(path))["step"])
 
 
 class CheckpointReader:
@@ -547,7 +538,6 @@ __all__ = [
     "Checkpointer",
     "VarSlice",
     "checkpoint_name",
-    "checkpoint_step",
     "confine",
     "find_latest",
     "local_layout",
