@@ -61,3 +61,52 @@ def test_fetch_and_serve_usage_errors(capsys, tmp_path):
     assert code == 2 and "no complete checkpoint" in err
     code, _, err = run(capsys, "serve", "--program", "p.pb", "--startup", "s.pb", "--restore", str(tmp_path))
     assert code == 2 and "need --plan plan.json" in err
+
+
+def test_serve_checkpoints_into_its_dir_and_restores_from_it(tmp_path):
+    """`pstranspile serve --plan --checkpoint-dir`, then `serve --restore` of another
+    program's startup values: the restored pserver serves the checkpoint's values."""
+    import sys
+    import threading
+
+    from e2e_support import EXAMPLES
+
+    from ops.rpc import RpcClient
+    from transpiler.api import transpile
+    from transpiler.runtime.launch import free_endpoints
+
+    sys.path.insert(0, str(EXAMPLES))
+    import seed_fc3
+
+    endpoint = free_endpoints(1)[0]
+    result = transpile(*seed_fc3.build(), pservers=[endpoint], trainers=1)
+    main_pb, startup_pb = tmp_path / "ps.pb", tmp_path / "ps_startup.pb"
+    result.pservers[endpoint][0].save(main_pb)
+    result.pservers[endpoint][1].save(startup_pb)
+    (tmp_path / "plan.json").write_text(result.plan.to_json_text())
+    param = next(p.param for p in result.plan.params if len(p.shape) == 2)  # a weight: drawn at random
+
+    def serve(*extra, seed):
+        codes = []
+        argv = ["serve", "--program", main_pb, "--startup", startup_pb, "--plan", tmp_path / "plan.json",
+                "--timeout", "30", "--seed", seed, *extra]
+        thread = threading.Thread(target=lambda: codes.append(main([str(a) for a in argv])), daemon=True)
+        thread.start()
+        client = RpcClient(0, timeout=30)
+        try:
+            value = client.get(endpoint, param).array.copy()  # round 0: the startup's (or the restored) values
+            client.fetch_barrier([endpoint])
+            if "--checkpoint-dir" in extra:
+                client.checkpoint_notify([endpoint], "ckpt-0")
+            client.complete([endpoint])
+        finally:
+            client.close()
+        thread.join(30)
+        return codes, value
+
+    codes, saved = serve("--checkpoint-dir", tmp_path / "ck", seed=1)
+    assert codes == [0] and (tmp_path / "ck" / "latest").read_text() == "ckpt-0\n"
+    codes, other = serve(seed=2)
+    assert codes == [0] and not np.array_equal(other, saved)  # another seed, other initial values
+    codes, restored = serve("--restore", tmp_path / "ck", seed=2)
+    assert codes == [0] and np.array_equal(restored, saved)
