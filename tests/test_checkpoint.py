@@ -205,3 +205,16 @@ def test_a_complete_checkpoint_is_never_rewritten(tmp_path):
     fill(scopes, W * 3, 0.25)
     savers[0].save(scopes[0], "ckpt-2")  # a restored job at step 2 asking again
     assert np.array_equal(CheckpointReader(tmp_path).whole("w"), W)
+
+
+def test_a_manifest_naming_files_outside_its_folder_is_refused(tmp_path):
+    savers, scopes = two_parts(tmp_path)
+    fill(scopes, W, 0.5)
+    for saver, scope in zip(savers, scopes, strict=True):
+        saver.save(scope, "ckpt-2")
+    path = tmp_path / "ckpt-2" / "MANIFEST.json"
+    manifest = json.loads(path.read_text())
+    manifest["parts"]["../.."] = manifest["parts"].pop("ps1")
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="outside the checkpoint"):
+        CheckpointReader(tmp_path)

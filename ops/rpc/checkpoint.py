@@ -372,6 +372,10 @@ class CheckpointReader:
         self.folder = find_latest(path)
         self.manifest = read_manifest(self.folder)
         self.step = int(self.manifest["step"])
+        for part, vars_ in self.manifest["parts"].items():  # names from a file: read only inside the folder
+            files = [f for entry in vars_.values() for f in entry["files"]]
+            if not re.fullmatch(r"ps\d+|local", part) or any("/" in f or "\x00" in f or f in ("", ".", "..") for f in files):
+                raise CheckpointError(f"{self.folder}: {MANIFEST} names a part or file outside the checkpoint")
         self._wholes: dict[str, np.ndarray] = {}
 
     def _bytes(self, part: str, file: str, sha: str) -> bytes:
