@@ -374,7 +374,8 @@ class CheckpointReader:
         self.step = int(self.manifest["step"])
         for part, vars_ in self.manifest["parts"].items():  # names from a file: read only inside the folder
             files = [f for entry in vars_.values() for f in entry["files"]]
-            if not re.fullmatch(r"ps\d+|local", part) or any("/" in f or "\x00" in f or f in ("", ".", "..") for f in files):
+            bad_file = any("/" in f or "\x00" in f or f in ("", ".", "..") for f in files)
+            if bad_file or not re.fullmatch(r"ps\d+|local", part):
                 raise CheckpointError(f"{self.folder}: {MANIFEST} names a part or file outside the checkpoint")
         self._wholes: dict[str, np.ndarray] = {}
 
