@@ -218,3 +218,25 @@ def test_a_manifest_naming_files_outside_its_folder_is_refused(tmp_path):
     path.write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="outside the checkpoint"):
         CheckpointReader(tmp_path)
+
+
+def test_what_a_kill_9_mid_save_leaves_is_ignored_then_pruned(tmp_path):
+    """A SIGKILLed pserver runs no cleanup: its staging folder stays, half written. The
+    previous checkpoint is still the one restored; the restarted job's save of that step
+    completes beside the leftover, and pruning removes it with its checkpoint."""
+    savers, scopes = two_parts(tmp_path, keep=1)
+    fill(scopes, W, 0.5)
+    for saver, scope in zip(savers, scopes, strict=True):
+        saver.save(scope, "ckpt-2")
+    savers[0].save(scopes[0], "ckpt-4")
+    dead = tmp_path / "ckpt-4" / ".ps1.tmp-dead"
+    dead.mkdir()
+    (dead / "w.block1").write_bytes(b"\x00" * 9)  # torn, and no PART.json
+    assert CheckpointReader(tmp_path).step == 2
+    fill(scopes, W * 2, 0.25)
+    for saver, scope in zip(savers, scopes, strict=True):
+        saver.save(scope, "ckpt-4")
+    assert CheckpointReader(tmp_path).step == 4 and np.array_equal(CheckpointReader(tmp_path).whole("w"), W * 2)
+    for saver, scope in zip(savers, scopes, strict=True):
+        saver.save(scope, "ckpt-6")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-6", "latest"]  # keep=1: the leftover went with ckpt-4
