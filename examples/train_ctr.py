@@ -32,7 +32,8 @@ touch before any step), the losses, the bytes each step sent and received, and t
 process's baseline and peak RSS. `--init FILE` (local runs) starts from such a file:
 its dense params, and its rows written into the table (other rows keep the startup's
 random values; they are never read). `--checkpoint DIR` asks the pservers to save
-their table shards there at the end (`DIR/<table>_<i>`).
+their table shards at the end into their checkpoint dir DIR (every process is given
+it; the notice names `<table>_<i>` inside it: pserver `i` writes `DIR/<table>_<i>`).
 """
 
 from __future__ import annotations
@@ -272,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     tables = sorted(set(data.slots.values()))
     dense = [name for name in parameter_names(main_program) if name not in tables]
     out = open(os.devnull, "w") if args.quiet else None  # noqa: SIM115 - closed at exit
-    with Session(main_program, startup, role=role, out=out) as session:
+    with Session(main_program, startup, role=role, out=out, checkpoint_dir=args.checkpoint) as session:
         if role.is_pserver:
             session.serve()
             return 0
@@ -303,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         final = session.params(dense)
         final_rows = {t: read_rows(session, t, ids) for t, ids in touched.items()}
         if args.checkpoint is not None and role.is_trainer and role.trainer_id == 0:
-            checkpoint(session, str(args.checkpoint))
+            checkpoint(session)
     peak = peak_rss_kb()
     who = f"trainer {role.trainer_id}" if role.is_trainer else "local"
     sent = np.mean([t[0] for t in traffic]) if traffic else 0.0
@@ -323,15 +324,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def checkpoint(session: Session, directory: str) -> None:
+def checkpoint(session: Session) -> None:
     """Ask every pserver holding the distributed table to save its shard (Paddle's
-    `checkpoint_notify`: pserver `i` writes `DIR/<table>_<i>`)."""
-    from ops.rpc.kernels import shard_path
-
+    `checkpoint_notify`, the names relative: pserver `i` writes `<its dir>/<table>_<i>`)."""
     plan = session.result.plan if session.result is not None else None
     if plan is None or plan.table is None:
         raise SystemExit("train_ctr.py: --checkpoint needs a distributed table (--variant distributed) and pservers")
-    targets = [(ep, shard_path(directory, plan.table.table, i)) for i, ep in enumerate(plan.table.endpoints)]
+    targets = [(ep, f"{plan.table.table}_{i}") for i, ep in enumerate(plan.table.endpoints)]
     session.client.checkpoint_notify_each(targets, plan.table.table)
 
 

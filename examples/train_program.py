@@ -12,6 +12,14 @@ trainer started from (what the pservers initialised) and ended with to
 `init/<param>` arrays of such a file instead of the startup program's values. The
 end-to-end tests train locally with `--init trainer_0.npz` and compare. `--die-at-step K --die-trainer I` makes trainer I kill itself
 (SIGKILL) after K steps, to test what the pservers do when a trainer vanishes.
+Checkpoints: `--checkpoint-dir D --checkpoint-every N [--keep-checkpoints K]` (every
+process gets the same flags: the pservers write into D, trainer 0 asks every N steps);
+`--restore D` resumes the job from D's newest complete checkpoint (the pservers load it,
+whatever pserver count wrote it; the trainers skip the steps it holds); `--warm-start D`
+starts from LoDTensor files of whole vars (`pstranspile fetch`, `save_persistables`);
+`--pull-to D` has trainer 0 (or local training) write `Session.pull()` there at the end.
+`--kill-at-step K --kill ROLE:I --pid-dir P` (the recovery test): every process writes
+its pid to `P/<role>.<i>`, and trainer 0, about to run step K, SIGKILLs that process.
 `--warmup K` trains K more steps first and prints, at the end, one `timing: {json}` line
 for the `--steps` after them: wall seconds, this process's CPU seconds, and the wall-clock
 start and end (so a harness such as `benchmarks/vs_paddle18.py` can match its CPU samples
@@ -41,6 +49,7 @@ try:
 except ModuleNotFoundError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ops.rpc.fetch import write_vars
 from ops.tensor import LoDTensor
 from transpiler.api import as_float64
 from transpiler.ir import DType, Program
@@ -124,6 +133,17 @@ def held_params(session: Session) -> dict[str, np.ndarray]:
     return session.params(held)
 
 
+def kill(pid_dir: Path, who: str, step: int) -> None:
+    """SIGKILL process `who` (`role:i`) by the pid it wrote (waiting for it, bounded)."""
+    path = pid_dir / who.replace(":", ".")
+    for _ in range(300):
+        if path.is_file() and path.read_text().strip():
+            break
+        time.sleep(0.1)
+    print(f"trainer 0: kill -9 {who} before step {step}", flush=True)
+    os.kill(int(path.read_text()), signal.SIGKILL)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--main", required=True, type=Path)
@@ -139,6 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, help="untimed steps first; then print a `timing:` line for --steps")
     parser.add_argument("--float64", action="store_true", help="train float64 copies of the programs")
     parser.add_argument("--permute", action="store_true", help="local runs: each batch's examples in another order")
+    parser.add_argument("--checkpoint-dir", type=Path, help="the pservers checkpoint here (local training too)")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="trainer 0 asks for a checkpoint every N steps")
+    parser.add_argument("--keep-checkpoints", type=int, default=3, help="keep the newest K complete checkpoints")
+    parser.add_argument("--restore", type=Path, help="resume from this checkpoint dir's newest complete checkpoint")
+    parser.add_argument("--warm-start", type=Path, help="start from the LoDTensor files of whole vars in this folder")
+    parser.add_argument("--pull-to", type=Path, help="at the end, trainer 0 (or local) writes Session.pull() here")
+    parser.add_argument("--kill-at-step", type=int, help="(tests) trainer 0 SIGKILLs --kill before this step")
+    parser.add_argument("--kill", help="(tests) ROLE:I, e.g. pserver:1 or trainer:0")
+    parser.add_argument("--pid-dir", type=Path, help="(tests) every process writes its pid to DIR/<role>.<i>")
     args = parser.parse_args(argv)
 
     main_program, startup = Program.load(args.main), Program.load(args.startup)
@@ -147,7 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     role = Role.from_env()
     if args.permute and role.is_distributed:
         parser.error("--permute is for local runs")
-    with Session(main_program, startup, role=role) as session:
+    if args.pid_dir is not None:
+        args.pid_dir.mkdir(parents=True, exist_ok=True)
+        me = f"pserver.{role.endpoints.index(role.current_endpoint)}" if role.is_pserver else f"trainer.{role.trainer_id}"
+        (args.pid_dir / me).write_text(str(os.getpid()))
+    options = {"checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
+               "keep_checkpoints": args.keep_checkpoints, "restore": args.restore, "init": args.warm_start}
+    with Session(main_program, startup, role=role, **options) as session:
         if role.is_pserver:
             session.serve()
             return 0
@@ -162,18 +197,22 @@ def main(argv: list[str] | None = None) -> int:
         initial = held_params(session)
         warmup = args.warmup or 0
         start, cpu, wall = time.perf_counter(), time.process_time(), time.time()
-        for step in range(warmup + args.steps):
+        for step in range(session.steps, warmup + args.steps):  # a restored session starts at its step
             if step == warmup:
                 start, cpu, wall = time.perf_counter(), time.process_time(), time.time()
             if args.die_at_step == step and role.trainer_id == args.die_trainer and role.is_trainer:
                 print(f"trainer {role.trainer_id}: killing myself at step {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
+            if args.kill_at_step == step and role.trainer_id == 0 and args.kill:
+                kill(args.pid_dir, args.kill, step)
             batch = synthetic_batch(main_program, args.batch, args.seed, step)
             if args.permute:
                 batch = permuted(batch, args.seed, step)
             session.run(shard(batch, role), loss=args.loss)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         final = held_params(session)
+        if args.pull_to is not None and role.trainer_id == 0:
+            write_vars(args.pull_to, session.pull())
     if args.warmup is not None:
         window = {"steps": args.steps, "seconds": seconds, "cpu": cpu, "start": wall, "end": wall + seconds}
         print("timing: " + json.dumps(window), flush=True)

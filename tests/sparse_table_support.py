@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -49,8 +50,9 @@ class Serving:
 
 @contextmanager
 def serving_ctr(variant: str = "distributed", *, rows: int = ROWS, trainers: int = 1,
-                sync_mode: bool = False) -> Iterator[Serving]:
-    """2 pservers of `train_ctr.py`'s CTR program (`variant` table), serving in threads."""
+                sync_mode: bool = False, checkpoint_dir: Path | None = None) -> Iterator[Serving]:
+    """2 pservers of `train_ctr.py`'s CTR program (`variant` table), serving in threads
+    (checkpointing into `checkpoint_dir`)."""
     main, startup = train_ctr.build_ctr(variant, rows)
     endpoints = free_endpoints(2)
     result = transpile(main, startup, pservers=endpoints, trainers=trainers, sync_mode=sync_mode)
@@ -64,7 +66,8 @@ def serving_ctr(variant: str = "distributed", *, rows: int = ROWS, trainers: int
 
         try:
             pserver, pserver_startup = result.pservers[endpoint]
-            serve_program(pserver, pserver_startup, scope=state.scopes[endpoint], ready=on_ready, log=None, timeout=20.0)
+            serve_program(pserver, pserver_startup, scope=state.scopes[endpoint], ready=on_ready, log=None, timeout=20.0,
+                          plan_text=result.plan.to_json_text(), checkpoint_dir=checkpoint_dir)
         except BaseException as exc:  # noqa: BLE001 - the test inspects it
             state.errors.append(exc)
             ready[endpoint].set()

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import TESTS
 from ops.rpc.table_io import write_shard
+from ops.rpc.tensor_file import read_tensor
 from transpiler.cli import main
 
 ERROR = "pstranspile: error: "
@@ -38,7 +39,7 @@ def test_merge_rebuilds_the_table_and_says_where_rows_came_from(capsys, shards, 
     assert table.shape == (10, 2) and table.dtype == np.float32
     assert table[:, 0].tolist() == [0, 0, 0, 3, 4, 0, 0, 0, 8, 0]
     lines = out.splitlines()
-    assert lines[0] == f"{out_path}: 10 x 2 float32 from 2 shard(s) ({shards[0]}: 3, {shards[1]}: 1)"
+    assert lines[0] == f"{out_path}: 10 x 2 float32 (npy) from 2 shard(s) ({shards[0]}: 3, {shards[1]}: 1)"
     assert lines[1] == "4 rows from the shards, 6 never touched (written as 0)"
 
 
@@ -92,3 +93,11 @@ def test_the_height_can_come_from_the_plan(capsys, shards, tmp_path):
     (tmp_path / "dense.json").write_text(json.dumps({"table": None}))
     code, out, err = run(capsys, "merge-table", *shards, "--plan", tmp_path / "dense.json", "-o", tmp_path / "t.npy")
     assert code == 2 and "the plan has no distributed table" in err
+
+
+def test_merge_writes_fluid_s_lodtensor_file_unless_the_output_is_npy(capsys, shards, tmp_path):
+    code, out, _ = run(capsys, "merge-table", *shards, "--height", 10, "-o", tmp_path / "emb")
+    assert code == 0 and "(lodtensor)" in out.splitlines()[0]
+    assert read_tensor(tmp_path / "emb")[:, 0].tolist() == [0, 0, 0, 3, 4, 0, 0, 0, 8, 0]
+    code, _, _ = run(capsys, "merge-table", *shards, "--format", "npy", "-o", tmp_path / "emb.bin")
+    assert code == 0 and np.load(tmp_path / "emb.bin").shape == (9, 2)

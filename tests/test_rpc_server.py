@@ -11,8 +11,10 @@ import pytest
 from rpc_support import running_pserver
 
 from ops.rpc import RpcClient, RpcError
+from ops.rpc.checkpoint import Checkpointer, VarSlice
 from ops.rpc.errors import BindError
 from ops.rpc.server import PServer, ServeConfig
+from ops.rpc.tensor_file import read_tensor
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows
 from proto import rpc_pb2, rpc_pb2_grpc
@@ -84,17 +86,15 @@ def test_prefetch_reads_rows_of_a_dense_or_auto_grown_table():
             client.prefetch(ps.address, "nope", [0])
 
 
-def test_checkpoint_notify_saves_the_pserver_s_persistable_vars(tmp_path):
+def test_checkpoint_notify_saves_the_pserver_s_part_into_its_checkpoint_dir(tmp_path):
     scope = Scope()
     scope.set_var("w", LoDTensor(np.ones((2, 3), np.float32)))
-    scope.set_var("emb", SelectedRows([5], np.full((1, 2), 3.0, np.float32), height=10))
-    with running_pserver(sync_mode=False, scope=scope, persistables=("w", "emb", "absent")) as ps:
-        ps.client(0).checkpoint_notify([ps.address], str(tmp_path / "ckpt"))
-        ps.client(0).checkpoint_notify([ps.address], str(tmp_path / "table"), lookup_table="emb")
-    assert np.load(tmp_path / "ckpt" / "w.npy").tolist() == [[1, 1, 1]] * 2
-    saved = np.load(tmp_path / "ckpt" / "emb.npz")
-    assert saved["rows"].tolist() == [5] and int(saved["height"]) == 10
-    assert sorted(p.name for p in (tmp_path / "table").iterdir()) == ["emb.npz"]
+    layout = {"w": VarSlice("w", (2, 3))}
+    checkpointer = Checkpointer(tmp_path / "root", "ps0", ("ps0",), layout)
+    with running_pserver(sync_mode=False, scope=scope, checkpointer=checkpointer) as ps:
+        ps.client(0).checkpoint_notify([ps.address], "ckpt-3")
+    assert (tmp_path / "root" / "latest").read_text() == "ckpt-3\n"
+    assert read_tensor(tmp_path / "root" / "ckpt-3" / "ps0" / "w").tolist() == [[1, 1, 1]] * 2
 
 
 def test_errors_a_client_sees_name_the_call_the_var_and_the_pserver():

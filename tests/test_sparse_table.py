@@ -13,7 +13,6 @@ from sparse_table_support import ROWS, serving_ctr
 from ops.executor import ExecutionError, Executor
 from ops.testing import run_op
 from ops.rpc import RpcError
-from ops.rpc.kernels import shard_path
 from ops.rpc.table_io import (
     SHARD_FORMAT,
     Shard,
@@ -148,18 +147,18 @@ def test_save_tensors_overwrite_and_missing_paths(tmp_path):
 
 
 def test_a_checkpoint_notice_saves_each_pserver_s_shard_and_the_merge_restores_the_table(tmp_path):
-    with serving_ctr() as ps:
+    with serving_ctr(checkpoint_dir=tmp_path / "ckpt") as ps:
         client = ps.client()
         rng = np.random.default_rng(2)
         ids = np.unique(rng.integers(0, ROWS, 300))
         for endpoint, name, shard in zip(ps.endpoints, (IN0, "prefetch_compress_in_tmp_1"), (0, 1), strict=True):
             mine = ids[ids % 2 == shard]
             client.prefetch_block(endpoint, name, mine)
-        targets = [(ep, shard_path(str(tmp_path / "ckpt"), "emb", i)) for i, ep in enumerate(ps.endpoints)]
+        targets = [(ep, f"emb_{i}") for i, ep in enumerate(ps.endpoints)]
         client.checkpoint_notify_each(targets, "emb")
         tables = [ps.scopes[ep].find_var("emb") for ep in ps.endpoints]
         with pytest.raises(RpcError, match="INTERNAL.*checkpoint block .* failed"):
-            client.checkpoint_notify_each([(ps.endpoints[0], str(tmp_path / "ckpt" / "emb_0" / "x"))], "emb")
+            client.checkpoint_notify_each([(ps.endpoints[0], "emb_0/x")], "emb")
         known = ids[ids % 2 == 0][:1]
         assert client.prefetch_block(ps.endpoints[0], IN0, known).array.shape == (1, 16)  # still serving
     shards = [read_shard(tmp_path / "ckpt" / f"emb_{i}") for i in range(2)]

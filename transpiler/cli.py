@@ -366,7 +366,12 @@ def plan_command(args: argparse.Namespace) -> int:
     arg("--tls-key", metavar="PEM", help="the certificate's private key (default $PSTRANSPILE_TLS_KEY)"),
     arg("--tls-ca", metavar="PEM", help="require client certificates signed by this CA (default $PSTRANSPILE_TLS_CA)"),
     arg("--plan", metavar="PLAN.json",
-        help="the job's plan.json: trainers transpiled with another plan are refused (the handshake)"),
+        help="the job's plan.json: trainers transpiled with another plan are refused (the handshake); "
+             "needed by the three options below"),
+    arg("--checkpoint-dir", metavar="DIR", help="checkpoint notices write here, and nowhere else (default: refused)"),
+    arg("--keep-checkpoints", type=int, default=3, metavar="K", help="keep the newest K complete checkpoints (default 3)"),
+    arg("--restore", metavar="DIR", help="start from DIR's newest complete checkpoint (any pserver count took it)"),
+    arg("--init", metavar="DIR", help="warm start from LoDTensor files of whole vars (fetch, save_persistables)"),
 )
 def serve_command(args: argparse.Namespace) -> int:
     from ops.rpc.auth import ServerAuth, Tls, read_plan_fingerprint
@@ -381,12 +386,20 @@ def serve_command(args: argparse.Namespace) -> int:
     if auth.tls is not None:
         auth.tls.server_credentials()  # a missing or unreadable file: a usage error now, not after the startup program
     fingerprint = read_plan_fingerprint(args.plan) if args.plan else None
+    if args.keep_checkpoints < 1:
+        raise UsageError(f"--keep-checkpoints must be >= 1, got {args.keep_checkpoints}")
+    if args.restore and args.init:
+        raise UsageError("--restore and --init exclude each other")
+    if (args.checkpoint_dir or args.restore or args.init) and not args.plan:
+        raise UsageError("--checkpoint-dir, --restore and --init need --plan plan.json")
+    plan_text = _read_text(args.plan) if args.plan else None
     main, startup = load_program(args.program), load_program(args.startup)
     planned = listen_op_endpoint(main)
     auth.check_listen(check_endpoint(main, args.endpoint) or planned, planned)  # refused before the startup runs
     try:
         serve_program(main, startup, endpoint=args.endpoint, timeout=args.timeout, seed=args.seed, auth=auth,
-                      plan_fingerprint=fingerprint)
+                      plan_fingerprint=fingerprint, plan_text=plan_text, checkpoint_dir=_path(args.checkpoint_dir),
+                      keep=args.keep_checkpoints, restore=_path(args.restore), init=_path(args.init))
     except BindError:
         raise  # a user error (the port is taken): exit 2
     except PserverError as exc:  # the job failed at run time: exit 1
@@ -445,12 +458,86 @@ def launch_command(args: argparse.Namespace) -> int:
     return EXIT_OK if result.ok else EXIT_JOB_FAILED
 
 
+def _path(text: str | None) -> Path | None:
+    return Path(text) if text else None
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+@command(
+    "fetch",
+    "read whole params out of a job, from its running pservers (--endpoints/--plan) or from a "
+    "checkpoint (--checkpoint), and write one Fluid LoDTensor file per var into DIR",
+    arg("--plan", metavar="PLAN.json", help="the job's plan.json (with a running job)"),
+    arg("--endpoints", metavar="EP,EP..", help="the pservers, when they listen elsewhere than the plan says"),
+    arg("--checkpoint", metavar="DIR", help="a checkpoint dir (its newest complete checkpoint) or ckpt-<step> folder"),
+    arg("--vars", metavar="NAME,NAME..", help="only these (default: every param and the table; from a checkpoint, "
+        "every var it holds)"),
+    arg("--timeout", type=float, default=60.0, metavar="S", help="seconds to wait for the pservers (default 60)"),
+    arg("-o", "--output", required=True, metavar="DIR", help="where to write the files (all or nothing)"),
+)
+def fetch_command(args: argparse.Namespace) -> int:
+    import json
+
+    from ops.rpc.client import RpcClient
+    from ops.rpc.errors import RpcError
+    from ops.rpc.fetch import from_checkpoint, pull, write_vars
+
+    names = [n for n in args.vars.split(",") if n] if args.vars else None
+    if bool(args.checkpoint) == bool(args.plan):
+        raise UsageError("give --plan (a running job) or --checkpoint (a checkpoint), one of them")
+    if args.checkpoint:
+        step, arrays = from_checkpoint(Path(args.checkpoint), names)
+        where = f"checkpoint step {step}"
+    else:
+        try:
+            plan = json.loads(_read_text(args.plan))
+        except ValueError as exc:
+            raise CliError(f"{args.plan}: not a plan.json ({exc})") from None
+        if args.endpoints:
+            given = [ep.strip() for ep in args.endpoints.split(",") if ep.strip()]
+            if len(given) != len(plan["endpoints"]):
+                raise UsageError(f"--endpoints names {len(given)} pservers, the plan {len(plan['endpoints'])}")
+            _move_endpoints(plan, dict(zip(plan["endpoints"], given, strict=True)))
+        client = RpcClient(0, timeout=args.timeout)
+        try:
+            arrays = pull(client, plan, names)
+        except RpcError as exc:
+            raise CliError(str(exc)) from None
+        finally:
+            client.close()
+        where = f"{len(plan['endpoints'])} pserver(s)"
+    written = write_vars(Path(args.output), arrays)
+    total = sum(a.nbytes for a in arrays.values())
+    print(f"{args.output}: {len(written)} var(s), {total:,} bytes, from {where}")
+    for name, array in sorted(arrays.items()):
+        print(f"  {name}  {array.dtype}{list(array.shape)}")
+    return EXIT_OK
+
+
+def _move_endpoints(plan: dict[str, Any], moved: dict[str, str]) -> None:
+    """Rewrite a plan's endpoints (the pservers listen elsewhere than when it was made)."""
+    plan["endpoints"] = [moved[ep] for ep in plan["endpoints"]]
+    for param in plan.get("params", []):
+        for block in param["blocks"]:
+            block["endpoint"] = moved[block["endpoint"]]
+    if plan.get("table"):
+        plan["table"]["endpoints"] = [moved[ep] for ep in plan["table"]["endpoints"]]
+
+
 @command(
     "merge-table",
     "rebuild one dense table from the shards the pservers saved (checkpoint_notify); rows no "
     "shard holds were never touched and are written as --fill",
     arg("shards", nargs="+", metavar="SHARD", help="shard files (DIR/<table>_<i>), one per pserver"),
-    arg("-o", "--output", required=True, metavar="TABLE.npy", help="where to write the table (numpy .npy)"),
+    arg("-o", "--output", required=True, metavar="TABLE", help="where to write the table"),
+    arg("--format", choices=("lodtensor", "npy"), help="Fluid's LoDTensor file (what load_persistables reads; the "
+        "default) or numpy .npy (the default when TABLE ends in .npy)"),
     arg("--height", type=int, metavar="N", help="the table's rows (default: --plan's, else the largest id + 1)"),
     arg("--plan", metavar="PLAN.json", help="take the height from the distributed table of this plan.json"),
     arg("--fill", type=float, default=0.0, metavar="X", help="value of rows no shard holds (default 0)"),
@@ -459,6 +546,7 @@ def merge_table_command(args: argparse.Namespace) -> int:
     import json
 
     from ops.rpc.table_io import TableFileError, merge_shards, read_shard, write_table
+    from ops.rpc.tensor_file import write_tensor
 
     if args.height is not None and args.height < 1:
         raise UsageError(f"--height must be >= 1, got {args.height}")
@@ -475,14 +563,18 @@ def merge_table_command(args: argparse.Namespace) -> int:
         merged = merge_shards([read_shard(Path(p)) for p in args.shards], height=height, fill=args.fill)
     except TableFileError as exc:
         raise CliError(str(exc)) from None
+    form = args.format or ("npy" if args.output.endswith(".npy") else "lodtensor")
     try:
-        write_table(Path(args.output), merged.table)
+        if form == "npy":
+            write_table(Path(args.output), merged.table)
+        else:
+            write_tensor(Path(args.output), merged.table)
     except OSError as exc:
         raise CliError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     table = merged.table
     rows = table.shape[0]
     per = ", ".join(f"{path}: {n:,}" for path, n in zip(args.shards, merged.per_shard, strict=True))
-    print(f"{args.output}: {rows:,} x {' x '.join(str(d) for d in table.shape[1:]) or '1'} {table.dtype} from "
+    print(f"{args.output}: {rows:,} x {' x '.join(str(d) for d in table.shape[1:]) or '1'} {table.dtype} ({form}) from "
           f"{len(args.shards)} shard(s) ({per})")
     print(f"{merged.from_shards:,} rows from the shards, {rows - merged.from_shards:,} never touched "
           f"(written as {args.fill:g}){'' if height is not None else '; height = the largest id + 1'}")
@@ -492,7 +584,7 @@ def merge_table_command(args: argparse.Namespace) -> int:
 # The one place subcommands are registered, in the order `--help` lists them.
 COMMANDS: tuple[Command, ...] = (
     dump_command, diff_command, graph_command, cast_command, transpile_command, plan_command, serve_command,
-    launch_command, merge_table_command,
+    launch_command, fetch_command, merge_table_command,
 )
 
 

@@ -15,6 +15,9 @@ Importing this package registers the RPC kernels (`send`, `recv`, `send_barrier`
 | `kernels` | the trainer-side kernels |
 | `prefetch` | the trainer's prefetch kernels: `prefetch`, `distributed_lookup_table` |
 | `table_io` | sparse table shards on disk: the `save` kernel, the shard format, the merge |
+| `tensor_file` | Fluid's LoDTensor file format (one var per file, `save_persistables`') |
+| `checkpoint` | checkpoints: atomic as a whole, confined to the pserver's dir, restore / reshard, warm start |
+| `fetch` | whole params out of running pservers or a checkpoint (`pstranspile fetch`, `Session.pull`) |
 | `serve` | run a pserver's startup and main programs (`pstranspile serve`) |
 """
 

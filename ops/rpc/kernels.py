@@ -192,9 +192,11 @@ def fetch_barrier(ctx: OpContext) -> None:
 
 @register("checkpoint_notify")
 def checkpoint_notify(ctx: OpContext) -> None:
-    """Ask the pservers to checkpoint. With `lookup_table`, pserver `i` is sent the path
-    `DIR/<lookup_table>_<i>` (Paddle's), where its checkpoint block saves its shard;
-    without, every pserver saves its persistable vars under `DIR`."""
+    """Ask the pservers to checkpoint. `dir` is a name relative to each pserver's own
+    checkpoint dir (a pserver refuses anything else, `ops.rpc.checkpoint`). With
+    `lookup_table`, pserver `i` is sent `DIR/<lookup_table>_<i>` (Paddle's), where its
+    checkpoint block saves its shard; without, `dir` names a whole checkpoint,
+    `ckpt-<step>`, of which every pserver writes its part."""
     directory = str(ctx.attr("dir"))
     if not directory:
         raise KernelError("checkpoint_notify needs a `dir` attr")

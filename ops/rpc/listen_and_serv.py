@@ -24,6 +24,7 @@ Runtime options come from the executor's env (`Executor(env={...})`):
 | `pserver_log` | called with a line at start and end (default: print to stderr; None: quiet) |
 | `pserver_auth` | the `ops.rpc.auth.ServerAuth` (token, TLS, `insecure`; default: from the environment) |
 | `plan_fingerprint` | the job's plan fingerprint, for the handshake (default: not compared) |
+| `checkpointer` | an `ops.rpc.checkpoint.Checkpointer`: where checkpoint notices write (none: refused) |
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ def serve_config(ctx: OpContext) -> ServeConfig:
         checkpoint_path_var=LOOKUP_TABLE_PATH,
         auth=ctx.env.get("pserver_auth") or ServerAuth.from_env(),
         plan_fingerprint=ctx.env.get("plan_fingerprint"),
+        checkpointer=ctx.env.get("checkpointer"),
     )
 
 

@@ -42,9 +42,15 @@ temporary. In sync mode a prefetch waits while the optimize blocks run (a correc
 trainer never asks then), so it always sees the params of the last round; otherwise
 prefetches run in parallel with each other, with sends and with gets.
 
-A checkpoint notice for a lookup table, on a pserver with a checkpoint block
-(`checkpint_block_id`), binds the path to `kLookupTablePath` and runs that block (whose
-`save` writes the shard atomically); any other notice saves the persistable vars.
+A checkpoint notice names a checkpoint inside the pserver's checkpoint dir
+(`ServeConfig.checkpointer`, `ops.rpc.checkpoint`), never a path of the trainer's
+choosing: `ckpt-<step>` writes this pserver's part of that checkpoint (atomic, see
+`ops.rpc.checkpoint`); a notice for a lookup table, on a pserver with a checkpoint block
+(`checkpint_block_id`), binds `<checkpoint dir>/<name>` to `kLookupTablePath` and runs
+that block (whose `save` writes the shard atomically). A name that is not a plain
+relative name is `INVALID_ARGUMENT`, one that leaves the dir through a symlink
+`PERMISSION_DENIED`, and a pserver started without a checkpoint dir refuses every notice
+(`FAILED_PRECONDITION`): nothing is written.
 
 In sync mode the grads a round needs are `X` plus what the trainers send for the
 blocks of `grad_to_block_id` that `X` does not list (the distributed table's
@@ -73,7 +79,6 @@ in flight within `POLL` seconds.
 from __future__ import annotations
 
 import enum
-import os
 import sys
 import threading
 import time
@@ -81,7 +86,6 @@ from collections.abc import Callable, Mapping
 from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -89,6 +93,7 @@ import numpy as np
 
 from ops.rpc.auth import Gate, ServerAuth
 from ops.rpc.bind import check_bindable
+from ops.rpc.checkpoint import CheckpointError, Checkpointer, CheckpointPathError, confine
 from ops.rpc.errors import BindError, PserverError
 from ops.rpc.service import DEFAULT_TIMEOUT, METHODS, SERVER_OPTIONS, SERVICE_NAME
 from ops.rpc.wire import WireBatch, WireVar, encode_batch, encode_var, var_parts
@@ -131,6 +136,7 @@ class ServeConfig:
     checkpoint_path_var: str = LOOKUP_TABLE_PATH  # bound to the notice's path first
     auth: ServerAuth = ServerAuth()  # the job token, TLS, the loopback default (`ops.rpc.auth`)
     plan_fingerprint: str | None = None  # the handshake compares it with the trainers' when both know it
+    checkpointer: Checkpointer | None = None  # the checkpoint dir; None: notices are refused
 
     def __post_init__(self) -> None:
         if self.fanin < 1:
@@ -678,20 +684,26 @@ class PServer:
         return self._handle(context, "CheckpointNotify", request.trainer_id, "checkpoint notice", lambda: self._on_checkpoint(request, context))
 
     def _on_checkpoint(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:
-        if not request.dir:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "checkpoint_notify needs a directory")
+        checkpointer = self.config.checkpointer
+        if checkpointer is None:
+            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
+                         f"pserver {self.config.endpoint} was started without a checkpoint dir: it saves nothing")
         with self._cond:
             if self.config.sync_mode:
                 self._wait_not_optimizing(context)
             else:
                 self._check_open()
-        if request.lookup_table and self.config.checkpoint_block >= 0:
-            self._run_checkpoint_block(request.dir)
-            return rpc_pb2.VoidMessage()
         try:
-            save_vars(self.scope, self.config.persistables, Path(request.dir), only=request.lookup_table or None)
-        except OSError as exc:
-            raise _Abort(grpc.StatusCode.INTERNAL, f"pserver {self.config.endpoint}: cannot save to {request.dir}: {exc}") from None
+            if request.lookup_table and self.config.checkpoint_block >= 0:
+                self._run_checkpoint_block(str(confine(checkpointer.root, request.dir)))
+            else:
+                with self._checkpoint_lock:
+                    checkpointer.save(self.scope, request.dir)
+        except CheckpointPathError as exc:
+            code = grpc.StatusCode.PERMISSION_DENIED if exc.escapes else grpc.StatusCode.INVALID_ARGUMENT
+            raise _Abort(code, f"pserver {self.config.endpoint}: {exc}") from None
+        except (CheckpointError, OSError) as exc:
+            raise _Abort(grpc.StatusCode.INTERNAL, f"pserver {self.config.endpoint}: checkpoint {request.dir}: {exc}") from None
         return rpc_pb2.VoidMessage()
 
     def _run_checkpoint_block(self, path: str) -> None:
@@ -719,30 +731,8 @@ def _get_label(names: Any) -> str:
     return f"get of {names[0]}{more}" if names else "empty get"
 
 
-def save_vars(scope: Scope, names: tuple[str, ...], directory: Path, *, only: str | None = None) -> list[Path]:
-    """Save each named value as `DIR/<name>.npy` (a SelectedRows as `DIR/<name>.npz` with
-    `rows`, `value`, `height`). `only` saves one var (the lookup table)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name in names:
-        if only is not None and name != only:
-            continue
-        value = scope.find_var(name)
-        stem = name.replace(os.sep, "%2F")
-        if isinstance(value, LoDTensor):
-            path = directory / f"{stem}.npy"
-            np.save(path, value.array)
-        elif isinstance(value, SelectedRows):
-            path = directory / f"{stem}.npz"
-            np.savez(path, rows=value.rows, value=value.active_value(), height=value.height)
-        else:
-            continue
-        written.append(path)
-    return written
-
-
 def print_log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-__all__ = ["POLL", "PServer", "Phase", "ServeConfig", "print_log", "save_vars"]
+__all__ = ["POLL", "PServer", "Phase", "ServeConfig", "print_log"]

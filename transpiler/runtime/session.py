@@ -9,6 +9,16 @@
             for batch in batches:
                 loss, = session.run(role.shard(batch), loss="mean_0.tmp_0")
 
+Checkpoints (`ops.rpc.checkpoint`): `Session(..., checkpoint_dir=D, checkpoint_every=N)`
+makes trainer 0 (or local training) ask for checkpoint `ckpt-<step>` after every N steps
+and after the last one, which each pserver writes into `D` (every process of the job is given the same options;
+the pservers get the dir, the trainers the cadence). `restore=D` starts from the newest
+complete checkpoint in `D` (or that checkpoint folder): the pservers load it, cut by
+their own plan (any pserver count), and `session.steps` starts at its step, so a script
+skips the batches already trained (`for step in range(session.steps, total)`).
+`init=D` warm starts the pservers (or local training) from LoDTensor files of whole
+vars. `pull(names)` reads whole params out of the pservers (`pstranspile fetch`).
+
 The same script then trains locally (no environment), under `pstranspile launch`, or on
 many machines under any scheduler that sets Paddle's variables. A distributed role
 transpiles the programs itself (deterministic: every process agrees on the placement).
@@ -22,13 +32,23 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 
 from ops.executor import Executor
 from ops.rpc.auth import Handshake, plan_fingerprint
+from ops.rpc.checkpoint import (
+    DEFAULT_KEEP,
+    Checkpointer,
+    CheckpointReader,
+    checkpoint_name,
+    local_layout,
+    warm_start,
+)
 from ops.rpc.client import RpcClient  # importing ops.rpc registers the RPC kernels
+from ops.rpc.fetch import pull
 from ops.rpc.serve import serve_program
 from ops.scope import Scope
 from ops.tensor import LoDTensor
@@ -56,6 +76,11 @@ class Session:
         seed: int | None = 0,
         out: TextIO | None = None,
         progress_every: int = 1,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int = 0,
+        keep_checkpoints: int = DEFAULT_KEEP,
+        restore: str | Path | None = None,
+        init: str | Path | None = None,
         **transpile_options: Any,
     ) -> None:
         self.role = role if role is not None else Role.from_env()
@@ -83,7 +108,15 @@ class Session:
             env["rpc"] = self.client
         self.scope = Scope()
         self.executor = Executor(seed=seed, env=env)
-        self.steps = 0
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.checkpoint_every = max(0, int(checkpoint_every))
+        self.keep_checkpoints = int(keep_checkpoints)
+        self.restore_from = Path(restore) if restore is not None else None
+        self.init_from = Path(init) if init is not None else None
+        if self.checkpoint_every and self.checkpoint_dir is None and not self.role.is_trainer:
+            raise PsTranspilerError("checkpoint_every needs a checkpoint_dir")
+        self._restored = CheckpointReader(self.restore_from) if self.restore_from is not None else None
+        self.steps = self._restored.step if self._restored is not None else 0
         self._started_at: float | None = None
         self._finished = False
 
@@ -115,12 +148,21 @@ class Session:
             raise PsTranspilerError(f"serve() is for pservers; this process is {self.role.name}")
         main, startup = self.result.pservers[self.role.current_endpoint]
         self._finished = True
-        return serve_program(main, startup, timeout=self.role.rpc_timeout, seed=self.executor.seed, scope=self.scope,
-                             plan_fingerprint=self.plan_fingerprint)
+        return serve_program(
+            main, startup, timeout=self.role.rpc_timeout, seed=self.executor.seed, scope=self.scope,
+            plan_fingerprint=self.plan_fingerprint, plan_text=self.result.plan.to_json_text(),
+            checkpoint_dir=self.checkpoint_dir, keep=self.keep_checkpoints,
+            restore=self._restored.folder if self._restored is not None else None, init=self.init_from,
+        )
 
     def start(self) -> None:
-        """Run the startup program (a trainer's fetches the pservers' initial params)."""
+        """Run the startup program (a trainer's fetches the pservers' initial params;
+        local training restores or warm starts here)."""
         self.executor.run(self.startup_program, scope=self.scope)
+        if self.result is None and self._restored is not None:
+            self._restored.restore(self.scope, local_layout(self.main), "local", 1)
+        elif self.result is None and self.init_from is not None:
+            warm_start(self.scope, local_layout(self.main), self.init_from, 1, 0)
         self._started_at = time.monotonic()
 
     def run(
@@ -136,9 +178,25 @@ class Session:
         fetches = list(fetch_list) + ([loss] if loss is not None else [])
         values = self.executor.run(self.program, feed=feed, fetch_list=fetches, scope=self.scope)
         self.steps += 1
+        if self.checkpoint_every and self.steps % self.checkpoint_every == 0:
+            self.checkpoint()
         if loss is not None and (self.steps % self.progress_every == 0 or self.steps == 1):
             self.report(float(np.asarray(values[-1]).reshape(-1)[0]))
         return values
+
+    def checkpoint(self, step: int | None = None) -> None:
+        """Checkpoint `ckpt-<step>` (default: the steps run): trainer 0 asks every
+        pserver (sync: the state after that step); local training writes its own; other
+        trainers do nothing."""
+        name = checkpoint_name(self.steps if step is None else step)
+        if self.client is not None:
+            if self.role.trainer_id == 0:
+                self.client.checkpoint_notify(list(self.role.endpoints), name)
+            return
+        if self.checkpoint_dir is None:
+            raise PsTranspilerError("local checkpoints need a checkpoint_dir")
+        Checkpointer(self.checkpoint_dir, "local", ("local",), local_layout(self.main), keep=self.keep_checkpoints).save(
+            self.scope, name)
 
     def report(self, loss: float | None) -> None:
         elapsed = time.monotonic() - (self._started_at or time.monotonic())
@@ -162,12 +220,53 @@ class Session:
                 out[name] = np.array(value.array)
         return out
 
+    def pull(self, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Whole values of `names` (default: every param, and the distributed table).
+        Local: this scope's. A trainer: a dense param it receives whole each step is
+        its own copy (in sync mode the pservers' values after the last step, bit for
+        bit); the rest (the distributed table, blocks of a `remote_prefetch` table)
+        comes from the pservers: in async mode by gets; in sync mode, where the
+        pservers answer gets only between steps of every trainer, through a checkpoint
+        of this step (`ckpt-<steps>`, which needs the job's `checkpoint_dir`) read back."""
+        if self.result is None:
+            wanted = list(names) if names is not None else parameter_names(self.main)
+            return {name: np.array(value) for name, value in self.params(wanted).items()}
+        if self.client is None:
+            raise PsTranspilerError("pull() is for trainers and local training; a pserver holds its own scope")
+        plan = self.result.plan.to_json()
+        params = {p["param"]: p for p in plan["params"]}
+        wanted = list(names) if names is not None else [*sorted(params), *([plan["table"]["table"]] if plan["table"] else [])]
+        out: dict[str, np.ndarray] = {}
+        remote = []
+        for name in wanted:
+            value = self.scope.find_var(name)
+            held = isinstance(value, LoDTensor) and not (value.array.size and 0 in value.array.strides)  # not fake_init
+            if name in params and held and not params[name]["remote_prefetch"]:
+                out[name] = np.array(value.array)
+            else:
+                remote.append(name)
+        if remote and not self.sync_mode:
+            out |= pull(self.client, plan, remote)
+        elif remote:
+            if self.checkpoint_dir is None:
+                raise PsTranspilerError(
+                    f"a sync trainer reads {', '.join(remote)} through a checkpoint of its step: give the Session "
+                    "the job's checkpoint_dir (or use `pstranspile fetch` from another process)")
+            name = checkpoint_name(self.steps)
+            self.client.checkpoint_notify(list(self.role.endpoints), name)
+            reader = CheckpointReader(self.checkpoint_dir / name)
+            out |= {var: reader.whole(var) for var in remote}
+        return {name: out[name] for name in wanted}
+
     # ------------------------------------------------------------ the end
     def finish(self, *, failed: bool = False, reason: str = "") -> None:
-        """Tell the pservers this trainer is done (or failed); idempotent."""
+        """Tell the pservers this trainer is done (or failed); idempotent. A job that
+        checkpoints ends with one of its last step, unless that step just had one."""
         if self._finished:
             return
         self._finished = True
+        if not failed and self.checkpoint_every and self.steps % self.checkpoint_every and self._started_at is not None:
+            self.checkpoint()
         if self.client is None:
             return
         try:

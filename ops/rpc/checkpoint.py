@@ -1,0 +1,554 @@
+"""Checkpoints: atomic as a whole, confined to the pserver's checkpoint dir, restorable
+onto any pserver count, in Fluid's file formats.
+
+Layout under a checkpoint root (`serve --checkpoint-dir ROOT`, `Session(checkpoint_dir=)`):
+
+    ROOT/latest                   "ckpt-<step>\\n": the newest complete checkpoint (atomic rename)
+    ROOT/ckpt-<step>/MANIFEST.json  written last: the checkpoint exists once this does
+    ROOT/ckpt-<step>/ps<i>/       pserver i's part (`local` for local training)
+    ROOT/ckpt-<step>/ps<i>/PART.json  its vars: what rows of which whole var, sha256
+    ROOT/ckpt-<step>/ps<i>/<var>  one file per var, Fluid's LoDTensor format
+                                  (a distributed table shard: Fluid's SelectedRows format)
+
+A part is written into a staging folder beside it (`.ps<i>.tmp-…`), every file fsynced,
+its `PART.json` last, then renamed into place; the pserver that completes the set (every
+part of the plan present) writes `MANIFEST.json` (step, the plan, every part's vars) and
+then `latest`, both atomically, and removes all but the newest `keep` complete
+checkpoints (and incomplete ones older than the newest complete). A crash at any point
+leaves the previous complete checkpoint as it was; a folder without `MANIFEST.json` is
+never read. In sync mode trainer 0 asks for checkpoint `s` only after step `s` and waits
+for every pserver's answer before its next send barrier, so every part holds the state
+after step `s` and at most one checkpoint is incomplete at a time.
+
+A var's entry says which rows of which whole var the file holds (`origin`, `rows`:
+`[start, end)` of the first dimension, or null for the whole var): a param block, the
+optimizer accumulators sliced with it, or a whole (possibly replicated) var such as the
+learning rate. Restore assembles each whole var from every part that holds rows of it and
+cuts the rows the new layout wants, so M pservers restore onto M' (Paddle's pservers
+cannot). The distributed table is one SelectedRows per part (rows = global ids, the
+unused preallocated rows in `<table>@POOL`); restoring it onto M' keeps the rows with
+`id % M' == i`; onto the same M it is the exact table, pool included.
+
+Names a checkpoint request carries are relative: one or more components of
+`[A-Za-z0-9_.-]`, no `.` or `..`; anything else is refused (`CheckpointPathError`,
+`INVALID_ARGUMENT` on the wire), and so is a path whose real location (symlinks
+resolved) leaves the root (`PERMISSION_DENIED`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import struct
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ops.rpc.tensor_file import TensorFileError, decode_tensor, encode_tensor
+from ops.scope import Scope
+from ops.tensor import LoDTensor, SelectedRows
+from transpiler.errors import PsTranspilerError
+from transpiler.fileio import write_atomic
+from transpiler.ir import Program
+from transpiler.ir.types import VarKind
+
+FORMAT = "ps-transpiler-checkpoint/1"
+MANIFEST = "MANIFEST.json"
+PART = "PART.json"
+LATEST = "latest"
+PREFIX = "ckpt-"
+POOL_SUFFIX = "@POOL"
+DEFAULT_KEEP = 3
+_COMPONENT = re.compile(r"^[A-Za-z0-9_.-]+$")
+_BLOCK_SUFFIX = re.compile(r"\.block\d+$")
+
+
+class CheckpointError(PsTranspilerError):
+    """A checkpoint that cannot be written, found, read or restored."""
+
+
+class CheckpointPathError(CheckpointError):
+    """A checkpoint name that is not a plain relative name (`escapes` when it is one but
+    its real path leaves the root through a symlink)."""
+
+    def __init__(self, message: str, *, escapes: bool = False) -> None:
+        super().__init__(message)
+        self.escapes = escapes
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{PREFIX}{int(step)}"
+
+
+def step_of(name: str) -> int | None:
+    match = re.fullmatch(rf"{PREFIX}(\d+)", name)
+    return int(match.group(1)) if match else None
+
+
+def confine(root: Path, name: str) -> Path:
+    """`root/name`, refusing anything but a plain relative name inside `root`."""
+    if not name or name.startswith("/") or "\\" in name or "\x00" in name:
+        raise CheckpointPathError(f"checkpoint name {name!r} is not a relative name inside the checkpoint dir")
+    parts = name.split("/")
+    for part in parts:
+        if part in ("", ".", "..") or not _COMPONENT.match(part):
+            raise CheckpointPathError(f"checkpoint name {name!r} is not a relative name inside the checkpoint dir")
+    real_root = Path(os.path.realpath(root))
+    target = Path(os.path.realpath(real_root.joinpath(*parts)))
+    if target != real_root and real_root not in target.parents:
+        raise CheckpointPathError(f"checkpoint name {name!r} leads outside the checkpoint dir (a symlink)", escapes=True)
+    return real_root.joinpath(*parts)
+
+
+# ------------------------------------------------------------------ layouts
+
+
+@dataclass(frozen=True)
+class VarSlice:
+    """What a var in a scope is of a whole var: rows `[start, end)` of `origin` (None: all)."""
+
+    origin: str
+    whole_shape: tuple[int, ...]
+    rows: tuple[int, int] | None = None
+    table: bool = False  # the distributed table's shard (SelectedRows, ids % M)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"origin": self.origin, "whole_shape": list(self.whole_shape),
+                "rows": list(self.rows) if self.rows is not None else None, "table": self.table}
+
+
+def local_layout(program: Program) -> dict[str, VarSlice]:
+    """Every persistable tensor of a (local or trainer) program, whole."""
+    return {
+        name: VarSlice(name, tuple(var.shape or ()))
+        for name, var in sorted(program.global_block().vars.items())
+        if var.persistable and var.kind in (VarKind.LOD_TENSOR, VarKind.SELECTED_ROWS) and var.shape is not None
+    }
+
+
+def pserver_layout(program: Program, plan: Mapping[str, Any], endpoint: str, skip: Iterable[str]) -> dict[str, VarSlice]:
+    """What each persistable var of a pserver program is of the whole model, from the
+    plan (`plan.json`'s content): param blocks by their row ranges, the accumulators an
+    optimize op updates with a block by the same rows, the table shard, the rest whole.
+    `skip`: the grads trainers send (not state)."""
+    block0 = program.global_block()
+    skip = set(skip)
+    blocks: dict[str, tuple[tuple[int, ...], int, int, bool]] = {}  # block var -> (param shape, start, rows, sliced)
+    for param in plan.get("params", []):
+        sliced = len(param["blocks"]) > 1
+        for blk in param["blocks"]:
+            if blk["endpoint"] == endpoint:
+                blocks[blk["name"]] = (tuple(param["shape"]), int(blk["row_offset"]), int(blk["rows"]), sliced)
+    layout: dict[str, VarSlice] = {}
+    for name, (shape, start, rows, sliced) in blocks.items():
+        origin = _BLOCK_SUFFIX.sub("", name) if sliced else name
+        layout[name] = VarSlice(origin, shape, (start, start + rows) if sliced else None)
+    for blk in program.blocks[1:]:
+        for op in blk.ops:
+            params = op.input("Param")
+            if len(params) != 1 or params[0] not in blocks:
+                continue
+            shape, start, rows, sliced = blocks[params[0]]
+            for slot in op.inputs:
+                if slot in ("Param", "Grad", "LearningRate"):
+                    continue
+                for arg in op.input(slot):
+                    var = block0.find_var(arg)
+                    if sliced and var is not None and var.shape is not None and tuple(var.shape) == (rows, *shape[1:]):
+                        layout[arg] = VarSlice(_BLOCK_SUFFIX.sub("", arg), (shape[0], *shape[1:]), (start, start + rows))
+    table = plan.get("table")
+    for name, var in sorted(block0.vars.items()):
+        if name in layout or name in skip or not var.persistable or var.shape is None:
+            continue
+        if table is not None and name == table["table"]:
+            layout[name] = VarSlice(name, tuple(table["shape"]), table=True)
+        elif var.kind == VarKind.LOD_TENSOR:
+            layout[name] = VarSlice(name, tuple(var.shape))
+    return dict(sorted(layout.items()))
+
+
+def plan_fingerprint(plan_text: str) -> str:
+    return hashlib.sha256(plan_text.encode()).hexdigest()
+
+
+# ------------------------------------------------------------------ file formats
+
+
+def encode_table(table: SelectedRows) -> tuple[bytes, bytes]:
+    """Fluid's SelectedRows file (uint32 version 0, uint64 row count, int64 rows, int64
+    height, then the value as a Tensor) of the table's rows, and its unused preallocated
+    rows as a LoDTensor file."""
+    with table.lock:
+        rows = np.ascontiguousarray(table.rows, dtype="<i8")
+        value = np.array(table.value)  # a snapshot: the table may grow right after
+    tensor = encode_tensor(value[: rows.size])[12:]  # a Tensor: drop the LoDTensor's version and LoD
+    head = struct.pack("<IQ", 0, rows.size) + rows.tobytes() + struct.pack("<q", table.height)
+    return head + tensor, encode_tensor(value[rows.size :])
+
+
+def decode_table(data: bytes, pool: bytes | None, where: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """(rows, value with the pool rows after the active ones, height)."""
+    try:
+        version, count = struct.unpack_from("<IQ", data, 0)
+        if version != 0:
+            raise TensorFileError(f"{where}: SelectedRows version {version}, not 0")
+        rows = np.frombuffer(data, "<i8", count, 12).astype(np.int64)
+        (height,) = struct.unpack_from("<q", data, 12 + 8 * count)
+    except (struct.error, ValueError) as exc:
+        raise TensorFileError(f"{where}: not a SelectedRows file ({exc})") from None
+    value = decode_tensor(struct.pack("<IQ", 0, 0) + data[20 + 8 * count :], where).array
+    if pool is not None:
+        value = np.concatenate([value, decode_tensor(pool, where + POOL_SUFFIX).array])
+    return rows, value, int(height)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+    write_atomic(path, lambda out: out.write(text.encode()), durable=True)
+
+
+def _file_name(var: str) -> str:
+    return var.replace("%", "%25").replace("/", "%2F")
+
+
+# ------------------------------------------------------------------ saving
+
+
+@dataclass
+class Checkpointer:
+    """One process's part of the job's checkpoints."""
+
+    root: Path
+    part: str  # "ps<i>" or "local"
+    parts: tuple[str, ...]  # every part a complete checkpoint has
+    layout: Mapping[str, VarSlice]
+    plan_text: str = "{}"
+    keep: int = DEFAULT_KEEP
+
+    def __post_init__(self) -> None:
+        if self.keep < 1:
+            raise CheckpointError(f"keep at least 1 checkpoint, not {self.keep}")
+        self.root = Path(self.root)
+
+    def save(self, scope: Scope, name: str) -> Path:
+        """Write this part of checkpoint `name` (`ckpt-<step>`); complete the checkpoint
+        when every part is in. Returns the checkpoint's folder. A part left by an
+        earlier, interrupted save of that step is replaced; a complete checkpoint is
+        left as it is."""
+        step = step_of(name)
+        if step is None:
+            raise CheckpointPathError(f"checkpoint name {name!r} is not ckpt-<step>")
+        self.root.mkdir(parents=True, exist_ok=True)
+        folder = confine(self.root, name)
+        if (folder / MANIFEST).is_file():
+            return folder  # complete already (a restored job asked again): never unmake a complete one
+        folder.mkdir(exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=folder, prefix=f".{self.part}.tmp-"))
+        try:
+            entries = self._write_vars(scope, staging)
+            _write_json(staging / PART, {"format": FORMAT, "step": step, "part": self.part, "parts": list(self.parts),
+                                         "plan_sha256": plan_fingerprint(self.plan_text), "vars": entries})
+            _fsync_dir(staging)
+            final = folder / self.part
+            old = None
+            if final.exists() or final.is_symlink():
+                old = folder / f".{self.part}.old-{os.getpid()}"
+                os.replace(final, old)
+            os.replace(staging, final)
+            _fsync_dir(folder)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        self._complete(folder, step)
+        return folder
+
+    def _write_vars(self, scope: Scope, staging: Path) -> dict[str, Any]:
+        entries: dict[str, Any] = {}
+        for name, where in self.layout.items():
+            value = scope.find_var(name)
+            files: dict[str, bytes] = {}
+            if isinstance(value, SelectedRows):
+                files[_file_name(name)], files[_file_name(name + POOL_SUFFIX)] = encode_table(value)
+                shape, dtype = list(value.shape), value.dtype.name
+            elif isinstance(value, LoDTensor):
+                files[_file_name(name)] = encode_tensor(value.array)
+                shape, dtype = list(value.array.shape), value.array.dtype.name
+            else:
+                raise CheckpointError(f"checkpoint: {name} has no value in this scope to save")
+            for file, data in files.items():
+                write_atomic(staging / file, lambda out, data=data: out.write(data), durable=True)
+            entries[name] = {**where.to_json(), "shape": shape, "dtype": dtype,
+                             "files": {f: hashlib.sha256(d).hexdigest() for f, d in files.items()}}
+        return entries
+
+    def _complete(self, folder: Path, step: int) -> None:
+        """Write MANIFEST.json and `latest` if every part is in (any part's writer may)."""
+        parts = {}
+        for part in self.parts:
+            try:
+                info = json.loads((folder / part / PART).read_text())
+            except (OSError, ValueError):
+                return  # not all in yet: the last part's writer completes it
+            if info.get("step") != step:
+                return
+            parts[part] = info["vars"]
+        _write_json(folder / MANIFEST, {"format": FORMAT, "step": step, "plan": json.loads(self.plan_text),
+                                        "plan_sha256": plan_fingerprint(self.plan_text), "parts": parts})
+        _fsync_dir(folder)
+        latest = find_latest(self.root, missing_ok=True)
+        if latest is None or read_manifest(latest)["step"] <= step:
+            write_atomic(self.root / LATEST, lambda out: out.write(f"{folder.name}\n".encode()), durable=True)
+            _fsync_dir(self.root)
+        self.prune()
+
+    def prune(self) -> None:
+        """Remove all but the newest `keep` complete checkpoints, and incomplete ones
+        older than the newest complete one."""
+        found = sorted(((s, p) for p in self.root.iterdir() if (s := step_of(p.name)) is not None), reverse=True)
+        complete = [s for s, p in found if (p / MANIFEST).is_file()]
+        if not complete:
+            return
+        kept = set(complete[: self.keep])
+        for step, path in found:
+            if step not in kept and (step in complete or step < complete[0]):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ reading
+
+
+def find_latest(path: Path, *, missing_ok: bool = False) -> Path | None:
+    """The complete checkpoint `path` names: a checkpoint folder itself, or a root's
+    `latest` (else its newest complete `ckpt-<step>`)."""
+    path = Path(path)
+    if (path / MANIFEST).is_file():
+        return path
+    pointer = path / LATEST
+    if pointer.is_file():
+        name = pointer.read_text().strip()
+        candidate = confine(path, name)
+        if (candidate / MANIFEST).is_file():
+            return candidate
+    found = sorted(((s, p) for p in (path.iterdir() if path.is_dir() else ()) if (s := step_of(p.name)) is not None
+                    and (p / MANIFEST).is_file()), reverse=True)
+    if found:
+        return found[0][1]
+    if missing_ok:
+        return None
+    raise CheckpointError(f"{path}: no complete checkpoint (no {MANIFEST}, no {LATEST}, no complete {PREFIX}<step>)")
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((Path(folder) / MANIFEST).read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{folder}: unreadable {MANIFEST} ({exc})") from None
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{folder}: {MANIFEST} is not a {FORMAT} manifest")
+    return manifest
+
+
+class CheckpointReader:
+    """Whole vars (and table rows) out of a complete checkpoint, checksums verified."""
+
+    def __init__(self, path: Path) -> None:
+        self.folder = find_latest(path)
+        self.manifest = read_manifest(self.folder)
+        self.step = int(self.manifest["step"])
+        for part, vars_ in self.manifest["parts"].items():  # names from a file: read only inside the folder
+            files = [f for entry in vars_.values() for f in entry["files"]]
+            bad_file = any("/" in f or "\x00" in f or f in ("", ".", "..") for f in files)
+            if bad_file or not re.fullmatch(r"ps\d+|local", part):
+                raise CheckpointError(f"{self.folder}: {MANIFEST} names a part or file outside the checkpoint")
+        self._wholes: dict[str, np.ndarray] = {}
+
+    def _bytes(self, part: str, file: str, sha: str) -> bytes:
+        path = self.folder / part / file
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise CheckpointError(f"{path}: sha256 does not match {MANIFEST}: the checkpoint is damaged")
+        return data
+
+    def entries(self) -> list[tuple[str, str, dict[str, Any]]]:
+        return [(part, name, entry) for part, vars_ in sorted(self.manifest["parts"].items())
+                for name, entry in sorted(vars_.items())]
+
+    def origins(self) -> list[str]:
+        return sorted({entry["origin"] for _, _, entry in self.entries()})
+
+    def whole(self, origin: str) -> np.ndarray:
+        """The whole var `origin` assembled from every part's rows (a table: dense, rows
+        never touched are 0)."""
+        if origin in self._wholes:
+            return self._wholes[origin]
+        pieces = [(part, name, e) for part, name, e in self.entries() if e["origin"] == origin]
+        if not pieces:
+            raise CheckpointError(f"{self.folder}: the checkpoint holds no var {origin!r}")
+        shape = tuple(pieces[0][2]["whole_shape"])
+        if pieces[0][2].get("table"):
+            rows, values = self.table_rows(origin)
+            whole = np.zeros(shape, values.dtype)
+            whole[rows] = values
+        elif all(e["rows"] is None for _, _, e in pieces):
+            whole = self._read(*pieces[0])
+        else:
+            parts = [(tuple(e["rows"]), self._read(p, n, e)) for p, n, e in pieces if e["rows"] is not None]
+            whole = np.empty(shape, parts[0][1].dtype)
+            covered = np.zeros(shape[0], bool)
+            for (start, end), array in parts:
+                whole[start:end] = array
+                covered[start:end] = True
+            if not covered.all():
+                raise CheckpointError(f"{self.folder}: the parts hold only {int(covered.sum())} of {origin}'s {shape[0]} rows")
+        self._wholes[origin] = whole
+        return whole
+
+    def _read(self, part: str, name: str, entry: Mapping[str, Any]) -> np.ndarray:
+        file = _file_name(name)
+        array = decode_tensor(self._bytes(part, file, entry["files"][file]), str(self.folder / part / file)).array
+        if list(array.shape) != list(entry["shape"]):
+            raise CheckpointError(f"{self.folder / part / file}: shape {list(array.shape)}, the manifest says {entry['shape']}")
+        return array
+
+    def table_parts(self, origin: str) -> list[tuple[str, np.ndarray, np.ndarray, int]]:
+        """Per part: (part, rows, value including the pool, height)."""
+        out = []
+        for part, name, entry in self.entries():
+            if entry["origin"] == origin and entry.get("table"):
+                file, pool = _file_name(name), _file_name(name + POOL_SUFFIX)
+                rows, value, height = decode_table(self._bytes(part, file, entry["files"][file]),
+                                                   self._bytes(part, pool, entry["files"][pool]), str(self.folder / part / file))
+                out.append((part, rows, value, height))
+        return out
+
+    def table_rows(self, origin: str) -> tuple[np.ndarray, np.ndarray]:
+        """Every touched row of the table: (ids, values), ids ascending."""
+        parts = self.table_parts(origin)
+        rows = np.concatenate([r for _, r, _, _ in parts])
+        values = np.concatenate([v[: r.size] for _, r, v, _ in parts])
+        order = np.argsort(rows, kind="stable")
+        return rows[order], values[order]
+
+    def restore(self, scope: Scope, layout: Mapping[str, VarSlice], part: str, parts: int) -> None:
+        """Set every var of `layout` in `scope` from the checkpoint, cut to its rows
+        (`part` of `parts`: "ps<i>" of M', or "local")."""
+        for name, where in layout.items():
+            if where.table:
+                self._restore_table(scope, name, where, part, parts)
+                continue
+            whole = self.whole(where.origin)
+            if tuple(whole.shape) != tuple(where.whole_shape):
+                raise CheckpointError(
+                    f"{self.folder}: {where.origin} has shape {list(whole.shape)}, this program's is {list(where.whole_shape)}")
+            array = whole if where.rows is None else whole[where.rows[0] : where.rows[1]]
+            scope.set_var(name, LoDTensor(np.array(array)))
+
+    def _restore_table(self, scope: Scope, name: str, where: VarSlice, part: str, parts: int) -> None:
+        """The same pserver count: the exact shard, pool included; another: the rows with
+        `id % parts == i`, the pool this pserver's startup drew."""
+        table = scope.find_var(name)
+        if not isinstance(table, SelectedRows):
+            raise CheckpointError(f"restore: {name} is not a sparse table in this scope")
+        saved = self.table_parts(where.origin)
+        mine = [s for s in saved if s[0] == part]
+        if len(saved) == parts and mine:
+            _, rows, value, _ = mine[0]
+            with table.lock:
+                _set_table(table, rows, value)
+            return
+        ids, values = self.table_rows(where.origin)
+        set_table_rows(table, ids, values, parts, _index_of(part))
+
+
+def _index_of(part: str) -> int:
+    return int(part[2:]) if part.startswith("ps") else 0
+
+
+def _set_table(table: SelectedRows, rows: np.ndarray, value: np.ndarray) -> None:
+    table.rows = np.array(rows, np.int64)
+    table.value = np.array(value, table.dtype)
+    table._index = None  # noqa: SLF001 - rebuilt from rows on the next lookup
+    table._rows_buf = None  # noqa: SLF001
+
+
+def set_table_rows(table: SelectedRows, ids: np.ndarray, values: np.ndarray, parts: int, index: int) -> None:
+    """Make `table` (pserver `index` of `parts`'s shard) hold the rows of `ids` with
+    `id % parts == index`; the rows after them keep the pool this pserver drew."""
+    keep = ids % parts == index
+    rows = ids[keep]
+    with table.lock:
+        pool = table.value[rows.size :]
+        _set_table(table, rows, np.concatenate([values[keep].astype(table.dtype), pool]))
+
+
+def warm_start(scope: Scope, layout: Mapping[str, VarSlice], folder: Path, parts: int, index: int) -> list[str]:
+    """Set the vars of `layout` whose whole var has a LoDTensor file in `folder` (named
+    by the whole var, as `save_persistables` and `pstranspile fetch` write), cut to their
+    rows; a table's file is its dense whole (every row is set). Returns what was set."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"warm start: {folder} is not a folder of LoDTensor files")
+    loaded = []
+    for name, where in layout.items():
+        path = folder / _file_name(where.origin)
+        if not path.is_file():
+            continue
+        try:
+            whole = decode_tensor(path.read_bytes(), str(path)).array
+        except OSError as exc:
+            raise CheckpointError(f"warm start: cannot read {path}: {exc.strerror}") from None
+        if tuple(whole.shape) != tuple(where.whole_shape):
+            raise CheckpointError(f"warm start: {path} has shape {list(whole.shape)}, {where.origin}'s is {list(where.whole_shape)}")
+        if where.table:
+            table = scope.find_var(name)
+            if not isinstance(table, SelectedRows):
+                raise CheckpointError(f"warm start: {name} is not a sparse table in this scope")
+            set_table_rows(table, np.arange(whole.shape[0], dtype=np.int64), whole, parts, index)
+        else:
+            value = scope.find_var(name)
+            array = whole if where.rows is None else whole[where.rows[0] : where.rows[1]]
+            dtype = value.array.dtype if isinstance(value, LoDTensor) else array.dtype
+            scope.set_var(name, LoDTensor(np.array(array, dtype)))
+        loaded.append(name)
+    return loaded
+
+
+__all__ = [
+    "DEFAULT_KEEP",
+    "LATEST",
+    "MANIFEST",
+    "CheckpointError",
+    "CheckpointPathError",
+    "CheckpointReader",
+    "Checkpointer",
+    "VarSlice",
+    "checkpoint_name",
+    "confine",
+    "find_latest",
+    "local_layout",
+    "pserver_layout",
+    "read_manifest",
+    "set_table_rows",
+    "step_of",
+    "warm_start",
+]

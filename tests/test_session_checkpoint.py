@@ -1,0 +1,56 @@
+"""`Session`'s checkpoint options in local training: checkpoints every N steps and at the
+end, `restore=` resumes at the step with the same values, `init=` warm starts, `pull()`."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from e2e_support import EXAMPLES
+
+from ops.rpc.checkpoint import CheckpointError
+from ops.rpc.fetch import write_vars
+from transpiler.runtime.role import Role
+from transpiler.runtime.session import Session
+
+sys.path.insert(0, str(EXAMPLES))
+import mlp  # noqa: E402
+
+
+def batch(step):
+    rng = np.random.default_rng([7, step])
+    return {"img": rng.standard_normal((8, 784)).astype(np.float32), "label": rng.integers(0, 10, (8, 1))}
+
+
+def train(session, until):
+    session.start()
+    for step in range(session.steps, until):
+        session.run(batch(step))
+
+
+def test_a_restored_local_session_resumes_at_the_step_with_the_same_state(tmp_path):
+    main, startup = mlp.build()
+    with Session(main, startup, role=Role.local(), checkpoint_dir=tmp_path, checkpoint_every=2, keep_checkpoints=2) as s:
+        train(s, 5)  # checkpoints 2 and 4, and 5 at the end
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-4", "ckpt-5", "latest"]
+    with Session(main, startup, role=Role.local()) as uninterrupted:
+        train(uninterrupted, 8)
+    with Session(main, startup, role=Role.local(), restore=tmp_path / "ckpt-4") as resumed:
+        assert resumed.steps == 4
+        train(resumed, 8)
+    want, got = uninterrupted.pull(), resumed.pull()
+    assert want.keys() == got.keys() == {"h1.w", "h1.b", "h2.w", "h2.b", "out.w", "out.b"}
+    for name in want:  # Adam's moments and beta powers came back too: bit for bit
+        assert np.array_equal(want[name], got[name]), name
+
+
+def test_init_warm_starts_and_restore_needs_a_checkpoint(tmp_path):
+    main, startup = mlp.build()
+    given = {"out.b": np.arange(10, dtype=np.float32)}
+    write_vars(tmp_path / "given", given)
+    with Session(main, startup, role=Role.local(), init=tmp_path / "given") as s:
+        s.start()
+        assert np.array_equal(s.pull(["out.b"])["out.b"], given["out.b"])
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        Session(main, startup, role=Role.local(), restore=tmp_path)
