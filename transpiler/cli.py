@@ -335,6 +335,8 @@ def plan_command(args: argparse.Namespace) -> int:
     arg("--timeout", type=float, metavar="S",
         help="give up on a trainer silent this long (default $PSTRANSPILE_RPC_TIMEOUT, else 120)"),
     arg("--seed", type=int, default=0, metavar="N", help="executor seed for the startup's initializers (default 0)"),
+    arg("--refuse-nonfinite", action="store_true", default=None,
+        help="refuse grads holding a NaN or an Inf (INVALID_ARGUMENT; default $PSTRANSPILE_REFUSE_NONFINITE, else off)"),
 )
 def serve_command(args: argparse.Namespace) -> int:
     from ops.rpc.errors import BindError, PserverError
@@ -344,7 +346,8 @@ def serve_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
     main, startup = load_program(args.program), load_program(args.startup)
     try:
-        serve_program(main, startup, endpoint=args.endpoint, timeout=args.timeout, seed=args.seed)
+        serve_program(main, startup, endpoint=args.endpoint, timeout=args.timeout, seed=args.seed,
+                      refuse_nonfinite=args.refuse_nonfinite)
     except BindError:
         raise  # a user error (the port is taken): exit 2
     except PserverError as exc:  # the job failed at run time: exit 1

@@ -49,6 +49,7 @@ def serve_program(
     scope: Scope | None = None,
     ready: Callable[[PServer], None] | None = None,
     log: Callable[[str], None] | None = print_log,
+    refuse_nonfinite: bool | None = None,
 ) -> Scope:
     """Initialise and serve; return the pserver's scope once every trainer completed.
     Raises `PserverError` when the protocol fails (a trainer vanished, a block failed)."""
@@ -58,6 +59,8 @@ def serve_program(
         env["rpc_timeout"] = float(timeout)
     if bind is not None:
         env["bind_endpoint"] = bind
+    if refuse_nonfinite is not None:
+        env["refuse_nonfinite"] = refuse_nonfinite
     if ready is not None:
         env["pserver_ready"] = ready
     scope = scope if scope is not None else Scope()

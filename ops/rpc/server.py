@@ -89,7 +89,8 @@ import numpy as np
 
 from ops.rpc.bind import check_bindable
 from ops.rpc.errors import BindError, PserverError
-from ops.rpc.service import DEFAULT_TIMEOUT, METHODS, SERVER_OPTIONS, SERVICE_NAME
+from ops.rpc.service import DEFAULT_TIMEOUT, METHODS, SERVICE_NAME, server_options
+from ops.rpc.validate import Expected, Refused, max_message
 from ops.rpc.wire import WireBatch, WireVar, encode_batch, encode_var, var_parts
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows
@@ -128,6 +129,7 @@ class ServeConfig:
     prefetch_blocks: Mapping[str, tuple[int, str]] = field(default_factory=dict)  # ids var -> (block, output var)
     checkpoint_block: int = -1  # runs on a lookup-table checkpoint notice
     checkpoint_path_var: str = LOOKUP_TABLE_PATH  # bound to the notice's path first
+    refuse_nonfinite: bool = False  # refuse a received var holding a NaN or an Inf
 
     def __post_init__(self) -> None:
         if self.fanin < 1:
@@ -145,11 +147,25 @@ class _Abort(Exception):
         self.details = details
 
 
+# Bounded concurrency: a trainer has one send, one fetch and a few prefetches in flight
+# per pserver at a time; one more of a kind is refused at once (RESOURCE_EXHAUSTED)
+# instead of parking a server thread, so a flood of sends cannot starve the gets and
+# barriers the round waits for. The thread pool holds every trainer's quota.
+IN_FLIGHT_CAP = {"send": 2, "fetch": 2, "prefetch": 8}
+_KIND = {
+    "SendBatch": "send", "SendVariable": "send", "SendBarrier": "send",
+    "FetchBatch": "fetch", "GetVariable": "fetch", "FetchBarrier": "fetch",
+    "PrefetchVariable": "prefetch",
+}
+SPARE_WORKERS = 16  # completes, checkpoint notices, refusals
+
+
 @dataclass
 class _Trainer:
     last_seen: float
     inflight: int = 0
     last_what: str | None = None
+    by_kind: dict[str, int] = field(default_factory=dict)  # in flight per `_KIND`
 
 
 class PServer:
@@ -169,6 +185,7 @@ class PServer:
         self.scope = scope
         self._run_block = run_block
         self._run_in = run_in  # run a block in a given scope (prefetch blocks)
+        self._expected = Expected(config)
         self._log = log or (lambda text: None)
         self._cond = threading.Condition()
         self._phase = Phase.GET if config.sync_mode else Phase.ASYNC
@@ -227,8 +244,9 @@ class PServer:
         """Bind and start answering RPCs (in async mode after a first lr-decay run)."""
         if not self.config.sync_mode and self.config.lr_decay_block >= 0:
             self._run(self.config.lr_decay_block, "the lr-decay block")
-        workers = max(32, 2 * len(self.config.received) + 8 * self.config.fanin)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=list(SERVER_OPTIONS))
+        workers = self.config.fanin * sum(IN_FLIGHT_CAP.values()) + SPARE_WORKERS
+        options = server_options(max_receive=max_message(self.config))
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options)
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(
                 getattr(self, f"_rpc_{name}"),
@@ -449,6 +467,14 @@ class PServer:
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"pserver {self.config.endpoint}: trainer id {trainer_id} is out of range for Fanin {self.config.fanin}",
                 )
+            kind = _KIND.get(method)
+            if kind is not None:
+                count = state.by_kind.get(kind, 0)
+                if count >= IN_FLIGHT_CAP[kind]:
+                    raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 f"pserver {self.config.endpoint}: trainer {trainer_id} already has {count} {kind}(s) "
+                                 f"in flight here (at most {IN_FLIGHT_CAP[kind]}); refused")
+                state.by_kind[kind] = count + 1
             state.inflight += 1
             state.last_seen = time.monotonic()
             state.last_what = f"{what} at step {self._round + (0 if self._phase is Phase.GET else 1)}" if self.config.sync_mode else what
@@ -456,6 +482,8 @@ class PServer:
             yield
         finally:
             with self._cond:  # no notify: only the liveness check reads this, every POLL
+                if kind is not None:
+                    state.by_kind[kind] -= 1
                 state.inflight -= 1
                 state.last_seen = time.monotonic()
 
@@ -483,10 +511,12 @@ class PServer:
         return self._handle(context, "SendBarrier", request.trainer_id, "send barrier", lambda: self._on_send(batch, context))
 
     def _on_send(self, batch: WireBatch, context: Any) -> rpc_pb2.VoidMessage:
-        """Store the batch's vars (checked first, all or none); with its barrier, count
-        the sender's send barrier."""
-        for var in batch.vars:
-            self._check_sendable(var)
+        """Store the batch's vars (checked first, all or none: `ops.rpc.validate`); with
+        its barrier, count the sender's send barrier."""
+        try:
+            self._expected.check(batch)
+        except Refused as exc:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         if not self.config.sync_mode:
             with self._cond:
                 self._check_open()
@@ -501,13 +531,6 @@ class PServer:
             if batch.barrier:
                 self._arrive_locked(batch.trainer_id)
         return rpc_pb2.VoidMessage()
-
-    def _check_sendable(self, var: WireVar) -> None:
-        known = self.config.known_vars
-        if known is not None and var.name not in known:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"pserver {self.config.endpoint} does not hold var {var.name!r}")
-        if var.value is None:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"send of {var.name!r} carries no value")
 
     def _apply_async(self, var: WireVar) -> None:
         """Async mode: store a grad and run its optimize block (one run per block at a

@@ -21,6 +21,7 @@ SERVICE_NAME = SERVICE.full_name  # "pstranspiler.rpc.PServer"
 
 DEFAULT_TIMEOUT = 120.0
 TIMEOUT_ENV = "PSTRANSPILE_RPC_TIMEOUT"
+NONFINITE_ENV = "PSTRANSPILE_REFUSE_NONFINITE"
 
 # gRPC's default receive limit is 4 MB; tensors are far bigger. -1 lifts the limit to
 # what protobuf allows (2 GB per message).
@@ -41,6 +42,12 @@ SERVER_OPTIONS = MESSAGE_OPTIONS + (
     # share it silently instead of failing.
     ("grpc.so_reuseport", 0),
 )
+
+
+def server_options(*, max_receive: int = -1) -> list[tuple[str, Any]]:
+    """A pserver's options; `max_receive` (bytes, -1: none) bounds one received message,
+    so gRPC refuses a bigger one (RESOURCE_EXHAUSTED) before reading it."""
+    return [(key, max_receive if key == "grpc.max_receive_message_length" else value) for key, value in SERVER_OPTIONS]
 
 
 def _identity(data: bytes) -> bytes:
@@ -95,6 +102,17 @@ def default_timeout(env: Mapping[str, str] | None = None) -> float:
     return value
 
 
+def refuse_nonfinite_default(env: Mapping[str, str] | None = None) -> bool:
+    """`PSTRANSPILE_REFUSE_NONFINITE=1` in `env` (default: the process's): pservers refuse
+    NaN / Inf grads. Off by default, as in Paddle."""
+    text = (os.environ if env is None else env).get(NONFINITE_ENV, "").strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{NONFINITE_ENV}={text!r} is not 1 or 0")
+
+
 def call_deadline(timeout: float) -> float:
     """How long a trainer waits for one RPC when pservers give up on a silent trainer
     after `timeout`: longer, so a pserver's diagnosis (naming the trainer that vanished)
@@ -102,4 +120,5 @@ def call_deadline(timeout: float) -> float:
     return timeout * 1.5 + 5.0
 
 
-__all__ = ["CHANNEL_OPTIONS", "METHODS", "SERVER_OPTIONS", "WireVar", "call_deadline", "default_timeout"]
+__all__ = ["CHANNEL_OPTIONS", "METHODS", "SERVER_OPTIONS", "WireVar", "call_deadline", "default_timeout",
+           "refuse_nonfinite_default", "server_options"]
