@@ -209,3 +209,15 @@ def test_a_flood_of_parked_sends_cannot_starve_the_gets_and_barriers():
             client.complete([ps.address])
         ps.join()
     assert not ps.errors and ps.server.rounds == 1
+
+
+def test_the_nonfinite_option_comes_from_the_env_or_the_cli():
+    from ops.rpc.service import refuse_nonfinite_default
+    from transpiler.cli import build_parser
+
+    assert [refuse_nonfinite_default(env) for env in ({}, {"PSTRANSPILE_REFUSE_NONFINITE": "1"},
+                                                       {"PSTRANSPILE_REFUSE_NONFINITE": "0"})] == [False, True, False]
+    with pytest.raises(ValueError, match="PSTRANSPILE_REFUSE_NONFINITE='maybe' is not 1 or 0"):
+        refuse_nonfinite_default({"PSTRANSPILE_REFUSE_NONFINITE": "maybe"})
+    args = build_parser().parse_args(["serve", "--program", "p", "--startup", "s", "--refuse-nonfinite"])
+    assert args.refuse_nonfinite is True

@@ -43,7 +43,7 @@ import grpc
 import numpy as np
 
 from ops.rpc.errors import RpcError
-from ops.rpc.service import CHANNEL_OPTIONS, METHODS, call_deadline, default_timeout
+from ops.rpc.service import CHANNEL_OPTIONS, METHODS, WATCH_SECONDS, call_deadline, default_timeout
 from ops.rpc.wire import Parts, WireVar, encode_batch, encode_var, var_parts
 from ops.tensor import LoDTensor
 from proto import rpc_pb2
@@ -122,7 +122,11 @@ class _Endpoint:
                 response_deserializer=lambda data, dec=m.decode_response, n=name: dec(stats.received(n, data)),
             )
             for name, m in METHODS.items()
+            if name != "Watch"
         }
+        watch = METHODS["Watch"]
+        self.watch_call = self.channel.unary_unary(
+            watch.path, request_serializer=watch.encode_request, response_deserializer=watch.decode_response)
         self.ready = False
 
 
@@ -164,7 +168,19 @@ class RpcClient:
                     f"trainer {self.trainer_id} cannot reach pserver {endpoint} within {self.connect_timeout:g} s"
                 ) from None
             ep.ready = True
+            self._watch(ep)
         return ep
+
+    def _watch(self, ep: _Endpoint) -> None:
+        """Keep one `Watch` call open on `ep` (re-called each time the pserver answers), so
+        the pserver learns at once that this process is gone. Not counted in `stats`; a
+        failed watch is not re-called (the next real call learns why)."""
+        with self._lock:
+            if self._closed or self._endpoints.get(ep.endpoint) is not ep:
+                return
+        request = rpc_pb2.WatchMessage(trainer_id=self.trainer_id, seconds=WATCH_SECONDS)
+        future = ep.watch_call.future(request, timeout=WATCH_SECONDS + self.timeout)
+        future.add_done_callback(lambda done: self._watch(ep) if done.code() == grpc.StatusCode.OK else None)
 
     def _future(self, endpoint: str, method: str, request: Any, *, deadline: float | None = None) -> Any:
         """A `concurrent.futures.Future` of the call's reply."""

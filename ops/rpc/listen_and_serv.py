@@ -19,6 +19,7 @@ Runtime options come from the executor's env (`Executor(env={...})`):
 | key | meaning |
 |---|---|
 | `refuse_nonfinite` | refuse a received grad holding a NaN or an Inf (default `PSTRANSPILE_REFUSE_NONFINITE=1`, else off) |
+| `lost_grace` | seconds a trainer whose connection closed (killed) has to come back before the pserver fails (default 3) |
 | `rpc_timeout` | seconds a pserver waits for a silent trainer (default `PSTRANSPILE_RPC_TIMEOUT` or 120) |
 | `bind_endpoint` | listen here instead of the `endpoint` attr (e.g. `0.0.0.0:6174`, or port 0 in tests) |
 | `pserver_ready` | called with the `PServer` once it listens (tests read `.port`, call `.stop()`) |
@@ -32,7 +33,7 @@ from typing import Any
 from ops.kernels.context import KernelError, OpContext
 from ops.kernels.registry import register
 from ops.rpc.server import PServer, ServeConfig, print_log
-from ops.rpc.service import default_timeout, refuse_nonfinite_default
+from ops.rpc.service import LOST_GRACE, default_timeout, refuse_nonfinite_default
 from transpiler.ir import Block, Program
 from transpiler.ir.types import EMPTY_VAR_NAME, VarKind
 from transpiler.naming import LOOKUP_TABLE_PATH, MalformedEntryError, decode_block_ids
@@ -118,6 +119,7 @@ def serve_config(ctx: OpContext) -> ServeConfig:
     persistables = tuple(sorted(n for n, v in block.vars.items() if v.persistable and v.kind != VarKind.RAW))
     timeout = ctx.env.get("rpc_timeout")
     nonfinite = ctx.env.get("refuse_nonfinite")
+    grace = ctx.env.get("lost_grace")
     return ServeConfig(
         endpoint=endpoint,
         fanin=int(ctx.attr("Fanin")),
@@ -137,6 +139,7 @@ def serve_config(ctx: OpContext) -> ServeConfig:
         checkpoint_block=checkpoint,
         checkpoint_path_var=LOOKUP_TABLE_PATH,
         refuse_nonfinite=bool(nonfinite) if nonfinite is not None else refuse_nonfinite_default(),
+        lost_grace=float(grace) if grace is not None else LOST_GRACE,
     )
 
 

@@ -68,6 +68,20 @@ A trainer that reports a failure (`SendComplete(failed=True)`) stops the pserver
 same way. A failed pserver answers every RPC with its reason for `FAILURE_LINGER`
 seconds before it stops listening, so trainers between two calls learn it too. A handler whose client disconnected (a killed trainer) stops counting as
 in flight within `POLL` seconds.
+
+Failure detection: each trainer holds one `Watch` call open on each pserver (re-called
+every `WATCH_SECONDS`; not counted as an RPC). A killed trainer's connection closes at
+once and its Watch ends with it: unless the trainer is back (a Watch or an RPC) within
+`lost_grace` seconds (default 3), the pserver fails naming the trainer, where the
+protocol was when the connection closed, and its last request, in seconds rather than
+after `timeout`. A trainer that is silent for `timeout` while its Watch is open is alive
+but blocked: the message says so (it may be waiting on another pserver) instead of
+calling it gone. gRPC keepalive (`ops.rpc.service`) fails the calls to a frozen peer
+(SIGSTOP, a vanished machine) within ~15 s: a trainer blocked on a frozen pserver fails
+naming it and tells the other pservers, whose error then names the frozen one.
+
+Received vars are checked before anything is stored (`ops.rpc.validate`); a trainer has
+at most `IN_FLIGHT_CAP` calls of a kind in flight here (more are refused at once).
 """
 
 from __future__ import annotations
@@ -89,7 +103,7 @@ import numpy as np
 
 from ops.rpc.bind import check_bindable
 from ops.rpc.errors import BindError, PserverError
-from ops.rpc.service import DEFAULT_TIMEOUT, METHODS, SERVICE_NAME, server_options
+from ops.rpc.service import DEFAULT_TIMEOUT, LOST_GRACE, METHODS, SERVICE_NAME, server_options
 from ops.rpc.validate import Expected, Refused, max_message
 from ops.rpc.wire import WireBatch, WireVar, encode_batch, encode_var, var_parts
 from ops.scope import Scope
@@ -98,6 +112,7 @@ from proto import rpc_pb2
 from transpiler.naming import LOOKUP_TABLE_PATH
 
 POLL = 0.2  # seconds between liveness checks of a waiting thread
+WATCH_SECONDS_MAX = 300.0  # the longest a Watch call is held
 FAILURE_LINGER = 1.0  # seconds a failed pserver keeps answering, with its reason, before it stops
 
 
@@ -130,6 +145,7 @@ class ServeConfig:
     checkpoint_block: int = -1  # runs on a lookup-table checkpoint notice
     checkpoint_path_var: str = LOOKUP_TABLE_PATH  # bound to the notice's path first
     refuse_nonfinite: bool = False  # refuse a received var holding a NaN or an Inf
+    lost_grace: float = LOST_GRACE  # seconds a trainer whose connection closed has to come back
 
     def __post_init__(self) -> None:
         if self.fanin < 1:
@@ -158,6 +174,7 @@ _KIND = {
     "PrefetchVariable": "prefetch",
 }
 SPARE_WORKERS = 16  # completes, checkpoint notices, refusals
+WATCHES_PER_TRAINER = 2  # one Watch held open, one more while the trainer re-calls
 
 
 @dataclass
@@ -166,6 +183,9 @@ class _Trainer:
     inflight: int = 0
     last_what: str | None = None
     by_kind: dict[str, int] = field(default_factory=dict)  # in flight per `_KIND`
+    watches: int = 0  # Watch calls open: the trainer's process is alive and connected
+    lost_at: float | None = None  # when its last Watch ended because the connection closed
+    lost_step: str = ""  # where the protocol was then
 
 
 class PServer:
@@ -244,7 +264,7 @@ class PServer:
         """Bind and start answering RPCs (in async mode after a first lr-decay run)."""
         if not self.config.sync_mode and self.config.lr_decay_block >= 0:
             self._run(self.config.lr_decay_block, "the lr-decay block")
-        workers = self.config.fanin * sum(IN_FLIGHT_CAP.values()) + SPARE_WORKERS
+        workers = self.config.fanin * (sum(IN_FLIGHT_CAP.values()) + WATCHES_PER_TRAINER) + SPARE_WORKERS
         options = server_options(max_receive=max_message(self.config))
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options)
         handlers = {
@@ -407,12 +427,22 @@ class PServer:
         waited = self._active() - self._barriers if self.config.sync_mode else self._active()
         for tid in sorted(waited):
             state = self._trainers[tid]
-            if state.inflight or now - state.last_seen <= self.config.timeout:
+            if state.inflight:
                 continue
-            if state.last_what is None:
+            lost = state.lost_at is not None and not state.watches and now - state.lost_at > self.config.lost_grace
+            if not lost and now - state.last_seen <= self.config.timeout:
+                continue
+            if lost:
+                last = f" (its last request: {state.last_what})" if state.last_what else ""
+                what = (f"trainer {tid}'s connection closed {state.lost_step} and it did not come back "
+                        f"within {self.config.lost_grace:g} s{last}")
+            elif state.last_what is None:
                 what = f"trainer {tid} never contacted the pserver in {self.config.timeout:g} s"
             else:
                 what = f"trainer {tid} sent nothing for {self.config.timeout:g} s (its last request: {state.last_what})"
+            if state.watches and not lost:
+                what += ("; its connection is open, so it is alive but blocked "
+                         "(it may be waiting on another pserver): this pserver cannot tell which party is at fault")
             if self.config.sync_mode:
                 waiting_for = "fetch barrier" if self._phase is Phase.GET else "send barrier"
                 where = f"step {self._round + (0 if self._phase is Phase.GET else 1)} waits for its {waiting_for}"
@@ -663,6 +693,48 @@ class PServer:
             raise _Abort(grpc.StatusCode.INTERNAL,
                          f"pserver {self.config.endpoint}: prefetch block {block} wrote no {out!r}")
         return value.array
+
+    def _rpc_Watch(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
+        """Hold the trainer's open line until the pserver stops, the trainer completes or
+        `seconds` pass. Not an RPC of the protocol: neither counted nor in flight. If it
+        ends because the client went away while the trainer is active, the trainer is
+        lost: `_check_liveness` fails the job unless it is back within `lost_grace`."""
+        tid = request.trainer_id
+        with self._cond:
+            state = self._trainers.get(tid)
+            if state is None:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"pserver {self.config.endpoint}: trainer id {tid} is out of range for Fanin {self.config.fanin}")
+            state.watches += 1
+            state.lost_at = None
+        until = time.monotonic() + max(0.0, min(request.seconds, WATCH_SECONDS_MAX))
+        gone = over = False
+        try:
+            with self._cond:
+                while not (self._stopping or self._failure or tid in self._completed):
+                    if not context.is_active():
+                        gone = True
+                        break
+                    if time.monotonic() >= until:
+                        over = True
+                        break
+                    self._cond.wait(POLL)
+        finally:
+            with self._cond:
+                state.watches -= 1
+                if gone and not state.watches and tid not in self._completed:
+                    state.lost_at = time.monotonic()
+                    state.lost_step = self._where_now()
+                    self._wake.set()
+        if not over:  # the trainer is not to call again
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"pserver {self.config.endpoint} watches trainer {tid} no more")
+        return rpc_pb2.VoidMessage()
+
+    def _where_now(self) -> str:
+        """Where the protocol is, for a message (lock held)."""
+        if not self.config.sync_mode:
+            return f"after {self._round} grad(s) applied"
+        return f"at step {self._round + (0 if self._phase is Phase.GET else 1)}"
 
     def _rpc_SendComplete(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
         return self._handle(context, "SendComplete", request.trainer_id, "complete notice", lambda: self._on_complete(request))

@@ -20,6 +20,8 @@ SERVICE = rpc_pb2.DESCRIPTOR.services_by_name["PServer"]
 SERVICE_NAME = SERVICE.full_name  # "pstranspiler.rpc.PServer"
 
 DEFAULT_TIMEOUT = 120.0
+WATCH_SECONDS = 60.0  # how long a pserver holds one Watch call (the trainer then calls again)
+LOST_GRACE = 3.0  # seconds a trainer whose connection closed has to come back before the pserver fails
 TIMEOUT_ENV = "PSTRANSPILE_RPC_TIMEOUT"
 NONFINITE_ENV = "PSTRANSPILE_REFUSE_NONFINITE"
 
@@ -29,7 +31,22 @@ MESSAGE_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
 )
-CHANNEL_OPTIONS = MESSAGE_OPTIONS + (
+# Keepalive: each side pings the other every KEEPALIVE_MS, calls or not, and drops the
+# connection when a ping is not answered within KEEPALIVE_TIMEOUT_MS: a peer that is
+# frozen (SIGSTOP) or whose machine vanished fails its calls (UNAVAILABLE) in seconds, not
+# after the RPC deadline. A killed process closes its connections at once without them.
+KEEPALIVE_MS = 3000
+KEEPALIVE_TIMEOUT_MS = 10000
+KEEPALIVE_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    # A ping gRPC sends for its own reasons (flow control) is waited on this long, default
+    # 60 s; it would hide a frozen peer behind it (measured: 62 s without, 12 s with).
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+)
+CHANNEL_OPTIONS = MESSAGE_OPTIONS + KEEPALIVE_OPTIONS + (
     # Trainers may start before pservers: retry the connection often, not on gRPC's
     # default backoff of up to two minutes.
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -37,10 +54,14 @@ CHANNEL_OPTIONS = MESSAGE_OPTIONS + (
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.enable_retries", 0),
 )
-SERVER_OPTIONS = MESSAGE_OPTIONS + (
+SERVER_OPTIONS = MESSAGE_OPTIONS + KEEPALIVE_OPTIONS + (
     # gRPC sets SO_REUSEPORT by default: a second pserver on a busy port would then
     # share it silently instead of failing.
     ("grpc.so_reuseport", 0),
+    # Take the trainers' keepalive pings (gRPC's default refuses one every 3 s without data).
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
+    ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
+    ("grpc.http2.max_ping_strikes", 0),
 )
 
 
