@@ -5,6 +5,7 @@ it is applied, the pserver keeps running and the next correct step trains."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import grpc
@@ -12,12 +13,17 @@ import numpy as np
 import pytest
 from rpc_support import running_pserver
 
-from ops.rpc import RpcError
+from conftest import PADDLE_PROGRAMS
+from ops.rpc import RpcClient, RpcError
+from ops.rpc.serve import serve_program
 from ops.rpc.service import METHODS
 from ops.rpc.validate import MESSAGE_FLOOR
 from ops.rpc.wire import encode_batch, var_parts
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows
+from transpiler.api import transpile
+from transpiler.ir import Program
+from transpiler.runtime.launch import free_endpoints
 
 F32 = np.float32
 
@@ -221,3 +227,42 @@ def test_the_nonfinite_option_comes_from_the_env_or_the_cli():
         refuse_nonfinite_default({"PSTRANSPILE_REFUSE_NONFINITE": "maybe"})
     args = build_parser().parse_args(["serve", "--program", "p", "--startup", "s", "--refuse-nonfinite"])
     assert args.refuse_nonfinite is True
+
+
+def test_a_transpiled_pserver_program_says_what_it_expects():
+    """The expectations come from `listen_and_serv` of a real pserver program: each
+    trainer's grad of each param block, at its block's shape, from that trainer only."""
+    case = PADDLE_PROGRAMS / "seed_fc3_sgd_3ps"
+    (endpoint,) = free_endpoints(1)
+    result = transpile(Program.load(case / "main.pb"), Program.load(case / "startup.pb"), pservers=endpoint, trainers=2)
+    main, startup = result.pservers[endpoint]
+    ready, servers, errors = threading.Event(), [], []
+
+    def serve() -> None:
+        try:
+            serve_program(main, startup, log=None, ready=lambda s: (servers.append(s), ready.set()))
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            errors.append(exc)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(60)
+    (server,) = servers
+    try:
+        grads = {name: spec for name, spec in server._expected.received.items() if spec.trainer == 1}
+        assert grads and all(spec.shape and spec.dtype == np.float32 for spec in grads.values())
+        name, spec = sorted(grads.items())[0]
+        client = RpcClient(1, timeout=30)
+        client.send_async(endpoint, name, LoDTensor(np.ones(1, F32)))
+        with pytest.raises(RpcError, match=rf"INVALID_ARGUMENT.*trainer 1's send of {name!r}: shape \[1\] does not match "
+                                           rf"the expected \[{', '.join(map(str, spec.shape))}\]"):
+            client.send_barrier([endpoint])
+        client.send_async(endpoint, name.replace(".trainer_1", ".trainer_0"), LoDTensor(np.ones(spec.shape, F32)))
+        with pytest.raises(RpcError, match="that var is trainer 0's"):
+            client.send_barrier([endpoint])
+        client.close()
+        assert thread.is_alive() and not server.stopped
+    finally:
+        server.stop()
+        thread.join(30)
+    assert not errors
