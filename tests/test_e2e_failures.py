@@ -1,8 +1,8 @@
 """A trainer killed mid-run: the pserver (`pstranspile serve`) names it and the step,
 and exits non-zero seconds later (its connection closed), not after the RPC timeout; the
 surviving trainer fails with the pserver's reason instead of hanging. A frozen pserver
-(SIGSTOP): the healthy one names it, not an innocent trainer. Processes are started
-here and stopped by their pid."""
+(SIGSTOP): the healthy one names it, not an innocent trainer; a frozen trainer: the
+pserver names it. Processes are started here and stopped by their pid."""
 
 from __future__ import annotations
 
@@ -126,3 +126,27 @@ def test_a_frozen_pserver_is_named_not_an_innocent_trainer(tmp_path, processes):
     assert f"on pserver {endpoints[1]}" in error and "sent nothing" not in error, error
     os.kill(frozen.pid, signal.SIGKILL)
     frozen.wait(WAIT)
+
+
+def test_a_frozen_trainer_is_named_by_the_pserver(tmp_path, processes):
+    """SIGSTOP a trainer mid-run: the pserver's keepalive finds its connection dead, its
+    Watch ends, and after the grace the pserver names it (timeout 120 s)."""
+    case = PADDLE_PROGRAMS / "mlp_adam_2ps"
+    (endpoint,) = free_endpoints(1)
+    result = transpile(Program.load(case / "main.pb"), Program.load(case / "startup.pb"), pservers=endpoint, trainers=2)
+    result.save(tmp_path / "programs")
+    pserver = _serve(tmp_path, processes, tmp_path / "programs" / pserver_file_stem(endpoint), "pserver.log")
+    trainers = [_trainer(tmp_path, processes, case, endpoint, tid, "--steps", "100000") for tid in range(2)]
+    log = tmp_path / "trainer1.log"
+    deadline = time.monotonic() + WAIT
+    while "[progress] trainer=1 step=3" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.kill(trainers[1].pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    assert pserver.wait(WAIT) == 1
+    print(f"frozen trainer -> pserver exit: {time.monotonic() - stopped:.1f} s (rpc timeout 120 s)")
+    assert trainers[0].wait(WAIT) == 1
+    (error,) = _errors(tmp_path / "pserver.log")
+    assert f"pserver {endpoint}: trainer 1's connection closed at step " in error, error
+    os.kill(trainers[1].pid, signal.SIGKILL)
+    trainers[1].wait(WAIT)

@@ -16,6 +16,10 @@ first, so a var is never read before the send queued ahead of it.
 Every failure is an `RpcError` naming the call, the var and the pserver, and carrying
 the pserver's own reason when it gave one (a trainer that vanished, say).
 
+Once connected to a pserver, the client keeps one `Watch` call open on it (not counted in
+`stats`): a process killed mid-run closes it at once, so the pserver names the trainer in
+seconds; gRPC keepalive (`ops.rpc.service`) fails the calls to a frozen pserver in ~15 s.
+
 Concurrent calls (one per pserver) run as blocking calls, the last on the caller's
 thread and the others on the client's own thread pool: gRPC Python's `.future()` starts
 a "channel spin" thread per call, which costs more than a small RPC itself (measured:

@@ -67,7 +67,7 @@ SERVER_OPTIONS = MESSAGE_OPTIONS + KEEPALIVE_OPTIONS + (
 
 def server_options(*, max_receive: int = -1) -> list[tuple[str, Any]]:
     """A pserver's options; `max_receive` (bytes, -1: none) bounds one received message,
-    so gRPC refuses a bigger one (RESOURCE_EXHAUSTED) before reading it."""
+    so gRPC refuses a bigger one (RESOURCE_EXHAUSTED) before the handler runs."""
     return [(key, max_receive if key == "grpc.max_receive_message_length" else value) for key, value in SERVER_OPTIONS]
 
 
