@@ -79,6 +79,11 @@ class PServerStub:
                 request_serializer=proto_dot_rpc__pb2.CheckpointMessage.SerializeToString,
                 response_deserializer=proto_dot_rpc__pb2.VoidMessage.FromString,
                 _registered_method=True)
+        self.Watch = channel.unary_unary(
+                '/pstranspiler.rpc.PServer/Watch',
+                request_serializer=proto_dot_rpc__pb2.WatchMessage.SerializeToString,
+                response_deserializer=proto_dot_rpc__pb2.VoidMessage.FromString,
+                _registered_method=True)
 
 
 class PServerServicer:
@@ -149,6 +154,15 @@ class PServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Watch(self, request, context):
+        """Held open by the pserver (until it stops, or `seconds` pass): a trainer keeps one
+        per pserver, so a trainer killed mid-run closes it at once and the pserver notices
+        within seconds instead of after the RPC timeout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -195,6 +209,11 @@ def add_PServerServicer_to_server(servicer, server):
             'CheckpointNotify': grpc.unary_unary_rpc_method_handler(
                     servicer.CheckpointNotify,
                     request_deserializer=proto_dot_rpc__pb2.CheckpointMessage.FromString,
+                    response_serializer=proto_dot_rpc__pb2.VoidMessage.SerializeToString,
+            ),
+            'Watch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=proto_dot_rpc__pb2.WatchMessage.FromString,
                     response_serializer=proto_dot_rpc__pb2.VoidMessage.SerializeToString,
             ),
     }
@@ -440,6 +459,33 @@ class PServer:
             target,
             '/pstranspiler.rpc.PServer/CheckpointNotify',
             proto_dot_rpc__pb2.CheckpointMessage.SerializeToString,
+            proto_dot_rpc__pb2.VoidMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pstranspiler.rpc.PServer/Watch',
+            proto_dot_rpc__pb2.WatchMessage.SerializeToString,
             proto_dot_rpc__pb2.VoidMessage.FromString,
             options,
             channel_credentials,

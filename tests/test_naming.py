@@ -12,6 +12,7 @@ def test_names_match_paddles():
     assert naming.block_name("fc_w@GRAD", 1) == "fc_w@GRAD.block1"
     assert naming.trainer_name("fc_w@GRAD.block1", 0) == "fc_w@GRAD.block1.trainer_0"
     assert naming.shard_name("emb@GRAD.trainer_1", 0) == "emb@GRAD.trainer_1.pserver_0"
+    assert [naming.trainer_of(n) for n in ("w@GRAD.block1.trainer_2", "emb@GRAD.trainer_1.pserver_0", "w@GRAD", "a.trainer_x")] == [2, 1, None, None]
     assert naming.control_var(3) == "__control_var@3"
     assert (naming.prefetch_in(1), naming.prefetch_out(1)) == ("prefetch_compress_in_tmp_1", "prefetch_compress_out_tmp_1")
     assert naming.LOOKUP_TABLE_PATH == "kLookupTablePath"

@@ -102,7 +102,7 @@ def test_errors_a_client_sees_name_the_call_the_var_and_the_pserver():
         client = ps.client(0)
         with pytest.raises(RpcError, match=rf"get of nope on pserver {ps.address} failed \(NOT_FOUND\).*has no var 'nope'"):
             client.get(ps.address, "nope")
-        with pytest.raises(RpcError, match="does not hold var 'other'"):
+        with pytest.raises(RpcError, match="trainer 0's send of 'other': the pserver does not receive that var"):
             client.send(ps.address, "other", np.ones(2, np.float32))
         with pytest.raises(RpcError, match="trainer id 5 is out of range for Fanin 1"):
             ps.client(5).fetch_barrier([ps.address])

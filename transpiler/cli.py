@@ -372,6 +372,8 @@ def plan_command(args: argparse.Namespace) -> int:
     arg("--keep-checkpoints", type=int, default=3, metavar="K", help="keep the newest K complete checkpoints (default 3)"),
     arg("--restore", metavar="DIR", help="start from DIR's newest complete checkpoint (any pserver count took it)"),
     arg("--init", metavar="DIR", help="warm start from LoDTensor files of whole vars (fetch, save_persistables)"),
+    arg("--refuse-nonfinite", action="store_true", default=None,
+        help="refuse grads holding a NaN or an Inf (INVALID_ARGUMENT; default $PSTRANSPILE_REFUSE_NONFINITE, else off)"),
 )
 def serve_command(args: argparse.Namespace) -> int:
     from ops.rpc.auth import ServerAuth, Tls, read_plan_fingerprint
@@ -399,7 +401,8 @@ def serve_command(args: argparse.Namespace) -> int:
     try:
         serve_program(main, startup, endpoint=args.endpoint, timeout=args.timeout, seed=args.seed, auth=auth,
                       plan_fingerprint=fingerprint, plan_text=plan_text, checkpoint_dir=_path(args.checkpoint_dir),
-                      keep=args.keep_checkpoints, restore=_path(args.restore), init=_path(args.init))
+                      keep=args.keep_checkpoints, restore=_path(args.restore), init=_path(args.init),
+                      refuse_nonfinite=args.refuse_nonfinite)
     except BindError:
         raise  # a user error (the port is taken): exit 2
     except PserverError as exc:  # the job failed at run time: exit 1

@@ -37,6 +37,24 @@ def trainer_name(var: str, trainer: int) -> str:
     return f"{var}.trainer_{trainer}"
 
 
+def trainer_of(name: str) -> int | None:
+    """The trainer whose own copy `name` is, or a shard or block of it (`trainer_name`,
+    then `shard_name` / `block_name`), else None."""
+    while True:
+        head, dot, tail = name.rpartition(".")
+        if not dot:
+            return None
+        for prefix in ("trainer_", "pserver_", "block"):
+            number = tail[len(prefix):] if tail.startswith(prefix) else ""
+            if number.isdigit() and number.isascii():
+                break
+        else:
+            return None
+        if prefix == "trainer_":
+            return int(number)
+        name = head
+
+
 def shard_name(var: str, shard: int) -> str:
     """The rows of `var` bound for pserver `shard` (the distributed table's grads)."""
     return f"{var}.pserver_{shard}"

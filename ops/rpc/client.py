@@ -16,6 +16,10 @@ first, so a var is never read before the send queued ahead of it.
 Every failure is an `RpcError` naming the call, the var and the pserver, and carrying
 the pserver's own reason when it gave one (a trainer that vanished, say).
 
+Once connected to a pserver, the client keeps one `Watch` call open on it (not counted in
+`stats`): a process killed mid-run closes it at once, so the pserver names the trainer in
+seconds; gRPC keepalive (`ops.rpc.service`) fails the calls to a frozen pserver in ~15 s.
+
 Concurrent calls (one per pserver) run as blocking calls, the last on the caller's
 thread and the others on the client's own thread pool: gRPC Python's `.future()` starts
 a "channel spin" thread per call, which costs more than a small RPC itself (measured:
@@ -45,7 +49,7 @@ import numpy as np
 
 from ops.rpc.auth import ClientAuth, Handshake
 from ops.rpc.errors import RpcError
-from ops.rpc.service import CHANNEL_OPTIONS, METHODS, call_deadline, default_timeout
+from ops.rpc.service import CHANNEL_OPTIONS, METHODS, WATCH_SECONDS, call_deadline, default_timeout
 from ops.rpc.wire import Parts, WireVar, encode_batch, encode_var, var_parts
 from ops.tensor import LoDTensor
 from proto import rpc_pb2
@@ -114,7 +118,7 @@ class PrefetchRequest:
 class _Endpoint:
     """One pserver's channel (TLS when `auth` says so) and its callables, which count
     their bytes in `stats` and carry `metadata` (the job token, the handshake) on every
-    call: every RPC goes through `calls`."""
+    call: every RPC goes through `calls`, but the long-lived `watch_call`."""
 
     def __init__(self, endpoint: str, stats: RpcStats, auth: ClientAuth, metadata: tuple[tuple[str, str], ...]) -> None:
         self.endpoint = endpoint
@@ -129,7 +133,13 @@ class _Endpoint:
                 metadata=metadata,
             )
             for name, m in METHODS.items()
+            if name != "Watch"
         }
+        # The open line a pserver watches (not counted in `stats`); it carries the token too.
+        watch = METHODS["Watch"]
+        self.watch_call = self.channel.unary_unary(
+            watch.path, request_serializer=watch.encode_request, response_deserializer=watch.decode_response)
+        self.metadata = metadata
         self.ready = False
 
 
@@ -185,7 +195,19 @@ class RpcClient:
                     f"trainer {self.trainer_id} cannot reach pserver {endpoint} within {self.connect_timeout:g} s"
                 ) from None
             ep.ready = True
+            self._watch(ep)
         return ep
+
+    def _watch(self, ep: _Endpoint) -> None:
+        """Keep one `Watch` call open on `ep` (re-called each time the pserver answers), so
+        the pserver learns at once that this process is gone. Not counted in `stats`; a
+        failed watch is not re-called (the next real call learns why)."""
+        with self._lock:
+            if self._closed or self._endpoints.get(ep.endpoint) is not ep:
+                return
+        request = rpc_pb2.WatchMessage(trainer_id=self.trainer_id, seconds=WATCH_SECONDS)
+        future = ep.watch_call.future(request, timeout=WATCH_SECONDS + self.timeout, metadata=ep.metadata)
+        future.add_done_callback(lambda done: self._watch(ep) if done.code() == grpc.StatusCode.OK else None)
 
     def _future(self, endpoint: str, method: str, request: Any, *, deadline: float | None = None) -> Any:
         """A `concurrent.futures.Future` of the call's reply."""

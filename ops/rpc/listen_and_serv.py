@@ -18,6 +18,8 @@ Runtime options come from the executor's env (`Executor(env={...})`):
 
 | key | meaning |
 |---|---|
+| `refuse_nonfinite` | refuse a received grad holding a NaN or an Inf (default `PSTRANSPILE_REFUSE_NONFINITE=1`, else off) |
+| `lost_grace` | seconds a trainer whose connection closed (killed) has to come back before the pserver fails (default 3) |
 | `rpc_timeout` | seconds a pserver waits for a silent trainer (default `PSTRANSPILE_RPC_TIMEOUT` or 120) |
 | `bind_endpoint` | listen here instead of the `endpoint` attr (e.g. `0.0.0.0:6174`, or port 0 in tests) |
 | `pserver_ready` | called with the `PServer` once it listens (tests read `.port`, call `.stop()`) |
@@ -35,7 +37,7 @@ from ops.kernels.context import KernelError, OpContext
 from ops.kernels.registry import register
 from ops.rpc.auth import ServerAuth
 from ops.rpc.server import PServer, ServeConfig, print_log
-from ops.rpc.service import default_timeout
+from ops.rpc.service import LOST_GRACE, default_timeout, refuse_nonfinite_default
 from transpiler.ir import Block, Program
 from transpiler.ir.types import EMPTY_VAR_NAME, VarKind
 from transpiler.naming import LOOKUP_TABLE_PATH, MalformedEntryError, decode_block_ids
@@ -113,12 +115,15 @@ def serve_config(ctx: OpContext) -> ServeConfig:
     received = ctx.input_names("X")
     if sync_mode:
         received = (*received, *trainer_sent_vars(program, grad_to_block, received))
-    templates = {name: t for name in received if (t := _template(block, name)) is not None}
-    decls = {name: block.find_var(name) for name in received}
-    sparse = frozenset(n for n, var in decls.items() if var is not None and var.kind == VarKind.SELECTED_ROWS)
     declared = frozenset(n for n in block.vars if n != EMPTY_VAR_NAME)
+    checked = (*received, *grad_to_block, *sorted(declared))
+    templates = {name: t for name in checked if (t := _template(block, name)) is not None}
+    decls = {name: block.find_var(name) for name in checked}
+    sparse = frozenset(n for n, var in decls.items() if var is not None and var.kind == VarKind.SELECTED_ROWS)
     persistables = tuple(sorted(n for n, v in block.vars.items() if v.persistable and v.kind != VarKind.RAW))
     timeout = ctx.env.get("rpc_timeout")
+    nonfinite = ctx.env.get("refuse_nonfinite")
+    grace = ctx.env.get("lost_grace")
     return ServeConfig(
         endpoint=endpoint,
         fanin=int(ctx.attr("Fanin")),
@@ -140,6 +145,8 @@ def serve_config(ctx: OpContext) -> ServeConfig:
         auth=ctx.env.get("pserver_auth") or ServerAuth.from_env(),
         plan_fingerprint=ctx.env.get("plan_fingerprint"),
         checkpointer=ctx.env.get("checkpointer"),
+        refuse_nonfinite=bool(nonfinite) if nonfinite is not None else refuse_nonfinite_default(),
+        lost_grace=float(grace) if grace is not None else LOST_GRACE,
     )
 
 

@@ -68,6 +68,7 @@ def serve_program(
     keep: int = DEFAULT_KEEP,
     restore: Path | None = None,
     init: Path | None = None,
+    refuse_nonfinite: bool | None = None,
 ) -> Scope:
     """Initialise (then restore or warm start) and serve; return the pserver's scope
     once every trainer completed. Raises `PserverError` when the protocol fails (a
@@ -89,6 +90,8 @@ def serve_program(
         env["rpc_timeout"] = float(timeout)
     if bind is not None:
         env["bind_endpoint"] = bind
+    if refuse_nonfinite is not None:
+        env["refuse_nonfinite"] = refuse_nonfinite
     if ready is not None:
         env["pserver_ready"] = ready
     scope = scope if scope is not None else Scope()

@@ -74,6 +74,20 @@ A trainer that reports a failure (`SendComplete(failed=True)`) stops the pserver
 same way. A failed pserver answers every RPC with its reason for `FAILURE_LINGER`
 seconds before it stops listening, so trainers between two calls learn it too. A handler whose client disconnected (a killed trainer) stops counting as
 in flight within `POLL` seconds.
+
+Failure detection: each trainer holds one `Watch` call open on each pserver (re-called
+every `WATCH_SECONDS`; not counted as an RPC). A killed trainer's connection closes at
+once and its Watch ends with it: unless the trainer is back (a Watch or an RPC) within
+`lost_grace` seconds (default 3), the pserver fails naming the trainer, where the
+protocol was when the connection closed, and its last request, in seconds rather than
+after `timeout`. A trainer that is silent for `timeout` while its Watch is open is alive
+but blocked: the message says so (it may be waiting on another pserver) instead of
+calling it gone. gRPC keepalive (`ops.rpc.service`) fails the calls to a frozen peer
+(SIGSTOP, a vanished machine) within ~15 s: a trainer blocked on a frozen pserver fails
+naming it and tells the other pservers, whose error then names the frozen one.
+
+Received vars are checked before anything is stored (`ops.rpc.validate`); a trainer has
+at most `IN_FLIGHT_CAP` calls of a kind in flight here (more are refused at once).
 """
 
 from __future__ import annotations
@@ -95,7 +109,8 @@ from ops.rpc.auth import Gate, ServerAuth
 from ops.rpc.bind import check_bindable
 from ops.rpc.checkpoint import CheckpointError, Checkpointer, CheckpointPathError, confine
 from ops.rpc.errors import BindError, PserverError
-from ops.rpc.service import DEFAULT_TIMEOUT, METHODS, SERVER_OPTIONS, SERVICE_NAME
+from ops.rpc.service import DEFAULT_TIMEOUT, LOST_GRACE, METHODS, SERVICE_NAME, server_options
+from ops.rpc.validate import Expected, Refused, max_message
 from ops.rpc.wire import WireBatch, WireVar, encode_batch, encode_var, var_parts
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows
@@ -103,6 +118,7 @@ from proto import rpc_pb2
 from transpiler.naming import LOOKUP_TABLE_PATH
 
 POLL = 0.2  # seconds between liveness checks of a waiting thread
+WATCH_SECONDS_MAX = 300.0  # the longest a Watch call is held
 FAILURE_LINGER = 1.0  # seconds a failed pserver keeps answering, with its reason, before it stops
 
 
@@ -137,6 +153,8 @@ class ServeConfig:
     auth: ServerAuth = ServerAuth()  # the job token, TLS, the loopback default (`ops.rpc.auth`)
     plan_fingerprint: str | None = None  # the handshake compares it with the trainers' when both know it
     checkpointer: Checkpointer | None = None  # the checkpoint dir; None: notices are refused
+    refuse_nonfinite: bool = False  # refuse a received var holding a NaN or an Inf
+    lost_grace: float = LOST_GRACE  # seconds a trainer whose connection closed has to come back
 
     def __post_init__(self) -> None:
         if self.fanin < 1:
@@ -154,11 +172,29 @@ class _Abort(Exception):
         self.details = details
 
 
+# Bounded concurrency: a trainer has one send, one fetch and a few prefetches in flight
+# per pserver at a time; one more of a kind is refused at once (RESOURCE_EXHAUSTED)
+# instead of parking a server thread, so a flood of sends cannot starve the gets and
+# barriers the round waits for. The thread pool holds every trainer's quota.
+IN_FLIGHT_CAP = {"send": 2, "fetch": 2, "prefetch": 8}
+_KIND = {
+    "SendBatch": "send", "SendVariable": "send", "SendBarrier": "send",
+    "FetchBatch": "fetch", "GetVariable": "fetch", "FetchBarrier": "fetch",
+    "PrefetchVariable": "prefetch",
+}
+SPARE_WORKERS = 16  # completes, checkpoint notices, refusals
+WATCHES_PER_TRAINER = 2  # one Watch held open, one more while the trainer re-calls
+
+
 @dataclass
 class _Trainer:
     last_seen: float
     inflight: int = 0
     last_what: str | None = None
+    by_kind: dict[str, int] = field(default_factory=dict)  # in flight per `_KIND`
+    watches: int = 0  # Watch calls open: the trainer's process is alive and connected
+    lost_at: float | None = None  # when its last Watch ended because the connection closed
+    lost_step: str = ""  # where the protocol was then
 
 
 class PServer:
@@ -178,6 +214,7 @@ class PServer:
         self.scope = scope
         self._run_block = run_block
         self._run_in = run_in  # run a block in a given scope (prefetch blocks)
+        self._expected = Expected(config)
         self._log = log or (lambda text: None)
         self._cond = threading.Condition()
         self._phase = Phase.GET if config.sync_mode else Phase.ASYNC
@@ -248,9 +285,9 @@ class PServer:
 
         gate = Gate(self.config.auth.token, endpoint=self.config.endpoint, fanin=self.config.fanin,
                     sync_mode=self.config.sync_mode, plan=self.config.plan_fingerprint, refuse=refuse)
-        workers = max(32, 2 * len(self.config.received) + 8 * self.config.fanin)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=list(SERVER_OPTIONS),
-                             interceptors=(gate,))
+        workers = self.config.fanin * (sum(IN_FLIGHT_CAP.values()) + WATCHES_PER_TRAINER) + SPARE_WORKERS
+        options = server_options(max_receive=max_message(self.config))
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options, interceptors=(gate,))
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(
                 getattr(self, f"_rpc_{name}"),
@@ -410,12 +447,22 @@ class PServer:
         waited = self._active() - self._barriers if self.config.sync_mode else self._active()
         for tid in sorted(waited):
             state = self._trainers[tid]
-            if state.inflight or now - state.last_seen <= self.config.timeout:
+            if state.inflight:
                 continue
-            if state.last_what is None:
+            lost = state.lost_at is not None and not state.watches and now - state.lost_at > self.config.lost_grace
+            if not lost and now - state.last_seen <= self.config.timeout:
+                continue
+            if lost:
+                last = f" (its last request: {state.last_what})" if state.last_what else ""
+                what = (f"trainer {tid}'s connection closed {state.lost_step} and it did not come back "
+                        f"within {self.config.lost_grace:g} s{last}")
+            elif state.last_what is None:
                 what = f"trainer {tid} never contacted the pserver in {self.config.timeout:g} s"
             else:
                 what = f"trainer {tid} sent nothing for {self.config.timeout:g} s (its last request: {state.last_what})"
+            if state.watches and not lost:
+                what += ("; its connection is open, so it is alive but blocked "
+                         "(it may be waiting on another pserver): this pserver cannot tell which party is at fault")
             if self.config.sync_mode:
                 waiting_for = "fetch barrier" if self._phase is Phase.GET else "send barrier"
                 where = f"step {self._round + (0 if self._phase is Phase.GET else 1)} waits for its {waiting_for}"
@@ -470,6 +517,14 @@ class PServer:
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"pserver {self.config.endpoint}: trainer id {trainer_id} is out of range for Fanin {self.config.fanin}",
                 )
+            kind = _KIND.get(method)
+            if kind is not None:
+                count = state.by_kind.get(kind, 0)
+                if count >= IN_FLIGHT_CAP[kind]:
+                    raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 f"pserver {self.config.endpoint}: trainer {trainer_id} already has {count} {kind}(s) "
+                                 f"in flight here (at most {IN_FLIGHT_CAP[kind]}); refused")
+                state.by_kind[kind] = count + 1
             state.inflight += 1
             state.last_seen = time.monotonic()
             state.last_what = f"{what} at step {self._round + (0 if self._phase is Phase.GET else 1)}" if self.config.sync_mode else what
@@ -477,6 +532,8 @@ class PServer:
             yield
         finally:
             with self._cond:  # no notify: only the liveness check reads this, every POLL
+                if kind is not None:
+                    state.by_kind[kind] -= 1
                 state.inflight -= 1
                 state.last_seen = time.monotonic()
 
@@ -504,10 +561,12 @@ class PServer:
         return self._handle(context, "SendBarrier", request.trainer_id, "send barrier", lambda: self._on_send(batch, context))
 
     def _on_send(self, batch: WireBatch, context: Any) -> rpc_pb2.VoidMessage:
-        """Store the batch's vars (checked first, all or none); with its barrier, count
-        the sender's send barrier."""
-        for var in batch.vars:
-            self._check_sendable(var)
+        """Store the batch's vars (checked first, all or none: `ops.rpc.validate`); with
+        its barrier, count the sender's send barrier."""
+        try:
+            self._expected.check(batch)
+        except Refused as exc:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         if not self.config.sync_mode:
             with self._cond:
                 self._check_open()
@@ -522,13 +581,6 @@ class PServer:
             if batch.barrier:
                 self._arrive_locked(batch.trainer_id)
         return rpc_pb2.VoidMessage()
-
-    def _check_sendable(self, var: WireVar) -> None:
-        known = self.config.known_vars
-        if known is not None and var.name not in known:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"pserver {self.config.endpoint} does not hold var {var.name!r}")
-        if var.value is None:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"send of {var.name!r} carries no value")
 
     def _apply_async(self, var: WireVar) -> None:
         """Async mode: store a grad and run its optimize block (one run per block at a
@@ -661,6 +713,48 @@ class PServer:
             raise _Abort(grpc.StatusCode.INTERNAL,
                          f"pserver {self.config.endpoint}: prefetch block {block} wrote no {out!r}")
         return value.array
+
+    def _rpc_Watch(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
+        """Hold the trainer's open line until the pserver stops, the trainer completes or
+        `seconds` pass. Not an RPC of the protocol: neither counted nor in flight. If it
+        ends because the client went away while the trainer is active, the trainer is
+        lost: `_check_liveness` fails the job unless it is back within `lost_grace`."""
+        tid = request.trainer_id
+        with self._cond:
+            state = self._trainers.get(tid)
+            if state is None:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"pserver {self.config.endpoint}: trainer id {tid} is out of range for Fanin {self.config.fanin}")
+            state.watches += 1
+            state.lost_at = None
+        until = time.monotonic() + max(0.0, min(request.seconds, WATCH_SECONDS_MAX))
+        gone = over = False
+        try:
+            with self._cond:
+                while not (self._stopping or self._failure or tid in self._completed):
+                    if not context.is_active():
+                        gone = True
+                        break
+                    if time.monotonic() >= until:
+                        over = True
+                        break
+                    self._cond.wait(POLL)
+        finally:
+            with self._cond:
+                state.watches -= 1
+                if gone and not state.watches and tid not in self._completed:
+                    state.lost_at = time.monotonic()
+                    state.lost_step = self._where_now()
+                    self._wake.set()
+        if not over:  # the trainer is not to call again
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"pserver {self.config.endpoint} watches trainer {tid} no more")
+        return rpc_pb2.VoidMessage()
+
+    def _where_now(self) -> str:
+        """Where the protocol is, for a message (lock held)."""
+        if not self.config.sync_mode:
+            return f"after {self._round} grad(s) applied"
+        return f"at step {self._round + (0 if self._phase is Phase.GET else 1)}"
 
     def _rpc_SendComplete(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
         return self._handle(context, "SendComplete", request.trainer_id, "complete notice", lambda: self._on_complete(request))

@@ -20,7 +20,10 @@ SERVICE = rpc_pb2.DESCRIPTOR.services_by_name["PServer"]
 SERVICE_NAME = SERVICE.full_name  # "pstranspiler.rpc.PServer"
 
 DEFAULT_TIMEOUT = 120.0
+WATCH_SECONDS = 60.0  # how long a pserver holds one Watch call (the trainer then calls again)
+LOST_GRACE = 3.0  # seconds a trainer whose connection closed has to come back before the pserver fails
 TIMEOUT_ENV = "PSTRANSPILE_RPC_TIMEOUT"
+NONFINITE_ENV = "PSTRANSPILE_REFUSE_NONFINITE"
 
 # gRPC's default receive limit is 4 MB; tensors are far bigger. -1 lifts the limit to
 # what protobuf allows (2 GB per message).
@@ -28,7 +31,22 @@ MESSAGE_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
 )
-CHANNEL_OPTIONS = MESSAGE_OPTIONS + (
+# Keepalive: each side pings the other every KEEPALIVE_MS, calls or not, and drops the
+# connection when a ping is not answered within KEEPALIVE_TIMEOUT_MS: a peer that is
+# frozen (SIGSTOP) or whose machine vanished fails its calls (UNAVAILABLE) in seconds, not
+# after the RPC deadline. A killed process closes its connections at once without them.
+KEEPALIVE_MS = 3000
+KEEPALIVE_TIMEOUT_MS = 10000
+KEEPALIVE_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    # A ping gRPC sends for its own reasons (flow control) is waited on this long, default
+    # 60 s; it would hide a frozen peer behind it (measured: 62 s without, 12 s with).
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+)
+CHANNEL_OPTIONS = MESSAGE_OPTIONS + KEEPALIVE_OPTIONS + (
     # Trainers may start before pservers: retry the connection often, not on gRPC's
     # default backoff of up to two minutes.
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -36,11 +54,21 @@ CHANNEL_OPTIONS = MESSAGE_OPTIONS + (
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.enable_retries", 0),
 )
-SERVER_OPTIONS = MESSAGE_OPTIONS + (
+SERVER_OPTIONS = MESSAGE_OPTIONS + KEEPALIVE_OPTIONS + (
     # gRPC sets SO_REUSEPORT by default: a second pserver on a busy port would then
     # share it silently instead of failing.
     ("grpc.so_reuseport", 0),
+    # Take the trainers' keepalive pings (gRPC's default refuses one every 3 s without data).
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
+    ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
+    ("grpc.http2.max_ping_strikes", 0),
 )
+
+
+def server_options(*, max_receive: int = -1) -> list[tuple[str, Any]]:
+    """A pserver's options; `max_receive` (bytes, -1: none) bounds one received message,
+    so gRPC refuses a bigger one (RESOURCE_EXHAUSTED) before the handler runs."""
+    return [(key, max_receive if key == "grpc.max_receive_message_length" else value) for key, value in SERVER_OPTIONS]
 
 
 def _identity(data: bytes) -> bytes:
@@ -95,6 +123,17 @@ def default_timeout(env: Mapping[str, str] | None = None) -> float:
     return value
 
 
+def refuse_nonfinite_default(env: Mapping[str, str] | None = None) -> bool:
+    """`PSTRANSPILE_REFUSE_NONFINITE=1` in `env` (default: the process's): pservers refuse
+    NaN / Inf grads. Off by default, as in Paddle."""
+    text = (os.environ if env is None else env).get(NONFINITE_ENV, "").strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{NONFINITE_ENV}={text!r} is not 1 or 0")
+
+
 def call_deadline(timeout: float) -> float:
     """How long a trainer waits for one RPC when pservers give up on a silent trainer
     after `timeout`: longer, so a pserver's diagnosis (naming the trainer that vanished)
@@ -102,4 +141,5 @@ def call_deadline(timeout: float) -> float:
     return timeout * 1.5 + 5.0
 
 
-__all__ = ["CHANNEL_OPTIONS", "METHODS", "SERVER_OPTIONS", "WireVar", "call_deadline", "default_timeout"]
+__all__ = ["CHANNEL_OPTIONS", "METHODS", "SERVER_OPTIONS", "WireVar", "call_deadline", "default_timeout",
+           "refuse_nonfinite_default", "server_options"]
