@@ -291,3 +291,20 @@ def test_launch_makes_one_token_per_job_unless_one_is_given():
     assert job_env({}, base={})["PSTRANSPILE_JOB_TOKEN"] != made["PSTRANSPILE_JOB_TOKEN"]
     assert job_env({}, base={"PSTRANSPILE_JOB_TOKEN": TOKEN}) == {}
     assert job_env({"PSTRANSPILE_JOB_TOKEN_FILE": "/t"}, base={}) == {"PSTRANSPILE_JOB_TOKEN_FILE": "/t"}
+
+
+def test_a_trainer_s_watch_line_carries_the_token():
+    """The long-lived Watch call (failure detection) passes the gate like every RPC."""
+    import time
+
+    scope = Scope()
+    scope.set_var("w", LoDTensor(np.arange(4, dtype=np.float32)))
+    with running_pserver(sync_mode=False, scope=scope, auth=ServerAuth(token=TOKEN)) as ps:
+        client = ps.client(0, auth=ClientAuth(token=TOKEN))
+        assert client.get(ps.address, "w").array.tolist() == [0, 1, 2, 3]  # connects, opens the watch
+        deadline = time.monotonic() + 30
+        while ps.server._trainers[0].watches == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ps.server._trainers[0].watches == 1
+        client.complete([ps.address])
+        ps.join()
