@@ -8,8 +8,10 @@ The numbers are the wire values, so serde converts with `DType(n)` / `int(dtype)
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class AttrType(enum.IntEnum):
@@ -56,6 +58,8 @@ class DType(enum.IntEnum):
         return self.name.lower()
 
     def to_numpy(self) -> np.dtype:
+        import numpy as np  # here, not at the top: `pstranspile --version` / `dump` need no numpy
+
         try:
             return np.dtype(_NUMPY_OF[self])
         except KeyError:
@@ -74,6 +78,8 @@ class DType(enum.IntEnum):
                 return cls[key.upper()]
             except KeyError:
                 pass
+        import numpy as np
+
         try:
             np_dtype = np.dtype(value)
         except TypeError:
