@@ -73,7 +73,10 @@ class Attr:
         """Normalise `value` to `type`, or infer the type from the value when `type` is None."""
         if isinstance(value, Attr):
             return value if type is None or value.type == type else Attr.of(value.value, type)
-        attr_type = infer_attr_type(value) if type is None else AttrType(type)
+        if type is None:
+            attr_type = infer_attr_type(value)
+        else:
+            attr_type = type if type.__class__ is AttrType else AttrType(type)
         return Attr(attr_type, coerce(value, attr_type))
 
 
