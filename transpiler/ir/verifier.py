@@ -136,26 +136,39 @@ def _check_blocks(program: Program, name: str) -> Iterable[VerifyError]:
                 reaches_root[member] = reaches_root[current]
 
 
+# Attr types whose values the verifier checks; other attrs are checked only by name (COMMON_ATTR_TYPES).
+_REFERENCE_TYPES = frozenset({AttrType.BLOCK, AttrType.BLOCKS, AttrType.VAR, AttrType.VARS})
+
+
 def _check_ops(program: Program, block: Block, name: str) -> Iterable[VerifyError]:
     count = program.num_blocks
     declared_cache: dict[str, bool] = {}
+    # Names known to be declared (and @EMPTY@): a slot whose args are all in it is checked
+    # with one C-level subset test, the common case on every op.
+    known = {EMPTY_VAR_NAME}
 
     def declared(var: str) -> bool:
         found = declared_cache.get(var)
         if found is None:
             found = declared_cache[var] = block.find_var(var) is not None
+            if found:
+                known.add(var)
         return found
 
     for index, op in enumerate(block.ops):
-        for direction, slots in (("input", op.inputs), ("output", op.outputs)):
+        for direction, slots in (("input", op._inputs), ("output", op._outputs)):
             for slot, args in slots.items():
+                if known.issuperset(args):
+                    continue
                 for arg in args:
                     if arg != EMPTY_VAR_NAME and not declared(arg):
                         yield op_problem(
                             name, block, op, index,
                             f"{direction} {slot}={arg!r} names a var that block {block.idx} and its ancestors do not declare",
                         )
-        for attr_name, attr in op.attrs.items():
+        for attr_name, attr in op._attrs.items():
+            if attr.type not in _REFERENCE_TYPES and attr_name not in COMMON_ATTR_TYPES:
+                continue
             expected = COMMON_ATTR_TYPES.get(attr_name)
             if expected is not None and attr.type not in expected:
                 yield op_problem(
