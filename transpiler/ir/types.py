@@ -57,6 +57,11 @@ class DType(enum.IntEnum):
         """Lower-case name used by the text dump (`fp32`, `int64`, ...)."""
         return self.name.lower()
 
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element (numpy's `itemsize`; BF16 2, SIZE_T 8), without importing numpy."""
+        return _ITEMSIZE[self]
+
     def to_numpy(self) -> np.dtype:
         import numpy as np  # here, not at the top: `pstranspile --version` / `dump` need no numpy
 
@@ -89,6 +94,11 @@ class DType(enum.IntEnum):
                 return dtype
         raise ValueError(f"unknown dtype {value!r}")
 
+
+_ITEMSIZE = {
+    DType.BOOL: 1, DType.INT16: 2, DType.INT32: 4, DType.INT64: 8, DType.FP16: 2, DType.FP32: 4, DType.FP64: 8,
+    DType.SIZE_T: 8, DType.UINT8: 1, DType.INT8: 1, DType.BF16: 2, DType.COMPLEX64: 8, DType.COMPLEX128: 16,
+}
 
 _NUMPY_OF = {
     DType.BOOL: "bool",
