@@ -42,11 +42,16 @@ def op_types() -> list[str]:
     return list(CATALOGUE)
 
 
+_STR_ONLY = {str}
+
+
 def _names(args: SlotArgs | None) -> list[str]:
     if args is None:
         return []
     if isinstance(args, (str, Var)):
         args = [args]
+    elif (args.__class__ is list or args.__class__ is tuple) and set(map(type, args)) <= _STR_ONLY:
+        return list(args)
     out = []
     for arg in args:
         name = arg if isinstance(arg, str) else getattr(arg, "name", None)
