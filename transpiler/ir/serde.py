@@ -366,19 +366,28 @@ def _write_var(message, var: Var) -> None:
 
 
 def _write_op(message, op: Op) -> None:
+    # Sub-messages are built with keyword arguments (filled in C): saving, like loading,
+    # is a good part of what `pstranspile transpile` spends on a real model.
     message.type = op.type
     for wire, slots in ((message.inputs, op._inputs), (message.outputs, op._outputs)):
+        add = wire.add
         for slot, args in slots.items():
-            entry = wire.add()
-            entry.parameter = slot
-            entry.arguments.extend(args)
+            add(parameter=slot, arguments=args)
+    add = message.attrs.add
     for name, attr in op._attrs.items() if op._wire_attrs is None else op._wire_attrs:
-        entry = message.attrs.add()
-        entry.name = name
-        entry.type = int(attr.type)
-        _write_attr_value(entry, attr)
+        attr_type = attr.type
+        field = _PLAIN_FIELD.get(attr_type)
+        if field is not None:
+            add(name=name, type=_WIRE_NUMBER[attr_type], **{field: attr.value})
+        else:
+            _write_attr_value(add(name=name, type=_WIRE_NUMBER[attr_type]), attr)
     if op.is_target or "is_target" in op._explicit:
         message.is_target = op.is_target
+
+
+# The attr types whose value is the field's value as is (all but SCALAR / SCALARS).
+_PLAIN_FIELD = {t: f for t, f in ATTR_FIELD.items() if t not in (AttrType.SCALAR, AttrType.SCALARS)}
+_WIRE_NUMBER = {t: int(t) for t in AttrType}
 
 
 def _write_attr_value(entry, attr: Attr) -> None:
