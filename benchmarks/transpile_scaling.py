@@ -7,21 +7,40 @@ transpile + every pserver program + the trainer program, per op, and the growth 
 between sizes. Paddle 1.8's transpiler on this machine (from the issue): 93 ops 0.22 s,
 253 ops 1.2 s, 813 ops 10.4 s, 2,413 ops 173 s.
 
-    python benchmarks/transpile_scaling.py [--ops 93 253 813 2413 10000 100000] [--repeat 3]
+Then the real models (the Paddle-built fixtures: ResNet-50, a BERT-base encoder): our load
+(µs per op), our API `transpile` on the loaded programs, `pstranspile transpile` end to end
+(a fresh interpreter: startup, imports, load, transpile, verify, save), and Paddle 2.6's own
+transpiler timed in the same run, in process (`tools/paddle_transpile_time.py`: `transpile`
+and the getters only), where its venv is installed (`tools/paddle_env.py 2.6.2`); without
+it those columns are left empty and a note says so. Times are the best of `--repeat` runs,
+wall clock and CPU (user + system, the CLI's child process included); the ratios are of CPU
+time, the steadier figure on a shared machine.
+
+    python benchmarks/transpile_scaling.py [--ops 93 253 813 2413 10000 100000] [--repeat 3] [--no-real]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from transpiler.api import transpile  # noqa: E402
 from transpiler.ir import AttrType, DType, OpRole, Program  # noqa: E402
 from transpiler.ir.attrs import Attr  # noqa: E402
+from transpiler.ir.serde import program_from_bytes  # noqa: E402
+
+REAL_CASES = ("resnet50_momentum_4ps_sync", "bert_adam_4ps_async")
+FIXTURES = ROOT / "tests" / "fixtures" / "paddle_programs"
 
 PADDLE_SECONDS = {93: 0.22, 253: 1.2, 813: 10.4, 2413: 173.0}
 
@@ -122,10 +141,89 @@ def measure(ops: int, repeat: int) -> tuple[int, float]:
     return main.num_ops(), best
 
 
+def _cpu() -> float:
+    """CPU seconds (user + system) of this process and its waited-for children."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _best(run, repeat: int) -> tuple[float, float]:
+    """The best wall and the best CPU seconds of `repeat` runs."""
+    wall = cpu = float("inf")
+    for _ in range(repeat):
+        start, start_cpu = time.perf_counter(), _cpu()
+        run()
+        wall, cpu = min(wall, time.perf_counter() - start), min(cpu, _cpu() - start_cpu)
+    return wall, cpu
+
+
+def _cli_argv(case_dir: Path, case: dict, out: str) -> list[str]:
+    argv = [sys.executable, "-m", "transpiler", "transpile", str(case_dir / "main.pb"),
+            "--startup", str(case_dir / "startup.pb"), "--pservers", case["pservers"],
+            "--trainers", str(case["trainers"]), "--trainer-id", str(case["trainer_id"]),
+            "--split-method", {"RoundRobin": "round_robin", "HashName": "hash_name"}[case["split_method"]],
+            "--min-block-size", str(case["min_block_size"]), "-o", out]
+    return argv + ([] if case["sync_mode"] else ["--async"]) + ([] if case["slice_var_up"] else ["--no-slice"])
+
+
+def paddle_seconds(case_name: str, repeat: int) -> tuple[float, float] | str:
+    """Paddle 2.6's in-process transpile (wall, CPU) seconds, or why there is none."""
+    from tools.paddle_env import PADDLE_SPEED_ENV, installed
+
+    python = installed("2.6.2")
+    if python is None:
+        return "Paddle 2.6.2 is not installed (python3 tools/paddle_env.py 2.6.2 installs it)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([str(python), str(ROOT / "tools" / "paddle_transpile_time.py"), case_name,
+                           "--repeat", str(repeat)], env={**env, **PADDLE_SPEED_ENV}, cwd=ROOT,
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        return f"Paddle's run failed: {done.stderr.strip().splitlines()[-1:]}"
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return result["seconds"], result["cpu_seconds"]
+
+
+def real_models(repeat: int) -> None:
+    print()
+    print(f"{'case':<27} {'ops':>5} {'load us/op':>10} {'API s':>13} {'CLI s':>13} {'Paddle 2.6 s':>13} "
+          f"{'API x':>5} {'CLI x':>5}")
+    notes = []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    for name in REAL_CASES:
+        case_dir = FIXTURES / name
+        case = json.loads((case_dir / "case.json").read_text())
+        data, startup_data = (case_dir / "main.pb").read_bytes(), (case_dir / "startup.pb").read_bytes()
+        main, startup = program_from_bytes(data), program_from_bytes(startup_data)
+        ops = main.num_ops()
+        load, _ = _best(lambda: program_from_bytes(data), max(repeat, 5))
+        api = _best(lambda: transpile(
+            main, startup, pservers=case["pservers"], trainers=case["trainers"], trainer_id=case["trainer_id"],
+            sync_mode=case["sync_mode"], slice_var_up=case["slice_var_up"], split_method=case["split_method"],
+            min_block_size=case["min_block_size"]), repeat)
+        with tempfile.TemporaryDirectory() as out:
+            cli = _best(lambda: subprocess.run(_cli_argv(case_dir, case, out), env=env, check=True,
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), repeat)
+        paddle = paddle_seconds(name, repeat)
+        if isinstance(paddle, str):
+            notes.append(f"{name}: {paddle}")
+            columns = f"{'':>13} {'':>5} {'':>5}"
+        else:
+            columns = (f"{paddle[0]:>6.2f} ({paddle[1]:>4.2f}) {paddle[1] / api[1]:>5.0f} "
+                       f"{paddle[1] / cli[1]:>5.1f}")
+        print(f"{name:<27} {ops:>5} {load / ops * 1e6:>10.1f} {api[0]:>6.3f} ({api[1]:.3f}) "
+              f"{cli[0]:>6.3f} ({cli[1]:.3f}) {columns}", flush=True)
+    print("seconds: wall (CPU); API: transpile() on loaded programs (its final verify included); CLI: `pstranspile "
+          "transpile` in a fresh interpreter, files written; x: Paddle's CPU seconds / ours (the machine is shared: "
+          "CPU time is the steadier figure)")
+    for note in notes:
+        print("note:", note)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, nargs="+", default=[93, 253, 813, 2413, 10_000, 100_000])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--no-real", dest="real", action="store_false", help="skip the real-model rows")
     args = parser.parse_args(argv)
     print(f"{'ops':>8} {'seconds':>9} {'us/op':>8} {'growth':>8} {'Paddle 1.8 (s)':>15}")
     previous = None
@@ -137,6 +235,8 @@ def main(argv=None) -> None:
               flush=True)
         previous = (ops, seconds)
     print("growth = (time ratio) / (size ratio) against the previous row; 1.0 is linear")
+    if args.real:
+        real_models(args.repeat)
 
 
 if __name__ == "__main__":

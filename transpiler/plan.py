@@ -157,13 +157,13 @@ class Plan:
         """Per endpoint: blocks, elements, bytes and share of the total."""
         rows = {ep: {"endpoint": ep, "blocks": 0, "elements": 0, "bytes": 0} for ep in self.endpoints}
         for param in self.params:
-            itemsize = _itemsize(param.dtype)
+            itemsize = param.dtype.itemsize
             for block, ep in zip(param.blocks, param.endpoints, strict=True):
                 rows[ep]["blocks"] += 1
                 rows[ep]["elements"] += block.numel
                 rows[ep]["bytes"] += block.numel * itemsize
         if self.table is not None:
-            itemsize = _itemsize(self.table.dtype)
+            itemsize = self.table.dtype.itemsize
             for ep in self.table.endpoints:
                 rows[ep]["blocks"] += 1
                 rows[ep]["elements"] += math.prod(self.table.shard_shape)
@@ -228,13 +228,6 @@ class Plan:
 
     def to_json_text(self) -> str:
         return json.dumps(self.to_json(), indent=1) + "\n"
-
-
-def _itemsize(dtype: DType) -> int:
-    try:
-        return dtype.to_numpy().itemsize
-    except TypeError:
-        return 2  # bf16
 
 
 def make_blocks(name: str, shape: tuple[int, ...], sizes: list[int]) -> list[VarBlock]:

@@ -42,11 +42,16 @@ def op_types() -> list[str]:
     return list(CATALOGUE)
 
 
+_STR_ONLY = {str}
+
+
 def _names(args: SlotArgs | None) -> list[str]:
     if args is None:
         return []
     if isinstance(args, (str, Var)):
         args = [args]
+    elif (args.__class__ is list or args.__class__ is tuple) and set(map(type, args)) <= _STR_ONLY:
+        return list(args)
     out = []
     for arg in args:
         name = arg if isinstance(arg, str) else getattr(arg, "name", None)
@@ -56,9 +61,42 @@ def _names(args: SlotArgs | None) -> list[str]:
     return out
 
 
+class _Template:
+    """What `make_op` needs of an entry, worked out once per entry: its slots by name, the
+    attrs filled when a caller leaves them out (`Attr`s are immutable, so ops share them)
+    and the required attrs."""
+
+    __slots__ = ("entry", "slots", "defaults", "required")
+
+    def __init__(self, entry: OpDef) -> None:
+        self.entry = entry
+        self.slots = {"input": {s.name: s for s in entry.inputs}, "output": {s.name: s for s in entry.outputs}}
+        defaults: dict[str, Attr] = {}
+        for name, spec in entry.attrs.items():
+            if not spec.required:
+                defaults[name] = Attr.of(spec.default, spec.type)
+        defaults.setdefault(OP_ROLE_ATTR, Attr.of(int(entry.role), AttrType.INT))
+        for name in EMITTED_COMMON_ATTRS:
+            if name not in defaults:
+                spec = COMMON_ATTRS[name]
+                defaults[name] = Attr.of(spec.default, spec.type)
+        self.defaults = defaults
+        self.required = tuple((name, spec) for name, spec in entry.attrs.items() if spec.required)
+
+
+_TEMPLATES: dict[int, _Template] = {}
+
+
+def _template(entry: OpDef) -> _Template:
+    template = _TEMPLATES.get(id(entry))
+    if template is None or template.entry is not entry:
+        template = _TEMPLATES[id(entry)] = _Template(entry)
+    return template
+
+
 def _check_slots(entry: OpDef, given: Mapping[str, SlotArgs] | None, direction: str, fill: bool) -> dict[str, list[str]]:
     defs = entry.inputs if direction == "input" else entry.outputs
-    known = {s.name: s for s in defs}
+    known = _template(entry).slots[direction]
     slots = {str(k): _names(v) for k, v in (given or {}).items()}
     for name, args in slots.items():
         slot = known.get(name)
@@ -68,13 +106,14 @@ def _check_slots(entry: OpDef, given: Mapping[str, SlotArgs] | None, direction: 
             )
         if not slot.duplicable and len(args) > 1:
             raise OpSpecError(f"{entry.type}: {direction} slot {name} takes one var, got {len(args)}: {args}")
-    for slot in defs:
-        if slot.name in slots:
-            continue
-        if not slot.dispensable:
-            raise OpSpecError(f"{entry.type}: {direction} slot {slot.name} is required")
-        if fill and slot.dispensable and direction == "input":
-            slots[slot.name] = []
+    if len(slots) < len(defs):
+        for slot in defs:
+            if slot.name in slots:
+                continue
+            if not slot.dispensable:
+                raise OpSpecError(f"{entry.type}: {direction} slot {slot.name} is required")
+            if fill and direction == "input":
+                slots[slot.name] = []
     return dict(sorted(slots.items()))
 
 
@@ -104,17 +143,11 @@ def make_attrs(
         values[OP_ROLE_VAR_ATTR] = list(role_vars)
     typed = {name: typed_attr(entry, name, value) for name, value in values.items()}
     if fill_defaults:
-        for name, spec in entry.attrs.items():
-            if name in typed:
-                continue
-            if spec.required:
-                raise OpSpecError(f"{entry.type}: attr {name} ({spec.type.name}) is required and has no default")
-            typed[name] = Attr.of(spec.default, spec.type)
-        typed.setdefault(OP_ROLE_ATTR, Attr.of(int(entry.role), AttrType.INT))
-        for name in EMITTED_COMMON_ATTRS:
+        template = _template(entry)
+        for name, spec in template.required:
             if name not in typed:
-                spec = COMMON_ATTRS[name]
-                typed[name] = Attr.of(spec.default, spec.type)
+                raise OpSpecError(f"{entry.type}: attr {name} ({spec.type.name}) is required and has no default")
+        typed = {**template.defaults, **typed}
     return dict(sorted(typed.items()))
 
 

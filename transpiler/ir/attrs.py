@@ -73,7 +73,10 @@ class Attr:
         """Normalise `value` to `type`, or infer the type from the value when `type` is None."""
         if isinstance(value, Attr):
             return value if type is None or value.type == type else Attr.of(value.value, type)
-        attr_type = infer_attr_type(value) if type is None else AttrType(type)
+        if type is None:
+            attr_type = infer_attr_type(value)
+        else:
+            attr_type = type if type.__class__ is AttrType else AttrType(type)
         return Attr(attr_type, coerce(value, attr_type))
 
 
@@ -109,8 +112,24 @@ def infer_attr_type(value: Any) -> AttrType:
     raise IRError(f"cannot use a {type(value).__name__} as an attr value")
 
 
+# The Python class each attr type keeps as is (the common case, checked first).
+_KEPT_CLASS = {
+    AttrType.STRING: str, AttrType.VAR: str, AttrType.BOOLEAN: bool, AttrType.FLOAT: float, AttrType.FLOAT64: float,
+}
+_KEPT_ELEMENT_CLASS = {AttrType.STRINGS: str, AttrType.VARS: str, AttrType.BOOLEANS: bool}
+
+
 def coerce(value: Any, attr_type: AttrType) -> Any:
     """Convert `value` to the normalised Python shape of `attr_type`, or raise `IRError`."""
+    cls = value.__class__
+    if cls is _KEPT_CLASS.get(attr_type):
+        return value
+    if cls is int and attr_type == AttrType.INT and INT32_MIN <= value <= INT32_MAX:
+        return value
+    if (cls is tuple or cls is list) and value:
+        element = _KEPT_ELEMENT_CLASS.get(attr_type)
+        if element is not None and set(map(type, value)) == {element}:
+            return tuple(value)
     if attr_type in LIST_TYPES:
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
             raise IRError(f"a {attr_type.name} attr needs a list, got {type(value).__name__}")

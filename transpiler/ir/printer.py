@@ -20,8 +20,6 @@ import json
 import math
 from typing import Any
 
-import numpy as np
-
 from transpiler.ir.attrs import Attr
 from transpiler.ir.program import Block, Op, Program, Var
 from transpiler.ir.types import OP_CALLSTACK_ATTR, OP_NAMESCOPE_ATTR, OP_ROLE_ATTR, AttrType, OpRole
@@ -39,6 +37,8 @@ def format_float32(value: float) -> str:
     """The shortest text that reads back as the same float32 (`0.1`, not `0.10000000149`)."""
     if math.isnan(value) or math.isinf(value):
         return str(value)
+    import numpy as np  # here: the verifier imports this module, and transpiling needs no numpy
+
     return str(np.float32(value))
 
 

@@ -202,7 +202,7 @@ class Op:
         self._outputs = _slots(outputs)
         self._attrs: dict[str, Attr] = {}
         for name, value in (attrs or {}).items():
-            self._attrs[name] = Attr.of(value)
+            self._attrs[name] = value if value.__class__ is Attr else Attr.of(value)
         self._wire_attrs: tuple[tuple[str, Attr], ...] | None = None
         self.is_target = False
         self._explicit: frozenset[str] = frozenset()
@@ -681,10 +681,13 @@ class Block:
         self._changed(structure=True)
 
     def _index(self, op: Op) -> None:
-        for name in op.input_names:
-            self._readers.setdefault(name, {})[op] = None
-        for name in op.output_names:
-            self._writers.setdefault(name, {})[op] = None
+        readers, writers = self._readers, self._writers
+        for args in op._inputs.values():
+            for name in args:
+                readers.setdefault(name, {})[op] = None
+        for args in op._outputs.values():
+            for name in args:
+                writers.setdefault(name, {})[op] = None
 
     def _unindex(self, op: Op) -> None:
         for table, names in ((self._readers, op.input_names), (self._writers, op.output_names)):

@@ -50,6 +50,8 @@ ATTR_FIELD = {
     AttrType.SCALARS: "scalars",
 }
 _VAR_OPTIONAL_BOOLS = ("persistable", "need_check_feed", "is_parameter", "stop_gradient")
+_VAR_KIND_OF_NUMBER = {int(k): k for k in VarKind}
+_DTYPE_OF_NUMBER = {int(d): d for d in DType}
 _VAR_ATTR_FIELD = {AttrType.INT: "i", AttrType.STRING: "s", AttrType.INTS: "ints"}
 
 
@@ -86,6 +88,9 @@ def program_from_bytes(data: bytes, *, source: str = "<bytes>") -> Program:
         raise ProgramFormatError(f"{source}: not a valid ProgramDesc ({exc})") from None
 
 
+_STR_ONLY = {str}
+
+
 class _InvalidText(Exception):
     """A proto2 `string` field holding bytes that are not UTF-8 (upb hands them back as `bytes`)."""
 
@@ -98,7 +103,7 @@ def _text(value, what: str) -> str:
 
 def _texts(values, what: str) -> tuple[str, ...]:
     values = tuple(values)
-    if not all(type(v) is str for v in values):
+    if values and set(map(type, values)) != _STR_ONLY:
         raise _InvalidText(what)
     return values
 
@@ -109,10 +114,10 @@ def _decode_reason(exc: DecodeError) -> str:
 
 
 def _warn_unknown_fields(message: pb.ProgramDesc, source: str) -> None:
-    stripped = pb.ProgramDesc()
-    stripped.CopyFrom(message)
-    stripped.DiscardUnknownFields()
-    lost = message.ByteSize() - stripped.ByteSize()
+    """Drop (in place) the fields Paddle 2.6's schema does not define, warning when there were any."""
+    size = message.ByteSize()
+    message.DiscardUnknownFields()
+    lost = size - message.ByteSize()
     if lost:
         warnings.warn(
             f"{source}: dropped {lost} bytes of fields that Paddle 2.6's framework.proto does not define",
@@ -149,10 +154,12 @@ def _program(message: pb.ProgramDesc, source: str) -> Program:
 
 def _var(message) -> Var:
     var_type = message.type
-    var = Var(message.name, VarKind(var_type.type))
-    explicit = set(_present(message, _VAR_OPTIONAL_BOOLS))
+    var = Var(message.name, _VAR_KIND_OF_NUMBER.get(var_type.type) or VarKind(var_type.type))
+    explicit = set()
     for flag in _VAR_OPTIONAL_BOOLS:
-        setattr(var, flag, getattr(message, flag))
+        if message.HasField(flag):
+            explicit.add(flag)
+            setattr(var, flag, getattr(message, flag))  # absent: the Var's default, False
     field = TENSOR_FIELD_OF_KIND.get(var.kind)
     if field is None or not var_type.HasField(field):
         # A kind without a tensor desc, or a desc under another kind's field: take whichever is there.
@@ -160,7 +167,7 @@ def _var(message) -> Var:
     if field is not None:
         sub = getattr(var_type, field)
         tensor = sub.tensor if field in LOD_FIELDS else sub
-        var.dtype = DType(tensor.data_type)
+        var.dtype = _DTYPE_OF_NUMBER.get(tensor.data_type) or DType(tensor.data_type)
         var.shape = tuple(tensor.dims)
         if field in LOD_FIELDS:
             var.lod_level = sub.lod_level
@@ -196,33 +203,85 @@ def _op(message, source: str, block_idx: int, op_index: int) -> Op:
                     f"{source}: block {block_idx} op {op_index} ({message.type}) has slot {var_msg.parameter!r} twice"
                 )
             slots[var_msg.parameter] = _texts(var_msg.arguments, "slot argument")
-    wire = []
+    attrs = op._attrs
+    count = 0
     for attr_msg in message.attrs:
-        attr = _attr(attr_msg)
-        wire.append((_text(attr_msg.name, "attr name"), attr))
-        op._attrs[attr_msg.name] = attr  # a repeated name: Paddle's OpDesc keeps the last value
-    if len(op._attrs) < len(wire):
-        op._wire_attrs = tuple(wire)  # saved as it came (load -> save byte-identical)
-    op.is_target = message.is_target
-    op._explicit = _present(message, ("is_target",))
+        name = attr_msg.name
+        if type(name) is not str:
+            raise _InvalidText("attr name")
+        attrs[name] = _attr(attr_msg)  # a repeated name: Paddle's OpDesc keeps the last value
+        count += 1
+    if len(attrs) < count:  # saved as it came (load -> save byte-identical)
+        attrs.clear()
+        wire = []
+        for attr_msg in message.attrs:
+            attr = _attr(attr_msg)
+            wire.append((attr_msg.name, attr))
+            attrs[attr_msg.name] = attr
+        op._wire_attrs = tuple(wire)
+    if message.HasField("is_target"):
+        op.is_target = message.is_target
+        op._explicit = _IS_TARGET
     return op
 
 
+_IS_TARGET = frozenset({"is_target"})
+
+# Decoding is table-driven (one dict lookup per attr picks the field and the conversion):
+# loading is most of what `pstranspile transpile` spends on a real model. Attrs are
+# immutable, so the common (type, value) pairs of bool/int/str attrs are shared.
+_ATTR_TYPE_OF_NUMBER = {int(t): t for t in AttrType}
+_KEPT = 0  # the field's value is the attr's value (numbers, bools, block indices)
+_TEXT = 1  # a str (checked: invalid UTF-8 comes back as bytes)
+_NUMBERS = 2  # a repeated number field, as a tuple
+_TEXTS = 3  # a repeated str field, as a tuple (checked)
+_SCALAR = 4
+_SCALARS = 5
+_DECODE_KIND = {
+    AttrType.INT: _KEPT, AttrType.FLOAT: _KEPT, AttrType.BOOLEAN: _KEPT, AttrType.BLOCK: _KEPT, AttrType.LONG: _KEPT,
+    AttrType.FLOAT64: _KEPT, AttrType.STRING: _TEXT, AttrType.VAR: _TEXT,
+    AttrType.INTS: _NUMBERS, AttrType.FLOATS: _NUMBERS, AttrType.BOOLEANS: _NUMBERS, AttrType.BLOCKS: _NUMBERS,
+    AttrType.LONGS: _NUMBERS, AttrType.FLOAT64S: _NUMBERS, AttrType.STRINGS: _TEXTS, AttrType.VARS: _TEXTS,
+    AttrType.SCALAR: _SCALAR, AttrType.SCALARS: _SCALARS,
+}
+# wire number -> (AttrType, field, decode kind, whether values are shared)
+_DECODE = {
+    int(t): (t, ATTR_FIELD[t], _DECODE_KIND[t], t in (AttrType.INT, AttrType.BOOLEAN, AttrType.LONG, AttrType.STRING))
+    for t in AttrType
+}
+_SHARED: dict[tuple[int, object], Attr] = {}
+_SHARED_MAX = 4096  # distinct shared values kept (names in STRING attrs would otherwise grow it without bound)
+
+
 def _attr(message) -> Attr:
-    attr_type = AttrType(message.type)
-    raw = getattr(message, ATTR_FIELD[attr_type])
-    if attr_type == AttrType.SCALAR:
-        return Attr(attr_type, _scalar_value(raw))
-    if attr_type == AttrType.SCALARS:
-        return Attr(attr_type, tuple(_scalar_value(s) for s in raw))
-    if attr_type in (AttrType.STRINGS, AttrType.VARS):
-        return Attr(attr_type, _texts(raw, f"{attr_type.name} attr"))
-    if attr_type in (AttrType.INTS, AttrType.FLOATS, AttrType.BOOLEANS, AttrType.BLOCKS, AttrType.LONGS,
-                     AttrType.FLOAT64S):
+    number = message.type
+    decode = _DECODE.get(number)
+    if decode is None:
+        AttrType(number)  # raises the ValueError that names the bad number
+    attr_type, field, kind, shared = decode
+    raw = getattr(message, field)
+    if kind == _KEPT or kind == _TEXT:
+        if kind == _TEXT and type(raw) is not str:
+            raise _InvalidText(f"{attr_type.name} attr")
+        if shared:
+            key = (number, raw)
+            attr = _SHARED.get(key)
+            if attr is None:
+                attr = Attr(attr_type, raw)
+                if len(_SHARED) < _SHARED_MAX:
+                    _SHARED[key] = attr
+            return attr
+        return Attr(attr_type, raw)
+    if kind == _NUMBERS:
         return Attr(attr_type, tuple(raw))
-    if attr_type in (AttrType.STRING, AttrType.VAR):
-        return Attr(attr_type, _text(raw, f"{attr_type.name} attr"))
-    return Attr(attr_type, raw)
+    if kind == _TEXTS:
+        values = tuple(raw)
+        if values and set(map(type, values)) != _STR_ONLY:
+            raise _InvalidText(f"{attr_type.name} attr")
+        return Attr(attr_type, values)
+    if kind == _SCALAR:
+        return Attr(attr_type, _scalar_value(raw))
+    return Attr(attr_type, tuple(_scalar_value(s) for s in raw))
 
 
 def _scalar_value(message):
@@ -307,19 +366,28 @@ def _write_var(message, var: Var) -> None:
 
 
 def _write_op(message, op: Op) -> None:
+    # Sub-messages are built with keyword arguments (filled in C): saving, like loading,
+    # is a good part of what `pstranspile transpile` spends on a real model.
     message.type = op.type
     for wire, slots in ((message.inputs, op._inputs), (message.outputs, op._outputs)):
+        add = wire.add
         for slot, args in slots.items():
-            entry = wire.add()
-            entry.parameter = slot
-            entry.arguments.extend(args)
+            add(parameter=slot, arguments=args)
+    add = message.attrs.add
     for name, attr in op._attrs.items() if op._wire_attrs is None else op._wire_attrs:
-        entry = message.attrs.add()
-        entry.name = name
-        entry.type = int(attr.type)
-        _write_attr_value(entry, attr)
+        attr_type = attr.type
+        field = _PLAIN_FIELD.get(attr_type)
+        if field is not None:
+            add(name=name, type=_WIRE_NUMBER[attr_type], **{field: attr.value})
+        else:
+            _write_attr_value(add(name=name, type=_WIRE_NUMBER[attr_type]), attr)
     if op.is_target or "is_target" in op._explicit:
         message.is_target = op.is_target
+
+
+# The attr types whose value is the field's value as is (all but SCALAR / SCALARS).
+_PLAIN_FIELD = {t: f for t, f in ATTR_FIELD.items() if t not in (AttrType.SCALAR, AttrType.SCALARS)}
+_WIRE_NUMBER = {t: int(t) for t in AttrType}
 
 
 def _write_attr_value(entry, attr: Attr) -> None:

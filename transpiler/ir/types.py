@@ -8,8 +8,10 @@ The numbers are the wire values, so serde converts with `DType(n)` / `int(dtype)
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class AttrType(enum.IntEnum):
@@ -55,7 +57,14 @@ class DType(enum.IntEnum):
         """Lower-case name used by the text dump (`fp32`, `int64`, ...)."""
         return self.name.lower()
 
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element (numpy's `itemsize`; BF16 2, SIZE_T 8), without importing numpy."""
+        return _ITEMSIZE[self]
+
     def to_numpy(self) -> np.dtype:
+        import numpy as np  # here, not at the top: `pstranspile --version` / `dump` need no numpy
+
         try:
             return np.dtype(_NUMPY_OF[self])
         except KeyError:
@@ -74,6 +83,8 @@ class DType(enum.IntEnum):
                 return cls[key.upper()]
             except KeyError:
                 pass
+        import numpy as np
+
         try:
             np_dtype = np.dtype(value)
         except TypeError:
@@ -83,6 +94,11 @@ class DType(enum.IntEnum):
                 return dtype
         raise ValueError(f"unknown dtype {value!r}")
 
+
+_ITEMSIZE = {
+    DType.BOOL: 1, DType.INT16: 2, DType.INT32: 4, DType.INT64: 8, DType.FP16: 2, DType.FP32: 4, DType.FP64: 8,
+    DType.SIZE_T: 8, DType.UINT8: 1, DType.INT8: 1, DType.BF16: 2, DType.COMPLEX64: 8, DType.COMPLEX128: 16,
+}
 
 _NUMPY_OF = {
     DType.BOOL: "bool",

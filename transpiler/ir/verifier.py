@@ -19,6 +19,7 @@ reads them back (its `OpDesc` keeps the last value), so they are never refused.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from operator import attrgetter
 
 from transpiler.errors import VerifyError
 from transpiler.ir.attrs import AttrType
@@ -136,33 +137,53 @@ def _check_blocks(program: Program, name: str) -> Iterable[VerifyError]:
                 reaches_root[member] = reaches_root[current]
 
 
+# Attr types whose values the verifier checks; other attrs are checked only by name (COMMON_ATTR_TYPES).
+_REFERENCE_TYPES = frozenset({AttrType.BLOCK, AttrType.BLOCKS, AttrType.VAR, AttrType.VARS})
+_attr_type = attrgetter("type")
+
+
 def _check_ops(program: Program, block: Block, name: str) -> Iterable[VerifyError]:
     count = program.num_blocks
-    declared_cache: dict[str, bool] = {}
+    # The vars declared in this block and in each ancestor, nearest first: a slot whose args
+    # one of them holds all is checked at C speed (nearly every slot).
+    scopes = []
+    current: Block | None = block
+    while current is not None:
+        scopes.append(current._vars)
+        current = current.parent
+    holds = [scope.__contains__ for scope in scopes]
 
     def declared(var: str) -> bool:
-        found = declared_cache.get(var)
-        if found is None:
-            found = declared_cache[var] = block.find_var(var) is not None
-        return found
+        return any(var in scope for scope in scopes)
 
     for index, op in enumerate(block.ops):
-        for direction, slots in (("input", op.inputs), ("output", op.outputs)):
+        for direction, slots in (("input", op._inputs), ("output", op._outputs)):
             for slot, args in slots.items():
-                for arg in args:
-                    if arg != EMPTY_VAR_NAME and not declared(arg):
-                        yield op_problem(
-                            name, block, op, index,
-                            f"{direction} {slot}={arg!r} names a var that block {block.idx} and its ancestors do not declare",
-                        )
-        for attr_name, attr in op.attrs.items():
-            expected = COMMON_ATTR_TYPES.get(attr_name)
-            if expected is not None and attr.type not in expected:
+                for has in holds:
+                    if all(map(has, args)):
+                        break
+                else:
+                    for arg in args:
+                        if arg != EMPTY_VAR_NAME and not declared(arg):
+                            yield op_problem(
+                                name, block, op, index,
+                                f"{direction} {slot}={arg!r} names a var that block {block.idx} and its ancestors "
+                                "do not declare",
+                            )
+        attrs = op._attrs
+        for attr_name, expected in COMMON_ATTR_TYPES.items():
+            attr = attrs.get(attr_name)
+            if attr is not None and attr.type not in expected:
                 yield op_problem(
                     name, block, op, index,
                     f"attr {attr_name} is {attr.type.name}, not {' or '.join(t.name for t in expected)}",
                 )
-            elif attr.type in (AttrType.BLOCK, AttrType.BLOCKS):
+        if _REFERENCE_TYPES.isdisjoint(map(_attr_type, attrs.values())):
+            continue
+        for attr_name, attr in attrs.items():
+            if attr_name in COMMON_ATTR_TYPES:
+                continue
+            if attr.type in (AttrType.BLOCK, AttrType.BLOCKS):
                 targets = (attr.value,) if attr.type == AttrType.BLOCK else attr.value
                 for target in targets:
                     if not 0 <= target < count:

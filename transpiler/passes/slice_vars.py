@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
-
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
 from transpiler.passes.bundle import Bundle
@@ -86,6 +84,8 @@ def dispatch_order(params: list[ParamPlan], options: TranspileOptions) -> list[i
     robin Paddle's seeded shuffle of it (see the module docstring)."""
     order = list(range(len(params)))
     if not options.slice_var_up and options.split_method_name == "round_robin":
+        import numpy as np  # only here: Paddle's numpy shuffle, which nothing else of a transpile needs
+
         np.random.RandomState(options.random_seed).shuffle(order)
     return order
 

@@ -1,0 +1,47 @@
+"""`pstranspile --version` and `--help` start fast: they import none of the heavy libraries
+(numpy, networkx, protobuf, grpc) nor the op library; `transpile` imports protobuf and the
+op library but neither numpy (only unsliced round-robin placement, Paddle's numpy shuffle,
+needs it), networkx nor grpc. Checked on `sys.modules` in a fresh interpreter, not with a
+clock."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import PADDLE_PROGRAMS, TESTS
+
+PROBE = """
+import json, runpy, sys
+heavy = tuple(json.loads(sys.argv[2]))
+sys.argv = ["pstranspile", *json.loads(sys.argv[1])]
+try:
+    runpy.run_module("transpiler", run_name="__main__")
+except SystemExit:
+    pass
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in heavy)))
+"""
+
+
+def imported(argv: list[str], heavy: tuple[str, ...]) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(argv), json.dumps(heavy)],
+        cwd=TESTS.parent, capture_output=True, text=True, check=True,
+    )
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["transpile", "--help"]])
+def test_startup_imports_nothing_heavy(argv):
+    assert imported(argv, ("numpy", "networkx", "google", "grpc", "proto", "ops")) == []
+
+
+def test_transpile_imports_no_numpy(tmp_path):
+    case = PADDLE_PROGRAMS / "mlp_adam_2ps"
+    argv = ["transpile", str(case / "main.pb"), "--startup", str(case / "startup.pb"),
+            "--pservers", "127.0.0.1:6170,127.0.0.1:6171", "--trainers", "2", "-o", str(tmp_path)]
+    assert imported(argv, ("numpy", "networkx", "grpc")) == []
+    assert (tmp_path / "trainer.pb").exists()
