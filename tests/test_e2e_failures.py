@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 from e2e_support import EXAMPLES, Processes, processes  # noqa: F401  (the fixture)
 
 from conftest import PADDLE_PROGRAMS

@@ -376,7 +376,7 @@ def plan_command(args: argparse.Namespace) -> int:
         help="refuse grads holding a NaN or an Inf (INVALID_ARGUMENT; default $PSTRANSPILE_REFUSE_NONFINITE, else off)"),
 )
 def serve_command(args: argparse.Namespace) -> int:
-    from ops.rpc.auth import ServerAuth, Tls, read_plan_fingerprint
+    from ops.rpc.auth import ServerAuth, Tls, read_plan
     from ops.rpc.errors import BindError, PserverError
     from ops.rpc.serve import check_endpoint, listen_op_endpoint, serve_program
 
@@ -387,14 +387,13 @@ def serve_command(args: argparse.Namespace) -> int:
     auth = ServerAuth.from_env(token_file=args.token_file, tls=tls, insecure=args.insecure, warn=warn)
     if auth.tls is not None:
         auth.tls.server_credentials()  # a missing or unreadable file: a usage error now, not after the startup program
-    fingerprint = read_plan_fingerprint(args.plan) if args.plan else None
+    plan_text, fingerprint = read_plan(args.plan) if args.plan else (None, None)
     if args.keep_checkpoints < 1:
         raise UsageError(f"--keep-checkpoints must be >= 1, got {args.keep_checkpoints}")
     if args.restore and args.init:
         raise UsageError("--restore and --init exclude each other")
     if (args.checkpoint_dir or args.restore or args.init) and not args.plan:
         raise UsageError("--checkpoint-dir, --restore and --init need --plan plan.json")
-    plan_text = _read_text(args.plan) if args.plan else None
     main, startup = load_program(args.program), load_program(args.startup)
     planned = listen_op_endpoint(main)
     auth.check_listen(check_endpoint(main, args.endpoint) or planned, planned)  # refused before the startup runs

@@ -285,17 +285,24 @@ def plan_fingerprint(plan_json: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def read_plan_fingerprint(path: str | Path) -> str:
-    """The fingerprint of a plan.json file (what `transpile -o DIR` writes)."""
+def read_plan(path: str | Path) -> tuple[str, str]:
+    """A plan.json file (what `transpile -o DIR` writes): its text and its fingerprint,
+    from one read."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
+        data = json.loads(text)
     except OSError as exc:
         raise AuthError(f"cannot read the plan {path}: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise AuthError(f"{path}: not a plan.json ({exc})") from None
     if not isinstance(data, dict) or "params" not in data:
         raise AuthError(f"{path}: not a plan.json (no params)")
-    return plan_fingerprint(data)
+    return text, plan_fingerprint(data)
+
+
+def read_plan_fingerprint(path: str | Path) -> str:
+    """The fingerprint of a plan.json file."""
+    return read_plan(path)[1]
 
 
 def _mode(sync_mode: bool) -> str:
@@ -436,6 +443,7 @@ __all__ = [
     "load_token",
     "mismatch",
     "plan_fingerprint",
+    "read_plan",
     "read_plan_fingerprint",
     "read_token_file",
 ]
