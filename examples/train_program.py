@@ -144,6 +144,20 @@ def kill(pid_dir: Path, who: str, step: int) -> None:
     os.kill(int(path.read_text()), signal.SIGKILL)
 
 
+def pause(marker: Path, step: int) -> None:
+    """Say this step was reached (`<marker>.reached`) and wait for `<marker>.go`, bounded;
+    once: a restarted job that reaches the step again does not pause."""
+    reached, go = marker.with_name(marker.name + ".reached"), marker.with_name(marker.name + ".go")
+    if reached.exists():
+        return
+    reached.write_text(f"{step}\n")
+    print(f"trainer 0: paused before step {step}", flush=True)
+    for _ in range(600):
+        if go.exists():
+            return
+        time.sleep(0.1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--main", required=True, type=Path)
@@ -160,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--float64", action="store_true", help="train float64 copies of the programs")
     parser.add_argument("--permute", action="store_true", help="local runs: each batch's examples in another order")
     parser.add_argument("--checkpoint-dir", type=Path, help="the pservers checkpoint here (local training too)")
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="trainer 0 asks for a checkpoint every N steps")
+    parser.add_argument("--checkpoint-every", type=int, help="trainer 0 asks for a checkpoint every N steps")
     parser.add_argument("--keep-checkpoints", type=int, default=3, help="keep the newest K complete checkpoints")
     parser.add_argument("--restore", type=Path, help="resume from this checkpoint dir's newest complete checkpoint")
     parser.add_argument("--warm-start", type=Path, help="start from the LoDTensor files of whole vars in this folder")
@@ -168,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-at-step", type=int, help="(tests) trainer 0 SIGKILLs --kill before this step")
     parser.add_argument("--kill", help="(tests) ROLE:I, e.g. pserver:1 or trainer:0")
     parser.add_argument("--pid-dir", type=Path, help="(tests) every process writes its pid to DIR/<role>.<i>")
+    parser.add_argument("--pause-at-step", type=int, help="(tests) trainer 0 writes --pause-file.reached before this "
+                        "step and waits (60 s at most) for --pause-file.go; once per --pause-file")
+    parser.add_argument("--pause-file", type=Path)
     args = parser.parse_args(argv)
 
     main_program, startup = Program.load(args.main), Program.load(args.startup)
@@ -205,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                 os.kill(os.getpid(), signal.SIGKILL)
             if args.kill_at_step == step and role.trainer_id == 0 and args.kill:
                 kill(args.pid_dir, args.kill, step)
+            if args.pause_at_step == step and role.trainer_id == 0 and args.pause_file is not None:
+                pause(args.pause_file, step)
             batch = synthetic_batch(main_program, args.batch, args.seed, step)
             if args.permute:
                 batch = permuted(batch, args.seed, step)

@@ -100,7 +100,7 @@ def test_progress_is_parsed_and_the_summary_lists_every_process(tmp_path):
 def test_a_failing_trainer_stops_the_others_and_fails_the_job(tmp_path):
     result, text = run(tmp_path, "fail", trainers=3)
     assert not result.ok
-    assert result.failure == f"trainer.1 exited with code 3 (log: {tmp_path / 'logs' / 'trainer.1.log'})"
+    assert result.failure == f"trainer.1 exited with code 3 at step 3 (log: {tmp_path / 'logs' / 'trainer.1.log'})"
     states = {p.name: p.exit_text for p in result.processes}
     assert states["trainer.1"] == "3" and states["pserver.0"] == "stopped" and states["pserver.1"] == "stopped"
     assert "trainer 1: giving up" in text  # the failing log's tail is shown

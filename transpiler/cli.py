@@ -412,8 +412,8 @@ def serve_command(args: argparse.Namespace) -> int:
 
 @command(
     "launch",
-    "run M pservers and N trainers of one command on this machine with Paddle's environment "
-    "(TRAINING_ROLE, PADDLE_*); exit 1 if any process fails",
+    "run M pservers and N trainers of one command, on this machine or on a Ray cluster (--backend ray), "
+    "with Paddle's environment (TRAINING_ROLE, PADDLE_*); exit 1 if the job fails",
     arg("--pservers", required=True, type=int, metavar="M", help="how many pservers"),
     arg("--trainers", required=True, type=int, metavar="N", help="how many trainers"),
     arg("--async", dest="async_mode", action="store_true", help="asynchronous training (PSTRANSPILE_SYNC_MODE=0)"),
@@ -425,6 +425,19 @@ def serve_command(args: argparse.Namespace) -> int:
     arg("--exit-grace", type=float, default=30.0, metavar="S",
         help="how long pservers may run on after every trainer finished (default 30)"),
     arg("--status-every", type=float, default=2.0, metavar="S", help="seconds between live progress lines (default 2)"),
+    arg("--checkpoint-dir", metavar="DIR", help="every process gets DIR as its checkpoint dir "
+        "(PSTRANSPILE_CHECKPOINT_DIR; on Ray, storage every node shares)"),
+    arg("--checkpoint-every", type=int, default=0, metavar="N",
+        help="trainer 0 asks for a checkpoint every N steps (PSTRANSPILE_CHECKPOINT_EVERY; default: the script's)"),
+    arg("--max-restarts", type=int, default=0, metavar="K",
+        help="restart a failed job, every process, from the newest checkpoint in --checkpoint-dir, up to K times"),
+    arg("--backend", choices=("local", "ray"), default="local",
+        help="where the processes run: children of this command (local, the default) or Ray actors (ray)"),
+    arg("--address", metavar="ADDR", help="ray: the cluster to join (its GCS host:port, or auto; "
+        "default: start a local Ray instance on 127.0.0.1)"),
+    arg("--placement", choices=("spread", "pack"), default="spread",
+        help="ray: spread the processes' bundles over nodes (default) or pack them"),
+    arg("--cpus-per-process", type=float, default=1.0, metavar="C", help="ray: CPUs in each process's bundle (default 1)"),
     arg("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command every process runs"),
 )
 def launch_command(args: argparse.Namespace) -> int:
@@ -441,6 +454,16 @@ def launch_command(args: argparse.Namespace) -> int:
         if not value > 0:
             raise UsageError(f"{flag} must be positive, got {value:g}")
     endpoints = split_endpoint_list(args.endpoints) if args.endpoints is not None else None
+    if args.backend == "ray" and (endpoints is not None or args.host != "127.0.0.1"):
+        raise UsageError("--backend ray places the pservers itself: --endpoints and --host are for the local backend")
+    if args.address is not None and args.backend != "ray":
+        raise UsageError("--address is for --backend ray")
+    if args.max_restarts < 0 or args.checkpoint_every < 0:
+        raise UsageError("--max-restarts and --checkpoint-every must be >= 0")
+    if (args.max_restarts or args.checkpoint_every) and not args.checkpoint_dir:
+        raise UsageError("--max-restarts and --checkpoint-every need --checkpoint-dir")
+    if not args.cpus_per_process > 0:
+        raise UsageError(f"--cpus-per-process must be positive, got {args.cpus_per_process:g}")
     result = launch(
         LaunchConfig(
             command=tuple(command),
@@ -453,6 +476,13 @@ def launch_command(args: argparse.Namespace) -> int:
             rpc_timeout=args.timeout,
             exit_grace=args.exit_grace,
             status_every=args.status_every,
+            checkpoint_dir=_path(args.checkpoint_dir),
+            checkpoint_every=args.checkpoint_every,
+            max_restarts=args.max_restarts,
+            backend=args.backend,
+            address=args.address,
+            placement=args.placement,
+            cpus_per_process=args.cpus_per_process,
         )
     )
     if result.interrupted:

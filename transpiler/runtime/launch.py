@@ -1,4 +1,5 @@
-"""`launch`: run M pservers and N trainers of one training script on this machine.
+"""`launch`: run M pservers and N trainers of one training script, on this machine or on
+a Ray cluster (`backend="ray"`, `transpiler.runtime.ray`).
 
     result = launch(LaunchConfig(command=("python3", "train.py"), pservers=2, trainers=2))
     result.ok, result.failure, print(result.summary())
@@ -14,8 +15,11 @@ live, one status line per `status_every` seconds (rewritten in place on a termin
 
 The job fails — every other process is stopped (SIGTERM to its process group, SIGKILL
 after `stop_grace` s), the failing process's log tail is shown and `ok` is False — as
-soon as any process exits non-zero, or when the pservers have not exited `exit_grace`
-seconds after the last trainer finished. It succeeds when every process exits 0.
+soon as any process exits non-zero (or, on Ray, is lost with its node), or when the
+pservers have not exited `exit_grace` seconds after the last trainer finished
+(`transpiler.runtime.job`). It succeeds when every process exits 0. With a
+`checkpoint_dir` and `max_restarts` K, a failed job restarts, every process, from the
+newest complete checkpoint, up to K times.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TextIO
@@ -38,12 +42,16 @@ from ops.rpc.auth import TOKEN_ENV, has_token
 from ops.rpc.service import DEFAULT_TIMEOUT
 from transpiler.config import parse_endpoints
 from transpiler.errors import PsTranspilerError
-from transpiler.runtime.progress import Progress, parse_progress
-from transpiler.runtime.role import PSERVER, TRAINER, Role
+from transpiler.runtime.job import TAIL_LINES, Backend, JobSpec, LaunchResult, ProcessStatus, run_job
+from transpiler.runtime.progress import parse_progress
+from transpiler.runtime.role import Role
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-POLL = 0.1
-TAIL_LINES = 12
+BACKENDS = ("local", "ray")
+PLACEMENTS = ("spread", "pack")
+
+__all__ = ["LaunchConfig", "LaunchError", "LaunchResult", "ProcessStatus", "free_endpoints", "job_env", "launch",
+           "process_env"]
 
 
 class LaunchError(PsTranspilerError):
@@ -65,6 +73,19 @@ class LaunchConfig:
     stop_grace: float = 5.0  # seconds between SIGTERM and SIGKILL when stopping
     status_every: float = 2.0  # seconds between live progress lines
     cwd: Path | None = None
+    # Checkpoints and restarts (any backend): every process gets the dir and cadence
+    # (`PSTRANSPILE_CHECKPOINT_DIR`/`_EVERY`); a failed job restarts up to `max_restarts`
+    # times, from the newest complete checkpoint there (`PSTRANSPILE_RESTORE`).
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 0
+    max_restarts: int = 0
+    # Where the processes run: `local`, or `ray` (`transpiler.runtime.ray`): a Ray cluster at
+    # `address` (None: a local, loopback-only Ray instance), one placement-group bundle of
+    # `cpus_per_process` CPUs per process, bundles spread over nodes or packed.
+    backend: str = "local"
+    address: str | None = None
+    placement: str = "spread"
+    cpus_per_process: float = 1.0
 
     def validate(self) -> None:
         if not self.command:
@@ -81,6 +102,24 @@ class LaunchConfig:
                 raise LaunchError(f"{len(endpoints)} endpoint(s) given for {self.pservers} pserver(s)")
         if not self.rpc_timeout > 0:
             raise LaunchError(f"the RPC timeout must be positive, got {self.rpc_timeout}")
+        if self.backend not in BACKENDS:
+            raise LaunchError(f"unknown backend {self.backend!r}; expected one of: {', '.join(BACKENDS)}")
+        if self.placement not in PLACEMENTS:
+            raise LaunchError(f"unknown placement {self.placement!r}; expected one of: {', '.join(PLACEMENTS)}")
+        if self.backend == "ray" and self.endpoints is not None:
+            raise LaunchError("the ray backend places the pservers itself; endpoints cannot be given")
+        if self.backend != "ray" and self.address is not None:
+            raise LaunchError("an address is for the ray backend (--backend ray)")
+        if not self.cpus_per_process > 0:
+            raise LaunchError(f"cpus per process must be positive, got {self.cpus_per_process:g}")
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise LaunchError(f"max restarts must be an integer >= 0, got {self.max_restarts!r}")
+        if self.checkpoint_every < 0:
+            raise LaunchError(f"checkpoint every must be >= 0 steps, got {self.checkpoint_every}")
+        if self.max_restarts and self.checkpoint_dir is None:
+            raise LaunchError("restarts resume from a checkpoint: give a checkpoint dir (--checkpoint-dir)")
+        if self.checkpoint_every and self.checkpoint_dir is None:
+            raise LaunchError("a checkpoint cadence needs a checkpoint dir (--checkpoint-dir)")
 
 
 def free_endpoints(count: int, host: str = "127.0.0.1") -> list[str]:
@@ -136,88 +175,8 @@ def process_env(
     return env
 
 
-@dataclass
-class ProcessStatus:
-    """One launched process, as the summary reports it."""
-
-    role: str
-    index: int
-    endpoint: str | None
-    log: Path
-    returncode: int | None = None
-    stopped: bool = False  # the launcher stopped it
-    seconds: float = 0.0
-    progress: Progress | None = None
-    tail: list[str] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return f"{self.role}.{self.index}"
-
-    @property
-    def exit_text(self) -> str:
-        if self.stopped:
-            return "stopped"
-        if self.returncode is None:
-            return "?"
-        if self.returncode < 0:
-            try:
-                return signal.Signals(-self.returncode).name
-            except ValueError:
-                return f"signal {-self.returncode}"
-        return str(self.returncode)
-
-
-@dataclass
-class LaunchResult:
-    ok: bool
-    failure: str | None
-    processes: list[ProcessStatus]
-    seconds: float
-    sync_mode: bool = True
-    interrupted: bool = False
-    # The configured counts (None: count `processes`); the job may fail before all start.
-    pserver_count: int | None = None
-    trainer_count: int | None = None
-
-    def trainers(self) -> list[ProcessStatus]:
-        return [p for p in self.processes if p.role == TRAINER]
-
-    def summary(self) -> str:
-        """A table of every process, and the verdict."""
-        pservers = sum(p.role == PSERVER for p in self.processes) if self.pserver_count is None else self.pserver_count
-        trainers = len(self.trainers()) if self.trainer_count is None else self.trainer_count
-        mode = "sync" if self.sync_mode else "async"
-        verdict = "ok" if self.ok else f"FAILED: {self.failure}"
-        if len(self.processes) < pservers + trainers:
-            verdict += f" ({len(self.processes)} of {pservers + trainers} processes started)"
-        lines = [f"launch: {pservers} pserver(s) x {trainers} trainer(s), {mode}, {self.seconds:.1f} s: {verdict}"]
-        if not self.processes:
-            return lines[0]
-        header = ("process", "endpoint", "exit", "steps", "loss", "steps/s", "time", "log")
-        rows = [header]
-        for p in self.processes:
-            prog = p.progress
-            rows.append(
-                (
-                    p.name,
-                    p.endpoint or "-",
-                    p.exit_text,
-                    str(prog.step) if prog else "-",
-                    f"{prog.loss:.6g}" if prog and prog.loss is not None else "-",
-                    f"{prog.steps_per_s:.3g}" if prog and prog.steps_per_s is not None else "-",
-                    f"{p.seconds:.1f}s",
-                    str(p.log),
-                )
-            )
-        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-        for row in rows:
-            lines.append("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
-        return "\n".join(lines)
-
-
 class _Process:
-    """A running child, its log, and the thread that copies its output there."""
+    """A running child on this machine, its log, and the thread that copies its output there."""
 
     def __init__(self, status: ProcessStatus, command: Sequence[str], env: dict[str, str], cwd: Path | None) -> None:
         self.status = status
@@ -259,6 +218,7 @@ class _Process:
         code = self.popen.poll()
         if code is not None and self.ended is None:
             self.ended = time.monotonic()
+            self.reader.join(timeout=1.0)  # its last lines (progress) first, so a failure names the right step
             self.status.returncode = code
         return code
 
@@ -277,150 +237,83 @@ class _Process:
         self.status.tail = list(self.tail)
 
 
-def launch(config: LaunchConfig, *, out: TextIO | None = None) -> LaunchResult:
-    """Run the job to its end; see the module docstring. `out` gets the live status and
-    the summary (default stderr)."""
+class LocalBackend:
+    """The job's processes as children of this process, on this machine."""
+
+    name = "local"
+
+    def __init__(self, config: LaunchConfig) -> None:
+        self.config = config
+
+    def endpoints(self, pservers: int, trainers: int) -> list[str]:
+        return list(self.config.endpoints) if self.config.endpoints else free_endpoints(pservers, self.config.host)
+
+    def start(self, status: ProcessStatus, role: Role, env: Mapping[str, str]) -> _Process:
+        total = self.config.pservers + self.config.trainers
+        return _Process(status, self.config.command, process_env(role, env, processes=total), self.config.cwd)
+
+    def refresh(self, handles: Sequence[_Process]) -> None:
+        pass  # each poll() asks the OS
+
+    def stop(self, handles: Sequence[_Process], grace: float) -> None:
+        """SIGTERM every running child's process group, then SIGKILL what is left."""
+        running = [p for p in handles if p.poll() is None]
+        for proc in running:
+            proc.status.stopped = True
+            proc.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in running:
+            try:
+                proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.signal(signal.SIGKILL)
+                proc.popen.wait()
+            proc.poll()
+
+    def close(self, handles: Sequence[_Process]) -> None:
+        for proc in handles:
+            proc.close()
+
+
+def launch(config: LaunchConfig, *, out: TextIO | None = None, backend: Callable[[], Backend] | None = None) -> LaunchResult:
+    """Run the job to its end (restarting it from its last checkpoint up to
+    `config.max_restarts` times); see the module docstring. `out` gets the live status and
+    the summary (default stderr). `config.backend` picks where the processes run: `local`
+    (children of this process) or `ray` (actors on a Ray cluster, `transpiler.runtime.ray`)."""
     config.validate()
     out = out or sys.stderr
-    endpoints = list(config.endpoints) if config.endpoints else free_endpoints(config.pservers, config.host)
-    extra = job_env(config.env)
-    log_dir = Path(config.log_dir)
-    started = time.monotonic()
-    procs: list[_Process] = []
-    failure: str | None = None
-    interrupted = False
-    total = config.pservers + config.trainers
+    spec = job_spec(config)
+    if backend is not None:  # `transpiler.runtime.ray.run`'s own factory
+        make_backend = backend
+    elif config.backend == "ray":
+        from transpiler.runtime.ray import ray_backend_factory  # imports ray: only for this backend
+
+        make_backend = ray_backend_factory(config, out)
+    else:
+        def make_backend() -> LocalBackend:
+            return LocalBackend(config)
+
     try:
-        for i, endpoint in enumerate(endpoints):
-            role = Role(PSERVER, 0, config.trainers, tuple(endpoints), endpoint, config.sync_mode, config.rpc_timeout)
-            status = ProcessStatus(PSERVER, i, endpoint, log_dir / f"pserver.{i}.log")
-            procs.append(_Process(status, config.command, process_env(role, extra, processes=total), config.cwd))
-        for i in range(config.trainers):
-            role = Role(TRAINER, i, config.trainers, tuple(endpoints), None, config.sync_mode, config.rpc_timeout)
-            status = ProcessStatus(TRAINER, i, None, log_dir / f"trainer.{i}.log")
-            procs.append(_Process(status, config.command, process_env(role, extra, processes=total), config.cwd))
-        failure = _monitor(procs, config, out)
-    except KeyboardInterrupt:
-        failure, interrupted = "interrupted", True
-    except LaunchError as exc:
-        failure = str(exc)
+        return run_job(spec, make_backend, out)
     finally:
-        _stop_all(procs, config.stop_grace)
-        for proc in procs:
-            proc.close()
-    result = LaunchResult(
-        ok=failure is None,
-        failure=failure,
-        processes=[p.status for p in procs],
-        seconds=time.monotonic() - started,
+        closer = getattr(make_backend, "shutdown", None)
+        if closer is not None:
+            closer()
+
+
+def job_spec(config: LaunchConfig) -> JobSpec:
+    """What every attempt of the job shares; the job token is made here, once per job."""
+    return JobSpec(
+        pservers=config.pservers,
+        trainers=config.trainers,
         sync_mode=config.sync_mode,
-        interrupted=interrupted,
-        pserver_count=config.pservers,
-        trainer_count=config.trainers,
+        rpc_timeout=config.rpc_timeout,
+        log_dir=Path(config.log_dir),
+        env=job_env(config.env),
+        exit_grace=config.exit_grace,
+        stop_grace=config.stop_grace,
+        status_every=config.status_every,
+        checkpoint_dir=Path(config.checkpoint_dir) if config.checkpoint_dir is not None else None,
+        checkpoint_every=config.checkpoint_every,
+        max_restarts=config.max_restarts,
     )
-    failed = [p.status for p in procs if p.status.returncode not in (0, None) and not p.status.stopped]
-    for status in failed[:1]:
-        if status.tail:
-            print(f"--- last lines of {status.log} ---", file=out)
-            for line in status.tail:
-                print(f"  {line}", file=out)
-    print(result.summary(), file=out, flush=True)
-    return result
-
-
-def _monitor(procs: list[_Process], config: LaunchConfig, out: TextIO) -> str | None:
-    """Wait for the job's end; the failure, or None when every process exited 0."""
-    trainers = [p for p in procs if p.status.role == TRAINER]
-    pservers = [p for p in procs if p.status.role == PSERVER]
-    trainers_done: float | None = None
-    next_status = time.monotonic() + config.status_every
-    shown: tuple = ()
-    live = _Status(out)
-    try:
-        while True:
-            for proc in procs:
-                proc.poll()
-            failed = sorted((p for p in procs if p.status.returncode not in (None, 0)), key=lambda p: p.ended or 0.0)
-            if failed:
-                first = failed[0].status
-                return f"{first.name} exited with {_exit_words(first.returncode)} (log: {first.log})"
-            now = time.monotonic()
-            if all(p.status.returncode == 0 for p in trainers):
-                trainers_done = trainers_done or now
-                if all(p.status.returncode == 0 for p in pservers):
-                    return None
-                if now - trainers_done > config.exit_grace:
-                    waiting = ", ".join(p.status.name for p in pservers if p.status.returncode is None)
-                    return f"{waiting} still running {config.exit_grace:g} s after every trainer finished"
-            if now >= next_status:
-                next_status = now + config.status_every
-                snapshot = tuple((p.status.progress for p in trainers))
-                if snapshot != shown and any(snapshot):
-                    shown = snapshot
-                    live.show(_status_line(trainers, now - procs[0].started))
-            time.sleep(POLL)
-    finally:
-        live.done()
-
-
-def _exit_words(code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"code {code}"
-
-
-def _status_line(trainers: list[_Process], elapsed: float) -> str:
-    parts = []
-    for proc in trainers:
-        prog = proc.status.progress
-        if prog is None:
-            parts.append(f"{proc.status.name}: starting")
-            continue
-        text = f"{proc.status.name}: step {prog.step}"
-        if prog.loss is not None:
-            text += f" loss {prog.loss:.4g}"
-        if prog.steps_per_s is not None:
-            text += f" {prog.steps_per_s:.3g} steps/s"
-        parts.append(text)
-    return f"[launch {elapsed:.1f}s] " + " | ".join(parts)
-
-
-class _Status:
-    """Live status lines: rewritten in place on a terminal, appended otherwise."""
-
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
-        self.tty = bool(getattr(out, "isatty", lambda: False)())
-        self.dirty = False
-
-    def show(self, line: str) -> None:
-        if self.tty:
-            self.out.write("\r\x1b[K" + line)
-            self.dirty = True
-        else:
-            self.out.write(line + "\n")
-        self.out.flush()
-
-    def done(self) -> None:
-        if self.dirty:
-            self.out.write("\n")
-            self.out.flush()
-
-
-def _stop_all(procs: list[_Process], grace: float) -> None:
-    """SIGTERM every running child's process group, then SIGKILL what is left."""
-    running = [p for p in procs if p.poll() is None]
-    for proc in running:
-        proc.status.stopped = True
-        proc.signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for proc in running:
-        try:
-            proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.signal(signal.SIGKILL)
-            proc.popen.wait()
-        proc.poll()

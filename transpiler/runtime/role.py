@@ -10,8 +10,11 @@ Paddle's conventions, which `pstranspile launch` sets and any scheduler can:
 | `PADDLE_TRAINER_ID` | this trainer's id, `0 .. PADDLE_TRAINERS_NUM-1` (trainers) |
 | `PADDLE_CURRENT_ENDPOINT` | this pserver's endpoint (pservers; else `POD_IP:PADDLE_PORT`) |
 
-and two of ours: `PSTRANSPILE_SYNC_MODE` (`1` sync, the default; `0` async) and
-`PSTRANSPILE_RPC_TIMEOUT` (seconds a pserver waits for a silent trainer; default 120).
+and of ours: `PSTRANSPILE_SYNC_MODE` (`1` sync, the default; `0` async),
+`PSTRANSPILE_RPC_TIMEOUT` (seconds a pserver waits for a silent trainer; default 120), and
+the checkpoint options `Session` falls back on: `PSTRANSPILE_CHECKPOINT_DIR`,
+`PSTRANSPILE_CHECKPOINT_EVERY` and `PSTRANSPILE_RESTORE` (what `launch --checkpoint-dir`
+and its restarts set).
 Who may call a pserver (`PSTRANSPILE_JOB_TOKEN`, TLS) is `ops.rpc.auth`'s, read where the
 channels and servers are made.
 
@@ -37,6 +40,11 @@ TRAINERS_ENV = "PADDLE_TRAINERS_NUM"
 TRAINER_ID_ENV = "PADDLE_TRAINER_ID"
 CURRENT_ENDPOINT_ENV = "PADDLE_CURRENT_ENDPOINT"
 SYNC_MODE_ENV = "PSTRANSPILE_SYNC_MODE"
+# Checkpoint options a launcher gives every process (`Session` falls back on them): where the
+# pservers checkpoint, how often trainer 0 asks, and — set on a restart — where to restore from.
+CHECKPOINT_DIR_ENV = "PSTRANSPILE_CHECKPOINT_DIR"
+CHECKPOINT_EVERY_ENV = "PSTRANSPILE_CHECKPOINT_EVERY"
+RESTORE_ENV = "PSTRANSPILE_RESTORE"
 
 LOCAL, TRAINER, PSERVER = "local", "trainer", "pserver"
 

@@ -16,7 +16,9 @@ the pservers get the dir, the trainers the cadence). `restore=D` starts from the
 complete checkpoint in `D` (or that checkpoint folder): the pservers load it, cut by
 their own plan (any pserver count), and `session.steps` starts at its step, so a script
 skips the batches already trained (`for step in range(session.steps, total)`).
-`init=D` warm starts the pservers (or local training) from LoDTensor files of whole
+Given None, these options fall back on what a launcher sets in the environment
+(`PSTRANSPILE_CHECKPOINT_DIR`, `PSTRANSPILE_CHECKPOINT_EVERY`, and `PSTRANSPILE_RESTORE` when
+`launch --max-restarts` restarts a job). `init=D` warm starts the pservers (or local training) from LoDTensor files of whole
 vars. `pull(names)` reads whole params out of the pservers (`pstranspile fetch`).
 
 The same script then trains locally (no environment), under `pstranspile launch`, or on
@@ -29,6 +31,7 @@ on an exception, that it failed, so they stop at once instead of timing out.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -57,7 +60,7 @@ from transpiler.config import DistributeTranspilerConfig
 from transpiler.errors import PsTranspilerError
 from transpiler.ir import Program
 from transpiler.runtime.progress import Progress, format_progress
-from transpiler.runtime.role import Role
+from transpiler.runtime.role import CHECKPOINT_DIR_ENV, CHECKPOINT_EVERY_ENV, RESTORE_ENV, Role
 
 FAILURE_NOTICE_DEADLINE = 5.0  # seconds to tell the pservers a trainer failed
 
@@ -77,7 +80,7 @@ class Session:
         out: TextIO | None = None,
         progress_every: int = 1,
         checkpoint_dir: str | Path | None = None,
-        checkpoint_every: int = 0,
+        checkpoint_every: int | None = None,
         keep_checkpoints: int = DEFAULT_KEEP,
         restore: str | Path | None = None,
         init: str | Path | None = None,
@@ -108,6 +111,7 @@ class Session:
             env["rpc"] = self.client
         self.scope = Scope()
         self.executor = Executor(seed=seed, env=env)
+        checkpoint_dir, checkpoint_every, restore = launcher_checkpoint_options(checkpoint_dir, checkpoint_every, restore)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.checkpoint_every = max(0, int(checkpoint_every))
         self.keep_checkpoints = int(keep_checkpoints)
@@ -289,6 +293,27 @@ class Session:
             self.finish(failed=True, reason=f"{exc_type.__name__}: {reason}")
         except Exception:  # noqa: BLE001 - the pservers may be gone; the original error matters
             pass
+
+
+def launcher_checkpoint_options(
+    checkpoint_dir: str | Path | None, checkpoint_every: int | None, restore: str | Path | None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[str | Path | None, int, str | Path | None]:
+    """The checkpoint options a Session runs with: the ones given, else what a launcher put in
+    the environment (`launch --checkpoint-dir/--checkpoint-every`, and `PSTRANSPILE_RESTORE`
+    on a restart), so a script that passes None runs the same by hand and under restarts."""
+    env = os.environ if env is None else env
+    if checkpoint_dir is None:
+        checkpoint_dir = env.get(CHECKPOINT_DIR_ENV) or None
+    if checkpoint_every is None:
+        text = env.get(CHECKPOINT_EVERY_ENV, "").strip() or "0"
+        try:
+            checkpoint_every = int(text)
+        except ValueError:
+            raise PsTranspilerError(f"{CHECKPOINT_EVERY_ENV}={text!r} is not an integer") from None
+    if restore is None:
+        restore = env.get(RESTORE_ENV) or None
+    return checkpoint_dir, checkpoint_every, restore
 
 
 def parameter_names(program: Program) -> list[str]:
