@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 DEMO   ?= build/demo
 
-.PHONY: install test demo golden proto bench bench-paddle interop clean
+.PHONY: install test demo demo-ray golden proto bench bench-paddle bench-ray interop clean
 
 install: $(VENV)/.installed
 
@@ -21,6 +21,10 @@ test: install
 # The main job, end to end on a program Paddle itself built.
 demo: install
 	$(PY) examples/demo.py $(DEMO)
+
+# The same job as Ray actors on a local Ray instance (bound to 127.0.0.1; `launch --backend ray`).
+demo-ray: install
+	$(PY) examples/demo.py $(DEMO)-ray --backend ray
 
 # Rewrite tests/golden/ from the current code; review the diff like code.
 golden: install
@@ -44,6 +48,10 @@ bench: install
 # Makes Paddle's venv under ~/.cache the first time (tools/paddle_env.py); skips where it cannot.
 bench-paddle: install
 	$(PY) benchmarks/vs_paddle18.py
+
+# Ray's overhead: job start time and steps/s of the same job under `launch` and `launch --backend ray`.
+bench-ray: install
+	$(PY) benchmarks/ray_overhead.py
 
 # Our programs on Fluid 1.8.5's own runtime vs the programs Paddle's transpiler writes;
 # makes the Fluid 1.8.5 venv (Python 3.7) under ~/.cache on first use.

@@ -1,19 +1,23 @@
 """`make demo`: the MLP on scikit-learn's digits, 2 pservers x 2 trainers, end to end.
 
-    python3 examples/demo.py [OUT_DIR]        # default build/demo
+    python3 examples/demo.py [OUT_DIR]                 # default build/demo
+    python3 examples/demo.py [OUT_DIR] --backend ray   # `make demo-ray`: the same job as Ray actors
 
 1. builds the training program (`examples/train_mlp_digits.py`), picks two free ports,
    transpiles it for 2 pservers x 2 trainers and writes the programs and the plan to
    `OUT_DIR/programs/` (inspect them with `pstranspile dump`);
 2. launches 2 pservers and 2 trainers of `train_mlp_digits.py` on this machine
    (`transpiler.runtime.launch`, sync mode; one log per process in `OUT_DIR/logs/`), each
-   process transpiling for its own role exactly as step 1 did;
+   process transpiling for its own role exactly as step 1 did; with `--backend ray`, as
+   actors on a local Ray instance (or the cluster at `--address`), whose pserver actors
+   pick their own ports;
 3. prints the test accuracy before and after training (trainer 0's report,
    `OUT_DIR/result.json`). Exits non-zero if any process failed.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -35,7 +39,13 @@ PSERVERS, TRAINERS = 2, 2
 
 
 def main(argv: list[str]) -> int:
-    out = Path(argv[0] if argv else "build/demo")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", default="build/demo", help="where programs, logs and result.json go")
+    parser.add_argument("--backend", choices=("local", "ray"), default="local",
+                        help="run the processes here (local) or as Ray actors (ray: `make demo-ray`)")
+    parser.add_argument("--address", help="ray: the cluster to join (default: a local Ray instance on 127.0.0.1)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
 
@@ -55,11 +65,14 @@ def main(argv: list[str]) -> int:
         command=(sys.executable, str(EXAMPLES / "train_mlp_digits.py"), "--out", str(report)),
         pservers=PSERVERS,
         trainers=TRAINERS,
-        endpoints=tuple(endpoints),
+        endpoints=tuple(endpoints) if args.backend == "local" else None,  # Ray's pserver actors pick their ports
+        backend=args.backend,
+        address=args.address,
         log_dir=out / "logs",
         status_every=1.0,
     )
-    print(f"demo: launching {PSERVERS} pservers and {TRAINERS} trainers (logs in {out / 'logs'})", flush=True)
+    where = "on Ray" if args.backend == "ray" else "on this machine"
+    print(f"demo: launching {PSERVERS} pservers and {TRAINERS} trainers {where} (logs in {out / 'logs'})", flush=True)
     job = launch(config, out=sys.stdout)
     if not job.ok:
         print(f"demo: FAILED: {job.failure}")

@@ -133,6 +133,83 @@ def test_bad_configurations_are_launch_errors(tmp_path):
         f"'{tmp_path / 'missing'}': No such file or directory (0 of 5 processes started)")
 
 
+# A job that fails on its first attempt: trainer 1 exits 5, after trainer 0 "checkpointed"
+# (a complete checkpoint folder, as `ops.rpc.checkpoint` writes it) unless told not to.
+RESTARTING = textwrap.dedent(
+    """
+    import json, os, pathlib, sys, time
+    out, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
+    env = os.environ
+    me = env["TRAINING_ROLE"] + "." + env.get("PADDLE_TRAINER_ID", env.get("PADDLE_CURRENT_ENDPOINT", ""))
+    attempt = "restored" if env.get("PSTRANSPILE_RESTORE") else "first"
+    keys = ("PSTRANSPILE_CHECKPOINT_DIR", "PSTRANSPILE_CHECKPOINT_EVERY", "PSTRANSPILE_RESTORE")
+    (out / f"{attempt}.{me}.json").write_text(json.dumps({k: env.get(k) for k in keys}))
+    ckpt = pathlib.Path(env["PSTRANSPILE_CHECKPOINT_DIR"])
+    if env["TRAINING_ROLE"] == "TRAINER" and env["PADDLE_TRAINER_ID"] == "0" and mode == "checkpoint":
+        (ckpt / "ckpt-4").mkdir(parents=True, exist_ok=True)
+        (ckpt / "ckpt-4" / "MANIFEST.json").write_text(json.dumps({"step": 4}))
+        (ckpt / "latest").write_text("ckpt-4")
+    print(f"[progress] trainer={env.get('PADDLE_TRAINER_ID', 'x')} step=6")
+    if me == "TRAINER.1" and (attempt == "first" or mode == "always"):
+        for _ in range(100):  # after trainer 0's checkpoint
+            if mode != "checkpoint" or (ckpt / "latest").exists():
+                break
+            time.sleep(0.05)
+        sys.exit(5)
+    """
+)
+
+
+def run_restarting(tmp_path, mode: str, **config) -> tuple:
+    script = tmp_path / "job.py"
+    script.write_text(RESTARTING)
+    (tmp_path / "out").mkdir()
+    out = io.StringIO()
+    result = launch(LaunchConfig(command=(sys.executable, str(script), str(tmp_path / "out"), mode), pservers=1,
+                                 trainers=2, log_dir=tmp_path / "logs", status_every=60.0,
+                                 checkpoint_dir=tmp_path / "ckpt", **config), out=out)
+    return result, out.getvalue()
+
+
+def test_max_restarts_restarts_every_process_from_the_newest_checkpoint(tmp_path):
+    result, text = run_restarting(tmp_path, "checkpoint", max_restarts=2, checkpoint_every=4)
+    assert result.ok, text
+    first_failure = f"trainer.1 exited with code 5 at step 6 (log: {tmp_path / 'logs' / 'trainer.1.log'})"
+    assert result.restarts == [first_failure]
+    assert "launch: restart 1 of 2, from checkpoint ckpt-4" in text and f"restart 1 after: {first_failure}" in text
+    records = {p.name: json.loads(p.read_text()) for p in (tmp_path / "out").iterdir()}
+    assert sorted(name.split(".")[0] for name in records) == ["first"] * 3 + ["restored"] * 3  # every process, twice
+    for name, env in records.items():
+        assert env["PSTRANSPILE_CHECKPOINT_DIR"] == str(tmp_path / "ckpt") and env["PSTRANSPILE_CHECKPOINT_EVERY"] == "4"
+        assert env["PSTRANSPILE_RESTORE"] == (str(tmp_path / "ckpt") if name.startswith("restored") else None), name
+    assert sorted(p.name for p in (tmp_path / "logs" / "restart-1").iterdir()) == [
+        "pserver.0.log", "trainer.0.log", "trainer.1.log"]
+    assert all(str(p.log).startswith(str(tmp_path / "logs" / "restart-1")) for p in result.processes)
+
+
+def test_a_restart_before_any_checkpoint_starts_from_scratch_and_restarts_are_bounded(tmp_path):
+    result, text = run_restarting(tmp_path, "always", max_restarts=1)
+    assert not result.ok and len(result.restarts) == 1, text
+    assert "restart 1 of 1, from the start (no complete checkpoint yet)" in text
+    assert not any(name.startswith("restored") for name in (p.name for p in (tmp_path / "out").iterdir()))
+    assert result.failure.startswith("trainer.1 exited with code 5") and "logs/restart-1/" in result.failure
+
+
+def test_restart_and_backend_options_are_checked():
+    for config, match in (
+        (LaunchConfig(command=("true",), max_restarts=1), "give a checkpoint dir"),
+        (LaunchConfig(command=("true",), checkpoint_every=3), "a checkpoint cadence needs a checkpoint dir"),
+        (LaunchConfig(command=("true",), max_restarts=-1), "max restarts must be an integer >= 0"),
+        (LaunchConfig(command=("true",), backend="slurm"), "unknown backend 'slurm'"),
+        (LaunchConfig(command=("true",), backend="ray", endpoints=("127.0.0.1:1",)), "places the pservers itself"),
+        (LaunchConfig(command=("true",), address="10.0.0.1:6379"), "an address is for the ray backend"),
+        (LaunchConfig(command=("true",), backend="ray", placement="strict"), "unknown placement 'strict'"),
+        (LaunchConfig(command=("true",), backend="ray", cpus_per_process=0), "cpus per process must be positive"),
+    ):
+        with pytest.raises(LaunchError, match=match):
+            launch(config, out=io.StringIO())
+
+
 def test_free_endpoints_are_distinct():
     endpoints = free_endpoints(5)
     assert len(set(endpoints)) == 5
@@ -177,6 +254,15 @@ def test_cli_launch_runs_the_command_after_the_double_dash(tmp_path):
         (["launch", "--pservers", "2", "--trainers", "1", "--endpoints", "127.0.0.1:6170,,127.0.0.1:6171",
           "--", "true"],
          "malformed pserver endpoint list '127.0.0.1:6170,,127.0.0.1:6171': entry 2 of 3 is empty"),
+        (["launch", "--pservers", "1", "--trainers", "1", "--max-restarts", "1", "--", "true"],
+         "--max-restarts and --checkpoint-every need --checkpoint-dir"),
+        (["launch", "--pservers", "1", "--trainers", "1", "--address", "127.0.0.1:6379", "--", "true"],
+         "--address is for --backend ray"),
+        (["launch", "--backend", "ray", "--pservers", "1", "--trainers", "1", "--endpoints", "127.0.0.1:6170",
+          "--", "true"], "--backend ray places the pservers itself"),
+        (["launch", "--backend", "ray", "--pservers", "1", "--trainers", "1", "--cpus-per-process", "0", "--", "true"],
+         "--cpus-per-process must be positive"),
+        (["launch", "--backend", "k8s", "--pservers", "1", "--trainers", "1", "--", "true"], "invalid choice: 'k8s'"),
         (["serve", "--program", "missing.pb", "--startup", "missing.pb"], "missing.pb"),
         (["serve", "--program", "tests/fixtures/paddle_programs/mlp_adam_2ps/main.pb",
           "--startup", "tests/fixtures/paddle_programs/mlp_adam_2ps/startup.pb"], "one listen_and_serv op"),

@@ -3,8 +3,8 @@
 
 * the digits MLP, 2 pservers x 2 trainers, sync, trains to exactly the accuracy (and the
   losses) of the same job under the local `launch`, with the pservers on different nodes;
-* `run(...)` (a train_fn in the trainer actors) equals local training in float64, element
-  by element, like the local proof (`test_e2e_sync`);
+* `run(...)` (a train_fn in the trainer actors; bundles packed) equals local training in
+  float64, element by element, like the local proof (`test_e2e_sync`);
 * a worker node holding a pserver removed mid-run fails the job within seconds, naming the
   pserver, its node and the step, and leaves no actor behind; with `max_restarts` the job
   resumes from its last checkpoint on the nodes left and ends with params bit-identical
@@ -91,9 +91,10 @@ def test_run_on_ray_equals_local_training_in_float64(cluster, tmp_path):
                                  save=str(tmp_path / "params"))
     out = io.StringIO()
     result = run(main, startup, train_fn, pservers=2, trainers=2, env=ONE_THREAD, log_dir=tmp_path / "logs",
-                 seed=SEED, out=out, status_every=60.0)
+                 seed=SEED, out=out, status_every=60.0, placement="pack")
     assert result.ok, out.getvalue()
     assert sorted(result.results) == [0, 1]
+    assert len({p.node for p in result.job.processes}) == 2, result.summary()  # packed: 4 one-CPU bundles, 2-CPU nodes
     local = train_locally(tmp_path, main_pb, startup_pb)
     for name, (elementwise, _) in differences(result.results[0], local).items():
         print(f"run() on Ray vs local (float64): {name}: max rel diff element-wise {elementwise:.2e}")
@@ -181,3 +182,37 @@ def test_with_max_restarts_a_lost_node_resumes_from_the_checkpoint_bit_identical
         for key in finals:
             assert np.array_equal(expected[key], got[key]), key
     assert alive_actors() == []
+
+
+def test_cli_launch_backend_ray_starts_a_loopback_ray_instance_of_its_own(tmp_path):
+    """No cluster, no --address: `pstranspile launch --backend ray` starts a local Ray
+    instance bound to 127.0.0.1 (it sets that up itself), runs the job, and stops Ray."""
+    import os
+    import subprocess
+
+    from test_runtime_launch import SCRIPT
+
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    (tmp_path / "out").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["PYTHONPATH"] = str(ray_support.REPO)
+    done = subprocess.run([sys.executable, "-m", "transpiler", "launch", "--backend", "ray", "--pservers", "2",
+                           "--trainers", "2", "--log-dir", str(tmp_path / "logs"), "--", sys.executable, str(script),
+                           str(tmp_path / "out"), "ok"], env=env, capture_output=True, text=True, timeout=180,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert "starting a local Ray instance (127.0.0.1 only" in done.stderr
+    summary = done.stderr[done.stderr.index("launch: 2 pserver(s) x 2 trainer(s) on ray, sync"):]
+    assert ": ok" in summary.splitlines()[0]
+    rows = [line.split() for line in summary.splitlines()[2:]]
+    assert [row[0] for row in rows] == ["pserver.0", "pserver.1", "trainer.0", "trainer.1"]
+    assert all(row[1].startswith("127.0.0.1:") for row in rows[:2]) and all(row[2].startswith("127.0.0.1/") for row in rows)
+    records = {p.name: json.loads(p.read_text()) for p in (tmp_path / "out").iterdir()}
+    assert len(records) == 4 and len({r["PSTRANSPILE_JOB_TOKEN"] for r in records.values()}) == 1
+    failed = subprocess.run([sys.executable, "-m", "transpiler", "launch", "--backend", "ray", "--pservers", "1",
+                             "--trainers", "2", "--log-dir", str(tmp_path / "logs2"), "--", sys.executable, str(script),
+                             str(tmp_path / "out"), "fail"], env=env, capture_output=True, text=True, timeout=180,
+                            check=False)
+    assert failed.returncode == 1 and "FAILED: trainer.1 on node 127.0.0.1/" in failed.stderr, failed.stderr
+    assert "exited with code 3 at step 3" in failed.stderr

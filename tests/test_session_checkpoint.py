@@ -11,6 +11,7 @@ from e2e_support import EXAMPLES
 
 from ops.rpc.checkpoint import CheckpointError
 from ops.rpc.fetch import write_vars
+from transpiler.errors import PsTranspilerError
 from transpiler.runtime.role import Role
 from transpiler.runtime.session import Session
 
@@ -54,3 +55,15 @@ def test_init_warm_starts_and_restore_needs_a_checkpoint(tmp_path):
         assert np.array_equal(s.pull(["out.b"])["out.b"], given["out.b"])
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         Session(main, startup, role=Role.local(), restore=tmp_path)
+
+
+def test_session_checkpoint_options_fall_back_on_what_a_launcher_set():
+    from transpiler.runtime.session import launcher_checkpoint_options
+
+    env = {"PSTRANSPILE_CHECKPOINT_DIR": "/ckpt", "PSTRANSPILE_CHECKPOINT_EVERY": "5", "PSTRANSPILE_RESTORE": "/ckpt"}
+    assert launcher_checkpoint_options(None, None, None, env) == ("/ckpt", 5, "/ckpt")
+    assert launcher_checkpoint_options("/mine", 2, "/old", env) == ("/mine", 2, "/old")  # the script's own win
+    assert launcher_checkpoint_options(None, 0, None, env) == ("/ckpt", 0, "/ckpt")  # 0 is an answer, not a default
+    assert launcher_checkpoint_options(None, None, None, {}) == (None, 0, None)
+    with pytest.raises(PsTranspilerError, match="PSTRANSPILE_CHECKPOINT_EVERY='often' is not an integer"):
+        launcher_checkpoint_options(None, None, None, {"PSTRANSPILE_CHECKPOINT_EVERY": "often"})

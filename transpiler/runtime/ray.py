@@ -3,10 +3,11 @@
     pstranspile launch --backend ray [--address ADDR] --pservers 2 --trainers 2 -- python3 train.py
     result = transpiler.runtime.ray.run(main, startup, train_fn, pservers=2, trainers=2)
 
-Without an address a local Ray instance starts on this machine, bound to loopback only
-(127.0.0.1) and stopped at the end; with one (`ray://` is not supported; give the GCS
-address, `host:6379`, or `auto`) the job joins that cluster, whose nodes need this package
-installed. Each attempt of the job (`transpiler.runtime.job`):
+Without an address (and no `RAY_ADDRESS` in the environment, which a KubeRay RayJob sets)
+a local Ray instance starts on this machine, bound to loopback only (127.0.0.1), and stops
+at the end; with one (the GCS address `host:6379`, or `auto`; not `ray://`) the job joins
+that cluster, whose nodes need this package installed. A process that already called
+`ray.init` keeps its connection. Each attempt of the job (`transpiler.runtime.job`):
 
 1. a placement group holds one bundle of `cpus_per_process` CPUs per pserver and per
    trainer, pservers first; `spread` (the default) spreads bundles over the nodes, so with
@@ -50,6 +51,7 @@ UNANSWERED = 2.0  # a poll unanswered this long marks its actor as not answering
 # A local instance checks its nodes often, so a dead one is reported within seconds.
 LOCAL_SYSTEM_CONFIG = {"health_check_period_ms": 500, "health_check_timeout_ms": 500,
                        "health_check_failure_threshold": 3}
+RAY_ADDRESS_ENV = "RAY_ADDRESS"  # Ray's own: the cluster a driver joins when given no address
 LOOPBACK_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray uses 127.0.0.1 for every address it binds
 
 
@@ -75,6 +77,7 @@ class RayConnection:
     at `address`, or starts a local loopback-only instance; `close` undoes what it did."""
 
     def __init__(self, address: str | None, bundles: int, cpus_per_process: float, out: TextIO) -> None:
+        address = address or os.environ.get(RAY_ADDRESS_ENV) or None  # a RayJob's driver pod sets it
         self.ray = _import_ray(local=address is None)
         self.owned = False
         if self.ray.is_initialized():
@@ -87,7 +90,7 @@ class RayConnection:
                 os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))  # the workers import this package
                 cpus = max(os.cpu_count() or 1, int(bundles * cpus_per_process + 0.999))
                 print(f"launch: starting a local Ray instance (127.0.0.1 only, {cpus} logical CPUs)", file=out, flush=True)
-                self.ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level="warning",
+                self.ray.init(address="local", num_cpus=cpus, include_dashboard=False,  # never a `ray start` here log_to_driver=False, logging_level="warning",
                               _node_ip_address="127.0.0.1", _system_config=LOCAL_SYSTEM_CONFIG)
             else:
                 print(f"launch: joining the Ray cluster at {address}", file=out, flush=True)
