@@ -84,6 +84,18 @@ def test_serve_refuses_a_non_loopback_address_without_a_token(tmp_path):
         "pstranspile: error: pserver 127.0.0.1:6170: refusing to listen on 0.0.0.0:6170 without a job token"), lines
 
 
+def test_launch_tls_files_that_cannot_work_are_user_errors(tmp_path):
+    for flags, says in ((("--tls-cert", "missing.pem", "--tls-key", "missing.key"), "cannot read the TLS key"),
+                        (("--tls-ca", "ca.pem"), "TLS needs a certificate and key"),
+                        (("--tls-key", "k.pem"), "TLS needs a certificate and its key together")):
+        done = subprocess.run([sys.executable, "-m", "transpiler", "launch", "--pservers", "1", "--trainers", "1",
+                               *flags, "--", "true"], cwd=tmp_path, env=job_free_env(), capture_output=True, text=True,
+                              timeout=60, check=False)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and says in lines[0], (flags, done.stderr)
+        assert not (tmp_path / "logs").exists()  # nothing started
+
+
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
@@ -101,20 +113,20 @@ def test_serve_security_settings_that_cannot_work_are_user_errors(tmp_path, flag
 
 
 def test_a_launched_job_trains_over_mutual_tls(tmp_path):
-    """`launch` with one certificate for every process (pservers: server cert; trainers:
-    client cert, and the CA that verifies the pservers): it trains, with a job token."""
+    """`pstranspile launch --tls-cert/--tls-key/--tls-ca` with one certificate for every
+    process (pservers: server cert; trainers: client cert, and the CA that verifies the
+    pservers): it trains, with a job token."""
     certs = self_signed(tmp_path, "job")
-    tls = {"PSTRANSPILE_TLS_CERT": str(certs / "job.pem"), "PSTRANSPILE_TLS_KEY": str(certs / "job.key"),
-           "PSTRANSPILE_TLS_CA": str(certs / "job.pem")}
     case = PADDLE_PROGRAMS / "mlp_adam_2ps"
     command = (sys.executable, str(EXAMPLES / "train_program.py"), "--main", str(case / "main.pb"),
                "--startup", str(case / "startup.pb"), "--loss", "mean_0.tmp_0", "--steps", "5")
-    config = LaunchConfig(command=command, pservers=2, trainers=2, env={**ONE_THREAD, **tls}, log_dir=tmp_path / "logs",
-                          rpc_timeout=60.0, status_every=60.0)
-    out = io.StringIO()
-    result = launch(config, out=out)
-    logs = {p.name: p.log.read_text() for p in result.processes}
-    assert result.ok, (out.getvalue(), logs)
+    env = job_free_env(**ONE_THREAD)
+    done = subprocess.run([sys.executable, "-m", "transpiler", "launch", "--pservers", "2", "--trainers", "2",
+                           "--log-dir", "logs", "--timeout", "60", "--tls-cert", "job.pem", "--tls-key",
+                           "job.key", "--tls-ca", "job.pem", "--", *command],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False)
+    logs = {p.stem: p.read_text() for p in (tmp_path / "logs").iterdir()}
+    assert done.returncode == 0, (done.stderr, logs)
     for name in ("pserver.0", "pserver.1"):
         assert "job token required on every RPC, TLS with client certificates" in logs[name], logs[name]
     assert all("[progress] trainer=" in logs[f"trainer.{i}"] and "step=5" in logs[f"trainer.{i}"] for i in (0, 1))

@@ -431,6 +431,11 @@ def serve_command(args: argparse.Namespace) -> int:
         help="trainer 0 asks for a checkpoint every N steps (PSTRANSPILE_CHECKPOINT_EVERY; default: the script's)"),
     arg("--max-restarts", type=int, default=0, metavar="K",
         help="restart a failed job, every process, from the newest checkpoint in --checkpoint-dir, up to K times"),
+    arg("--tls-cert", metavar="PEM", help="every process's TLS certificate (PSTRANSPILE_TLS_CERT): pservers serve with it, "
+        "trainers present it to a pserver that asks (--tls-ca)"),
+    arg("--tls-key", metavar="PEM", help="its private key (PSTRANSPILE_TLS_KEY)"),
+    arg("--tls-ca", metavar="PEM", help="the CA both sides verify the other against (PSTRANSPILE_TLS_CA): "
+        "pservers then require client certificates"),
     arg("--backend", choices=("local", "ray"), default="local",
         help="where the processes run: children of this command (local, the default) or Ray actors (ray)"),
     arg("--address", metavar="ADDR", help="ray: the cluster to join (its GCS host:port, or auto; "
@@ -472,6 +477,7 @@ def launch_command(args: argparse.Namespace) -> int:
             sync_mode=not args.async_mode,
             host=args.host,
             endpoints=endpoints,
+            env=_launch_tls_env(args),
             log_dir=Path(args.log_dir),
             rpc_timeout=args.timeout,
             exit_grace=args.exit_grace,
@@ -488,6 +494,21 @@ def launch_command(args: argparse.Namespace) -> int:
     if result.interrupted:
         return EXIT_INTERRUPTED
     return EXIT_OK if result.ok else EXIT_JOB_FAILED
+
+
+def _launch_tls_env(args: argparse.Namespace) -> dict[str, str]:
+    """`launch --tls-*` as the environment every process reads (absolute paths: a process's
+    working directory may differ); files that cannot work are a usage error now, before any
+    process starts."""
+    from ops.rpc.auth import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, Tls
+
+    flags = (args.tls_cert, args.tls_key, args.tls_ca)
+    if not any(flags):
+        return {}
+    tls = Tls(*(Path(p).resolve() if p else None for p in flags))
+    tls.server_credentials()  # reads and pairs them: AuthError, exit 2
+    return {key: str(path) for key, path in zip((TLS_CERT_ENV, TLS_KEY_ENV, TLS_CA_ENV), (tls.cert, tls.key, tls.ca),
+                                                strict=True) if path is not None}
 
 
 def _path(text: str | None) -> Path | None:

@@ -89,6 +89,9 @@ class RayConnection:
                 paths = [str(PACKAGE_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
                 os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))  # the workers import this package
                 cpus = max(os.cpu_count() or 1, int(bundles * cpus_per_process + 0.999))
+                if os.environ.get(LOOPBACK_ONLY_ENV) != "0":  # Ray was imported before we could say so
+                    print(f"launch: warning: Ray was imported before {LOOPBACK_ONLY_ENV}=0 was set; the local "
+                          "instance may listen beyond 127.0.0.1 (set it before importing ray)", file=out, flush=True)
                 print(f"launch: starting a local Ray instance (127.0.0.1 only, {cpus} logical CPUs)", file=out, flush=True)
                 self.ray.init(address="local", num_cpus=cpus, include_dashboard=False,  # never a `ray start` here log_to_driver=False, logging_level="warning",
                               _node_ip_address="127.0.0.1", _system_config=LOCAL_SYSTEM_CONFIG)
