@@ -134,6 +134,30 @@ class Var:
         # what makes load -> save byte-identical.
         self._explicit: frozenset[str] = frozenset()
 
+    @classmethod
+    def _loaded(cls, name: str, type_desc: tuple, flags: Mapping[str, bool], attrs: dict[str, Attr]) -> Var:
+        """A var as serde's fast reader decoded it: `type_desc` is (kind, dtype, shape,
+        lod_level, reader, tuple_types, explicit type fields), shared by every var of that
+        type; `flags` the optional bools that were on the wire. Skips `__init__`'s
+        conversions: the values are already of their types."""
+        kind, dtype, shape, lod_level, reader, tuple_types, explicit = type_desc
+        var = cls.__new__(cls)
+        var._name = name
+        var.block = None
+        var.kind = kind
+        var.dtype = dtype
+        var.shape = shape
+        var.lod_level = lod_level
+        var.persistable = flags.get("persistable", False)
+        var.need_check_feed = flags.get("need_check_feed", False)
+        var.is_parameter = flags.get("is_parameter", False)
+        var.stop_gradient = flags.get("stop_gradient", False)
+        var.attrs = attrs
+        var.reader = reader
+        var.tuple_types = tuple_types
+        var._explicit = explicit.union(flags) if flags else explicit
+        return var
+
     @property
     def name(self) -> str:
         return self._name
@@ -209,6 +233,34 @@ class Op:
         self.block: Block | None = None
         self._prev: Op | None = None
         self._next: Op | None = None
+
+    @classmethod
+    def _loaded(
+        cls,
+        type: str,
+        inputs: dict[str, tuple[str, ...]],
+        outputs: dict[str, tuple[str, ...]],
+        wire_attrs: list[tuple[str, Attr]],
+        is_target: bool | None,
+    ) -> Op:
+        """An op as serde's fast reader decoded it (`is_target` None when the wire had no
+        such field). A repeated attr name keeps the last value at its first place, as
+        Paddle's OpDesc reads it, and the wire entries are kept for saving."""
+        op = cls.__new__(cls)
+        op.type = type
+        op._inputs = inputs
+        op._outputs = outputs
+        op._attrs = attrs = dict(wire_attrs)
+        op._wire_attrs = tuple(wire_attrs) if len(attrs) < len(wire_attrs) else None
+        if is_target is None:
+            op.is_target = False
+            op._explicit = _NOTHING_EXPLICIT
+        else:
+            op.is_target = is_target
+            op._explicit = _IS_TARGET_EXPLICIT
+        op.block = None
+        op._prev = op._next = None
+        return op
 
     # -- slots
     @property
@@ -396,6 +448,10 @@ class Op:
         return f"Op({self.type}: {ins} -> {outs})"
 
 
+_NOTHING_EXPLICIT: frozenset[str] = frozenset()
+_IS_TARGET_EXPLICIT = frozenset({"is_target"})
+
+
 def _rename_in(slots: dict[str, tuple[str, ...]], old: str, new: str) -> None:
     for slot, args in slots.items():
         if old in args:
@@ -463,6 +519,28 @@ class Block:
         var.block = self
         self._vars[var.name] = var
         return var
+
+    def _add_loaded(self, variables: list[Var], ops: list[Op]) -> None:
+        """Fill a new, empty block with what serde decoded: the vars (distinct names,
+        detached) and the ops in order. One pass instead of `add_var` / `add_op` per item,
+        which re-check and re-invalidate for each."""
+        table = self._vars
+        for var in variables:
+            var.block = self
+            table[var.name] = var
+        prev = self._tail
+        for op in ops:
+            op.block = self
+            op._prev = prev
+            if prev is None:
+                self._head = op
+            else:
+                prev._next = op
+            prev = op
+            self._index(op)
+        self._tail = prev
+        self._num_ops += len(ops)
+        self._changed(structure=True)
 
     def remove_var(self, name: str) -> Var:
         self._check_mutable()

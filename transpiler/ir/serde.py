@@ -18,9 +18,11 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 
 from proto import framework_pb2 as pb
-from transpiler.errors import ProgramFormatError
+from transpiler.errors import IRError, ProgramFormatError
 from transpiler.ir.attrs import Attr, AttrType
+from transpiler.ir.gc_pause import gc_paused
 from transpiler.ir.program import Block, Op, Program, Var
+from transpiler.ir.wire import Reader, Unusual
 from transpiler.ir.types import LOD_FIELDS, TENSOR_FIELD_OF_KIND, DType, VarKind
 
 
@@ -68,9 +70,27 @@ def read_file(path: str | os.PathLike) -> bytes:
 def program_from_bytes(data: bytes, *, source: str = "<bytes>") -> Program:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ProgramFormatError(f"{source}: expected bytes, got {type(data).__name__}")
+    data = bytes(data)
+    program = fast_program_from_bytes(data)
+    return program if program is not None else _program_via_protobuf(data, source)
+
+
+def fast_program_from_bytes(data: bytes) -> Program | None:
+    """The program, by the fast reader (`transpiler.ir.wire`); None when the bytes are not
+    of the common shape it handles (they may still be a valid program, or not)."""
+    try:
+        with gc_paused():
+            return _FAST.program(data)
+    except (Unusual, _InvalidText, ValueError, OverflowError, DecodeError, IRError):
+        return None
+
+
+def _program_via_protobuf(data: bytes, source: str) -> Program:
+    """Decode through protobuf's message objects: slower, but any bytes protobuf accepts,
+    with the warnings and errors that name what is wrong."""
     message = pb.ProgramDesc()
     try:
-        message.ParseFromString(bytes(data))
+        message.ParseFromString(data)
     except DecodeError as exc:
         raise ProgramFormatError(f"{source}: not a ProgramDesc ({_decode_reason(exc)})") from None
     if not message.IsInitialized():
@@ -153,45 +173,55 @@ def _program(message: pb.ProgramDesc, source: str) -> Program:
 
 
 def _var(message) -> Var:
-    var_type = message.type
-    var = Var(message.name, _VAR_KIND_OF_NUMBER.get(var_type.type) or VarKind(var_type.type))
+    if not message.name:
+        raise IRError(f"a var needs a non-empty name, got {message.name!r}")
+    flags = {flag: getattr(message, flag) for flag in _VAR_OPTIONAL_BOOLS if message.HasField(flag)}
+    attrs = dict(_var_attr(attr_msg) for attr_msg in message.attrs)
+    return Var._loaded(message.name, _var_type(message.type), flags, attrs)
+
+
+def _var_type(var_type) -> tuple:
+    """A `VarType` as `Var._loaded` takes it: (kind, dtype, shape, lod_level, reader,
+    tuple_types, the fields that were explicit)."""
+    kind = _VAR_KIND_OF_NUMBER.get(var_type.type) or VarKind(var_type.type)
+    dtype = shape = None
+    lod_level = 0
+    reader: tuple = ()
+    tuple_types: tuple = ()
     explicit = set()
-    for flag in _VAR_OPTIONAL_BOOLS:
-        if message.HasField(flag):
-            explicit.add(flag)
-            setattr(var, flag, getattr(message, flag))  # absent: the Var's default, False
-    field = TENSOR_FIELD_OF_KIND.get(var.kind)
+    field = TENSOR_FIELD_OF_KIND.get(kind)
     if field is None or not var_type.HasField(field):
         # A kind without a tensor desc, or a desc under another kind's field: take whichever is there.
         field = next((f for f in TENSOR_FIELD_OF_KIND.values() if var_type.HasField(f)), None)
     if field is not None:
         sub = getattr(var_type, field)
         tensor = sub.tensor if field in LOD_FIELDS else sub
-        var.dtype = _DTYPE_OF_NUMBER.get(tensor.data_type) or DType(tensor.data_type)
-        var.shape = tuple(tensor.dims)
+        dtype = _DTYPE_OF_NUMBER.get(tensor.data_type) or DType(tensor.data_type)
+        shape = tuple(tensor.dims)
         if field in LOD_FIELDS:
-            var.lod_level = sub.lod_level
+            lod_level = sub.lod_level
             if sub.HasField("lod_level"):
                 explicit.add("lod_level")
-        if field != TENSOR_FIELD_OF_KIND.get(var.kind):
+        if field != TENSOR_FIELD_OF_KIND.get(kind):
             explicit.add("tensor_field:" + field)
     if var_type.HasField("reader"):
-        var.reader = tuple(
+        reader = tuple(
             (DType(t.tensor.data_type), tuple(t.tensor.dims), t.lod_level) for t in var_type.reader.lod_tensor
         )
         explicit.add("reader")
     if var_type.HasField("tuple"):
-        var.tuple_types = tuple(var_type.tuple.element_type)
+        tuple_types = tuple(var_type.tuple.element_type)
         explicit.add("tuple")
-    for attr_msg in message.attrs:
-        attr_type = AttrType(attr_msg.type)
-        _text(attr_msg.name, "var attr name")
-        value = getattr(attr_msg, _VAR_ATTR_FIELD.get(attr_type, "i"))
-        if attr_type == AttrType.STRING:
-            _text(value, "var attr string")
-        var.attrs[attr_msg.name] = Attr.of(list(value) if attr_type == AttrType.INTS else value, attr_type)
-    var._explicit = frozenset(explicit)
-    return var
+    return kind, dtype, shape, lod_level, reader, tuple_types, frozenset(explicit)
+
+
+def _var_attr(attr_msg) -> tuple[str, Attr]:
+    attr_type = AttrType(attr_msg.type)
+    name = _text(attr_msg.name, "var attr name")
+    value = getattr(attr_msg, _VAR_ATTR_FIELD.get(attr_type, "i"))
+    if attr_type == AttrType.STRING:
+        _text(value, "var attr string")
+    return name, Attr.of(list(value) if attr_type == AttrType.INTS else value, attr_type)
 
 
 def _op(message, source: str, block_idx: int, op_index: int) -> Op:
@@ -293,6 +323,39 @@ def _scalar_value(message):
     if kind == pb.Scalar.FLOAT64:
         return float(message.r)
     return complex(message.c.r, message.c.i)
+
+
+# The fast reader's decoders: each takes the bytes of one sub-message that repeats across
+# programs (an op attr, a var's type, a var attr) and decodes it through protobuf, so its
+# meaning is protobuf's. Anything out of the common shape raises `Unusual`, and the whole
+# program is decoded the slow way above.
+
+
+def _checked(message_class, chunk: bytes):
+    message = message_class.FromString(chunk)
+    if not message.IsInitialized():
+        raise Unusual
+    size = message.ByteSize()
+    message.DiscardUnknownFields()
+    if message.ByteSize() != size:
+        raise Unusual
+    return message
+
+
+def _decode_op_attr(chunk: bytes) -> tuple[str, Attr]:
+    message = _checked(pb.OpDesc.Attr, chunk)
+    return _text(message.name, "attr name"), _attr(message)
+
+
+def _decode_var_type(chunk: bytes) -> tuple:
+    return _var_type(_checked(pb.VarType, chunk))
+
+
+def _decode_var_attr(chunk: bytes) -> tuple[str, Attr]:
+    return _var_attr(_checked(pb.VarDesc.Attr, chunk))
+
+
+_FAST = Reader(_decode_op_attr, _decode_var_type, _decode_var_attr)
 
 
 # ---------------------------------------------------------------------- encoding

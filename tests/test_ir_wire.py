@@ -1,0 +1,127 @@
+"""The fast reader (`transpiler.ir.wire`) agrees with protobuf's: on every fixture it
+decodes the program itself (no fallback) to the same IR, and on mutated bytes it either
+gives up (and the protobuf path decides) or gives exactly what the protobuf path gives.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import PADDLE_PB_FILES
+from proto import framework_pb2
+from test_ir_fuzz import mutate, mutation
+from transpiler.errors import IRError, ProgramFormatError
+from transpiler.ir import Attr, AttrType, Program
+from transpiler.ir.printer import dump
+from transpiler.ir.serde import UnknownFieldsWarning, _program_via_protobuf, fast_program_from_bytes
+
+FIXTURES = {f"{p.parent.name}/{p.name}": p.read_bytes() for p in PADDLE_PB_FILES}
+
+
+def _same_program(a: Program, b: Program) -> None:
+    assert a.to_bytes() == b.to_bytes()
+    assert dump(a, all_attrs=True) == dump(b, all_attrs=True)
+    for (_, op_a), (_, op_b) in zip(a.all_ops(), b.all_ops(), strict=True):
+        assert op_a.repeated_attrs() == op_b.repeated_attrs()
+        assert op_a._explicit == op_b._explicit
+    for block_a, block_b in zip(a.blocks, b.blocks, strict=True):
+        assert block_a._explicit == block_b._explicit
+        for var_a, var_b in zip(block_a.vars.values(), block_b.vars.values(), strict=True):
+            assert var_a._explicit == var_b._explicit
+            assert repr(var_a) == repr(var_b)
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_the_fast_reader_takes_every_fixture_and_agrees_with_protobuf(name):
+    data = FIXTURES[name]
+    fast = fast_program_from_bytes(data)
+    assert fast is not None, "a Paddle-written program fell back to the slow reader"
+    assert fast.to_bytes() == data
+    _same_program(fast, _program_via_protobuf(data, name))
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(name=st.sampled_from(sorted(FIXTURES)), mutations=st.lists(mutation, min_size=1, max_size=3))
+def test_on_mutated_bytes_the_fast_reader_gives_up_or_agrees(name, mutations):
+    data = mutate(FIXTURES[name], mutations)
+    fast = fast_program_from_bytes(data)
+    if fast is None:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnknownFieldsWarning)  # the fast reader must not drop fields silently
+        try:
+            slow = _program_via_protobuf(data, "mutated")
+        except (ProgramFormatError, IRError) as exc:
+            pytest.fail(f"the fast reader accepted bytes the protobuf path refuses: {exc}")
+    _same_program(fast, slow)
+
+
+def _small_program() -> Program:
+    program = Program.empty()
+    block = program.global_block()
+    block.create_var("x", dtype="float32", shape=[-1, 3])
+    block.create_var("y", dtype="float32", shape=[-1, 3])
+    block.add_op("relu", {"X": ["x"]}, {"Out": ["y"]}, {"op_role": 0, "axis": Attr.of(-1, AttrType.INT)})
+    return program
+
+
+def test_unknown_fields_fall_back_and_still_warn():
+    message = framework_pb2.ProgramDesc.FromString(_small_program().to_bytes())
+    data = message.SerializeToString() + b"\x98\x06\x01"  # field 99, varint 1: not in the schema
+    assert fast_program_from_bytes(data) is None
+    with pytest.warns(UnknownFieldsWarning):
+        program = Program.from_bytes(data)
+    assert program.global_block().ops[0].attr("axis") == -1
+
+
+def test_packed_dims_read_as_protobuf_reads_them():
+    """proto2 writes `dims` unpacked; a packed encoding is valid protobuf too (a var's type
+    is decoded by protobuf, once per distinct type)."""
+    data = _small_program().to_bytes()
+    unpacked_dims = b"\x10\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\x10\x03"  # dims: -1, 3
+    assert data.count(unpacked_dims) == 2
+    packed = b"\x12\x0b\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\x03"
+    assert len(packed) == len(unpacked_dims)  # same size: the enclosing lengths stay right
+    mutated = data.replace(unpacked_dims, packed)
+    fast = fast_program_from_bytes(mutated)
+    assert fast is not None and fast.global_block().var("x").shape == (-1, 3)
+    _same_program(fast, _program_via_protobuf(mutated, "packed"))
+
+
+def test_repeated_attrs_keep_the_last_value_and_save_as_they_came():
+    message = framework_pb2.ProgramDesc.FromString(_small_program().to_bytes())
+    op = message.blocks[0].ops[0]
+    again = op.attrs.add()
+    again.name, again.type, again.i = "axis", framework_pb2.INT, 7
+    data = message.SerializeToString()
+    fast = fast_program_from_bytes(data)
+    assert fast is not None
+    loaded = fast.global_block().ops[0]
+    assert loaded.attr("axis") == 7
+    assert loaded.repeated_attrs() == {"axis": 2}
+    assert fast.to_bytes() == data
+    loaded.set_attr("axis", 3)
+    assert loaded.repeated_attrs() == {}
+    assert Program.from_bytes(fast.to_bytes()).global_block().ops[0].attr("axis") == 3
+
+
+def test_loaded_programs_are_independent_though_attrs_are_shared():
+    """Two loads of the same bytes share decoded attrs (immutable); editing one program's
+    op must not show in the other."""
+    data = _small_program().to_bytes()
+    first, second = Program.from_bytes(data), Program.from_bytes(data)
+    first.global_block().ops[0].set_attr("axis", 2)
+    first.global_block().var("x").attrs["k"] = Attr.of(1, AttrType.INT)
+    assert second.global_block().ops[0].attr("axis") == -1
+    assert second.global_block().var("x").attrs == {}
+    assert Program.from_bytes(data).global_block().ops[0].attr("axis") == -1
