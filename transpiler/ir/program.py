@@ -235,6 +235,24 @@ class Op:
         self._next: Op | None = None
 
     @classmethod
+    def _built(
+        cls, type: str, inputs: dict[str, tuple[str, ...]], outputs: dict[str, tuple[str, ...]], attrs: dict[str, Attr]
+    ) -> Op:
+        """An op from slots and attrs that are already normalised (the catalogue's
+        `make_op` checked and typed them): the dicts are taken as they are, not copied."""
+        op = cls.__new__(cls)
+        op.type = type
+        op._inputs = inputs
+        op._outputs = outputs
+        op._attrs = attrs
+        op._wire_attrs = None
+        op.is_target = False
+        op._explicit = _NOTHING_EXPLICIT
+        op.block = None
+        op._prev = op._next = None
+        return op
+
+    @classmethod
     def _loaded(
         cls,
         type: str,
