@@ -45,3 +45,16 @@ def test_transpile_imports_no_numpy(tmp_path):
             "--pservers", "127.0.0.1:6170,127.0.0.1:6171", "--trainers", "2", "-o", str(tmp_path)]
     assert imported(argv, ("numpy", "networkx", "grpc")) == []
     assert (tmp_path / "trainer.pb").exists()
+
+
+PROBE_IR = PROBE.replace("m.split(\".\")[0] in heavy", "m.startswith(heavy)")  # modules, not just packages
+assert PROBE_IR != PROBE
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"]])
+def test_version_and_help_import_neither_the_ir_nor_subprocess(argv):
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE_IR, json.dumps(argv), json.dumps(["transpiler.ir", "subprocess", "dataclasses"])],
+        cwd=TESTS.parent, capture_output=True, text=True, check=True,
+    )
+    assert json.loads(done.stdout.splitlines()[-1]) == []

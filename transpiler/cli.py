@@ -24,19 +24,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import subprocess
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from transpiler import __version__
 from transpiler.errors import PsTranspilerError, VerifyError
-from transpiler.fileio import write_bytes_atomic
-from transpiler.ir.program import Program
+
+# What a command needs is imported inside it: `--version`, `--help` and the quick commands
+# should not pay for the IR, numpy, grpc or networkx (see tests/test_cli_startup.py).
+if TYPE_CHECKING:
+    from transpiler.ir.program import Program
 
 PROG = "pstranspile"
 EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
@@ -61,8 +61,7 @@ class _Parser(argparse.ArgumentParser):
 # ------------------------------------------------------------------ registry
 
 
-@dataclass(frozen=True)
-class Arg:
+class Arg(NamedTuple):  # a NamedTuple, not a dataclass: importing dataclasses costs the CLI's startup 10 ms
     flags: tuple[str, ...]
     options: dict[str, Any]
 
@@ -72,8 +71,7 @@ def arg(*flags: str, **options: Any) -> Arg:
     return Arg(flags, options)
 
 
-@dataclass(frozen=True)
-class Command:
+class Command(NamedTuple):
     name: str
     help: str
     args: tuple[Arg, ...]
@@ -93,6 +91,7 @@ def command(name: str, help: str, *args: Arg) -> Callable[[Callable[[argparse.Na
 def load_program(path: str) -> Program:
     """Load a `.pb`, turning serde's `UnknownFieldsWarning`s and the verifier's warnings
     (one line per kind for the file, e.g. ops that repeat attrs) into warning lines."""
+    from transpiler.ir.program import Program
     from transpiler.ir.serde import UnknownFieldsWarning
     from transpiler.ir.verifier import check_warnings
 
@@ -119,6 +118,8 @@ def warn(text: str) -> None:
 
 def write_output(path: str, data: bytes) -> None:
     """Write atomically, so a failed run never leaves half a file behind."""
+    from transpiler.fileio import write_bytes_atomic
+
     try:
         write_bytes_atomic(Path(path), data)
     except OSError as exc:  # name the file the user asked for, not the temp file
@@ -203,6 +204,8 @@ DOT_SUFFIXES = (".dot", ".gv")
     arg("--no-verify", action="store_true", help="draw even a program that fails verification"),
 )
 def graph_command(args: argparse.Namespace) -> int:
+    import shutil
+
     from transpiler.ir.dot import to_dot
     from transpiler.ir.verifier import verify
 
@@ -229,6 +232,8 @@ def graph_command(args: argparse.Namespace) -> int:
 
 
 def _render_svg(dot_program: str, text: str) -> bytes:
+    import subprocess
+
     try:
         done = subprocess.run([dot_program, "-Tsvg"], input=text.encode("utf-8"), capture_output=True, check=False)
     except OSError as exc:

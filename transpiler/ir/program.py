@@ -539,8 +539,8 @@ class Block:
         return var
 
     def _add_loaded(self, variables: list[Var], ops: list[Op]) -> None:
-        """Fill a new, empty block with what serde decoded: the vars (distinct names,
-        detached) and the ops in order. One pass instead of `add_var` / `add_op` per item,
+        """Fill a new, empty block with what serde decoded or a clone copied: the vars
+        (distinct names, detached) and the ops in order. One pass instead of `add_var` / `add_op` per item,
         which re-check and re-invalidate for each."""
         table = self._vars
         for var in variables:
@@ -777,13 +777,16 @@ class Block:
         self._changed(structure=True)
 
     def _index(self, op: Op) -> None:
-        readers, writers = self._readers, self._writers
-        for args in op._inputs.values():
-            for name in args:
-                readers.setdefault(name, {})[op] = None
-        for args in op._outputs.values():
-            for name in args:
-                writers.setdefault(name, {})[op] = None
+        # get-then-insert rather than setdefault(name, {}): that builds a dict per arg even
+        # when the name has users already, and indexing runs for every op added or loaded.
+        for table, slots in ((self._readers, op._inputs), (self._writers, op._outputs)):
+            for args in slots.values():
+                for name in args:
+                    users = table.get(name)
+                    if users is None:
+                        table[name] = {op: None}
+                    else:
+                        users[op] = None
 
     def _unindex(self, op: Op) -> None:
         for table, names in ((self._readers, op.input_names), (self._writers, op.output_names)):
@@ -957,15 +960,15 @@ class Program:
         copies = CloneMap()
         new.version = self.version
         new.op_version_map = None if self.op_version_map is None else dict(self.op_version_map)
+        var_copies, op_copies = copies.vars, copies.ops
         for block in self._blocks:
             copy = Block(new, block.idx, block.parent_idx, block.forward_block_idx)
             copy._explicit = block._explicit
-            for var in block._vars.values():
-                copies.vars[var] = copy.add_var(var.copy())
-            for op in block.ops:
-                new_op = op.clone()
-                copy._link_after(copy._tail, new_op)
-                copies.ops[op] = new_op
+            variables = [var.copy() for var in block._vars.values()]
+            ops = [op.clone() for op in block.ops]
+            var_copies.update(zip(block._vars.values(), variables))
+            op_copies.update(zip(block.ops, ops))
+            copy._add_loaded(variables, ops)  # in one pass: a clone's items are detached and distinct
             new.append_block(copy)
         return new, copies
 
