@@ -23,7 +23,6 @@ cut like the param; L2 decay on a cut param gets block-shaped temporaries; gradi
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -213,6 +212,8 @@ def wait_server_ready(endpoints: list[str], timeout: float = 300.0, interval: fl
 
 
 def _port_open(endpoint: str) -> bool:
+    import socket  # here: transpiling does not need it, and `pstranspile transpile` starts faster without it
+
     host, _, port = endpoint.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):

@@ -47,12 +47,17 @@ _MISSING: Any = object()
 SlotArgs = Union[str, "Var", Iterable[Union[str, "Var"]]]
 
 
+_STR_ONLY = {str}
+
+
 def _arg_names(args: SlotArgs | None) -> tuple[str, ...]:
     """Normalise one slot's arguments (a name, a Var, or an iterable of either) to names."""
     if args is None:
         return ()
     if isinstance(args, (str, Var)):
         args = (args,)
+    elif (args.__class__ is list or args.__class__ is tuple) and set(map(type, args)) <= _STR_ONLY:
+        return tuple(args)  # names already: the common case, checked at C speed
     names = []
     for arg in args:
         name = arg.name if isinstance(arg, Var) else arg
@@ -446,12 +451,15 @@ class Op:
             raise IRError(f"op {self.type!r} is not in a block")
         return self.block.index_of(self)
 
-    def clone(self) -> Op:
-        """A detached copy with the same slots and attrs."""
+    def clone(
+        self, *, inputs: Mapping[str, SlotArgs] | None = None, outputs: Mapping[str, SlotArgs] | None = None
+    ) -> Op:
+        """A detached copy with the same slots and attrs; `inputs` / `outputs` given
+        replace the copied slots (cheaper than `set_input` slot by slot)."""
         new = Op.__new__(Op)
         new.type = self.type
-        new._inputs = dict(self._inputs)
-        new._outputs = dict(self._outputs)
+        new._inputs = dict(self._inputs) if inputs is None else _slots(inputs)
+        new._outputs = dict(self._outputs) if outputs is None else _slots(outputs)
         new._attrs = dict(self._attrs)
         new._wire_attrs = self._wire_attrs
         new.is_target = self.is_target
@@ -847,6 +855,8 @@ class Program:
         return self._blocks[idx]
 
     def global_block(self) -> Block:
+        if self._blocks:  # called everywhere: skip `block`'s checks when block 0 exists
+            return self._blocks[0]
         return self.block(0)
 
     def create_block(self, parent_idx: int = 0) -> Block:

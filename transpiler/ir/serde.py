@@ -22,7 +22,7 @@ from transpiler.errors import IRError, ProgramFormatError
 from transpiler.ir.attrs import Attr, AttrType
 from transpiler.ir.gc_pause import gc_paused
 from transpiler.ir.program import Block, Op, Program, Var
-from transpiler.ir.wire import Reader, Unusual
+from transpiler.ir.wire import Reader, Unusual, Writer
 from transpiler.ir.types import LOD_FIELDS, TENSOR_FIELD_OF_KIND, DType, VarKind
 
 
@@ -362,7 +362,11 @@ _FAST = Reader(_decode_op_attr, _decode_var_type, _decode_var_attr)
 
 
 def program_to_bytes(program: Program) -> bytes:
-    return program_to_message(program).SerializeToString()
+    try:
+        with gc_paused():  # the writer's short-lived lists would trigger collections that free nothing
+            return _WRITER.program(program)
+    except Exception:  # noqa: BLE001 - whatever the fast writer trips on, protobuf's path is the reference
+        return program_to_message(program).SerializeToString()
 
 
 def program_to_message(program: Program) -> pb.ProgramDesc:
@@ -390,7 +394,16 @@ def program_to_message(program: Program) -> pb.ProgramDesc:
 
 def _write_var(message, var: Var) -> None:
     message.name = var.name
-    var_type = message.type
+    _write_var_type(message.type, var)
+    for flag in _VAR_OPTIONAL_BOOLS:
+        value = getattr(var, flag)
+        if value or flag in var._explicit:
+            setattr(message, flag, value)
+    for name, attr in var.attrs.items():
+        _write_var_attr(message.attrs.add(), name, attr, var.name)
+
+
+def _write_var_type(var_type, var: Var) -> None:
     var_type.type = int(var.kind)
     if var.dtype is not None:
         field = next((f.split(":", 1)[1] for f in var._explicit if f.startswith("tensor_field:")), None)
@@ -411,21 +424,18 @@ def _write_var(message, var: Var) -> None:
     if var.tuple_types or "tuple" in var._explicit:
         var_type.tuple.SetInParent()
         var_type.tuple.element_type.extend(var.tuple_types)
-    for flag in _VAR_OPTIONAL_BOOLS:
-        value = getattr(var, flag)
-        if value or flag in var._explicit:
-            setattr(message, flag, value)
-    for name, attr in var.attrs.items():
-        entry = message.attrs.add()
-        entry.name = name
-        entry.type = int(attr.type)
-        field = _VAR_ATTR_FIELD.get(attr.type)
-        if field is None:
-            raise ProgramFormatError(f"var {var.name!r}: a VarDesc attr cannot be {attr.type.name}")
-        if attr.type == AttrType.INTS:
-            entry.ints.extend(attr.value)
-        else:
-            setattr(entry, field, attr.value)
+
+
+def _write_var_attr(entry, name: str, attr: Attr, var_name: str) -> None:
+    entry.name = name
+    entry.type = int(attr.type)
+    field = _VAR_ATTR_FIELD.get(attr.type)
+    if field is None:
+        raise ProgramFormatError(f"var {var_name!r}: a VarDesc attr cannot be {attr.type.name}")
+    if attr.type == AttrType.INTS:
+        entry.ints.extend(attr.value)
+    else:
+        setattr(entry, field, attr.value)
 
 
 def _write_op(message, op: Op) -> None:
@@ -438,14 +448,19 @@ def _write_op(message, op: Op) -> None:
             add(parameter=slot, arguments=args)
     add = message.attrs.add
     for name, attr in op._attrs.items() if op._wire_attrs is None else op._wire_attrs:
-        attr_type = attr.type
-        field = _PLAIN_FIELD.get(attr_type)
-        if field is not None:
-            add(name=name, type=_WIRE_NUMBER[attr_type], **{field: attr.value})
-        else:
-            _write_attr_value(add(name=name, type=_WIRE_NUMBER[attr_type]), attr)
+        _write_op_attr(add, name, attr)
     if op.is_target or "is_target" in op._explicit:
         message.is_target = op.is_target
+
+
+def _write_op_attr(add, name: str, attr: Attr) -> None:
+    """Append one `OpDesc.Attr` through `add` (a repeated field's `add`)."""
+    attr_type = attr.type
+    field = _PLAIN_FIELD.get(attr_type)
+    if field is not None:
+        add(name=name, type=_WIRE_NUMBER[attr_type], **{field: attr.value})
+    else:
+        _write_attr_value(add(name=name, type=_WIRE_NUMBER[attr_type]), attr)
 
 
 # The attr types whose value is the field's value as is (all but SCALAR / SCALARS).
@@ -480,3 +495,28 @@ def _write_scalar(message, value) -> None:
         message.type = pb.Scalar.COMPLEX128
         message.c.r = value.real
         message.c.i = value.imag
+
+
+# The fast writer's encoders (see `transpiler.ir.wire.Writer`): each writes one repeating
+# piece through protobuf, so the bytes are protobuf's; the writer reuses them.
+
+
+def _encode_op_attr(name: str, attr: Attr) -> bytes:
+    holder = pb.OpDesc()
+    _write_op_attr(holder.attrs.add, name, attr)
+    return holder.attrs[0].SerializeToString()
+
+
+def _encode_var_type(var: Var) -> bytes:
+    var_type = pb.VarType()
+    _write_var_type(var_type, var)
+    return var_type.SerializeToString()
+
+
+def _encode_var_attr(name: str, attr: Attr) -> bytes:
+    entry = pb.VarDesc.Attr()
+    _write_var_attr(entry, name, attr, "?")
+    return entry.SerializeToString()
+
+
+_WRITER = Writer(_encode_op_attr, _encode_var_type, _encode_var_attr)

@@ -23,6 +23,7 @@ from typing import Any
 
 from transpiler.ir.attrs import Attr
 from transpiler.ir.program import Block, Op, Program, Var
+from transpiler.ir.types import AttrType
 
 
 class Unusual(Exception):
@@ -319,3 +320,151 @@ def _op_version_pair(data: bytes, pos: int, end: int) -> tuple[str, int]:
     if name is None or version is None:
         raise Unusual
     return name, version
+
+
+# ====================================================================== writing
+
+AttrEncoder = Callable[[str, Attr], bytes]
+VarTypeEncoder = Callable[[Var], bytes]
+
+
+class Writer:
+    """`ProgramDesc` bytes written directly, in protobuf's field order, for what the IR
+    holds. The pieces that repeat (an op attr: loaded or catalogue attrs are shared
+    objects; a var's type) are encoded by protobuf through serde's callbacks, once per
+    distinct piece, so their bytes are protobuf's."""
+
+    def __init__(self, encode_attr: AttrEncoder, encode_var_type: VarTypeEncoder, encode_var_attr: AttrEncoder):
+        self._encode_attr = encode_attr
+        self._encode_var_type = encode_var_type
+        self._encode_var_attr = encode_var_attr
+        # (name, id(attr)) -> (attr, field bytes); the attr is held so its id is not reused.
+        self._attrs: dict[tuple[str, int], tuple[Attr, bytes]] = {}
+        self._var_types: dict[tuple, bytes] = {}
+
+    def program(self, program: Program) -> bytes:
+        parts = [_field(0x0A, self._block(block)) for block in program.blocks]
+        if program.version is not None:
+            parts.append(_field(0x22, b"\x08" + _varint_bytes(program.version)))
+        if program.op_version_map is not None:
+            parts.append(_field(0x2A, b"".join(
+                _field(0x0A, _field(0x0A, name.encode()) + _field(0x12, b"\x08" + _varint_bytes(version)))
+                for name, version in program.op_version_map.items()
+            )))
+        return b"".join(parts)
+
+    def _block(self, block: Block) -> bytes:
+        parts = [b"\x08", _varint_bytes(block.idx), b"\x10", _varint_bytes(block.parent_idx)]
+        parts.extend(_field(0x1A, self._var(var)) for var in block._vars.values())
+        parts.extend(_field(0x22, self._op(op)) for op in block.ops)
+        if block.forward_block_idx != -1 or "forward_block_idx" in block._explicit:
+            parts += (b"\x28", _varint_bytes(block.forward_block_idx))
+        return b"".join(parts)
+
+    def _var(self, var: Var) -> bytes:
+        parts = [_field(0x0A, var._name.encode()), _field(0x12, self._var_type(var))]
+        explicit = var._explicit
+        for tag, flag, value in ((b"\x18", "persistable", var.persistable),
+                                 (b"\x20", "need_check_feed", var.need_check_feed),
+                                 (b"\x28", "is_parameter", var.is_parameter),
+                                 (b"\x30", "stop_gradient", var.stop_gradient)):
+            if value or flag in explicit:
+                parts.append(tag + (b"\x01" if value else b"\x00"))
+        for name, attr in var.attrs.items():
+            parts.append(_field(0x3A, self._encode_var_attr(name, attr)))
+        return b"".join(parts)
+
+    def _var_type(self, var: Var) -> bytes:
+        key = (var.kind, var.dtype, var.shape, var.lod_level, var.reader, var.tuple_types, var._explicit)
+        encoded = self._var_types.get(key)
+        if encoded is None:
+            encoded = self._encode_var_type(var)
+            if len(self._var_types) < _CACHE_MAX:
+                self._var_types[key] = encoded
+        return encoded
+
+    def _op(self, op: Op) -> bytes:
+        parts = []
+        for tag, slots in ((b"\x0a", op._inputs), (b"\x12", op._outputs)):
+            for slot, args in slots.items():
+                body = _field(0x0A, slot.encode())
+                if args:
+                    body += b"".join([_field(0x12, arg.encode()) for arg in args])
+                parts += (tag, _length(body), body)
+        parts.append(_field(0x1A, op.type.encode()))
+        cache, encode = self._attrs, self._encode_attr
+        for name, attr in op._attrs.items() if op._wire_attrs is None else op._wire_attrs:
+            entry = cache.get((name, id(attr)))
+            if entry is None or entry[0] is not attr:
+                body = encode_plain_attr(name, attr)
+                entry = (attr, _field(0x22, body if body is not None else encode(name, attr)))
+                if len(cache) < _CACHE_MAX:
+                    cache[(name, id(attr))] = entry
+            parts.append(entry[1])
+        if op.is_target or "is_target" in op._explicit:
+            parts.append(b"\x28\x01" if op.is_target else b"\x28\x00")
+        return b"".join(parts)
+
+
+_SMALL = [bytes([n]) for n in range(128)]
+
+
+def _varint_bytes(value: int) -> bytes:
+    """A varint as protobuf writes int32 / int64 / bool: negatives as 64-bit two's complement."""
+    if 0 <= value < 128:
+        return _SMALL[value]
+    if value < 0:
+        value += 1 << 64
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _length(body: bytes) -> bytes:
+    size = len(body)
+    return _SMALL[size] if size < 128 else _varint_bytes(size)
+
+
+def _field(tag: int, body: bytes) -> bytes:
+    """A length-delimited field (tag < 128, one byte)."""
+    size = len(body)
+    return _SMALL[tag] + (_SMALL[size] if size < 128 else _varint_bytes(size)) + body
+
+
+# `OpDesc.Attr` field tags of the attr types whose value encodes without protobuf's help:
+# varints and strings, single or repeated (unpacked, as proto2 writes them). Floats are
+# left to protobuf (its float32 rounding and NaN bits are the reference).
+_VARINT_TAG = {AttrType.INT: 0x18, AttrType.BOOLEAN: 0x50, AttrType.BLOCK: 0x60, AttrType.LONG: 0x68}
+_VARINTS_TAG = {AttrType.INTS: 0x30, AttrType.BOOLEANS: 0x58, AttrType.BLOCKS: 0x70, AttrType.LONGS: 0x78}
+_TEXT_TAG = {AttrType.STRING: 0x2A, AttrType.VAR: 0x8A}
+_TEXTS_TAG = {AttrType.STRINGS: 0x42, AttrType.VARS: 0x92}
+_TWO_BYTE_TAGS = {0x8A: b"\x8a\x01", 0x92: b"\x92\x01"}  # fields 17 and 18 take two bytes
+
+
+def encode_plain_attr(name: str, attr: Attr) -> bytes | None:
+    """The `OpDesc.Attr` bytes of a varint or string attr, as protobuf writes them; None
+    for the other types."""
+    attr_type, value = attr.type, attr.value
+    head = _field(0x0A, name.encode()) + b"\x10" + _SMALL[int(attr_type)]
+    tag = _VARINT_TAG.get(attr_type)
+    if tag is not None:
+        return head + _SMALL[tag] + _varint_bytes(int(value))
+    tag = _VARINTS_TAG.get(attr_type)
+    if tag is not None:
+        prefix = _SMALL[tag]
+        return head + b"".join([prefix + _varint_bytes(int(v)) for v in value])
+    tag = _TEXT_TAG.get(attr_type)
+    if tag is not None:
+        return head + _tagged_text(tag, value)
+    tag = _TEXTS_TAG.get(attr_type)
+    if tag is not None:
+        return head + b"".join([_tagged_text(tag, v) for v in value])
+    return None
+
+
+def _tagged_text(tag: int, text: str) -> bytes:
+    body = text.encode()
+    return _TWO_BYTE_TAGS.get(tag, _SMALL[tag] if tag < 128 else b"") + _length(body) + body
