@@ -14,16 +14,29 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from google.protobuf.message import DecodeError
 
-from proto import framework_pb2 as pb
 from transpiler.errors import IRError, ProgramFormatError
 from transpiler.ir.attrs import Attr, AttrType
 from transpiler.ir.gc_pause import gc_paused
 from transpiler.ir.program import Block, Op, Program, Var
 from transpiler.ir.wire import Reader, Unusual, Writer
 from transpiler.ir.types import LOD_FIELDS, TENSOR_FIELD_OF_KIND, DType, VarKind
+
+
+if TYPE_CHECKING:
+    from proto import framework_pb2 as pb
+
+
+def _pb():
+    """protobuf's generated classes, imported on first use: the fast reader and writer
+    handle the common pieces themselves, so a plain load -> transpile -> save (the whole of
+    `pstranspile transpile`) may never need them, and importing them costs ~15 ms."""
+    from proto import framework_pb2
+
+    return framework_pb2
 
 
 class UnknownFieldsWarning(UserWarning):
@@ -88,7 +101,7 @@ def fast_program_from_bytes(data: bytes) -> Program | None:
 def _program_via_protobuf(data: bytes, source: str) -> Program:
     """Decode through protobuf's message objects: slower, but any bytes protobuf accepts,
     with the warnings and errors that name what is wrong."""
-    message = pb.ProgramDesc()
+    message = _pb().ProgramDesc()
     try:
         message.ParseFromString(data)
     except DecodeError as exc:
@@ -316,11 +329,11 @@ def _attr(message) -> Attr:
 
 def _scalar_value(message):
     kind = message.type
-    if kind == pb.Scalar.BOOLEAN:
+    if kind == _pb().Scalar.BOOLEAN:
         return bool(message.b)
-    if kind == pb.Scalar.LONG:
+    if kind == _pb().Scalar.LONG:
         return int(message.i)
-    if kind == pb.Scalar.FLOAT64:
+    if kind == _pb().Scalar.FLOAT64:
         return float(message.r)
     return complex(message.c.r, message.c.i)
 
@@ -343,16 +356,16 @@ def _checked(message_class, chunk: bytes):
 
 
 def _decode_op_attr(chunk: bytes) -> tuple[str, Attr]:
-    message = _checked(pb.OpDesc.Attr, chunk)
+    message = _checked(_pb().OpDesc.Attr, chunk)
     return _text(message.name, "attr name"), _attr(message)
 
 
 def _decode_var_type(chunk: bytes) -> tuple:
-    return _var_type(_checked(pb.VarType, chunk))
+    return _var_type(_checked(_pb().VarType, chunk))
 
 
 def _decode_var_attr(chunk: bytes) -> tuple[str, Attr]:
-    return _var_attr(_checked(pb.VarDesc.Attr, chunk))
+    return _var_attr(_checked(_pb().VarDesc.Attr, chunk))
 
 
 _FAST = Reader(_decode_op_attr, _decode_var_type, _decode_var_attr)
@@ -370,7 +383,7 @@ def program_to_bytes(program: Program) -> bytes:
 
 
 def program_to_message(program: Program) -> pb.ProgramDesc:
-    message = pb.ProgramDesc()
+    message = _pb().ProgramDesc()
     for block in program.blocks:
         block_msg = message.blocks.add()
         block_msg.idx = block.idx
@@ -483,16 +496,16 @@ def _write_attr_value(entry, attr: Attr) -> None:
 
 def _write_scalar(message, value) -> None:
     if isinstance(value, bool):
-        message.type = pb.Scalar.BOOLEAN
+        message.type = _pb().Scalar.BOOLEAN
         message.b = value
     elif isinstance(value, int):
-        message.type = pb.Scalar.LONG
+        message.type = _pb().Scalar.LONG
         message.i = value
     elif isinstance(value, float):
-        message.type = pb.Scalar.FLOAT64
+        message.type = _pb().Scalar.FLOAT64
         message.r = value
     else:
-        message.type = pb.Scalar.COMPLEX128
+        message.type = _pb().Scalar.COMPLEX128
         message.c.r = value.real
         message.c.i = value.imag
 
@@ -502,19 +515,19 @@ def _write_scalar(message, value) -> None:
 
 
 def _encode_op_attr(name: str, attr: Attr) -> bytes:
-    holder = pb.OpDesc()
+    holder = _pb().OpDesc()
     _write_op_attr(holder.attrs.add, name, attr)
     return holder.attrs[0].SerializeToString()
 
 
 def _encode_var_type(var: Var) -> bytes:
-    var_type = pb.VarType()
+    var_type = _pb().VarType()
     _write_var_type(var_type, var)
     return var_type.SerializeToString()
 
 
 def _encode_var_attr(name: str, attr: Attr) -> bytes:
-    entry = pb.VarDesc.Attr()
+    entry = _pb().VarDesc.Attr()
     _write_var_attr(entry, name, attr, "?")
     return entry.SerializeToString()
 

@@ -18,12 +18,13 @@ on every fixture and on mutated bytes).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Any
 
 from transpiler.ir.attrs import Attr
 from transpiler.ir.program import Block, Op, Program, Var
-from transpiler.ir.types import AttrType
+from transpiler.ir.types import AttrType, DType, VarKind
 
 
 class Unusual(Exception):
@@ -145,7 +146,7 @@ class Reader:
     def _var_type(self, chunk: bytes) -> VarTypeDesc:
         desc = self._var_types.get(chunk)
         if desc is None:
-            desc = self._decode_var_type(chunk)
+            desc = decode_plain_var_type(chunk) or self._decode_var_type(chunk)
             if len(self._var_types) < _CACHE_MAX:
                 self._var_types[chunk] = desc
         return desc
@@ -179,7 +180,7 @@ class Reader:
                 chunk = data[start:pos]
                 entry = cache.get(chunk)
                 if entry is None:
-                    entry = decode(chunk)
+                    entry = decode_plain_attr(chunk) or decode(chunk)
                     if len(cache) < _CACHE_MAX:
                         cache[chunk] = entry
                 wire.append(entry)
@@ -378,7 +379,7 @@ class Writer:
         key = (var.kind, var.dtype, var.shape, var.lod_level, var.reader, var.tuple_types, var._explicit)
         encoded = self._var_types.get(key)
         if encoded is None:
-            encoded = self._encode_var_type(var)
+            encoded = encode_plain_var_type(var) or self._encode_var_type(var)
             if len(self._var_types) < _CACHE_MAX:
                 self._var_types[key] = encoded
         return encoded
@@ -396,8 +397,8 @@ class Writer:
         for name, attr in op._attrs.items() if op._wire_attrs is None else op._wire_attrs:
             entry = cache.get((name, id(attr)))
             if entry is None or entry[0] is not attr:
-                body = encode_plain_attr(name, attr)
-                entry = (attr, _field(0x22, body if body is not None else encode(name, attr)))
+                body = encode_plain_attr(name, attr) or encode_plain_float_attr(name, attr) or encode(name, attr)
+                entry = (attr, _field(0x22, body))
                 if len(cache) < _CACHE_MAX:
                     cache[(name, id(attr))] = entry
             parts.append(entry[1])
@@ -468,3 +469,177 @@ def encode_plain_attr(name: str, attr: Attr) -> bytes | None:
 def _tagged_text(tag: int, text: str) -> bytes:
     body = text.encode()
     return _TWO_BYTE_TAGS.get(tag, _SMALL[tag] if tag < 128 else b"") + _length(body) + body
+
+
+# ============================================== the common pieces, without protobuf
+#
+# Most attrs are a name, a type and one varint, string, float or list of those, and most
+# vars are LoD tensors: decoding and encoding those here means a program Paddle wrote is
+# read and written without importing protobuf's generated code (a good part of what
+# `pstranspile transpile` spends on starting). Anything else (SCALAR attrs, packed lists,
+# other var kinds, extra fields) returns None and goes through protobuf.
+
+_ATTR_TYPE_OF_NUMBER = {int(t): t for t in AttrType}
+_VALUE_TAG = {  # attr type -> the tag of its value field (wire types: 0 varint, 1 fixed64, 2 bytes, 5 fixed32)
+    AttrType.INT: 0x18, AttrType.FLOAT: 0x25, AttrType.STRING: 0x2A, AttrType.INTS: 0x30, AttrType.FLOATS: 0x3D,
+    AttrType.STRINGS: 0x42, AttrType.BOOLEAN: 0x50, AttrType.BOOLEANS: 0x58, AttrType.BLOCK: 0x60,
+    AttrType.LONG: 0x68, AttrType.BLOCKS: 0x70, AttrType.LONGS: 0x78, AttrType.FLOAT64S: 0x181,
+    AttrType.VAR: 0x18A, AttrType.VARS: 0x192, AttrType.FLOAT64: 0x199,
+}
+_REPEATED = frozenset({AttrType.INTS, AttrType.FLOATS, AttrType.STRINGS, AttrType.BOOLEANS, AttrType.BLOCKS,
+                       AttrType.LONGS, AttrType.FLOAT64S, AttrType.VARS})
+_DEFAULT = {AttrType.INT: 0, AttrType.FLOAT: 0.0, AttrType.STRING: "", AttrType.BOOLEAN: False,
+            AttrType.BLOCK: 0, AttrType.LONG: 0, AttrType.VAR: "", AttrType.FLOAT64: 0.0}
+_INT32_TYPES = frozenset({AttrType.INT, AttrType.INTS, AttrType.BLOCK, AttrType.BLOCKS})
+_BOOL_TYPES = frozenset({AttrType.BOOLEAN, AttrType.BOOLEANS})
+_FLOAT32 = struct.Struct("<f")
+_FLOAT64 = struct.Struct("<d")
+
+
+def decode_plain_attr(chunk: bytes) -> tuple[str, Attr] | None:
+    """An `OpDesc.Attr` holding just its name, its type and values in its type's field,
+    decoded as protobuf would; None for anything else."""
+    end = len(chunk)
+    if end < 4 or chunk[0] != 0x0A:
+        return None
+    start, pos = _chunk(chunk, 1, end)
+    name = chunk[start:pos].decode()
+    if pos >= end or chunk[pos] != 0x10:
+        return None
+    number, pos = _varint(chunk, pos + 1, end)
+    attr_type = _ATTR_TYPE_OF_NUMBER.get(number)
+    tag = _VALUE_TAG.get(attr_type)
+    if tag is None:
+        return None
+    values = []
+    while pos < end:
+        if tag > 0xFF:  # fields 16..19: a two-byte tag
+            if pos + 1 >= end or chunk[pos] != tag & 0xFF or chunk[pos + 1] != 0x01:
+                return None
+            pos += 2
+        else:
+            if chunk[pos] != tag:
+                return None
+            pos += 1
+        value, pos = _field_value(chunk, pos, end, tag & 7, attr_type)
+        values.append(value)
+    if attr_type in _REPEATED:
+        return name, Attr(attr_type, tuple(values))
+    if len(values) > 1:
+        return None  # protobuf keeps the last; leave it to protobuf
+    return name, Attr(attr_type, values[0] if values else _DEFAULT[attr_type])
+
+
+def _field_value(chunk: bytes, pos: int, end: int, wire_type: int, attr_type: AttrType) -> tuple[Any, int]:
+    if wire_type == 0:
+        if attr_type in _INT32_TYPES:
+            return _int32(chunk, pos, end)
+        if attr_type in _BOOL_TYPES:
+            value, pos = _varint(chunk, pos, end)
+            return value != 0, pos
+        return _int64(chunk, pos, end)
+    if wire_type == 2:
+        start, pos = _chunk(chunk, pos, end)
+        return chunk[start:pos].decode(), pos
+    size, unpack = (4, _FLOAT32.unpack_from) if wire_type == 5 else (8, _FLOAT64.unpack_from)
+    if pos + size > end:
+        raise Unusual
+    return unpack(chunk, pos)[0], pos + size
+
+
+def encode_plain_float_attr(name: str, attr: Attr) -> bytes | None:
+    """The bytes of a FLOAT / FLOATS / FLOAT64 / FLOAT64S attr; None if a value does not
+    fit a float32 (protobuf decides what that becomes)."""
+    tag, pack = {
+        AttrType.FLOAT: (b"\x25", _FLOAT32.pack), AttrType.FLOATS: (b"\x3d", _FLOAT32.pack),
+        AttrType.FLOAT64: (b"\x99\x01", _FLOAT64.pack), AttrType.FLOAT64S: (b"\x81\x01", _FLOAT64.pack),
+    }.get(attr.type, (None, None))
+    if tag is None:
+        return None
+    values = attr.value if attr.type in _REPEATED else (attr.value,)
+    head = _field(0x0A, name.encode()) + b"\x10" + _SMALL[int(attr.type)]
+    try:
+        return head + b"".join([tag + pack(v) for v in values])
+    except (OverflowError, struct.error):
+        return None
+
+
+_LOD_TENSOR = 7
+_VAR_KIND_OF_NUMBER = {int(k): k for k in VarKind}
+_DTYPE_OF_NUMBER = {int(d): d for d in DType}
+_NO_EXPLICIT: frozenset[str] = frozenset()
+_LOD_LEVEL_EXPLICIT = frozenset({"lod_level"})
+
+
+def decode_plain_var_type(chunk: bytes) -> tuple | None:
+    """A `VarType` that is a kind alone, or a LoD tensor (data type, dims, lod_level), as
+    `Var._loaded` takes it; None for anything else."""
+    end = len(chunk)
+    if end < 2 or chunk[0] != 0x08:
+        return None
+    number, pos = _varint(chunk, 1, end)
+    kind = _VAR_KIND_OF_NUMBER.get(number)
+    if kind is None:
+        return None
+    if pos == end:
+        return kind, None, None, 0, (), (), _NO_EXPLICIT
+    if number != _LOD_TENSOR or chunk[pos] != 0x1A:
+        return None
+    start, pos = _chunk(chunk, pos + 1, end)
+    if pos != end:
+        return None
+    return _lod_tensor_desc(kind, chunk, start, end)
+
+
+def _lod_tensor_desc(kind: VarKind, chunk: bytes, pos: int, end: int) -> tuple | None:
+    tensor = None
+    lod_level = None
+    while pos < end:
+        tag = chunk[pos]
+        if tag == 0x0A and tensor is None:
+            start, pos = _chunk(chunk, pos + 1, end)
+            tensor = _tensor_desc(chunk, start, pos)
+            if tensor is None:
+                return None
+        elif tag == 0x10 and lod_level is None:
+            lod_level, pos = _int32(chunk, pos + 1, end)
+        else:
+            return None
+    if tensor is None:
+        return None
+    dtype, shape = tensor
+    explicit = _NO_EXPLICIT if lod_level is None else _LOD_LEVEL_EXPLICIT
+    return kind, dtype, shape, lod_level or 0, (), (), explicit
+
+
+def _tensor_desc(chunk: bytes, pos: int, end: int) -> tuple | None:
+    if pos >= end or chunk[pos] != 0x08:
+        return None
+    number, pos = _varint(chunk, pos + 1, end)
+    dtype = _DTYPE_OF_NUMBER.get(number)
+    if dtype is None:
+        return None
+    dims = []
+    while pos < end:
+        if chunk[pos] != 0x10:
+            return None
+        dim, pos = _int64(chunk, pos + 1, end)
+        dims.append(dim)
+    return dtype, tuple(dims)
+
+
+def encode_plain_var_type(var: Var) -> bytes | None:
+    """The `VarType` bytes of a var that is a kind alone or a plain LoD tensor; None for
+    anything else."""
+    if var.reader or var.tuple_types or any(f in var._explicit for f in ("reader", "tuple")):
+        return None
+    kind = b"\x08" + _varint_bytes(int(var.kind))
+    if var.dtype is None:
+        return kind
+    if var.kind != _LOD_TENSOR or any(f.startswith("tensor_field:") for f in var._explicit):
+        return None
+    tensor = b"\x08" + _varint_bytes(int(var.dtype)) + b"".join([b"\x10" + _varint_bytes(d) for d in var.shape or ()])
+    body = _field(0x0A, tensor)
+    if var.lod_level != 0 or "lod_level" in var._explicit:
+        body += b"\x10" + _varint_bytes(var.lod_level)
+    return kind + _field(0x1A, body)
