@@ -631,6 +631,10 @@ class Block:
         """Ops of this block with `name` among their outputs, in op order."""
         return self._in_order(self._writers.get(name, ()))
 
+    def names_read(self) -> frozenset[str]:
+        """Every var name some op of this block reads (from the index: O(names), not O(ops))."""
+        return frozenset(self._readers)
+
     def var_names_used(self) -> list[str]:
         """Every var name some op of this block reads or writes, in first-seen index order."""
         return list(dict.fromkeys([*self._readers, *self._writers]))
