@@ -1,19 +1,23 @@
-"""The fast reader of `ProgramDesc` bytes: the common case of `serde.program_from_bytes`.
+"""The fast reader and writer of `ProgramDesc` bytes: the common case of
+`serde.program_from_bytes` and `serde.program_to_bytes`.
 
 Going through protobuf's Python objects costs about a microsecond per field touched
 (every sub-message and repeated field is a wrapper object), which made loading a real
-model cost some 40 µs per op. This reader walks the wire format itself, for the
-shape Paddle writes: every field known to Paddle 2.6's schema, every required field
-there, no field that should appear once appearing twice, UTF-8 text, enum numbers
-the schema knows. The parts that repeat across a program are decoded once per distinct
-byte string and shared (op attrs, a var's type): those go through protobuf, by the
-callbacks `serde` passes in, so their meaning is protobuf's.
+model cost some 40 µs per op, and saving about half that. This module walks the wire
+format itself, for the shape Paddle writes: every field known to Paddle 2.6's schema,
+every required field there, no field that should appear once appearing twice, UTF-8 text,
+enum numbers the schema knows. The pieces that repeat across a program (op attrs, a var's
+type) are decoded or encoded once per distinct piece and shared. Plain pieces (varint,
+string and float attrs and their lists; a LoD tensor's type) are handled here, the rest
+(SCALAR attrs, other var kinds ...) through protobuf by the callbacks `serde` passes in,
+so their meaning is protobuf's.
 
-Anything else (unknown fields, a missing required field, packed numbers, truncated bytes
-...) raises `Unusual`, and `serde` decodes the whole program the slow way, which knows
-how to warn or refuse. So this module never has to reproduce protobuf's corner cases:
-it only has to agree with it on the bytes it accepts (the tests compare the two readers
-on every fixture and on mutated bytes).
+Reading anything else (unknown fields, a missing required field, truncated bytes ...)
+raises `Unusual`, and `serde` decodes the whole program the slow way, which knows how to
+warn or refuse. So this module never has to reproduce protobuf's corner cases: it only has
+to agree with it on the bytes it accepts (tests/test_ir_wire.py compares the readers on
+every fixture and on mutated bytes, and the writers on fixtures, transpiled programs and
+every attr type's edge values).
 """
 
 from __future__ import annotations
@@ -342,6 +346,9 @@ class Writer:
         # (name, id(attr)) -> (attr, field bytes); the attr is held so its id is not reused.
         self._attrs: dict[tuple[str, int], tuple[Attr, bytes]] = {}
         self._var_types: dict[tuple, bytes] = {}
+        # Text fields by their text: var names recur in many ops (and programs), slot names
+        # and op types everywhere. tag -> {text: the whole field's bytes}.
+        self._texts: dict[int, dict[str, bytes]] = {0x0A: {}, 0x12: {}, 0x1A: {}}
 
     def program(self, program: Program) -> bytes:
         parts = [_field(0x0A, self._block(block)) for block in program.blocks]
@@ -365,12 +372,15 @@ class Writer:
     def _var(self, var: Var) -> bytes:
         parts = [_field(0x0A, var._name.encode()), _field(0x12, self._var_type(var))]
         explicit = var._explicit
-        for tag, flag, value in ((b"\x18", "persistable", var.persistable),
-                                 (b"\x20", "need_check_feed", var.need_check_feed),
-                                 (b"\x28", "is_parameter", var.is_parameter),
-                                 (b"\x30", "stop_gradient", var.stop_gradient)):
-            if value or flag in explicit:
-                parts.append(tag + (b"\x01" if value else b"\x00"))
+        if var.persistable or explicit:  # the common var has no flag set and none explicit
+            for tag, flag in _VAR_FLAG_TAGS:
+                value = getattr(var, flag)
+                if value or flag in explicit:
+                    parts.append(tag + (b"\x01" if value else b"\x00"))
+        elif var.need_check_feed or var.is_parameter or var.stop_gradient:
+            for tag, flag in _VAR_FLAG_TAGS:
+                if getattr(var, flag):
+                    parts.append(tag + b"\x01")
         for name, attr in var.attrs.items():
             parts.append(_field(0x3A, self._encode_var_attr(name, attr)))
         return b"".join(parts)
@@ -386,13 +396,15 @@ class Writer:
 
     def _op(self, op: Op) -> bytes:
         parts = []
+        slot_fields, arg_fields = self._texts[0x0A], self._texts[0x12]
         for tag, slots in ((b"\x0a", op._inputs), (b"\x12", op._outputs)):
             for slot, args in slots.items():
-                body = _field(0x0A, slot.encode())
-                if args:
-                    body += b"".join([_field(0x12, arg.encode()) for arg in args])
+                pieces = [slot_fields.get(slot) or self._text_field(0x0A, slot)]
+                for arg in args:
+                    pieces.append(arg_fields.get(arg) or self._text_field(0x12, arg))
+                body = b"".join(pieces)
                 parts += (tag, _length(body), body)
-        parts.append(_field(0x1A, op.type.encode()))
+        parts.append(self._texts[0x1A].get(op.type) or self._text_field(0x1A, op.type))
         cache, encode = self._attrs, self._encode_attr
         for name, attr in op._attrs.items() if op._wire_attrs is None else op._wire_attrs:
             entry = cache.get((name, id(attr)))
@@ -405,6 +417,18 @@ class Writer:
         if op.is_target or "is_target" in op._explicit:
             parts.append(b"\x28\x01" if op.is_target else b"\x28\x00")
         return b"".join(parts)
+
+    def _text_field(self, tag: int, text: str) -> bytes:
+        encoded = _field(tag, text.encode())
+        known = self._texts[tag]
+        if len(known) < _TEXT_CACHE_MAX:
+            known[text] = encoded
+        return encoded
+
+
+_TEXT_CACHE_MAX = 1 << 16  # distinct names kept per field kind
+_VAR_FLAG_TAGS = ((b"\x18", "persistable"), (b"\x20", "need_check_feed"), (b"\x28", "is_parameter"),
+                  (b"\x30", "stop_gradient"))
 
 
 _SMALL = [bytes([n]) for n in range(128)]
