@@ -119,7 +119,7 @@ class Var:
             raise IRError(f"a var needs a non-empty name, got {name!r}")
         self._name = name
         self.block: Block | None = None
-        self.kind = VarKind(kind)
+        self.kind = kind if kind.__class__ is VarKind else VarKind(kind)  # the enum call costs a microsecond
         self.dtype = None if dtype is None else DType.from_any(dtype)
         self.shape = None if shape is None else tuple(int(d) for d in shape)
         if self.dtype is not None and self.shape is None:
@@ -437,7 +437,13 @@ class Op:
     @property
     def role(self) -> OpRole:
         """The `op_role` attr as an `OpRole` (Forward when absent)."""
-        return OpRole(int(self.attr(OP_ROLE_ATTR, 0)) & 0xFFFF_FFFF)
+        number = int(self.attr(OP_ROLE_ATTR, 0)) & 0xFFFF_FFFF
+        role = _ROLE_OF_NUMBER.get(number)
+        if role is None:  # building a flag enum member costs microseconds; a program uses a handful
+            role = OpRole(number)
+            if len(_ROLE_OF_NUMBER) < 1024:
+                _ROLE_OF_NUMBER[number] = role
+        return role
 
     @property
     def role_vars(self) -> tuple[str, ...]:
@@ -474,6 +480,7 @@ class Op:
         return f"Op({self.type}: {ins} -> {outs})"
 
 
+_ROLE_OF_NUMBER: dict[int, OpRole] = {}
 _NOTHING_EXPLICIT: frozenset[str] = frozenset()
 _IS_TARGET_EXPLICIT = frozenset({"is_target"})
 
