@@ -15,7 +15,10 @@ import pytest
 from conftest import PADDLE_PROGRAMS, TESTS
 
 PROBE = """
-import json, runpy, sys
+import json, os, runpy, sys
+def _exit(code):  # `transpile` ends the process with os._exit (no teardown): see the modules first
+    raise SystemExit(code)
+os._exit = _exit
 heavy = tuple(json.loads(sys.argv[2]))
 sys.argv = ["pstranspile", *json.loads(sys.argv[1])]
 try:
@@ -45,3 +48,40 @@ def test_transpile_imports_no_numpy(tmp_path):
             "--pservers", "127.0.0.1:6170,127.0.0.1:6171", "--trainers", "2", "-o", str(tmp_path)]
     assert imported(argv, ("numpy", "networkx", "grpc")) == []
     assert (tmp_path / "trainer.pb").exists()
+
+
+PROBE_IR = PROBE.replace("m.split(\".\")[0] in heavy", "m.startswith(heavy)")  # modules, not just packages
+assert PROBE_IR != PROBE
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"]])
+def test_version_and_help_import_neither_the_ir_nor_subprocess(argv):
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE_IR, json.dumps(argv), json.dumps(["transpiler.ir", "subprocess", "dataclasses"])],
+        cwd=TESTS.parent, capture_output=True, text=True, check=True,
+    )
+    assert json.loads(done.stdout.splitlines()[-1]) == []
+
+
+def _run_cli(argv: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "transpiler", *argv], cwd=TESTS.parent, capture_output=True,
+                          text=True, check=False)
+
+
+def test_transpile_ends_the_process_quickly_with_its_output_flushed(tmp_path):
+    """`transpile` skips the interpreter's teardown (os._exit): its lines must still all be
+    there, and its files written."""
+    case = PADDLE_PROGRAMS / "mlp_adam_2ps"
+    done = _run_cli(["transpile", str(case / "main.pb"), "--startup", str(case / "startup.pb"),
+                     "--pservers", "127.0.0.1:6170,127.0.0.1:6171", "--trainers", "2", "-o", str(tmp_path)])
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert str(tmp_path / "trainer.pb") in lines and "pservers, imbalance" in lines[-1]
+    assert (tmp_path / "trainer.pb").read_bytes() and (tmp_path / "plan.json").read_text()
+
+
+def test_a_failing_transpile_still_says_why_and_exits_2(tmp_path):
+    done = _run_cli(["transpile", str(tmp_path / "missing.pb"), "--startup", str(tmp_path / "missing.pb"),
+                     "--pservers", "127.0.0.1:6170", "--trainers", "1", "-o", str(tmp_path / "out")])
+    assert done.returncode == 2
+    assert done.stderr.startswith("pstranspile: error: ") and "missing.pb" in done.stderr

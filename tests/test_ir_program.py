@@ -108,6 +108,9 @@ def test_readers_and_writers_are_in_op_order_after_edits():
     assert block.writers("z") == [w2]
     assert block.readers("nothing") == [] and block.writers("nothing") == []
     assert block.var_names_used() == ["x", "y", "z"]
+    assert block.names_read() == {"x", "y"}
+    block.remove_op(w2)
+    assert block.names_read() == {"x"}
 
 
 def test_slot_setters_keep_the_index_right():

@@ -22,10 +22,7 @@ cut like the param; L2 decay on a cut param gets block-shaped temporaries; gradi
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +32,7 @@ from transpiler.config import DistributeTranspilerConfig, TranspileOptions, make
 from transpiler.dispatch import PSDispatcher
 from transpiler.errors import TranspileError
 from transpiler.ir import Program
+from transpiler.ir.gc_pause import gc_paused
 from transpiler.ir.verifier import verify as verify_program
 from transpiler.ir.precision import as_float64
 from transpiler.output import write_programs
@@ -104,7 +102,7 @@ def transpile(
     # not a crash inside a pass that trusted it.
     verify_program(program, name="the main program")
     verify_program(startup_program, name="the startup program")
-    with _gc_paused():
+    with gc_paused():
         bundle = Bundle(origin=program.clone(), origin_startup=startup_program.clone())
         bundle = run_pipeline(bundle, options, verify=verify, dump_dir=dump_dir, progress=progress)
     return TranspileResult(
@@ -193,20 +191,6 @@ class DistributeTranspiler:
             raise TranspileError(f"{endpoint!r} is not one of the pservers ({known})") from None
 
 
-@contextlib.contextmanager
-def _gc_paused():
-    """Pause the cyclic GC while the passes run. They allocate hundreds of thousands of
-    small IR objects, all still alive at the end, so every generation-2 collection in
-    between rescans them for nothing (about a third of the time of a large transpile)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def _default_programs(program: Program | None, startup: Program | None) -> tuple[Program, Program]:
     # Imported here: transpiling needs no builder, and `pstranspile transpile` starts faster without it.
     from transpiler.frontend import default_main_program, default_startup_program
@@ -228,6 +212,8 @@ def wait_server_ready(endpoints: list[str], timeout: float = 300.0, interval: fl
 
 
 def _port_open(endpoint: str) -> bool:
+    import socket  # here: transpiling does not need it, and `pstranspile transpile` starts faster without it
+
     host, _, port = endpoint.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):

@@ -24,19 +24,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import subprocess
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from transpiler import __version__
 from transpiler.errors import PsTranspilerError, VerifyError
-from transpiler.fileio import write_bytes_atomic
-from transpiler.ir.program import Program
+
+# What a command needs is imported inside it: `--version`, `--help` and the quick commands
+# should not pay for the IR, numpy, grpc or networkx (see tests/test_cli_startup.py).
+if TYPE_CHECKING:
+    from transpiler.ir.program import Program
 
 PROG = "pstranspile"
 EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
@@ -61,8 +61,7 @@ class _Parser(argparse.ArgumentParser):
 # ------------------------------------------------------------------ registry
 
 
-@dataclass(frozen=True)
-class Arg:
+class Arg(NamedTuple):  # a NamedTuple, not a dataclass: importing dataclasses costs the CLI's startup 10 ms
     flags: tuple[str, ...]
     options: dict[str, Any]
 
@@ -72,17 +71,21 @@ def arg(*flags: str, **options: Any) -> Arg:
     return Arg(flags, options)
 
 
-@dataclass(frozen=True)
-class Command:
+class Command(NamedTuple):
     name: str
     help: str
     args: tuple[Arg, ...]
     run: Callable[[argparse.Namespace], int]
+    # Only reads and writes files, then the process may end without the interpreter's
+    # teardown (see `run`).
+    quick_exit: bool = False
 
 
-def command(name: str, help: str, *args: Arg) -> Callable[[Callable[[argparse.Namespace], int]], Command]:
+def command(
+    name: str, help: str, *args: Arg, quick_exit: bool = False
+) -> Callable[[Callable[[argparse.Namespace], int]], Command]:
     def wrap(run: Callable[[argparse.Namespace], int]) -> Command:
-        return Command(name, help, args, run)
+        return Command(name, help, args, run, quick_exit)
 
     return wrap
 
@@ -93,6 +96,7 @@ def command(name: str, help: str, *args: Arg) -> Callable[[Callable[[argparse.Na
 def load_program(path: str) -> Program:
     """Load a `.pb`, turning serde's `UnknownFieldsWarning`s and the verifier's warnings
     (one line per kind for the file, e.g. ops that repeat attrs) into warning lines."""
+    from transpiler.ir.program import Program
     from transpiler.ir.serde import UnknownFieldsWarning
     from transpiler.ir.verifier import check_warnings
 
@@ -119,6 +123,8 @@ def warn(text: str) -> None:
 
 def write_output(path: str, data: bytes) -> None:
     """Write atomically, so a failed run never leaves half a file behind."""
+    from transpiler.fileio import write_bytes_atomic
+
     try:
         write_bytes_atomic(Path(path), data)
     except OSError as exc:  # name the file the user asked for, not the temp file
@@ -203,6 +209,8 @@ DOT_SUFFIXES = (".dot", ".gv")
     arg("--no-verify", action="store_true", help="draw even a program that fails verification"),
 )
 def graph_command(args: argparse.Namespace) -> int:
+    import shutil
+
     from transpiler.ir.dot import to_dot
     from transpiler.ir.verifier import verify
 
@@ -229,6 +237,8 @@ def graph_command(args: argparse.Namespace) -> int:
 
 
 def _render_svg(dot_program: str, text: str) -> bytes:
+    import subprocess
+
     try:
         done = subprocess.run([dot_program, "-Tsvg"], input=text.encode("utf-8"), capture_output=True, check=False)
     except OSError as exc:
@@ -311,6 +321,7 @@ def _transpile(args: argparse.Namespace, **extra):
     arg("--dump-dir", metavar="D", help="also write the text dump of every program after every pass into D"),
     arg("--verify-each-pass", action="store_true", help="run the verifier after every pass (always after the last)"),
     arg("--progress", action="store_true", help="print each pass and its time on stderr"),
+    quick_exit=True,
 )
 def transpile_command(args: argparse.Namespace) -> int:
     import time
@@ -320,12 +331,17 @@ def transpile_command(args: argparse.Namespace) -> int:
     def progress(name: str, seconds: float) -> None:
         print(f"{PROG}: pass {name}: {seconds:.2f}s", file=sys.stderr)
 
-    result = _transpile(args, verify=args.verify_each_pass, dump_dir=args.dump_dir,
-                        progress=progress if args.progress else None)
-    try:
-        written = result.save(args.output)
-    except OSError as exc:
-        raise CliError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    # No cyclic GC for the whole command: everything it builds lives until it exits, so a
+    # collection (a full one takes tens of ms once the programs are built) frees nothing.
+    from transpiler.ir.gc_pause import gc_paused
+
+    with gc_paused():
+        result = _transpile(args, verify=args.verify_each_pass, dump_dir=args.dump_dir,
+                            progress=progress if args.progress else None)
+        try:
+            written = result.save(args.output)
+        except OSError as exc:
+            raise CliError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     for path in written:
         print(path)
     plan = result.plan
@@ -655,16 +671,47 @@ def build_parser(commands: Sequence[Command] | None = None) -> argparse.Argument
         child = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
         for spec in cmd.args:
             child.add_argument(*spec.flags, **spec.options)
-        child.set_defaults(run=cmd.run)
+        child.set_defaults(run=cmd.run, quick_exit=cmd.quick_exit)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 1 different (diff) or job failed (serve,
     launch), 2 error, 3 internal error, 130 interrupted)."""
+    return _main(argv, exiting=None)
+
+
+def run() -> NoReturn:
+    """The process's entry point (`pstranspile`, `python -m transpiler`): `main`, then exit.
+
+    After a `quick_exit` command (`transpile`) the interpreter's teardown is skipped
+    (`os._exit` once the output is flushed): the command's files are written and closed, and
+    the teardown would only free, one by one and after a full garbage collection, the
+    hundreds of thousands of objects the programs are made of (about 40 ms on ResNet-50).
+    Such a command also runs without the cyclic GC, which would find nothing to free."""
+    exiting: list[bool] = []
+    code = _main(None, exiting=exiting)
+    if exiting:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os._exit(code)
+    sys.exit(code)
+
+
+def _main(argv: Sequence[str] | None, *, exiting: list[bool] | None) -> int:
+    """`main`; when `exiting` is a list (the process ends after this), a `quick_exit`
+    command appends True to it and runs with the GC off."""
     parser = build_parser()
     try:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+        if exiting is not None and args.quick_exit:
+            import gc
+
+            gc.disable()  # for good: the process ends after the command
+            exiting.append(True)
         return args.run(args)
     except SystemExit as exc:  # --help / --version
         return exc.code if isinstance(exc.code, int) else EXIT_OK
@@ -707,4 +754,4 @@ def _broken_pipe() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -9,7 +9,6 @@ mode drives both: the `sync_mode` argument when given, else `config.sync_mode`.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from dataclasses import dataclass
 from enum import IntEnum
@@ -138,11 +137,21 @@ def socket_key(endpoint: str) -> tuple[str, int]:
     host = host.strip("[]").lower()
     if host in _LOOPBACK_NAMES:
         host = "127.0.0.1"
-    try:
-        host = ipaddress.ip_address(host).compressed
-    except ValueError:
-        pass  # a host name
+    if not _is_canonical_ipv4(host):
+        import ipaddress  # here: most endpoints are plain IPv4, and the CLI starts faster without it
+
+        try:
+            host = ipaddress.ip_address(host).compressed
+        except ValueError:
+            pass  # a host name
     return (host, int(port))
+
+
+def _is_canonical_ipv4(host: str) -> bool:
+    """`a.b.c.d` with every part 0..255 written without leading zeros: what `ipaddress`
+    would give back unchanged."""
+    parts = host.split(".")
+    return len(parts) == 4 and all(p.isdigit() and p.isascii() and str(int(p)) == p and int(p) < 256 for p in parts)
 
 
 def make_options(

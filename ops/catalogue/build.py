@@ -45,20 +45,20 @@ def op_types() -> list[str]:
 _STR_ONLY = {str}
 
 
-def _names(args: SlotArgs | None) -> list[str]:
+def _names(args: SlotArgs | None) -> tuple[str, ...]:
     if args is None:
-        return []
+        return ()
     if isinstance(args, (str, Var)):
         args = [args]
     elif (args.__class__ is list or args.__class__ is tuple) and set(map(type, args)) <= _STR_ONLY:
-        return list(args)
+        return tuple(args)
     out = []
     for arg in args:
         name = arg if isinstance(arg, str) else getattr(arg, "name", None)
         if not isinstance(name, str):
             raise OpSpecError(f"a slot argument must be a var name or a var, got {arg!r}")
         out.append(name)
-    return out
+    return tuple(out)
 
 
 class _Template:
@@ -66,7 +66,7 @@ class _Template:
     attrs filled when a caller leaves them out (`Attr`s are immutable, so ops share them)
     and the required attrs."""
 
-    __slots__ = ("entry", "slots", "defaults", "required")
+    __slots__ = ("entry", "slots", "defaults", "required", "role_attrs")
 
     def __init__(self, entry: OpDef) -> None:
         self.entry = entry
@@ -80,8 +80,10 @@ class _Template:
             if name not in defaults:
                 spec = COMMON_ATTRS[name]
                 defaults[name] = Attr.of(spec.default, spec.type)
-        self.defaults = defaults
+        self.defaults = dict(sorted(defaults.items()))  # sorted once: an op's attrs come out sorted
         self.required = tuple((name, spec) for name, spec in entry.attrs.items() if spec.required)
+        # `op_role` as `role=` gives it, typed once per role value (a pass builds many ops of one role).
+        self.role_attrs: dict[int, Attr] = {}
 
 
 _TEMPLATES: dict[int, _Template] = {}
@@ -94,10 +96,12 @@ def _template(entry: OpDef) -> _Template:
     return template
 
 
-def _check_slots(entry: OpDef, given: Mapping[str, SlotArgs] | None, direction: str, fill: bool) -> dict[str, list[str]]:
+def _check_slots(
+    entry: OpDef, given: Mapping[str, SlotArgs] | None, direction: str, fill: bool
+) -> dict[str, tuple[str, ...]]:
     defs = entry.inputs if direction == "input" else entry.outputs
     known = _template(entry).slots[direction]
-    slots = {str(k): _names(v) for k, v in (given or {}).items()}
+    slots = {str(k): _names(v) for k, v in given.items()} if given else {}
     for name, args in slots.items():
         slot = known.get(name)
         if slot is None:
@@ -105,7 +109,7 @@ def _check_slots(entry: OpDef, given: Mapping[str, SlotArgs] | None, direction: 
                 f"{entry.type}: no {direction} slot {name!r} (it has {', '.join(known) or 'none'})"
             )
         if not slot.duplicable and len(args) > 1:
-            raise OpSpecError(f"{entry.type}: {direction} slot {name} takes one var, got {len(args)}: {args}")
+            raise OpSpecError(f"{entry.type}: {direction} slot {name} takes one var, got {len(args)}: {list(args)}")
     if len(slots) < len(defs):
         for slot in defs:
             if slot.name in slots:
@@ -113,8 +117,8 @@ def _check_slots(entry: OpDef, given: Mapping[str, SlotArgs] | None, direction: 
             if not slot.dispensable:
                 raise OpSpecError(f"{entry.type}: {direction} slot {slot.name} is required")
             if fill and direction == "input":
-                slots[slot.name] = []
-    return dict(sorted(slots.items()))
+                slots[slot.name] = ()
+    return dict(sorted(slots.items())) if len(slots) > 1 else slots
 
 
 def typed_attr(entry: OpDef | None, name: str, value: Any) -> Attr:
@@ -136,19 +140,37 @@ def make_attrs(
     entry: OpDef, attrs: Mapping[str, Any] | None, *, fill_defaults: bool = True, role: OpRole | int | None = None,
     role_vars: tuple[str, ...] | list[str] | None = None,
 ) -> dict[str, Attr]:
-    values = dict(attrs or {})
+    template = _template(entry)
+    typed = {name: typed_attr(entry, name, value) for name, value in attrs.items()} if attrs else {}
     if role is not None:
-        values[OP_ROLE_ATTR] = int(role)
+        typed[OP_ROLE_ATTR] = _role_attr(template, role)
     if role_vars is not None:
-        values[OP_ROLE_VAR_ATTR] = list(role_vars)
-    typed = {name: typed_attr(entry, name, value) for name, value in values.items()}
-    if fill_defaults:
-        template = _template(entry)
-        for name, spec in template.required:
-            if name not in typed:
-                raise OpSpecError(f"{entry.type}: attr {name} ({spec.type.name}) is required and has no default")
-        typed = {**template.defaults, **typed}
-    return dict(sorted(typed.items()))
+        typed[OP_ROLE_VAR_ATTR] = _role_vars_attr(entry, role_vars)
+    if not fill_defaults:
+        return dict(sorted(typed.items()))
+    for name, spec in template.required:
+        if name not in typed:
+            raise OpSpecError(f"{entry.type}: attr {name} ({spec.type.name}) is required and has no default")
+    defaults = template.defaults
+    merged = {name: typed.get(name, default) for name, default in defaults.items()}  # already sorted
+    if not typed.keys() <= defaults.keys():
+        merged.update(typed)
+        return dict(sorted(merged.items()))
+    return merged
+
+
+def _role_attr(template: _Template, role: OpRole | int) -> Attr:
+    number = int(role)
+    attr = template.role_attrs.get(number)
+    if attr is None:
+        attr = template.role_attrs[number] = typed_attr(template.entry, OP_ROLE_ATTR, number)
+    return attr
+
+
+def _role_vars_attr(entry: OpDef, role_vars: tuple[str, ...] | list[str]) -> Attr:
+    if role_vars and set(map(type, role_vars)) == _STR_ONLY and OP_ROLE_VAR_ATTR not in entry.attrs:
+        return Attr(AttrType.STRINGS, tuple(role_vars))  # what typed_attr gives, without its checks
+    return typed_attr(entry, OP_ROLE_VAR_ATTR, list(role_vars))
 
 
 def make_op(
@@ -173,7 +195,7 @@ def make_op(
     ins = _check_slots(entry, inputs, "input", fill=inputs is not None)
     outs = _check_slots(entry, outputs, "output", fill=False)
     typed = make_attrs(entry, attrs, fill_defaults=fill_defaults, role=role, role_vars=role_vars)
-    return Op(op_type, ins, outs, typed)
+    return Op._built(op_type, ins, outs, typed)
 
 
 def fill_attrs(op: Op, *, strict: bool = True) -> Op:

@@ -117,6 +117,7 @@ _KEPT_CLASS = {
     AttrType.STRING: str, AttrType.VAR: str, AttrType.BOOLEAN: bool, AttrType.FLOAT: float, AttrType.FLOAT64: float,
 }
 _KEPT_ELEMENT_CLASS = {AttrType.STRINGS: str, AttrType.VARS: str, AttrType.BOOLEANS: bool}
+_INT_LIST_BOUNDS = {AttrType.INTS: (INT32_MIN, INT32_MAX), AttrType.LONGS: (INT64_MIN, INT64_MAX)}
 
 
 def coerce(value: Any, attr_type: AttrType) -> Any:
@@ -130,6 +131,9 @@ def coerce(value: Any, attr_type: AttrType) -> Any:
         element = _KEPT_ELEMENT_CLASS.get(attr_type)
         if element is not None and set(map(type, value)) == {element}:
             return tuple(value)
+        bounds = _INT_LIST_BOUNDS.get(attr_type)
+        if bounds is not None and set(map(type, value)) == {int} and bounds[0] <= min(value) and max(value) <= bounds[1]:
+            return tuple(value)  # what coercing element by element gives, at C speed (shapes, sections)
     if attr_type in LIST_TYPES:
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
             raise IRError(f"a {attr_type.name} attr needs a list, got {type(value).__name__}")

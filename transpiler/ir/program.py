@@ -47,12 +47,17 @@ _MISSING: Any = object()
 SlotArgs = Union[str, "Var", Iterable[Union[str, "Var"]]]
 
 
+_STR_ONLY = {str}
+
+
 def _arg_names(args: SlotArgs | None) -> tuple[str, ...]:
     """Normalise one slot's arguments (a name, a Var, or an iterable of either) to names."""
     if args is None:
         return ()
     if isinstance(args, (str, Var)):
         args = (args,)
+    elif (args.__class__ is list or args.__class__ is tuple) and set(map(type, args)) <= _STR_ONLY:
+        return tuple(args)  # names already: the common case, checked at C speed
     names = []
     for arg in args:
         name = arg.name if isinstance(arg, Var) else arg
@@ -114,7 +119,7 @@ class Var:
             raise IRError(f"a var needs a non-empty name, got {name!r}")
         self._name = name
         self.block: Block | None = None
-        self.kind = VarKind(kind)
+        self.kind = kind if kind.__class__ is VarKind else VarKind(kind)  # the enum call costs a microsecond
         self.dtype = None if dtype is None else DType.from_any(dtype)
         self.shape = None if shape is None else tuple(int(d) for d in shape)
         if self.dtype is not None and self.shape is None:
@@ -133,6 +138,30 @@ class Var:
         # serde writes a field when it differs from its default or is named here, which is
         # what makes load -> save byte-identical.
         self._explicit: frozenset[str] = frozenset()
+
+    @classmethod
+    def _loaded(cls, name: str, type_desc: tuple, flags: Mapping[str, bool], attrs: dict[str, Attr]) -> Var:
+        """A var as serde's fast reader decoded it: `type_desc` is (kind, dtype, shape,
+        lod_level, reader, tuple_types, explicit type fields), shared by every var of that
+        type; `flags` the optional bools that were on the wire. Skips `__init__`'s
+        conversions: the values are already of their types."""
+        kind, dtype, shape, lod_level, reader, tuple_types, explicit = type_desc
+        var = cls.__new__(cls)
+        var._name = name
+        var.block = None
+        var.kind = kind
+        var.dtype = dtype
+        var.shape = shape
+        var.lod_level = lod_level
+        var.persistable = flags.get("persistable", False)
+        var.need_check_feed = flags.get("need_check_feed", False)
+        var.is_parameter = flags.get("is_parameter", False)
+        var.stop_gradient = flags.get("stop_gradient", False)
+        var.attrs = attrs
+        var.reader = reader
+        var.tuple_types = tuple_types
+        var._explicit = explicit.union(flags) if flags else explicit
+        return var
 
     @property
     def name(self) -> str:
@@ -209,6 +238,52 @@ class Op:
         self.block: Block | None = None
         self._prev: Op | None = None
         self._next: Op | None = None
+
+    @classmethod
+    def _built(
+        cls, type: str, inputs: dict[str, tuple[str, ...]], outputs: dict[str, tuple[str, ...]], attrs: dict[str, Attr]
+    ) -> Op:
+        """An op from slots and attrs that are already normalised (the catalogue's
+        `make_op` checked and typed them): the dicts are taken as they are, not copied."""
+        op = cls.__new__(cls)
+        op.type = type
+        op._inputs = inputs
+        op._outputs = outputs
+        op._attrs = attrs
+        op._wire_attrs = None
+        op.is_target = False
+        op._explicit = _NOTHING_EXPLICIT
+        op.block = None
+        op._prev = op._next = None
+        return op
+
+    @classmethod
+    def _loaded(
+        cls,
+        type: str,
+        inputs: dict[str, tuple[str, ...]],
+        outputs: dict[str, tuple[str, ...]],
+        wire_attrs: list[tuple[str, Attr]],
+        is_target: bool | None,
+    ) -> Op:
+        """An op as serde's fast reader decoded it (`is_target` None when the wire had no
+        such field). A repeated attr name keeps the last value at its first place, as
+        Paddle's OpDesc reads it, and the wire entries are kept for saving."""
+        op = cls.__new__(cls)
+        op.type = type
+        op._inputs = inputs
+        op._outputs = outputs
+        op._attrs = attrs = dict(wire_attrs)
+        op._wire_attrs = tuple(wire_attrs) if len(attrs) < len(wire_attrs) else None
+        if is_target is None:
+            op.is_target = False
+            op._explicit = _NOTHING_EXPLICIT
+        else:
+            op.is_target = is_target
+            op._explicit = _IS_TARGET_EXPLICIT
+        op.block = None
+        op._prev = op._next = None
+        return op
 
     # -- slots
     @property
@@ -362,7 +437,13 @@ class Op:
     @property
     def role(self) -> OpRole:
         """The `op_role` attr as an `OpRole` (Forward when absent)."""
-        return OpRole(int(self.attr(OP_ROLE_ATTR, 0)) & 0xFFFF_FFFF)
+        number = int(self.attr(OP_ROLE_ATTR, 0)) & 0xFFFF_FFFF
+        role = _ROLE_OF_NUMBER.get(number)
+        if role is None:  # building a flag enum member costs microseconds; a program uses a handful
+            role = OpRole(number)
+            if len(_ROLE_OF_NUMBER) < 1024:
+                _ROLE_OF_NUMBER[number] = role
+        return role
 
     @property
     def role_vars(self) -> tuple[str, ...]:
@@ -376,12 +457,15 @@ class Op:
             raise IRError(f"op {self.type!r} is not in a block")
         return self.block.index_of(self)
 
-    def clone(self) -> Op:
-        """A detached copy with the same slots and attrs."""
+    def clone(
+        self, *, inputs: Mapping[str, SlotArgs] | None = None, outputs: Mapping[str, SlotArgs] | None = None
+    ) -> Op:
+        """A detached copy with the same slots and attrs; `inputs` / `outputs` given
+        replace the copied slots (cheaper than `set_input` slot by slot)."""
         new = Op.__new__(Op)
         new.type = self.type
-        new._inputs = dict(self._inputs)
-        new._outputs = dict(self._outputs)
+        new._inputs = dict(self._inputs) if inputs is None else _slots(inputs)
+        new._outputs = dict(self._outputs) if outputs is None else _slots(outputs)
         new._attrs = dict(self._attrs)
         new._wire_attrs = self._wire_attrs
         new.is_target = self.is_target
@@ -394,6 +478,11 @@ class Op:
         ins = ", ".join(f"{k}={list(v)}" for k, v in self._inputs.items())
         outs = ", ".join(f"{k}={list(v)}" for k, v in self._outputs.items())
         return f"Op({self.type}: {ins} -> {outs})"
+
+
+_ROLE_OF_NUMBER: dict[int, OpRole] = {}
+_NOTHING_EXPLICIT: frozenset[str] = frozenset()
+_IS_TARGET_EXPLICIT = frozenset({"is_target"})
 
 
 def _rename_in(slots: dict[str, tuple[str, ...]], old: str, new: str) -> None:
@@ -464,6 +553,28 @@ class Block:
         self._vars[var.name] = var
         return var
 
+    def _add_loaded(self, variables: list[Var], ops: list[Op]) -> None:
+        """Fill a new, empty block with what serde decoded or a clone copied: the vars
+        (distinct names, detached) and the ops in order. One pass instead of `add_var` / `add_op` per item,
+        which re-check and re-invalidate for each."""
+        table = self._vars
+        for var in variables:
+            var.block = self
+            table[var.name] = var
+        prev = self._tail
+        for op in ops:
+            op.block = self
+            op._prev = prev
+            if prev is None:
+                self._head = op
+            else:
+                prev._next = op
+            prev = op
+            self._index(op)
+        self._tail = prev
+        self._num_ops += len(ops)
+        self._changed(structure=True)
+
     def remove_var(self, name: str) -> Var:
         self._check_mutable()
         var = self.var(name)
@@ -526,6 +637,10 @@ class Block:
     def writers(self, name: str) -> list[Op]:
         """Ops of this block with `name` among their outputs, in op order."""
         return self._in_order(self._writers.get(name, ()))
+
+    def names_read(self) -> frozenset[str]:
+        """Every var name some op of this block reads (from the index: O(names), not O(ops))."""
+        return frozenset(self._readers)
 
     def var_names_used(self) -> list[str]:
         """Every var name some op of this block reads or writes, in first-seen index order."""
@@ -681,13 +796,16 @@ class Block:
         self._changed(structure=True)
 
     def _index(self, op: Op) -> None:
-        readers, writers = self._readers, self._writers
-        for args in op._inputs.values():
-            for name in args:
-                readers.setdefault(name, {})[op] = None
-        for args in op._outputs.values():
-            for name in args:
-                writers.setdefault(name, {})[op] = None
+        # get-then-insert rather than setdefault(name, {}): that builds a dict per arg even
+        # when the name has users already, and indexing runs for every op added or loaded.
+        for table, slots in ((self._readers, op._inputs), (self._writers, op._outputs)):
+            for args in slots.values():
+                for name in args:
+                    users = table.get(name)
+                    if users is None:
+                        table[name] = {op: None}
+                    else:
+                        users[op] = None
 
     def _unindex(self, op: Op) -> None:
         for table, names in ((self._readers, op.input_names), (self._writers, op.output_names)):
@@ -748,6 +866,8 @@ class Program:
         return self._blocks[idx]
 
     def global_block(self) -> Block:
+        if self._blocks:  # called everywhere: skip `block`'s checks when block 0 exists
+            return self._blocks[0]
         return self.block(0)
 
     def create_block(self, parent_idx: int = 0) -> Block:
@@ -861,15 +981,15 @@ class Program:
         copies = CloneMap()
         new.version = self.version
         new.op_version_map = None if self.op_version_map is None else dict(self.op_version_map)
+        var_copies, op_copies = copies.vars, copies.ops
         for block in self._blocks:
             copy = Block(new, block.idx, block.parent_idx, block.forward_block_idx)
             copy._explicit = block._explicit
-            for var in block._vars.values():
-                copies.vars[var] = copy.add_var(var.copy())
-            for op in block.ops:
-                new_op = op.clone()
-                copy._link_after(copy._tail, new_op)
-                copies.ops[op] = new_op
+            variables = [var.copy() for var in block._vars.values()]
+            ops = [op.clone() for op in block.ops]
+            var_copies.update(zip(block._vars.values(), variables))
+            op_copies.update(zip(block.ops, ops))
+            copy._add_loaded(variables, ops)  # in one pass: a clone's items are detached and distinct
             new.append_block(copy)
         return new, copies
 

@@ -14,14 +14,29 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from google.protobuf.message import DecodeError
 
-from proto import framework_pb2 as pb
-from transpiler.errors import ProgramFormatError
+from transpiler.errors import IRError, ProgramFormatError
 from transpiler.ir.attrs import Attr, AttrType
+from transpiler.ir.gc_pause import gc_paused
 from transpiler.ir.program import Block, Op, Program, Var
+from transpiler.ir.wire import Reader, Unusual, Writer
 from transpiler.ir.types import LOD_FIELDS, TENSOR_FIELD_OF_KIND, DType, VarKind
+
+
+if TYPE_CHECKING:
+    from proto import framework_pb2 as pb
+
+
+def _pb():
+    """protobuf's generated classes, imported on first use: the fast reader and writer
+    handle the common pieces themselves, so a plain load -> transpile -> save (the whole of
+    `pstranspile transpile`) may never need them, and importing them costs ~15 ms."""
+    from proto import framework_pb2
+
+    return framework_pb2
 
 
 class UnknownFieldsWarning(UserWarning):
@@ -68,9 +83,27 @@ def read_file(path: str | os.PathLike) -> bytes:
 def program_from_bytes(data: bytes, *, source: str = "<bytes>") -> Program:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ProgramFormatError(f"{source}: expected bytes, got {type(data).__name__}")
-    message = pb.ProgramDesc()
+    data = bytes(data)
+    program = fast_program_from_bytes(data)
+    return program if program is not None else _program_via_protobuf(data, source)
+
+
+def fast_program_from_bytes(data: bytes) -> Program | None:
+    """The program, by the fast reader (`transpiler.ir.wire`); None when the bytes are not
+    of the common shape it handles (they may still be a valid program, or not)."""
     try:
-        message.ParseFromString(bytes(data))
+        with gc_paused():
+            return _FAST.program(data)
+    except (Unusual, _InvalidText, ValueError, OverflowError, DecodeError, IRError):
+        return None
+
+
+def _program_via_protobuf(data: bytes, source: str) -> Program:
+    """Decode through protobuf's message objects: slower, but any bytes protobuf accepts,
+    with the warnings and errors that name what is wrong."""
+    message = _pb().ProgramDesc()
+    try:
+        message.ParseFromString(data)
     except DecodeError as exc:
         raise ProgramFormatError(f"{source}: not a ProgramDesc ({_decode_reason(exc)})") from None
     if not message.IsInitialized():
@@ -153,45 +186,55 @@ def _program(message: pb.ProgramDesc, source: str) -> Program:
 
 
 def _var(message) -> Var:
-    var_type = message.type
-    var = Var(message.name, _VAR_KIND_OF_NUMBER.get(var_type.type) or VarKind(var_type.type))
+    if not message.name:
+        raise IRError(f"a var needs a non-empty name, got {message.name!r}")
+    flags = {flag: getattr(message, flag) for flag in _VAR_OPTIONAL_BOOLS if message.HasField(flag)}
+    attrs = dict(_var_attr(attr_msg) for attr_msg in message.attrs)
+    return Var._loaded(message.name, _var_type(message.type), flags, attrs)
+
+
+def _var_type(var_type) -> tuple:
+    """A `VarType` as `Var._loaded` takes it: (kind, dtype, shape, lod_level, reader,
+    tuple_types, the fields that were explicit)."""
+    kind = _VAR_KIND_OF_NUMBER.get(var_type.type) or VarKind(var_type.type)
+    dtype = shape = None
+    lod_level = 0
+    reader: tuple = ()
+    tuple_types: tuple = ()
     explicit = set()
-    for flag in _VAR_OPTIONAL_BOOLS:
-        if message.HasField(flag):
-            explicit.add(flag)
-            setattr(var, flag, getattr(message, flag))  # absent: the Var's default, False
-    field = TENSOR_FIELD_OF_KIND.get(var.kind)
+    field = TENSOR_FIELD_OF_KIND.get(kind)
     if field is None or not var_type.HasField(field):
         # A kind without a tensor desc, or a desc under another kind's field: take whichever is there.
         field = next((f for f in TENSOR_FIELD_OF_KIND.values() if var_type.HasField(f)), None)
     if field is not None:
         sub = getattr(var_type, field)
         tensor = sub.tensor if field in LOD_FIELDS else sub
-        var.dtype = _DTYPE_OF_NUMBER.get(tensor.data_type) or DType(tensor.data_type)
-        var.shape = tuple(tensor.dims)
+        dtype = _DTYPE_OF_NUMBER.get(tensor.data_type) or DType(tensor.data_type)
+        shape = tuple(tensor.dims)
         if field in LOD_FIELDS:
-            var.lod_level = sub.lod_level
+            lod_level = sub.lod_level
             if sub.HasField("lod_level"):
                 explicit.add("lod_level")
-        if field != TENSOR_FIELD_OF_KIND.get(var.kind):
+        if field != TENSOR_FIELD_OF_KIND.get(kind):
             explicit.add("tensor_field:" + field)
     if var_type.HasField("reader"):
-        var.reader = tuple(
+        reader = tuple(
             (DType(t.tensor.data_type), tuple(t.tensor.dims), t.lod_level) for t in var_type.reader.lod_tensor
         )
         explicit.add("reader")
     if var_type.HasField("tuple"):
-        var.tuple_types = tuple(var_type.tuple.element_type)
+        tuple_types = tuple(var_type.tuple.element_type)
         explicit.add("tuple")
-    for attr_msg in message.attrs:
-        attr_type = AttrType(attr_msg.type)
-        _text(attr_msg.name, "var attr name")
-        value = getattr(attr_msg, _VAR_ATTR_FIELD.get(attr_type, "i"))
-        if attr_type == AttrType.STRING:
-            _text(value, "var attr string")
-        var.attrs[attr_msg.name] = Attr.of(list(value) if attr_type == AttrType.INTS else value, attr_type)
-    var._explicit = frozenset(explicit)
-    return var
+    return kind, dtype, shape, lod_level, reader, tuple_types, frozenset(explicit)
+
+
+def _var_attr(attr_msg) -> tuple[str, Attr]:
+    attr_type = AttrType(attr_msg.type)
+    name = _text(attr_msg.name, "var attr name")
+    value = getattr(attr_msg, _VAR_ATTR_FIELD.get(attr_type, "i"))
+    if attr_type == AttrType.STRING:
+        _text(value, "var attr string")
+    return name, Attr.of(list(value) if attr_type == AttrType.INTS else value, attr_type)
 
 
 def _op(message, source: str, block_idx: int, op_index: int) -> Op:
@@ -286,24 +329,61 @@ def _attr(message) -> Attr:
 
 def _scalar_value(message):
     kind = message.type
-    if kind == pb.Scalar.BOOLEAN:
+    if kind == _pb().Scalar.BOOLEAN:
         return bool(message.b)
-    if kind == pb.Scalar.LONG:
+    if kind == _pb().Scalar.LONG:
         return int(message.i)
-    if kind == pb.Scalar.FLOAT64:
+    if kind == _pb().Scalar.FLOAT64:
         return float(message.r)
     return complex(message.c.r, message.c.i)
+
+
+# The fast reader's decoders: each takes the bytes of one sub-message that repeats across
+# programs (an op attr, a var's type, a var attr) and decodes it through protobuf, so its
+# meaning is protobuf's. Anything out of the common shape raises `Unusual`, and the whole
+# program is decoded the slow way above.
+
+
+def _checked(message_class, chunk: bytes):
+    message = message_class.FromString(chunk)
+    if not message.IsInitialized():
+        raise Unusual
+    size = message.ByteSize()
+    message.DiscardUnknownFields()
+    if message.ByteSize() != size:
+        raise Unusual
+    return message
+
+
+def _decode_op_attr(chunk: bytes) -> tuple[str, Attr]:
+    message = _checked(_pb().OpDesc.Attr, chunk)
+    return _text(message.name, "attr name"), _attr(message)
+
+
+def _decode_var_type(chunk: bytes) -> tuple:
+    return _var_type(_checked(_pb().VarType, chunk))
+
+
+def _decode_var_attr(chunk: bytes) -> tuple[str, Attr]:
+    return _var_attr(_checked(_pb().VarDesc.Attr, chunk))
+
+
+_FAST = Reader(_decode_op_attr, _decode_var_type, _decode_var_attr)
 
 
 # ---------------------------------------------------------------------- encoding
 
 
 def program_to_bytes(program: Program) -> bytes:
-    return program_to_message(program).SerializeToString()
+    try:
+        with gc_paused():  # the writer's short-lived lists would trigger collections that free nothing
+            return _WRITER.program(program)
+    except Exception:  # noqa: BLE001 - whatever the fast writer trips on, protobuf's path is the reference
+        return program_to_message(program).SerializeToString()
 
 
 def program_to_message(program: Program) -> pb.ProgramDesc:
-    message = pb.ProgramDesc()
+    message = _pb().ProgramDesc()
     for block in program.blocks:
         block_msg = message.blocks.add()
         block_msg.idx = block.idx
@@ -327,7 +407,16 @@ def program_to_message(program: Program) -> pb.ProgramDesc:
 
 def _write_var(message, var: Var) -> None:
     message.name = var.name
-    var_type = message.type
+    _write_var_type(message.type, var)
+    for flag in _VAR_OPTIONAL_BOOLS:
+        value = getattr(var, flag)
+        if value or flag in var._explicit:
+            setattr(message, flag, value)
+    for name, attr in var.attrs.items():
+        _write_var_attr(message.attrs.add(), name, attr, var.name)
+
+
+def _write_var_type(var_type, var: Var) -> None:
     var_type.type = int(var.kind)
     if var.dtype is not None:
         field = next((f.split(":", 1)[1] for f in var._explicit if f.startswith("tensor_field:")), None)
@@ -348,21 +437,18 @@ def _write_var(message, var: Var) -> None:
     if var.tuple_types or "tuple" in var._explicit:
         var_type.tuple.SetInParent()
         var_type.tuple.element_type.extend(var.tuple_types)
-    for flag in _VAR_OPTIONAL_BOOLS:
-        value = getattr(var, flag)
-        if value or flag in var._explicit:
-            setattr(message, flag, value)
-    for name, attr in var.attrs.items():
-        entry = message.attrs.add()
-        entry.name = name
-        entry.type = int(attr.type)
-        field = _VAR_ATTR_FIELD.get(attr.type)
-        if field is None:
-            raise ProgramFormatError(f"var {var.name!r}: a VarDesc attr cannot be {attr.type.name}")
-        if attr.type == AttrType.INTS:
-            entry.ints.extend(attr.value)
-        else:
-            setattr(entry, field, attr.value)
+
+
+def _write_var_attr(entry, name: str, attr: Attr, var_name: str) -> None:
+    entry.name = name
+    entry.type = int(attr.type)
+    field = _VAR_ATTR_FIELD.get(attr.type)
+    if field is None:
+        raise ProgramFormatError(f"var {var_name!r}: a VarDesc attr cannot be {attr.type.name}")
+    if attr.type == AttrType.INTS:
+        entry.ints.extend(attr.value)
+    else:
+        setattr(entry, field, attr.value)
 
 
 def _write_op(message, op: Op) -> None:
@@ -375,14 +461,19 @@ def _write_op(message, op: Op) -> None:
             add(parameter=slot, arguments=args)
     add = message.attrs.add
     for name, attr in op._attrs.items() if op._wire_attrs is None else op._wire_attrs:
-        attr_type = attr.type
-        field = _PLAIN_FIELD.get(attr_type)
-        if field is not None:
-            add(name=name, type=_WIRE_NUMBER[attr_type], **{field: attr.value})
-        else:
-            _write_attr_value(add(name=name, type=_WIRE_NUMBER[attr_type]), attr)
+        _write_op_attr(add, name, attr)
     if op.is_target or "is_target" in op._explicit:
         message.is_target = op.is_target
+
+
+def _write_op_attr(add, name: str, attr: Attr) -> None:
+    """Append one `OpDesc.Attr` through `add` (a repeated field's `add`)."""
+    attr_type = attr.type
+    field = _PLAIN_FIELD.get(attr_type)
+    if field is not None:
+        add(name=name, type=_WIRE_NUMBER[attr_type], **{field: attr.value})
+    else:
+        _write_attr_value(add(name=name, type=_WIRE_NUMBER[attr_type]), attr)
 
 
 # The attr types whose value is the field's value as is (all but SCALAR / SCALARS).
@@ -405,15 +496,40 @@ def _write_attr_value(entry, attr: Attr) -> None:
 
 def _write_scalar(message, value) -> None:
     if isinstance(value, bool):
-        message.type = pb.Scalar.BOOLEAN
+        message.type = _pb().Scalar.BOOLEAN
         message.b = value
     elif isinstance(value, int):
-        message.type = pb.Scalar.LONG
+        message.type = _pb().Scalar.LONG
         message.i = value
     elif isinstance(value, float):
-        message.type = pb.Scalar.FLOAT64
+        message.type = _pb().Scalar.FLOAT64
         message.r = value
     else:
-        message.type = pb.Scalar.COMPLEX128
+        message.type = _pb().Scalar.COMPLEX128
         message.c.r = value.real
         message.c.i = value.imag
+
+
+# The fast writer's encoders (see `transpiler.ir.wire.Writer`): each writes one repeating
+# piece through protobuf, so the bytes are protobuf's; the writer reuses them.
+
+
+def _encode_op_attr(name: str, attr: Attr) -> bytes:
+    holder = _pb().OpDesc()
+    _write_op_attr(holder.attrs.add, name, attr)
+    return holder.attrs[0].SerializeToString()
+
+
+def _encode_var_type(var: Var) -> bytes:
+    var_type = _pb().VarType()
+    _write_var_type(var_type, var)
+    return var_type.SerializeToString()
+
+
+def _encode_var_attr(name: str, attr: Attr) -> bytes:
+    entry = _pb().VarDesc.Attr()
+    _write_var_attr(entry, name, attr, "?")
+    return entry.SerializeToString()
+
+
+_WRITER = Writer(_encode_op_attr, _encode_var_type, _encode_var_attr)

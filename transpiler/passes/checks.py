@@ -80,7 +80,7 @@ def _received_vars(program: Program) -> frozenset[str] | None:
         except MalformedEntryError:
             continue  # _check_grad_to_block reports it
         if 0 < idx < program.num_blocks:
-            names.update(n for op in program.block(idx).ops for n in op.input_names)
+            names.update(program.block(idx).names_read())
     return frozenset(names)
 
 

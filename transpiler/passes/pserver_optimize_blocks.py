@@ -72,12 +72,13 @@ class _BlockFiller:
         shared = len(param.blocks_on(self.endpoint)) > 1
         for op in chain.ops:
             slots = optimizer_slots(op.type) if op is chain.optimizer else None
-            new = op.clone()
-            for direction in ("inputs", "outputs"):
-                for slot, args in getattr(op, direction).items():
-                    mapped = [self._map_arg(arg, slot, slots, direction, param, var_block, shared, mapping)
-                              for arg in args]
-                    (new.set_input if direction == "inputs" else new.set_output)(slot, mapped)
+            new = op.clone(**{
+                direction: {
+                    slot: [self._map_arg(arg, slot, slots, direction, param, var_block, shared, mapping) for arg in args]
+                    for slot, args in getattr(op, direction).items()
+                }
+                for direction in ("inputs", "outputs")
+            })
             if new.role_vars:
                 new.set_attr(OP_ROLE_VAR_ATTR, [mapping.get(name, name) for name in new.role_vars])
             block.add_op(new)
