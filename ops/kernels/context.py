@@ -16,6 +16,7 @@ sub-block's own temporaries die with its child scope.
 
 from __future__ import annotations
 
+import sys
 import zlib
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,22 @@ if TYPE_CHECKING:
     from transpiler.ir import Block, Op, Program, Var
 
 _MISSING: Any = object()
+SPARES = "spares"  # the memo key of an op's recyclable output arrays, (slot, i) -> array or None
+
+
+def _references(array: np.ndarray) -> int:
+    return sys.getrefcount(array)
+
+
+def _references_of_a_sole_local() -> int:
+    """What `_references` reports for an array one local variable alone holds (the
+    interpreter's own references differ between Python versions, so measure them)."""
+    probe = np.empty(0)
+    return _references(probe)
+
+
+# CPython only: elsewhere reference counts say nothing and every output is a new array.
+SOLE_LOCAL_REFERENCES = _references_of_a_sole_local() if sys.implementation.name == "cpython" else -1
 
 
 class KernelError(PsTranspilerError):
@@ -48,19 +65,19 @@ class Frame:
         self.scope = scope
         self.parent = parent
 
-    def write(self, name: str, value: Any) -> None:
+    def write(self, name: str, value: Any) -> Any:
         """Bind `name` where Paddle's executor would have created it: a persistable var in
         the run's outermost scope; else the scope of the innermost running block that
-        declares it; else the nearest scope holding it; else this frame's scope."""
+        declares it; else the nearest scope holding it; else this frame's scope. Returns
+        the value `name` had in that scope (None if none)."""
         frame: Frame | None = self
         while frame is not None:
             if frame.block.has_var(name):
                 target = frame.outermost().scope if frame.block.var(name).persistable else frame.scope
-                target.set_var(name, value)
-                return
+                return target.exchange(name, value)
             frame = frame.parent
         owner = self.scope.find_scope(name)
-        (owner if owner is not None else self.scope).set_var(name, value)
+        return (owner if owner is not None else self.scope).exchange(name, value)
 
     def outermost(self) -> Frame:
         frame = self
@@ -247,7 +264,30 @@ class OpContext:
             return
         if isinstance(value, np.ndarray) or np.isscalar(value):
             value = LoDTensor(np.asarray(value), lod)
-        self.frame.write(names[i], value)
+        displaced = self.frame.write(names[i], value)
+        spares = self.memo.get(SPARES)
+        if spares is not None and (slot, i) in spares and isinstance(displaced, LoDTensor):
+            spares[(slot, i)] = displaced.array
+
+    def output_buffer(self, slot: str, shape: tuple[int, ...], dtype: np.dtype, i: int = 0) -> np.ndarray:
+        """An array of `shape` and `dtype` for the kernel to compute the slot's `i`-th
+        output into (`out=`) and then `set_output`: the array this op's last output in
+        that slot displaced from the scope, when nothing else holds it any more, else a
+        new one. Outputs stay values that are replaced, never mutated in place: the
+        recycled array was unreachable (out of the scope, no view, no fetch result, no
+        queued send refers to it), so a reader holding an old value keeps it intact, and
+        the arithmetic into it is the same as into a new array, bit for bit. Writing a
+        new array every step costs page faults for large tensors (a param, its moments);
+        recycling costs one spare array per recycled output."""
+        spares = self.memo.get(SPARES)
+        if spares is None:
+            spares = self.memo.setdefault(SPARES, {})
+        # `pop` is atomic: two threads running the op at once never get the same array.
+        spare = spares.pop((slot, i), None)
+        spares.setdefault((slot, i), None)  # from now on, set_output keeps what it displaces
+        if spare is not None and _references(spare) == SOLE_LOCAL_REFERENCES and _fits(spare, shape, dtype):
+            return spare
+        return np.empty(shape, dtype)
 
     def set_var(self, name: str, value: Any, *, lod: Any = None) -> None:
         """Store `value` under an output arg `name` (for slots whose args line up with
@@ -273,3 +313,16 @@ class OpContext:
         the op's first output name)."""
         names = self.op.output_names
         return self.run.rng(names[0] if names else self.op.type, int(self.attr("seed", 0)))
+
+
+def _fits(array: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> bool:
+    """`array` owns its memory (a view's base may be held elsewhere), is writeable and
+    C-contiguous, with `shape` and `dtype`."""
+    flags = array.flags
+    return (
+        array.base is None
+        and flags.writeable
+        and flags.c_contiguous
+        and array.shape == tuple(shape)
+        and array.dtype == dtype
+    )
