@@ -122,7 +122,7 @@ class RunContext:
 class OpContext:
     """One op being run: slot and attr access for its kernel."""
 
-    __slots__ = ("op", "frame", "run", "spec", "memo")
+    __slots__ = ("op", "frame", "run", "spec", "memo", "block", "scope")
 
     def __init__(self, op: Op, frame: Frame, run: RunContext, spec: KernelSpec, memo: dict[str, Any] | None = None) -> None:
         self.op = op
@@ -132,18 +132,13 @@ class OpContext:
         # Facts about the op and its place in the block (its slots' args, does a barrier
         # follow?), kept by the executor for as long as the block is unchanged.
         self.memo: dict[str, Any] = {} if memo is None else memo
+        # The frame's, as plain attributes: every input a kernel reads goes through them.
+        self.block: Block = frame.block
+        self.scope: Scope = frame.scope
 
     @property
     def type(self) -> str:
         return self.op.type
-
-    @property
-    def block(self) -> Block:
-        return self.frame.block
-
-    @property
-    def scope(self) -> Scope:
-        return self.frame.scope
 
     @property
     def env(self) -> dict[str, Any]:
@@ -179,7 +174,9 @@ class OpContext:
 
     def value(self, slot: str, i: int = 0) -> Any:
         """The scope value of the slot's `i`-th arg; `KernelError` if absent."""
-        names = self.input_names(slot)
+        names = self.memo.get(("in", slot))
+        if names is None:
+            names = self.input_names(slot)
         if i >= len(names):
             raise KernelError(f"op {self.op.type!r} needs input slot {slot!r} (arg {i}); it has {list(names)}")
         value = self.scope.find_var(names[i], _MISSING)
@@ -198,7 +195,8 @@ class OpContext:
 
     def input(self, slot: str, i: int = 0) -> np.ndarray:
         """The slot's `i`-th arg as a dense numpy array (never a copy)."""
-        return self._dense(slot, self.value(slot, i))
+        value = self.value(slot, i)
+        return value.array if type(value) is LoDTensor else self._dense(slot, value)
 
     def optional_input(self, slot: str, i: int = 0) -> np.ndarray | None:
         value = self.optional_value(slot, i)
