@@ -196,14 +196,14 @@ class OpContext:
     def input(self, slot: str, i: int = 0) -> np.ndarray:
         """The slot's `i`-th arg as a dense numpy array (never a copy)."""
         value = self.value(slot, i)
-        return value.array if type(value) is LoDTensor else self._dense(slot, value)
+        return value.array if type(value) is LoDTensor else self.dense(slot, value)
 
     def optional_input(self, slot: str, i: int = 0) -> np.ndarray | None:
         value = self.optional_value(slot, i)
-        return None if value is None else self._dense(slot, value)
+        return None if value is None else self.dense(slot, value)
 
     def inputs(self, slot: str) -> list[np.ndarray]:
-        return [self._dense(slot, v) for v in self.values(slot)]
+        return [self.dense(slot, v) for v in self.values(slot)]
 
     def lod(self, slot: str, i: int = 0) -> tuple[np.ndarray, ...]:
         value = self.optional_value(slot, i)
@@ -217,7 +217,9 @@ class OpContext:
             raise KernelError(f"input {slot} of op {self.op.type!r} must hold one element, got shape {shape}")
         return array.reshape(-1)[0]
 
-    def _dense(self, slot: str, value: Any) -> np.ndarray:
+    def dense(self, slot: str, value: Any) -> np.ndarray:
+        """A value `value(slot)` returned as a dense numpy array (a kernel that looked at
+        the value first, for SelectedRows, need not look it up again)."""
         if isinstance(value, LoDTensor):
             return value.array
         if isinstance(value, np.ndarray):

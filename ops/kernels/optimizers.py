@@ -38,18 +38,19 @@ def _grad(ctx: OpContext) -> np.ndarray | SelectedRows:
     value = ctx.value("Grad")
     if isinstance(value, SelectedRows):
         return value.merged()
-    return ctx.input("Grad")
+    return ctx.dense("Grad", value)
 
 
 def _dense_grad(ctx: OpContext, i: int = 0) -> np.ndarray:
     """The grad of an op Paddle implements for dense grads only."""
-    if isinstance(ctx.value("Grad", i), SelectedRows):
+    value = ctx.value("Grad", i)
+    if isinstance(value, SelectedRows):
         name = ctx.input_names("Grad")[i]
         raise KernelError(
             f"{ctx.type} takes only a dense Grad, as in Paddle; {name!r} is SelectedRows "
             "(a sparse grad needs sgd, momentum, adam, adagrad, rmsprop or ftrl)"
         )
-    return ctx.input("Grad", i)
+    return ctx.dense("Grad", value)
 
 
 def _dense_param(ctx: OpContext, i: int = 0) -> np.ndarray:
@@ -59,7 +60,7 @@ def _dense_param(ctx: OpContext, i: int = 0) -> np.ndarray:
             f"{ctx.type} cannot update a SelectedRows parameter (a table needs sgd, momentum, adam, adagrad, "
             "rmsprop or ftrl)"
         )
-    return ctx.input("Param", i)
+    return ctx.dense("Param", value)
 
 
 def _check_rows(ctx: OpContext, grad: SelectedRows, param: np.ndarray) -> None:
@@ -224,9 +225,17 @@ def adam(ctx: OpContext) -> None:
     ctx.set_output("Beta2PowOut", (b2p_arr * beta2).astype(b2p_arr.dtype, copy=False))
 
 
+# Below this many elements a new array costs less than recycling one: malloc hands small
+# blocks back from its free lists, without the page faults of a large one.
+RECYCLE_FROM_ELEMENTS = 4096
+
+
 def _adam_buffers(ctx: OpContext, p, g, m1, m2) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Arrays for ParamOut, Moment1Out and Moment2Out (`output_buffer`) when all four
-    tensors share one dtype and shape; None (new arrays, numpy's casts) otherwise."""
+    tensors share one dtype and shape and are large; None (new arrays, numpy's casts)
+    otherwise. Both ways compute the same bits."""
+    if p.size < RECYCLE_FROM_ELEMENTS:
+        return None
     if not (p.dtype == g.dtype == m1.dtype == m2.dtype and p.shape == g.shape == m1.shape == m2.shape):
         return None
     return tuple(ctx.output_buffer(slot, p.shape, p.dtype) for slot in ("ParamOut", "Moment1Out", "Moment2Out"))
