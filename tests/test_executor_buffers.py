@@ -5,6 +5,8 @@ one."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from conftest import PADDLE_PROGRAMS
@@ -117,3 +119,26 @@ def test_mixed_dtypes_keep_numpy_promotion():
     x, w = np.ones((2, 3), np.float32), np.ones((3, 4), np.float64)
     (y,) = Executor().run(program, feed={"x": x, "w": w}, fetch_list=["y"], scope=Scope())
     assert y.dtype == np.float64 and y.tolist() == [[3.0] * 4] * 2
+
+
+def test_threads_running_one_prepared_block_never_share_a_buffer():
+    """One executor (one memo of spares) runs the block from four threads at once, each
+    in its own scope: every result is its own thread's."""
+    exe = Executor()
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        try:
+            scope = Scope()
+            for _ in range(200):
+                (y,) = run_matmul(exe, scope, k)
+                assert np.all(y == 3.0 * k), y
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(1, 5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
