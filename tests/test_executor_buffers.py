@@ -142,3 +142,35 @@ def test_threads_running_one_prepared_block_never_share_a_buffer():
     for thread in threads:
         thread.join()
     assert not errors, errors
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m, k, n", [(64, 784, 512), (7, 5, 3), (1, 9, 1), (33, 1, 17)])
+def test_matmul_into_a_buffer_gives_the_bytes_of_a_new_product(m, k, n, dtype):
+    """mul and mul_grad's three products (X @ W, dOut @ W.T, X.T @ dOut) against numpy's
+    `@` without `out=`, as the kernels computed them before."""
+    rng = np.random.default_rng([m, k, n])
+    x, w, dout = (rng.standard_normal(shape).astype(dtype) for shape in ((m, k), (k, n), (m, n)))
+    program = program_with(("mul_grad", {"X": ["x"], "Y": ["w"], "Out@GRAD": ["d"]},
+                            {"X@GRAD": ["dx"], "Y@GRAD": ["dw"]}, {}),
+                           ("mul", {"X": ["x"], "Y": ["w"]}, {"Out": ["y"]}, {}))
+    exe, scope = Executor(), Scope()
+    for _ in range(3):  # the third run computes into recycled arrays
+        y, dx, dw = exe.run(program, feed={"x": x, "w": w, "d": dout}, fetch_list=["y", "dx", "dw"], scope=scope)
+    assert y.tobytes() == (x @ w).tobytes()
+    assert dx.tobytes() == (dout @ w.T).tobytes()
+    assert dw.tobytes() == (x.T @ dout).tobytes()
+
+
+def test_adam_into_buffers_gives_the_bytes_of_new_arrays():
+    from ops.kernels.optimizers import _adam_dense
+
+    rng = np.random.default_rng(7)
+    p, g, m1 = (rng.standard_normal((300, 40)).astype(np.float32) for _ in range(3))
+    m2 = np.abs(rng.standard_normal((300, 40))).astype(np.float32)
+    scalars = (np.float32(0.9), np.float32(0.999), np.float32(0.003), np.float32(1e-8))
+    fresh = _adam_dense(p, g, m1, m2, *scalars)
+    into = tuple(np.full_like(p, np.nan) for _ in range(3))
+    recycled = _adam_dense(p, g, m1, m2, *scalars, into)
+    assert all(a is b for a, b in zip(recycled, into))
+    assert [a.tobytes() for a in recycled] == [a.tobytes() for a in fresh]
