@@ -72,9 +72,10 @@ class Frame:
         the value `name` had in that scope (None if none)."""
         frame: Frame | None = self
         while frame is not None:
-            if frame.block.has_var(name):
-                target = frame.outermost().scope if frame.block.var(name).persistable else frame.scope
-                return target.exchange(name, value)
+            block = frame.block
+            if block.has_var(name):
+                outer = frame.parent is not None and block.var(name).persistable
+                return (frame.outermost().scope if outer else frame.scope).exchange(name, value)
             frame = frame.parent
         owner = self.scope.find_scope(name)
         return (owner if owner is not None else self.scope).exchange(name, value)
