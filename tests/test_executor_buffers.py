@@ -10,7 +10,6 @@ import threading
 import numpy as np
 import pytest
 from conftest import PADDLE_PROGRAMS
-from test_executor import make_feed, program_with
 
 from ops.executor import Executor
 from ops.kernels import context
@@ -20,6 +19,21 @@ from ops.tensor import LoDTensor
 from transpiler.ir import Program
 
 STEPS = 4
+BATCH = 8
+
+
+def program_with(*ops: tuple) -> Program:
+    program = Program.empty()
+    for op_type, inputs, outputs, attrs in ops:
+        program.global_block().add_op(op_type, inputs, outputs, attrs)
+    return program
+
+
+def mlp_feed(step: int) -> dict[str, np.ndarray]:
+    """A batch for the `mlp_adam_2ps` fixture: 784 floats and a class id per example."""
+    rng = np.random.default_rng(step)
+    return {"img": (rng.standard_normal((BATCH, 784)) * 0.1).astype(np.float32),
+            "label": rng.integers(0, 10, (BATCH, 1))}
 
 
 def address(array: np.ndarray) -> int:
@@ -41,7 +55,7 @@ def train(recycle: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, byt
     assert len(params) == 2  # h1.w and h2.w
     places = []
     for step in range(STEPS):
-        exe.run(main, feed=make_feed(main, 8, np.random.default_rng(step)), scope=scope)
+        exe.run(main, feed=mlp_feed(step), scope=scope)
         places.append({name: address(scope.find_var(name).array) for name in params})
     final = {name: scope.find_var(name).array.tobytes() for name in scope.local_names()
              if isinstance(scope.find_var(name), LoDTensor)}
@@ -103,7 +117,7 @@ def test_two_live_vars_never_share_a_recycled_array():
     scope, exe = Scope(), Executor()
     exe.run(startup, scope=scope)
     for step in range(STEPS):
-        exe.run(main, feed=make_feed(main, 8, np.random.default_rng(step)), scope=scope)
+        exe.run(main, feed=mlp_feed(step), scope=scope)
     recycling = {"mul": ["Out"], "mul_grad": ["X@GRAD", "Y@GRAD"], "adam": ["ParamOut", "Moment1Out", "Moment2Out"]}
     names = sorted({name for op in main.global_block().ops for slot in recycling.get(op.type, ())
                     for name in op.output(slot) if name})
