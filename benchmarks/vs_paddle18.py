@@ -1,6 +1,6 @@
 """Ours beside Fluid 1.8.5 on the same Paddle-built programs: 2 pservers x 2 trainers, sync.
 
-    python benchmarks/vs_paddle18.py [--steps 200] [--warmup 20] [--repeat 3] [--quick]
+    python benchmarks/vs_paddle18.py [--steps 200] [--warmup 20] [--repeat 3] [--quick] [--local-only]
     make bench-paddle
 
 Fluid 1.8.5, in its own venv (`tools/paddle_env.py`), builds the workloads and saves their
@@ -15,7 +15,7 @@ trainer. Each workload then trains on those same .pb files, 127.0.0.1 only, free
 * ours: `pstranspile launch --pservers 2 --trainers 2 -- python examples/train_program.py`.
 
 Runs alternate (Paddle, ours, Paddle, ours, ...; `--repeat` each) and the table shows each
-figure's median. A last row trains the MLP locally (no pservers) on both.
+figure's median. A last row trains the MLP locally (no pservers) on both (`--local-only`: that row alone).
 
 * steps/s: trainer 0's, over the steps after `--warmup` (its `timing:` line).
 * CPU ms/step: user + system time of all 4 processes (1 for the local row): each trainer's
@@ -491,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each side per workload")
     parser.add_argument("--quick", action="store_true", help="a short smoke run: 20 steps, 5 warm-up, 1 repeat")
     parser.add_argument("--keep", type=Path, help="keep programs and logs here (default: a temporary folder)")
+    parser.add_argument("--local-only", action="store_true", help="only the local row (no pservers)")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.warmup, args.repeat = 20, 5, 1
@@ -505,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
         work = args.keep or Path(tmp)
         build(python, work)
         try:
-            results = [(case, *compare(python, work, case, args)) for case in CASES]
+            cases = [case for case in CASES if case.local or not args.local_only]
+            results = [(case, *compare(python, work, case, args)) for case in cases]
         except RunFailed as error:
             print(f"vs_paddle18: {error}", file=sys.stderr)
             return 1

@@ -76,6 +76,14 @@ class Scope:
         with self._lock:
             self._vars[name] = value
 
+    def exchange(self, name: str, value: Any) -> Any:
+        """`set_var`, returning the value `name` had in this scope (None if absent): the
+        executor recycles the array a new output displaced once nothing else holds it."""
+        with self._lock:
+            previous = self._vars.get(name)
+            self._vars[name] = value
+        return previous
+
     def var(self, name: str, factory: Any = None) -> Any:
         """Paddle's `Scope::Var`: the value of `name` in this scope, created with
         `factory()` (or None) if absent. Atomic, so two threads get the same object."""

@@ -25,7 +25,7 @@ Lod = tuple[np.ndarray, ...]
 
 def _as_lod(lod: Iterable[Iterable[int]] | None) -> Lod:
     """Normalise a LoD (a list of offset lists) to a tuple of read-only int64 arrays."""
-    if lod is None:
+    if lod is None or (type(lod) is tuple and not lod):  # most outputs: their input's ()
         return ()
     levels = []
     for level in lod:

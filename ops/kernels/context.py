@@ -16,6 +16,7 @@ sub-block's own temporaries die with its child scope.
 
 from __future__ import annotations
 
+import sys
 import zlib
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,22 @@ if TYPE_CHECKING:
     from transpiler.ir import Block, Op, Program, Var
 
 _MISSING: Any = object()
+SPARES = "spares"  # the memo key of an op's recyclable output arrays, (slot, i) -> array or None
+
+
+def _references(array: np.ndarray) -> int:
+    return sys.getrefcount(array)
+
+
+def _references_of_a_sole_local() -> int:
+    """What `_references` reports for an array one local variable alone holds (the
+    interpreter's own references differ between Python versions, so measure them)."""
+    probe = np.empty(0)
+    return _references(probe)
+
+
+# CPython only: elsewhere reference counts say nothing and every output is a new array.
+SOLE_LOCAL_REFERENCES = _references_of_a_sole_local() if sys.implementation.name == "cpython" else -1
 
 
 class KernelError(PsTranspilerError):
@@ -48,19 +65,20 @@ class Frame:
         self.scope = scope
         self.parent = parent
 
-    def write(self, name: str, value: Any) -> None:
+    def write(self, name: str, value: Any) -> Any:
         """Bind `name` where Paddle's executor would have created it: a persistable var in
         the run's outermost scope; else the scope of the innermost running block that
-        declares it; else the nearest scope holding it; else this frame's scope."""
+        declares it; else the nearest scope holding it; else this frame's scope. Returns
+        the value `name` had in that scope (None if none)."""
         frame: Frame | None = self
         while frame is not None:
-            if frame.block.has_var(name):
-                target = frame.outermost().scope if frame.block.var(name).persistable else frame.scope
-                target.set_var(name, value)
-                return
+            block = frame.block
+            if block.has_var(name):
+                outer = frame.parent is not None and block.var(name).persistable
+                return (frame.outermost().scope if outer else frame.scope).exchange(name, value)
             frame = frame.parent
         owner = self.scope.find_scope(name)
-        (owner if owner is not None else self.scope).set_var(name, value)
+        return (owner if owner is not None else self.scope).exchange(name, value)
 
     def outermost(self) -> Frame:
         frame = self
@@ -105,7 +123,7 @@ class RunContext:
 class OpContext:
     """One op being run: slot and attr access for its kernel."""
 
-    __slots__ = ("op", "frame", "run", "spec", "memo")
+    __slots__ = ("op", "frame", "run", "spec", "memo", "block", "scope")
 
     def __init__(self, op: Op, frame: Frame, run: RunContext, spec: KernelSpec, memo: dict[str, Any] | None = None) -> None:
         self.op = op
@@ -115,18 +133,13 @@ class OpContext:
         # Facts about the op and its place in the block (its slots' args, does a barrier
         # follow?), kept by the executor for as long as the block is unchanged.
         self.memo: dict[str, Any] = {} if memo is None else memo
+        # The frame's, as plain attributes: every input a kernel reads goes through them.
+        self.block: Block = frame.block
+        self.scope: Scope = frame.scope
 
     @property
     def type(self) -> str:
         return self.op.type
-
-    @property
-    def block(self) -> Block:
-        return self.frame.block
-
-    @property
-    def scope(self) -> Scope:
-        return self.frame.scope
 
     @property
     def env(self) -> dict[str, Any]:
@@ -162,7 +175,9 @@ class OpContext:
 
     def value(self, slot: str, i: int = 0) -> Any:
         """The scope value of the slot's `i`-th arg; `KernelError` if absent."""
-        names = self.input_names(slot)
+        names = self.memo.get(("in", slot))
+        if names is None:
+            names = self.input_names(slot)
         if i >= len(names):
             raise KernelError(f"op {self.op.type!r} needs input slot {slot!r} (arg {i}); it has {list(names)}")
         value = self.scope.find_var(names[i], _MISSING)
@@ -181,14 +196,15 @@ class OpContext:
 
     def input(self, slot: str, i: int = 0) -> np.ndarray:
         """The slot's `i`-th arg as a dense numpy array (never a copy)."""
-        return self._dense(slot, self.value(slot, i))
+        value = self.value(slot, i)
+        return value.array if type(value) is LoDTensor else self.dense(slot, value)
 
     def optional_input(self, slot: str, i: int = 0) -> np.ndarray | None:
         value = self.optional_value(slot, i)
-        return None if value is None else self._dense(slot, value)
+        return None if value is None else self.dense(slot, value)
 
     def inputs(self, slot: str) -> list[np.ndarray]:
-        return [self._dense(slot, v) for v in self.values(slot)]
+        return [self.dense(slot, v) for v in self.values(slot)]
 
     def lod(self, slot: str, i: int = 0) -> tuple[np.ndarray, ...]:
         value = self.optional_value(slot, i)
@@ -202,7 +218,9 @@ class OpContext:
             raise KernelError(f"input {slot} of op {self.op.type!r} must hold one element, got shape {shape}")
         return array.reshape(-1)[0]
 
-    def _dense(self, slot: str, value: Any) -> np.ndarray:
+    def dense(self, slot: str, value: Any) -> np.ndarray:
+        """A value `value(slot)` returned as a dense numpy array (a kernel that looked at
+        the value first, for SelectedRows, need not look it up again)."""
         if isinstance(value, LoDTensor):
             return value.array
         if isinstance(value, np.ndarray):
@@ -247,7 +265,30 @@ class OpContext:
             return
         if isinstance(value, np.ndarray) or np.isscalar(value):
             value = LoDTensor(np.asarray(value), lod)
-        self.frame.write(names[i], value)
+        displaced = self.frame.write(names[i], value)
+        spares = self.memo.get(SPARES)
+        if spares is not None and (slot, i) in spares and isinstance(displaced, LoDTensor):
+            spares[(slot, i)] = displaced.array
+
+    def output_buffer(self, slot: str, shape: tuple[int, ...], dtype: np.dtype, i: int = 0) -> np.ndarray:
+        """An array of `shape` and `dtype` for the kernel to compute the slot's `i`-th
+        output into (`out=`) and then `set_output`: the array this op's last output in
+        that slot displaced from the scope, when nothing else holds it any more, else a
+        new one. Outputs stay values that are replaced, never mutated in place: the
+        recycled array was unreachable (out of the scope, no view, no fetch result, no
+        queued send refers to it), so a reader holding an old value keeps it intact, and
+        the arithmetic into it is the same as into a new array, bit for bit. Writing a
+        new array every step costs page faults for large tensors (a param, its moments);
+        recycling costs one spare array per recycled output."""
+        spares = self.memo.get(SPARES)
+        if spares is None:
+            spares = self.memo.setdefault(SPARES, {})
+        # `pop` is atomic: two threads running the op at once never get the same array.
+        spare = spares.pop((slot, i), None)
+        spares.setdefault((slot, i), None)  # from now on, set_output keeps what it displaces
+        if spare is not None and _references(spare) == SOLE_LOCAL_REFERENCES and _fits(spare, shape, dtype):
+            return spare
+        return np.empty(shape, dtype)
 
     def set_var(self, name: str, value: Any, *, lod: Any = None) -> None:
         """Store `value` under an output arg `name` (for slots whose args line up with
@@ -273,3 +314,16 @@ class OpContext:
         the op's first output name)."""
         names = self.op.output_names
         return self.run.rng(names[0] if names else self.op.type, int(self.attr("seed", 0)))
+
+
+def _fits(array: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> bool:
+    """`array` owns its memory (a view's base may be held elsewhere), is writeable and
+    C-contiguous, with `shape` and `dtype`."""
+    flags = array.flags
+    return (
+        array.base is None
+        and flags.writeable
+        and flags.c_contiguous
+        and array.shape == tuple(shape)
+        and array.dtype == dtype
+    )

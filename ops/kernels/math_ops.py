@@ -183,13 +183,27 @@ def _flatten(a: np.ndarray, num_col_dims: int) -> np.ndarray:
 
 
 
+BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _matmul(ctx: OpContext, slot: str, a: np.ndarray, b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """`a @ b` (2-D) shaped `shape`, computed into the slot's `output_buffer` when both
+    operands are one BLAS dtype (numpy's matmul writes the same bits with or without
+    `out=`); mixed dtypes keep numpy's promotion and a new array."""
+    if a.dtype != b.dtype or a.dtype not in BLAS_DTYPES:
+        return (a @ b).reshape(shape)
+    out = ctx.output_buffer(slot, shape, a.dtype)
+    np.matmul(a, b, out=out.reshape(a.shape[0], b.shape[1]))
+    return out
+
+
 @register("mul")
 def mul(ctx: OpContext) -> None:
     """`Out = flatten(X, x_num_col_dims) @ flatten(Y, y_num_col_dims)`."""
     x, y = ctx.input("X"), ctx.input("Y")
     xn, yn = int(ctx.attr("x_num_col_dims")), int(ctx.attr("y_num_col_dims"))
-    out = _flatten(x, xn) @ _flatten(y, yn)
-    ctx.set_output("Out", out.reshape(x.shape[:xn] + y.shape[yn:]), lod=ctx.lod("X"))
+    out = _matmul(ctx, "Out", _flatten(x, xn), _flatten(y, yn), x.shape[:xn] + y.shape[yn:])
+    ctx.set_output("Out", out, lod=ctx.lod("X"))
 
 
 @register("mul_grad")
@@ -199,9 +213,9 @@ def mul_grad(ctx: OpContext) -> None:
     x2, y2 = _flatten(x, xn), _flatten(y, yn)
     d2 = dout.reshape(x2.shape[0], y2.shape[1])
     if ctx.has_output("X@GRAD"):
-        ctx.set_output("X@GRAD", (d2 @ y2.T).reshape(x.shape), lod=ctx.lod("X"))
+        ctx.set_output("X@GRAD", _matmul(ctx, "X@GRAD", d2, y2.T, x.shape), lod=ctx.lod("X"))
     if ctx.has_output("Y@GRAD"):
-        ctx.set_output("Y@GRAD", (x2.T @ d2).reshape(y.shape))
+        ctx.set_output("Y@GRAD", _matmul(ctx, "Y@GRAD", x2.T, d2, y.shape))
 
 
 # ------------------------------------------------------------------- reductions

@@ -15,8 +15,9 @@ a sparse rule (`ops.kernels.table_update`); Paddle updates it with `sgd` only.
 
 `adamax` does not advance `Beta1Pow`: Fluid's `Adamax` appends a `scale` op for that.
 
-Outputs are new arrays (a dense param is never written in place) so a reader holding
-the old value keeps a consistent tensor.
+Outputs are new values (a dense param is never written in place) so a reader holding
+the old value keeps a consistent tensor; dense `adam` computes into arrays recycled from
+its earlier outputs once nothing holds them (`OpContext.output_buffer`).
 """
 
 from __future__ import annotations
@@ -37,18 +38,19 @@ def _grad(ctx: OpContext) -> np.ndarray | SelectedRows:
     value = ctx.value("Grad")
     if isinstance(value, SelectedRows):
         return value.merged()
-    return ctx.input("Grad")
+    return ctx.dense("Grad", value)
 
 
 def _dense_grad(ctx: OpContext, i: int = 0) -> np.ndarray:
     """The grad of an op Paddle implements for dense grads only."""
-    if isinstance(ctx.value("Grad", i), SelectedRows):
+    value = ctx.value("Grad", i)
+    if isinstance(value, SelectedRows):
         name = ctx.input_names("Grad")[i]
         raise KernelError(
             f"{ctx.type} takes only a dense Grad, as in Paddle; {name!r} is SelectedRows "
             "(a sparse grad needs sgd, momentum, adam, adagrad, rmsprop or ftrl)"
         )
-    return ctx.input("Grad", i)
+    return ctx.dense("Grad", value)
 
 
 def _dense_param(ctx: OpContext, i: int = 0) -> np.ndarray:
@@ -58,7 +60,7 @@ def _dense_param(ctx: OpContext, i: int = 0) -> np.ndarray:
             f"{ctx.type} cannot update a SelectedRows parameter (a table needs sgd, momentum, adam, adagrad, "
             "rmsprop or ftrl)"
         )
-    return ctx.input("Param", i)
+    return ctx.dense("Param", value)
 
 
 def _check_rows(ctx: OpContext, grad: SelectedRows, param: np.ndarray) -> None:
@@ -212,7 +214,8 @@ def adam(ctx: OpContext) -> None:
         if isinstance(grad, SelectedRows):
             _check_rows(ctx, grad, param)
             grad = grad.to_dense()
-        p_out, m1_out, m2_out = _adam_dense(param, grad, m1, m2, beta1, beta2, lr_t, eps_t)
+        into = _adam_buffers(ctx, param, grad, m1, m2)
+        p_out, m1_out, m2_out = _adam_dense(param, grad, m1, m2, beta1, beta2, lr_t, eps_t, into)
     ctx.set_output("ParamOut", p_out.astype(param.dtype, copy=False))
     ctx.set_output("Moment1Out", m1_out.astype(param.dtype, copy=False))
     ctx.set_output("Moment2Out", m2_out.astype(param.dtype, copy=False))
@@ -222,22 +225,48 @@ def adam(ctx: OpContext) -> None:
     ctx.set_output("Beta2PowOut", (b2p_arr * beta2).astype(b2p_arr.dtype, copy=False))
 
 
-def _adam_dense(p, g, m1, m2, beta1, beta2, lr_t, eps_t) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The dense Adam update with four allocations instead of a dozen temporaries,
-    in Paddle's order of operations (`(1 - b2) * g * g`, `lr * (m1 / (sqrt(m2) + eps))`)."""
+# Below this many elements a new array costs less than recycling one: malloc hands small
+# blocks back from its free lists, without the page faults of a large one.
+RECYCLE_FROM_ELEMENTS = 4096
+
+
+def _adam_buffers(ctx: OpContext, p, g, m1, m2) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Arrays for ParamOut, Moment1Out and Moment2Out (`output_buffer`) when all four
+    tensors share one dtype and shape and are large; None (new arrays, numpy's casts)
+    otherwise. Both ways compute the same bits."""
+    if p.size < RECYCLE_FROM_ELEMENTS:
+        return None
+    if not (p.dtype == g.dtype == m1.dtype == m2.dtype and p.shape == g.shape == m1.shape == m2.shape):
+        return None
+    return tuple(ctx.output_buffer(slot, p.shape, p.dtype) for slot in ("ParamOut", "Moment1Out", "Moment2Out"))
+
+
+def _adam_dense(p, g, m1, m2, beta1, beta2, lr_t, eps_t, into=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The dense Adam update in Paddle's order of operations (`(1 - b2) * g * g`,
+    `lr * (m1 / (sqrt(m2) + eps))`), into the three arrays `into` (p_out, m1_out, m2_out)
+    or new ones. p_out is the scratch array until the last step, `p - scratch`, which
+    numpy computes element by element in place: no temporary."""
     one = type(beta1)(1)
-    tmp = np.multiply(g, one - beta1)
-    m1_out = np.multiply(m1, beta1)
+    if into is None:
+        tmp = np.multiply(g, one - beta1)
+        m1_out = np.multiply(m1, beta1)
+    else:
+        tmp, m1_out, m2_out = into
+        np.multiply(g, one - beta1, out=tmp)
+        np.multiply(m1, beta1, out=m1_out)
     m1_out += tmp
     np.multiply(g, one - beta2, out=tmp)
     tmp *= g
-    m2_out = np.multiply(m2, beta2)
+    if into is None:
+        m2_out = np.multiply(m2, beta2)
+    else:
+        np.multiply(m2, beta2, out=m2_out)
     m2_out += tmp
     np.sqrt(m2_out, out=tmp)
     tmp += eps_t
     np.divide(m1_out, tmp, out=tmp)
     tmp *= lr_t
-    return np.subtract(p, tmp), m1_out, m2_out
+    return np.subtract(p, tmp, out=None if into is None else tmp), m1_out, m2_out
 
 
 # ----------------------------------------------------------------------- adamax
