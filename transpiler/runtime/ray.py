@@ -48,6 +48,7 @@ from transpiler.runtime.role import Role
 PLACEMENT_TIMEOUT = 60.0  # seconds for the placement group's bundles and the actors to come up
 CALL_TIMEOUT = 30.0  # seconds for one control call to an actor (start, where, stop)
 UNANSWERED = 2.0  # a poll unanswered this long marks its actor as not answering (explains a failure)
+POLL_EVERY = 0.3  # seconds between polls of one actor: a poll costs the driver and the actor's node CPU
 # A local instance checks its nodes often, so a dead one is reported within seconds.
 LOCAL_SYSTEM_CONFIG = {"health_check_period_ms": 500, "health_check_timeout_ms": 500,
                        "health_check_failure_threshold": 3}
@@ -242,10 +243,11 @@ class RayBackend:
 
     # ------------------------------------------------------------ watching
     def refresh(self, handles: Sequence[_RayProcess]) -> None:
-        """Ask every running actor for news (one poll in flight each), take what answered."""
+        """Ask every running actor for news (one poll in flight each, a new one at most every
+        POLL_EVERY s), take what answered."""
         ray, now = self.ray, time.monotonic()
         for h in handles:
-            if h.running and h.pending is None:
+            if h.running and h.pending is None and now - h.asked >= POLL_EVERY:
                 h.pending, h.asked = h.actor.poll.remote(), now
         waiting = [h for h in handles if h.pending is not None]
         if not waiting:
