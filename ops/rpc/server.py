@@ -13,8 +13,11 @@ Sync mode is a three-phase state machine, one round per training step:
   missing ones); the lr-decay block runs, then each optimize block, in the pserver's
   own scope (so params, accumulators and the lr persist across rounds).
 
-A trainer's step is two RPCs per pserver: `SendBatch` (every grad of the step and the
-send barrier) and `FetchBatch` (every param block it wants and the fetch barrier). The
+A trainer's step is one RPC per pserver, `SendFetchBatch`: every grad of the step and
+the send barrier, then every param block it wants and the fetch barrier, answered once
+the round's optimize ran (the handler stores the sends, then waits for the GET phase);
+or, where the trainer program reads something between its barriers, two: `SendBatch`
+(the grads and the send barrier) and `FetchBatch` (the params and the fetch barrier). The
 state machine moves in the handlers: the handler that brings the last barrier of a
 phase opens the next one; only the optimize blocks run on `serve()`'s thread, woken by
 the last send barrier (which is answered at once, as in Paddle). The one-var RPCs
@@ -178,7 +181,7 @@ class _Abort(Exception):
 # barriers the round waits for. The thread pool holds every trainer's quota.
 IN_FLIGHT_CAP = {"send": 2, "fetch": 2, "prefetch": 8}
 _KIND = {
-    "SendBatch": "send", "SendVariable": "send", "SendBarrier": "send",
+    "SendBatch": "send", "SendVariable": "send", "SendBarrier": "send", "SendFetchBatch": "send",
     "FetchBatch": "fetch", "GetVariable": "fetch", "FetchBarrier": "fetch",
     "PrefetchVariable": "prefetch",
 }
@@ -613,6 +616,25 @@ class PServer:
                     )
                 value = LoDTensor(old.array + value.array.astype(old.array.dtype, copy=False), old.lod)
         self.scope.set_var(var.name, value)
+
+    def _rpc_SendFetchBatch(self, request: WireBatch, context: Any) -> bytes:  # noqa: N802
+        """A `SendBatch` and a `FetchBatch` in one call: store the sends (and count the
+        send barrier), then wait for the fetch's phase and answer it, as the two calls
+        would one after the other. Its label is where it leaves the trainer: at its fetch
+        barrier, when it carries one."""
+        if request.fetch_barrier:
+            what = "fetch barrier"
+        else:
+            what = "send barrier" if request.barrier else _send_label(request.vars)
+
+        def body() -> bytes:
+            self._on_send(request, context)
+            if not (request.fetch or request.fetch_barrier):  # nothing to fetch: no waiting for the optimize
+                return encode_batch([])
+            values = self._on_fetch(request.trainer_id, request.fetch, request.fetch_barrier, context)
+            return encode_batch([var_parts(n, v) for n, v in values])
+
+        return self._handle(context, "SendFetchBatch", request.trainer_id, what, body)
 
     def _rpc_FetchBatch(self, request: Any, context: Any) -> bytes:  # noqa: N802
         what = "fetch barrier" if request.barrier else _get_label(request.varnames)

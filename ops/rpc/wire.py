@@ -62,11 +62,13 @@ class WireVar:
 
 @dataclass(frozen=True)
 class WireBatch:
-    """A decoded `VarBatch`."""
+    """A decoded `VarBatch`; `fetch` and `fetch_barrier` are a `SendFetchBatch`'s."""
 
     trainer_id: int
     barrier: bool
     vars: tuple[WireVar, ...]
+    fetch: tuple[str, ...] = ()
+    fetch_barrier: bool = False
 
 
 # ------------------------------------------------------------------ varints
@@ -187,15 +189,23 @@ def _size(parts: Parts) -> int:
 
 
 BATCH_TRAINER_FIELD, BATCH_BARRIER_FIELD, BATCH_VARS_FIELD, BATCH_PAD_FIELD = 1, 2, 3, 15
+BATCH_FETCH_FIELD, BATCH_FETCH_BARRIER_FIELD = 4, 5
 
 
-def encode_batch(encoded: list[Parts], *, trainer_id: int = 0, barrier: bool = False) -> bytes:
-    """The `VarBatch` bytes holding `encoded` (each var's `var_parts`), in order."""
+def encode_batch(encoded: list[Parts], *, trainer_id: int = 0, barrier: bool = False,
+                 fetch: tuple[str, ...] | list[str] = (), fetch_barrier: bool = False) -> bytes:
+    """The `VarBatch` bytes holding `encoded` (each var's `var_parts`), in order; `fetch`
+    and `fetch_barrier` make it a `SendFetchBatch` request."""
     parts: list[bytes] = [
         _key(BATCH_TRAINER_FIELD, _WIRE_VARINT) + _varint(int(trainer_id) & _UINT64),  # two's complement, as protobuf
         _key(BATCH_BARRIER_FIELD, _WIRE_VARINT) + _varint(int(bool(barrier))),
     ]
-    size = len(parts[0]) + len(parts[1])
+    for name in fetch:
+        raw = name.encode()
+        parts.append(_key(BATCH_FETCH_FIELD) + _varint(len(raw)) + raw)
+    if fetch_barrier:
+        parts.append(_key(BATCH_FETCH_BARRIER_FIELD, _WIRE_VARINT) + _varint(1))
+    size = sum(len(p) for p in parts)
     var_key = _key(BATCH_VARS_FIELD)
     for message in encoded:
         length = _size(message)
@@ -209,7 +219,7 @@ def encode_batch(encoded: list[Parts], *, trainer_id: int = 0, barrier: bool = F
 def decode_batch(data: bytes | memoryview) -> WireBatch:
     """Decode `VarBatch` bytes; every var's arrays are views of `data`."""
     buf = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
-    trainer_id, barrier, found = 0, False, []
+    trainer_id, barrier, found, fetch, fetch_barrier = 0, False, [], [], False
     pos, end = 0, len(buf)
     while pos < end:
         key, pos = _read_varint(buf, pos)
@@ -220,12 +230,16 @@ def decode_batch(data: bytes | memoryview) -> WireBatch:
                 trainer_id = value - (1 << 64) if value >= 1 << 63 else value  # int32: negatives are 10-byte varints
             elif field == BATCH_BARRIER_FIELD:
                 barrier = bool(value)
+            elif field == BATCH_FETCH_BARRIER_FIELD:
+                fetch_barrier = bool(value)
         elif wire == _WIRE_LEN:
             length, pos = _read_varint(buf, pos)
             if pos + length > end:
                 raise WireError(f"truncated VarBatch (field {field} needs {length} bytes)")
             if field == BATCH_VARS_FIELD:
                 found.append(decode_var(buf[pos : pos + length]))
+            elif field == BATCH_FETCH_FIELD:
+                fetch.append(_utf8(buf[pos : pos + length]))
             pos += length
         elif wire in (_WIRE_I64, _WIRE_I32):
             pos += 8 if wire == _WIRE_I64 else 4
@@ -233,7 +247,14 @@ def decode_batch(data: bytes | memoryview) -> WireBatch:
             raise WireError(f"malformed VarBatch (wire type {wire} in field {field})")
     if pos > end:
         raise WireError("truncated VarBatch")
-    return WireBatch(trainer_id, barrier, tuple(found))
+    return WireBatch(trainer_id, barrier, tuple(found), tuple(fetch), fetch_barrier)
+
+
+def _utf8(raw: memoryview) -> str:
+    try:
+        return str(raw, "utf-8")
+    except UnicodeDecodeError:
+        raise WireError("malformed VarBatch (a fetched var's name is not UTF-8)") from None
 
 
 # ------------------------------------------------------------------ decode
