@@ -549,3 +549,44 @@ def test_optimizer_model_trains(name):
         after = scope.find_var(n).array
         assert after.dtype == np.float32 and np.isfinite(after).all(), n
         assert not np.array_equal(after, before[n]), f"{name} did not change {n}"
+
+
+def _sparse_sgd_program(allow_in_place: bool):
+    """`sgd` writing `w` back to itself, after an op that sets the run's in-place flag
+    as a sync pserver's `listen_and_serv` does."""
+    from transpiler.ir import Program
+
+    program = Program.empty()
+    block = program.global_block()
+    if allow_in_place:
+        block.add_op("test_allow_in_place", {}, {}, {})
+    block.add_op("sgd", {"Param": ["w"], "Grad": ["g"], "LearningRate": ["lr"]}, {"ParamOut": ["w"]}, {})
+    return program
+
+
+@pytest.mark.parametrize("allowed", [True, False], ids=["sync pserver", "elsewhere"])
+def test_sparse_sgd_updates_the_param_in_place_only_where_the_run_allows_it(allowed):
+    from ops.kernels import register, unregister
+    from ops.tensor import LoDTensor
+
+    @register("test_allow_in_place")
+    def allow(ctx) -> None:
+        ctx.run.update_in_place = True
+
+    try:
+        for param in (f32(5, 2), np.frombuffer(f32(5, 2).tobytes(), np.float32).reshape(5, 2)):  # owned, read-only
+            keep, g = param.copy(), sparse_grad().merged()
+            scope = Scope()
+            scope.set_var("w", LoDTensor(param))
+            feed = {"g": g, "lr": np.array([0.1], np.float32)}
+            Executor().run(_sparse_sgd_program(allowed), feed=feed, scope=scope)
+            out = scope.find_var("w").array
+            expected = keep.copy()
+            expected[g.rows] -= np.float32(0.1) * g.value
+            np.testing.assert_array_equal(out, expected)
+            in_place = allowed and param.flags.writeable
+            assert np.shares_memory(out, param) == in_place
+            if not in_place:
+                np.testing.assert_array_equal(param, keep)
+    finally:
+        unregister("test_allow_in_place")

@@ -67,6 +67,14 @@ def _check_rows(ctx: OpContext, grad: SelectedRows, param: np.ndarray) -> None:
         raise KernelError(f"{ctx.type}: grad row {row} is outside the parameter's {param.shape[0]} rows")
 
 
+def _may_update_in_place(ctx: OpContext, param: np.ndarray) -> bool:
+    """Whether a sparse update may write `Param`'s own array: the run allows it
+    (`RunContext.update_in_place`), the op writes the param back to itself, and the array
+    is nobody else's (it owns its memory and is writeable: not a received buffer, not a view)."""
+    return (ctx.run.update_in_place and param.flags.writeable and param.base is None
+            and ctx.input_names("Param") == ctx.output_names("ParamOut"))
+
+
 # Attr defaults come from the op catalogue (Fluid 1.8's attrs); a kernel names only the
 # attrs Paddle 2.x added, which every optimizer shares one of.
 PADDLE2_DEFAULTS = {"multi_precision": False}
@@ -83,7 +91,7 @@ def sgd(ctx: OpContext) -> None:
     lr = _learning_rate(ctx, param.dtype)
     if isinstance(grad, SelectedRows):
         _check_rows(ctx, grad, param)
-        out = param.copy()
+        out = param if _may_update_in_place(ctx, param) else param.copy()
         out[grad.rows] -= lr * grad.value.astype(param.dtype, copy=False)  # rows are unique after merging
     else:
         out = np.multiply(grad, lr, dtype=param.dtype)

@@ -631,35 +631,36 @@ class PServer:
             self._on_send(request, context)
             if not (request.fetch or request.fetch_barrier):  # nothing to fetch: no waiting for the optimize
                 return encode_batch([])
-            values = self._on_fetch(request.trainer_id, request.fetch, request.fetch_barrier, context)
-            return encode_batch([var_parts(n, v) for n, v in values])
+            return self._on_fetch(request.trainer_id, request.fetch, request.fetch_barrier, context, _encode_values)
 
         return self._handle(context, "SendFetchBatch", request.trainer_id, what, body)
 
     def _rpc_FetchBatch(self, request: Any, context: Any) -> bytes:  # noqa: N802
         what = "fetch barrier" if request.barrier else _get_label(request.varnames)
         return self._handle(context, "FetchBatch", request.trainer_id, what,
-                            lambda: encode_batch([var_parts(n, v) for n, v in self._on_fetch(
-                                request.trainer_id, request.varnames, request.barrier, context)]))
+                            lambda: self._on_fetch(request.trainer_id, request.varnames, request.barrier, context,
+                                                   _encode_values))
 
     def _rpc_GetVariable(self, request: WireVar, context: Any) -> bytes:  # noqa: N802
         def body() -> bytes:
-            ((name, value),) = self._on_fetch(request.trainer_id, (request.name,), False, context)
-            return encode_var(name, value)
+            return self._on_fetch(request.trainer_id, (request.name,), False, context,
+                                  lambda values: encode_var(*values[0]))
 
         return self._handle(context, "GetVariable", request.trainer_id, f"get of {request.name}", body)
 
     def _rpc_FetchBarrier(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
         def body() -> rpc_pb2.VoidMessage:
-            self._on_fetch(request.trainer_id, (), True, context)
+            self._on_fetch(request.trainer_id, (), True, context, lambda values: None)
             return rpc_pb2.VoidMessage()
 
         return self._handle(context, "FetchBarrier", request.trainer_id, "fetch barrier", body)
 
-    def _on_fetch(self, trainer_id: int, names: Any, barrier: bool, context: Any) -> list[tuple[str, Any]]:
-        """The current values of `names` (sync: once the round's optimize ran); with
-        `barrier`, the sender's fetch barrier is counted after them. Values are replaced,
-        never changed in place, so they are encoded after the lock is released."""
+    def _on_fetch(self, trainer_id: int, names: Any, barrier: bool, context: Any,
+                  encode: Callable[[list[tuple[str, Any]]], Any]) -> Any:
+        """`encode` of the current values of `names` (sync: once the round's optimize ran);
+        with `barrier`, the sender's fetch barrier is counted after them. Encoded under the
+        lock: a sync pserver's optimize blocks may update a param in place
+        (`RunContext.update_in_place`), and none starts while the lock is held."""
         with self._cond:
             if self.config.sync_mode:
                 self._wait_phase(Phase.GET, context)
@@ -669,9 +670,10 @@ class PServer:
             missing = [name for name, value in values if value is None]
             if missing:
                 raise _Abort(grpc.StatusCode.NOT_FOUND, f"pserver {self.config.endpoint} has no var {missing[0]!r}")
+            reply = encode(values)
             if barrier and self.config.sync_mode:
                 self._arrive_locked(trainer_id)
-        return values
+        return reply
 
     def _rpc_PrefetchVariable(self, request: WireVar, context: Any) -> bytes:  # noqa: N802
         what = f"prefetch from {request.table_name}" if request.table_name else f"prefetch of {request.name}"
@@ -834,6 +836,11 @@ class PServer:
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 where = f"pserver {self.config.endpoint}: checkpoint block {idx} ({path})"
                 raise _Abort(grpc.StatusCode.INTERNAL, f"{where} failed: {reason}") from None
+
+
+def _encode_values(values: list[tuple[str, Any]]) -> bytes:
+    """A `VarBatch` of `(name, value)` pairs: a fetch's reply."""
+    return encode_batch([var_parts(name, value) for name, value in values])
 
 
 def _send_label(vars: tuple[WireVar, ...]) -> str:
