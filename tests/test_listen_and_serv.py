@@ -270,6 +270,24 @@ def test_an_optimize_block_that_fails_stops_the_pserver():
     assert "optimize block 3 failed" in str(ps.errors[0])
 
 
+def test_an_optimize_block_that_fails_in_the_last_send_fetch_batch_stops_the_pserver():
+    """The call whose send barrier completes the round runs its optimize blocks itself:
+    a failure there fails that call and the pserver, with the same reason."""
+    def broken(idx: int) -> None:
+        raise ValueError("shapes do not match")
+
+    with running_pserver(fanin=1, run_block=broken, received=("g",), optimize_blocks=(3,)) as ps:
+        a = ps.client(0)
+        a.fetch_barrier([ps.address])
+        a.send_async(ps.address, "g", np.ones(2, np.float32))
+        a.send_barrier([ps.address], defer=True)
+        with pytest.raises(RpcError, match="step 1: optimize block 3 failed: shapes do not match"):
+            a.fetch_barrier([ps.address])
+        ps.join()
+    assert "optimize block 3 failed" in str(ps.errors[0])
+    assert ps.server.rpc_counts == {"FetchBatch": 1, "SendFetchBatch": 1}
+
+
 def test_the_lr_block_runs_first_every_round():
     calls: list[int] = []
     scope = Scope()

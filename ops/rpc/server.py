@@ -19,8 +19,12 @@ the round's optimize ran (the handler stores the sends, then waits for the GET p
 or, where the trainer program reads something between its barriers, two: `SendBatch`
 (the grads and the send barrier) and `FetchBatch` (the params and the fetch barrier). The
 state machine moves in the handlers: the handler that brings the last barrier of a
-phase opens the next one; only the optimize blocks run on `serve()`'s thread, woken by
-the last send barrier (which is answered at once, as in Paddle). The one-var RPCs
+phase opens the next one. The optimize blocks run on the thread of the `SendFetchBatch`
+that brings the last send barrier (it waits for them anyway: one thread hand-off less
+per round), else on `serve()`'s thread, woken by the last send barrier (a `SendBatch`,
+answered at once, as in Paddle). Fetch replies are encoded under the lock, so a sync
+round's optimize blocks may update params in place (`RunContext.update_in_place`): none
+starts while a reply is being built. The one-var RPCs
 (`SendVariable`, `GetVariable`, `SendBarrier`, `FetchBarrier`) are the same operations
 with one var or none. A request that arrives in the wrong phase (a fast trainer's next
 sends while a slow one still fetches; a get before the round's optimize ran) waits for
@@ -233,6 +237,7 @@ class PServer:
         self._lr_lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
         self._wake = threading.Event()  # for serve(): a round to run, every trainer completed, stop() or a failure
+        self._optimizer_claimed = False  # the OPTIMIZE phase's blocks have a thread running them
         self._calls: dict[str, int] = {}  # RPCs handled per method
         self._server: grpc.Server | None = None
         self.port: int | None = None
@@ -353,17 +358,20 @@ class PServer:
             server.stop(grace).wait()
 
     # ------------------------------------------------------------ the sync rounds
-    def _arrive_locked(self, trainer_id: int) -> None:
-        """Count `trainer_id`'s barrier of the current phase (lock held)."""
+    def _arrive_locked(self, trainer_id: int, *, optimize_here: bool = False) -> bool:
+        """Count `trainer_id`'s barrier of the current phase (lock held). True when it
+        opened the OPTIMIZE phase and `optimize_here`: the caller then runs the round
+        (`_optimize_round`), as it would wait for it anyway."""
         self._barriers.add(trainer_id)
-        self._advance_locked()
+        return self._advance_locked(optimize_here=optimize_here)
 
-    def _advance_locked(self) -> None:
+    def _advance_locked(self, *, optimize_here: bool = False) -> bool:
         """Open the next phase once every active trainer's barrier is in (lock held); the
-        OPTIMIZE phase runs on `serve()`'s thread."""
+        OPTIMIZE phase runs on `serve()`'s thread, or, with `optimize_here`, on the caller's
+        (True then): one thread hand-off less per round."""
         active = self._active()
         if not active or not self._barriers >= active or self._failure is not None or self._stopping:
-            return
+            return False
         self._barriers.clear()
         if self._phase is Phase.GET:
             self._phase = Phase.SEND
@@ -371,11 +379,19 @@ class PServer:
             self._cond.notify_all()
         elif self._phase is Phase.SEND:
             self._phase = Phase.OPTIMIZE
+            if optimize_here:
+                self._optimizer_claimed = True
+                return True
             self._wake.set()
+        return False
 
     def _optimize_round(self) -> None:
-        """Run the round's blocks, then answer its gets."""
-        self._optimize()
+        """Run the round's blocks, then answer its gets (the caller claimed the round)."""
+        try:
+            self._optimize()
+        finally:
+            with self._cond:
+                self._optimizer_claimed = False
         with self._cond:
             self._round += 1
             self._phase = Phase.GET
@@ -436,7 +452,8 @@ class PServer:
                     raise PserverError(self._failure)
                 if self._stopping or len(self._completed) == self.config.fanin:
                     return
-                due = self._phase is Phase.OPTIMIZE
+                due = self._phase is Phase.OPTIMIZE and not self._optimizer_claimed
+                self._optimizer_claimed = self._optimizer_claimed or due
                 if not due:
                     self._check_liveness()
             if due:
@@ -564,8 +581,13 @@ class PServer:
         return self._handle(context, "SendBarrier", request.trainer_id, "send barrier", lambda: self._on_send(batch, context))
 
     def _on_send(self, batch: WireBatch, context: Any) -> rpc_pb2.VoidMessage:
+        self._store_batch(batch, context)
+        return rpc_pb2.VoidMessage()
+
+    def _store_batch(self, batch: WireBatch, context: Any, *, optimize_here: bool = False) -> bool:
         """Store the batch's vars (checked first, all or none: `ops.rpc.validate`); with
-        its barrier, count the sender's send barrier."""
+        its barrier, count the sender's send barrier. True when that barrier opened the
+        round's optimize and `optimize_here` claimed it for the caller (`_arrive_locked`)."""
         try:
             self._expected.check(batch)
         except Refused as exc:
@@ -575,15 +597,13 @@ class PServer:
                 self._check_open()
             for var in batch.vars:
                 self._apply_async(var)
-            return rpc_pb2.VoidMessage()
+            return False
         with self._cond:
             self._wait_phase(Phase.SEND, context)
             for var in batch.vars:
                 self._store(var)
                 self._received.add(var.name)
-            if batch.barrier:
-                self._arrive_locked(batch.trainer_id)
-        return rpc_pb2.VoidMessage()
+            return batch.barrier and self._arrive_locked(batch.trainer_id, optimize_here=optimize_here)
 
     def _apply_async(self, var: WireVar) -> None:
         """Async mode: store a grad and run its optimize block (one run per block at a
@@ -628,8 +648,11 @@ class PServer:
             what = "send barrier" if request.barrier else _send_label(request.vars)
 
         def body() -> bytes:
-            self._on_send(request, context)
-            if not (request.fetch or request.fetch_barrier):  # nothing to fetch: no waiting for the optimize
+            fetches = bool(request.fetch or request.fetch_barrier)
+            # A call that will wait for the round's optimize runs it itself when its barrier is the last.
+            if self._store_batch(request, context, optimize_here=fetches):
+                self._optimize_round()
+            if not fetches:  # nothing to fetch: no waiting for the optimize
                 return encode_batch([])
             return self._on_fetch(request.trainer_id, request.fetch, request.fetch_barrier, context, _encode_values)
 
