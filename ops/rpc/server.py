@@ -238,6 +238,9 @@ class PServer:
         self._checkpoint_lock = threading.Lock()
         self._wake = threading.Event()  # for serve(): a round to run, every trainer completed, stop() or a failure
         self._optimizer_claimed = False  # the OPTIMIZE phase's blocks have a thread running them
+        # Sync: the fetch replies of this GET phase by the names asked (every trainer asks
+        # the same params, and they stay put until the next round): encoded once.
+        self._replies: dict[tuple[str, ...], bytes] = {}
         self._calls: dict[str, int] = {}  # RPCs handled per method
         self._server: grpc.Server | None = None
         self.port: int | None = None
@@ -376,6 +379,7 @@ class PServer:
         if self._phase is Phase.GET:
             self._phase = Phase.SEND
             self._received.clear()
+            self._replies.clear()
             self._cond.notify_all()
         elif self._phase is Phase.SEND:
             self._phase = Phase.OPTIMIZE
@@ -654,15 +658,14 @@ class PServer:
                 self._optimize_round()
             if not fetches:  # nothing to fetch: no waiting for the optimize
                 return encode_batch([])
-            return self._on_fetch(request.trainer_id, request.fetch, request.fetch_barrier, context, _encode_values)
+            return self._fetch_reply(request.trainer_id, request.fetch, request.fetch_barrier, context)
 
         return self._handle(context, "SendFetchBatch", request.trainer_id, what, body)
 
     def _rpc_FetchBatch(self, request: Any, context: Any) -> bytes:  # noqa: N802
         what = "fetch barrier" if request.barrier else _get_label(request.varnames)
         return self._handle(context, "FetchBatch", request.trainer_id, what,
-                            lambda: self._on_fetch(request.trainer_id, request.varnames, request.barrier, context,
-                                                   _encode_values))
+                            lambda: self._fetch_reply(request.trainer_id, request.varnames, request.barrier, context))
 
     def _rpc_GetVariable(self, request: WireVar, context: Any) -> bytes:  # noqa: N802
         def body() -> bytes:
@@ -677,6 +680,21 @@ class PServer:
             return rpc_pb2.VoidMessage()
 
         return self._handle(context, "FetchBarrier", request.trainer_id, "fetch barrier", body)
+
+    def _fetch_reply(self, trainer_id: int, names: Any, barrier: bool, context: Any) -> bytes:
+        """The `VarBatch` reply to a fetch of `names` (with `barrier`, the fetch barrier is
+        counted). Sync: built once per round for the same names, shared by the trainers."""
+        names = tuple(names)
+        if not self.config.sync_mode:
+            return self._on_fetch(trainer_id, names, barrier, context, _encode_values)
+
+        def shared(values: list[tuple[str, Any]]) -> bytes:  # under the lock, in the GET phase
+            reply = self._replies.get(names)
+            if reply is None:
+                reply = self._replies[names] = _encode_values(values)
+            return reply
+
+        return self._on_fetch(trainer_id, names, barrier, context, shared)
 
     def _on_fetch(self, trainer_id: int, names: Any, barrier: bool, context: Any,
                   encode: Callable[[list[tuple[str, Any]]], Any]) -> Any:
