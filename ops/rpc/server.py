@@ -223,7 +223,11 @@ class PServer:
         self._run_in = run_in  # run a block in a given scope (prefetch blocks)
         self._expected = Expected(config)
         self._log = log or (lambda text: None)
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # the state; Watch calls wait on it for a stop, a failure, a completion
+        # RPCs waiting for a phase wait on this one (same lock): a phase change, twice a
+        # round, wakes them and not every trainer's Watch.
+        self._phase_cond = threading.Condition(lock)
         self._phase = Phase.GET if config.sync_mode else Phase.ASYNC
         self._round = 0  # sync: optimize rounds done; async: grads applied
         self._barriers: set[int] = set()
@@ -292,7 +296,7 @@ class PServer:
         def refuse(reason: str) -> None:  # a trainer started for another job: every process must stop
             with self._cond:
                 self._failure = self._failure or reason
-                self._cond.notify_all()
+                self._notify_all_locked()
 
         gate = Gate(self.config.auth.token, endpoint=self.config.endpoint, fanin=self.config.fanin,
                     sync_mode=self.config.sync_mode, plan=self.config.plan_fingerprint, refuse=refuse)
@@ -348,13 +352,13 @@ class PServer:
         """Stop serving (from another thread or a signal handler); `serve()` returns."""
         with self._cond:
             self._stopping = True
-            self._cond.notify_all()
+            self._notify_all_locked()
         self._wake.set()
 
     def shutdown(self, grace: float = 2.0) -> None:
         with self._cond:
             self._stopping = self._stopping or len(self._completed) < self.config.fanin
-            self._cond.notify_all()
+            self._notify_all_locked()
         self._wake.set()
         server, self._server = self._server, None
         if server is not None:
@@ -380,7 +384,7 @@ class PServer:
             self._phase = Phase.SEND
             self._received.clear()
             self._replies.clear()
-            self._cond.notify_all()
+            self._phase_cond.notify_all()
         elif self._phase is Phase.SEND:
             self._phase = Phase.OPTIMIZE
             if optimize_here:
@@ -399,7 +403,7 @@ class PServer:
         with self._cond:
             self._round += 1
             self._phase = Phase.GET
-            self._cond.notify_all()
+            self._phase_cond.notify_all()
 
     def _active(self) -> set[int]:
         return set(self._trainers) - self._completed
@@ -499,11 +503,16 @@ class PServer:
         self._set_failure(message)
         raise PserverError(message)
 
+    def _notify_all_locked(self) -> None:
+        """Wake every waiting thread, the Watch calls too (a stop, a failure, a completion)."""
+        self._cond.notify_all()
+        self._phase_cond.notify_all()
+
     def _set_failure(self, message: str) -> None:
         """Record the first failure: every RPC answers with it from now on."""
         with self._cond:
             self._failure = self._failure or message
-            self._cond.notify_all()
+            self._notify_all_locked()
         self._wake.set()
 
     def _wait_phase(self, phase: Phase, context: Any) -> None:
@@ -512,7 +521,7 @@ class PServer:
             self._check_open()
             if context is not None and not context.is_active():
                 raise _Abort(grpc.StatusCode.CANCELLED, "the client went away")
-            self._cond.wait(POLL)
+            self._phase_cond.wait(POLL)
         self._check_open()
 
     def _wait_not_optimizing(self, context: Any) -> None:
@@ -521,7 +530,7 @@ class PServer:
             self._check_open()
             if context is not None and not context.is_active():
                 raise _Abort(grpc.StatusCode.CANCELLED, "the client went away")
-            self._cond.wait(POLL)
+            self._phase_cond.wait(POLL)
         self._check_open()
 
     def _check_open(self) -> None:
@@ -832,7 +841,7 @@ class PServer:
             self._set_failure(f"pserver {self.config.endpoint}: trainer {tid} failed: {request.reason or 'no reason given'}")
         with self._cond:
             self._completed.add(tid)
-            self._cond.notify_all()
+            self._notify_all_locked()
             if self.config.sync_mode:
                 self._advance_locked()
             if len(self._completed) == self.config.fanin:
