@@ -67,12 +67,12 @@ def _check_rows(ctx: OpContext, grad: SelectedRows, param: np.ndarray) -> None:
         raise KernelError(f"{ctx.type}: grad row {row} is outside the parameter's {param.shape[0]} rows")
 
 
-def _may_update_in_place(ctx: OpContext, param: np.ndarray) -> bool:
-    """Whether a sparse update may write `Param`'s own array: the run allows it
-    (`RunContext.update_in_place`), the op writes the param back to itself, and the array
-    is nobody else's (it owns its memory and is writeable: not a received buffer, not a view)."""
-    return (ctx.run.update_in_place and param.flags.writeable and param.base is None
-            and ctx.input_names("Param") == ctx.output_names("ParamOut"))
+def _may_update_in_place(ctx: OpContext, array: np.ndarray, slot: str = "Param", out_slot: str = "ParamOut") -> bool:
+    """Whether an update may write input `slot`'s own array: the run allows it
+    (`RunContext.update_in_place`), the op writes `out_slot` back to the same var, and the
+    array is nobody else's (it owns its memory and is writeable: not a received buffer, not a view)."""
+    return (ctx.run.update_in_place and array.flags.writeable and array.base is None
+            and ctx.input_names(slot) == ctx.output_names(out_slot))
 
 
 # Attr defaults come from the op catalogue (Fluid 1.8's attrs); a kernel names only the
@@ -220,7 +220,9 @@ def adam(ctx: OpContext) -> None:
         if isinstance(grad, SelectedRows):
             _check_rows(ctx, grad, param)
             grad = grad.to_dense()
-        p_out, m1_out, m2_out = _adam_dense(param, grad, m1, m2, beta1, beta2, lr_t, eps_t)
+        in_place = [_may_update_in_place(ctx, a, slot, f"{slot}Out") and a.dtype == param.dtype
+                    for a, slot in ((param, "Param"), (m1, "Moment1"), (m2, "Moment2"))]
+        p_out, m1_out, m2_out = _adam_dense(param, grad, m1, m2, beta1, beta2, lr_t, eps_t, in_place)
     ctx.set_output("ParamOut", p_out.astype(param.dtype, copy=False))
     ctx.set_output("Moment1Out", m1_out.astype(param.dtype, copy=False))
     ctx.set_output("Moment2Out", m2_out.astype(param.dtype, copy=False))
@@ -230,22 +232,26 @@ def adam(ctx: OpContext) -> None:
     ctx.set_output("Beta2PowOut", (b2p_arr * beta2).astype(b2p_arr.dtype, copy=False))
 
 
-def _adam_dense(p, g, m1, m2, beta1, beta2, lr_t, eps_t) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The dense Adam update with four allocations instead of a dozen temporaries,
-    in Paddle's order of operations (`(1 - b2) * g * g`, `lr * (m1 / (sqrt(m2) + eps))`)."""
+def _adam_dense(p, g, m1, m2, beta1, beta2, lr_t, eps_t, in_place=(False, False, False)
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The dense Adam update with four allocations instead of a dozen temporaries (one
+    when `in_place` lets it write param, moment 1 and moment 2 into their own arrays: the
+    same operations, so the same numbers), in Paddle's order of operations
+    (`(1 - b2) * g * g`, `lr * (m1 / (sqrt(m2) + eps))`)."""
+    p_here, m1_here, m2_here = in_place
     one = type(beta1)(1)
     tmp = np.multiply(g, one - beta1)
-    m1_out = np.multiply(m1, beta1)
+    m1_out = np.multiply(m1, beta1, out=m1 if m1_here else None)
     m1_out += tmp
     np.multiply(g, one - beta2, out=tmp)
     tmp *= g
-    m2_out = np.multiply(m2, beta2)
+    m2_out = np.multiply(m2, beta2, out=m2 if m2_here else None)
     m2_out += tmp
     np.sqrt(m2_out, out=tmp)
     tmp += eps_t
     np.divide(m1_out, tmp, out=tmp)
     tmp *= lr_t
-    return np.subtract(p, tmp), m1_out, m2_out
+    return np.subtract(p, tmp, out=p if p_here else None), m1_out, m2_out
 
 
 # ----------------------------------------------------------------------- adamax
