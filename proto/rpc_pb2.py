@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fproto/rpc.proto\x12\x10pstranspiler.rpc\"\x1b\n\x08LoDLevel\x12\x0f\n\x07offsets\x18\x01 \x03(\x03\"\x9c\x02\n\x0fVariableMessage\x12\x0f\n\x07varname\x18\x01 \x01(\t\x12\x12\n\ntrainer_id\x18\x02 \x01(\x05\x12\'\n\x04kind\x18\x03 \x01(\x0e\x32\x19.pstranspiler.rpc.VarKind\x12\x11\n\tdata_type\x18\x04 \x01(\x05\x12\x0c\n\x04\x64ims\x18\x05 \x03(\x03\x12\'\n\x03lod\x18\x06 \x03(\x0b\x32\x1a.pstranspiler.rpc.LoDLevel\x12\x0e\n\x06height\x18\x07 \x01(\x03\x12\x0c\n\x04rows\x18\x08 \x01(\x0c\x12\x11\n\tmerge_add\x18\t \x01(\x08\x12\x12\n\ntable_name\x18\n \x01(\t\x12\x11\n\thas_value\x18\x0b \x01(\x08\x12\x0b\n\x03pad\x18\x0e \x01(\x0c\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\"\r\n\x0bVoidMessage\"$\n\x0e\x42\x61rrierMessage\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\"E\n\x0f\x43ompleteMessage\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\x12\x0e\n\x06\x66\x61iled\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"m\n\x08VarBatch\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\x12\x0f\n\x07\x62\x61rrier\x18\x02 \x01(\x08\x12/\n\x04vars\x18\x03 \x03(\x0b\x32!.pstranspiler.rpc.VariableMessage\x12\x0b\n\x03pad\x18\x0f \x01(\x0c\"E\n\x0c\x46\x65tchRequest\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\x12\x10\n\x08varnames\x18\x02 \x03(\t\x12\x0f\n\x07\x62\x61rrier\x18\x03 \x01(\x08\"3\n\x0cWatchMessage\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"J\n\x11\x43heckpointMessage\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\x12\x0b\n\x03\x64ir\x18\x02 \x01(\t\x12\x14\n\x0clookup_table\x18\x03 \x01(\t*,\n\x07VarKind\x12\x0e\n\nLOD_TENSOR\x10\x00\x12\x11\n\rSELECTED_ROWS\x10\x01\x32\xaf\x06\n\x07PServer\x12P\n\x0cSendVariable\x12!.pstranspiler.rpc.VariableMessage\x1a\x1d.pstranspiler.rpc.VoidMessage\x12S\n\x0bGetVariable\x12!.pstranspiler.rpc.VariableMessage\x1a!.pstranspiler.rpc.VariableMessage\x12X\n\x10PrefetchVariable\x12!.pstranspiler.rpc.VariableMessage\x1a!.pstranspiler.rpc.VariableMessage\x12N\n\x0bSendBarrier\x12 .pstranspiler.rpc.BarrierMessage\x1a\x1d.pstranspiler.rpc.VoidMessage\x12O\n\x0c\x46\x65tchBarrier\x12 .pstranspiler.rpc.BarrierMessage\x1a\x1d.pstranspiler.rpc.VoidMessage\x12\x46\n\tSendBatch\x12\x1a.pstranspiler.rpc.VarBatch\x1a\x1d.pstranspiler.rpc.VoidMessage\x12H\n\nFetchBatch\x12\x1e.pstranspiler.rpc.FetchRequest\x1a\x1a.pstranspiler.rpc.VarBatch\x12P\n\x0cSendComplete\x12!.pstranspiler.rpc.CompleteMessage\x1a\x1d.pstranspiler.rpc.VoidMessage\x12V\n\x10\x43heckpointNotify\x12#.pstranspiler.rpc.CheckpointMessage\x1a\x1d.pstranspiler.rpc.VoidMessage\x12\x46\n\x05Watch\x12\x1e.pstranspiler.rpc.WatchMessage\x1a\x1d.pstranspiler.rpc.VoidMessageb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fproto/rpc.proto\x12\x10pstranspiler.rpc\"\x1b\n\x08LoDLevel\x12\x0f\n\x07offsets\x18\x01 \x03(\x03\"\x9c\x02\n\x0fVariableMessage\x12\x0f\n\x07varname\x18\x01 \x01(\t\x12\x12\n\ntrainer_id\x18\x02 \x01(\x05\x12\'\n\x04kind\x18\x03 \x01(\x0e\x32\x19.pstranspiler.rpc.VarKind\x12\x11\n\tdata_type\x18\x04 \x01(\x05\x12\x0c\n\x04\x64ims\x18\x05 \x03(\x03\x12\'\n\x03lod\x18\x06 \x03(\x0b\x32\x1a.pstranspiler.rpc.LoDLevel\x12\x0e\n\x06height\x18\x07 \x01(\x03\x12\x0c\n\x04rows\x18\x08 \x01(\x0c\x12\x11\n\tmerge_add\x18\t \x01(\x08\x12\x12\n\ntable_name\x18\n \x01(\t\x12\x11\n\thas_value\x18\x0b \x01(\x08\x12\x0b\n\x03pad\x18\x0e \x01(\x0c\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\"\r\n\x0bVoidMessage\"$\n\x0e\x42\x61rrierMessage\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\"E\n\x0f\x43ompleteMessage\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\x12\x0e\n\x06\x66\x61iled\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x93\x01\n\x08VarBatch\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\x12\x0f\n\x07\x62\x61rrier\x18\x02 \x01(\x08\x12/\n\x04vars\x18\x03 \x03(\x0b\x32!.pstranspiler.rpc.VariableMessage\x12\r\n\x05\x66\x65tch\x18\x04 \x03(\t\x12\x15\n\rfetch_barrier\x18\x05 \x01(\x08\x12\x0b\n\x03pad\x18\x0f \x01(\x0c\"E\n\x0c\x46\x65tchRequest\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\x12\x10\n\x08varnames\x18\x02 \x03(\t\x12\x0f\n\x07\x62\x61rrier\x18\x03 \x01(\x08\"3\n\x0cWatchMessage\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"J\n\x11\x43heckpointMessage\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\x12\x0b\n\x03\x64ir\x18\x02 \x01(\t\x12\x14\n\x0clookup_table\x18\x03 \x01(\t*,\n\x07VarKind\x12\x0e\n\nLOD_TENSOR\x10\x00\x12\x11\n\rSELECTED_ROWS\x10\x01\x32\xf9\x06\n\x07PServer\x12P\n\x0cSendVariable\x12!.pstranspiler.rpc.VariableMessage\x1a\x1d.pstranspiler.rpc.VoidMessage\x12S\n\x0bGetVariable\x12!.pstranspiler.rpc.VariableMessage\x1a!.pstranspiler.rpc.VariableMessage\x12X\n\x10PrefetchVariable\x12!.pstranspiler.rpc.VariableMessage\x1a!.pstranspiler.rpc.VariableMessage\x12N\n\x0bSendBarrier\x12 .pstranspiler.rpc.BarrierMessage\x1a\x1d.pstranspiler.rpc.VoidMessage\x12O\n\x0c\x46\x65tchBarrier\x12 .pstranspiler.rpc.BarrierMessage\x1a\x1d.pstranspiler.rpc.VoidMessage\x12\x46\n\tSendBatch\x12\x1a.pstranspiler.rpc.VarBatch\x1a\x1d.pstranspiler.rpc.VoidMessage\x12H\n\nFetchBatch\x12\x1e.pstranspiler.rpc.FetchRequest\x1a\x1a.pstranspiler.rpc.VarBatch\x12H\n\x0eSendFetchBatch\x12\x1a.pstranspiler.rpc.VarBatch\x1a\x1a.pstranspiler.rpc.VarBatch\x12P\n\x0cSendComplete\x12!.pstranspiler.rpc.CompleteMessage\x1a\x1d.pstranspiler.rpc.VoidMessage\x12V\n\x10\x43heckpointNotify\x12#.pstranspiler.rpc.CheckpointMessage\x1a\x1d.pstranspiler.rpc.VoidMessage\x12\x46\n\x05Watch\x12\x1e.pstranspiler.rpc.WatchMessage\x1a\x1d.pstranspiler.rpc.VoidMessageb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.rpc_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_VARKIND']._serialized_start=788
-  _globals['_VARKIND']._serialized_end=832
+  _globals['_VARKIND']._serialized_start=827
+  _globals['_VARKIND']._serialized_end=871
   _globals['_LODLEVEL']._serialized_start=37
   _globals['_LODLEVEL']._serialized_end=64
   _globals['_VARIABLEMESSAGE']._serialized_start=67
@@ -43,14 +43,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BARRIERMESSAGE']._serialized_end=404
   _globals['_COMPLETEMESSAGE']._serialized_start=406
   _globals['_COMPLETEMESSAGE']._serialized_end=475
-  _globals['_VARBATCH']._serialized_start=477
-  _globals['_VARBATCH']._serialized_end=586
-  _globals['_FETCHREQUEST']._serialized_start=588
-  _globals['_FETCHREQUEST']._serialized_end=657
-  _globals['_WATCHMESSAGE']._serialized_start=659
-  _globals['_WATCHMESSAGE']._serialized_end=710
-  _globals['_CHECKPOINTMESSAGE']._serialized_start=712
-  _globals['_CHECKPOINTMESSAGE']._serialized_end=786
-  _globals['_PSERVER']._serialized_start=835
-  _globals['_PSERVER']._serialized_end=1650
+  _globals['_VARBATCH']._serialized_start=478
+  _globals['_VARBATCH']._serialized_end=625
+  _globals['_FETCHREQUEST']._serialized_start=627
+  _globals['_FETCHREQUEST']._serialized_end=696
+  _globals['_WATCHMESSAGE']._serialized_start=698
+  _globals['_WATCHMESSAGE']._serialized_end=749
+  _globals['_CHECKPOINTMESSAGE']._serialized_start=751
+  _globals['_CHECKPOINTMESSAGE']._serialized_end=825
+  _globals['_PSERVER']._serialized_start=874
+  _globals['_PSERVER']._serialized_end=1763
 # @@protoc_insertion_point(module_scope)

@@ -69,6 +69,11 @@ class PServerStub:
                 request_serializer=proto_dot_rpc__pb2.FetchRequest.SerializeToString,
                 response_deserializer=proto_dot_rpc__pb2.VarBatch.FromString,
                 _registered_method=True)
+        self.SendFetchBatch = channel.unary_unary(
+                '/pstranspiler.rpc.PServer/SendFetchBatch',
+                request_serializer=proto_dot_rpc__pb2.VarBatch.SerializeToString,
+                response_deserializer=proto_dot_rpc__pb2.VarBatch.FromString,
+                _registered_method=True)
         self.SendComplete = channel.unary_unary(
                 '/pstranspiler.rpc.PServer/SendComplete',
                 request_serializer=proto_dot_rpc__pb2.CompleteMessage.SerializeToString,
@@ -140,6 +145,12 @@ class PServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendFetchBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SendComplete(self, request, context):
         """This trainer will send nothing more.
         """
@@ -199,6 +210,11 @@ def add_PServerServicer_to_server(servicer, server):
             'FetchBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.FetchBatch,
                     request_deserializer=proto_dot_rpc__pb2.FetchRequest.FromString,
+                    response_serializer=proto_dot_rpc__pb2.VarBatch.SerializeToString,
+            ),
+            'SendFetchBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendFetchBatch,
+                    request_deserializer=proto_dot_rpc__pb2.VarBatch.FromString,
                     response_serializer=proto_dot_rpc__pb2.VarBatch.SerializeToString,
             ),
             'SendComplete': grpc.unary_unary_rpc_method_handler(
@@ -405,6 +421,33 @@ class PServer:
             target,
             '/pstranspiler.rpc.PServer/FetchBatch',
             proto_dot_rpc__pb2.FetchRequest.SerializeToString,
+            proto_dot_rpc__pb2.VarBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendFetchBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pstranspiler.rpc.PServer/SendFetchBatch',
+            proto_dot_rpc__pb2.VarBatch.SerializeToString,
             proto_dot_rpc__pb2.VarBatch.FromString,
             options,
             channel_credentials,

@@ -100,9 +100,9 @@ def test_sync_training_equals_local_training(case, tmp_path):
     main, startup = make()
     main_pb, startup_pb = save(tmp_path, main, startup)
     launch_training(tmp_path, main_pb, startup_pb, pservers=pservers)
-    for i in range(pservers):  # a step is one SendBatch and one FetchBatch per trainer (+ the startup fetch, the exit)
+    for i in range(pservers):  # a step is one SendFetchBatch per trainer (+ the startup fetch, the exit)
         log = (tmp_path / "logs" / f"pserver.{i}.log").read_text()
-        assert f"2.10 rpc/step/trainer over {STEPS} steps (FetchBatch 42, SendBatch 40, SendComplete 2)" in log, log
+        assert f"1.10 rpc/step/trainer over {STEPS} steps (SendFetchBatch 40, FetchBatch 2, SendComplete 2)" in log, log
     init0, final0 = trained_params(tmp_path, 0)
     init1, final1 = trained_params(tmp_path, 1)
     for name in init0:  # both trainers start and end with the pservers' values

@@ -549,3 +549,85 @@ def test_optimizer_model_trains(name):
         after = scope.find_var(n).array
         assert after.dtype == np.float32 and np.isfinite(after).all(), n
         assert not np.array_equal(after, before[n]), f"{name} did not change {n}"
+
+
+def _sparse_sgd_program(allow_in_place: bool):
+    """`sgd` writing `w` back to itself, after an op that sets the run's in-place flag
+    as a sync pserver's `listen_and_serv` does."""
+    from transpiler.ir import Program
+
+    program = Program.empty()
+    block = program.global_block()
+    if allow_in_place:
+        block.add_op("test_allow_in_place", {}, {}, {})
+    block.add_op("sgd", {"Param": ["w"], "Grad": ["g"], "LearningRate": ["lr"]}, {"ParamOut": ["w"]}, {})
+    return program
+
+
+@pytest.mark.parametrize("allowed", [True, False], ids=["sync pserver", "elsewhere"])
+def test_sparse_sgd_updates_the_param_in_place_only_where_the_run_allows_it(allowed):
+    from ops.kernels import register, unregister
+    from ops.tensor import LoDTensor
+
+    @register("test_allow_in_place")
+    def allow(ctx) -> None:
+        ctx.run.update_in_place = True
+
+    try:
+        for param in (f32(5, 2), np.frombuffer(f32(5, 2).tobytes(), np.float32).reshape(5, 2)):  # owned, read-only
+            keep, g = param.copy(), sparse_grad().merged()
+            scope = Scope()
+            scope.set_var("w", LoDTensor(param))
+            feed = {"g": g, "lr": np.array([0.1], np.float32)}
+            Executor().run(_sparse_sgd_program(allowed), feed=feed, scope=scope)
+            out = scope.find_var("w").array
+            expected = keep.copy()
+            expected[g.rows] -= np.float32(0.1) * g.value
+            np.testing.assert_array_equal(out, expected)
+            in_place = allowed and param.flags.writeable
+            assert np.shares_memory(out, param) == in_place
+            if not in_place:
+                np.testing.assert_array_equal(param, keep)
+    finally:
+        unregister("test_allow_in_place")
+
+
+def test_dense_adam_in_place_gives_the_same_numbers_in_the_same_arrays():
+    """Where the run allows it (a sync pserver), Adam writes the param and its moments
+    into their own arrays: bit for bit what the copying update gives."""
+    from ops.kernels import register, unregister
+    from ops.tensor import LoDTensor
+    from transpiler.ir import Program
+
+    @register("test_allow_in_place_adam")
+    def allow(ctx) -> None:
+        ctx.run.update_in_place = True
+
+    def run(allowed: bool):
+        program = Program.empty()
+        block = program.global_block()
+        if allowed:
+            block.add_op("test_allow_in_place_adam", {}, {}, {})
+        block.add_op("adam", {"Param": ["w"], "Grad": ["g"], "LearningRate": ["lr"], "Moment1": ["m1"],
+                              "Moment2": ["m2"], "Beta1Pow": ["b1p"], "Beta2Pow": ["b2p"]},
+                     {"ParamOut": ["w"], "Moment1Out": ["m1"], "Moment2Out": ["m2"], "Beta1PowOut": ["b1p"],
+                      "Beta2PowOut": ["b2p"]}, {})
+        rng = np.random.default_rng(7)
+        arrays = {name: rng.standard_normal((4, 3)).astype(np.float32) for name in ("w", "m1", "m2")}
+        arrays["m2"] = np.abs(arrays["m2"])
+        scope = Scope()
+        for name, array in arrays.items():
+            scope.set_var(name, LoDTensor(array))
+        feed = {"g": rng.standard_normal((4, 3)).astype(np.float32), "lr": np.array([0.01], np.float32),
+                "b1p": np.array([0.9], np.float32), "b2p": np.array([0.999], np.float32)}
+        Executor().run(program, feed=feed, scope=scope)
+        return arrays, {name: scope.find_var(name).array for name in arrays}
+
+    try:
+        before, copied = run(False)
+        inputs, in_place = run(True)
+        for name in ("w", "m1", "m2"):
+            np.testing.assert_array_equal(in_place[name], copied[name])
+            assert np.shares_memory(in_place[name], inputs[name]) and not np.shares_memory(copied[name], before[name])
+    finally:
+        unregister("test_allow_in_place_adam")

@@ -89,6 +89,58 @@ def test_a_sync_step_is_one_send_batch_and_one_fetch_batch_per_trainer():
     assert lines[-1] == "pserver 127.0.0.1:0: 2.67 rpc/step/trainer over 3 steps (FetchBatch 8, SendBatch 6, SendComplete 2)"
 
 
+def test_a_deferred_send_barrier_makes_a_sync_step_one_send_fetch_batch_per_trainer():
+    """What the kernels do when the fetch_barrier follows the send_barrier (with only
+    recvs between): the grads, both barriers and the params travel in one call."""
+    scope, calls, lines = Scope(), [], []
+    with running_pserver(fanin=2, scope=scope, run_block=sgd_pserver(scope, calls), received=GRADS,
+                         optimize_blocks=(1,)) as ps:
+        ps.server._log = lines.append
+        clients = [ps.client(0), ps.client(1)]
+
+        def kernels_step(client, grad: float) -> np.ndarray:
+            client.send_async(ps.address, f"g.trainer_{client.trainer_id}", np.full(3, grad, np.float32))
+            client.send_barrier([ps.address], defer=True)
+            (w,) = client.fetch_barrier([ps.address], [(ps.address, "w")])
+            return w.array
+
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda c: c.fetch_barrier([ps.address]), clients))
+            for k in range(1, 4):
+                got = list(pool.map(lambda c: kernels_step(c, 1.0), clients))
+                assert all(w.tolist() == [-k] * 3 for w in got)
+        for client in clients:
+            client.complete([ps.address])
+        ps.join()
+    assert ps.server.rpc_counts == {"FetchBatch": 2, "SendFetchBatch": 6, "SendComplete": 2}
+    assert lines[-1] == ("pserver 127.0.0.1:0: 1.67 rpc/step/trainer over 3 steps "
+                         "(SendFetchBatch 6, FetchBatch 2, SendComplete 2)")
+
+
+def test_a_deferred_send_barrier_goes_out_before_any_other_call():
+    """A get between a deferred send barrier and the fetch barrier (a program that reads
+    something there) sends the barrier first, as an undeferred one would have been."""
+    scope, calls = Scope(), []
+    scope.set_var("w", LoDTensor(np.zeros(3, np.float32)))
+
+    def run_block(idx: int) -> None:  # one trainer: w -= its grad
+        calls.append(idx)
+        scope.set_var("w", LoDTensor(scope.find_var("w").array - scope.find_var("g.trainer_0").array))
+
+    with running_pserver(fanin=1, scope=scope, run_block=run_block, received=GRADS[:1], optimize_blocks=(1,)) as ps:
+        client = ps.client(0)
+        client.fetch_barrier([ps.address])
+        client.send_async(ps.address, "g.trainer_0", np.full(3, 1.0, np.float32))
+        client.send_barrier([ps.address], defer=True)
+        assert ps.server.rpc_counts == {"FetchBatch": 1}  # nothing sent yet
+        assert client.get(ps.address, "w").array.tolist() == [-1.0] * 3  # after the round's optimize
+        assert ps.server.rpc_counts == {"FetchBatch": 2, "SendBatch": 1}
+        client.fetch_barrier([ps.address])
+        client.complete([ps.address])
+        ps.join()
+    assert not ps.errors and calls == [1] and ps.server.rounds == 1
+
+
 def test_a_get_waits_for_the_round_s_optimize_and_a_send_for_the_next_round():
     scope, calls = Scope(), []
     with running_pserver(fanin=2, scope=scope, run_block=sgd_pserver(scope, calls), received=GRADS,
@@ -216,6 +268,24 @@ def test_an_optimize_block_that_fails_stops_the_pserver():
             a.get(ps.address, "w")
         ps.join()
     assert "optimize block 3 failed" in str(ps.errors[0])
+
+
+def test_an_optimize_block_that_fails_in_the_last_send_fetch_batch_stops_the_pserver():
+    """The call whose send barrier completes the round runs its optimize blocks itself:
+    a failure there fails that call and the pserver, with the same reason."""
+    def broken(idx: int) -> None:
+        raise ValueError("shapes do not match")
+
+    with running_pserver(fanin=1, run_block=broken, received=("g",), optimize_blocks=(3,)) as ps:
+        a = ps.client(0)
+        a.fetch_barrier([ps.address])
+        a.send_async(ps.address, "g", np.ones(2, np.float32))
+        a.send_barrier([ps.address], defer=True)
+        with pytest.raises(RpcError, match="step 1: optimize block 3 failed: shapes do not match"):
+            a.fetch_barrier([ps.address])
+        ps.join()
+    assert "optimize block 3 failed" in str(ps.errors[0])
+    assert ps.server.rpc_counts == {"FetchBatch": 1, "SendFetchBatch": 1}
 
 
 def test_the_lr_block_runs_first_every_round():

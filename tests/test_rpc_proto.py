@@ -50,6 +50,7 @@ def test_the_service_has_the_runtime_s_methods():
     assert SERVICE_NAME == "pstranspiler.rpc.PServer"
     assert sorted(METHODS) == sorted(
         ["SendVariable", "GetVariable", "PrefetchVariable", "SendBarrier", "FetchBarrier", "SendBatch", "FetchBatch",
+         "SendFetchBatch",
          "SendComplete", "CheckpointNotify", "Watch"]
     )
 

@@ -111,6 +111,21 @@ def test_a_batch_round_trips_zero_copy_aligned_and_any_protobuf_reader_parses_it
     assert decode_batch(empty).trainer_id == -1 and decode_batch(encode_batch([], trainer_id=-1)).vars == ()
 
 
+def test_a_send_fetch_batch_carries_the_names_to_fetch_and_the_fetch_barrier_both_ways():
+    data = encode_batch([var_parts("g", np.ones(4, np.float32), trainer_id=1)], trainer_id=1, barrier=True,
+                        fetch=["w@0", "b"], fetch_barrier=True)
+    batch = decode_batch(data)
+    assert batch.fetch == ("w@0", "b") and batch.fetch_barrier and batch.barrier and batch.vars[0].name == "g"
+    assert (batch.vars[0].value.array.ctypes.data - np.frombuffer(data, np.uint8).ctypes.data) % 64 == 0
+    theirs = rpc_pb2.VarBatch.FromString(data)
+    assert list(theirs.fetch) == ["w@0", "b"] and theirs.fetch_barrier and theirs.vars[0].varname == "g"
+    ours = decode_batch(rpc_pb2.VarBatch(trainer_id=0, fetch=["é"], fetch_barrier=False).SerializeToString())
+    assert ours.fetch == ("é",) and not ours.fetch_barrier
+    assert decode_batch(encode_batch([])).fetch == () and not decode_batch(encode_batch([])).fetch_barrier
+    with pytest.raises(WireError, match="UTF-8"):
+        decode_batch(b"\x22\x01\xff")  # field 4, one byte that is not UTF-8
+
+
 def test_a_request_without_a_value():
     got = decode_var(encode_var("w", trainer_id=2, table_name="t"))
     assert got.value is None and got.trainer_id == 2 and got.table_name == "t"

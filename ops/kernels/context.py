@@ -100,6 +100,11 @@ class RunContext:
     ) -> None:
         self.program = program
         self.env: dict[str, Any] = dict(env or {})
+        # True when whoever runs the blocks guarantees that nothing reads a param while a
+        # block updating it runs (a sync pserver: every fetch, prefetch and checkpoint of a
+        # round is over before its optimize blocks start). A sparse update then changes the
+        # rows of the param in place, as Paddle does, instead of copying the whole table.
+        self.update_in_place = False
         self._rng_factory = rng_factory
         self._run_block = run_block
 

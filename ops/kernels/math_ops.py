@@ -312,7 +312,13 @@ def _affine(x: np.ndarray, factor: float, bias: float, after: bool) -> np.ndarra
         f, b = x.dtype.type(factor), x.dtype.type(bias)
     else:
         f, b = factor, bias
-    out = x * f + b if after else (x + b) * f
+    # One new array, the second operation in place (a pserver scales every grad of every step).
+    if after:
+        out = np.multiply(x, f)
+        np.add(out, b, out=out, casting="unsafe")
+    else:
+        out = np.add(x, b)
+        np.multiply(out, f, out=out, casting="unsafe")
     return np.asarray(out, dtype=x.dtype)
 
 

@@ -69,6 +69,14 @@ def _check_rows(ctx: OpContext, grad: SelectedRows, param: np.ndarray) -> None:
         raise KernelError(f"{ctx.type}: grad row {row} is outside the parameter's {param.shape[0]} rows")
 
 
+def _may_update_in_place(ctx: OpContext, array: np.ndarray, slot: str = "Param", out_slot: str = "ParamOut") -> bool:
+    """Whether an update may write input `slot`'s own array: the run allows it
+    (`RunContext.update_in_place`), the op writes `out_slot` back to the same var, and the
+    array is nobody else's (it owns its memory and is writeable: not a received buffer, not a view)."""
+    return (ctx.run.update_in_place and array.flags.writeable and array.base is None
+            and ctx.input_names(slot) == ctx.output_names(out_slot))
+
+
 # Attr defaults come from the op catalogue (Fluid 1.8's attrs); a kernel names only the
 # attrs Paddle 2.x added, which every optimizer shares one of.
 PADDLE2_DEFAULTS = {"multi_precision": False}
@@ -85,7 +93,7 @@ def sgd(ctx: OpContext) -> None:
     lr = _learning_rate(ctx, param.dtype)
     if isinstance(grad, SelectedRows):
         _check_rows(ctx, grad, param)
-        out = param.copy()
+        out = param if _may_update_in_place(ctx, param) else param.copy()
         out[grad.rows] -= lr * grad.value.astype(param.dtype, copy=False)  # rows are unique after merging
     else:
         out = np.multiply(grad, lr, dtype=param.dtype)
@@ -214,7 +222,12 @@ def adam(ctx: OpContext) -> None:
         if isinstance(grad, SelectedRows):
             _check_rows(ctx, grad, param)
             grad = grad.to_dense()
-        into = _adam_buffers(ctx, param, grad, m1, m2)
+        in_place = [_may_update_in_place(ctx, a, slot, f"{slot}Out") and a.dtype == param.dtype
+                    for a, slot in ((param, "Param"), (m1, "Moment1"), (m2, "Moment2"))]
+        if any(in_place):  # a sync pserver's own arrays: updated where they are
+            into = tuple(a if here else None for a, here in zip((param, m1, m2), in_place, strict=True))
+        else:  # recycled output arrays (or new ones)
+            into = _adam_buffers(ctx, param, grad, m1, m2)
         p_out, m1_out, m2_out = _adam_dense(param, grad, m1, m2, beta1, beta2, lr_t, eps_t, into)
     ctx.set_output("ParamOut", p_out.astype(param.dtype, copy=False))
     ctx.set_output("Moment1Out", m1_out.astype(param.dtype, copy=False))
@@ -243,30 +256,26 @@ def _adam_buffers(ctx: OpContext, p, g, m1, m2) -> tuple[np.ndarray, np.ndarray,
 
 def _adam_dense(p, g, m1, m2, beta1, beta2, lr_t, eps_t, into=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The dense Adam update in Paddle's order of operations (`(1 - b2) * g * g`,
-    `lr * (m1 / (sqrt(m2) + eps))`), into the three arrays `into` (p_out, m1_out, m2_out)
-    or new ones. p_out is the scratch array until the last step, `p - scratch`, which
-    numpy computes element by element in place: no temporary."""
+    `lr * (m1 / (sqrt(m2) + eps))`). `into` (p_out, m1_out, m2_out; each an array or None:
+    a new one) says where the results go: recycled output arrays (`_adam_buffers`), or on a
+    sync pserver the param and moments themselves. A recycled p_out is the scratch array
+    until the last step, `p - scratch`, which numpy computes element by element in place.
+    Every way runs the same operations, so computes the same bits."""
+    p_into, m1_into, m2_into = into if into is not None else (None, None, None)
     one = type(beta1)(1)
-    if into is None:
-        tmp = np.multiply(g, one - beta1)
-        m1_out = np.multiply(m1, beta1)
-    else:
-        tmp, m1_out, m2_out = into
-        np.multiply(g, one - beta1, out=tmp)
-        np.multiply(m1, beta1, out=m1_out)
+    scratch = p_into if p_into is not None and p_into is not p else None
+    tmp = np.multiply(g, one - beta1, out=scratch)
+    m1_out = np.multiply(m1, beta1, out=m1_into)
     m1_out += tmp
     np.multiply(g, one - beta2, out=tmp)
     tmp *= g
-    if into is None:
-        m2_out = np.multiply(m2, beta2)
-    else:
-        np.multiply(m2, beta2, out=m2_out)
+    m2_out = np.multiply(m2, beta2, out=m2_into)
     m2_out += tmp
     np.sqrt(m2_out, out=tmp)
     tmp += eps_t
     np.divide(m1_out, tmp, out=tmp)
     tmp *= lr_t
-    return np.subtract(p, tmp, out=None if into is None else tmp), m1_out, m2_out
+    return np.subtract(p, tmp, out=p_into), m1_out, m2_out
 
 
 # ----------------------------------------------------------------------- adamax

@@ -9,7 +9,11 @@ The cost of an RPC on loopback is the message, not its bytes, so a step is few
 messages: `send_async` only encodes and queues a var for its pserver; `send_barrier`
 sends each pserver ONE `SendBatch` (its queued vars and the barrier), and
 `fetch_barrier` asks each ONE `FetchBatch` (every var wanted from it and the barrier):
-two RPCs per pserver per sync step. Without barriers (async mode), `flush` starts one
+two RPCs per pserver per sync step. `send_barrier(defer=True)` (the kernel's choice when
+the block's `fetch_barrier` follows with only `recv`s between) sends nothing yet: the
+`fetch_barrier` then sends each pserver ONE `SendFetchBatch` (the queued vars, the send
+barrier, the vars wanted and the fetch barrier), one RPC per pserver per sync step; any
+other call sends a deferred barrier first, as `send_barrier` would have. Without barriers (async mode), `flush` starts one
 `SendBatch` per pserver for what is queued, and any get, recv or `wait_pending` flushes
 first, so a var is never read before the send queued ahead of it.
 
@@ -174,6 +178,7 @@ class RpcClient:
         self._endpoints: dict[str, _Endpoint] = {}
         self._queued: dict[str, list[tuple[str, Parts]]] = {}  # endpoint -> (var name, its message's pieces)
         self._pending: list[tuple[Any, str, str]] = []  # (future, what, endpoint) of flushed sends
+        self._deferred_barrier: tuple[str, ...] | None = None  # send barrier the next fetch_barrier carries
         self._lock = threading.Lock()
         self._closed = False
         self.stats = RpcStats()
@@ -267,6 +272,7 @@ class RpcClient:
         """Queue `value` as `name` for `endpoint`; the next barrier, `flush`, get or
         `wait_pending` sends it. Scope values are replaced, never changed in place, so
         the pieces may hold the value's own buffer until then."""
+        self._send_deferred_barrier()  # a var queued after a barrier belongs to the next round
         message = var_parts(name, value, trainer_id=self.trainer_id, merge_add=merge_add)
         with self._lock:
             self._queued.setdefault(endpoint, []).append((name, message))
@@ -284,6 +290,7 @@ class RpcClient:
 
     def flush(self) -> None:
         """Start one `SendBatch` per pserver with what is queued; `wait_pending` waits."""
+        self._send_deferred_barrier()
         started = [(self._future(*call[:3]), call[3], call[0])
                    for call in (self._send_batch(ep, queued, False) for ep, queued in self._take_queued().items())]
         with self._lock:
@@ -321,11 +328,15 @@ class RpcClient:
         ]
         got: dict[tuple[str, str], Any] = {}
         for (endpoint, names), reply in zip(wanted.items(), self._call_all(calls), strict=True):
-            if [var.name for var in reply.vars] != names or any(var.value is None for var in reply.vars):
-                raise RpcError(f"trainer {self.trainer_id}: a get of {', '.join(names)} on pserver {endpoint} "
-                               "came back without its values")
-            got.update(((endpoint, var.name), var.value) for var in reply.vars)
+            got.update(self._values_of(endpoint, names, reply))
         return [got[request] for request in requests]
+
+    def _values_of(self, endpoint: str, names: list[str], reply: Any) -> list[tuple[tuple[str, str], Any]]:
+        """((endpoint, name), value) of each var a fetch `reply` carries; it must hold `names`."""
+        if [var.name for var in reply.vars] != names or any(var.value is None for var in reply.vars):
+            raise RpcError(f"trainer {self.trainer_id}: a get of {', '.join(names)} on pserver {endpoint} "
+                           "came back without its values")
+        return [((endpoint, var.name), var.value) for var in reply.vars]
 
     def prefetch(self, endpoint: str, table: str, ids: Any) -> LoDTensor:
         """Rows `ids` (int64) of table `table` on `endpoint`, as a dense tensor."""
@@ -337,6 +348,7 @@ class RpcClient:
 
     def prefetch_many(self, requests: Iterable[PrefetchRequest]) -> list[LoDTensor]:
         """Answers to `requests`, fetched in parallel, in order."""
+        self._send_deferred_barrier()
         calls = []
         for req in requests:
             ids = LoDTensor(np.ascontiguousarray(np.asarray(req.ids, dtype=np.int64).reshape(-1, 1)))
@@ -363,8 +375,23 @@ class RpcClient:
         self._gather(futures)
 
     # ------------------------------------------------------------ control
-    def send_barrier(self, endpoints: Sequence[str]) -> None:
-        """One `SendBatch` per pserver: its queued vars and, for `endpoints`, the barrier."""
+    def send_barrier(self, endpoints: Sequence[str], *, defer: bool = False) -> None:
+        """One `SendBatch` per pserver: its queued vars and, for `endpoints`, the barrier.
+        With `defer`, nothing is sent yet: the next `fetch_barrier` carries the vars and
+        the barrier (one `SendFetchBatch` per pserver), or any other call sends them first."""
+        self._send_deferred_barrier()
+        if defer:
+            self._deferred_barrier = tuple(endpoints)
+            return
+        self._send_barrier_now(endpoints)
+
+    def _send_deferred_barrier(self) -> None:
+        """Send a deferred send barrier (and the vars queued before it) now."""
+        endpoints, self._deferred_barrier = self._deferred_barrier, None
+        if endpoints is not None:
+            self._send_barrier_now(endpoints)
+
+    def _send_barrier_now(self, endpoints: Sequence[str]) -> None:
         queued = self._take_queued()
         calls = [self._send_batch(ep, queued.pop(ep, []), True) for ep in endpoints]
         calls += [self._send_batch(ep, rest, False) for ep, rest in queued.items()]
@@ -375,8 +402,41 @@ class RpcClient:
 
     def fetch_barrier(self, endpoints: Sequence[str], requests: Iterable[tuple[str, str]] = ()) -> list[Any]:
         """The values of `(endpoint, name)` `requests` and the fetch barrier of each of
-        `endpoints`: one `FetchBatch` per pserver."""
-        return self._fetch(requests, endpoints)
+        `endpoints`: one `FetchBatch` per pserver, or one `SendFetchBatch` when a send
+        barrier was deferred."""
+        send_barrier, self._deferred_barrier = self._deferred_barrier, None
+        if send_barrier is None:
+            return self._fetch(requests, endpoints)
+        return self._send_and_fetch(send_barrier, requests, endpoints)
+
+    def _send_and_fetch(self, send_barrier: Sequence[str], requests: Iterable[tuple[str, str]],
+                        fetch_barrier: Sequence[str]) -> list[Any]:
+        """One `SendFetchBatch` per pserver concerned: its queued vars, its send barrier (for
+        `send_barrier`), the names `requests` want of it and its fetch barrier (for
+        `fetch_barrier`), in that order; the values, in `requests`' order."""
+        queued = self._take_queued()
+        with self._lock:
+            pending, self._pending = self._pending, []
+        self._gather(pending)
+        requests = list(requests)
+        wanted: dict[str, list[str]] = {}
+        for endpoint, name in requests:
+            wanted.setdefault(endpoint, []).append(name)
+        endpoints = list(dict.fromkeys([*send_barrier, *queued, *fetch_barrier, *wanted]))
+        calls = [self._send_fetch_call(ep, queued.get(ep, []), ep in send_barrier, wanted.get(ep, []), ep in fetch_barrier)
+                 for ep in endpoints]
+        got: dict[tuple[str, str], Any] = {}
+        for endpoint, reply in zip(endpoints, self._call_all(calls), strict=True):
+            got.update(self._values_of(endpoint, wanted.get(endpoint, []), reply))
+        return [got[request] for request in requests]
+
+    def _send_fetch_call(self, endpoint: str, queued: list[tuple[str, Parts]], barrier: bool, names: list[str],
+                         fetch_barrier: bool) -> tuple[str, str, bytes, str]:
+        """The call (for `_call_all`) of one `SendFetchBatch`."""
+        request = encode_batch([message for _, message in queued], trainer_id=self.trainer_id, barrier=barrier,
+                               fetch=names, fetch_barrier=fetch_barrier)
+        what = "send barrier and fetch barrier" if barrier and fetch_barrier else "send and fetch"
+        return endpoint, "SendFetchBatch", request, what
 
     def checkpoint_notify(self, endpoints: Sequence[str], directory: str, lookup_table: str = "") -> None:
         message = rpc_pb2.CheckpointMessage(trainer_id=self.trainer_id, dir=directory, lookup_table=lookup_table)
@@ -392,6 +452,9 @@ class RpcClient:
         if failed:
             with self._lock:
                 self._pending, self._queued = [], {}  # a failed trainer's sends no longer matter
+            self._deferred_barrier = None
+        else:
+            self._send_deferred_barrier()
         if deadline is None:
             self._broadcast(endpoints, "SendComplete", message, "complete notice")
             return
@@ -412,6 +475,7 @@ class RpcClient:
             self._closed = True
             endpoints, self._endpoints = self._endpoints, {}
             self._pending, self._queued = [], {}
+        self._deferred_barrier = None
         self._pool.shutdown(wait=False, cancel_futures=True)
         for ep in endpoints.values():
             ep.channel.close()

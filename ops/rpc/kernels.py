@@ -10,6 +10,9 @@ last `send` flushes the queue, one message per pserver. A `recv` followed by a
 trainer startup) only registers what it wants: the `fetch_barrier` fetches it all, one
 message per pserver with the barrier, and writes the values. Which of these applies is
 a fact of the op's place in its block, worked out once per prepared block (`ctx.memo`).
+A `send_barrier` followed by `recv`s and a `fetch_barrier` (the sync trainer program)
+defers its message: the `fetch_barrier` sends each pserver one `SendFetchBatch`, grads
+and both barriers and the params it wants, so a sync step is one RPC per pserver.
 
 `runtime_split_send_recv` programs carry whole vars: `send` with `send_varnames`
 splits X by the row counts of `sections` and sends block i as `send_varnames[i]` to
@@ -174,8 +177,26 @@ def _check_shape(ctx: OpContext, name: str, value: Any) -> None:
 
 @register("send_barrier")
 def send_barrier(ctx: OpContext) -> None:
+    """Send the queued vars and the barrier; deferred to the `fetch_barrier` (one message
+    per pserver for both) when it follows with only `recv`s between, as in every sync
+    trainer program: nothing between reads what the pservers hold."""
     client = client_of(ctx)
-    client.send_barrier([str(ep) for ep in ctx.attr("endpoints")])
+    client.send_barrier([str(ep) for ep in ctx.attr("endpoints")], defer=_fetch_barrier_follows(ctx))
+
+
+def _fetch_barrier_follows(ctx: OpContext) -> bool:
+    """True when the ops after this one are `recv`s up to a `fetch_barrier` (memoised)."""
+    found = ctx.memo.get("fetch_barrier_follows")
+    if found is None:
+        found = False
+        for op in _ops_after(ctx):
+            if op.type == "fetch_barrier":
+                found = True
+                break
+            if op.type != "recv":
+                break
+        ctx.memo["fetch_barrier_follows"] = found
+    return found
 
 
 @register("fetch_barrier")

@@ -154,6 +154,9 @@ def serve_config(ctx: OpContext) -> ServeConfig:
 def listen_and_serv(ctx: OpContext) -> None:
     """Serve the pserver protocol until every trainer completed (see `ops.rpc.server`)."""
     config = serve_config(ctx)
+    # Sync rounds: every read of a round (fetches, prefetches, checkpoints) ends before the
+    # trainer's send barrier, so before the optimize blocks run: they may update in place.
+    ctx.run.update_in_place = config.sync_mode
     scope, frame = ctx.scope, ctx.frame
     log = ctx.env.get("pserver_log", print_log)
     server = PServer(

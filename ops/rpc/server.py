@@ -13,11 +13,18 @@ Sync mode is a three-phase state machine, one round per training step:
   missing ones); the lr-decay block runs, then each optimize block, in the pserver's
   own scope (so params, accumulators and the lr persist across rounds).
 
-A trainer's step is two RPCs per pserver: `SendBatch` (every grad of the step and the
-send barrier) and `FetchBatch` (every param block it wants and the fetch barrier). The
+A trainer's step is one RPC per pserver, `SendFetchBatch`: every grad of the step and
+the send barrier, then every param block it wants and the fetch barrier, answered once
+the round's optimize ran (the handler stores the sends, then waits for the GET phase);
+or, where the trainer program reads something between its barriers, two: `SendBatch`
+(the grads and the send barrier) and `FetchBatch` (the params and the fetch barrier). The
 state machine moves in the handlers: the handler that brings the last barrier of a
-phase opens the next one; only the optimize blocks run on `serve()`'s thread, woken by
-the last send barrier (which is answered at once, as in Paddle). The one-var RPCs
+phase opens the next one. The optimize blocks run on the thread of the `SendFetchBatch`
+that brings the last send barrier (it waits for them anyway: one thread hand-off less
+per round), else on `serve()`'s thread, woken by the last send barrier (a `SendBatch`,
+answered at once, as in Paddle). Fetch replies are encoded under the lock, so a sync
+round's optimize blocks may update params in place (`RunContext.update_in_place`): none
+starts while a reply is being built. The one-var RPCs
 (`SendVariable`, `GetVariable`, `SendBarrier`, `FetchBarrier`) are the same operations
 with one var or none. A request that arrives in the wrong phase (a fast trainer's next
 sends while a slow one still fetches; a get before the round's optimize ran) waits for
@@ -178,7 +185,7 @@ class _Abort(Exception):
 # barriers the round waits for. The thread pool holds every trainer's quota.
 IN_FLIGHT_CAP = {"send": 2, "fetch": 2, "prefetch": 8}
 _KIND = {
-    "SendBatch": "send", "SendVariable": "send", "SendBarrier": "send",
+    "SendBatch": "send", "SendVariable": "send", "SendBarrier": "send", "SendFetchBatch": "send",
     "FetchBatch": "fetch", "GetVariable": "fetch", "FetchBarrier": "fetch",
     "PrefetchVariable": "prefetch",
 }
@@ -216,7 +223,11 @@ class PServer:
         self._run_in = run_in  # run a block in a given scope (prefetch blocks)
         self._expected = Expected(config)
         self._log = log or (lambda text: None)
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # the state; Watch calls wait on it for a stop, a failure, a completion
+        # RPCs waiting for a phase wait on this one (same lock): a phase change, twice a
+        # round, wakes them and not every trainer's Watch.
+        self._phase_cond = threading.Condition(lock)
         self._phase = Phase.GET if config.sync_mode else Phase.ASYNC
         self._round = 0  # sync: optimize rounds done; async: grads applied
         self._barriers: set[int] = set()
@@ -230,6 +241,10 @@ class PServer:
         self._lr_lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
         self._wake = threading.Event()  # for serve(): a round to run, every trainer completed, stop() or a failure
+        self._optimizer_claimed = False  # the OPTIMIZE phase's blocks have a thread running them
+        # Sync: the fetch replies of this GET phase by the names asked (every trainer asks
+        # the same params, and they stay put until the next round): encoded once.
+        self._replies: dict[tuple[str, ...], bytes] = {}
         self._calls: dict[str, int] = {}  # RPCs handled per method
         self._server: grpc.Server | None = None
         self.port: int | None = None
@@ -281,7 +296,7 @@ class PServer:
         def refuse(reason: str) -> None:  # a trainer started for another job: every process must stop
             with self._cond:
                 self._failure = self._failure or reason
-                self._cond.notify_all()
+                self._notify_all_locked()
 
         gate = Gate(self.config.auth.token, endpoint=self.config.endpoint, fanin=self.config.fanin,
                     sync_mode=self.config.sync_mode, plan=self.config.plan_fingerprint, refuse=refuse)
@@ -337,46 +352,58 @@ class PServer:
         """Stop serving (from another thread or a signal handler); `serve()` returns."""
         with self._cond:
             self._stopping = True
-            self._cond.notify_all()
+            self._notify_all_locked()
         self._wake.set()
 
     def shutdown(self, grace: float = 2.0) -> None:
         with self._cond:
             self._stopping = self._stopping or len(self._completed) < self.config.fanin
-            self._cond.notify_all()
+            self._notify_all_locked()
         self._wake.set()
         server, self._server = self._server, None
         if server is not None:
             server.stop(grace).wait()
 
     # ------------------------------------------------------------ the sync rounds
-    def _arrive_locked(self, trainer_id: int) -> None:
-        """Count `trainer_id`'s barrier of the current phase (lock held)."""
+    def _arrive_locked(self, trainer_id: int, *, optimize_here: bool = False) -> bool:
+        """Count `trainer_id`'s barrier of the current phase (lock held). True when it
+        opened the OPTIMIZE phase and `optimize_here`: the caller then runs the round
+        (`_optimize_round`), as it would wait for it anyway."""
         self._barriers.add(trainer_id)
-        self._advance_locked()
+        return self._advance_locked(optimize_here=optimize_here)
 
-    def _advance_locked(self) -> None:
+    def _advance_locked(self, *, optimize_here: bool = False) -> bool:
         """Open the next phase once every active trainer's barrier is in (lock held); the
-        OPTIMIZE phase runs on `serve()`'s thread."""
+        OPTIMIZE phase runs on `serve()`'s thread, or, with `optimize_here`, on the caller's
+        (True then): one thread hand-off less per round."""
         active = self._active()
         if not active or not self._barriers >= active or self._failure is not None or self._stopping:
-            return
+            return False
         self._barriers.clear()
         if self._phase is Phase.GET:
             self._phase = Phase.SEND
             self._received.clear()
-            self._cond.notify_all()
+            self._replies.clear()
+            self._phase_cond.notify_all()
         elif self._phase is Phase.SEND:
             self._phase = Phase.OPTIMIZE
+            if optimize_here:
+                self._optimizer_claimed = True
+                return True
             self._wake.set()
+        return False
 
     def _optimize_round(self) -> None:
-        """Run the round's blocks, then answer its gets."""
-        self._optimize()
+        """Run the round's blocks, then answer its gets (the caller claimed the round)."""
+        try:
+            self._optimize()
+        finally:
+            with self._cond:
+                self._optimizer_claimed = False
         with self._cond:
             self._round += 1
             self._phase = Phase.GET
-            self._cond.notify_all()
+            self._phase_cond.notify_all()
 
     def _active(self) -> set[int]:
         return set(self._trainers) - self._completed
@@ -433,7 +460,8 @@ class PServer:
                     raise PserverError(self._failure)
                 if self._stopping or len(self._completed) == self.config.fanin:
                     return
-                due = self._phase is Phase.OPTIMIZE
+                due = self._phase is Phase.OPTIMIZE and not self._optimizer_claimed
+                self._optimizer_claimed = self._optimizer_claimed or due
                 if not due:
                     self._check_liveness()
             if due:
@@ -475,11 +503,16 @@ class PServer:
         self._set_failure(message)
         raise PserverError(message)
 
+    def _notify_all_locked(self) -> None:
+        """Wake every waiting thread, the Watch calls too (a stop, a failure, a completion)."""
+        self._cond.notify_all()
+        self._phase_cond.notify_all()
+
     def _set_failure(self, message: str) -> None:
         """Record the first failure: every RPC answers with it from now on."""
         with self._cond:
             self._failure = self._failure or message
-            self._cond.notify_all()
+            self._notify_all_locked()
         self._wake.set()
 
     def _wait_phase(self, phase: Phase, context: Any) -> None:
@@ -488,7 +521,7 @@ class PServer:
             self._check_open()
             if context is not None and not context.is_active():
                 raise _Abort(grpc.StatusCode.CANCELLED, "the client went away")
-            self._cond.wait(POLL)
+            self._phase_cond.wait(POLL)
         self._check_open()
 
     def _wait_not_optimizing(self, context: Any) -> None:
@@ -497,7 +530,7 @@ class PServer:
             self._check_open()
             if context is not None and not context.is_active():
                 raise _Abort(grpc.StatusCode.CANCELLED, "the client went away")
-            self._cond.wait(POLL)
+            self._phase_cond.wait(POLL)
         self._check_open()
 
     def _check_open(self) -> None:
@@ -561,8 +594,13 @@ class PServer:
         return self._handle(context, "SendBarrier", request.trainer_id, "send barrier", lambda: self._on_send(batch, context))
 
     def _on_send(self, batch: WireBatch, context: Any) -> rpc_pb2.VoidMessage:
+        self._store_batch(batch, context)
+        return rpc_pb2.VoidMessage()
+
+    def _store_batch(self, batch: WireBatch, context: Any, *, optimize_here: bool = False) -> bool:
         """Store the batch's vars (checked first, all or none: `ops.rpc.validate`); with
-        its barrier, count the sender's send barrier."""
+        its barrier, count the sender's send barrier. True when that barrier opened the
+        round's optimize and `optimize_here` claimed it for the caller (`_arrive_locked`)."""
         try:
             self._expected.check(batch)
         except Refused as exc:
@@ -572,15 +610,13 @@ class PServer:
                 self._check_open()
             for var in batch.vars:
                 self._apply_async(var)
-            return rpc_pb2.VoidMessage()
+            return False
         with self._cond:
             self._wait_phase(Phase.SEND, context)
             for var in batch.vars:
                 self._store(var)
                 self._received.add(var.name)
-            if batch.barrier:
-                self._arrive_locked(batch.trainer_id)
-        return rpc_pb2.VoidMessage()
+            return batch.barrier and self._arrive_locked(batch.trainer_id, optimize_here=optimize_here)
 
     def _apply_async(self, var: WireVar) -> None:
         """Async mode: store a grad and run its optimize block (one run per block at a
@@ -614,30 +650,67 @@ class PServer:
                 value = LoDTensor(old.array + value.array.astype(old.array.dtype, copy=False), old.lod)
         self.scope.set_var(var.name, value)
 
+    def _rpc_SendFetchBatch(self, request: WireBatch, context: Any) -> bytes:  # noqa: N802
+        """A `SendBatch` and a `FetchBatch` in one call: store the sends (and count the
+        send barrier), then wait for the fetch's phase and answer it, as the two calls
+        would one after the other. Its label is where it leaves the trainer: at its fetch
+        barrier, when it carries one."""
+        if request.fetch_barrier:
+            what = "fetch barrier"
+        else:
+            what = "send barrier" if request.barrier else _send_label(request.vars)
+
+        def body() -> bytes:
+            fetches = bool(request.fetch or request.fetch_barrier)
+            # A call that will wait for the round's optimize runs it itself when its barrier is the last.
+            if self._store_batch(request, context, optimize_here=fetches):
+                self._optimize_round()
+            if not fetches:  # nothing to fetch: no waiting for the optimize
+                return encode_batch([])
+            return self._fetch_reply(request.trainer_id, request.fetch, request.fetch_barrier, context)
+
+        return self._handle(context, "SendFetchBatch", request.trainer_id, what, body)
+
     def _rpc_FetchBatch(self, request: Any, context: Any) -> bytes:  # noqa: N802
         what = "fetch barrier" if request.barrier else _get_label(request.varnames)
         return self._handle(context, "FetchBatch", request.trainer_id, what,
-                            lambda: encode_batch([var_parts(n, v) for n, v in self._on_fetch(
-                                request.trainer_id, request.varnames, request.barrier, context)]))
+                            lambda: self._fetch_reply(request.trainer_id, request.varnames, request.barrier, context))
 
     def _rpc_GetVariable(self, request: WireVar, context: Any) -> bytes:  # noqa: N802
         def body() -> bytes:
-            ((name, value),) = self._on_fetch(request.trainer_id, (request.name,), False, context)
-            return encode_var(name, value)
+            return self._on_fetch(request.trainer_id, (request.name,), False, context,
+                                  lambda values: encode_var(*values[0]))
 
         return self._handle(context, "GetVariable", request.trainer_id, f"get of {request.name}", body)
 
     def _rpc_FetchBarrier(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
         def body() -> rpc_pb2.VoidMessage:
-            self._on_fetch(request.trainer_id, (), True, context)
+            self._on_fetch(request.trainer_id, (), True, context, lambda values: None)
             return rpc_pb2.VoidMessage()
 
         return self._handle(context, "FetchBarrier", request.trainer_id, "fetch barrier", body)
 
-    def _on_fetch(self, trainer_id: int, names: Any, barrier: bool, context: Any) -> list[tuple[str, Any]]:
-        """The current values of `names` (sync: once the round's optimize ran); with
-        `barrier`, the sender's fetch barrier is counted after them. Values are replaced,
-        never changed in place, so they are encoded after the lock is released."""
+    def _fetch_reply(self, trainer_id: int, names: Any, barrier: bool, context: Any) -> bytes:
+        """The `VarBatch` reply to a fetch of `names` (with `barrier`, the fetch barrier is
+        counted). Sync: built once per round for the same names, shared by the trainers."""
+        names = tuple(names)
+        if not self.config.sync_mode:
+            return self._on_fetch(trainer_id, names, barrier, context, _encode_values)
+
+        def shared(values: list[tuple[str, Any]]) -> bytes:  # under the lock, in the GET phase
+            reply = self._replies.get(names)
+            if reply is None:
+                reply = self._replies[names] = _encode_values(values)
+            return reply
+
+        return self._on_fetch(trainer_id, names, barrier, context, shared)
+
+    def _on_fetch(self, trainer_id: int, names: Any, barrier: bool, context: Any,
+                  encode: Callable[[list[tuple[str, Any]]], Any]) -> Any:
+        """`encode` of the current values of `names` (sync: once the round's optimize ran);
+        with `barrier`, the sender's fetch barrier is counted after them. Encoded under the
+        lock: a sync pserver's optimize blocks may update a param in place
+        (`RunContext.update_in_place`), and none starts while the lock is held."""
         with self._cond:
             if self.config.sync_mode:
                 self._wait_phase(Phase.GET, context)
@@ -647,9 +720,10 @@ class PServer:
             missing = [name for name, value in values if value is None]
             if missing:
                 raise _Abort(grpc.StatusCode.NOT_FOUND, f"pserver {self.config.endpoint} has no var {missing[0]!r}")
+            reply = encode(values)
             if barrier and self.config.sync_mode:
                 self._arrive_locked(trainer_id)
-        return values
+        return reply
 
     def _rpc_PrefetchVariable(self, request: WireVar, context: Any) -> bytes:  # noqa: N802
         what = f"prefetch from {request.table_name}" if request.table_name else f"prefetch of {request.name}"
@@ -767,7 +841,7 @@ class PServer:
             self._set_failure(f"pserver {self.config.endpoint}: trainer {tid} failed: {request.reason or 'no reason given'}")
         with self._cond:
             self._completed.add(tid)
-            self._cond.notify_all()
+            self._notify_all_locked()
             if self.config.sync_mode:
                 self._advance_locked()
             if len(self._completed) == self.config.fanin:
@@ -812,6 +886,11 @@ class PServer:
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 where = f"pserver {self.config.endpoint}: checkpoint block {idx} ({path})"
                 raise _Abort(grpc.StatusCode.INTERNAL, f"{where} failed: {reason}") from None
+
+
+def _encode_values(values: list[tuple[str, Any]]) -> bytes:
+    """A `VarBatch` of `(name, value)` pairs: a fetch's reply."""
+    return encode_batch([var_parts(name, value) for name, value in values])
 
 
 def _send_label(vars: tuple[WireVar, ...]) -> str:

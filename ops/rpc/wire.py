@@ -62,17 +62,24 @@ class WireVar:
 
 @dataclass(frozen=True)
 class WireBatch:
-    """A decoded `VarBatch`."""
+    """A decoded `VarBatch`; `fetch` and `fetch_barrier` are a `SendFetchBatch`'s."""
 
     trainer_id: int
     barrier: bool
     vars: tuple[WireVar, ...]
+    fetch: tuple[str, ...] = ()
+    fetch_barrier: bool = False
 
 
 # ------------------------------------------------------------------ varints
 
 
+_ONE_BYTE = [bytes((i,)) for i in range(0x80)]  # most keys and small lengths: no loop
+
+
 def _varint(value: int) -> bytes:
+    if 0 <= value < 0x80:
+        return _ONE_BYTE[value]
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -89,6 +96,8 @@ def _key(field: int, wire: int = _WIRE_LEN) -> bytes:
 
 
 def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    """(the varint at `pos`, the position after it). Hot loops inline the one-byte case
+    (`byte < 0x80`) and call this for the rest."""
     result = shift = 0
     while True:
         if pos >= len(buf):
@@ -160,26 +169,52 @@ def var_parts(
         return [message.SerializeToString()]
     kind, array, lod, rows, height = _payload(value)
     array = _little_endian(array)
-    try:
-        dtype = DType.from_any(array.dtype.newbyteorder("="))
-    except ValueError:
-        raise WireError(f"var {name!r}: dtype {array.dtype} has no Paddle equivalent") from None
     message.has_value = True
     message.kind = kind
-    message.data_type = int(dtype)
+    message.data_type = _paddle_dtype(name, array.dtype)
     message.dims.extend(int(d) for d in array.shape)
     for level in lod:
         message.lod.add().offsets.extend(int(x) for x in level)
     message.height = int(height)
     parts: list[Any] = [message.SerializeToString()]
     if rows is not None and rows.size:
-        parts += [_key(ROWS_FIELD), _varint(rows.nbytes), rows.view(np.uint8).reshape(-1)]
+        parts += [_ROWS_KEY, _varint(rows.nbytes), rows.view(np.uint8).reshape(-1)]
     nbytes = array.nbytes
     if nbytes:
-        data_key = _key(DATA_FIELD) + _varint(nbytes)
+        data_key = _DATA_KEY + _varint(nbytes)
         pad = (-(_size(parts) + 2 + len(data_key))) % ALIGN  # the pad field is 2 + pad bytes (pad < 128)
-        parts += [_key(PAD_FIELD) + _varint(pad) + bytes(pad), data_key, array.reshape(-1).view(np.uint8)]
+        parts += [_PAD_KEY + _varint(pad) + bytes(pad), data_key, array.reshape(-1).view(np.uint8)]
     return parts
+
+
+_ROWS_KEY, _DATA_KEY, _PAD_KEY = _key(ROWS_FIELD), _key(DATA_FIELD), _key(PAD_FIELD)
+
+
+# dtype conversions, once per dtype (a step converts the same few many times)
+_PADDLE_OF: dict[np.dtype, int] = {}
+_NUMPY_OF: dict[int, np.dtype] = {}
+
+
+def _paddle_dtype(name: str, dtype: np.dtype) -> int:
+    """Paddle's data_type of a (little-endian) numpy dtype."""
+    code = _PADDLE_OF.get(dtype)
+    if code is None:
+        try:
+            code = _PADDLE_OF[dtype] = int(DType.from_any(dtype.newbyteorder("=")))
+        except ValueError:
+            raise WireError(f"var {name!r}: dtype {dtype} has no Paddle equivalent") from None
+    return code
+
+
+def _numpy_dtype(name: str, data_type: int) -> np.dtype:
+    """The little-endian numpy dtype of Paddle's `data_type`."""
+    dtype = _NUMPY_OF.get(data_type)
+    if dtype is None:
+        try:
+            dtype = _NUMPY_OF[data_type] = DType(data_type).to_numpy().newbyteorder("<")
+        except (ValueError, TypeError):
+            raise WireError(f"var {name!r}: unknown data_type {data_type}") from None
+    return dtype
 
 
 def _size(parts: Parts) -> int:
@@ -187,15 +222,23 @@ def _size(parts: Parts) -> int:
 
 
 BATCH_TRAINER_FIELD, BATCH_BARRIER_FIELD, BATCH_VARS_FIELD, BATCH_PAD_FIELD = 1, 2, 3, 15
+BATCH_FETCH_FIELD, BATCH_FETCH_BARRIER_FIELD = 4, 5
 
 
-def encode_batch(encoded: list[Parts], *, trainer_id: int = 0, barrier: bool = False) -> bytes:
-    """The `VarBatch` bytes holding `encoded` (each var's `var_parts`), in order."""
+def encode_batch(encoded: list[Parts], *, trainer_id: int = 0, barrier: bool = False,
+                 fetch: tuple[str, ...] | list[str] = (), fetch_barrier: bool = False) -> bytes:
+    """The `VarBatch` bytes holding `encoded` (each var's `var_parts`), in order; `fetch`
+    and `fetch_barrier` make it a `SendFetchBatch` request."""
     parts: list[bytes] = [
         _key(BATCH_TRAINER_FIELD, _WIRE_VARINT) + _varint(int(trainer_id) & _UINT64),  # two's complement, as protobuf
         _key(BATCH_BARRIER_FIELD, _WIRE_VARINT) + _varint(int(bool(barrier))),
     ]
-    size = len(parts[0]) + len(parts[1])
+    for name in fetch:
+        raw = name.encode()
+        parts.append(_key(BATCH_FETCH_FIELD) + _varint(len(raw)) + raw)
+    if fetch_barrier:
+        parts.append(_key(BATCH_FETCH_BARRIER_FIELD, _WIRE_VARINT) + _varint(1))
+    size = sum(len(p) for p in parts)
     var_key = _key(BATCH_VARS_FIELD)
     for message in encoded:
         length = _size(message)
@@ -209,10 +252,11 @@ def encode_batch(encoded: list[Parts], *, trainer_id: int = 0, barrier: bool = F
 def decode_batch(data: bytes | memoryview) -> WireBatch:
     """Decode `VarBatch` bytes; every var's arrays are views of `data`."""
     buf = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
-    trainer_id, barrier, found = 0, False, []
+    trainer_id, barrier, found, fetch, fetch_barrier = 0, False, [], [], False
     pos, end = 0, len(buf)
     while pos < end:
-        key, pos = _read_varint(buf, pos)
+        key = buf[pos]
+        key, pos = (key, pos + 1) if key < 0x80 else _read_varint(buf, pos)
         field, wire = key >> 3, key & 7
         if wire == _WIRE_VARINT:
             value, pos = _read_varint(buf, pos)
@@ -220,12 +264,16 @@ def decode_batch(data: bytes | memoryview) -> WireBatch:
                 trainer_id = value - (1 << 64) if value >= 1 << 63 else value  # int32: negatives are 10-byte varints
             elif field == BATCH_BARRIER_FIELD:
                 barrier = bool(value)
+            elif field == BATCH_FETCH_BARRIER_FIELD:
+                fetch_barrier = bool(value)
         elif wire == _WIRE_LEN:
             length, pos = _read_varint(buf, pos)
             if pos + length > end:
                 raise WireError(f"truncated VarBatch (field {field} needs {length} bytes)")
             if field == BATCH_VARS_FIELD:
                 found.append(decode_var(buf[pos : pos + length]))
+            elif field == BATCH_FETCH_FIELD:
+                fetch.append(_utf8(buf[pos : pos + length]))
             pos += length
         elif wire in (_WIRE_I64, _WIRE_I32):
             pos += 8 if wire == _WIRE_I64 else 4
@@ -233,7 +281,14 @@ def decode_batch(data: bytes | memoryview) -> WireBatch:
             raise WireError(f"malformed VarBatch (wire type {wire} in field {field})")
     if pos > end:
         raise WireError("truncated VarBatch")
-    return WireBatch(trainer_id, barrier, tuple(found))
+    return WireBatch(trainer_id, barrier, tuple(found), tuple(fetch), fetch_barrier)
+
+
+def _utf8(raw: memoryview) -> str:
+    try:
+        return str(raw, "utf-8")
+    except UnicodeDecodeError:
+        raise WireError("malformed VarBatch (a fetched var's name is not UTF-8)") from None
 
 
 # ------------------------------------------------------------------ decode
@@ -246,7 +301,8 @@ def _split_fields(buf: memoryview) -> tuple[bytes, dict[int, memoryview]]:
     pos, end = 0, len(buf)
     while pos < end:
         start = pos
-        key, pos = _read_varint(buf, pos)
+        key = buf[pos]
+        key, pos = (key, pos + 1) if key < 0x80 else _read_varint(buf, pos)
         field, wire = key >> 3, key & 7
         if wire == _WIRE_VARINT:
             _, pos = _read_varint(buf, pos)
@@ -290,10 +346,7 @@ def decode_var(data: bytes | memoryview) -> WireVar:
 
 def _value(message: Any, big: dict[int, memoryview]) -> LoDTensor | SelectedRows:
     name = message.varname
-    try:
-        dtype = DType(message.data_type).to_numpy().newbyteorder("<")
-    except (ValueError, TypeError):
-        raise WireError(f"var {name!r}: unknown data_type {message.data_type}") from None
+    dtype = _numpy_dtype(name, message.data_type)
     dims = tuple(int(d) for d in message.dims)
     payload = big.get(DATA_FIELD, memoryview(b""))
     expected = math.prod(dims) * dtype.itemsize
