@@ -26,6 +26,14 @@ from transpiler.ir.verifier import verify
 FIXTURES = {f"{p.parent.name}/{p.name}": p.read_bytes() for p in PADDLE_PB_FILES}
 KINDS = ("flip", "insert", "delete", "overwrite", "truncate")
 
+# 300 mutated fixtures, the same ones every run (a failure repeats), however slow the machine.
+MUTATED_BYTES = settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 mutation = st.tuples(st.sampled_from(KINDS), st.integers(min_value=0, max_value=2**31), st.integers(0, 255))
 
 
@@ -68,13 +76,7 @@ def check_bytes(data: bytes) -> None:
         assert second == first, "to_bytes -> from_bytes -> to_bytes is not stable"
 
 
-@settings(
-    max_examples=300,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@MUTATED_BYTES
 @given(name=st.sampled_from(sorted(FIXTURES)), mutations=st.lists(mutation, min_size=1, max_size=4))
 @example(name="fluid18_basic_sgd_2ps/main.pb", mutations=[("truncate", 0, 0)])
 @example(name="fluid18_lr_piecewise_2ps/main.pb", mutations=[("flip", 7, 0)])

@@ -10,12 +10,12 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import PADDLE_PB_FILES, PADDLE_PROGRAMS
 from proto import framework_pb2
-from test_ir_fuzz import mutate, mutation
+from test_ir_fuzz import MUTATED_BYTES, mutate, mutation
 from transpiler.errors import IRError, ProgramFormatError
 from transpiler.ir import Attr, AttrType, Program, VarKind
 from transpiler.ir.printer import dump
@@ -52,13 +52,7 @@ def test_the_fast_reader_takes_every_fixture_and_agrees_with_protobuf(name):
     _same_program(fast, _program_via_protobuf(data, name))
 
 
-@settings(
-    max_examples=300,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@MUTATED_BYTES
 @given(name=st.sampled_from(sorted(FIXTURES)), mutations=st.lists(mutation, min_size=1, max_size=3))
 def test_on_mutated_bytes_the_fast_reader_gives_up_or_agrees(name, mutations):
     data = mutate(FIXTURES[name], mutations)

@@ -62,9 +62,21 @@ def test_sync_rounds_give_both_trainers_the_averaged_update():
     assert ps.server.rpc_counts == {"SendBatch": 2 * 2 * 3, "FetchBatch": 2 * 2 * 4, "SendComplete": 2}
 
 
-def test_a_sync_step_is_one_send_batch_and_one_fetch_batch_per_trainer():
-    """What the trainer's kernels do: `send` queues, `send_barrier` sends the grads with
-    the barrier, `fetch_barrier` gets the params with the barrier; the pserver counts."""
+@pytest.mark.parametrize(
+    ("defer", "counts", "summary"),
+    [
+        # send_barrier sends the grads with the barrier, fetch_barrier gets the params with its own
+        (False, {"FetchBatch": 8, "SendBatch": 6, "SendComplete": 2},
+         "2.67 rpc/step/trainer over 3 steps (FetchBatch 8, SendBatch 6, SendComplete 2)"),
+        # the fetch_barrier follows the send_barrier with only recvs between (every sync
+        # trainer program): the grads, both barriers and the params travel in one call
+        (True, {"FetchBatch": 2, "SendFetchBatch": 6, "SendComplete": 2},
+         "1.67 rpc/step/trainer over 3 steps (SendFetchBatch 6, FetchBatch 2, SendComplete 2)"),
+    ],
+)
+def test_the_rpcs_of_a_sync_step_as_the_trainer_kernels_make_them(defer, counts, summary):
+    """What the trainer's kernels do: `send` queues, `send_barrier` sends (or defers),
+    `fetch_barrier` fetches; the pserver counts the calls."""
     scope, calls, lines = Scope(), [], []
     with running_pserver(fanin=2, scope=scope, run_block=sgd_pserver(scope, calls), received=GRADS,
                          optimize_blocks=(1,)) as ps:
@@ -73,7 +85,7 @@ def test_a_sync_step_is_one_send_batch_and_one_fetch_batch_per_trainer():
 
         def kernels_step(client, grad: float) -> np.ndarray:
             client.send_async(ps.address, f"g.trainer_{client.trainer_id}", np.full(3, grad, np.float32))
-            client.send_barrier([ps.address])
+            client.send_barrier([ps.address], defer=defer)
             (w,) = client.fetch_barrier([ps.address], [(ps.address, "w")])
             return w.array
 
@@ -85,36 +97,8 @@ def test_a_sync_step_is_one_send_batch_and_one_fetch_batch_per_trainer():
         for client in clients:
             client.complete([ps.address])
         ps.join()
-    assert ps.server.rpc_counts == {"FetchBatch": 8, "SendBatch": 6, "SendComplete": 2}
-    assert lines[-1] == "pserver 127.0.0.1:0: 2.67 rpc/step/trainer over 3 steps (FetchBatch 8, SendBatch 6, SendComplete 2)"
-
-
-def test_a_deferred_send_barrier_makes_a_sync_step_one_send_fetch_batch_per_trainer():
-    """What the kernels do when the fetch_barrier follows the send_barrier (with only
-    recvs between): the grads, both barriers and the params travel in one call."""
-    scope, calls, lines = Scope(), [], []
-    with running_pserver(fanin=2, scope=scope, run_block=sgd_pserver(scope, calls), received=GRADS,
-                         optimize_blocks=(1,)) as ps:
-        ps.server._log = lines.append
-        clients = [ps.client(0), ps.client(1)]
-
-        def kernels_step(client, grad: float) -> np.ndarray:
-            client.send_async(ps.address, f"g.trainer_{client.trainer_id}", np.full(3, grad, np.float32))
-            client.send_barrier([ps.address], defer=True)
-            (w,) = client.fetch_barrier([ps.address], [(ps.address, "w")])
-            return w.array
-
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda c: c.fetch_barrier([ps.address]), clients))
-            for k in range(1, 4):
-                got = list(pool.map(lambda c: kernels_step(c, 1.0), clients))
-                assert all(w.tolist() == [-k] * 3 for w in got)
-        for client in clients:
-            client.complete([ps.address])
-        ps.join()
-    assert ps.server.rpc_counts == {"FetchBatch": 2, "SendFetchBatch": 6, "SendComplete": 2}
-    assert lines[-1] == ("pserver 127.0.0.1:0: 1.67 rpc/step/trainer over 3 steps "
-                         "(SendFetchBatch 6, FetchBatch 2, SendComplete 2)")
+    assert ps.server.rpc_counts == counts
+    assert lines[-1] == f"pserver 127.0.0.1:0: {summary}"
 
 
 def test_a_deferred_send_barrier_goes_out_before_any_other_call():

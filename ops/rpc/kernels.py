@@ -23,6 +23,7 @@ endpoints without sections (the async lr-decay counter) goes to every one of the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -146,16 +147,24 @@ def _write_outs(ctx: OpContext, values: list[Any]) -> None:
 
 def _barrier_follows(ctx: OpContext, outs: tuple[str, ...]) -> bool:
     """True when a fetch_barrier comes after this op before any op reads `outs`."""
-    found = ctx.memo.get("barrier_follows")
+    wanted = set(outs)
+    return _fetch_barrier_before(ctx, "barrier_follows",
+                                 lambda op: bool(wanted & set(op.input_names)) or bool(op.sub_block_indices()))
+
+
+def _fetch_barrier_before(ctx: OpContext, memo_key: str, stops: Callable[[Op], bool]) -> bool:
+    """True when a `fetch_barrier` comes after this op before any op that `stops` the
+    scan; memoised under `memo_key` for as long as the block is unchanged."""
+    found = ctx.memo.get(memo_key)
     if found is None:
         found = False
         for op in _ops_after(ctx):
             if op.type == "fetch_barrier":
                 found = True
                 break
-            if set(outs) & set(op.input_names) or op.sub_block_indices():
+            if stops(op):
                 break
-        ctx.memo["barrier_follows"] = found
+        ctx.memo[memo_key] = found
     return found
 
 
@@ -186,17 +195,7 @@ def send_barrier(ctx: OpContext) -> None:
 
 def _fetch_barrier_follows(ctx: OpContext) -> bool:
     """True when the ops after this one are `recv`s up to a `fetch_barrier` (memoised)."""
-    found = ctx.memo.get("fetch_barrier_follows")
-    if found is None:
-        found = False
-        for op in _ops_after(ctx):
-            if op.type == "fetch_barrier":
-                found = True
-                break
-            if op.type != "recv":
-                break
-        ctx.memo["fetch_barrier_follows"] = found
-    return found
+    return _fetch_barrier_before(ctx, "fetch_barrier_follows", lambda op: op.type != "recv")
 
 
 @register("fetch_barrier")
