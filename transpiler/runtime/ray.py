@@ -48,6 +48,7 @@ from transpiler.runtime.role import Role
 PLACEMENT_TIMEOUT = 60.0  # seconds for the placement group's bundles and the actors to come up
 CALL_TIMEOUT = 30.0  # seconds for one control call to an actor (start, where, stop)
 UNANSWERED = 2.0  # a poll unanswered this long marks its actor as not answering (explains a failure)
+KILL_TIMEOUT = 10.0  # seconds to wait for Ray to report the killed actors dead
 POLL_EVERY = 0.3  # seconds between polls of one actor: a poll costs the driver and the actor's node CPU
 # A local instance checks its nodes often, so a dead one is reported within seconds.
 LOCAL_SYSTEM_CONFIG = {"health_check_period_ms": 500, "health_check_timeout_ms": 500,
@@ -314,6 +315,7 @@ class RayBackend:
                 self.ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone with its node
                 pass
+        self._await_deaths()
         if self.group is not None:
             try:
                 remove_placement_group(self.group)
@@ -322,6 +324,19 @@ class RayBackend:
         for h in handles:
             h.close()
         self.actors = []
+
+
+    def _await_deaths(self) -> None:
+        """Return once Ray has every killed actor dead (a kill is asynchronous): a call to
+        each fails when it is, so a job that returned has left no actor behind; bounded."""
+        probes = []
+        for actor in self.actors:
+            try:
+                probes.append(actor.where.remote())
+            except Exception:  # noqa: BLE001 - its handle is already unusable: dead
+                pass
+        if probes:
+            self.ray.wait(probes, num_returns=len(probes), timeout=KILL_TIMEOUT)
 
 
 def _first_line(exc: BaseException) -> str:
