@@ -95,8 +95,9 @@ class RayConnection:
                     print(f"launch: warning: Ray was imported before {LOOPBACK_ONLY_ENV}=0 was set; the local "
                           "instance may listen beyond 127.0.0.1 (set it before importing ray)", file=out, flush=True)
                 print(f"launch: starting a local Ray instance (127.0.0.1 only, {cpus} logical CPUs)", file=out, flush=True)
-                self.ray.init(address="local", num_cpus=cpus, include_dashboard=False,  # never a `ray start` here log_to_driver=False, logging_level="warning",
-                              _node_ip_address="127.0.0.1", _system_config=LOCAL_SYSTEM_CONFIG)
+                # address="local": always a new instance, never a `ray start` already running here
+                self.ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
+                              logging_level="warning", _node_ip_address="127.0.0.1", _system_config=LOCAL_SYSTEM_CONFIG)
             else:
                 print(f"launch: joining the Ray cluster at {address}", file=out, flush=True)
                 self.ray.init(address=address, log_to_driver=False, logging_level="warning")
