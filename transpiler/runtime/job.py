@@ -1,7 +1,8 @@
 """The life of one launched job, whatever runs its processes (`launch`'s own children on
 this machine, or actors on a Ray cluster: `transpiler.runtime.ray`).
 
-A backend places M pservers and N trainers and hands back one `ProcessHandle` per process;
+`LaunchConfig` says what the job is. A backend places M pservers and N trainers and hands
+back one `ProcessHandle` per process;
 `run_attempt` watches them (live status line, failure detection, stopping the rest) and
 `run_job` restarts the whole job from its last complete checkpoint up to `max_restarts`
 times. Sync training is consistent only at a checkpoint, so a restart restarts every
@@ -22,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TextIO
 
+from ops.rpc.service import DEFAULT_TIMEOUT
+from transpiler.config import parse_endpoints
 from transpiler.errors import PsTranspilerError
 from transpiler.runtime.progress import Progress
 from transpiler.runtime.role import CHECKPOINT_DIR_ENV, CHECKPOINT_EVERY_ENV, PSERVER, RESTORE_ENV, TRAINER, Role
@@ -97,22 +100,76 @@ class Backend(Protocol):
     def close(self, handles: Sequence[ProcessHandle]) -> None: ...
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    """What every attempt of a job shares (`LaunchConfig` carries it)."""
+BACKENDS = ("local", "ray")
+PLACEMENTS = ("spread", "pack")
 
-    pservers: int
-    trainers: int
-    sync_mode: bool
-    rpc_timeout: float
-    log_dir: Path
-    env: Mapping[str, str]
-    exit_grace: float
-    stop_grace: float
-    status_every: float
+
+class LaunchError(PsTranspilerError):
+    """A launch configuration that cannot run (bad counts, endpoints, command)."""
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    command: tuple[str, ...]
+    pservers: int = 1
+    trainers: int = 1
+    sync_mode: bool = True
+    host: str = "127.0.0.1"
+    endpoints: tuple[str, ...] | None = None  # default: free ports on `host`
+    log_dir: Path = Path("logs")
+    rpc_timeout: float = DEFAULT_TIMEOUT
+    env: Mapping[str, str] = field(default_factory=dict)  # extra variables for every process
+    exit_grace: float = 30.0  # seconds the pservers get to exit after the trainers finished
+    stop_grace: float = 5.0  # seconds between SIGTERM and SIGKILL when stopping
+    status_every: float = 2.0  # seconds between live progress lines
+    cwd: Path | None = None
+    # Checkpoints and restarts (any backend): every process gets the dir and cadence
+    # (`PSTRANSPILE_CHECKPOINT_DIR`/`_EVERY`); a failed job restarts up to `max_restarts`
+    # times, from the newest complete checkpoint there (`PSTRANSPILE_RESTORE`).
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 0
     max_restarts: int = 0
+    # Where the processes run: `local`, or `ray` (`transpiler.runtime.ray`): a Ray cluster at
+    # `address` (None: a local, loopback-only Ray instance), one placement-group bundle of
+    # `cpus_per_process` CPUs per process, bundles spread over nodes or packed.
+    backend: str = "local"
+    address: str | None = None
+    placement: str = "spread"
+    cpus_per_process: float = 1.0
+
+    def validate(self) -> None:
+        if not self.command:
+            raise LaunchError("no command to launch (put it after `--`)")
+        for what, count in (("pservers", self.pservers), ("trainers", self.trainers)):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise LaunchError(f"{what} must be an integer >= 1, got {count!r}")
+        if self.endpoints is not None:
+            try:
+                endpoints = parse_endpoints(list(self.endpoints))
+            except PsTranspilerError as exc:
+                raise LaunchError(str(exc)) from None
+            if len(endpoints) != self.pservers:
+                raise LaunchError(f"{len(endpoints)} endpoint(s) given for {self.pservers} pserver(s)")
+        if not self.rpc_timeout > 0:
+            raise LaunchError(f"the RPC timeout must be positive, got {self.rpc_timeout}")
+        if self.backend not in BACKENDS:
+            raise LaunchError(f"unknown backend {self.backend!r}; expected one of: {', '.join(BACKENDS)}")
+        if self.placement not in PLACEMENTS:
+            raise LaunchError(f"unknown placement {self.placement!r}; expected one of: {', '.join(PLACEMENTS)}")
+        if self.backend == "ray" and self.endpoints is not None:
+            raise LaunchError("the ray backend places the pservers itself; endpoints cannot be given")
+        if self.backend != "ray" and self.address is not None:
+            raise LaunchError("an address is for the ray backend (--backend ray)")
+        if not self.cpus_per_process > 0:
+            raise LaunchError(f"cpus per process must be positive, got {self.cpus_per_process:g}")
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise LaunchError(f"max restarts must be an integer >= 0, got {self.max_restarts!r}")
+        if self.checkpoint_every < 0:
+            raise LaunchError(f"checkpoint every must be >= 0 steps, got {self.checkpoint_every}")
+        if self.max_restarts and self.checkpoint_dir is None:
+            raise LaunchError("restarts resume from a checkpoint: give a checkpoint dir (--checkpoint-dir)")
+        if self.checkpoint_every and self.checkpoint_dir is None:
+            raise LaunchError("a checkpoint cadence needs a checkpoint dir (--checkpoint-dir)")
 
 
 @dataclass
@@ -170,33 +227,35 @@ class LaunchResult:
         return "\n".join(lines)
 
 
-def run_job(spec: JobSpec, make_backend: Callable[[], Backend], out: TextIO) -> LaunchResult:
+def run_job(config: LaunchConfig, env: Mapping[str, str], make_backend: Callable[[], Backend], out: TextIO
+            ) -> LaunchResult:
     """Run attempts until one succeeds, is interrupted, or `max_restarts` restarts are spent;
-    the last attempt's result, with the failures restarted after. Attempt k > 0 logs
-    into `log_dir/restart-<k>/`."""
+    the last attempt's result, with the failures restarted after. Every process gets `env`
+    (the job's token) and the checkpoint options; attempt k > 0 logs into
+    `log_dir/restart-<k>/` and restores from the newest complete checkpoint, if any."""
+    checkpoint_dir = Path(config.checkpoint_dir) if config.checkpoint_dir is not None else None
+    base = dict(env)
+    if checkpoint_dir is not None:
+        base[CHECKPOINT_DIR_ENV] = str(checkpoint_dir)
+        if config.checkpoint_every:
+            base[CHECKPOINT_EVERY_ENV] = str(config.checkpoint_every)
     restarts: list[str] = []
+    restore: Path | None = None  # the checkpoint the next attempt starts from
     started = time.monotonic()
     while True:
-        extra = dict(spec.env)
-        if spec.checkpoint_dir is not None:
-            extra[CHECKPOINT_DIR_ENV] = str(spec.checkpoint_dir)
-            if spec.checkpoint_every:
-                extra[CHECKPOINT_EVERY_ENV] = str(spec.checkpoint_every)
-        restore = _restore_point(spec.checkpoint_dir) if restarts else None
-        if restore is not None:
-            extra[RESTORE_ENV] = str(spec.checkpoint_dir)
-        log_dir = spec.log_dir if not restarts else spec.log_dir / f"restart-{len(restarts)}"
-        result = run_attempt(spec, make_backend(), extra, log_dir, out)
+        extra = {**base, RESTORE_ENV: str(checkpoint_dir)} if restore is not None else base
+        log_dir = Path(config.log_dir) if not restarts else Path(config.log_dir) / f"restart-{len(restarts)}"
+        result = run_attempt(config, make_backend(), extra, log_dir, out)
         result.seconds = time.monotonic() - started
         result.restarts = list(restarts)
-        if result.ok or result.interrupted or len(restarts) >= spec.max_restarts or result.failure is None:
+        if result.ok or result.interrupted or len(restarts) >= config.max_restarts or result.failure is None:
             _report(result, out)
             return result
         restarts.append(result.failure)
-        point = _restore_point(spec.checkpoint_dir)
-        origin = f"checkpoint {point.name}" if point is not None else "the start (no complete checkpoint yet)"
+        restore = _restore_point(checkpoint_dir)
+        origin = f"checkpoint {restore.name}" if restore is not None else "the start (no complete checkpoint yet)"
         print(f"launch: {result.failure}", file=out)
-        print(f"launch: restart {len(restarts)} of {spec.max_restarts}, from {origin}", file=out, flush=True)
+        print(f"launch: restart {len(restarts)} of {config.max_restarts}, from {origin}", file=out, flush=True)
 
 
 def _restore_point(checkpoint_dir: Path | None) -> Path | None:
@@ -207,28 +266,28 @@ def _restore_point(checkpoint_dir: Path | None) -> Path | None:
     return find_latest(checkpoint_dir, missing_ok=True)
 
 
-def run_attempt(spec: JobSpec, backend: Backend, extra: Mapping[str, str], log_dir: Path, out: TextIO) -> LaunchResult:
+def run_attempt(config: LaunchConfig, backend: Backend, extra: Mapping[str, str], log_dir: Path, out: TextIO) -> LaunchResult:
     """Start every process on `backend`, watch them to the end, stop what is left."""
     started = time.monotonic()
     handles: list[ProcessHandle] = []
     failure: str | None = None
     interrupted = False
     try:
-        endpoints = backend.endpoints(spec.pservers, spec.trainers)
+        endpoints = backend.endpoints(config.pservers, config.trainers)
         for i, endpoint in enumerate(endpoints):
-            role = Role(PSERVER, 0, spec.trainers, tuple(endpoints), endpoint, spec.sync_mode, spec.rpc_timeout)
+            role = Role(PSERVER, 0, config.trainers, tuple(endpoints), endpoint, config.sync_mode, config.rpc_timeout)
             handles.append(backend.start(ProcessStatus(PSERVER, i, endpoint, log_dir / f"pserver.{i}.log"), role, extra))
-        for i in range(spec.trainers):
-            role = Role(TRAINER, i, spec.trainers, tuple(endpoints), None, spec.sync_mode, spec.rpc_timeout)
+        for i in range(config.trainers):
+            role = Role(TRAINER, i, config.trainers, tuple(endpoints), None, config.sync_mode, config.rpc_timeout)
             handles.append(backend.start(ProcessStatus(TRAINER, i, None, log_dir / f"trainer.{i}.log"), role, extra))
-        failure = _monitor(handles, spec, backend, out)
+        failure = _monitor(handles, config, backend, out)
     except KeyboardInterrupt:
         failure, interrupted = "interrupted", True
     except PsTranspilerError as exc:  # the backend's own error (a LaunchError): the job failed to start
         failure = str(exc)
     finally:
         try:
-            backend.stop(handles, spec.stop_grace)
+            backend.stop(handles, config.stop_grace)
         finally:
             backend.close(handles)
     return LaunchResult(
@@ -236,10 +295,10 @@ def run_attempt(spec: JobSpec, backend: Backend, extra: Mapping[str, str], log_d
         failure=failure,
         processes=[h.status for h in handles],
         seconds=time.monotonic() - started,
-        sync_mode=spec.sync_mode,
+        sync_mode=config.sync_mode,
         interrupted=interrupted,
-        pserver_count=spec.pservers,
-        trainer_count=spec.trainers,
+        pserver_count=config.pservers,
+        trainer_count=config.trainers,
         backend=backend.name,
     )
 
@@ -270,12 +329,12 @@ def failure_text(status: ProcessStatus, step: int | None) -> str:
     return f"{status.name}{where} exited with {exit_words(status.returncode)}{at} (log: {status.log})"
 
 
-def _monitor(handles: list[ProcessHandle], spec: JobSpec, backend: Backend, out: TextIO) -> str | None:
+def _monitor(handles: list[ProcessHandle], config: LaunchConfig, backend: Backend, out: TextIO) -> str | None:
     """Wait for the job's end; the failure, or None when every process exited 0."""
     trainers = [h for h in handles if h.status.role == TRAINER]
     pservers = [h for h in handles if h.status.role == PSERVER]
     trainers_done: float | None = None
-    next_status = time.monotonic() + spec.status_every
+    next_status = time.monotonic() + config.status_every
     shown: tuple = ()
     live = _Status(out)
     try:
@@ -290,11 +349,11 @@ def _monitor(handles: list[ProcessHandle], spec: JobSpec, backend: Backend, out:
                 trainers_done = trainers_done or now
                 if all(h.status.returncode == 0 for h in pservers):
                     return None
-                if now - trainers_done > spec.exit_grace:
+                if now - trainers_done > config.exit_grace:
                     waiting = ", ".join(h.status.name for h in pservers if h.status.returncode is None)
-                    return f"{waiting} still running {spec.exit_grace:g} s after every trainer finished"
+                    return f"{waiting} still running {config.exit_grace:g} s after every trainer finished"
             if now >= next_status:
-                next_status = now + spec.status_every
+                next_status = now + config.status_every
                 snapshot = tuple(h.status.progress for h in trainers)
                 if snapshot != shown and any(snapshot):
                     shown = snapshot

@@ -34,92 +34,18 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TextIO
 
 from ops.rpc.auth import TOKEN_ENV, has_token
-from ops.rpc.service import DEFAULT_TIMEOUT
-from transpiler.config import parse_endpoints
-from transpiler.errors import PsTranspilerError
-from transpiler.runtime.job import TAIL_LINES, Backend, JobSpec, LaunchResult, ProcessStatus, run_job
+from transpiler.runtime.job import TAIL_LINES, Backend, LaunchConfig, LaunchError, LaunchResult, ProcessStatus, run_job
 from transpiler.runtime.progress import parse_progress
 from transpiler.runtime.role import Role
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-BACKENDS = ("local", "ray")
-PLACEMENTS = ("spread", "pack")
 
 __all__ = ["LaunchConfig", "LaunchError", "LaunchResult", "ProcessStatus", "free_endpoints", "job_env", "launch",
            "process_env"]
-
-
-class LaunchError(PsTranspilerError):
-    """A launch configuration that cannot run (bad counts, endpoints, command)."""
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    command: tuple[str, ...]
-    pservers: int = 1
-    trainers: int = 1
-    sync_mode: bool = True
-    host: str = "127.0.0.1"
-    endpoints: tuple[str, ...] | None = None  # default: free ports on `host`
-    log_dir: Path = Path("logs")
-    rpc_timeout: float = DEFAULT_TIMEOUT
-    env: Mapping[str, str] = field(default_factory=dict)  # extra variables for every process
-    exit_grace: float = 30.0  # seconds the pservers get to exit after the trainers finished
-    stop_grace: float = 5.0  # seconds between SIGTERM and SIGKILL when stopping
-    status_every: float = 2.0  # seconds between live progress lines
-    cwd: Path | None = None
-    # Checkpoints and restarts (any backend): every process gets the dir and cadence
-    # (`PSTRANSPILE_CHECKPOINT_DIR`/`_EVERY`); a failed job restarts up to `max_restarts`
-    # times, from the newest complete checkpoint there (`PSTRANSPILE_RESTORE`).
-    checkpoint_dir: Path | None = None
-    checkpoint_every: int = 0
-    max_restarts: int = 0
-    # Where the processes run: `local`, or `ray` (`transpiler.runtime.ray`): a Ray cluster at
-    # `address` (None: a local, loopback-only Ray instance), one placement-group bundle of
-    # `cpus_per_process` CPUs per process, bundles spread over nodes or packed.
-    backend: str = "local"
-    address: str | None = None
-    placement: str = "spread"
-    cpus_per_process: float = 1.0
-
-    def validate(self) -> None:
-        if not self.command:
-            raise LaunchError("no command to launch (put it after `--`)")
-        for what, count in (("pservers", self.pservers), ("trainers", self.trainers)):
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-                raise LaunchError(f"{what} must be an integer >= 1, got {count!r}")
-        if self.endpoints is not None:
-            try:
-                endpoints = parse_endpoints(list(self.endpoints))
-            except PsTranspilerError as exc:
-                raise LaunchError(str(exc)) from None
-            if len(endpoints) != self.pservers:
-                raise LaunchError(f"{len(endpoints)} endpoint(s) given for {self.pservers} pserver(s)")
-        if not self.rpc_timeout > 0:
-            raise LaunchError(f"the RPC timeout must be positive, got {self.rpc_timeout}")
-        if self.backend not in BACKENDS:
-            raise LaunchError(f"unknown backend {self.backend!r}; expected one of: {', '.join(BACKENDS)}")
-        if self.placement not in PLACEMENTS:
-            raise LaunchError(f"unknown placement {self.placement!r}; expected one of: {', '.join(PLACEMENTS)}")
-        if self.backend == "ray" and self.endpoints is not None:
-            raise LaunchError("the ray backend places the pservers itself; endpoints cannot be given")
-        if self.backend != "ray" and self.address is not None:
-            raise LaunchError("an address is for the ray backend (--backend ray)")
-        if not self.cpus_per_process > 0:
-            raise LaunchError(f"cpus per process must be positive, got {self.cpus_per_process:g}")
-        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
-            raise LaunchError(f"max restarts must be an integer >= 0, got {self.max_restarts!r}")
-        if self.checkpoint_every < 0:
-            raise LaunchError(f"checkpoint every must be >= 0 steps, got {self.checkpoint_every}")
-        if self.max_restarts and self.checkpoint_dir is None:
-            raise LaunchError("restarts resume from a checkpoint: give a checkpoint dir (--checkpoint-dir)")
-        if self.checkpoint_every and self.checkpoint_dir is None:
-            raise LaunchError("a checkpoint cadence needs a checkpoint dir (--checkpoint-dir)")
 
 
 def free_endpoints(count: int, host: str = "127.0.0.1") -> list[str]:
@@ -282,38 +208,19 @@ def launch(config: LaunchConfig, *, out: TextIO | None = None, backend: Callable
     (children of this process) or `ray` (actors on a Ray cluster, `transpiler.runtime.ray`)."""
     config.validate()
     out = out or sys.stderr
-    spec = job_spec(config)
     if backend is not None:  # `transpiler.runtime.ray.run`'s own factory
         make_backend = backend
     elif config.backend == "ray":
-        from transpiler.runtime.ray import ray_backend_factory  # imports ray: only for this backend
+        from transpiler.runtime.ray import RayJob  # imports ray: only for this backend
 
-        make_backend = ray_backend_factory(config, out)
+        make_backend = RayJob(config, out)
     else:
         def make_backend() -> LocalBackend:
             return LocalBackend(config)
 
     try:
-        return run_job(spec, make_backend, out)
+        return run_job(config, job_env(config.env), make_backend, out)
     finally:
         closer = getattr(make_backend, "shutdown", None)
         if closer is not None:
             closer()
-
-
-def job_spec(config: LaunchConfig) -> JobSpec:
-    """What every attempt of the job shares; the job token is made here, once per job."""
-    return JobSpec(
-        pservers=config.pservers,
-        trainers=config.trainers,
-        sync_mode=config.sync_mode,
-        rpc_timeout=config.rpc_timeout,
-        log_dir=Path(config.log_dir),
-        env=job_env(config.env),
-        exit_grace=config.exit_grace,
-        stop_grace=config.stop_grace,
-        status_every=config.status_every,
-        checkpoint_dir=Path(config.checkpoint_dir) if config.checkpoint_dir is not None else None,
-        checkpoint_every=config.checkpoint_every,
-        max_restarts=config.max_restarts,
-    )

@@ -40,8 +40,8 @@ from typing import IO, Any, TextIO
 
 from ops.rpc.service import DEFAULT_TIMEOUT
 from transpiler.errors import PsTranspilerError
-from transpiler.runtime.job import TAIL_LINES, LaunchResult, ProcessStatus
-from transpiler.runtime.launch import PACKAGE_ROOT, LaunchConfig, LaunchError, launch
+from transpiler.runtime.job import TAIL_LINES, LaunchConfig, LaunchError, LaunchResult, ProcessStatus
+from transpiler.runtime.launch import BLAS_THREAD_VARS, PACKAGE_ROOT, launch
 from transpiler.runtime.progress import parse_progress
 from transpiler.runtime.role import Role
 
@@ -128,8 +128,8 @@ class SessionPayload:
 class _RayProcess:
     """The driver's side of one actor: its status, its log here, the poll in flight."""
 
-    def __init__(self, ray, actor, status: ProcessStatus, where: Mapping[str, Any]) -> None:
-        self.ray, self.actor, self.status, self.where = ray, actor, status, where
+    def __init__(self, actor, status: ProcessStatus, where: Mapping[str, Any]) -> None:
+        self.actor, self.status, self.where = actor, status, where
         self.started = time.monotonic()
         self.ended: float | None = None
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
@@ -220,13 +220,12 @@ class RayBackend:
     def start(self, status: ProcessStatus, role: Role, env: Mapping[str, str]) -> _RayProcess:
         index = status.index if role.is_pserver else self.config.pservers + status.index
         actor, where = self.actors[index], self.wheres[index]
-        handle = _RayProcess(self.ray, actor, status, where)
+        handle = _RayProcess(actor, status, where)
         here = self.per_node[where["node_id"]]
-        threads = {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"}
         extra = dict(env)
         if self.config.cpus_per_process >= 1:  # a process's BLAS threads: its bundle's CPUs, unless set
-            for key in threads - extra.keys():
-                extra[key] = str(int(self.config.cpus_per_process))
+            for key in BLAS_THREAD_VARS:
+                extra.setdefault(key, str(int(self.config.cpus_per_process)))
         if self.payload is None:
             cwd = str(self.config.cwd or Path.cwd())
             ref = actor.run_command.remote(list(self.config.command), role, extra, here, cwd)
@@ -369,10 +368,6 @@ class RayJob:
     def shutdown(self) -> None:
         if self.connection is not None:
             self.connection.close()
-
-
-def ray_backend_factory(config: LaunchConfig, out: TextIO, payload: SessionPayload | None = None) -> RayJob:
-    return RayJob(config, out, payload)
 
 
 @dataclass
