@@ -331,17 +331,14 @@ def transpile_command(args: argparse.Namespace) -> int:
     def progress(name: str, seconds: float) -> None:
         print(f"{PROG}: pass {name}: {seconds:.2f}s", file=sys.stderr)
 
-    # No cyclic GC for the whole command: everything it builds lives until it exits, so a
-    # collection (a full one takes tens of ms once the programs are built) frees nothing.
-    from transpiler.ir.gc_pause import gc_paused
-
-    with gc_paused():
-        result = _transpile(args, verify=args.verify_each_pass, dump_dir=args.dump_dir,
-                            progress=progress if args.progress else None)
-        try:
-            written = result.save(args.output)
-        except OSError as exc:
-            raise CliError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    # As a process's command (`run`) this runs with the cyclic GC off (`quick_exit`);
+    # `transpile()` pauses it by itself in any caller.
+    result = _transpile(args, verify=args.verify_each_pass, dump_dir=args.dump_dir,
+                        progress=progress if args.progress else None)
+    try:
+        written = result.save(args.output)
+    except OSError as exc:
+        raise CliError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     for path in written:
         print(path)
     plan = result.plan

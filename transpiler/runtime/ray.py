@@ -43,7 +43,7 @@ from transpiler.errors import PsTranspilerError
 from transpiler.runtime.job import TAIL_LINES, LaunchConfig, LaunchError, LaunchResult, ProcessStatus
 from transpiler.runtime.launch import BLAS_THREAD_VARS, PACKAGE_ROOT, launch
 from transpiler.runtime.progress import parse_progress
-from transpiler.runtime.role import Role
+from transpiler.runtime.role import TRAINER, Role
 
 PLACEMENT_TIMEOUT = 60.0  # seconds for the placement group's bundles and the actors to come up
 CALL_TIMEOUT = 30.0  # seconds for one control call to an actor (start, where, stop)
@@ -289,7 +289,7 @@ class RayBackend:
             ray.wait(refs, num_returns=len(refs), timeout=grace + 6.0)
         self.refresh_final(handles)
         if self.payload is not None:
-            done = [h for h in handles if h.status.role == "trainer" and h.status.returncode == 0]
+            done = [h for h in handles if h.status.role == TRAINER and h.status.returncode == 0]
             refs = [h.actor.get_result.remote() for h in done]
             try:
                 for h, value in zip(done, ray.get(refs, timeout=CALL_TIMEOUT), strict=True):
@@ -324,7 +324,6 @@ class RayBackend:
         for h in handles:
             h.close()
         self.actors = []
-
 
     def _await_deaths(self) -> None:
         """Return once Ray has every killed actor dead (a kill is asynchronous): a call to
