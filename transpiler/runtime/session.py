@@ -18,8 +18,8 @@ their own plan (any pserver count), and `session.steps` starts at its step, so a
 skips the batches already trained (`for step in range(session.steps, total)`).
 Given None, these options fall back on what a launcher sets in the environment
 (`PSTRANSPILE_CHECKPOINT_DIR`, `PSTRANSPILE_CHECKPOINT_EVERY`, and `PSTRANSPILE_RESTORE` when
-`launch --max-restarts` restarts a job). `init=D` warm starts the pservers (or local training) from LoDTensor files of whole
-vars. `pull(names)` reads whole params out of the pservers (`pstranspile fetch`).
+`launch --max-restarts` restarts a job). `init=D` warm starts the pservers (or local
+training) from LoDTensor files of whole vars. `pull(names)` reads whole params out of the pservers (`pstranspile fetch`).
 
 The same script then trains locally (no environment), under `pstranspile launch`, or on
 many machines under any scheduler that sets Paddle's variables. A distributed role
