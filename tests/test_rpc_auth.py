@@ -29,7 +29,7 @@ from ops.rpc.auth import (
 from ops.rpc.errors import BindError, PserverError
 from ops.rpc.server import PServer, ServeConfig
 from ops.rpc.service import METHODS
-from ops.rpc.wire import encode_var
+from ops.rpc.wire import encode_batch, encode_var, var_parts
 from ops.scope import Scope
 from ops.tensor import LoDTensor
 from proto import rpc_pb2
@@ -73,6 +73,8 @@ def test_forged_and_malformed_requests_are_unauthenticated_and_touch_nothing():
             "garbage bytes without a token": ("SendVariable", b"\xff\x00garbage", ()),
             "an empty token": ("FetchBarrier", rpc_pb2.BarrierMessage(trainer_id=0).SerializeToString(),
                                ((TOKEN_KEY, ""),)),
+            "SendFetchBatch of w without a token": (
+                "SendFetchBatch", encode_batch([var_parts("w", np.zeros(4, np.float32), trainer_id=0)], trainer_id=0), ()),
         }
         for what, (method, request, metadata) in attempts.items():
             code, details = raw_call(ps.address, method, request, metadata)

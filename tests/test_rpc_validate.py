@@ -102,6 +102,12 @@ def test_each_bad_grad_is_refused_naming_it_and_nothing_is_applied():
             with pytest.raises(RpcError, match=rf"\(INVALID_ARGUMENT\): pserver .*: trainer 0's send of {name!r}: {reason}"):
                 client.send_barrier([ps.address])
             assert scope.find_var("w@GRAD") is None, what  # the whole batch refused: nothing stored
+            # the same batch deferred to the fetch barrier (one SendFetchBatch) is refused alike
+            client.send_async(ps.address, name, value)
+            client.send_barrier([ps.address], defer=True)
+            with pytest.raises(RpcError, match=rf"\(INVALID_ARGUMENT\): pserver .*: trainer 0's send of {name!r}: {reason}"):
+                client.fetch_barrier([ps.address])
+            assert scope.find_var(name) is None, what
         assert np.all(scope.find_var("w").array == 1) and np.all(scope.find_var("b").array == 1)
         _correct_step(client, ps.address)
         (w, b, emb) = client.fetch_barrier([ps.address], [(ps.address, n) for n in ("w", "b", "emb")])
@@ -123,6 +129,13 @@ def test_a_trainer_may_not_send_another_trainers_grad():
         forged = encode_batch([var_parts("b@GRAD.trainer_1", np.ones(256, F32), trainer_id=0)], trainer_id=1)
         with grpc.insecure_channel(ps.address) as channel:
             call = channel.unary_unary(METHODS["SendBatch"].path)
+            with pytest.raises(grpc.RpcError) as refused:
+                call(forged, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "the var says it is trainer 0's" in refused.value.details()
+        # The same forgery through the one-call sync step (grads, barriers and fetch together).
+        with grpc.insecure_channel(ps.address) as channel:
+            call = channel.unary_unary(METHODS["SendFetchBatch"].path)
             with pytest.raises(grpc.RpcError) as refused:
                 call(forged, timeout=30)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
