@@ -38,7 +38,9 @@ import os
 import signal
 import sys
 import time
+import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,28 +74,62 @@ def feed_vars(program: Program) -> list[str]:
 LOOKUPS = ("lookup_table", "lookup_table_v2")
 
 
+@dataclass(frozen=True)
+class FeedSpec:
+    """How one feed var's synthetic values are drawn: `ids_below` rows of the table a lookup
+    reads (LoD sequences when `lod`), `classes` for an int64 label, else normal floats."""
+
+    name: str
+    shape: tuple[int, ...]  # -1 where the batch goes
+    dtype: np.dtype
+    ids_below: int | None = None
+    lod: bool = False
+    classes: int | None = None
+
+
+_FEED_SPECS: weakref.WeakKeyDictionary[Program, tuple[int, tuple[FeedSpec, ...]]] = weakref.WeakKeyDictionary()
+
+
+def feed_specs(program: Program) -> tuple[FeedSpec, ...]:
+    """The program's feeds and how to draw them, worked out once per version of block 0
+    (a scan of its ops: per step that would cost a third as much as drawing the numbers)."""
+    version = program.global_block().version
+    cached = _FEED_SPECS.get(program)
+    if cached is None or cached[0] != version:
+        cached = _FEED_SPECS[program] = (version, tuple(_feed_spec(program, name) for name in feed_vars(program)))
+    return cached[1]
+
+
+def _feed_spec(program: Program, name: str) -> FeedSpec:
+    block = program.global_block()
+    var = block.var(name)
+    shape, dtype = tuple(var.shape), var.dtype.to_numpy()
+    lookups = [op for op in block.readers(name) if op.type in LOOKUPS and name in op.input("Ids")]
+    if lookups:
+        rows = block.var(lookups[0].input("W")[0]).shape[0]
+        return FeedSpec(name, shape, dtype, ids_below=rows, lod=bool(var.lod_level))
+    if var.dtype == DType.INT64:
+        reader = block.readers(name)[0]
+        logits = (reader.input("Logits") or reader.input("X"))[0]
+        return FeedSpec(name, shape, dtype, classes=block.var(logits).shape[-1])
+    return FeedSpec(name, shape, dtype)
+
+
 def synthetic_batch(program: Program, batch: int, seed: int, step: int) -> dict[str, Any]:
     """Batch `step` for `program`: ids for id slots (LoD sequences when the slot has a LoD
     level), class ids for int64 labels, normal floats (sd 0.1) else."""
     rng = np.random.default_rng([seed, step])
-    block = program.global_block()
     out: dict[str, Any] = {}
-    for name in feed_vars(program):
-        var = block.var(name)
-        shape = [batch if d < 0 else d for d in var.shape]
-        lookups = [op for op in block.readers(name) if op.type in LOOKUPS and name in op.input("Ids")]
-        if lookups:
-            rows = block.var(lookups[0].input("W")[0]).shape[0]
-            lengths = rng.integers(1, 4, batch) if var.lod_level else np.ones(batch, np.int64)
-            ids = rng.integers(0, rows, (int(lengths.sum()), *shape[1:])).astype(np.int64)
-            out[name] = LoDTensor.from_lengths(ids, [lengths.tolist()]) if var.lod_level else ids
-        elif var.dtype == DType.INT64:
-            reader = block.readers(name)[0]
-            logits = (reader.input("Logits") or reader.input("X"))[0]
-            classes = block.var(logits).shape[-1]
-            out[name] = rng.integers(0, classes, size=shape).astype(np.int64)
+    for spec in feed_specs(program):
+        shape = [batch if d < 0 else d for d in spec.shape]
+        if spec.ids_below is not None:
+            lengths = rng.integers(1, 4, batch) if spec.lod else np.ones(batch, np.int64)
+            ids = rng.integers(0, spec.ids_below, (int(lengths.sum()), *shape[1:])).astype(np.int64)
+            out[spec.name] = LoDTensor.from_lengths(ids, [lengths.tolist()]) if spec.lod else ids
+        elif spec.classes is not None:
+            out[spec.name] = rng.integers(0, spec.classes, size=shape).astype(np.int64)
         else:
-            out[name] = (rng.standard_normal(shape) * 0.1).astype(var.dtype.to_numpy())
+            out[spec.name] = (rng.standard_normal(shape) * 0.1).astype(spec.dtype)
     return out
 
 

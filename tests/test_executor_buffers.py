@@ -13,6 +13,7 @@ from conftest import PADDLE_PROGRAMS
 
 from ops.executor import Executor
 from ops.kernels import context
+from ops.kernels.context import RunContext
 from ops.kernels.optimizers import RECYCLE_FROM_ELEMENTS
 from ops.scope import Scope
 from ops.tensor import LoDTensor
@@ -62,15 +63,16 @@ def train(recycle: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, byt
     return final, places
 
 
-def test_recycled_arrays_hold_the_bytes_new_arrays_would(monkeypatch):
-    recycled, places = train(True, monkeypatch)
+def test_reused_arrays_hold_the_bytes_new_arrays_would(monkeypatch):
+    reused, places = train(True, monkeypatch)
     with monkeypatch.context() as patch:
-        fresh, _ = train(False, patch)
-    assert recycled.keys() == fresh.keys()
-    assert [name for name in fresh if recycled[name] != fresh[name]] == []
-    # and recycling did happen: Adam's ParamOut ping-pongs between two arrays
-    assert places[2] == places[0] and places[3] == places[1]
-    assert all(places[1][name] != places[0][name] for name in places[0])
+        fresh, fresh_places = train(False, patch)
+    assert reused.keys() == fresh.keys()
+    assert [name for name in fresh if reused[name] != fresh[name]] == []
+    # and reuse did happen: nothing but the scope holds the params, so Adam updates them
+    # where they are (`OpContext.sole_owner`), where without it every step makes new ones
+    assert all(step == places[0] for step in places)
+    assert all(fresh_places[1][name] != fresh_places[0][name] for name in fresh_places[0])
 
 
 def matmul_program() -> Program:
@@ -107,6 +109,72 @@ def test_an_array_someone_holds_is_never_written_again(holder):
     array = kept.array if isinstance(kept, LoDTensor) else kept
     assert np.all(array == 3.0)
     assert address(scope.find_var("y").array) != address(array)
+
+
+ADAM = program_with(("adam", {
+    "Param": ["w"], "Grad": ["g"], "Moment1": ["m1"], "Moment2": ["m2"], "LearningRate": ["lr"],
+    "Beta1Pow": ["b1p"], "Beta2Pow": ["b2p"]}, {
+    "ParamOut": ["w"], "Moment1Out": ["m1"], "Moment2Out": ["m2"], "Beta1PowOut": ["b1p"], "Beta2PowOut": ["b2p"]}, {}))
+
+
+def adam_scope() -> Scope:
+    scope = Scope()
+    rng = np.random.default_rng(0)
+    for name in ("w", "m1"):
+        scope.set_var(name, LoDTensor(rng.standard_normal(5000).astype(np.float32)))
+    scope.set_var("m2", LoDTensor(np.abs(rng.standard_normal(5000)).astype(np.float32)))
+    for name, value in (("lr", 0.01), ("b1p", 0.9), ("b2p", 0.999)):
+        scope.set_var(name, LoDTensor(np.array([value], np.float32)))
+    return scope
+
+
+def run_adam(exe: Executor, scope: Scope, step: int, *, fetch: bool = False) -> list:
+    grad = np.random.default_rng(step).standard_normal(5000).astype(np.float32)
+    return exe.run(ADAM, feed={"g": grad}, fetch_list=["w"] if fetch else [], scope=scope)
+
+
+def test_adam_updates_a_param_only_the_scope_holds_where_it_is():
+    exe, scope = Executor(), adam_scope()
+    where = {name: address(scope.find_var(name).array) for name in ("w", "m1", "m2")}
+    for step in range(3):
+        run_adam(exe, scope, step)
+    assert {name: address(scope.find_var(name).array) for name in where} == where
+
+
+@pytest.mark.parametrize("holder", ["fetched view", "LoDTensor", "array", "alias"])
+def test_adam_never_writes_a_param_someone_else_holds(holder):
+    exe, scope = Executor(), adam_scope()
+    run_adam(exe, scope, 0)
+    if holder == "fetched view":
+        (kept,) = run_adam(exe, scope, 1, fetch=True)
+    elif holder == "LoDTensor":
+        kept = scope.find_var("w")
+    elif holder == "array":
+        kept = scope.find_var("w").array
+    else:  # another var holding the same array
+        scope.set_var("w_alias", LoDTensor(scope.find_var("w").array))
+        kept = scope.find_var("w_alias")
+    snapshot = np.array(kept.array if isinstance(kept, LoDTensor) else kept)
+    for step in range(2, 5):
+        run_adam(exe, scope, step)
+    now = kept.array if isinstance(kept, LoDTensor) else kept
+    assert now.tobytes() == snapshot.tobytes()
+    assert not np.shares_memory(scope.find_var("w").array, now)
+
+
+def test_adam_in_a_run_other_threads_read_makes_new_values(monkeypatch):
+    """A pserver serving fetches: a param nothing holds now may be taken mid-update."""
+    real_init = RunContext.__init__
+
+    def serving(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.concurrent_readers = True
+
+    monkeypatch.setattr(RunContext, "__init__", serving)
+    exe, scope = Executor(), adam_scope()
+    before = address(scope.find_var("w").array)
+    run_adam(exe, scope, 0)
+    assert address(scope.find_var("w").array) != before
 
 
 def test_two_live_vars_never_share_a_recycled_array():

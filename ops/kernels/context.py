@@ -105,6 +105,10 @@ class RunContext:
         # round is over before its optimize blocks start). A sparse update then changes the
         # rows of the param in place, as Paddle does, instead of copying the whole table.
         self.update_in_place = False
+        # True when other threads read the scope while blocks run (a pserver serving
+        # fetches): then a value nothing holds *now* may be taken by a reader mid-update, so
+        # `OpContext.sole_owner` says no.
+        self.concurrent_readers = False
         self._rng_factory = rng_factory
         self._run_block = run_block
 
@@ -272,8 +276,29 @@ class OpContext:
             value = LoDTensor(np.asarray(value), lod)
         displaced = self.frame.write(names[i], value)
         spares = self.memo.get(SPARES)
-        if spares is not None and (slot, i) in spares and isinstance(displaced, LoDTensor):
+        if (spares is not None and (slot, i) in spares and isinstance(displaced, LoDTensor)
+                and displaced.array is not getattr(value, "array", None)):  # not an update in place
             spares[(slot, i)] = displaced.array
+
+    def sole_owner(self, slot: str, out_slot: str) -> bool:
+        """Whether the op may write its `out_slot` result into input `slot`'s own array, as
+        Paddle does (ParamOut is Param): the op writes `out_slot` back to the same var, no
+        other thread reads the scope meanwhile, the array owns its memory, and nothing but
+        the scope holds the var's tensor or the tensor's array (no fetched view, no alias
+        under another name, no tensor a caller kept) - so no reader can tell the update
+        from a new value. A kernel asks before it binds any of the arrays itself: its own
+        references would count as another holder's."""
+        names = self.input_names(slot)
+        if self.run.concurrent_readers or len(names) != 1 or names != self.output_names(out_slot):
+            return False
+        tensor = self.scope.find_var(names[0])
+        if type(tensor) is not LoDTensor:
+            return False
+        array = tensor.array
+        # Each is held once by its owner (the scope's dict; the tensor) and once here.
+        return (array.base is None and array.flags.writeable and array.flags.c_contiguous
+                and _references(tensor) == SOLE_LOCAL_REFERENCES + 1
+                and _references(array) == SOLE_LOCAL_REFERENCES + 1)
 
     def output_buffer(self, slot: str, shape: tuple[int, ...], dtype: np.dtype, i: int = 0) -> np.ndarray:
         """An array of `shape` and `dtype` for the kernel to compute the slot's `i`-th

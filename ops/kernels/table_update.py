@@ -42,11 +42,10 @@ def on_table(kernel: KernelFn) -> KernelFn:
 
     @functools.wraps(kernel)
     def run(ctx: OpContext) -> None:
-        table = ctx.value("Param")
-        if isinstance(table, SelectedRows):
-            update_table(ctx, kernel, table)
+        if isinstance(ctx.value("Param"), SelectedRows):
+            update_table(ctx, kernel, ctx.value("Param"))
         else:
-            kernel(ctx)
+            kernel(ctx)  # holding no reference to the param (see `OpContext.sole_owner`)
 
     return run
 

@@ -157,6 +157,7 @@ def listen_and_serv(ctx: OpContext) -> None:
     # Sync rounds: every read of a round (fetches, prefetches, checkpoints) ends before the
     # trainer's send barrier, so before the optimize blocks run: they may update in place.
     ctx.run.update_in_place = config.sync_mode
+    ctx.run.concurrent_readers = True
     scope, frame = ctx.scope, ctx.frame
     log = ctx.env.get("pserver_log", print_log)
     server = PServer(

@@ -1,0 +1,18 @@
+"""The one compiled part: `ops.kernels._fused` (one-pass optimizer updates). Optional: where it
+cannot be built the kernels run their numpy path, which computes the same bits.
+Everything else about the package is in pyproject.toml."""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "ops.kernels._fused",
+            sources=["ops/kernels/_fused.c"],
+            # -ffp-contract=off: no fused multiply-add, so each operation rounds as numpy's does.
+            # -fno-math-errno: sqrt may use the vector instruction (it never sets errno here).
+            extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c11"],
+            optional=True,
+        )
+    ]
+)
