@@ -16,7 +16,7 @@ from ops.kernels import context
 from ops.kernels.context import RunContext
 from ops.kernels.optimizers import RECYCLE_FROM_ELEMENTS
 from ops.scope import Scope
-from ops.tensor import LoDTensor
+from ops.tensor import LoDTensor, SelectedRows
 from transpiler.ir import Program
 
 STEPS = 4
@@ -175,6 +175,42 @@ def test_adam_in_a_run_other_threads_read_makes_new_values(monkeypatch):
     before = address(scope.find_var("w").array)
     run_adam(exe, scope, 0)
     assert address(scope.find_var("w").array) != before
+
+
+SGD = program_with(("sgd", {"Param": ["w"], "Grad": ["g"], "LearningRate": ["lr"]}, {"ParamOut": ["w"]}, {}))
+
+
+def sgd_steps(grad_kind: str, *, hold: bool) -> tuple[list[int], bytes, np.ndarray | None]:
+    """Three sgd steps on a 1000 x 8 param: where its array was after each, its final
+    bytes, and (with `hold`) a view of the first value fetched before the steps."""
+    scope, exe = Scope(), Executor()
+    scope.set_var("w", LoDTensor(np.random.default_rng(0).standard_normal((1000, 8)).astype(np.float32)))
+    scope.set_var("lr", LoDTensor(np.array([0.1], np.float32)))
+    held = exe.run(SGD, feed={"g": np.zeros((1000, 8), np.float32)}, fetch_list=["w"], scope=scope)[0] if hold else None
+    places = []
+    for step in range(3):
+        rng = np.random.default_rng(step)
+        value = rng.standard_normal((3, 8)).astype(np.float32)
+        grad = (SelectedRows(np.array([5, 999, step]), value, 1000) if grad_kind == "sparse"
+                else LoDTensor(rng.standard_normal((1000, 8)).astype(np.float32)))
+        exe.run(SGD, feed={"g": grad}, scope=scope)
+        places.append(address(scope.find_var("w").array))
+    return places, scope.find_var("w").array.tobytes(), held
+
+
+@pytest.mark.parametrize("grad_kind", ["sparse", "dense"])
+def test_sgd_updates_a_param_only_the_scope_holds_where_it_is(monkeypatch, grad_kind):
+    places, final, _ = sgd_steps(grad_kind, hold=False)
+    assert len(set(places)) == 1
+    with monkeypatch.context() as patch:
+        patch.setattr(context, "SOLE_LOCAL_REFERENCES", -1)
+        fresh_places, fresh_final, _ = sgd_steps(grad_kind, hold=False)
+    assert fresh_final == final
+    assert len(set(fresh_places)) > 1
+    places, held_final, held = sgd_steps(grad_kind, hold=True)  # a fetched view: never written
+    assert held_final == final
+    assert held.tobytes() != final and not np.shares_memory(held, np.frombuffer(final, np.float32))
+    assert np.array_equal(held, np.random.default_rng(0).standard_normal((1000, 8)).astype(np.float32))
 
 
 def test_two_live_vars_never_share_a_recycled_array():

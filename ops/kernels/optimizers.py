@@ -101,16 +101,18 @@ PADDLE2_DEFAULTS = {"multi_precision": False}
 @on_table
 def sgd(ctx: OpContext) -> None:
     """`ParamOut = Param - lr * Grad`."""
+    sole = ctx.sole_owner("Param", "ParamOut")  # before this kernel binds the param
     grad = _grad(ctx)
     param = ctx.input("Param")
     lr = _learning_rate(ctx, param.dtype)
+    in_place = sole or _may_update_in_place(ctx, param)
     if isinstance(grad, SelectedRows):
         _check_rows(ctx, grad, param)
-        out = param if _may_update_in_place(ctx, param) else param.copy()
+        out = param if in_place else param.copy()  # a sparse step copying a whole table costs more than the step
         out[grad.rows] -= lr * grad.value.astype(param.dtype, copy=False)  # rows are unique after merging
     else:
-        out = np.multiply(grad, lr, dtype=param.dtype)
-        np.subtract(param, out, out=out)
+        step = np.multiply(grad, lr, dtype=param.dtype)
+        out = np.subtract(param, step, out=param if sole and step.shape == param.shape else step)
     ctx.set_output("ParamOut", out, lod=ctx.lod("Param"))
 
 
