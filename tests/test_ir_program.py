@@ -414,6 +414,34 @@ def test_op_clone_is_detached_and_independent():
     assert block.readers("z") == [twin]
 
 
+def test_op_clones_share_slots_and_attrs_yet_every_edit_stays_on_its_op():
+    """A clone shares its original's slot and attr dicts (edits replace them, never
+    change them in place): each edit, on either side, must leave the other op as it was."""
+    edits = [
+        lambda op: op.set_attr("k", 2),
+        lambda op: op.set_attr("new", "v"),
+        lambda op: op.remove_attr("k"),
+        lambda op: op.set_input("X", "z"),
+        lambda op: op.set_output("Out", ["z", "w"]),
+        lambda op: op.remove_input("X"),
+        lambda op: op.remove_output("Out"),
+        lambda op: op.rename_input("x", "z"),
+        lambda op: op.rename_output("y", "z"),
+    ]
+    for edit in edits:
+        block = _program("x", "y").global_block()
+        op = block.add_op("op", {"X": "x", "Y": ["x", "y"]}, {"Out": "y"}, {"k": 1, "j": [1, 2]})
+        twin = op.clone()
+        snapshot = (dict(op.inputs), dict(op.outputs), dict(op.attrs))
+        edit(twin)
+        assert (dict(op.inputs), dict(op.outputs), dict(op.attrs)) == snapshot
+        assert block.readers("x") == [op] and block.writers("y") == [op]
+        edit(op)
+        assert (dict(op.inputs), dict(op.outputs), dict(op.attrs)) == (dict(twin.inputs), dict(twin.outputs),
+                                                                       dict(twin.attrs))
+        assert (dict(twin.inputs), dict(twin.outputs), dict(twin.attrs)) != snapshot
+
+
 def test_program_helpers_and_save(tmp_path):
     program = _program("x")
     program.global_block().add_op("a")

@@ -212,6 +212,10 @@ class Op:
     keeps the last value. `attrs` holds that value (at the name's first place); the entries
     as they were on the wire stay in `_wire_attrs` so that saving writes them again
     (`None` when no name repeats). Setting or removing an attr drops its stale entries.
+
+    Once an op is built, its slot and attr dicts are never changed in place: every edit
+    puts a new dict in their place. That is what lets `clone` (and `make_op`'s defaults)
+    share them instead of copying three dicts per op.
     """
 
     __slots__ = ("type", "_inputs", "_outputs", "_attrs", "_wire_attrs", "is_target", "_explicit", "block", "_prev",
@@ -311,30 +315,35 @@ class Op:
         return [name for args in self._outputs.values() for name in args]
 
     def set_input(self, slot: str, args: SlotArgs) -> None:
-        self._edit_slots(lambda: self._inputs.__setitem__(slot, _arg_names(args)))
+        self._edit_slots(inputs={**self._inputs, slot: _arg_names(args)})
 
     def set_output(self, slot: str, args: SlotArgs) -> None:
-        self._edit_slots(lambda: self._outputs.__setitem__(slot, _arg_names(args)))
+        self._edit_slots(outputs={**self._outputs, slot: _arg_names(args)})
 
     def remove_input(self, slot: str) -> None:
-        self._edit_slots(lambda: self._inputs.pop(slot, None))
+        self._edit_slots(inputs=_without(self._inputs, slot))
 
     def remove_output(self, slot: str) -> None:
-        self._edit_slots(lambda: self._outputs.pop(slot, None))
+        self._edit_slots(outputs=_without(self._outputs, slot))
 
     def rename_input(self, old: str, new: str) -> None:
         """Rename every input arg `old` to `new`."""
-        self._edit_slots(lambda: _rename_in(self._inputs, old, new))
+        self._edit_slots(inputs=_renamed(self._inputs, old, new))
 
     def rename_output(self, old: str, new: str) -> None:
-        self._edit_slots(lambda: _rename_in(self._outputs, old, new))
+        self._edit_slots(outputs=_renamed(self._outputs, old, new))
 
-    def _edit_slots(self, edit) -> None:
+    def _edit_slots(self, *, inputs: dict[str, tuple[str, ...]] | None = None,
+                    outputs: dict[str, tuple[str, ...]] | None = None) -> None:
+        """Put new slot dicts in place (see the class docstring: never edited in place)."""
         block = self.block
         self._check_mutable()
         if block is not None:
             block._unindex(self)
-        edit()
+        if inputs is not None:
+            self._inputs = inputs
+        if outputs is not None:
+            self._outputs = outputs
         if block is not None:
             block._index(self)
             block._changed(structure=False)
@@ -368,13 +377,13 @@ class Op:
         self._check_mutable()
         if type is None and name in self._attrs and not isinstance(value, Attr):
             type = self._attrs[name].type
-        self._attrs[name] = Attr.of(value, type)
+        self._attrs = {**self._attrs, name: Attr.of(value, type)}  # a new dict: clones may share this one
         if self._wire_attrs is not None:
             self._drop_stale_entries(name)
 
     def remove_attr(self, name: str) -> None:
         self._check_mutable()
-        self._attrs.pop(name, None)
+        self._attrs = _without(self._attrs, name)
         if self._wire_attrs is not None:
             self._drop_stale_entries(name)
 
@@ -464,9 +473,9 @@ class Op:
         replace the copied slots (cheaper than `set_input` slot by slot)."""
         new = Op.__new__(Op)
         new.type = self.type
-        new._inputs = dict(self._inputs) if inputs is None else _slots(inputs)
-        new._outputs = dict(self._outputs) if outputs is None else _slots(outputs)
-        new._attrs = dict(self._attrs)
+        new._inputs = self._inputs if inputs is None else _slots(inputs)  # shared: edits replace, never mutate
+        new._outputs = self._outputs if outputs is None else _slots(outputs)
+        new._attrs = self._attrs
         new._wire_attrs = self._wire_attrs
         new.is_target = self.is_target
         new._explicit = self._explicit
@@ -485,10 +494,18 @@ _NOTHING_EXPLICIT: frozenset[str] = frozenset()
 _IS_TARGET_EXPLICIT = frozenset({"is_target"})
 
 
-def _rename_in(slots: dict[str, tuple[str, ...]], old: str, new: str) -> None:
-    for slot, args in slots.items():
-        if old in args:
-            slots[slot] = tuple(new if a == old else a for a in args)
+def _renamed(slots: dict[str, tuple[str, ...]], old: str, new: str) -> dict[str, tuple[str, ...]]:
+    """`slots` with every arg `old` renamed `new` (a new dict; the same one when none is `old`)."""
+    if not any(old in args for args in slots.values()):
+        return slots
+    return {slot: tuple(new if a == old else a for a in args) if old in args else args for slot, args in slots.items()}
+
+
+def _without(mapping: dict, key: str) -> dict:
+    """`mapping` without `key` (a new dict; the same one when it has no such key)."""
+    if key not in mapping:
+        return mapping
+    return {k: v for k, v in mapping.items() if k != key}
 
 
 # ------------------------------------------------------------------------- Block
