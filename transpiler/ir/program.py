@@ -921,6 +921,8 @@ class Program:
         if self.frozen:
             raise FrozenProgramError("cannot drop blocks of a frozen program; clone it to edit")
         drop = set(indices)
+        if not drop:
+            return  # nothing to renumber: skip the walk over every attr of every op
         if 0 in drop:
             raise IRError("the global block (0) cannot be dropped")
         for idx in drop:
