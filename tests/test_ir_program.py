@@ -113,6 +113,32 @@ def test_readers_and_writers_are_in_op_order_after_edits():
     assert block.names_read() == {"x"}
 
 
+def test_the_index_built_late_matches_one_kept_from_the_start():
+    """The reader / writer index is built at the first question: edits made before it
+    (on a clone, which starts without one) must show in it all the same."""
+    program = _program("x", "y", "z")
+    block = program.global_block()
+    block.add_op("w1", outputs={"Out": "x"})
+    block.add_op("r1", {"X": ["x", "x"]}, {"Out": "y"})
+    block.add_op("w2", {"X": "y"}, {"Out": ["x", "z"]})
+    block.readers("x")  # the original's index, kept up to date from here on
+    copy = program.clone().global_block()
+    for b in (block, copy):
+        w1, r1, w2 = b.ops
+        assert b.names_used() == {"x", "y", "z"}
+        r0 = b.insert_before(w1, "r0", {"X": "x"})
+        r1.set_input("X", ["z"])
+        b.remove_op(w2)
+        w3 = b.add_op("w3", outputs={"Out": "y"})
+        assert b.names_used() == {"x", "y", "z"}
+    for b in (block, copy):
+        r0, w1, r1, w3 = b.ops
+        assert b.readers("x") == [r0] and b.readers("z") == [r1]
+        assert b.writers("x") == [w1] and b.writers("y") == [r1, w3] and b.writers("z") == []
+        assert b.names_read() == {"x", "z"} and b.names_used() == {"x", "y", "z"}
+        assert b.var_names_used() == ["x", "z", "y"]
+
+
 def test_slot_setters_keep_the_index_right():
     block = _program("x", "y", "z").global_block()
     op = block.add_op("op", {"X": "x"}, {"Out": "y"})

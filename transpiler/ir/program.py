@@ -6,8 +6,10 @@ and `remove_op` O(1) however large the block. Reads of order (`block.ops`,
 `block.index_of`) are cached and rebuilt in O(n) after an edit, so a pass should
 analyse first and then edit, as the passes in `transpiler/passes/` do.
 
-Each block also keeps which ops read and which write each var name, updated by every
-edit, so `readers(name)` / `writers(name)` cost O(uses), not O(ops).
+Each block also keeps which ops read and which write each var name, so `readers(name)` /
+`writers(name)` cost O(uses), not O(ops). The index is built at the first question, in
+one pass, and kept up to date by every edit from then on: most blocks a transpile builds
+(every pserver's) are never asked, and indexing them op by op was a tenth of the work.
 
 The IR owns its invariants: ops and vars are changed through these classes' methods
 (`add_op`, `insert_after`, `remove_op`, `replace_uses`, `rename_var`, `Op.set_input`,
@@ -524,8 +526,9 @@ class Block:
         self._head: Op | None = None
         self._tail: Op | None = None
         self._num_ops = 0
-        self._readers: dict[str, dict[Op, None]] = {}
-        self._writers: dict[str, dict[Op, None]] = {}
+        # name -> the ops reading / writing it (dicts as ordered sets); None until asked (`_index_built`).
+        self._readers: dict[str, dict[Op, None]] | None = None
+        self._writers: dict[str, dict[Op, None]] | None = None
         self._ops_cache: tuple[Op, ...] | None = None
         self._pos_cache: dict[Op, int] | None = None
         self._graph_cache: BlockGraph | None = None
@@ -587,10 +590,12 @@ class Block:
             else:
                 prev._next = op
             prev = op
-            self._index(op)
         self._tail = prev
         self._num_ops += len(ops)
         self._changed(structure=True)
+        if self._readers is not None:  # asked before it was filled: keep the index whole
+            for op in ops:
+                self._index(op)
 
     def remove_var(self, name: str) -> Var:
         self._check_mutable()
@@ -615,9 +620,10 @@ class Block:
         if len(set(renames.values())) != len(renames):
             raise IRError(f"renames of block {self.idx} give two vars the same name")
         self._vars = {renames.get(name, name): var for name, var in self._vars.items()}
+        readers, writers = self._index_built()
         for old, new in renames.items():
             self._vars[new]._name = new
-            for op in dict.fromkeys([*self._readers.get(old, ()), *self._writers.get(old, ())]):
+            for op in dict.fromkeys([*readers.get(old, ()), *writers.get(old, ())]):
                 op.rename_input(old, new)
                 op.rename_output(old, new)
 
@@ -649,19 +655,31 @@ class Block:
 
     def readers(self, name: str) -> list[Op]:
         """Ops of this block with `name` among their inputs, in op order."""
-        return self._in_order(self._readers.get(name, ()))
+        return self._in_order(self._index_built()[0].get(name, ()))
 
     def writers(self, name: str) -> list[Op]:
         """Ops of this block with `name` among their outputs, in op order."""
-        return self._in_order(self._writers.get(name, ()))
+        return self._in_order(self._index_built()[1].get(name, ()))
 
     def names_read(self) -> frozenset[str]:
         """Every var name some op of this block reads (from the index: O(names), not O(ops))."""
-        return frozenset(self._readers)
+        return frozenset(self._index_built()[0])
 
     def var_names_used(self) -> list[str]:
         """Every var name some op of this block reads or writes, in first-seen index order."""
-        return list(dict.fromkeys([*self._readers, *self._writers]))
+        readers, writers = self._index_built()
+        return list(dict.fromkeys([*readers, *writers]))
+
+    def names_used(self) -> set[str]:
+        """Every var name some op of this block reads or writes: from the index when it is
+        built, else straight from the ops, without building it (the verifier asks this of
+        every block, most of which nothing else asks)."""
+        if self._readers is not None:
+            return set(self._readers).union(self._writers)
+        names: set[str] = set()
+        for op in self.ops:
+            names.update(*op._inputs.values(), *op._outputs.values())
+        return names
 
     def _in_order(self, ops: Iterable[Op]) -> list[Op]:
         ops = list(ops)
@@ -812,7 +830,17 @@ class Block:
         self._index(op)
         self._changed(structure=True)
 
+    def _index_built(self) -> tuple[dict[str, dict[Op, None]], dict[str, dict[Op, None]]]:
+        """The reader and writer index, built from the ops at the first call."""
+        if self._readers is None:
+            self._readers, self._writers = {}, {}
+            for op in self.ops:
+                self._index(op)
+        return self._readers, self._writers
+
     def _index(self, op: Op) -> None:
+        if self._readers is None:
+            return  # not built yet: `_index_built` will see the op then
         # get-then-insert rather than setdefault(name, {}): that builds a dict per arg even
         # when the name has users already, and indexing runs for every op added or loaded.
         for table, slots in ((self._readers, op._inputs), (self._writers, op._outputs)):
@@ -825,6 +853,8 @@ class Block:
                         users[op] = None
 
     def _unindex(self, op: Op) -> None:
+        if self._readers is None:
+            return
         for table, names in ((self._readers, op.input_names), (self._writers, op.output_names)):
             for name in names:
                 users = table.get(name)

@@ -158,7 +158,7 @@ def _check_ops(program: Program, block: Block, name: str) -> Iterable[VerifyErro
 
     # Every name the block's ops use is in its reader / writer index: when all are declared
     # (set arithmetic, at C speed), no slot needs checking op by op.
-    undeclared = set(block._readers).union(block._writers)
+    undeclared = block.names_used()
     for scope in scopes:
         undeclared.difference_update(scope.keys())
     undeclared.discard(EMPTY_VAR_NAME)
