@@ -225,3 +225,35 @@ def test_a_block_appended_by_hand_with_a_wrong_index_is_caught():
     program.append_block(Block(program, 1, 0))  # a second "block 1" at position 2
     err = _only_problem(program)
     assert err.block == 2 and "says idx=1" in err.reason
+
+
+def test_an_op_found_sound_is_checked_again_once_edited_or_moved():
+    """The verifier does not look again at the attrs of an op it found sound on their own
+    (no block or var reference) while they stay unchanged, clones included: every way of
+    making them wrong afterwards must still be caught."""
+    program = _program()
+    verify(program)  # every relu found sound
+    bad_role = Attr.of("forward", AttrType.STRING)
+
+    edited = program.clone()  # the clones share the sound attrs
+    edited.global_block().ops[3].set_attr("op_role", bad_role)
+    err = _only_problem(edited)
+    _assert_op_located(err, block=0, index=3, op_type="relu")
+    assert "attr op_role is STRING, not INT" in err.reason
+    verify(program)  # the original's op is untouched
+
+    program.global_block().ops[4].set_attr("sub_block", 7, AttrType.BLOCK)
+    err = _only_problem(program)
+    _assert_op_located(err, block=0, index=4, op_type="relu")
+    assert "sub_block=block[7]" in err.reason
+
+    # A block reference is never taken as sound once and for all: it can go stale.
+    program = _program()
+    program.global_block().ops[0].set_attr("sub_block", 1, AttrType.BLOCK)
+    verify(program)
+    moved = Program.empty()
+    moved.global_block().create_var("x0", dtype="float32", shape=[-1, 4])
+    moved.global_block().create_var("x1", dtype="float32", shape=[-1, 4])
+    moved.global_block().add_op(program.global_block().ops[0].clone())
+    err = _only_problem(moved)
+    assert "sub_block=block[1] points past the last block (0)" in err.reason

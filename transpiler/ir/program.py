@@ -221,7 +221,7 @@ class Op:
     """
 
     __slots__ = ("type", "_inputs", "_outputs", "_attrs", "_wire_attrs", "is_target", "_explicit", "block", "_prev",
-                 "_next")
+                 "_next", "_verified_attrs")
 
     def __init__(
         self,
@@ -244,6 +244,9 @@ class Op:
         self.block: Block | None = None
         self._prev: Op | None = None
         self._next: Op | None = None
+        # The attr dict the verifier last found sound on its own (see `verifier._check_ops`):
+        # an edit puts a new dict in `_attrs`, which is then checked again.
+        self._verified_attrs: dict[str, Attr] | None = None
 
     @classmethod
     def _built(
@@ -261,6 +264,7 @@ class Op:
         op._explicit = _NOTHING_EXPLICIT
         op.block = None
         op._prev = op._next = None
+        op._verified_attrs = None
         return op
 
     @classmethod
@@ -289,6 +293,7 @@ class Op:
             op._explicit = _IS_TARGET_EXPLICIT
         op.block = None
         op._prev = op._next = None
+        op._verified_attrs = None
         return op
 
     # -- slots
@@ -483,6 +488,7 @@ class Op:
         new._explicit = self._explicit
         new.block = None
         new._prev = new._next = None
+        new._verified_attrs = self._verified_attrs  # the same attr dict: what was sound still is
         return new
 
     def __repr__(self) -> str:
@@ -662,8 +668,14 @@ class Block:
         return self._in_order(self._index_built()[1].get(name, ()))
 
     def names_read(self) -> frozenset[str]:
-        """Every var name some op of this block reads (from the index: O(names), not O(ops))."""
-        return frozenset(self._index_built()[0])
+        """Every var name some op of this block reads (from the index when it is built:
+        O(names), not O(ops); else from the ops, without building it, as `names_used`)."""
+        if self._readers is not None:
+            return frozenset(self._readers)
+        names: set[str] = set()
+        for op in self.ops:
+            names.update(*op._inputs.values())
+        return frozenset(names)
 
     def var_names_used(self) -> list[str]:
         """Every var name some op of this block reads or writes, in first-seen index order."""

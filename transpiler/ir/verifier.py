@@ -160,7 +160,9 @@ def _check_ops(program: Program, block: Block, name: str) -> Iterable[VerifyErro
     # (set arithmetic, at C speed), no slot needs checking op by op.
     undeclared = block.names_used()
     for scope in scopes:
-        undeclared.difference_update(scope.keys())
+        # `set.difference(dict)` looks each name up in the dict; `difference_update` would walk
+        # every key of the scope (the global block's, for each of hundreds of small blocks).
+        undeclared = undeclared.difference(scope)
     undeclared.discard(EMPTY_VAR_NAME)
     for index, op in enumerate(block.ops):
         for direction, slots in (("input", op._inputs), ("output", op._outputs)) if undeclared else ():
@@ -177,14 +179,20 @@ def _check_ops(program: Program, block: Block, name: str) -> Iterable[VerifyErro
                                 "do not declare",
                             )
         attrs = op._attrs
+        if op._verified_attrs is attrs:
+            continue  # found sound before, and unchanged since (an edit replaces the dict)
+        sound = True
         for attr_name, expected in COMMON_ATTR_TYPES.items():
             attr = attrs.get(attr_name)
             if attr is not None and attr.type not in expected:
+                sound = False
                 yield op_problem(
                     name, block, op, index,
                     f"attr {attr_name} is {attr.type.name}, not {' or '.join(t.name for t in expected)}",
                 )
         if _REFERENCE_TYPES.isdisjoint(map(_attr_type, attrs.values())):
+            if sound:  # nothing left that depends on the program: no need to look again
+                op._verified_attrs = attrs
             continue
         for attr_name, attr in attrs.items():
             if attr_name in COMMON_ATTR_TYPES:
