@@ -180,6 +180,25 @@ def test_rename_var_keeps_declaration_order_and_renames_uses():
         block.rename_var("nope", "x")
 
 
+def test_rename_vars_renames_all_at_once_with_or_without_an_index():
+    for indexed in (False, True):
+        program = _program("a", "b", "c")
+        block = program.global_block()
+        r = block.add_op("r", {"X": ["a", "b"], "Y": "c"}, {"Out": "c"})
+        w = block.add_op("w", {"X": "c"}, {"Out": ["b", "a"]})
+        untouched = block.add_op("u", {"X": "c"})
+        if indexed:
+            block.readers("a")
+        before = untouched.inputs
+        block.rename_vars({"a": "b", "b": "a", "c": "cee"})  # a swap, and a plain rename
+        assert list(block.vars) == ["b", "a", "cee"]
+        assert r.inputs == {"X": ("b", "a"), "Y": ("cee",)} and r.output("Out") == ("cee",)
+        assert w.input("X") == ("cee",) and w.output("Out") == ("a", "b")
+        assert untouched.input("X") == ("cee",) and before == {"X": ("c",)}
+        assert block.readers("cee") == [r, w, untouched] and block.readers("c") == []
+        assert block.writers("a") == [w] and block.writers("cee") == [r]
+
+
 def test_index_of_an_op_of_another_block_fails():
     program = _program()
     op = program.create_block().add_op("x")

@@ -335,10 +335,10 @@ class Op:
 
     def rename_input(self, old: str, new: str) -> None:
         """Rename every input arg `old` to `new`."""
-        self._edit_slots(inputs=_renamed(self._inputs, old, new))
+        self._edit_slots(inputs=_renamed(self._inputs, {old: new}))
 
     def rename_output(self, old: str, new: str) -> None:
-        self._edit_slots(outputs=_renamed(self._outputs, old, new))
+        self._edit_slots(outputs=_renamed(self._outputs, {old: new}))
 
     def _edit_slots(self, *, inputs: dict[str, tuple[str, ...]] | None = None,
                     outputs: dict[str, tuple[str, ...]] | None = None) -> None:
@@ -502,11 +502,14 @@ _NOTHING_EXPLICIT: frozenset[str] = frozenset()
 _IS_TARGET_EXPLICIT = frozenset({"is_target"})
 
 
-def _renamed(slots: dict[str, tuple[str, ...]], old: str, new: str) -> dict[str, tuple[str, ...]]:
-    """`slots` with every arg `old` renamed `new` (a new dict; the same one when none is `old`)."""
-    if not any(old in args for args in slots.values()):
+def _renamed(slots: dict[str, tuple[str, ...]], renames: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    """`slots` with every arg `renames` names renamed, all at once (a new dict; the same
+    one when no arg is renamed)."""
+    old = renames.keys()
+    if all(old.isdisjoint(args) for args in slots.values()):
         return slots
-    return {slot: tuple(new if a == old else a for a in args) if old in args else args for slot, args in slots.items()}
+    return {slot: args if old.isdisjoint(args) else tuple([renames.get(a, a) for a in args])
+            for slot, args in slots.items()}
 
 
 def _without(mapping: dict, key: str) -> dict:
@@ -617,7 +620,8 @@ class Block:
 
     def rename_vars(self, renames: Mapping[str, str]) -> None:
         """Rename several declared vars at once (one O(vars) pass however many), keeping
-        each declaration's position, and every read and write of them in this block."""
+        each declaration's position, and every read and write of them in this block (all
+        at once too: `{"a": "b", "b": "a"}` swaps them)."""
         self._check_mutable()
         for old, new in renames.items():
             self.var(old)
@@ -626,12 +630,17 @@ class Block:
         if len(set(renames.values())) != len(renames):
             raise IRError(f"renames of block {self.idx} give two vars the same name")
         self._vars = {renames.get(name, name): var for name, var in self._vars.items()}
-        readers, writers = self._index_built()
-        for old, new in renames.items():
+        for new in renames.values():
             self._vars[new]._name = new
-            for op in dict.fromkeys([*readers.get(old, ()), *writers.get(old, ())]):
-                op.rename_input(old, new)
-                op.rename_output(old, new)
+        if self._readers is None:  # one pass over the ops rather than building the index for this
+            users: Iterable[Op] = self.ops
+        else:
+            users = dict.fromkeys(op for old in renames for table in (self._readers, self._writers)
+                                  for op in table.get(old, ()))
+        for op in users:
+            inputs, outputs = _renamed(op._inputs, renames), _renamed(op._outputs, renames)
+            if inputs is not op._inputs or outputs is not op._outputs:
+                op._edit_slots(inputs=inputs, outputs=outputs)
 
     # -- ops: reads
     @property
