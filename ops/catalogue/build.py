@@ -63,10 +63,10 @@ def _names(args: SlotArgs | None) -> tuple[str, ...]:
 
 class _Template:
     """What `make_op` needs of an entry, worked out once per entry: its slots by name, the
-    attrs filled when a caller leaves them out (`Attr`s are immutable, so ops share them)
-    and the required attrs."""
+    attrs filled when a caller leaves them out (`Attr`s are immutable, so ops share them),
+    the required attrs, and the slot layouts callers used (see `_check_slots`)."""
 
-    __slots__ = ("entry", "slots", "defaults", "required", "role_attrs")
+    __slots__ = ("entry", "slots", "defaults", "required", "role_attrs", "layouts")
 
     def __init__(self, entry: OpDef) -> None:
         self.entry = entry
@@ -84,6 +84,9 @@ class _Template:
         self.required = tuple((name, spec) for name, spec in entry.attrs.items() if spec.required)
         # `op_role` as `role=` gives it, typed once per role value (a pass builds many ops of one role).
         self.role_attrs: dict[int, Attr] = {}
+        # (direction, fill, given slot names...) -> (the op's slot names in order, the given
+        # slots that take one var): the checks that depend on the names only, done once.
+        self.layouts: dict[tuple, tuple[tuple[str, ...], tuple[str, ...]]] = {}
 
 
 _TEMPLATES: dict[int, _Template] = {}
@@ -97,11 +100,29 @@ def _template(entry: OpDef) -> _Template:
 
 
 def _check_slots(
-    entry: OpDef, given: Mapping[str, SlotArgs] | None, direction: str, fill: bool
+    template: _Template, given: Mapping[str, SlotArgs] | None, direction: str, fill: bool
 ) -> dict[str, tuple[str, ...]]:
-    defs = entry.inputs if direction == "input" else entry.outputs
-    known = _template(entry).slots[direction]
     slots = {str(k): _names(v) for k, v in given.items()} if given else {}
+    layout = template.layouts.get((direction, fill, *slots))
+    if layout is None:  # slot names not seen yet: check them all (raising as they come)
+        return _check_new_slots(template, slots, direction, fill)
+    order, single = layout
+    for name in single:
+        if len(slots[name]) > 1:
+            raise OpSpecError(f"{template.entry.type}: {direction} slot {name} takes one var, got {len(slots[name])}: "
+                              f"{list(slots[name])}")
+    if len(order) == len(slots):
+        return slots if order == tuple(slots) else {name: slots[name] for name in order}
+    return {name: slots.get(name, ()) for name in order}  # the left-out dispensable inputs, empty
+
+
+def _check_new_slots(
+    template: _Template, slots: dict[str, tuple[str, ...]], direction: str, fill: bool
+) -> dict[str, tuple[str, ...]]:
+    entry = template.entry
+    defs = entry.inputs if direction == "input" else entry.outputs
+    known = template.slots[direction]
+    key = (direction, fill, *slots)
     for name, args in slots.items():
         slot = known.get(name)
         if slot is None:
@@ -118,7 +139,10 @@ def _check_slots(
                 raise OpSpecError(f"{entry.type}: {direction} slot {slot.name} is required")
             if fill and direction == "input":
                 slots[slot.name] = ()
-    return dict(sorted(slots.items())) if len(slots) > 1 else slots
+    slots = dict(sorted(slots.items())) if len(slots) > 1 else slots
+    single = tuple(name for name in key[2:] if not known[name].duplicable)
+    template.layouts[key] = (tuple(slots), single)
+    return slots
 
 
 def typed_attr(entry: OpDef | None, name: str, value: Any) -> Attr:
@@ -140,7 +164,14 @@ def make_attrs(
     entry: OpDef, attrs: Mapping[str, Any] | None, *, fill_defaults: bool = True, role: OpRole | int | None = None,
     role_vars: tuple[str, ...] | list[str] | None = None,
 ) -> dict[str, Attr]:
-    template = _template(entry)
+    return dict(_make_attrs(_template(entry), attrs, fill_defaults, role, role_vars))  # the caller's own dict
+
+
+def _make_attrs(
+    template: _Template, attrs: Mapping[str, Any] | None, fill_defaults: bool, role: OpRole | int | None,
+    role_vars: tuple[str, ...] | list[str] | None,
+) -> dict[str, Attr]:
+    entry = template.entry
     typed = {name: typed_attr(entry, name, value) for name, value in attrs.items()} if attrs else {}
     if role is not None:
         typed[OP_ROLE_ATTR] = _role_attr(template, role)
@@ -152,6 +183,8 @@ def make_attrs(
         if name not in typed:
             raise OpSpecError(f"{entry.type}: attr {name} ({spec.type.name}) is required and has no default")
     defaults = template.defaults
+    if not typed:
+        return defaults  # shared by every such op: an op never changes its attr dict in place
     merged = {name: typed.get(name, default) for name, default in defaults.items()}  # already sorted
     if not typed.keys() <= defaults.keys():
         merged.update(typed)
@@ -160,10 +193,10 @@ def make_attrs(
 
 
 def _role_attr(template: _Template, role: OpRole | int) -> Attr:
-    number = int(role)
-    attr = template.role_attrs.get(number)
+    # Keyed by the role as given: an OpRole hashes and compares as its int, and int() of a flag is slow.
+    attr = template.role_attrs.get(role)
     if attr is None:
-        attr = template.role_attrs[number] = typed_attr(template.entry, OP_ROLE_ATTR, number)
+        attr = template.role_attrs[role] = typed_attr(template.entry, OP_ROLE_ATTR, int(role))
     return attr
 
 
@@ -192,9 +225,10 @@ def make_op(
     (an `IRError`) for a bad slot or attr.
     """
     entry = require(op_type)
-    ins = _check_slots(entry, inputs, "input", fill=inputs is not None)
-    outs = _check_slots(entry, outputs, "output", fill=False)
-    typed = make_attrs(entry, attrs, fill_defaults=fill_defaults, role=role, role_vars=role_vars)
+    template = _template(entry)
+    ins = _check_slots(template, inputs, "input", fill=inputs is not None)
+    outs = _check_slots(template, outputs, "output", fill=False)
+    typed = _make_attrs(template, attrs, fill_defaults, role, role_vars)
     return Op._built(op_type, ins, outs, typed)
 
 
