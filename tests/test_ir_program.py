@@ -459,6 +459,22 @@ def test_op_clone_is_detached_and_independent():
     assert block.readers("z") == [twin]
 
 
+def test_op_clone_replaces_the_slots_and_attrs_it_is_given_as_the_setters_would():
+    op = Op("op", {"X": "x", "Y": ["y"]}, {"Out": "o"}, {"k": Attr.of(1, AttrType.LONG), "s": "a"})
+    twin = op.clone(inputs={"Y": ["z", "w"]}, outputs={"Out": "p"}, attrs={"k": 2, "new": [1.5]})
+    edited = op.clone()
+    edited.set_input("Y", ["z", "w"])
+    edited.set_output("Out", "p")
+    edited.set_attr("k", 2)
+    edited.set_attr("new", [1.5])
+    for copy in (twin, edited):
+        assert list(copy.inputs.items()) == [("X", ("x",)), ("Y", ("z", "w"))]
+        assert copy.outputs == {"Out": ("p",)}
+        assert list(copy.attrs.items()) == [("k", Attr(AttrType.LONG, 2)), ("s", Attr.of("a")),
+                                            ("new", Attr(AttrType.FLOATS, (1.5,)))]
+    assert op.inputs == {"X": ("x",), "Y": ("y",)} and op.attr("k") == 1 and not op.has_attr("new")
+
+
 def test_op_clones_share_slots_and_attrs_yet_every_edit_stays_on_its_op():
     """A clone shares its original's slot and attr dicts (edits replace them, never
     change them in place): each edit, on either side, must leave the other op as it was."""

@@ -46,6 +46,10 @@ class _BlockFiller:
         self.plan = plan
         self.progs = progs
         self.endpoint = endpoint
+        # The `sum` and `scale` that start every block in sync mode differ only in their vars:
+        # built (and checked against the catalogue) once, copied with the block's vars.
+        self.sum = make_op("sum", {"X": []}, {"Out": []}, role=OpRole.Optimize)
+        self.scale = make_op("scale", {"X": []}, {"Out": []}, {"scale": 1.0 / plan.trainers}, role=OpRole.Optimize)
 
     def declare(self, origin_name: str, name: str | None = None, shape=None, *, persistable: bool | None = None,
                 index: int = 0) -> str:
@@ -62,26 +66,23 @@ class _BlockFiller:
             received = [plan.trainer_grad_name(param, index, k) for k in range(plan.trainers)]
             for name in received:
                 self.declare(param.grad, name, var_block.shape, persistable=False, index=index)
-            block.add_op(make_op("sum", {"X": received}, {"Out": [merged]}, role=OpRole.Optimize,
-                                 role_vars=(var_block.name, merged)))
-            block.add_op(make_op("scale", {"X": [merged]}, {"Out": [merged]}, {"scale": 1.0 / plan.trainers},
-                                 role=OpRole.Optimize, role_vars=(var_block.name, merged)))
+            role_vars = {OP_ROLE_VAR_ATTR: (var_block.name, merged)}
+            block.add_op(self.sum.clone(inputs={"X": received}, outputs={"Out": (merged,)}, attrs=role_vars))
+            block.add_op(self.scale.clone(inputs={"X": (merged,)}, outputs={"Out": (merged,)}, attrs=role_vars))
         else:
             received = [merged]
 
         shared = len(param.blocks_on(self.endpoint)) > 1
         for op in chain.ops:
             slots = optimizer_slots(op.type) if op is chain.optimizer else None
-            new = op.clone(**{
-                direction: {
-                    slot: [self._map_arg(arg, slot, slots, direction, param, var_block, shared, mapping) for arg in args]
-                    for slot, args in getattr(op, direction).items()
-                }
-                for direction in ("inputs", "outputs")
-            })
-            if new.role_vars:
-                new.set_attr(OP_ROLE_VAR_ATTR, [mapping.get(name, name) for name in new.role_vars])
-            block.add_op(new)
+            inputs, outputs = (
+                {slot: [self._map_arg(arg, slot, slots, direction, param, var_block, shared, mapping) for arg in args]
+                 for slot, args in op_slots.items()}
+                for direction, op_slots in (("inputs", op._inputs), ("outputs", op._outputs))
+            )
+            role_vars = op.role_vars
+            block.add_op(op.clone(inputs=inputs, outputs=outputs, attrs={
+                OP_ROLE_VAR_ATTR: [mapping.get(name, name) for name in role_vars]} if role_vars else None))
         return received
 
     def _map_arg(self, arg: str, slot: str, slots: OptimizerSlots | None, direction: str,
@@ -91,7 +92,6 @@ class _BlockFiller:
         if arg in mapping:
             return mapping[arg]
         suffixed = block_name(arg, var_block.index) if shared else arg
-        origin_var = self.origin.global_block().find_var(arg)
         if slots is not None:
             state_slot = slot if direction == "inputs" else _input_of_output(slots, slot)
             if state_slot in slots.sliced:
@@ -102,7 +102,7 @@ class _BlockFiller:
                 return mapping[arg]
         elif (
             param.sliced
-            and origin_var is not None
+            and (origin_var := self.origin.global_block().find_var(arg)) is not None
             and not origin_var.persistable
             and origin_var.shape == param.shape
         ):
