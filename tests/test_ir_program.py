@@ -218,6 +218,13 @@ def test_vars():
         block.create_var("w")
     with pytest.raises(IRError, match="already belongs"):
         _program().global_block().add_var(var)
+    more = [Var("a"), Var("b")]
+    block.add_vars(more)
+    assert list(block.vars)[-2:] == ["a", "b"] and all(v.block is block for v in more)
+    with pytest.raises(IRError, match="already declares"):
+        block.add_vars([Var("c"), Var("w")])
+    with pytest.raises(IRError, match="already belongs"):
+        _program().global_block().add_vars([Var("d"), var])
     assert block.create_var("x", dtype="fp32", shape=(-1, 5)).shape == (-1, 5)
     with pytest.raises(IRError, match="no static shape"):
         block.var("x").numel()

@@ -595,6 +595,19 @@ class Block:
         self._vars[var.name] = var
         return var
 
+    def add_vars(self, variables: Iterable[Var]) -> None:
+        """`add_var` each of `variables`, in one pass (a startup program declares every var
+        of its main program)."""
+        self._check_mutable()
+        table = self._vars
+        for var in variables:
+            if var.block is not None:
+                raise IRError(f"var {var.name!r} already belongs to block {var.block.idx}")
+            if var._name in table:
+                raise IRError(f"block {self.idx} already declares var {var.name!r}")
+            var.block = self
+            table[var._name] = var
+
     def _add_loaded(self, variables: list[Var], ops: list[Op]) -> None:
         """Fill a new, empty block with what serde decoded or a clone copied: the vars
         (distinct names, detached) and the ops in order. One pass instead of `add_var` / `add_op` per item,
