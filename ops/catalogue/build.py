@@ -18,6 +18,7 @@ from ops.catalogue.opdef import COMMON_ATTRS, EMITTED_COMMON_ATTRS, OpDef, OpSpe
 from ops.catalogue.registry import CATALOGUE
 from transpiler.errors import IRError, UnknownOpError
 from transpiler.ir import Attr, AttrType, Op, OpRole
+from transpiler.ir.attrs import coerce
 from transpiler.ir.program import SlotArgs, Var
 from transpiler.ir.types import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR
 
@@ -66,11 +67,12 @@ class _Template:
     attrs filled when a caller leaves them out (`Attr`s are immutable, so ops share them),
     the required attrs, and the slot layouts callers used (see `_check_slots`)."""
 
-    __slots__ = ("entry", "slots", "defaults", "required", "role_attrs", "layouts")
+    __slots__ = ("entry", "slots", "specs", "defaults", "required", "role_attrs", "layouts")
 
     def __init__(self, entry: OpDef) -> None:
         self.entry = entry
         self.slots = {"input": {s.name: s for s in entry.inputs}, "output": {s.name: s for s in entry.outputs}}
+        self.specs = {**COMMON_ATTRS, **entry.attrs}  # what `typed_attr` looks up: the entry's spec, else the common one
         defaults: dict[str, Attr] = {}
         for name, spec in entry.attrs.items():
             if not spec.required:
@@ -172,7 +174,7 @@ def _make_attrs(
     role_vars: tuple[str, ...] | list[str] | None,
 ) -> dict[str, Attr]:
     entry = template.entry
-    typed = {name: typed_attr(entry, name, value) for name, value in attrs.items()} if attrs else {}
+    typed = {name: _typed_attr(template, name, value) for name, value in attrs.items()} if attrs else {}
     if role is not None:
         typed[OP_ROLE_ATTR] = _role_attr(template, role)
     if role_vars is not None:
@@ -190,6 +192,17 @@ def _make_attrs(
         merged.update(typed)
         return dict(sorted(merged.items()))
     return merged
+
+
+def _typed_attr(template: _Template, name: str, value: Any) -> Attr:
+    """`typed_attr` for a plain value of a declared attr, without its lookups (`make_op` types every attr given)."""
+    spec = template.specs.get(name)
+    if spec is None or isinstance(value, Attr):
+        return typed_attr(template.entry, name, value)
+    try:
+        return Attr(spec.type, coerce(value, spec.type))
+    except IRError as exc:
+        raise OpSpecError(f"{template.entry.type}: attr {name}={value!r}: {exc}") from None
 
 
 def _role_attr(template: _Template, role: OpRole | int) -> Attr:
