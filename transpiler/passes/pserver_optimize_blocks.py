@@ -78,7 +78,7 @@ class _BlockFiller:
             inputs, outputs = (
                 {slot: [self._map_arg(arg, slot, slots, direction, param, var_block, shared, mapping) for arg in args]
                  for slot, args in op_slots.items()}
-                for direction, op_slots in (("inputs", op._inputs), ("outputs", op._outputs))
+                for direction, op_slots in (("inputs", op.inputs), ("outputs", op.outputs))
             )
             role_vars = op.role_vars
             block.add_op(op.clone(inputs=inputs, outputs=outputs, attrs={
