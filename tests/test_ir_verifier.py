@@ -257,3 +257,35 @@ def test_an_op_found_sound_is_checked_again_once_edited_or_moved():
     moved.global_block().add_op(program.global_block().ops[0].clone())
     err = _only_problem(moved)
     assert "sub_block=block[1] points past the last block (0)" in err.reason
+
+
+def test_ops_built_or_edited_as_sound_are_still_checked_where_they_are_not():
+    """make_op, set_attr and clone(attrs=) hand the verifier ops whose attrs are known sound
+    on their own; an attr that is not (a wrong common type, a block or var reference) must
+    still be checked."""
+    from ops.catalogue import make_op
+
+    program = _program()
+    block = program.global_block()
+    built = make_op("relu", {"X": ["x0"]}, {"Out": ["x1"]}, role=0)
+    assert built._verified_attrs is built._attrs  # the shortcut is taken
+    block.add_op(built)
+    block.add_op(make_op("relu", {"X": ["x0"]}, {"Out": ["x1"]}, {"v": Attr.of("ghost", AttrType.VAR)}))
+    err = _only_problem(program)
+    assert "v=var(ghost)" in err.reason and err.op_index == 8
+
+    program = _program()
+    block = program.global_block()
+    verify(program)
+    block.add_op(block.ops[0].clone(attrs={"op_role_var": Attr.of("w", AttrType.STRING)}))
+    err = _only_problem(program)
+    assert err.op_index == 7 and "attr op_role_var is STRING, not STRINGS" in err.reason
+
+    program = _program()
+    verify(program)
+    program.global_block().ops[2].set_attr("sub_block", 1, AttrType.BLOCK)  # in range now
+    program.global_block().ops[2].set_attr("op_role", 1)  # sound, but the block reference still is not
+    verify(program)
+    program.block(1).add_op(program.global_block().ops[2].clone())
+    err = _only_problem(program)
+    assert (err.block, err.op_index) == (1, 0) and "own block" in err.reason

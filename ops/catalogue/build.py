@@ -18,7 +18,7 @@ from ops.catalogue.opdef import COMMON_ATTRS, EMITTED_COMMON_ATTRS, OpDef, OpSpe
 from ops.catalogue.registry import CATALOGUE
 from transpiler.errors import IRError, UnknownOpError
 from transpiler.ir import Attr, AttrType, Op, OpRole
-from transpiler.ir.attrs import coerce
+from transpiler.ir.attrs import coerce, sound_on_its_own
 from transpiler.ir.program import SlotArgs, Var
 from transpiler.ir.types import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR
 
@@ -67,7 +67,7 @@ class _Template:
     attrs filled when a caller leaves them out (`Attr`s are immutable, so ops share them),
     the required attrs, and the slot layouts callers used (see `_check_slots`)."""
 
-    __slots__ = ("entry", "slots", "specs", "defaults", "required", "role_attrs", "layouts")
+    __slots__ = ("entry", "slots", "specs", "defaults", "sound_defaults", "required", "role_attrs", "layouts")
 
     def __init__(self, entry: OpDef) -> None:
         self.entry = entry
@@ -83,6 +83,7 @@ class _Template:
                 spec = COMMON_ATTRS[name]
                 defaults[name] = Attr.of(spec.default, spec.type)
         self.defaults = dict(sorted(defaults.items()))  # sorted once: an op's attrs come out sorted
+        self.sound_defaults = all(sound_on_its_own(name, attr) for name, attr in self.defaults.items())
         self.required = tuple((name, spec) for name, spec in entry.attrs.items() if spec.required)
         # `op_role` as `role=` gives it, typed once per role value (a pass builds many ops of one role).
         self.role_attrs: dict[int, Attr] = {}
@@ -166,32 +167,35 @@ def make_attrs(
     entry: OpDef, attrs: Mapping[str, Any] | None, *, fill_defaults: bool = True, role: OpRole | int | None = None,
     role_vars: tuple[str, ...] | list[str] | None = None,
 ) -> dict[str, Attr]:
-    return dict(_make_attrs(_template(entry), attrs, fill_defaults, role, role_vars))  # the caller's own dict
+    return dict(_make_attrs(_template(entry), attrs, fill_defaults, role, role_vars)[0])  # the caller's own dict
 
 
 def _make_attrs(
     template: _Template, attrs: Mapping[str, Any] | None, fill_defaults: bool, role: OpRole | int | None,
     role_vars: tuple[str, ...] | list[str] | None,
-) -> dict[str, Attr]:
+) -> tuple[dict[str, Attr], bool]:
+    """The op's attrs, and whether each is sound on its own (the verifier need not check them)."""
     entry = template.entry
     typed = {name: _typed_attr(template, name, value) for name, value in attrs.items()} if attrs else {}
     if role is not None:
         typed[OP_ROLE_ATTR] = _role_attr(template, role)
     if role_vars is not None:
         typed[OP_ROLE_VAR_ATTR] = _role_vars_attr(entry, role_vars)
+    sound = all(sound_on_its_own(name, attr) for name, attr in typed.items())
     if not fill_defaults:
-        return dict(sorted(typed.items()))
+        return dict(sorted(typed.items())), sound
     for name, spec in template.required:
         if name not in typed:
             raise OpSpecError(f"{entry.type}: attr {name} ({spec.type.name}) is required and has no default")
     defaults = template.defaults
+    sound = sound and template.sound_defaults
     if not typed:
-        return defaults  # shared by every such op: an op never changes its attr dict in place
+        return defaults, sound  # shared by every such op: an op never changes its attr dict in place
     merged = {name: typed.get(name, default) for name, default in defaults.items()}  # already sorted
     if not typed.keys() <= defaults.keys():
         merged.update(typed)
-        return dict(sorted(merged.items()))
-    return merged
+        return dict(sorted(merged.items())), sound
+    return merged, sound
 
 
 def _typed_attr(template: _Template, name: str, value: Any) -> Attr:
@@ -241,8 +245,8 @@ def make_op(
     template = _template(entry)
     ins = _check_slots(template, inputs, "input", fill=inputs is not None)
     outs = _check_slots(template, outputs, "output", fill=False)
-    typed = _make_attrs(template, attrs, fill_defaults, role, role_vars)
-    return Op._built(op_type, ins, outs, typed)
+    typed, sound = _make_attrs(template, attrs, fill_defaults, role, role_vars)
+    return Op._built(op_type, ins, outs, typed, sound=sound)
 
 
 def fill_attrs(op: Op, *, strict: bool = True) -> Op:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from transpiler.errors import IRError
 from transpiler.fileio import write_bytes_atomic
-from transpiler.ir.attrs import Attr, AttrType
+from transpiler.ir.attrs import Attr, AttrType, sound_on_its_own
 from transpiler.ir.types import (
     OP_ROLE_ATTR,
     OP_ROLE_VAR_ATTR,
@@ -250,10 +250,12 @@ class Op:
 
     @classmethod
     def _built(
-        cls, type: str, inputs: dict[str, tuple[str, ...]], outputs: dict[str, tuple[str, ...]], attrs: dict[str, Attr]
+        cls, type: str, inputs: dict[str, tuple[str, ...]], outputs: dict[str, tuple[str, ...]], attrs: dict[str, Attr],
+        *, sound: bool = False,
     ) -> Op:
         """An op from slots and attrs that are already normalised (the catalogue's
-        `make_op` checked and typed them): the dicts are taken as they are, not copied."""
+        `make_op` checked and typed them): the dicts are taken as they are, not copied.
+        `sound`: every attr is sound on its own (`attrs.sound_on_its_own`)."""
         op = cls.__new__(cls)
         op.type = type
         op._inputs = inputs
@@ -264,7 +266,7 @@ class Op:
         op._explicit = _NOTHING_EXPLICIT
         op.block = None
         op._prev = op._next = None
-        op._verified_attrs = None
+        op._verified_attrs = attrs if sound else None
         return op
 
     @classmethod
@@ -382,9 +384,16 @@ class Op:
         keeps its wire type when no type is given, so `set_attr("axis", 1)` on a LONG
         attr stays LONG."""
         self._check_mutable()
-        self._attrs = {**self._attrs, name: self._typed_attr(name, value, type)}  # a new dict: clones may share this one
+        attr = self._typed_attr(name, value, type)
+        self._replace_attrs({**self._attrs, name: attr}, still_sound=sound_on_its_own(name, attr))
         if self._wire_attrs is not None:
             self._drop_stale_entries(name)
+
+    def _replace_attrs(self, attrs: dict[str, Attr], *, still_sound: bool) -> None:
+        """Put a new attr dict in place (clones may share the old one). It counts as
+        verified when the old one did and every attr that changed is sound on its own."""
+        self._verified_attrs = attrs if still_sound and self._verified_attrs is self._attrs else None
+        self._attrs = attrs
 
     def _typed_attr(self, name: str, value: Any, type: AttrType | None = None) -> Attr:
         """`value` as the attr `name` would hold it: typed by `type`, else by the type the
@@ -395,7 +404,7 @@ class Op:
 
     def remove_attr(self, name: str) -> None:
         self._check_mutable()
-        self._attrs = _without(self._attrs, name)
+        self._replace_attrs(_without(self._attrs, name), still_sound=True)
         if self._wire_attrs is not None:
             self._drop_stale_entries(name)
 
@@ -498,7 +507,9 @@ class Op:
         new._prev = new._next = None
         new._verified_attrs = self._verified_attrs  # the same attr dict: what was sound still is
         if attrs:
-            new._attrs = {**self._attrs, **{name: self._typed_attr(name, value) for name, value in attrs.items()}}
+            changed = {name: self._typed_attr(name, value) for name, value in attrs.items()}
+            new._replace_attrs({**self._attrs, **changed},
+                               still_sound=all(sound_on_its_own(name, attr) for name, attr in changed.items()))
             if new._wire_attrs is not None:
                 for name in attrs:
                     new._drop_stale_entries(name)

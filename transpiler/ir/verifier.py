@@ -22,25 +22,10 @@ from collections.abc import Callable, Iterable
 from operator import attrgetter
 
 from transpiler.errors import VerifyError
-from transpiler.ir.attrs import AttrType
+from transpiler.ir.attrs import COMMON_ATTR_TYPES, REFERENCE_TYPES, AttrType
 from transpiler.ir.printer import op_context
 from transpiler.ir.program import Block, Op, Program
-from transpiler.ir.types import (
-    EMPTY_VAR_NAME,
-    OP_CALLSTACK_ATTR,
-    OP_NAMESCOPE_ATTR,
-    OP_ROLE_ATTR,
-    OP_ROLE_VAR_ATTR,
-)
-
-# The attrs every Paddle op may carry, with the type Paddle's OpDesc gives them: the
-# transpiler reads them, so a program that types one otherwise is malformed.
-COMMON_ATTR_TYPES = {
-    OP_ROLE_ATTR: (AttrType.INT,),
-    OP_ROLE_VAR_ATTR: (AttrType.STRINGS,),
-    OP_NAMESCOPE_ATTR: (AttrType.STRING,),
-    OP_CALLSTACK_ATTR: (AttrType.STRINGS,),
-}
+from transpiler.ir.types import EMPTY_VAR_NAME
 
 # An extra check gets the program and its name and yields the problems it finds.
 Check = Callable[[Program, str], Iterable[VerifyError]]
@@ -137,8 +122,6 @@ def _check_blocks(program: Program, name: str) -> Iterable[VerifyError]:
                 reaches_root[member] = reaches_root[current]
 
 
-# Attr types whose values the verifier checks; other attrs are checked only by name (COMMON_ATTR_TYPES).
-_REFERENCE_TYPES = frozenset({AttrType.BLOCK, AttrType.BLOCKS, AttrType.VAR, AttrType.VARS})
 _attr_type = attrgetter("type")
 
 
@@ -180,7 +163,7 @@ def _check_ops(program: Program, block: Block, name: str) -> Iterable[VerifyErro
                             )
         attrs = op._attrs
         if op._verified_attrs is attrs:
-            continue  # found sound before, and unchanged since (an edit replaces the dict)
+            continue  # sound on their own (`attrs.sound_on_its_own`) and unchanged since: an edit replaces the dict
         sound = True
         for attr_name, expected in COMMON_ATTR_TYPES.items():
             attr = attrs.get(attr_name)
@@ -190,7 +173,7 @@ def _check_ops(program: Program, block: Block, name: str) -> Iterable[VerifyErro
                     name, block, op, index,
                     f"attr {attr_name} is {attr.type.name}, not {' or '.join(t.name for t in expected)}",
                 )
-        if _REFERENCE_TYPES.isdisjoint(map(_attr_type, attrs.values())):
+        if REFERENCE_TYPES.isdisjoint(map(_attr_type, attrs.values())):
             if sound:  # nothing left that depends on the program: no need to look again
                 op._verified_attrs = attrs
             continue
