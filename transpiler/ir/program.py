@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+from itertools import chain
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -530,7 +531,7 @@ def _renamed(slots: dict[str, tuple[str, ...]], renames: Mapping[str, str]) -> d
     """`slots` with every arg `renames` names renamed, all at once (a new dict; the same
     one when no arg is renamed)."""
     old = renames.keys()
-    if all(old.isdisjoint(args) for args in slots.values()):
+    if old.isdisjoint(chain.from_iterable(slots.values())):  # the common case, at C speed
         return slots
     return {slot: args if old.isdisjoint(args) else tuple([renames.get(a, a) for a in args])
             for slot, args in slots.items()}
