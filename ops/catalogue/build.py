@@ -181,7 +181,7 @@ def _make_attrs(
         typed[OP_ROLE_ATTR] = _role_attr(template, role)
     if role_vars is not None:
         typed[OP_ROLE_VAR_ATTR] = _role_vars_attr(entry, role_vars)
-    sound = all(sound_on_its_own(name, attr) for name, attr in typed.items())
+    sound = all(map(sound_on_its_own, typed.keys(), typed.values()))
     if not fill_defaults:
         return dict(sorted(typed.items())), sound
     for name, spec in template.required:
@@ -191,11 +191,9 @@ def _make_attrs(
     sound = sound and template.sound_defaults
     if not typed:
         return defaults, sound  # shared by every such op: an op never changes its attr dict in place
-    merged = {name: typed.get(name, default) for name, default in defaults.items()}  # already sorted
-    if not typed.keys() <= defaults.keys():
-        merged.update(typed)
-        return dict(sorted(merged.items())), sound
-    return merged, sound
+    if typed.keys() <= defaults.keys():
+        return {**defaults, **typed}, sound  # the defaults' (sorted) order, the values given
+    return dict(sorted({**defaults, **typed}.items())), sound
 
 
 def _typed_attr(template: _Template, name: str, value: Any) -> Attr:
