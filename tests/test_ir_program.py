@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from transpiler.errors import IRError
-from transpiler.ir import Attr, AttrType, DType, Program, VarKind
+from transpiler.ir import Attr, AttrType, DType, OpRole, Program, VarKind
 from transpiler.ir.program import Op, Var
 
 
@@ -527,6 +527,14 @@ def test_role_and_role_vars():
     assert op.role.describe() == "optimize"
     assert op.role_vars == ("w", "w@GRAD")
     assert Op("mul").role.describe() == "forward"
+
+
+def test_has_role_agrees_with_the_role_flags():
+    for number in (0, 1, 2, 3, 16, 18, 256, 257, 0x10000, -1, -(2**31)):
+        op = Op("op", attrs={"op_role": Attr.of(number, AttrType.INT)})
+        for flag in OpRole:
+            assert op.has_role(flag) == bool(op.role & flag), (number, flag)
+    assert not Op("mul").has_role(OpRole.Optimize)
 
 
 def test_var_copy_carries_every_field():

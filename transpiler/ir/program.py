@@ -476,6 +476,11 @@ class Op:
                 _ROLE_OF_NUMBER[number] = role
         return role
 
+    def has_role(self, role: OpRole) -> bool:
+        """Whether `op_role` has any bit of `role`: `bool(op.role & role)` as an int test
+        (flag arithmetic costs a microsecond, and the analysis asks this of every op)."""
+        return bool(int(self.attr(OP_ROLE_ATTR, 0)) & int(role))
+
     @property
     def role_vars(self) -> tuple[str, ...]:
         return tuple(self.attr(OP_ROLE_VAR_ATTR, ()))

@@ -49,7 +49,7 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         if is_lr_op(op):
             lr_ops.append(op)
             continue
-        if not (op.role & OpRole.Optimize or is_optimizer_op(op)):
+        if not (op.has_role(OpRole.Optimize) or is_optimizer_op(op)):
             continue
         optimize.append(op)
         param = _tied_param(op)
@@ -185,7 +185,7 @@ def _find_tables(block: Block, params: set[str]) -> dict[str, TableLookups]:
         if info.distributed or info.remote_prefetch:
             lookups = set(info.lookups)
             other = [op for op in block.readers(table) if op not in lookups and not op.type.endswith("_grad")
-                     and not (op.role & OpRole.Optimize)]
+                     and not op.has_role(OpRole.Optimize)]
             if other:
                 raise TranspileError(
                     f"table {table!r} is prefetched from the pservers, but op {other[0].index} ({other[0].type}) "

@@ -35,7 +35,7 @@ CLIP_NAME_SCOPES = ("@CLIP", "gradient_clip")
 def is_clip_op(op: Op) -> bool:
     """An optimize op built by a gradient clip."""
     scope = op.attr(OP_NAMESCOPE_ATTR, "") or ""
-    return bool(op.role & OpRole.Optimize) and any(mark in scope for mark in CLIP_NAME_SCOPES)
+    return op.has_role(OpRole.Optimize) and any(mark in scope for mark in CLIP_NAME_SCOPES)
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
