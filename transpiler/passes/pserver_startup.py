@@ -24,22 +24,29 @@ SHAPED_INITIALIZERS = ("fill_constant", "uniform_random", "gaussian_random", "tr
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
-    # Every pserver walks the same original initializers: their outputs are listed once.
+    # The original initializers, and which of them write each var: listed once for all
+    # pservers, each of which then visits only the initializers of the vars it holds.
     initializers = [(op, op.output_names) for op in bundle.origin_startup.global_block().ops]
+    writers: dict[str, list[int]] = {}
+    for position, (_, outputs) in enumerate(initializers):
+        for name in outputs:
+            writers.setdefault(name, []).append(position)
     pservers = {}
     for endpoint, progs in bundle.pservers.items():
-        pservers[endpoint] = replace(progs, startup=_startup_for(bundle, initializers, progs.main, progs.instances))
+        startup = _startup_for(bundle, initializers, writers, progs.main, progs.instances)
+        pservers[endpoint] = replace(progs, startup=startup)
     return replace(bundle, pservers=pservers)
 
 
-def _startup_for(bundle: Bundle, initializers: list[tuple[Op, list[str]]], main: Program,
-                 instances: dict[str, dict[tuple[str, int], None]]) -> Program:
+def _startup_for(bundle: Bundle, initializers: list[tuple[Op, list[str]]], writers: dict[str, list[int]],
+                 main: Program, instances: dict[str, dict[tuple[str, int], None]]) -> Program:
     startup = Program.empty()
     startup.version = main.version
     startup.op_version_map = None if main.op_version_map is None else dict(main.op_version_map)
     block = startup.global_block()
     block.add_vars(var.copy() for var in main.global_block().vars.values())
-    for op, outputs in initializers:
+    positions = sorted({position for name in instances for position in writers.get(name, ())})  # original order
+    for op, outputs in map(initializers.__getitem__, positions):
         targets = [name for out in outputs for name in instances.get(out, ())]
         if not targets:
             continue
