@@ -16,7 +16,7 @@ from __future__ import annotations
 from ops.catalogue import make_op
 from ops.catalogue.optimizer_ops import OptimizerSlots, optimizer_slots
 from transpiler.config import TranspileOptions
-from transpiler.ir import Block, OpRole, Program
+from transpiler.ir import Attr, AttrType, Block, OpRole, Program
 from transpiler.ir.types import EMPTY_VAR_NAME, OP_ROLE_VAR_ATTR
 from transpiler.naming import block_name
 from transpiler.passes.bundle import Bundle, ParamChain, PserverPrograms
@@ -66,7 +66,7 @@ class _BlockFiller:
             received = [plan.trainer_grad_name(param, index, k) for k in range(plan.trainers)]
             for name in received:
                 self.declare(param.grad, name, var_block.shape, persistable=False, index=index)
-            role_vars = {OP_ROLE_VAR_ATTR: (var_block.name, merged)}
+            role_vars = {OP_ROLE_VAR_ATTR: Attr(AttrType.STRINGS, (var_block.name, merged))}  # typed once for both
             block.add_op(self.sum.clone(inputs={"X": received}, outputs={"Out": (merged,)}, attrs=role_vars))
             block.add_op(self.scale.clone(inputs={"X": (merged,)}, outputs={"Out": (merged,)}, attrs=role_vars))
         else:
