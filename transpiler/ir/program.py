@@ -190,7 +190,7 @@ class Var:
         new.need_check_feed = self.need_check_feed
         new.is_parameter = self.is_parameter
         new.stop_gradient = self.stop_gradient
-        new.attrs = dict(self.attrs)
+        new.attrs = dict(self.attrs) if self.attrs else {}  # nearly always empty: skip the copy call
         new.reader = self.reader
         new.tuple_types = self.tuple_types
         new._explicit = self._explicit
