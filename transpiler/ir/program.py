@@ -515,7 +515,7 @@ class Op:
         if attrs:
             changed = {name: self._typed_attr(name, value) for name, value in attrs.items()}
             new._replace_attrs({**self._attrs, **changed},
-                               still_sound=all(sound_on_its_own(name, attr) for name, attr in changed.items()))
+                               still_sound=all(map(sound_on_its_own, changed.keys(), changed.values())))
             if new._wire_attrs is not None:
                 for name in attrs:
                     new._drop_stale_entries(name)
