@@ -34,8 +34,10 @@ CLIP_NAME_SCOPES = ("@CLIP", "gradient_clip")
 
 def is_clip_op(op: Op) -> bool:
     """An optimize op built by a gradient clip."""
+    if not op.has_role(OpRole.Optimize):  # the cheap test first: most ops are not
+        return False
     scope = op.attr(OP_NAMESCOPE_ATTR, "") or ""
-    return op.has_role(OpRole.Optimize) and any(mark in scope for mark in CLIP_NAME_SCOPES)
+    return any(mark in scope for mark in CLIP_NAME_SCOPES)
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
