@@ -532,6 +532,20 @@ _NOTHING_EXPLICIT: frozenset[str] = frozenset()
 _IS_TARGET_EXPLICIT = frozenset({"is_target"})
 
 
+def _index_into(readers: dict[str, dict[Op, None]], writers: dict[str, dict[Op, None]], op: Op) -> None:
+    """Add `op` to a block's reader / writer index."""
+    # get-then-insert rather than setdefault(name, {}): that builds a dict per arg even
+    # when the name has users already, and indexing runs for every op of an indexed block.
+    for table, slots in ((readers, op._inputs), (writers, op._outputs)):
+        for args in slots.values():
+            for name in args:
+                users = table.get(name)
+                if users is None:
+                    table[name] = {op: None}
+                else:
+                    users[op] = None
+
+
 def _renamed(slots: dict[str, tuple[str, ...]], renames: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
     """`slots` with every arg `renames` names renamed, all at once (a new dict; the same
     one when no arg is renamed)."""
@@ -895,26 +909,21 @@ class Block:
         self._changed(structure=True)
 
     def _index_built(self) -> tuple[dict[str, dict[Op, None]], dict[str, dict[Op, None]]]:
-        """The reader and writer index, built from the ops at the first call."""
+        """The reader and writer index, built from the ops at the first call: whole before
+        it is set (writers first, readers last, as readers says whether it is built), so a
+        thread reading the block meanwhile never sees half of it."""
         if self._readers is None:
-            self._readers, self._writers = {}, {}
+            readers: dict[str, dict[Op, None]] = {}
+            writers: dict[str, dict[Op, None]] = {}
             for op in self.ops:
-                self._index(op)
+                _index_into(readers, writers, op)
+            self._writers = writers
+            self._readers = readers
         return self._readers, self._writers
 
     def _index(self, op: Op) -> None:
-        if self._readers is None:
-            return  # not built yet: `_index_built` will see the op then
-        # get-then-insert rather than setdefault(name, {}): that builds a dict per arg even
-        # when the name has users already, and indexing runs for every op added or loaded.
-        for table, slots in ((self._readers, op._inputs), (self._writers, op._outputs)):
-            for args in slots.values():
-                for name in args:
-                    users = table.get(name)
-                    if users is None:
-                        table[name] = {op: None}
-                    else:
-                        users[op] = None
+        if self._readers is not None:  # else not built yet: `_index_built` will see the op then
+            _index_into(self._readers, self._writers, op)
 
     def _unindex(self, op: Op) -> None:
         if self._readers is None:
