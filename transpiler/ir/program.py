@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import math
 import os
-from itertools import chain
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Union
 
@@ -245,8 +245,9 @@ class Op:
         self.block: Block | None = None
         self._prev: Op | None = None
         self._next: Op | None = None
-        # The attr dict the verifier last found sound on its own (see `verifier._check_ops`):
-        # an edit puts a new dict in `_attrs`, which is then checked again.
+        # `_attrs` again when every attr in it is known sound on its own (`attrs.sound_on_its_own`):
+        # found so by the verifier, or built so (make_op, set_attr, clone). The verifier skips
+        # such attrs; an edit that brings in one that is not leaves None here, to be checked.
         self._verified_attrs: dict[str, Attr] | None = None
 
     @classmethod

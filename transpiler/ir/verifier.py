@@ -5,7 +5,14 @@
   `forward_block_idx` is -1 or an existing block;
 * ops: every slot argument names a var declared in the op's block or an ancestor
   (`@EMPTY@`, Paddle's "no grad here" placeholder, excepted); BLOCK / BLOCKS attrs
-  name existing blocks other than the op's own; VAR / VARS attrs name declared vars.
+  name existing blocks other than the op's own; VAR / VARS attrs name declared vars;
+  the common attrs (`op_role`, ...) have the types Paddle gives them.
+
+An op's attrs that are sound whatever the program (well-typed common attrs, no block or
+var reference: `attrs.sound_on_its_own`) are checked once: the op remembers that attr
+dict (`Op._verified_attrs`), which clones share and every edit replaces, and `make_op`,
+`set_attr` and `clone` keep it when what they add is sound too. The slots are checked on
+every call: whether their vars are declared depends on the block.
 
 `check(program)` returns every problem found; `verify(program)` raises the first as a
 `VerifyError` naming program, block, op index and op type, with the dump lines around
@@ -139,7 +146,7 @@ def _check_ops(program: Program, block: Block, name: str) -> Iterable[VerifyErro
     def declared(var: str) -> bool:
         return any(var in scope for scope in scopes)
 
-    # Every name the block's ops use is in its reader / writer index: when all are declared
+    # Every name the block's ops use, at once (`Block.names_used`): when all are declared
     # (set arithmetic, at C speed), no slot needs checking op by op.
     undeclared = block.names_used()
     for scope in scopes:
