@@ -17,7 +17,8 @@
   its own optimizer op, alone (`_split_off_distributed_table` says what it refuses).
 
 The analysis holds the original's ops, so the original is frozen afterwards: an edit of
-it would move or change what the analysis points at.
+it would move or change what the analysis points at (unless it is the caller's program,
+lent by `transpile()`, which no pass edits: see `Bundle`).
 """
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         chains=chains, optimize_ops=optimize, lr_ops=lr_ops, lr_counter=counter, lr_counter_update=update,
         tables=tables, distributed_table=distributed,
     )
-    bundle.origin.freeze()
-    bundle.origin_startup.freeze()
+    if not bundle.lent:  # a lent program is the caller's: freezing it would change it
+        bundle.origin.freeze()
+        bundle.origin_startup.freeze()
     return replace(bundle, analysis=analysis)
 
 

@@ -41,6 +41,9 @@ def is_clip_op(op: Op) -> bool:
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
+    if not any(is_clip_op(op) for op in bundle.origin.global_block().ops):
+        return bundle
+    bundle = bundle.own_origins()
     for op in bundle.origin.global_block().ops:
         if is_clip_op(op):
             op.set_attr(OP_ROLE_ATTR, int(OpRole.Backward))  # as Paddle: the op stays, its role_var too
