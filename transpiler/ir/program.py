@@ -55,12 +55,12 @@ _STR_ONLY = {str}
 
 def _arg_names(args: SlotArgs | None) -> tuple[str, ...]:
     """Normalise one slot's arguments (a name, a Var, or an iterable of either) to names."""
+    if (args.__class__ is list or args.__class__ is tuple) and set(map(type, args)) <= _STR_ONLY:
+        return tuple(args)  # names already: the common case, checked first and at C speed
     if args is None:
         return ()
     if isinstance(args, (str, Var)):
         args = (args,)
-    elif (args.__class__ is list or args.__class__ is tuple) and set(map(type, args)) <= _STR_ONLY:
-        return tuple(args)  # names already: the common case, checked at C speed
     names = []
     for arg in args:
         name = arg.name if isinstance(arg, Var) else arg

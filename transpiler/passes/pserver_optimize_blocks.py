@@ -13,6 +13,8 @@ them in block order (Paddle's order depends on the hash seed).
 
 from __future__ import annotations
 
+from collections import Counter
+
 from ops.catalogue import make_op
 from ops.catalogue.optimizer_ops import OptimizerSlots, optimizer_slots
 from transpiler.config import TranspileOptions
@@ -28,10 +30,13 @@ from transpiler.plan import ParamPlan, Plan, VarBlock
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     chains = {chain.param: chain for chain in bundle.analysis.chains}
     for endpoint, progs in bundle.pservers.items():
-        filler = _BlockFiller(bundle.origin, bundle.plan, progs, endpoint)
-        for param, var_block in bundle.plan.on(endpoint):
+        filler = _BlockFiller(bundle.origin, bundle.plan, progs)
+        placed = bundle.plan.on(endpoint)
+        blocks_here = Counter(param.param for param, _ in placed)
+        for param, var_block in placed:
             block = progs.main.create_block(progs.optimize_parent)
-            progs.received.extend(filler.fill(block, chains[param.param], param, var_block))
+            shared = blocks_here[param.param] > 1
+            progs.received.extend(filler.fill(block, chains[param.param], param, var_block, shared))
             progs.optimize_blocks.append(block.idx)
             merged = param.grad_block_name(var_block.index)
             progs.grad_to_block.append((merged, block.idx))
@@ -41,11 +46,10 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
 
 
 class _BlockFiller:
-    def __init__(self, origin: Program, plan: Plan, progs: PserverPrograms, endpoint: str) -> None:
+    def __init__(self, origin: Program, plan: Plan, progs: PserverPrograms) -> None:
         self.origin = origin
         self.plan = plan
         self.progs = progs
-        self.endpoint = endpoint
         # The `sum` and `scale` that start every block in sync mode differ only in their vars:
         # built (and checked against the catalogue) once, copied with the block's vars.
         self.sum = make_op("sum", {"X": []}, {"Out": []}, role=OpRole.Optimize)
@@ -55,8 +59,9 @@ class _BlockFiller:
                 index: int = 0) -> str:
         return declare(self.progs, self.origin, origin_name, name, shape, persistable=persistable, index=index)
 
-    def fill(self, block: Block, chain: ParamChain, param: ParamPlan, var_block: VarBlock) -> list[str]:
-        """Fill one optimize block; return the grad vars `listen_and_serv` receives for it."""
+    def fill(self, block: Block, chain: ParamChain, param: ParamPlan, var_block: VarBlock, shared: bool) -> list[str]:
+        """Fill one optimize block; return the grad vars `listen_and_serv` receives for it.
+        `shared`: another block of the param is on this pserver too."""
         plan, index = self.plan, var_block.index
         merged = param.grad_block_name(index)
         self.declare(param.param, var_block.name, var_block.shape, persistable=True, index=index)
@@ -72,7 +77,6 @@ class _BlockFiller:
         else:
             received = [merged]
 
-        shared = len(param.blocks_on(self.endpoint)) > 1
         for op in chain.ops:
             slots = optimizer_slots(op.type) if op is chain.optimizer else None
             inputs, outputs = (
