@@ -507,3 +507,34 @@ def run_with_hash_seed(seed: str, script: str, *args) -> str:
 def test_byte_identical_output_under_any_hash_seed():
     digests = {run_with_hash_seed(seed, DETERMINISM_SCRIPT, PADDLE_PROGRAMS).strip() for seed in ("0", "1", "4242")}
     assert len(digests) == 1
+
+
+@pytest.mark.parametrize("case", ["plain", "clip", "async_lr_decay"])
+def test_the_callers_programs_are_lent_never_changed_nor_frozen(case):
+    """transpile() hands the caller's programs to the passes without copying them: none may
+    change them, the lowerings that rewrite the original (clip ops kept on the trainer, the
+    async lr-decay counter) work on copies, and the analysed original is not frozen."""
+    from pass_support import tiny
+    from test_pass_keep_clip_on_trainer import clipped
+
+    from transpiler.frontend.clip import GradientClipByValue
+
+    main, startup = clipped(GradientClipByValue(1.0)) if case == "clip" else tiny(lr_decay=case == "async_lr_decay")
+    before = (main.to_bytes(), startup.to_bytes())
+    roles = [op.attr("op_role") for op in main.global_block().ops]
+    result = transpile(main, startup, pservers=EPS, trainers=2, sync_mode=case != "async_lr_decay")
+    assert (main.to_bytes(), startup.to_bytes()) == before
+    assert [op.attr("op_role") for op in main.global_block().ops] == roles
+    assert not main.frozen and not startup.frozen
+    if case == "clip":  # the trainer keeps the clip ops, as Backward ops, and sends the clipped grads
+        assert any(op.type == "clip" for op in result.trainer.global_block().ops)
+    if case == "async_lr_decay":
+        assert any(name.startswith("@LR_DECAY_COUNTER@.trainer_") for name in result.trainer_startup.global_block().vars)
+    # The result shares nothing the caller can change through its own programs.
+    trainer_bytes = result.trainer.to_bytes()
+    for op in main.global_block().ops:
+        op.set_attr("op_role", 0)
+        if op.input("X"):
+            op.set_input("X", ["changed"])
+    main.global_block().create_var("added_after", dtype="float32", shape=(1,))
+    assert result.trainer.to_bytes() == trainer_bytes

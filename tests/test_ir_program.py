@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from transpiler.errors import IRError
-from transpiler.ir import Attr, AttrType, DType, Program, VarKind
+from transpiler.ir import Attr, AttrType, DType, OpRole, Program, VarKind
 from transpiler.ir.program import Op, Var
 
 
@@ -113,6 +113,32 @@ def test_readers_and_writers_are_in_op_order_after_edits():
     assert block.names_read() == {"x"}
 
 
+def test_the_index_built_late_matches_one_kept_from_the_start():
+    """The reader / writer index is built at the first question: edits made before it
+    (on a clone, which starts without one) must show in it all the same."""
+    program = _program("x", "y", "z")
+    block = program.global_block()
+    block.add_op("w1", outputs={"Out": "x"})
+    block.add_op("r1", {"X": ["x", "x"]}, {"Out": "y"})
+    block.add_op("w2", {"X": "y"}, {"Out": ["x", "z"]})
+    block.readers("x")  # the original's index, kept up to date from here on
+    copy = program.clone().global_block()
+    for b in (block, copy):
+        w1, r1, w2 = b.ops
+        assert b.names_used() == {"x", "y", "z"}
+        r0 = b.insert_before(w1, "r0", {"X": "x"})
+        r1.set_input("X", ["z"])
+        b.remove_op(w2)
+        w3 = b.add_op("w3", outputs={"Out": "y"})
+        assert b.names_used() == {"x", "y", "z"}
+    for b in (block, copy):
+        r0, w1, r1, w3 = b.ops
+        assert b.readers("x") == [r0] and b.readers("z") == [r1]
+        assert b.writers("x") == [w1] and b.writers("y") == [r1, w3] and b.writers("z") == []
+        assert b.names_read() == {"x", "z"} and b.names_used() == {"x", "y", "z"}
+        assert b.var_names_used() == ["x", "z", "y"]
+
+
 def test_slot_setters_keep_the_index_right():
     block = _program("x", "y", "z").global_block()
     op = block.add_op("op", {"X": "x"}, {"Out": "y"})
@@ -154,6 +180,25 @@ def test_rename_var_keeps_declaration_order_and_renames_uses():
         block.rename_var("nope", "x")
 
 
+def test_rename_vars_renames_all_at_once_with_or_without_an_index():
+    for indexed in (False, True):
+        program = _program("a", "b", "c")
+        block = program.global_block()
+        r = block.add_op("r", {"X": ["a", "b"], "Y": "c"}, {"Out": "c"})
+        w = block.add_op("w", {"X": "c"}, {"Out": ["b", "a"]})
+        untouched = block.add_op("u", {"X": "c"})
+        if indexed:
+            block.readers("a")
+        before = untouched.inputs
+        block.rename_vars({"a": "b", "b": "a", "c": "cee"})  # a swap, and a plain rename
+        assert list(block.vars) == ["b", "a", "cee"]
+        assert r.inputs == {"X": ("b", "a"), "Y": ("cee",)} and r.output("Out") == ("cee",)
+        assert w.input("X") == ("cee",) and w.output("Out") == ("a", "b")
+        assert untouched.input("X") == ("cee",) and before == {"X": ("c",)}
+        assert block.readers("cee") == [r, w, untouched] and block.readers("c") == []
+        assert block.writers("a") == [w] and block.writers("cee") == [r]
+
+
 def test_index_of_an_op_of_another_block_fails():
     program = _program()
     op = program.create_block().add_op("x")
@@ -173,6 +218,13 @@ def test_vars():
         block.create_var("w")
     with pytest.raises(IRError, match="already belongs"):
         _program().global_block().add_var(var)
+    more = [Var("a"), Var("b")]
+    block.add_vars(more)
+    assert list(block.vars)[-2:] == ["a", "b"] and all(v.block is block for v in more)
+    with pytest.raises(IRError, match="already declares"):
+        block.add_vars([Var("c"), Var("w")])
+    with pytest.raises(IRError, match="already belongs"):
+        _program().global_block().add_vars([Var("d"), var])
     assert block.create_var("x", dtype="fp32", shape=(-1, 5)).shape == (-1, 5)
     with pytest.raises(IRError, match="no static shape"):
         block.var("x").numel()
@@ -414,6 +466,50 @@ def test_op_clone_is_detached_and_independent():
     assert block.readers("z") == [twin]
 
 
+def test_op_clone_replaces_the_slots_and_attrs_it_is_given_as_the_setters_would():
+    op = Op("op", {"X": "x", "Y": ["y"]}, {"Out": "o"}, {"k": Attr.of(1, AttrType.LONG), "s": "a"})
+    twin = op.clone(inputs={"Y": ["z", "w"]}, outputs={"Out": "p"}, attrs={"k": 2, "new": [1.5]})
+    edited = op.clone()
+    edited.set_input("Y", ["z", "w"])
+    edited.set_output("Out", "p")
+    edited.set_attr("k", 2)
+    edited.set_attr("new", [1.5])
+    for copy in (twin, edited):
+        assert list(copy.inputs.items()) == [("X", ("x",)), ("Y", ("z", "w"))]
+        assert copy.outputs == {"Out": ("p",)}
+        assert list(copy.attrs.items()) == [("k", Attr(AttrType.LONG, 2)), ("s", Attr.of("a")),
+                                            ("new", Attr(AttrType.FLOATS, (1.5,)))]
+    assert op.inputs == {"X": ("x",), "Y": ("y",)} and op.attr("k") == 1 and not op.has_attr("new")
+
+
+def test_op_clones_share_slots_and_attrs_yet_every_edit_stays_on_its_op():
+    """A clone shares its original's slot and attr dicts (edits replace them, never
+    change them in place): each edit, on either side, must leave the other op as it was."""
+    edits = [
+        lambda op: op.set_attr("k", 2),
+        lambda op: op.set_attr("new", "v"),
+        lambda op: op.remove_attr("k"),
+        lambda op: op.set_input("X", "z"),
+        lambda op: op.set_output("Out", ["z", "w"]),
+        lambda op: op.remove_input("X"),
+        lambda op: op.remove_output("Out"),
+        lambda op: op.rename_input("x", "z"),
+        lambda op: op.rename_output("y", "z"),
+    ]
+    for edit in edits:
+        block = _program("x", "y").global_block()
+        op = block.add_op("op", {"X": "x", "Y": ["x", "y"]}, {"Out": "y"}, {"k": 1, "j": [1, 2]})
+        twin = op.clone()
+        snapshot = (dict(op.inputs), dict(op.outputs), dict(op.attrs))
+        edit(twin)
+        assert (dict(op.inputs), dict(op.outputs), dict(op.attrs)) == snapshot
+        assert block.readers("x") == [op] and block.writers("y") == [op]
+        edit(op)
+        assert (dict(op.inputs), dict(op.outputs), dict(op.attrs)) == (dict(twin.inputs), dict(twin.outputs),
+                                                                       dict(twin.attrs))
+        assert (dict(twin.inputs), dict(twin.outputs), dict(twin.attrs)) != snapshot
+
+
 def test_program_helpers_and_save(tmp_path):
     program = _program("x")
     program.global_block().add_op("a")
@@ -431,6 +527,14 @@ def test_role_and_role_vars():
     assert op.role.describe() == "optimize"
     assert op.role_vars == ("w", "w@GRAD")
     assert Op("mul").role.describe() == "forward"
+
+
+def test_has_role_agrees_with_the_role_flags():
+    for number in (0, 1, 2, 3, 16, 18, 256, 257, 0x10000, -1, -(2**31)):
+        op = Op("op", attrs={"op_role": Attr.of(number, AttrType.INT)})
+        for flag in OpRole:
+            assert op.has_role(flag) == bool(op.role & flag), (number, flag)
+    assert not Op("mul").has_role(OpRole.Optimize)
 
 
 def test_var_copy_carries_every_field():

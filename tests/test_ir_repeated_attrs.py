@@ -78,6 +78,22 @@ def test_setting_or_removing_an_attr_drops_its_stale_entries_only():
     assert reloaded.attr_values() == {"shape": (-1, 2, 4), "use_mkldnn": False, "use_quantizer": True, "op_role": 0}
 
 
+def test_a_clone_given_attrs_drops_their_stale_entries_as_set_attr_does():
+    program = Program.from_bytes(_with_repeats())
+    block = program.global_block()
+    op = block.ops[0]
+    twin = op.clone(attrs={"use_mkldnn": False, "axis": 1})
+    block.remove_op(op)
+    op.set_attr("use_mkldnn", False)
+    op.set_attr("axis", 1)
+    block.add_op(op)
+    expected = program.to_bytes()
+    block.remove_op(op)
+    block.add_op(twin)
+    assert program.to_bytes() == expected
+    assert twin.repeated_attrs() == {"mkldnn_data_type": 2, "use_quantizer": 2}
+
+
 def test_a_new_attr_on_such_an_op_is_written_once_after_the_others():
     program = Program.from_bytes(_with_repeats())
     program.global_block().ops[0].set_attr("axis", 1)

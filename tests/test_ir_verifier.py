@@ -225,3 +225,67 @@ def test_a_block_appended_by_hand_with_a_wrong_index_is_caught():
     program.append_block(Block(program, 1, 0))  # a second "block 1" at position 2
     err = _only_problem(program)
     assert err.block == 2 and "says idx=1" in err.reason
+
+
+def test_an_op_found_sound_is_checked_again_once_edited_or_moved():
+    """The verifier does not look again at the attrs of an op it found sound on their own
+    (no block or var reference) while they stay unchanged, clones included: every way of
+    making them wrong afterwards must still be caught."""
+    program = _program()
+    verify(program)  # every relu found sound
+    bad_role = Attr.of("forward", AttrType.STRING)
+
+    edited = program.clone()  # the clones share the sound attrs
+    edited.global_block().ops[3].set_attr("op_role", bad_role)
+    err = _only_problem(edited)
+    _assert_op_located(err, block=0, index=3, op_type="relu")
+    assert "attr op_role is STRING, not INT" in err.reason
+    verify(program)  # the original's op is untouched
+
+    program.global_block().ops[4].set_attr("sub_block", 7, AttrType.BLOCK)
+    err = _only_problem(program)
+    _assert_op_located(err, block=0, index=4, op_type="relu")
+    assert "sub_block=block[7]" in err.reason
+
+    # A block reference is never taken as sound once and for all: it can go stale.
+    program = _program()
+    program.global_block().ops[0].set_attr("sub_block", 1, AttrType.BLOCK)
+    verify(program)
+    moved = Program.empty()
+    moved.global_block().create_var("x0", dtype="float32", shape=[-1, 4])
+    moved.global_block().create_var("x1", dtype="float32", shape=[-1, 4])
+    moved.global_block().add_op(program.global_block().ops[0].clone())
+    err = _only_problem(moved)
+    assert "sub_block=block[1] points past the last block (0)" in err.reason
+
+
+def test_ops_built_or_edited_as_sound_are_still_checked_where_they_are_not():
+    """make_op, set_attr and clone(attrs=) hand the verifier ops whose attrs are known sound
+    on their own; an attr that is not (a wrong common type, a block or var reference) must
+    still be checked."""
+    from ops.catalogue import make_op
+
+    program = _program()
+    block = program.global_block()
+    built = make_op("relu", {"X": ["x0"]}, {"Out": ["x1"]}, role=0)
+    assert built._verified_attrs is built._attrs  # the shortcut is taken
+    block.add_op(built)
+    block.add_op(make_op("relu", {"X": ["x0"]}, {"Out": ["x1"]}, {"v": Attr.of("ghost", AttrType.VAR)}))
+    err = _only_problem(program)
+    assert "v=var(ghost)" in err.reason and err.op_index == 8
+
+    program = _program()
+    block = program.global_block()
+    verify(program)
+    block.add_op(block.ops[0].clone(attrs={"op_role_var": Attr.of("w", AttrType.STRING)}))
+    err = _only_problem(program)
+    assert err.op_index == 7 and "attr op_role_var is STRING, not STRINGS" in err.reason
+
+    program = _program()
+    verify(program)
+    program.global_block().ops[2].set_attr("sub_block", 1, AttrType.BLOCK)  # in range now
+    program.global_block().ops[2].set_attr("op_role", 1)  # sound, but the block reference still is not
+    verify(program)
+    program.block(1).add_op(program.global_block().ops[2].clone())
+    err = _only_problem(program)
+    assert (err.block, err.op_index) == (1, 0) and "own block" in err.reason

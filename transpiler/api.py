@@ -103,7 +103,8 @@ def transpile(
     verify_program(program, name="the main program")
     verify_program(startup_program, name="the startup program")
     with gc_paused():
-        bundle = Bundle(origin=program.clone(), origin_startup=startup_program.clone())
+        # Lent, not copied: no pass changes them (a lowering that rewrites them copies them first).
+        bundle = Bundle(origin=program, origin_startup=startup_program, lent=True)
         bundle = run_pipeline(bundle, options, verify=verify, dump_dir=dump_dir, progress=progress)
     return TranspileResult(
         trainer=bundle.trainer,

@@ -18,6 +18,7 @@ from ops.catalogue.opdef import COMMON_ATTRS, EMITTED_COMMON_ATTRS, OpDef, OpSpe
 from ops.catalogue.registry import CATALOGUE
 from transpiler.errors import IRError, UnknownOpError
 from transpiler.ir import Attr, AttrType, Op, OpRole
+from transpiler.ir.attrs import coerce, sound_on_its_own
 from transpiler.ir.program import SlotArgs, Var
 from transpiler.ir.types import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR
 
@@ -63,14 +64,15 @@ def _names(args: SlotArgs | None) -> tuple[str, ...]:
 
 class _Template:
     """What `make_op` needs of an entry, worked out once per entry: its slots by name, the
-    attrs filled when a caller leaves them out (`Attr`s are immutable, so ops share them)
-    and the required attrs."""
+    attrs filled when a caller leaves them out (`Attr`s are immutable, so ops share them),
+    the required attrs, and the slot layouts callers used (see `_check_slots`)."""
 
-    __slots__ = ("entry", "slots", "defaults", "required", "role_attrs")
+    __slots__ = ("entry", "slots", "specs", "defaults", "sound_defaults", "required", "role_attrs", "layouts")
 
     def __init__(self, entry: OpDef) -> None:
         self.entry = entry
         self.slots = {"input": {s.name: s for s in entry.inputs}, "output": {s.name: s for s in entry.outputs}}
+        self.specs = {**COMMON_ATTRS, **entry.attrs}  # what `typed_attr` looks up: the entry's spec, else the common one
         defaults: dict[str, Attr] = {}
         for name, spec in entry.attrs.items():
             if not spec.required:
@@ -81,9 +83,13 @@ class _Template:
                 spec = COMMON_ATTRS[name]
                 defaults[name] = Attr.of(spec.default, spec.type)
         self.defaults = dict(sorted(defaults.items()))  # sorted once: an op's attrs come out sorted
+        self.sound_defaults = all(sound_on_its_own(name, attr) for name, attr in self.defaults.items())
         self.required = tuple((name, spec) for name, spec in entry.attrs.items() if spec.required)
         # `op_role` as `role=` gives it, typed once per role value (a pass builds many ops of one role).
         self.role_attrs: dict[int, Attr] = {}
+        # (direction, fill, given slot names...) -> (the op's slot names in order, the given
+        # slots that take one var): the checks that depend on the names only, done once.
+        self.layouts: dict[tuple, tuple[tuple[str, ...], tuple[str, ...]]] = {}
 
 
 _TEMPLATES: dict[int, _Template] = {}
@@ -97,11 +103,29 @@ def _template(entry: OpDef) -> _Template:
 
 
 def _check_slots(
-    entry: OpDef, given: Mapping[str, SlotArgs] | None, direction: str, fill: bool
+    template: _Template, given: Mapping[str, SlotArgs] | None, direction: str, fill: bool
 ) -> dict[str, tuple[str, ...]]:
-    defs = entry.inputs if direction == "input" else entry.outputs
-    known = _template(entry).slots[direction]
     slots = {str(k): _names(v) for k, v in given.items()} if given else {}
+    layout = template.layouts.get((direction, fill, *slots))
+    if layout is None:  # slot names not seen yet: check them all (raising as they come)
+        return _check_new_slots(template, slots, direction, fill)
+    order, single = layout
+    for name in single:
+        if len(slots[name]) > 1:
+            raise OpSpecError(f"{template.entry.type}: {direction} slot {name} takes one var, got {len(slots[name])}: "
+                              f"{list(slots[name])}")
+    if len(order) == len(slots):
+        return slots if order == tuple(slots) else {name: slots[name] for name in order}
+    return {name: slots.get(name, ()) for name in order}  # the left-out dispensable inputs, empty
+
+
+def _check_new_slots(
+    template: _Template, slots: dict[str, tuple[str, ...]], direction: str, fill: bool
+) -> dict[str, tuple[str, ...]]:
+    entry = template.entry
+    defs = entry.inputs if direction == "input" else entry.outputs
+    known = template.slots[direction]
+    key = (direction, fill, *slots)
     for name, args in slots.items():
         slot = known.get(name)
         if slot is None:
@@ -118,7 +142,10 @@ def _check_slots(
                 raise OpSpecError(f"{entry.type}: {direction} slot {slot.name} is required")
             if fill and direction == "input":
                 slots[slot.name] = ()
-    return dict(sorted(slots.items())) if len(slots) > 1 else slots
+    slots = dict(sorted(slots.items())) if len(slots) > 1 else slots
+    single = tuple(name for name in key[2:] if not known[name].duplicable)
+    template.layouts[key] = (tuple(slots), single)
+    return slots
 
 
 def typed_attr(entry: OpDef | None, name: str, value: Any) -> Attr:
@@ -140,30 +167,51 @@ def make_attrs(
     entry: OpDef, attrs: Mapping[str, Any] | None, *, fill_defaults: bool = True, role: OpRole | int | None = None,
     role_vars: tuple[str, ...] | list[str] | None = None,
 ) -> dict[str, Attr]:
-    template = _template(entry)
-    typed = {name: typed_attr(entry, name, value) for name, value in attrs.items()} if attrs else {}
+    return dict(_make_attrs(_template(entry), attrs, fill_defaults, role, role_vars)[0])  # the caller's own dict
+
+
+def _make_attrs(
+    template: _Template, attrs: Mapping[str, Any] | None, fill_defaults: bool, role: OpRole | int | None,
+    role_vars: tuple[str, ...] | list[str] | None,
+) -> tuple[dict[str, Attr], bool]:
+    """The op's attrs, and whether each is sound on its own (the verifier need not check them)."""
+    entry = template.entry
+    typed = {name: _typed_attr(template, name, value) for name, value in attrs.items()} if attrs else {}
     if role is not None:
         typed[OP_ROLE_ATTR] = _role_attr(template, role)
     if role_vars is not None:
         typed[OP_ROLE_VAR_ATTR] = _role_vars_attr(entry, role_vars)
+    sound = all(map(sound_on_its_own, typed.keys(), typed.values()))
     if not fill_defaults:
-        return dict(sorted(typed.items()))
+        return dict(sorted(typed.items())), sound
     for name, spec in template.required:
         if name not in typed:
             raise OpSpecError(f"{entry.type}: attr {name} ({spec.type.name}) is required and has no default")
     defaults = template.defaults
-    merged = {name: typed.get(name, default) for name, default in defaults.items()}  # already sorted
-    if not typed.keys() <= defaults.keys():
-        merged.update(typed)
-        return dict(sorted(merged.items()))
-    return merged
+    sound = sound and template.sound_defaults
+    if not typed:
+        return defaults, sound  # shared by every such op: an op never changes its attr dict in place
+    if typed.keys() <= defaults.keys():
+        return {**defaults, **typed}, sound  # the defaults' (sorted) order, the values given
+    return dict(sorted({**defaults, **typed}.items())), sound
+
+
+def _typed_attr(template: _Template, name: str, value: Any) -> Attr:
+    """`typed_attr` for a plain value of a declared attr, without its lookups (`make_op` types every attr given)."""
+    spec = template.specs.get(name)
+    if spec is None or isinstance(value, Attr):
+        return typed_attr(template.entry, name, value)
+    try:
+        return Attr(spec.type, coerce(value, spec.type))
+    except IRError as exc:
+        raise OpSpecError(f"{template.entry.type}: attr {name}={value!r}: {exc}") from None
 
 
 def _role_attr(template: _Template, role: OpRole | int) -> Attr:
-    number = int(role)
-    attr = template.role_attrs.get(number)
+    # Keyed by the role as given: an OpRole hashes and compares as its int, and int() of a flag is slow.
+    attr = template.role_attrs.get(role)
     if attr is None:
-        attr = template.role_attrs[number] = typed_attr(template.entry, OP_ROLE_ATTR, number)
+        attr = template.role_attrs[role] = typed_attr(template.entry, OP_ROLE_ATTR, int(role))
     return attr
 
 
@@ -192,10 +240,11 @@ def make_op(
     (an `IRError`) for a bad slot or attr.
     """
     entry = require(op_type)
-    ins = _check_slots(entry, inputs, "input", fill=inputs is not None)
-    outs = _check_slots(entry, outputs, "output", fill=False)
-    typed = make_attrs(entry, attrs, fill_defaults=fill_defaults, role=role, role_vars=role_vars)
-    return Op._built(op_type, ins, outs, typed)
+    template = _template(entry)
+    ins = _check_slots(template, inputs, "input", fill=inputs is not None)
+    outs = _check_slots(template, outputs, "output", fill=False)
+    typed, sound = _make_attrs(template, attrs, fill_defaults, role, role_vars)
+    return Op._built(op_type, ins, outs, typed, sound=sound)
 
 
 def fill_attrs(op: Op, *, strict: bool = True) -> Op:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transpiler.errors import IRError
-from transpiler.ir.types import AttrType
+from transpiler.ir.types import OP_CALLSTACK_ATTR, OP_NAMESCOPE_ATTR, OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, AttrType
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -45,6 +45,17 @@ LIST_TYPES = frozenset(
 )
 BLOCK_TYPES = frozenset({AttrType.BLOCK, AttrType.BLOCKS})
 VAR_TYPES = frozenset({AttrType.VAR, AttrType.VARS})
+# Attr types whose values name blocks or vars: whether they are right depends on the program.
+REFERENCE_TYPES = BLOCK_TYPES | VAR_TYPES
+
+# The attrs every Paddle op may carry, with the type Paddle's OpDesc gives them: the
+# transpiler reads them, so a program that types one otherwise is malformed (the verifier says so).
+COMMON_ATTR_TYPES = {
+    OP_ROLE_ATTR: (AttrType.INT,),
+    OP_ROLE_VAR_ATTR: (AttrType.STRINGS,),
+    OP_NAMESCOPE_ATTR: (AttrType.STRING,),
+    OP_CALLSTACK_ATTR: (AttrType.STRINGS,),
+}
 
 # The element type of each list type, used to coerce elements one by one.
 ELEMENT_TYPE = {
@@ -78,6 +89,16 @@ class Attr:
         else:
             attr_type = type if type.__class__ is AttrType else AttrType(type)
         return Attr(attr_type, coerce(value, attr_type))
+
+
+def sound_on_its_own(name: str, attr: Attr) -> bool:
+    """Whether the verifier's checks of attr `name` pass in any program: a common attr of
+    its type, or any other attr that names no block or var. An op whose attrs are all so
+    need not have them checked again until one changes (`Op._verified_attrs`)."""
+    if attr.type in REFERENCE_TYPES:
+        return False
+    expected = COMMON_ATTR_TYPES.get(name)
+    return expected is None or attr.type in expected
 
 
 def infer_attr_type(value: Any) -> AttrType:

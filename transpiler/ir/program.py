@@ -6,8 +6,10 @@ and `remove_op` O(1) however large the block. Reads of order (`block.ops`,
 `block.index_of`) are cached and rebuilt in O(n) after an edit, so a pass should
 analyse first and then edit, as the passes in `transpiler/passes/` do.
 
-Each block also keeps which ops read and which write each var name, updated by every
-edit, so `readers(name)` / `writers(name)` cost O(uses), not O(ops).
+Each block also keeps which ops read and which write each var name, so `readers(name)` /
+`writers(name)` cost O(uses), not O(ops). The index is built at the first question, in
+one pass, and kept up to date by every edit from then on: most blocks a transpile builds
+(every pserver's) are never asked, and indexing them op by op was a tenth of the work.
 
 The IR owns its invariants: ops and vars are changed through these classes' methods
 (`add_op`, `insert_after`, `remove_op`, `replace_uses`, `rename_var`, `Op.set_input`,
@@ -20,12 +22,13 @@ import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Union
 
 from transpiler.errors import IRError
 from transpiler.fileio import write_bytes_atomic
-from transpiler.ir.attrs import Attr, AttrType
+from transpiler.ir.attrs import Attr, AttrType, sound_on_its_own
 from transpiler.ir.types import (
     OP_ROLE_ATTR,
     OP_ROLE_VAR_ATTR,
@@ -52,12 +55,12 @@ _STR_ONLY = {str}
 
 def _arg_names(args: SlotArgs | None) -> tuple[str, ...]:
     """Normalise one slot's arguments (a name, a Var, or an iterable of either) to names."""
+    if (args.__class__ is list or args.__class__ is tuple) and set(map(type, args)) <= _STR_ONLY:
+        return tuple(args)  # names already: the common case, checked first and at C speed
     if args is None:
         return ()
     if isinstance(args, (str, Var)):
         args = (args,)
-    elif (args.__class__ is list or args.__class__ is tuple) and set(map(type, args)) <= _STR_ONLY:
-        return tuple(args)  # names already: the common case, checked at C speed
     names = []
     for arg in args:
         name = arg.name if isinstance(arg, Var) else arg
@@ -187,7 +190,7 @@ class Var:
         new.need_check_feed = self.need_check_feed
         new.is_parameter = self.is_parameter
         new.stop_gradient = self.stop_gradient
-        new.attrs = dict(self.attrs)
+        new.attrs = dict(self.attrs) if self.attrs else {}  # nearly always empty: skip the copy call
         new.reader = self.reader
         new.tuple_types = self.tuple_types
         new._explicit = self._explicit
@@ -212,10 +215,14 @@ class Op:
     keeps the last value. `attrs` holds that value (at the name's first place); the entries
     as they were on the wire stay in `_wire_attrs` so that saving writes them again
     (`None` when no name repeats). Setting or removing an attr drops its stale entries.
+
+    Once an op is built, its slot and attr dicts are never changed in place: every edit
+    puts a new dict in their place. That is what lets `clone` (and `make_op`'s defaults)
+    share them instead of copying three dicts per op.
     """
 
     __slots__ = ("type", "_inputs", "_outputs", "_attrs", "_wire_attrs", "is_target", "_explicit", "block", "_prev",
-                 "_next")
+                 "_next", "_verified_attrs")
 
     def __init__(
         self,
@@ -238,13 +245,19 @@ class Op:
         self.block: Block | None = None
         self._prev: Op | None = None
         self._next: Op | None = None
+        # `_attrs` again when every attr in it is known sound on its own (`attrs.sound_on_its_own`):
+        # found so by the verifier, or built so (make_op, set_attr, clone). The verifier skips
+        # such attrs; an edit that brings in one that is not leaves None here, to be checked.
+        self._verified_attrs: dict[str, Attr] | None = None
 
     @classmethod
     def _built(
-        cls, type: str, inputs: dict[str, tuple[str, ...]], outputs: dict[str, tuple[str, ...]], attrs: dict[str, Attr]
+        cls, type: str, inputs: dict[str, tuple[str, ...]], outputs: dict[str, tuple[str, ...]], attrs: dict[str, Attr],
+        *, sound: bool = False,
     ) -> Op:
         """An op from slots and attrs that are already normalised (the catalogue's
-        `make_op` checked and typed them): the dicts are taken as they are, not copied."""
+        `make_op` checked and typed them): the dicts are taken as they are, not copied.
+        `sound`: every attr is sound on its own (`attrs.sound_on_its_own`)."""
         op = cls.__new__(cls)
         op.type = type
         op._inputs = inputs
@@ -255,6 +268,7 @@ class Op:
         op._explicit = _NOTHING_EXPLICIT
         op.block = None
         op._prev = op._next = None
+        op._verified_attrs = attrs if sound else None
         return op
 
     @classmethod
@@ -283,6 +297,7 @@ class Op:
             op._explicit = _IS_TARGET_EXPLICIT
         op.block = None
         op._prev = op._next = None
+        op._verified_attrs = None
         return op
 
     # -- slots
@@ -311,30 +326,35 @@ class Op:
         return [name for args in self._outputs.values() for name in args]
 
     def set_input(self, slot: str, args: SlotArgs) -> None:
-        self._edit_slots(lambda: self._inputs.__setitem__(slot, _arg_names(args)))
+        self._edit_slots(inputs={**self._inputs, slot: _arg_names(args)})
 
     def set_output(self, slot: str, args: SlotArgs) -> None:
-        self._edit_slots(lambda: self._outputs.__setitem__(slot, _arg_names(args)))
+        self._edit_slots(outputs={**self._outputs, slot: _arg_names(args)})
 
     def remove_input(self, slot: str) -> None:
-        self._edit_slots(lambda: self._inputs.pop(slot, None))
+        self._edit_slots(inputs=_without(self._inputs, slot))
 
     def remove_output(self, slot: str) -> None:
-        self._edit_slots(lambda: self._outputs.pop(slot, None))
+        self._edit_slots(outputs=_without(self._outputs, slot))
 
     def rename_input(self, old: str, new: str) -> None:
         """Rename every input arg `old` to `new`."""
-        self._edit_slots(lambda: _rename_in(self._inputs, old, new))
+        self._edit_slots(inputs=_renamed(self._inputs, {old: new}))
 
     def rename_output(self, old: str, new: str) -> None:
-        self._edit_slots(lambda: _rename_in(self._outputs, old, new))
+        self._edit_slots(outputs=_renamed(self._outputs, {old: new}))
 
-    def _edit_slots(self, edit) -> None:
+    def _edit_slots(self, *, inputs: dict[str, tuple[str, ...]] | None = None,
+                    outputs: dict[str, tuple[str, ...]] | None = None) -> None:
+        """Put new slot dicts in place (see the class docstring: never edited in place)."""
         block = self.block
         self._check_mutable()
         if block is not None:
             block._unindex(self)
-        edit()
+        if inputs is not None:
+            self._inputs = inputs
+        if outputs is not None:
+            self._outputs = outputs
         if block is not None:
             block._index(self)
             block._changed(structure=False)
@@ -366,15 +386,27 @@ class Op:
         keeps its wire type when no type is given, so `set_attr("axis", 1)` on a LONG
         attr stays LONG."""
         self._check_mutable()
-        if type is None and name in self._attrs and not isinstance(value, Attr):
-            type = self._attrs[name].type
-        self._attrs[name] = Attr.of(value, type)
+        attr = self._typed_attr(name, value, type)
+        self._replace_attrs({**self._attrs, name: attr}, still_sound=sound_on_its_own(name, attr))
         if self._wire_attrs is not None:
             self._drop_stale_entries(name)
 
+    def _replace_attrs(self, attrs: dict[str, Attr], *, still_sound: bool) -> None:
+        """Put a new attr dict in place (clones may share the old one). It counts as
+        verified when the old one did and every attr that changed is sound on its own."""
+        self._verified_attrs = attrs if still_sound and self._verified_attrs is self._attrs else None
+        self._attrs = attrs
+
+    def _typed_attr(self, name: str, value: Any, type: AttrType | None = None) -> Attr:
+        """`value` as the attr `name` would hold it: typed by `type`, else by the type the
+        attr has now (a LONG stays LONG), else by the value."""
+        if type is None and name in self._attrs and not isinstance(value, Attr):
+            type = self._attrs[name].type
+        return Attr.of(value, type)
+
     def remove_attr(self, name: str) -> None:
         self._check_mutable()
-        self._attrs.pop(name, None)
+        self._replace_attrs(_without(self._attrs, name), still_sound=True)
         if self._wire_attrs is not None:
             self._drop_stale_entries(name)
 
@@ -445,6 +477,11 @@ class Op:
                 _ROLE_OF_NUMBER[number] = role
         return role
 
+    def has_role(self, role: OpRole) -> bool:
+        """Whether `op_role` has any bit of `role`: `bool(op.role & role)` as an int test
+        (flag arithmetic costs a microsecond, and the analysis asks this of every op)."""
+        return bool(int(self.attr(OP_ROLE_ATTR, 0)) & int(role))
+
     @property
     def role_vars(self) -> tuple[str, ...]:
         return tuple(self.attr(OP_ROLE_VAR_ATTR, ()))
@@ -458,20 +495,31 @@ class Op:
         return self.block.index_of(self)
 
     def clone(
-        self, *, inputs: Mapping[str, SlotArgs] | None = None, outputs: Mapping[str, SlotArgs] | None = None
+        self, *, inputs: Mapping[str, SlotArgs] | None = None, outputs: Mapping[str, SlotArgs] | None = None,
+        attrs: Mapping[str, Any] | None = None,
     ) -> Op:
-        """A detached copy with the same slots and attrs; `inputs` / `outputs` given
-        replace the copied slots (cheaper than `set_input` slot by slot)."""
+        """A detached copy with the same slots and attrs. The slots named in `inputs` /
+        `outputs` and the attrs named in `attrs` are replaced (each attr typed as `set_attr`
+        types it): one new op, cheaper than a copy edited setter by setter."""
         new = Op.__new__(Op)
         new.type = self.type
-        new._inputs = dict(self._inputs) if inputs is None else _slots(inputs)
-        new._outputs = dict(self._outputs) if outputs is None else _slots(outputs)
-        new._attrs = dict(self._attrs)
+        # Shared unless replaced: edits replace these dicts, never change them in place.
+        new._inputs = {**self._inputs, **_slots(inputs)} if inputs else self._inputs
+        new._outputs = {**self._outputs, **_slots(outputs)} if outputs else self._outputs
+        new._attrs = self._attrs
         new._wire_attrs = self._wire_attrs
         new.is_target = self.is_target
         new._explicit = self._explicit
         new.block = None
         new._prev = new._next = None
+        new._verified_attrs = self._verified_attrs  # the same attr dict: what was sound still is
+        if attrs:
+            changed = {name: self._typed_attr(name, value) for name, value in attrs.items()}
+            new._replace_attrs({**self._attrs, **changed},
+                               still_sound=all(map(sound_on_its_own, changed.keys(), changed.values())))
+            if new._wire_attrs is not None:
+                for name in attrs:
+                    new._drop_stale_entries(name)
         return new
 
     def __repr__(self) -> str:
@@ -485,10 +533,35 @@ _NOTHING_EXPLICIT: frozenset[str] = frozenset()
 _IS_TARGET_EXPLICIT = frozenset({"is_target"})
 
 
-def _rename_in(slots: dict[str, tuple[str, ...]], old: str, new: str) -> None:
-    for slot, args in slots.items():
-        if old in args:
-            slots[slot] = tuple(new if a == old else a for a in args)
+def _index_into(readers: dict[str, dict[Op, None]], writers: dict[str, dict[Op, None]], op: Op) -> None:
+    """Add `op` to a block's reader / writer index."""
+    # get-then-insert rather than setdefault(name, {}): that builds a dict per arg even
+    # when the name has users already, and indexing runs for every op of an indexed block.
+    for table, slots in ((readers, op._inputs), (writers, op._outputs)):
+        for args in slots.values():
+            for name in args:
+                users = table.get(name)
+                if users is None:
+                    table[name] = {op: None}
+                else:
+                    users[op] = None
+
+
+def _renamed(slots: dict[str, tuple[str, ...]], renames: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    """`slots` with every arg `renames` names renamed, all at once (a new dict; the same
+    one when no arg is renamed)."""
+    old = renames.keys()
+    if old.isdisjoint(chain.from_iterable(slots.values())):  # the common case, at C speed
+        return slots
+    return {slot: args if old.isdisjoint(args) else tuple([renames.get(a, a) for a in args])
+            for slot, args in slots.items()}
+
+
+def _without(mapping: dict, key: str) -> dict:
+    """`mapping` without `key` (a new dict; the same one when it has no such key)."""
+    if key not in mapping:
+        return mapping
+    return {k: v for k, v in mapping.items() if k != key}
 
 
 # ------------------------------------------------------------------------- Block
@@ -507,8 +580,9 @@ class Block:
         self._head: Op | None = None
         self._tail: Op | None = None
         self._num_ops = 0
-        self._readers: dict[str, dict[Op, None]] = {}
-        self._writers: dict[str, dict[Op, None]] = {}
+        # name -> the ops reading / writing it (dicts as ordered sets); None until asked (`_index_built`).
+        self._readers: dict[str, dict[Op, None]] | None = None
+        self._writers: dict[str, dict[Op, None]] | None = None
         self._ops_cache: tuple[Op, ...] | None = None
         self._pos_cache: dict[Op, int] | None = None
         self._graph_cache: BlockGraph | None = None
@@ -553,6 +627,19 @@ class Block:
         self._vars[var.name] = var
         return var
 
+    def add_vars(self, variables: Iterable[Var]) -> None:
+        """`add_var` each of `variables`, in one pass (a startup program declares every var
+        of its main program)."""
+        self._check_mutable()
+        table = self._vars
+        for var in variables:
+            if var.block is not None:
+                raise IRError(f"var {var.name!r} already belongs to block {var.block.idx}")
+            if var._name in table:
+                raise IRError(f"block {self.idx} already declares var {var.name!r}")
+            var.block = self
+            table[var._name] = var
+
     def _add_loaded(self, variables: list[Var], ops: list[Op]) -> None:
         """Fill a new, empty block with what serde decoded or a clone copied: the vars
         (distinct names, detached) and the ops in order. One pass instead of `add_var` / `add_op` per item,
@@ -570,10 +657,12 @@ class Block:
             else:
                 prev._next = op
             prev = op
-            self._index(op)
         self._tail = prev
         self._num_ops += len(ops)
         self._changed(structure=True)
+        if self._readers is not None:  # asked before it was filled: keep the index whole
+            for op in ops:
+                self._index(op)
 
     def remove_var(self, name: str) -> Var:
         self._check_mutable()
@@ -589,7 +678,8 @@ class Block:
 
     def rename_vars(self, renames: Mapping[str, str]) -> None:
         """Rename several declared vars at once (one O(vars) pass however many), keeping
-        each declaration's position, and every read and write of them in this block."""
+        each declaration's position, and every read and write of them in this block (all
+        at once too: `{"a": "b", "b": "a"}` swaps them)."""
         self._check_mutable()
         for old, new in renames.items():
             self.var(old)
@@ -598,11 +688,17 @@ class Block:
         if len(set(renames.values())) != len(renames):
             raise IRError(f"renames of block {self.idx} give two vars the same name")
         self._vars = {renames.get(name, name): var for name, var in self._vars.items()}
-        for old, new in renames.items():
+        for new in renames.values():
             self._vars[new]._name = new
-            for op in dict.fromkeys([*self._readers.get(old, ()), *self._writers.get(old, ())]):
-                op.rename_input(old, new)
-                op.rename_output(old, new)
+        if self._readers is None:  # one pass over the ops rather than building the index for this
+            users: Iterable[Op] = self.ops
+        else:
+            users = dict.fromkeys(op for old in renames for table in (self._readers, self._writers)
+                                  for op in table.get(old, ()))
+        for op in users:
+            inputs, outputs = _renamed(op._inputs, renames), _renamed(op._outputs, renames)
+            if inputs is not op._inputs or outputs is not op._outputs:
+                op._edit_slots(inputs=inputs, outputs=outputs)
 
     # -- ops: reads
     @property
@@ -632,19 +728,37 @@ class Block:
 
     def readers(self, name: str) -> list[Op]:
         """Ops of this block with `name` among their inputs, in op order."""
-        return self._in_order(self._readers.get(name, ()))
+        return self._in_order(self._index_built()[0].get(name, ()))
 
     def writers(self, name: str) -> list[Op]:
         """Ops of this block with `name` among their outputs, in op order."""
-        return self._in_order(self._writers.get(name, ()))
+        return self._in_order(self._index_built()[1].get(name, ()))
 
     def names_read(self) -> frozenset[str]:
-        """Every var name some op of this block reads (from the index: O(names), not O(ops))."""
-        return frozenset(self._readers)
+        """Every var name some op of this block reads (from the index when it is built:
+        O(names), not O(ops); else from the ops, without building it, as `names_used`)."""
+        if self._readers is not None:
+            return frozenset(self._readers)
+        names: set[str] = set()
+        for op in self.ops:
+            names.update(*op._inputs.values())
+        return frozenset(names)
 
     def var_names_used(self) -> list[str]:
         """Every var name some op of this block reads or writes, in first-seen index order."""
-        return list(dict.fromkeys([*self._readers, *self._writers]))
+        readers, writers = self._index_built()
+        return list(dict.fromkeys([*readers, *writers]))
+
+    def names_used(self) -> set[str]:
+        """Every var name some op of this block reads or writes: from the index when it is
+        built, else straight from the ops, without building it (the verifier asks this of
+        every block, most of which nothing else asks)."""
+        if self._readers is not None:
+            return set(self._readers).union(self._writers)
+        names: set[str] = set()
+        for op in self.ops:
+            names.update(*op._inputs.values(), *op._outputs.values())
+        return names
 
     def _in_order(self, ops: Iterable[Op]) -> list[Op]:
         ops = list(ops)
@@ -795,19 +909,26 @@ class Block:
         self._index(op)
         self._changed(structure=True)
 
+    def _index_built(self) -> tuple[dict[str, dict[Op, None]], dict[str, dict[Op, None]]]:
+        """The reader and writer index, built from the ops at the first call: whole before
+        it is set (writers first, readers last, as readers says whether it is built), so a
+        thread reading the block meanwhile never sees half of it."""
+        if self._readers is None:
+            readers: dict[str, dict[Op, None]] = {}
+            writers: dict[str, dict[Op, None]] = {}
+            for op in self.ops:
+                _index_into(readers, writers, op)
+            self._writers = writers
+            self._readers = readers
+        return self._readers, self._writers
+
     def _index(self, op: Op) -> None:
-        # get-then-insert rather than setdefault(name, {}): that builds a dict per arg even
-        # when the name has users already, and indexing runs for every op added or loaded.
-        for table, slots in ((self._readers, op._inputs), (self._writers, op._outputs)):
-            for args in slots.values():
-                for name in args:
-                    users = table.get(name)
-                    if users is None:
-                        table[name] = {op: None}
-                    else:
-                        users[op] = None
+        if self._readers is not None:  # else not built yet: `_index_built` will see the op then
+            _index_into(self._readers, self._writers, op)
 
     def _unindex(self, op: Op) -> None:
+        if self._readers is None:
+            return
         for table, names in ((self._readers, op.input_names), (self._writers, op.output_names)):
             for name in names:
                 users = table.get(name)
@@ -904,6 +1025,8 @@ class Program:
         if self.frozen:
             raise FrozenProgramError("cannot drop blocks of a frozen program; clone it to edit")
         drop = set(indices)
+        if not drop:
+            return  # nothing to renumber: skip the walk over every attr of every op
         if 0 in drop:
             raise IRError("the global block (0) cannot be dropped")
         for idx in drop:

@@ -5,7 +5,14 @@
   `forward_block_idx` is -1 or an existing block;
 * ops: every slot argument names a var declared in the op's block or an ancestor
   (`@EMPTY@`, Paddle's "no grad here" placeholder, excepted); BLOCK / BLOCKS attrs
-  name existing blocks other than the op's own; VAR / VARS attrs name declared vars.
+  name existing blocks other than the op's own; VAR / VARS attrs name declared vars;
+  the common attrs (`op_role`, ...) have the types Paddle gives them.
+
+An op's attrs that are sound whatever the program (well-typed common attrs, no block or
+var reference: `attrs.sound_on_its_own`) are checked once: the op remembers that attr
+dict (`Op._verified_attrs`), which clones share and every edit replaces, and `make_op`,
+`set_attr` and `clone` keep it when what they add is sound too. The slots are checked on
+every call: whether their vars are declared depends on the block.
 
 `check(program)` returns every problem found; `verify(program)` raises the first as a
 `VerifyError` naming program, block, op index and op type, with the dump lines around
@@ -22,25 +29,10 @@ from collections.abc import Callable, Iterable
 from operator import attrgetter
 
 from transpiler.errors import VerifyError
-from transpiler.ir.attrs import AttrType
+from transpiler.ir.attrs import COMMON_ATTR_TYPES, REFERENCE_TYPES, AttrType
 from transpiler.ir.printer import op_context
 from transpiler.ir.program import Block, Op, Program
-from transpiler.ir.types import (
-    EMPTY_VAR_NAME,
-    OP_CALLSTACK_ATTR,
-    OP_NAMESCOPE_ATTR,
-    OP_ROLE_ATTR,
-    OP_ROLE_VAR_ATTR,
-)
-
-# The attrs every Paddle op may carry, with the type Paddle's OpDesc gives them: the
-# transpiler reads them, so a program that types one otherwise is malformed.
-COMMON_ATTR_TYPES = {
-    OP_ROLE_ATTR: (AttrType.INT,),
-    OP_ROLE_VAR_ATTR: (AttrType.STRINGS,),
-    OP_NAMESCOPE_ATTR: (AttrType.STRING,),
-    OP_CALLSTACK_ATTR: (AttrType.STRINGS,),
-}
+from transpiler.ir.types import EMPTY_VAR_NAME
 
 # An extra check gets the program and its name and yields the problems it finds.
 Check = Callable[[Program, str], Iterable[VerifyError]]
@@ -137,8 +129,6 @@ def _check_blocks(program: Program, name: str) -> Iterable[VerifyError]:
                 reaches_root[member] = reaches_root[current]
 
 
-# Attr types whose values the verifier checks; other attrs are checked only by name (COMMON_ATTR_TYPES).
-_REFERENCE_TYPES = frozenset({AttrType.BLOCK, AttrType.BLOCKS, AttrType.VAR, AttrType.VARS})
 _attr_type = attrgetter("type")
 
 
@@ -156,11 +146,13 @@ def _check_ops(program: Program, block: Block, name: str) -> Iterable[VerifyErro
     def declared(var: str) -> bool:
         return any(var in scope for scope in scopes)
 
-    # Every name the block's ops use is in its reader / writer index: when all are declared
+    # Every name the block's ops use, at once (`Block.names_used`): when all are declared
     # (set arithmetic, at C speed), no slot needs checking op by op.
-    undeclared = set(block._readers).union(block._writers)
+    undeclared = block.names_used()
     for scope in scopes:
-        undeclared.difference_update(scope.keys())
+        # `set.difference(dict)` looks each name up in the dict; `difference_update` would walk
+        # every key of the scope (the global block's, for each of hundreds of small blocks).
+        undeclared = undeclared.difference(scope)
     undeclared.discard(EMPTY_VAR_NAME)
     for index, op in enumerate(block.ops):
         for direction, slots in (("input", op._inputs), ("output", op._outputs)) if undeclared else ():
@@ -177,14 +169,20 @@ def _check_ops(program: Program, block: Block, name: str) -> Iterable[VerifyErro
                                 "do not declare",
                             )
         attrs = op._attrs
+        if op._verified_attrs is attrs:
+            continue  # sound on their own (`attrs.sound_on_its_own`) and unchanged since: an edit replaces the dict
+        sound = True
         for attr_name, expected in COMMON_ATTR_TYPES.items():
             attr = attrs.get(attr_name)
             if attr is not None and attr.type not in expected:
+                sound = False
                 yield op_problem(
                     name, block, op, index,
                     f"attr {attr_name} is {attr.type.name}, not {' or '.join(t.name for t in expected)}",
                 )
-        if _REFERENCE_TYPES.isdisjoint(map(_attr_type, attrs.values())):
+        if REFERENCE_TYPES.isdisjoint(map(_attr_type, attrs.values())):
+            if sound:  # nothing left that depends on the program: no need to look again
+                op._verified_attrs = attrs
             continue
         for attr_name, attr in attrs.items():
             if attr_name in COMMON_ATTR_TYPES:

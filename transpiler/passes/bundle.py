@@ -3,7 +3,7 @@ passes learned (the analysis of the original program and the partition plan)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from transpiler.ir import CloneMap, Op, Program
 from transpiler.naming import control_var
@@ -115,8 +115,11 @@ class PserverPrograms:
 
 @dataclass
 class Bundle:
-    """Programs under construction. `origin` / `origin_startup` are private copies of
-    the user's programs: lowerings rewrite them, find_optimize analyses and freezes them."""
+    """Programs under construction. `origin` / `origin_startup` are the user's programs as
+    the passes see them: private copies, which lowerings rewrite and find_optimize analyses
+    and freezes, or (`lent`, from `transpile()`) the caller's own, which no pass changes:
+    a lowering that rewrites them takes copies first (`own_origins`), and they are not
+    frozen (that would change them; the pass tests run on frozen copies)."""
 
     origin: Program
     origin_startup: Program
@@ -129,6 +132,14 @@ class Bundle:
     plan: Plan | None = None
     control_vars: int = 0
     lowered_lr_counter: str | None = None  # the step counter the async lr-decay lowering split per trainer
+    lent: bool = False  # origin / origin_startup are the caller's programs, not copies
+
+    def own_origins(self) -> Bundle:
+        """This bundle with copies of lent originals, for a pass about to rewrite them
+        (copying only then spares every other transpile two whole-program clones)."""
+        if not self.lent:
+            return self
+        return replace(self, origin=self.origin.clone(), origin_startup=self.origin_startup.clone(), lent=False)
 
     def new_control_var(self, program: Program) -> str:
         """A fresh dependency-only var, `__control_var@<n>` (Paddle uses random numbers;

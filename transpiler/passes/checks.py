@@ -103,8 +103,8 @@ def _check_send(label, block, index, op, bundle, serving):
             yield op_problem(label, block, op, index, f"send of {name!r} goes to {ep}, which is not a pserver")
             continue
         received = serving[ep]
-        declared = bundle.pservers[ep].main.global_block().has_var(name)
-        if received is None or (name not in received and not (op.attr("merge_add", False) and declared)):
+        if received is None or (name not in received and not (
+                op.attr("merge_add", False) and bundle.pservers[ep].main.global_block().has_var(name))):
             yield op_problem(label, block, op, index, f"send of {name!r} to {ep}: that pserver does not receive it")
 
 
@@ -150,6 +150,8 @@ def _check_each_block_optimized_once(bundle: Bundle):
     expected = {(ep, b.name) for p in bundle.plan.params for b, ep in zip(p.blocks, p.endpoints, strict=True)}
     if bundle.plan.table is not None:
         expected |= {(ep, bundle.plan.table.table) for ep in bundle.plan.table.endpoints}
+    if updated.keys() == expected and all(count == 1 for count in updated.values()):
+        return  # each expected block updated once, nothing else: no need to look for which is not
     for key in sorted(expected):
         if updated[key] != 1:
             ep, name = key

@@ -25,7 +25,8 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     moved = [copies.op(op) for op in (*analysis.optimize_ops, *analysis.lr_ops)]
     orphan_blocks = _sub_blocks_of(trainer, moved)
     trainer.global_block().remove_ops(moved)
-    trainer.drop_blocks(sorted(orphan_blocks - set(trainer.reachable_blocks())))
+    if orphan_blocks:  # reachability walks every op: only worth it when the moved ops had sub-blocks
+        trainer.drop_blocks(sorted(orphan_blocks - set(trainer.reachable_blocks())))
     return replace(bundle, trainer=trainer, trainer_ops=copies)
 
 

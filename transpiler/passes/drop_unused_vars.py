@@ -15,7 +15,7 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     analysis, trainer = bundle.analysis, bundle.trainer
     moved = (*analysis.optimize_ops, *analysis.lr_ops)
     touched = {name for op in moved for name in (*op.input_names, *op.output_names)}
-    used = {name for block in trainer.blocks for name in block.var_names_used()}
+    used = set().union(*(block.names_used() for block in trainer.blocks))
     block = trainer.global_block()
     for name in sorted(touched - used):
         if block.has_var(name):

@@ -17,7 +17,8 @@
   its own optimizer op, alone (`_split_off_distributed_table` says what it refuses).
 
 The analysis holds the original's ops, so the original is frozen afterwards: an edit of
-it would move or change what the analysis points at.
+it would move or change what the analysis points at (unless it is the caller's program,
+lent by `transpile()`, which no pass edits: see `Bundle`).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         if is_lr_op(op):
             lr_ops.append(op)
             continue
-        if not (op.role & OpRole.Optimize or is_optimizer_op(op)):
+        if not (op.has_role(OpRole.Optimize) or is_optimizer_op(op)):
             continue
         optimize.append(op)
         param = _tied_param(op)
@@ -72,12 +73,13 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
 
     moved = {*optimize, *lr_ops}
     tables = _find_tables(block, set(optimizers))
+    kept_writers = _kept_writers(block, moved, {name for op in optimize for name in op.input_names})
     chains = []
     for param, optimizer in optimizers.items():  # in program order: the dict was filled walking the ops
         chain_ops = tied[param]
-        grad = _sent_grad(block, chain_ops, param, moved)
+        grad = _sent_grad(chain_ops, param, kept_writers)
         _check_param_and_grad(block, param, grad)
-        producer = _last_kept_writer(block, grad, moved)
+        producer = _last_kept_writer(grad, kept_writers)
         sparse = block.find_var(grad).kind == VarKind.SELECTED_ROWS
         if sparse and not optimizer_slots(optimizer.type).sparse_grad:
             raise TranspileError(f"{optimizer.type} cannot apply the sparse grad {grad!r} of {param!r}")
@@ -90,8 +92,9 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         chains=chains, optimize_ops=optimize, lr_ops=lr_ops, lr_counter=counter, lr_counter_update=update,
         tables=tables, distributed_table=distributed,
     )
-    bundle.origin.freeze()
-    bundle.origin_startup.freeze()
+    if not bundle.lent:  # a lent program is the caller's: freezing it would change it
+        bundle.origin.freeze()
+        bundle.origin_startup.freeze()
     return replace(bundle, analysis=analysis)
 
 
@@ -107,12 +110,26 @@ def _tied_param(op: Op) -> str:
     )
 
 
-def _sent_grad(block: Block, chain: list[Op], param: str, moved: set[Op]) -> str:
+def _kept_writers(block: Block, moved: set[Op], names: set[str]) -> dict[str, list[Op]]:
+    """The ops the trainer keeps that write each of `names` (those written by one), in op
+    order: one pass over the ops, rather than the block's reader / writer index, which
+    nothing else of the analysis needs."""
+    found: dict[str, list[Op]] = {}
+    for op in block.ops:
+        if op in moved:
+            continue
+        for name in op.output_names:
+            if name in names:
+                found.setdefault(name, []).append(op)
+    return found
+
+
+def _sent_grad(chain: list[Op], param: str, kept_writers: dict[str, list[Op]]) -> str:
     """The one var the chain reads that the trainer computes."""
     found: list[str] = []
     for op in chain:
         for name in op.input_names:
-            if name != param and name not in found and any(w not in moved for w in block.writers(name)):
+            if name != param and name not in found and name in kept_writers:
                 found.append(name)
     if len(found) == 1:
         return found[0]
@@ -139,8 +156,8 @@ def _check_param_and_grad(block: Block, param: str, grad: str) -> None:
             raise TranspileError(f"{what} {name!r} has no static shape ({var.shape}); parameters must")
 
 
-def _last_kept_writer(block: Block, grad: str, moved: set[Op]) -> Op:
-    kept = [op for op in block.writers(grad) if op not in moved]
+def _last_kept_writer(grad: str, kept_writers: dict[str, list[Op]]) -> Op:
+    kept = kept_writers.get(grad)
     if not kept:
         raise TranspileError(f"no op the trainer keeps writes grad {grad!r}; was append_backward run?")
     return kept[-1]
@@ -170,7 +187,7 @@ def _find_tables(block: Block, params: set[str]) -> dict[str, TableLookups]:
         if info.distributed or info.remote_prefetch:
             lookups = set(info.lookups)
             other = [op for op in block.readers(table) if op not in lookups and not op.type.endswith("_grad")
-                     and not (op.role & OpRole.Optimize)]
+                     and not op.has_role(OpRole.Optimize)]
             if other:
                 raise TranspileError(
                     f"table {table!r} is prefetched from the pservers, but op {other[0].index} ({other[0].type}) "

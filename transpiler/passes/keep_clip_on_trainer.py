@@ -34,11 +34,16 @@ CLIP_NAME_SCOPES = ("@CLIP", "gradient_clip")
 
 def is_clip_op(op: Op) -> bool:
     """An optimize op built by a gradient clip."""
+    if not op.has_role(OpRole.Optimize):  # the cheap test first: most ops are not
+        return False
     scope = op.attr(OP_NAMESCOPE_ATTR, "") or ""
-    return bool(op.role & OpRole.Optimize) and any(mark in scope for mark in CLIP_NAME_SCOPES)
+    return any(mark in scope for mark in CLIP_NAME_SCOPES)
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
+    if not any(is_clip_op(op) for op in bundle.origin.global_block().ops):
+        return bundle
+    bundle = bundle.own_origins()
     for op in bundle.origin.global_block().ops:
         if is_clip_op(op):
             op.set_attr(OP_ROLE_ATTR, int(OpRole.Backward))  # as Paddle: the op stays, its role_var too

@@ -29,12 +29,11 @@ from transpiler.passes.lr_ops import counter_increment, is_lr_op
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
-    if options.sync_mode:
+    if options.sync_mode or _increment(bundle) is None:
         return bundle
+    bundle = bundle.own_origins()
     main = bundle.origin.global_block()
-    increment = counter_increment(op for op in main.ops if is_lr_op(op))
-    if increment is None:
-        return bundle
+    increment = _increment(bundle)
     (counter,) = increment.input("X")
     counter_var = main.var(counter)
     per_trainer = [trainer_name(counter, k) for k in range(options.trainers)]
@@ -61,6 +60,10 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         fill.set_attr(OP_ROLE_ATTR, Attr.of(int(OpRole.Forward), AttrType.INT))
         startup.insert_before(first, fill)
     return replace(bundle, lowered_lr_counter=counter)
+
+
+def _increment(bundle: Bundle) -> Op | None:
+    return counter_increment(op for op in bundle.origin.global_block().ops if is_lr_op(op))
 
 
 def _set_fill_value(op: Op, value: float) -> None:

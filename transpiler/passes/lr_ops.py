@@ -11,7 +11,7 @@ from transpiler.ir import Op, OpRole
 def is_lr_op(op: Op) -> bool:
     """Paddle tags the ops of `fluid.layers.*_decay` with the LRSched role (its `_get_lr_ops`
     takes LRSched and LRSched|Optimize)."""
-    return bool(op.role & OpRole.LRSched)
+    return op.has_role(OpRole.LRSched)
 
 
 def counter_increment(ops: Iterable[Op]) -> Op | None:

@@ -13,10 +13,12 @@ them in block order (Paddle's order depends on the hash seed).
 
 from __future__ import annotations
 
+from collections import Counter
+
 from ops.catalogue import make_op
 from ops.catalogue.optimizer_ops import OptimizerSlots, optimizer_slots
 from transpiler.config import TranspileOptions
-from transpiler.ir import Block, OpRole, Program
+from transpiler.ir import Attr, AttrType, Block, OpRole, Program
 from transpiler.ir.types import EMPTY_VAR_NAME, OP_ROLE_VAR_ATTR
 from transpiler.naming import block_name
 from transpiler.passes.bundle import Bundle, ParamChain, PserverPrograms
@@ -28,10 +30,13 @@ from transpiler.plan import ParamPlan, Plan, VarBlock
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     chains = {chain.param: chain for chain in bundle.analysis.chains}
     for endpoint, progs in bundle.pservers.items():
-        filler = _BlockFiller(bundle.origin, bundle.plan, progs, endpoint)
-        for param, var_block in bundle.plan.on(endpoint):
+        filler = _BlockFiller(bundle.origin, bundle.plan, progs)
+        placed = bundle.plan.on(endpoint)
+        blocks_here = Counter(param.param for param, _ in placed)
+        for param, var_block in placed:
             block = progs.main.create_block(progs.optimize_parent)
-            progs.received.extend(filler.fill(block, chains[param.param], param, var_block))
+            shared = blocks_here[param.param] > 1
+            progs.received.extend(filler.fill(block, chains[param.param], param, var_block, shared))
             progs.optimize_blocks.append(block.idx)
             merged = param.grad_block_name(var_block.index)
             progs.grad_to_block.append((merged, block.idx))
@@ -41,18 +46,22 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
 
 
 class _BlockFiller:
-    def __init__(self, origin: Program, plan: Plan, progs: PserverPrograms, endpoint: str) -> None:
+    def __init__(self, origin: Program, plan: Plan, progs: PserverPrograms) -> None:
         self.origin = origin
         self.plan = plan
         self.progs = progs
-        self.endpoint = endpoint
+        # The `sum` and `scale` that start every block in sync mode differ only in their vars:
+        # built (and checked against the catalogue) once, copied with the block's vars.
+        self.sum = make_op("sum", {"X": []}, {"Out": []}, role=OpRole.Optimize)
+        self.scale = make_op("scale", {"X": []}, {"Out": []}, {"scale": 1.0 / plan.trainers}, role=OpRole.Optimize)
 
     def declare(self, origin_name: str, name: str | None = None, shape=None, *, persistable: bool | None = None,
                 index: int = 0) -> str:
         return declare(self.progs, self.origin, origin_name, name, shape, persistable=persistable, index=index)
 
-    def fill(self, block: Block, chain: ParamChain, param: ParamPlan, var_block: VarBlock) -> list[str]:
-        """Fill one optimize block; return the grad vars `listen_and_serv` receives for it."""
+    def fill(self, block: Block, chain: ParamChain, param: ParamPlan, var_block: VarBlock, shared: bool) -> list[str]:
+        """Fill one optimize block; return the grad vars `listen_and_serv` receives for it.
+        `shared`: another block of the param is on this pserver too."""
         plan, index = self.plan, var_block.index
         merged = param.grad_block_name(index)
         self.declare(param.param, var_block.name, var_block.shape, persistable=True, index=index)
@@ -62,26 +71,22 @@ class _BlockFiller:
             received = [plan.trainer_grad_name(param, index, k) for k in range(plan.trainers)]
             for name in received:
                 self.declare(param.grad, name, var_block.shape, persistable=False, index=index)
-            block.add_op(make_op("sum", {"X": received}, {"Out": [merged]}, role=OpRole.Optimize,
-                                 role_vars=(var_block.name, merged)))
-            block.add_op(make_op("scale", {"X": [merged]}, {"Out": [merged]}, {"scale": 1.0 / plan.trainers},
-                                 role=OpRole.Optimize, role_vars=(var_block.name, merged)))
+            role_vars = {OP_ROLE_VAR_ATTR: Attr(AttrType.STRINGS, (var_block.name, merged))}  # typed once for both
+            block.add_op(self.sum.clone(inputs={"X": received}, outputs={"Out": (merged,)}, attrs=role_vars))
+            block.add_op(self.scale.clone(inputs={"X": (merged,)}, outputs={"Out": (merged,)}, attrs=role_vars))
         else:
             received = [merged]
 
-        shared = len(param.blocks_on(self.endpoint)) > 1
         for op in chain.ops:
             slots = optimizer_slots(op.type) if op is chain.optimizer else None
-            new = op.clone(**{
-                direction: {
-                    slot: [self._map_arg(arg, slot, slots, direction, param, var_block, shared, mapping) for arg in args]
-                    for slot, args in getattr(op, direction).items()
-                }
-                for direction in ("inputs", "outputs")
-            })
-            if new.role_vars:
-                new.set_attr(OP_ROLE_VAR_ATTR, [mapping.get(name, name) for name in new.role_vars])
-            block.add_op(new)
+            inputs, outputs = (
+                {slot: [self._map_arg(arg, slot, slots, direction, param, var_block, shared, mapping) for arg in args]
+                 for slot, args in op_slots.items()}
+                for direction, op_slots in (("inputs", op.inputs), ("outputs", op.outputs))
+            )
+            role_vars = op.role_vars
+            block.add_op(op.clone(inputs=inputs, outputs=outputs, attrs={
+                OP_ROLE_VAR_ATTR: [mapping.get(name, name) for name in role_vars]} if role_vars else None))
         return received
 
     def _map_arg(self, arg: str, slot: str, slots: OptimizerSlots | None, direction: str,
@@ -91,7 +96,6 @@ class _BlockFiller:
         if arg in mapping:
             return mapping[arg]
         suffixed = block_name(arg, var_block.index) if shared else arg
-        origin_var = self.origin.global_block().find_var(arg)
         if slots is not None:
             state_slot = slot if direction == "inputs" else _input_of_output(slots, slot)
             if state_slot in slots.sliced:
@@ -102,7 +106,7 @@ class _BlockFiller:
                 return mapping[arg]
         elif (
             param.sliced
-            and origin_var is not None
+            and (origin_var := self.origin.global_block().find_var(arg)) is not None
             and not origin_var.persistable
             and origin_var.shape == param.shape
         ):

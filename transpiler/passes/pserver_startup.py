@@ -24,24 +24,32 @@ SHAPED_INITIALIZERS = ("fill_constant", "uniform_random", "gaussian_random", "tr
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
+    # The original initializers, and which of them write each var: listed once for all
+    # pservers, each of which then visits only the initializers of the vars it holds.
+    initializers = [(op, op.output_names) for op in bundle.origin_startup.global_block().ops]
+    writers: dict[str, list[int]] = {}
+    for position, (_, outputs) in enumerate(initializers):
+        for name in outputs:
+            writers.setdefault(name, []).append(position)
     pservers = {}
     for endpoint, progs in bundle.pservers.items():
-        pservers[endpoint] = replace(progs, startup=_startup_for(bundle, progs.main, progs.instances))
+        startup = _startup_for(bundle, initializers, writers, progs.main, progs.instances)
+        pservers[endpoint] = replace(progs, startup=startup)
     return replace(bundle, pservers=pservers)
 
 
-def _startup_for(bundle: Bundle, main: Program, instances: dict[str, dict[tuple[str, int], None]]) -> Program:
+def _startup_for(bundle: Bundle, initializers: list[tuple[Op, list[str]]], writers: dict[str, list[int]],
+                 main: Program, instances: dict[str, dict[tuple[str, int], None]]) -> Program:
     startup = Program.empty()
     startup.version = main.version
     startup.op_version_map = None if main.op_version_map is None else dict(main.op_version_map)
     block = startup.global_block()
-    for var in main.global_block().vars.values():
-        block.add_var(var.copy())
-    for op in bundle.origin_startup.global_block().ops:
-        targets = [name for out in op.output_names for name in instances.get(out, ())]
+    block.add_vars(var.copy() for var in main.global_block().vars.values())
+    positions = sorted({position for name in instances for position in writers.get(name, ())})  # original order
+    for op, outputs in map(initializers.__getitem__, positions):
+        targets = [name for out in outputs for name in instances.get(out, ())]
         if not targets:
             continue
-        outputs = op.output_names
         if len(outputs) != 1:
             if all(list(instances.get(out, ())) == [(out, 0)] for out in outputs):
                 block.add_op(op.clone())
@@ -55,21 +63,21 @@ def _startup_for(bundle: Bundle, main: Program, instances: dict[str, dict[tuple[
 
 
 def _initializer_for(op: Op, origin_name: str, origin_var, target, index: int) -> Op:
-    new = op.clone()
     slot = next(slot for slot, args in op.outputs.items() if origin_name in args)
-    new.set_output(slot, [target.name if a == origin_name else a for a in op.output(slot)])
+    outputs = {slot: [target.name if a == origin_name else a for a in op.output(slot)]}
     whole = tuple(origin_var.shape) if origin_var is not None and origin_var.shape is not None else None
-    if target.shape is not None and whole is not None and tuple(target.shape) != whole:
-        if op.type not in SHAPED_INITIALIZERS or not op.has_attr("shape"):
-            raise TranspileError(
-                f"cannot initialise block {target.name!r} of {origin_name!r}: its initializer {op.type!r} "
-                f"has no shape attr to cut (known: {', '.join(SHAPED_INITIALIZERS)})"
-            )
-        new.set_attr("shape", list(target.shape))
-        seed = op.attr("seed", 0)
-        if seed:
-            new.set_attr("seed", seed + index)
-    return new
+    if target.shape is None or whole is None or tuple(target.shape) == whole:
+        return op.clone(outputs=outputs)
+    if op.type not in SHAPED_INITIALIZERS or not op.has_attr("shape"):
+        raise TranspileError(
+            f"cannot initialise block {target.name!r} of {origin_name!r}: its initializer {op.type!r} "
+            f"has no shape attr to cut (known: {', '.join(SHAPED_INITIALIZERS)})"
+        )
+    attrs = {"shape": list(target.shape)}
+    seed = op.attr("seed", 0)
+    if seed:
+        attrs["seed"] = seed + index
+    return op.clone(outputs=outputs, attrs=attrs)
 
 
 PASS = Pass("pserver_startup", run, requires=("origin_startup", "pservers"), produces=("pservers.startup",))

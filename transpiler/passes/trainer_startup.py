@@ -43,7 +43,7 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     startup = bundle.origin_startup.clone()
     block = startup.global_block()
     state = optimizer_state_vars(bundle)
-    block.remove_ops([op for op in block.ops if state & set(op.output_names)])
+    block.remove_ops([op for op in block.ops if not state.isdisjoint(op.output_names)])
     for name in sorted(state):
         if block.has_var(name):
             block.remove_var(name)
@@ -51,7 +51,9 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     fetched_tables = [p.param for p in plan.params if p.remote_prefetch]
     if plan.table is not None:
         fetched_tables.append(plan.table.table)
-    block.remove_ops([op for op in block.ops if set(fetched_tables) & set(op.output_names)])
+    if fetched_tables:
+        fetched = set(fetched_tables)
+        block.remove_ops([op for op in block.ops if not fetched.isdisjoint(op.output_names)])
 
     for param in received_params(plan):
         if not block.has_var(param.param):
