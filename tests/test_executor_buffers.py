@@ -70,7 +70,7 @@ def test_reused_arrays_hold_the_bytes_new_arrays_would(monkeypatch):
     assert reused.keys() == fresh.keys()
     assert [name for name in fresh if reused[name] != fresh[name]] == []
     # and reuse did happen: nothing but the scope holds the params, so Adam updates them
-    # where they are (`OpContext.sole_owner`), where without it every step makes new ones
+    # where they are (`OpContext.may_update_in_place`), where without it every step makes new ones
     assert all(step == places[0] for step in places)
     assert all(fresh_places[1][name] != fresh_places[0][name] for name in fresh_places[0])
 

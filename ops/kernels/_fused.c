@@ -10,7 +10,7 @@
  * Each operation rounds to the array's precision (float or double) as numpy's does, so the
  * results are the same bits: the build passes -ffp-contract=off (no fused multiply-add) and
  * nothing here reassociates. Outputs may be the inputs themselves (a sync pserver updates its
- * param and moments in place): element i is read before it is written.
+ * param and moments in place): each block of elements is read before it is written.
  *
  * The loop releases the GIL: a pserver's other RPC threads run while it updates.
  * Built as an optional extension (setup.py): without a C compiler the numpy path runs.
@@ -56,7 +56,7 @@
 ADAM_LOOP(float, sqrtf)
 ADAM_LOOP(double, sqrt)
 
-/* A 1-D view of a C-contiguous buffer of `format` ('f' or 'd'), writable when asked. */
+/* A C-contiguous view of `obj` (with its struct format, for `float_kind`), writable when asked. */
 static int get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *name) {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, view, flags) < 0) {

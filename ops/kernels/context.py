@@ -107,7 +107,7 @@ class RunContext:
         self.update_in_place = False
         # True when other threads read the scope while blocks run (a pserver serving
         # fetches): then a value nothing holds *now* may be taken by a reader mid-update, so
-        # `OpContext.sole_owner` says no.
+        # `OpContext.may_update_in_place` says no unless `update_in_place` says yes.
         self.concurrent_readers = False
         self._rng_factory = rng_factory
         self._run_block = run_block
@@ -280,23 +280,28 @@ class OpContext:
                 and displaced.array is not getattr(value, "array", None)):  # not an update in place
             spares[(slot, i)] = displaced.array
 
-    def sole_owner(self, slot: str, out_slot: str) -> bool:
+    def may_update_in_place(self, slot: str, out_slot: str) -> bool:
         """Whether the op may write its `out_slot` result into input `slot`'s own array, as
-        Paddle does (ParamOut is Param): the op writes `out_slot` back to the same var, no
-        other thread reads the scope meanwhile, the array owns its memory, and nothing but
-        the scope holds the var's tensor or the tensor's array (no fetched view, no alias
-        under another name, no tensor a caller kept) - so no reader can tell the update
-        from a new value. A kernel asks before it binds any of the arrays itself: its own
-        references would count as another holder's."""
+        Paddle does (ParamOut is Param): the op writes `out_slot` back to the same var, the
+        array owns its memory and is writeable (not a received buffer, not a view), and
+        either the run orders every read before the updates (`RunContext.update_in_place`:
+        a sync pserver) or no reader can tell: no other thread reads the scope meanwhile and
+        nothing but the scope holds the var's tensor or the tensor's array (no fetched view,
+        no alias under another name, no tensor a caller kept). A kernel asks before it binds
+        any of the arrays itself: its own references would count as another holder's."""
         names = self.input_names(slot)
-        if self.run.concurrent_readers or len(names) != 1 or names != self.output_names(out_slot):
+        if len(names) != 1 or names != self.output_names(out_slot):
             return False
         tensor = self.scope.find_var(names[0])
         if type(tensor) is not LoDTensor:
             return False
         array = tensor.array
+        if array.base is not None or not array.flags.writeable:
+            return False
+        if self.run.update_in_place:
+            return True
         # Each is held once by its owner (the scope's dict; the tensor) and once here.
-        return (array.base is None and array.flags.writeable and array.flags.c_contiguous
+        return (not self.run.concurrent_readers and array.flags.c_contiguous
                 and _references(tensor) == SOLE_LOCAL_REFERENCES + 1
                 and _references(array) == SOLE_LOCAL_REFERENCES + 1)
 

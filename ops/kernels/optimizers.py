@@ -18,8 +18,8 @@ a sparse rule (`ops.kernels.table_update`); Paddle updates it with `sgd` only.
 Outputs are new values (a dense param is not written in place) so a reader holding
 the old value keeps a consistent tensor; dense `adam` computes into arrays recycled from
 its earlier outputs once nothing holds them (`OpContext.output_buffer`), and into the
-param and moments themselves when nothing but the scope holds them (`OpContext.sole_owner`:
-no reader can tell) or on a sync pserver (`RunContext.update_in_place`).
+param and moments themselves when no reader can tell or on a sync pserver
+(`OpContext.may_update_in_place`), as `sgd` does.
 """
 
 from __future__ import annotations
@@ -82,14 +82,6 @@ def _check_rows(ctx: OpContext, grad: SelectedRows, param: np.ndarray) -> None:
         raise KernelError(f"{ctx.type}: grad row {row} is outside the parameter's {param.shape[0]} rows")
 
 
-def _may_update_in_place(ctx: OpContext, array: np.ndarray, slot: str = "Param", out_slot: str = "ParamOut") -> bool:
-    """Whether an update may write input `slot`'s own array: the run allows it
-    (`RunContext.update_in_place`), the op writes `out_slot` back to the same var, and the
-    array is nobody else's (it owns its memory and is writeable: not a received buffer, not a view)."""
-    return (ctx.run.update_in_place and array.flags.writeable and array.base is None
-            and ctx.input_names(slot) == ctx.output_names(out_slot))
-
-
 # Attr defaults come from the op catalogue (Fluid 1.8's attrs); a kernel names only the
 # attrs Paddle 2.x added, which every optimizer shares one of.
 PADDLE2_DEFAULTS = {"multi_precision": False}
@@ -101,18 +93,17 @@ PADDLE2_DEFAULTS = {"multi_precision": False}
 @on_table
 def sgd(ctx: OpContext) -> None:
     """`ParamOut = Param - lr * Grad`."""
-    sole = ctx.sole_owner("Param", "ParamOut")  # before this kernel binds the param
+    in_place = ctx.may_update_in_place("Param", "ParamOut")  # before this kernel binds the param
     grad = _grad(ctx)
     param = ctx.input("Param")
     lr = _learning_rate(ctx, param.dtype)
-    in_place = sole or _may_update_in_place(ctx, param)
     if isinstance(grad, SelectedRows):
         _check_rows(ctx, grad, param)
         out = param if in_place else param.copy()  # a sparse step copying a whole table costs more than the step
         out[grad.rows] -= lr * grad.value.astype(param.dtype, copy=False)  # rows are unique after merging
     else:
         step = np.multiply(grad, lr, dtype=param.dtype)
-        out = np.subtract(param, step, out=param if sole and step.shape == param.shape else step)
+        out = np.subtract(param, step, out=param if in_place and step.shape == param.shape else step)
     ctx.set_output("ParamOut", out, lod=ctx.lod("Param"))
 
 
@@ -208,8 +199,8 @@ def adam(ctx: OpContext) -> None:
     """Adam as Paddle computes it: `lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t)`,
     `p -= lr_t * m1 / (sqrt(m2) + eps * sqrt(1 - b2^t))`, and the beta powers advance
     (unless `use_global_beta_pow`)."""
-    # Asked before this kernel binds the arrays (see `OpContext.sole_owner`).
-    sole = [ctx.sole_owner(slot, f"{slot}Out") for slot in ("Param", "Moment1", "Moment2")]
+    # Asked before this kernel binds the arrays (see `OpContext.may_update_in_place`).
+    writable = [ctx.may_update_in_place(slot, f"{slot}Out") for slot in ("Param", "Moment1", "Moment2")]
     param = _dense_param(ctx)
     dt = param.dtype.type
     beta1 = _attr_or_tensor(ctx, "beta1", "Beta1Tensor", dt)
@@ -239,8 +230,7 @@ def adam(ctx: OpContext) -> None:
         if isinstance(grad, SelectedRows):
             _check_rows(ctx, grad, param)
             grad = grad.to_dense()
-        in_place = [(alone or _may_update_in_place(ctx, a, slot, f"{slot}Out")) and a.dtype == param.dtype
-                    for a, slot, alone in zip((param, m1, m2), ("Param", "Moment1", "Moment2"), sole, strict=True)]
+        in_place = [here and a.dtype == param.dtype for a, here in zip((param, m1, m2), writable, strict=True)]
         if any(in_place):  # a sync pserver's own arrays, or arrays only the scope holds: updated where they are
             into = tuple(a if here else None for a, here in zip((param, m1, m2), in_place, strict=True))
         else:  # recycled output arrays (or new ones)

@@ -45,7 +45,7 @@ def on_table(kernel: KernelFn) -> KernelFn:
         if isinstance(ctx.value("Param"), SelectedRows):
             update_table(ctx, kernel, ctx.value("Param"))
         else:
-            kernel(ctx)  # holding no reference to the param (see `OpContext.sole_owner`)
+            kernel(ctx)  # holding no reference to the param (see `OpContext.may_update_in_place`)
 
     return run
 
