@@ -81,6 +81,7 @@ RPC_COUNT_STEPS = 50  # steps of the extra run that counts Paddle's RPCs
 
 @dataclass(frozen=True)
 class Case:
+    key: str  # for --case
     label: str
     workload: str  # folder of the built programs
     batch: int  # per trainer
@@ -89,10 +90,10 @@ class Case:
 
 
 CASES = (
-    Case("MLP 784-512-512-10, Adam, batch 64", "mlp", 64),
-    Case("MLP 784-512-512-10, Adam, batch 512", "mlp", 512, steps_share=0.25),
-    Case("embedding 100k x 64 sparse + fc 64 + fc 10, SGD, batch 64", "emb", 64),
-    Case("local step: the MLP, batch 64, no pservers", "mlp", 64, local=True),
+    Case("mlp64", "MLP 784-512-512-10, Adam, batch 64", "mlp", 64),
+    Case("mlp512", "MLP 784-512-512-10, Adam, batch 512", "mlp", 512, steps_share=0.25),
+    Case("emb", "embedding 100k x 64 sparse + fc 64 + fc 10, SGD, batch 64", "emb", 64),
+    Case("local", "local step: the MLP, batch 64, no pservers", "mlp", 64, local=True),
 )
 
 
@@ -102,6 +103,7 @@ class Measurement:
     cpu_ms: float  # CPU ms per step, all of the run's processes
     elsewhere: float  # cores other processes on the machine kept busy meanwhile
     rpcs: float | None = None  # per step per pserver
+    pserver_cpu_ms: float = 0.0  # the pservers' share of cpu_ms
 
 
 class RunFailed(RuntimeError):
@@ -297,7 +299,8 @@ def measure(cpu: CpuSampler, logs: Path, trainers: int, rpcs: float | None = Non
     pservers = cpu.seconds(start, end)
     cpu_ms = (pservers / steps + sum(w["cpu"] / w["steps"] for w in windows)) * 1000
     cores = pservers / (end - start) + sum(w["cpu"] / w["seconds"] for w in windows)
-    return Measurement(steps / first["seconds"], cpu_ms, cpu.machine_cores(start, end) - cores, rpcs)
+    return Measurement(steps / first["seconds"], cpu_ms, cpu.machine_cores(start, end) - cores, rpcs,
+                       pservers / steps * 1000)
 
 
 def run_paddle(python: Path, folder: Path, case: Case, steps: int, warmup: int, logs: Path,
@@ -408,8 +411,9 @@ def pserver_rpcs(logs: Path) -> float | None:
 
 def median(runs: list[Measurement]) -> Measurement:
     rpcs = [r.rpcs for r in runs if r.rpcs is not None]
-    return Measurement(*(statistics.median(getattr(r, name) for r in runs) for name in ("steps_per_s", "cpu_ms", "elsewhere")),
-                       statistics.median(rpcs) if rpcs else None)
+    steps_per_s, cpu_ms, elsewhere, pserver_cpu_ms = (
+        statistics.median(getattr(r, name) for r in runs) for name in ("steps_per_s", "cpu_ms", "elsewhere", "pserver_cpu_ms"))
+    return Measurement(steps_per_s, cpu_ms, elsewhere, statistics.median(rpcs) if rpcs else None, pserver_cpu_ms)
 
 
 def row(case: Case, paddle: Measurement, ours: Measurement) -> str:
@@ -472,7 +476,7 @@ def compare(python: Path, work: Path, case: Case, args: argparse.Namespace) -> t
                 got = run_ours(folder, case, steps, args.warmup, logs)
             runs[who].append(got)
             print(f"  {case.label}: {who} run {rep + 1}: {got.steps_per_s:.1f} steps/s, "
-                  f"{got.cpu_ms:.1f} CPU ms/step, other load {got.elsewhere:.2f} cores", file=sys.stderr, flush=True)
+                  f"{got.cpu_ms:.1f} CPU ms/step ({got.pserver_cpu_ms:.1f} on pservers), other load {got.elsewhere:.2f} cores", file=sys.stderr, flush=True)
     counted = None if case.local else count_paddle_rpcs(python, work, case, min(steps, RPC_COUNT_STEPS), args.warmup)
     return replace(median(runs["paddle"]), rpcs=counted), median(runs["ours"])
 
@@ -492,6 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short smoke run: 20 steps, 5 warm-up, 1 repeat")
     parser.add_argument("--keep", type=Path, help="keep programs and logs here (default: a temporary folder)")
     parser.add_argument("--local-only", action="store_true", help="only the local row (no pservers)")
+    parser.add_argument("--case", choices=[case.key for case in CASES], action="append",
+                        help="only this workload (repeatable; default: all)")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.warmup, args.repeat = 20, 5, 1
@@ -506,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
         work = args.keep or Path(tmp)
         build(python, work)
         try:
-            cases = [case for case in CASES if case.local or not args.local_only]
+            cases = [case for case in CASES if (case.local or not args.local_only)
+                     and (not args.case or case.key in args.case)]
             results = [(case, *compare(python, work, case, args)) for case in cases]
         except RunFailed as error:
             print(f"vs_paddle18: {error}", file=sys.stderr)

@@ -35,21 +35,22 @@ def save(tmp: Path, main: Program, startup: Program) -> tuple[Path, Path]:
 
 def launch_training(
     tmp: Path, main_pb: Path, startup_pb: Path, *, pservers: int, trainers: int = 2, sync_mode: bool = True,
-    loss: str = "mean_0.tmp_0", extra: tuple[str, ...] = (), timeout: float = 60.0,
+    loss: str = "mean_0.tmp_0", extra: tuple[str, ...] = (), timeout: float = 60.0, env: dict[str, str] | None = None,
 ) -> LaunchResult:
     command = (
         sys.executable, str(EXAMPLES / "train_program.py"), "--main", str(main_pb), "--startup", str(startup_pb),
         "--loss", loss, "--steps", str(STEPS), "--batch", str(BATCH), "--seed", str(SEED), "--save", str(tmp / "params"),
         *extra,
     )
-    return launch_ok(tmp, command, pservers=pservers, trainers=trainers, sync_mode=sync_mode, timeout=timeout)
+    return launch_ok(tmp, command, pservers=pservers, trainers=trainers, sync_mode=sync_mode, timeout=timeout, env=env)
 
 
 def launch_ok(tmp: Path, command: tuple[str, ...], *, pservers: int, trainers: int, sync_mode: bool,
-              timeout: float) -> LaunchResult:
-    """Launch `command` as M pservers and N trainers (one BLAS thread each, logs under
-    `tmp`); fail the test with every log's tail when the job fails."""
-    config = LaunchConfig(command=command, pservers=pservers, trainers=trainers, sync_mode=sync_mode, env=ONE_THREAD,
+              timeout: float, env: dict[str, str] | None = None) -> LaunchResult:
+    """Launch `command` as M pservers and N trainers (one BLAS thread each, `env` added,
+    logs under `tmp`); fail the test with every log's tail when the job fails."""
+    config = LaunchConfig(command=command, pservers=pservers, trainers=trainers, sync_mode=sync_mode,
+                          env={**ONE_THREAD, **(env or {})},
                           log_dir=tmp / "logs", rpc_timeout=timeout, status_every=60.0, exit_grace=30.0)
     tmp.mkdir(parents=True, exist_ok=True)
     log = tmp / "launch.txt"

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import IO, TextIO
 
 from ops.rpc.auth import TOKEN_ENV, has_token
+from ops.rpc.engine import EngineChoiceError, engine_env
 from transpiler.runtime.job import TAIL_LINES, Backend, LaunchConfig, LaunchError, LaunchResult, ProcessStatus, run_job
 from transpiler.runtime.progress import parse_progress
 from transpiler.runtime.role import Role
@@ -84,11 +85,17 @@ def process_env(
     role: Role, extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None, *, processes: int = 1
 ) -> dict[str, str]:
     """The environment of one launched process: `base` (default `os.environ`), `extra`,
-    the role's variables, unbuffered output, this package on `PYTHONPATH`, and — unless
-    already set — BLAS threads capped at `cpu_count // processes` (at least 1): several
-    processes with a thread per core each make numpy's BLAS many times slower."""
+    the role's variables, unbuffered output, this package on `PYTHONPATH`, gRPC's I/O
+    engine (`ops.rpc.engine`: set before the process imports gRPC, whatever it imports
+    first), and — unless already set — BLAS threads capped at `cpu_count // processes`
+    (at least 1): several processes with a thread per core each make numpy's BLAS many
+    times slower. A bad `PSTRANSPILE_GRPC_ENGINE` is `LaunchError`."""
     env = dict(os.environ if base is None else base)
     env.update(extra or {})
+    try:
+        env.update(engine_env(env))
+    except EngineChoiceError as exc:
+        raise LaunchError(str(exc)) from None
     threads = str(max(1, (os.cpu_count() or 1) // max(1, processes)))
     for key in BLAS_THREAD_VARS:
         env.setdefault(key, threads)
@@ -207,6 +214,10 @@ def launch(config: LaunchConfig, *, out: TextIO | None = None, backend: Callable
     the summary (default stderr). `config.backend` picks where the processes run: `local`
     (children of this process) or `ray` (actors on a Ray cluster, `transpiler.runtime.ray`)."""
     config.validate()
+    try:
+        engine_env({**os.environ, **config.env})  # a bad engine choice, before anything starts
+    except EngineChoiceError as exc:
+        raise LaunchError(str(exc)) from None
     out = out or sys.stderr
     if backend is not None:  # `transpiler.runtime.ray.run`'s own factory
         make_backend = backend

@@ -1,0 +1,122 @@
+"""`ops.rpc.engine`: the poller is asked for before gRPC starts, on the measured gRPC
+releases only, never over the user's own setting; the launcher gives it to every process
+and refuses a bad choice; a job trains to the same bytes on either engine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from e2e_support import EXAMPLES, launch_training, save, trained_params
+
+from conftest import TESTS
+from ops.rpc.engine import (
+    ENGINE_ENV,
+    EXPERIMENTS_ENV,
+    POLLER_EXPERIMENTS,
+    EngineChoiceError,
+    engine_env,
+    grpcio_release,
+    prefer_poller,
+)
+from transpiler.runtime.launch import LaunchConfig, LaunchError, launch, process_env
+from transpiler.runtime.role import TRAINER, Role
+
+REPO = TESTS.parent
+MEASURED = (1, 85)
+POLLER = {EXPERIMENTS_ENV: POLLER_EXPERIMENTS}
+
+
+def test_auto_asks_for_the_poller_on_a_measured_release_only():
+    assert engine_env({}, release=MEASURED) == POLLER
+    assert engine_env({ENGINE_ENV: "auto"}, release=MEASURED) == POLLER
+    assert engine_env({ENGINE_ENV: " AUTO "}, release=MEASURED) == POLLER
+    assert engine_env({}, release=(1, 99)) == {}  # a later release may have dropped the experiment names
+
+
+def test_an_explicit_choice_wins_and_the_user_s_own_setting_is_never_overwritten():
+    assert engine_env({ENGINE_ENV: "poller"}, release=(1, 99)) == POLLER
+    assert engine_env({ENGINE_ENV: "event_engine"}, release=MEASURED) == {}
+    assert engine_env({EXPERIMENTS_ENV: "-something"}, release=MEASURED) == {}
+    assert engine_env({EXPERIMENTS_ENV: "", ENGINE_ENV: "poller"}, release=MEASURED) == {}
+
+
+def test_a_bad_choice_is_a_specific_error_naming_the_variable():
+    with pytest.raises(EngineChoiceError, match=r"PSTRANSPILE_GRPC_ENGINE='epoll'.*auto, poller, event_engine"):
+        engine_env({ENGINE_ENV: "epoll"}, release=MEASURED)
+
+
+def test_the_release_is_read_without_importing_grpc_and_matches_it():
+    import grpc
+
+    assert grpcio_release() == tuple(int(part) for part in grpc.__version__.split(".")[:2])
+
+
+def test_prefer_poller_does_nothing_once_grpc_started_here():
+    import grpc  # noqa: F401  (started in this process)
+
+    environ: dict[str, str] = {}
+    assert prefer_poller(environ) is False and environ == {}
+
+
+def fresh_python(code: str, **env: str) -> str:
+    base = {k: v for k, v in os.environ.items() if k not in (EXPERIMENTS_ENV, ENGINE_ENV)}
+    return subprocess.run([sys.executable, "-c", code], env={**base, "PYTHONPATH": str(REPO), **env},
+                          capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+
+
+SHOW = "import os, sys; import ops.rpc; print(os.environ.get('GRPC_EXPERIMENTS', '-'), 'grpc' in sys.modules)"
+
+
+@pytest.mark.skipif(grpcio_release() != MEASURED, reason="the poller is the default on the measured release only")
+def test_importing_ops_rpc_asks_for_the_poller_before_grpc_starts():
+    assert fresh_python(SHOW) == f"{POLLER_EXPERIMENTS} True"
+    assert fresh_python(SHOW, PSTRANSPILE_GRPC_ENGINE="event_engine") == "- True"
+    assert fresh_python(SHOW, GRPC_EXPERIMENTS="-x") == "-x True"
+    assert fresh_python(SHOW, PSTRANSPILE_GRPC_ENGINE="bogus") == "- True"  # launch and serve refuse it
+    assert fresh_python("import grpc; " + SHOW) == "- True"  # too late: gRPC already started
+
+
+def test_every_launched_process_gets_the_engine_unless_the_user_chose():
+    role = Role(TRAINER, 0, 1, ("127.0.0.1:1",))
+    assert process_env(role, base={ENGINE_ENV: "poller"})[EXPERIMENTS_ENV] == POLLER_EXPERIMENTS
+    assert EXPERIMENTS_ENV not in process_env(role, base={ENGINE_ENV: "event_engine"})
+    assert process_env(role, {EXPERIMENTS_ENV: "-mine"}, base={ENGINE_ENV: "poller"})[EXPERIMENTS_ENV] == "-mine"
+    with pytest.raises(LaunchError, match="PSTRANSPILE_GRPC_ENGINE"):
+        process_env(role, base={ENGINE_ENV: "nope"})
+
+
+def test_launch_refuses_a_bad_choice_before_starting_anything(tmp_path):
+    config = LaunchConfig(command=(sys.executable, "-c", "raise SystemExit(9)"), pservers=1, trainers=1,
+                          env={ENGINE_ENV: "fast"}, log_dir=tmp_path / "logs")
+    with pytest.raises(LaunchError, match="PSTRANSPILE_GRPC_ENGINE='fast'"):
+        launch(config)
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())
+
+
+def test_the_cli_refuses_a_bad_choice_in_one_line_with_exit_2():
+    env = {**os.environ, ENGINE_ENV: "fast", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "transpiler", "launch", "--pservers", "1", "--trainers", "1", "--",
+                           sys.executable, "-c", "pass"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "pstranspile: error: PSTRANSPILE_GRPC_ENGINE='fast': expected one of auto, poller, event_engine"]
+
+
+def test_a_sync_job_trains_to_the_same_bytes_on_either_engine(tmp_path):
+    sys.path.insert(0, str(EXAMPLES))
+    import seed_fc3
+
+    main_pb, startup_pb = save(tmp_path / "programs", *seed_fc3.build())
+    params = {}
+    for engine in ("event_engine", "poller"):
+        launch_training(tmp_path / engine, main_pb, startup_pb, pservers=2, env={ENGINE_ENV: engine})
+        params[engine] = [trained_params(tmp_path / engine, trainer)[1] for trainer in (0, 1)]
+    for trainer in (0, 1):
+        poller, event_engine = params["poller"][trainer], params["event_engine"][trainer]
+        assert poller.keys() == event_engine.keys() and poller
+        for name, value in poller.items():
+            assert np.array_equal(value, event_engine[name]), (trainer, name)
