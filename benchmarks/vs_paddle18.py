@@ -1,6 +1,6 @@
 """Ours beside Fluid 1.8.5 on the same Paddle-built programs: 2 pservers x 2 trainers, sync.
 
-    python benchmarks/vs_paddle18.py [--steps 200] [--warmup 20] [--repeat 3] [--quick] [--local-only]
+    python benchmarks/vs_paddle18.py [--steps 200] [--warmup 20] [--repeat 3] [--quick] [--local-only] [--case emb ...]
     make bench-paddle
 
 Fluid 1.8.5, in its own venv (`tools/paddle_env.py`), builds the workloads and saves their
@@ -15,7 +15,7 @@ trainer. Each workload then trains on those same .pb files, 127.0.0.1 only, free
 * ours: `pstranspile launch --pservers 2 --trainers 2 -- python examples/train_program.py`.
 
 Runs alternate (Paddle, ours, Paddle, ours, ...; `--repeat` each) and the table shows each
-figure's median. A last row trains the MLP locally (no pservers) on both (`--local-only`: that row alone).
+figure's median. A last row trains the MLP locally (no pservers) on both (`--local-only`: that row alone; `--case KEY`, repeatable: those workloads only).
 
 * steps/s: trainer 0's, over the steps after `--warmup` (its `timing:` line).
 * CPU ms/step: user + system time of all 4 processes (1 for the local row): each trainer's

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from ops.rpc.wire import WireError, decode_batch, decode_var, encode_batch, encode_var, var_parts
+from ops.rpc.wire import COPY_BELOW, WireError, decode_batch, decode_var, encode_batch, encode_var, var_parts
 from ops.tensor import LoDTensor, SelectedRows
 from proto import rpc_pb2
 
@@ -73,14 +73,39 @@ def test_big_endian_arrays_arrive_as_the_same_numbers():
 
 
 def test_receive_is_zero_copy_read_only_and_aligned():
-    array = np.random.default_rng(0).standard_normal((300, 7)).astype(np.float32)
+    array = np.random.default_rng(0).standard_normal((3000, 7)).astype(np.float32)  # 84 kB: over COPY_BELOW
     data = encode_var("v", array)
+    assert len(data) > COPY_BELOW
     got = decode_var(data).value.array
-    assert np.shares_memory(got, np.frombuffer(data, np.uint8))
+    assert np.shares_memory(got, np.frombuffer(data, np.uint8)) and np.array_equal(got, array)
     assert not got.flags.writeable and got.flags.aligned
     # `data` starts 64-byte aligned inside the message.
     offset = got.ctypes.data - np.frombuffer(data, np.uint8).ctypes.data
     assert offset % 64 == 0
+
+
+def test_a_small_message_is_parsed_whole_and_its_arrays_copied_read_only():
+    array = np.random.default_rng(1).standard_normal((300, 7)).astype(np.float32)  # 8 kB
+    data = encode_var("v", array)
+    got = decode_var(data).value.array
+    assert np.array_equal(got, array) and not np.shares_memory(got, np.frombuffer(data, np.uint8))
+    assert not got.flags.writeable and got.flags.aligned
+
+
+@pytest.mark.parametrize("delta", [-1, 0, 1])
+def test_messages_either_side_of_the_copy_threshold_decode_the_same(delta):
+    head = len(encode_var("v", np.zeros(0, np.uint8)))  # everything but the data and its pad
+    for size in range(COPY_BELOW + delta - head - 80, COPY_BELOW + delta - head + 1):
+        data = encode_var("v", np.arange(size, dtype=np.uint8))
+        if len(data) == COPY_BELOW + delta:
+            break
+    else:
+        pytest.fail("no size gives a message of that length")
+    got = decode_var(data).value.array
+    assert np.array_equal(got, np.arange(size, dtype=np.uint8)) and not got.flags.writeable
+    assert np.shares_memory(got, np.frombuffer(data, np.uint8)) == (len(data) >= COPY_BELOW)
+    batch = decode_batch(encode_batch([var_parts("v", got)]))
+    assert np.array_equal(batch.vars[0].value.array, got)
 
 
 def test_any_protobuf_reader_parses_our_bytes_and_we_parse_theirs():
@@ -96,15 +121,19 @@ def test_any_protobuf_reader_parses_our_bytes_and_we_parse_theirs():
     assert got.name == "y" and got.value.rows.tolist() == [1, 8] and got.value.value.tolist() == [[0, 1], [2, 3]]
 
 
-def test_a_batch_round_trips_zero_copy_aligned_and_any_protobuf_reader_parses_it():
-    arrays = [np.arange(5, dtype=np.float32), np.ones((3, 7), np.float64), np.arange(2, dtype=np.int64)]
+@pytest.mark.parametrize("big", [False, True])
+def test_a_batch_round_trips_zero_copy_aligned_and_any_protobuf_reader_parses_it(big):
+    arrays = [np.arange(20000 if big else 5, dtype=np.float32), np.ones((3, 7), np.float64), np.arange(2, dtype=np.int64)]
     data = encode_batch([var_parts(f"v{i}", a, trainer_id=3) for i, a in enumerate(arrays)], trainer_id=3, barrier=True)
+    assert (len(data) >= COPY_BELOW) == big
     batch = decode_batch(data)
     assert batch.trainer_id == 3 and batch.barrier and [v.name for v in batch.vars] == ["v0", "v1", "v2"]
     base = np.frombuffer(data, np.uint8).ctypes.data
     for var, array in zip(batch.vars, arrays, strict=True):
-        assert np.array_equal(var.value.array, array) and np.shares_memory(var.value.array, np.frombuffer(data, np.uint8))
-        assert (var.value.array.ctypes.data - base) % 64 == 0
+        assert np.array_equal(var.value.array, array) and not var.value.array.flags.writeable
+    first = batch.vars[0].value.array  # over COPY_BELOW it is a view of the message, aligned
+    assert np.shares_memory(first, np.frombuffer(data, np.uint8)) == big
+    assert not big or (first.ctypes.data - base) % 64 == 0
     theirs = rpc_pb2.VarBatch.FromString(data)
     assert theirs.trainer_id == 3 and theirs.barrier and [v.varname for v in theirs.vars] == ["v0", "v1", "v2"]
     empty = rpc_pb2.VarBatch(trainer_id=-1).SerializeToString()
@@ -135,6 +164,7 @@ def test_a_request_without_a_value():
     ("data", "match"),
     [
         (encode_var("v", np.ones(4, np.float32))[:-3], "truncated"),
+        (encode_var("v", np.ones(40000, np.float32))[:-3], "truncated"),
         (rpc_pb2.VariableMessage(varname="v", has_value=True, data_type=5, dims=[3], data=b"\0" * 8).SerializeToString(),
          "8 data bytes"),
         (rpc_pb2.VariableMessage(varname="v", has_value=True, data_type=77).SerializeToString(), "unknown data_type"),
