@@ -12,7 +12,9 @@ trainer. Each workload then trains on those same .pb files, 127.0.0.1 only, free
 * Paddle: the harness starts 2 pservers and 2 trainers of `paddle18_workloads.py run`
   (`DistributeTranspiler`, `use_program_cache=True`, `PADDLE_SPEED_ENV`) and, once the
   trainers are done, stops the pservers itself (a sync Fluid pserver does not always exit).
-* ours: `pstranspile launch --pservers 2 --trainers 2 -- python examples/train_program.py`.
+* ours: `pstranspile launch --pservers 2 --trainers 2 -- python examples/train_program.py`;
+  the embedding with `PSTRANSPILE_GRPC_ENGINE=poller` (its messages are small:
+  `ops/rpc/engine.py`), as the table's last lines say.
 
 Runs alternate (Paddle, ours, Paddle, ours, ...; `--repeat` each) and the table shows each
 figure's median. A last row trains the MLP locally (no pservers) on both (`--local-only`: that row alone; `--case KEY`, repeatable: those workloads only).
@@ -87,12 +89,15 @@ class Case:
     batch: int  # per trainer
     steps_share: float = 1.0  # of --steps
     local: bool = False
+    ours_settings: tuple[tuple[str, str], ...] = ()  # environment of our processes (printed under the table)
 
 
 CASES = (
     Case("mlp64", "MLP 784-512-512-10, Adam, batch 64", "mlp", 64),
     Case("mlp512", "MLP 784-512-512-10, Adam, batch 512", "mlp", 512, steps_share=0.25),
-    Case("emb", "embedding 100k x 64 sparse + fc 64 + fc 10, SGD, batch 64", "emb", 64),
+    # Its messages are a few kB to 16 kB: gRPC's poller beats its EventEngine there (ops/rpc/engine.py).
+    Case("emb", "embedding 100k x 64 sparse + fc 64 + fc 10, SGD, batch 64", "emb", 64,
+         ours_settings=(("PSTRANSPILE_GRPC_ENGINE", "poller"),)),
     Case("local", "local step: the MLP, batch 64, no pservers", "mlp", 64, local=True),
 )
 
@@ -229,9 +234,11 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def ours_env() -> dict[str, str]:
-    """`clean_env`, with this checkout first on PYTHONPATH (over an installed copy)."""
-    return clean_env(PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+def ours_env(case: Case) -> dict[str, str]:
+    """`clean_env`, with this checkout first on PYTHONPATH (over an installed copy) and
+    the case's settings."""
+    return clean_env(PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+                     **dict(case.ours_settings))
 
 
 def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -376,14 +383,14 @@ def run_ours(folder: Path, case: Case, steps: int, warmup: int, logs: Path) -> M
     train = [sys.executable, TRAIN_PROGRAM, "--main", folder / "main.pb", "--startup", folder / "startup.pb",
              "--loss", loss, "--steps", steps, "--warmup", warmup]
     if case.local:
-        return run_local([*train, "--batch", case.batch], ours_env(), steps + warmup, logs)
+        return run_local([*train, "--batch", case.batch], ours_env(case), steps + warmup, logs)
     argv = [sys.executable, "-m", "transpiler", "launch", "--pservers", PSERVERS, "--trainers", TRAINERS,
             "--host", HOST, "--log-dir", logs, "--timeout", 60, "--exit-grace", 10, "--status-every", 3600,
             "--", *train, "--batch", case.batch * TRAINERS]
     launcher = None
     try:
         with CpuSampler(lambda: list(filter(is_pserver, children(launcher.pid))) if launcher else [], PSERVERS) as cpu:
-            launcher = start(argv, ours_env(), logs / "launch.log")
+            launcher = start(argv, ours_env(case), logs / "launch.log")
             wait([launcher], deadline_for(steps + warmup), f"pstranspile launch (logs: {logs})")
     finally:
         if launcher is not None:
@@ -449,6 +456,9 @@ def print_table(results: list[tuple[Case, Measurement, Measurement]], args: argp
     print()
     print("CPU: all 4 processes (1 when local), user + system. Local row: ms per step, ratio ours/Paddle in time. "
           "Other load: cores the rest of the machine kept busy during the runs (Paddle's / ours).")
+    for case, _, _ in results:
+        if case.ours_settings:
+            print(f"{case.label}: ours with " + " ".join(f"{k}={v}" for k, v in case.ours_settings) + ".")
 
 
 # ------------------------------------------------------------------ main

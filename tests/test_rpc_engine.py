@@ -1,6 +1,7 @@
-"""`ops.rpc.engine`: the poller is asked for before gRPC starts, on the measured gRPC
-releases only, never over the user's own setting; the launcher gives it to every process
-and refuses a bad choice; a job trains to the same bytes on either engine."""
+"""`ops.rpc.engine`: `PSTRANSPILE_GRPC_ENGINE=poller` reaches gRPC before it starts (on
+`import ops.rpc`, and in every process `launch` starts), never over the user's own
+`GRPC_EXPERIMENTS`; a bad choice is refused; a job trains to the same bytes on either
+engine."""
 
 from __future__ import annotations
 
@@ -13,53 +14,36 @@ import pytest
 from e2e_support import EXAMPLES, launch_training, save, trained_params
 
 from conftest import TESTS
-from ops.rpc.engine import (
-    ENGINE_ENV,
-    EXPERIMENTS_ENV,
-    POLLER_EXPERIMENTS,
-    EngineChoiceError,
-    engine_env,
-    grpcio_release,
-    prefer_poller,
-)
+from ops.rpc.engine import ENGINE_ENV, EXPERIMENTS_ENV, POLLER_EXPERIMENTS, EngineChoiceError, engine_env, prefer_poller
 from transpiler.runtime.launch import LaunchConfig, LaunchError, launch, process_env
 from transpiler.runtime.role import TRAINER, Role
 
 REPO = TESTS.parent
-MEASURED = (1, 85)
 POLLER = {EXPERIMENTS_ENV: POLLER_EXPERIMENTS}
 
 
-def test_auto_asks_for_the_poller_on_a_measured_release_only():
-    assert engine_env({}, release=MEASURED) == POLLER
-    assert engine_env({ENGINE_ENV: "auto"}, release=MEASURED) == POLLER
-    assert engine_env({ENGINE_ENV: " AUTO "}, release=MEASURED) == POLLER
-    assert engine_env({}, release=(1, 99)) == {}  # a later release may have dropped the experiment names
+def test_the_poller_is_asked_for_only_when_chosen():
+    assert engine_env({ENGINE_ENV: "poller"}) == POLLER
+    assert engine_env({ENGINE_ENV: " Poller "}) == POLLER
+    assert engine_env({}) == {} and engine_env({ENGINE_ENV: ""}) == {}  # gRPC's default, untouched
+    assert engine_env({ENGINE_ENV: "event_engine"}) == {}
 
 
-def test_an_explicit_choice_wins_and_the_user_s_own_setting_is_never_overwritten():
-    assert engine_env({ENGINE_ENV: "poller"}, release=(1, 99)) == POLLER
-    assert engine_env({ENGINE_ENV: "event_engine"}, release=MEASURED) == {}
-    assert engine_env({EXPERIMENTS_ENV: "-something"}, release=MEASURED) == {}
-    assert engine_env({EXPERIMENTS_ENV: "", ENGINE_ENV: "poller"}, release=MEASURED) == {}
+def test_the_user_s_own_grpc_experiments_are_never_overwritten():
+    assert engine_env({ENGINE_ENV: "poller", EXPERIMENTS_ENV: "-something"}) == {}
+    assert engine_env({ENGINE_ENV: "poller", EXPERIMENTS_ENV: ""}) == {}
 
 
 def test_a_bad_choice_is_a_specific_error_naming_the_variable():
-    with pytest.raises(EngineChoiceError, match=r"PSTRANSPILE_GRPC_ENGINE='epoll'.*auto, poller, event_engine"):
-        engine_env({ENGINE_ENV: "epoll"}, release=MEASURED)
-
-
-def test_the_release_is_read_without_importing_grpc_and_matches_it():
-    import grpc
-
-    assert grpcio_release() == tuple(int(part) for part in grpc.__version__.split(".")[:2])
+    with pytest.raises(EngineChoiceError, match=r"PSTRANSPILE_GRPC_ENGINE='epoll'.*event_engine, poller"):
+        engine_env({ENGINE_ENV: "epoll"})
 
 
 def test_prefer_poller_does_nothing_once_grpc_started_here():
     import grpc  # noqa: F401  (started in this process)
 
-    environ: dict[str, str] = {}
-    assert prefer_poller(environ) is False and environ == {}
+    environ = {ENGINE_ENV: "poller"}
+    assert prefer_poller(environ) is False and environ == {ENGINE_ENV: "poller"}
 
 
 def fresh_python(code: str, **env: str) -> str:
@@ -71,18 +55,20 @@ def fresh_python(code: str, **env: str) -> str:
 SHOW = "import os, sys; import ops.rpc; print(os.environ.get('GRPC_EXPERIMENTS', '-'), 'grpc' in sys.modules)"
 
 
-@pytest.mark.skipif(grpcio_release() != MEASURED, reason="the poller is the default on the measured release only")
-def test_importing_ops_rpc_asks_for_the_poller_before_grpc_starts():
-    assert fresh_python(SHOW) == f"{POLLER_EXPERIMENTS} True"
+def test_importing_ops_rpc_applies_the_choice_before_grpc_starts():
+    assert fresh_python(SHOW, PSTRANSPILE_GRPC_ENGINE="poller") == f"{POLLER_EXPERIMENTS} True"
+    assert fresh_python(SHOW) == "- True"
     assert fresh_python(SHOW, PSTRANSPILE_GRPC_ENGINE="event_engine") == "- True"
-    assert fresh_python(SHOW, GRPC_EXPERIMENTS="-x") == "-x True"
+    assert fresh_python(SHOW, PSTRANSPILE_GRPC_ENGINE="poller", GRPC_EXPERIMENTS="-x") == "-x True"
     assert fresh_python(SHOW, PSTRANSPILE_GRPC_ENGINE="bogus") == "- True"  # launch and serve refuse it
-    assert fresh_python("import grpc; " + SHOW) == "- True"  # too late: gRPC already started
+    assert fresh_python("import grpc; " + SHOW, PSTRANSPILE_GRPC_ENGINE="poller") == "- True"  # too late here
 
 
-def test_every_launched_process_gets_the_engine_unless_the_user_chose():
+def test_every_launched_process_gets_the_chosen_engine():
     role = Role(TRAINER, 0, 1, ("127.0.0.1:1",))
     assert process_env(role, base={ENGINE_ENV: "poller"})[EXPERIMENTS_ENV] == POLLER_EXPERIMENTS
+    assert process_env(role, {ENGINE_ENV: "poller"}, base={})[EXPERIMENTS_ENV] == POLLER_EXPERIMENTS
+    assert EXPERIMENTS_ENV not in process_env(role, base={})
     assert EXPERIMENTS_ENV not in process_env(role, base={ENGINE_ENV: "event_engine"})
     assert process_env(role, {EXPERIMENTS_ENV: "-mine"}, base={ENGINE_ENV: "poller"})[EXPERIMENTS_ENV] == "-mine"
     with pytest.raises(LaunchError, match="PSTRANSPILE_GRPC_ENGINE"):
@@ -97,13 +83,15 @@ def test_launch_refuses_a_bad_choice_before_starting_anything(tmp_path):
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())
 
 
-def test_the_cli_refuses_a_bad_choice_in_one_line_with_exit_2():
+@pytest.mark.parametrize("command", [["launch", "--pservers", "1", "--trainers", "1", "--", sys.executable, "-c", "pass"],
+                                     ["serve", "--program", "p.pb", "--startup", "s.pb"]])
+def test_the_cli_refuses_a_bad_choice_in_one_line_with_exit_2(command, tmp_path):
     env = {**os.environ, ENGINE_ENV: "fast", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "transpiler", "launch", "--pservers", "1", "--trainers", "1", "--",
-                           sys.executable, "-c", "pass"], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "transpiler", *command], env=env, capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "pstranspile: error: PSTRANSPILE_GRPC_ENGINE='fast': expected one of auto, poller, event_engine"]
+        "pstranspile: error: PSTRANSPILE_GRPC_ENGINE='fast': expected one of event_engine, poller"]
 
 
 def test_a_sync_job_trains_to_the_same_bytes_on_either_engine(tmp_path):

@@ -7,7 +7,7 @@ Importing this package registers the RPC kernels (`send`, `recv`, `send_barrier`
 | module | what |
 |---|---|
 | `wire` | `VariableMessage` / `VarBatch` bytes ⇄ LoDTensor / SelectedRows (zero-copy receive) |
-| `engine` | which gRPC I/O engine: the poller, asked for before gRPC starts |
+| `engine` | which gRPC I/O engine (`PSTRANSPILE_GRPC_ENGINE`), applied before gRPC starts |
 | `service` | the service's method paths, codecs, channel options, timeouts |
 | `auth` | the job token, TLS, the loopback default, the trainer/pserver handshake |
 | `client` | `RpcClient`, one per trainer id per process (`get_client`) |
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from ops.rpc.engine import prefer_poller
 
-prefer_poller()  # before anything below imports gRPC: it reads its engine once, at start
+prefer_poller()  # PSTRANSPILE_GRPC_ENGINE, before anything below imports gRPC (it reads its engine once)
 
 from ops import kernels as _kernels  # noqa: F401  (the registry, and the local kernels first)
 from ops.rpc import kernels, listen_and_serv, prefetch, table_io  # noqa: F401  (registers)

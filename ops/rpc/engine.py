@@ -1,32 +1,34 @@
 """Which of gRPC core's I/O engines the runtime runs on, chosen before gRPC starts.
 
-gRPC 1.85's default, the EventEngine, moves every read and write to threads of its own
-and hands each event to the thread that polls the completion queue: for the small
-unary calls of a training step (a few kB to a few hundred kB, a few per step) that
-hand-off is most of a call's cost. The older poller does the I/O on the thread that
-polls. Measured on this project's 2-core VM, loopback, a 16 kB unary call, the sync
-server, 4 alternated pairs of 4,000 calls: 2,163–2,289 against 2,839–3,647 calls/s, the
-client's CPU 172–186 against 101–123 µs a call, the server's 285–308 against 165–258 µs
-(`benchmarks/grpc_engine.py` repeats it).
+gRPC 1.85's default, the EventEngine, does every read and write on threads of its own
+and hands each event over to the thread that polls the completion queue; the older
+poller does the I/O on the polling thread itself. Which is faster depends on the size of
+a step's messages (`benchmarks/grpc_engine.py`, this project's 2-core VM, loopback, the
+sync server, medians of alternated runs, poller against EventEngine):
 
-gRPC reads its choice from `GRPC_EXPERIMENTS` once, when it starts in a process (at
-`import grpc`): `prefer_poller()` sets it there, before `ops.rpc` imports gRPC, and
-`engine_env()` gives it to processes the launcher starts. Never over a value the user
-set; not where gRPC already started (the setting would only reach child processes); and
-only on the gRPC releases it was measured with, since a later release may drop these
-experiment names (gRPC then logs an error line for each). `PSTRANSPILE_GRPC_ENGINE`
-decides: `poller`, `event_engine` (gRPC's default, untouched), or `auto` (the default:
-`poller` on the measured releases).
+| message | calls/s | client CPU | server CPU |
+|---|---:|---:|---:|
+| 16 kB | 1.55× | 0.57× | 0.69× |
+| 64 kB | 1.18× | 0.77× | 0.92× |
+| 256 kB | 0.81× | 1.08× | 1.29× |
+| 1.6 MB | 0.48–0.69× | 1.26–1.99× | 1.73–2.24× |
+
+So a job whose messages are small (a sparse embedding's rows and a few small dense
+params: the CTR kind) runs faster on the poller, and a dense model's (MB-sized param
+blocks) much slower. The choice is the process's and gRPC reads it once, when it starts
+(at `import grpc`), before any program is known; so it is the user's, per job:
+`PSTRANSPILE_GRPC_ENGINE=poller` (or `event_engine`, the default: gRPC's own, untouched).
+
+`prefer_poller()` applies it where `ops.rpc` is imported before gRPC (`ops/rpc/__init__`
+calls it first), and `engine_env()` gives it to the processes `launch` starts, whatever
+they import first. A `GRPC_EXPERIMENTS` the user set is never overwritten.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import re
 import sys
 from collections.abc import Mapping, MutableMapping
-from pathlib import Path
 
 ENGINE_ENV = "PSTRANSPILE_GRPC_ENGINE"
 EXPERIMENTS_ENV = "GRPC_EXPERIMENTS"
@@ -35,49 +37,29 @@ POLLER_EXPERIMENTS = ",".join(
     for name in ("event_engine_client", "event_engine_listener", "event_engine_for_all_other_endpoints",
                  "event_engine_callback_cq")
 )
-MEASURED_RELEASES = ((1, 85),)  # (major, minor) of grpcio where POLLER_EXPERIMENTS were measured
-CHOICES = ("auto", "poller", "event_engine")
+CHOICES = ("event_engine", "poller")
 
 
 class EngineChoiceError(ValueError):
     """`PSTRANSPILE_GRPC_ENGINE` names no engine."""
 
 
-def grpcio_release() -> tuple[int, int] | None:
-    """(major, minor) of the installed grpcio, read from its metadata file without
-    importing it (importing gRPC starts it); None when it cannot be told."""
-    spec = importlib.util.find_spec("grpc")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
-        try:
-            text = (Path(folder) / "_grpcio_metadata.py").read_text()
-        except OSError:
-            continue
-        match = re.search(r"(\d+)\.(\d+)\.", text)
-        if match:
-            return int(match.group(1)), int(match.group(2))
-    return None
-
-
-def engine_env(environ: Mapping[str, str] | None = None, release: tuple[int, int] | None = None) -> dict[str, str]:
-    """The variables a process needs to run gRPC on the poller (empty when it should not:
-    the user chose, or the release was not measured). `release` defaults to the installed one."""
+def engine_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables a process needs for the engine `environ` (default `os.environ`)
+    asks for: empty for gRPC's default, or when the user set `GRPC_EXPERIMENTS` already."""
     environ = os.environ if environ is None else environ
-    choice = environ.get(ENGINE_ENV, "auto").strip().lower() or "auto"
+    choice = environ.get(ENGINE_ENV, "").strip().lower() or "event_engine"
     if choice not in CHOICES:
         raise EngineChoiceError(f"{ENGINE_ENV}={environ[ENGINE_ENV]!r}: expected one of {', '.join(CHOICES)}")
     if choice == "event_engine" or EXPERIMENTS_ENV in environ:
-        return {}
-    if choice == "auto" and (release or grpcio_release()) not in MEASURED_RELEASES:
         return {}
     return {EXPERIMENTS_ENV: POLLER_EXPERIMENTS}
 
 
 def prefer_poller(environ: MutableMapping[str, str] | None = None) -> bool:
-    """Ask for the poller in this process (and its children), if gRPC has not started
-    yet; whether this call set it. An invalid `PSTRANSPILE_GRPC_ENGINE` means gRPC's
-    default here: `pstranspile launch` and `serve` refuse it (`engine_env` raises)."""
+    """Apply `PSTRANSPILE_GRPC_ENGINE` to this process (and its children) if gRPC has not
+    started yet; whether this call set anything. An invalid value means gRPC's default
+    here: `pstranspile launch` and `serve` refuse it (`engine_env` raises)."""
     environ = os.environ if environ is None else environ
     if "grpc" in sys.modules:
         return False
@@ -90,4 +72,4 @@ def prefer_poller(environ: MutableMapping[str, str] | None = None) -> bool:
 
 
 __all__ = ["CHOICES", "ENGINE_ENV", "EXPERIMENTS_ENV", "EngineChoiceError", "POLLER_EXPERIMENTS", "engine_env",
-           "grpcio_release", "prefer_poller"]
+           "prefer_poller"]
