@@ -454,6 +454,56 @@ def test_clone_is_independent():
     assert copy.global_block().readers("x") == []
 
 
+def test_add_ops_appends_in_order_and_keeps_the_index_and_caches_right():
+    for index_first in (False, True):
+        block = _program("x", "y").global_block()
+        first = block.add_op("a", {"X": "x"}, {"Out": "y"})
+        if index_first:
+            assert block.readers("x") == [first]  # the index exists: add_ops must keep it whole
+        assert block.ops == (first,)  # the op tuple is cached: add_ops must drop it
+        version = block.version
+        b, c = Op("b", {"X": "y"}, {"Out": "x"}), Op("c", {"X": ["x", "y"]})
+        block.add_ops([b, c])
+        assert _types(block) == ["a", "b", "c"] and len(block) == 3 and block.version > version
+        assert [block.index_of(op) for op in (first, b, c)] == [0, 1, 2]
+        assert block.readers("x") == [first, c] and block.readers("y") == [b, c]
+        assert block.writers("x") == [b] and block.writers("y") == [first]
+        assert b.block is block and c.index == 2
+        block.remove_op(b)
+        assert _types(block) == ["a", "c"] and block.writers("x") == []
+
+
+def test_add_ops_refuses_attached_repeated_or_non_ops_and_adds_nothing_then():
+    block = _program("x").global_block()
+    attached = block.add_op("a")
+    twice = Op("b")
+    for bad in ([Op("c"), attached], [twice, twice], [Op("c"), "d"]):
+        with pytest.raises(IRError):
+            block.add_ops(bad)
+        assert _types(block) == ["a"]
+    frozen = _program("x")
+    frozen.freeze()
+    with pytest.raises(IRError):
+        frozen.global_block().add_ops([Op("a")])
+
+
+def test_op_derived_takes_whole_dicts_and_shares_what_it_is_not_given():
+    op = Op("op", {"X": "x"}, {"Out": "o"}, {"k": 1})
+    attrs = {"k": Attr.of(2), "op_role_var": Attr(AttrType.STRINGS, ("w", "g"))}
+    twin = op._derived({"X": ("z",), "Y": ()}, None, attrs, sound=True)
+    assert twin.block is None and twin.type == "op"
+    assert dict(twin.inputs) == {"X": ("z",), "Y": ()} and twin.outputs == op.outputs
+    assert twin.attr("k") == 2 and twin.role_vars == ("w", "g") and op.attr("k") == 1
+    assert op._derived(None, None)._attrs is op._attrs  # shared, as clone shares them
+    # Counts as verified only when the original's attrs were and the new ones are sound.
+    assert twin._verified_attrs is None
+    op._verified_attrs = op._attrs
+    assert op._derived(None, None, attrs, sound=True)._verified_attrs is attrs
+    assert op._derived(None, None, attrs, sound=False)._verified_attrs is None
+    twin.set_attr("k", 3)
+    assert attrs["k"].value == 2  # an edit of the copy replaces its dict, never changes the caller's
+
+
 def test_op_clone_is_detached_and_independent():
     block = _program("x").global_block()
     op = block.add_op("op", {"X": "x"}, attrs={"k": 1})

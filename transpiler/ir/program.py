@@ -522,6 +522,34 @@ class Op:
                     new._drop_stale_entries(name)
         return new
 
+    def _derived(
+        self, inputs: dict[str, tuple[str, ...]] | None, outputs: dict[str, tuple[str, ...]] | None,
+        attrs: dict[str, Attr] | None = None, *, sound: bool = False,
+    ) -> Op:
+        """`clone` for a pass that built the new slot / attr dicts whole and normalised
+        (slot -> tuple of names; attr name -> `Attr`): they are taken as they are, not
+        merged or re-typed (None keeps this op's). `sound`: every attr in `attrs` that
+        differs from this op's is sound on its own. The pserver passes copy thousands of
+        ops this way; `clone`'s normalising was most of their cost."""
+        if attrs is not None and self._wire_attrs is not None:  # stale wire entries to drop: the general path
+            return self.clone(inputs=inputs, outputs=outputs, attrs=attrs)
+        new = Op.__new__(Op)
+        new.type = self.type
+        new._inputs = self._inputs if inputs is None else inputs
+        new._outputs = self._outputs if outputs is None else outputs
+        new._wire_attrs = self._wire_attrs
+        new.is_target = self.is_target
+        new._explicit = self._explicit
+        new.block = None
+        new._prev = new._next = None
+        if attrs is None:
+            new._attrs = self._attrs
+            new._verified_attrs = self._verified_attrs
+        else:
+            new._attrs = attrs
+            new._verified_attrs = attrs if sound and self._verified_attrs is self._attrs else None
+        return new
+
     def __repr__(self) -> str:
         ins = ", ".join(f"{k}={list(v)}" for k, v in self._inputs.items())
         outs = ", ".join(f"{k}={list(v)}" for k, v in self._outputs.items())
@@ -802,6 +830,20 @@ class Block:
         else:
             self._link_after(self.ops[index - 1], new)
         return new
+
+    def add_ops(self, ops: Iterable[Op]) -> None:
+        """Append detached ops in order: `add_op` for each, with one check and one cache
+        invalidation for all of them (the pserver passes fill hundreds of small blocks)."""
+        self._check_mutable()
+        ops = list(ops)
+        for op in ops:
+            if not isinstance(op, Op):
+                raise IRError(f"add_ops takes Op objects, got {op!r}")
+            if op.block is not None:
+                raise IRError(f"op {op.type!r} already belongs to block {op.block.idx}; remove it or clone it first")
+        if len(set(map(id, ops))) != len(ops):
+            raise IRError("add_ops got the same op twice")
+        self._add_loaded((), ops)
 
     def insert_after(self, anchor: Op, op: str | Op, inputs=None, outputs=None, attrs=None) -> Op:
         self._check_member(anchor)

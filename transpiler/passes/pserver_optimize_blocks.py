@@ -19,11 +19,12 @@ from ops.catalogue import make_op
 from ops.catalogue.optimizer_ops import OptimizerSlots, optimizer_slots
 from transpiler.config import TranspileOptions
 from transpiler.ir import Attr, AttrType, Block, OpRole, Program
+from transpiler.ir.attrs import sound_on_its_own
 from transpiler.ir.types import EMPTY_VAR_NAME, OP_ROLE_VAR_ATTR
 from transpiler.naming import block_name
 from transpiler.passes.bundle import Bundle, ParamChain, PserverPrograms
 from transpiler.passes.contract import Pass
-from transpiler.passes.pserver_vars import declare
+from transpiler.passes.pserver_vars import PserverVars
 from transpiler.plan import ParamPlan, Plan, VarBlock
 
 
@@ -50,43 +51,60 @@ class _BlockFiller:
         self.origin = origin
         self.plan = plan
         self.progs = progs
+        self.vars = PserverVars(progs, origin)
         # The `sum` and `scale` that start every block in sync mode differ only in their vars:
         # built (and checked against the catalogue) once, copied with the block's vars.
         self.sum = make_op("sum", {"X": []}, {"Out": []}, role=OpRole.Optimize)
         self.scale = make_op("scale", {"X": []}, {"Out": []}, {"scale": 1.0 / plan.trainers}, role=OpRole.Optimize)
+        self.sum_attrs, self.scale_attrs = dict(self.sum.attrs), dict(self.scale.attrs)
+        self.sum_inputs, self.scale_inputs = dict(self.sum.inputs), dict(self.scale.inputs)  # with the empty slots make_op fills
 
     def declare(self, origin_name: str, name: str | None = None, shape=None, *, persistable: bool | None = None,
                 index: int = 0) -> str:
-        return declare(self.progs, self.origin, origin_name, name, shape, persistable=persistable, index=index)
+        return self.vars.declare(origin_name, name, shape, persistable, index)
 
     def fill(self, block: Block, chain: ParamChain, param: ParamPlan, var_block: VarBlock, shared: bool) -> list[str]:
         """Fill one optimize block; return the grad vars `listen_and_serv` receives for it.
         `shared`: another block of the param is on this pserver too."""
-        plan, index = self.plan, var_block.index
+        plan, index, shape = self.plan, var_block.index, var_block.shape
+        declare = self.vars.declare
         merged = param.grad_block_name(index)
-        self.declare(param.param, var_block.name, var_block.shape, persistable=True, index=index)
-        self.declare(param.grad, merged, var_block.shape, persistable=True, index=index)
+        declare(param.param, var_block.name, shape, True, index)
+        declare(param.grad, merged, shape, True, index)
         mapping = {param.param: var_block.name, param.grad: merged}
+        ops = []
         if plan.per_trainer_grads:
             received = [plan.trainer_grad_name(param, index, k) for k in range(plan.trainers)]
             for name in received:
-                self.declare(param.grad, name, var_block.shape, persistable=False, index=index)
-            role_vars = {OP_ROLE_VAR_ATTR: Attr(AttrType.STRINGS, (var_block.name, merged))}  # typed once for both
-            block.add_op(self.sum.clone(inputs={"X": received}, outputs={"Out": (merged,)}, attrs=role_vars))
-            block.add_op(self.scale.clone(inputs={"X": (merged,)}, outputs={"Out": (merged,)}, attrs=role_vars))
+                declare(param.grad, name, shape, False, index)
+            # The slot and attr dicts are built whole (`Op._derived`): what `clone(inputs=...)`
+            # would merge and type, one block at a time. A STRINGS op_role_var is sound on its own.
+            role_vars = Attr(AttrType.STRINGS, (var_block.name, merged))
+            out = {"Out": (merged,)}
+            ops.append(self.sum._derived({**self.sum_inputs, "X": tuple(received)}, out, {**self.sum_attrs, OP_ROLE_VAR_ATTR: role_vars},
+                                         sound=True))
+            ops.append(self.scale._derived({**self.scale_inputs, "X": (merged,)}, out, {**self.scale_attrs, OP_ROLE_VAR_ATTR: role_vars},
+                                           sound=True))
         else:
             received = [merged]
 
+        map_arg = self._map_arg
         for op in chain.ops:
             slots = optimizer_slots(op.type) if op is chain.optimizer else None
             inputs, outputs = (
-                {slot: [self._map_arg(arg, slot, slots, direction, param, var_block, shared, mapping) for arg in args]
+                {slot: tuple([mapping[arg] if arg in mapping else
+                              map_arg(arg, slot, slots, direction, param, var_block, shared, mapping) for arg in args])
                  for slot, args in op_slots.items()}
                 for direction, op_slots in (("inputs", op.inputs), ("outputs", op.outputs))
             )
             role_vars = op.role_vars
-            block.add_op(op.clone(inputs=inputs, outputs=outputs, attrs={
-                OP_ROLE_VAR_ATTR: [mapping.get(name, name) for name in role_vars]} if role_vars else None))
+            if role_vars:  # typed as `clone(attrs=...)` types it: the type the attr has
+                attr = Attr.of([mapping.get(name, name) for name in role_vars], op.attr_type(OP_ROLE_VAR_ATTR))
+                ops.append(op._derived(inputs, outputs, {**op.attrs, OP_ROLE_VAR_ATTR: attr},
+                                       sound=sound_on_its_own(OP_ROLE_VAR_ATTR, attr)))
+            else:
+                ops.append(op._derived(inputs, outputs))
+        block.add_ops(ops)
         return received
 
     def _map_arg(self, arg: str, slot: str, slots: OptimizerSlots | None, direction: str,
