@@ -134,27 +134,35 @@ _attr_type = attrgetter("type")
 
 def _check_ops(program: Program, block: Block, name: str) -> Iterable[VerifyError]:
     count = program.num_blocks
-    # The vars declared in this block and in each ancestor, nearest first: a slot whose args
-    # one of them holds all is checked at C speed (nearly every slot).
+    # Every name the block's ops use, at once (`Block.names_used`), less the vars declared in
+    # this block and each ancestor, nearest first: when all are declared (set arithmetic, at
+    # C speed), no slot needs checking op by op.
+    undeclared = block.names_used()
     scopes = []
     current: Block | None = block
     while current is not None:
-        scopes.append(current._vars)
+        scope = current._vars
+        scopes.append(scope)
+        if undeclared and scope:
+            # `set.difference(dict)` looks each name up in the dict; `difference_update` would walk
+            # every key of the scope (the global block's, for each of hundreds of small blocks).
+            undeclared = undeclared.difference(scope)
         current = current.parent
+    undeclared.discard(EMPTY_VAR_NAME)
+    ops: Iterable[tuple[int, Op]] = enumerate(block.ops)
+    if not undeclared:
+        # Nothing to look for in the slots: visit only the ops whose attrs are not known sound
+        # (nearly none in a transpile's programs), found at C speed.
+        ops = [(index, op) for index, op in ops if op._verified_attrs is not op._attrs]
+        if not ops:
+            return
+    # A slot whose args one scope holds all is checked at C speed (nearly every slot).
     holds = [scope.__contains__ for scope in scopes]
 
     def declared(var: str) -> bool:
         return any(var in scope for scope in scopes)
 
-    # Every name the block's ops use, at once (`Block.names_used`): when all are declared
-    # (set arithmetic, at C speed), no slot needs checking op by op.
-    undeclared = block.names_used()
-    for scope in scopes:
-        # `set.difference(dict)` looks each name up in the dict; `difference_update` would walk
-        # every key of the scope (the global block's, for each of hundreds of small blocks).
-        undeclared = undeclared.difference(scope)
-    undeclared.discard(EMPTY_VAR_NAME)
-    for index, op in enumerate(block.ops):
+    for index, op in ops:
         for direction, slots in (("input", op._inputs), ("output", op._outputs)) if undeclared else ():
             for slot, args in slots.items():
                 for has in holds:

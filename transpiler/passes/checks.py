@@ -45,43 +45,74 @@ def verify_bundle(bundle: Bundle, *, after: str = "") -> None:
 
 
 def cross_program_problems(bundle: Bundle) -> Iterable[VerifyError]:
-    serving = {ep: _received_vars(progs.main) for ep, progs in bundle.pservers.items()}
+    # Each pserver's grad_to_block_id is decoded and its blocks' reads gathered once, for
+    # what it receives and for its own entries' check (two walks of hundreds of blocks before).
+    serving, served_problems = {}, []
+    for ep, progs in bundle.pservers.items():
+        serving[ep], problems = _serving(f"pserver_{ep}", progs.main)
+        served_problems.extend(problems)
+    holding = {ep: progs.main.global_block() for ep, progs in bundle.pservers.items()}
     for label, program in (("trainer", bundle.trainer), ("trainer_startup", bundle.trainer_startup)):
         if program is None:
             continue
         block = program.global_block()
         for index, op in enumerate(block.ops):
-            if op.type == "send":
+            op_type = op.type
+            if op_type == "send":
                 yield from _check_send(label, block, index, op, bundle, serving)
-            elif op.type == "recv":
-                yield from _check_recv(label, block, index, op, bundle, op.attr("recv_varnames", ()) or op.output("Out"))
-            elif op.type == "distributed_lookup_table":
+            elif op_type == "recv":
+                names = op.attr("recv_varnames", ()) or op.output("Out")
+                if not _all_held(holding, names, op.attr("epmap", ())):  # the common case, without a generator
+                    yield from _check_recv(label, block, index, op, bundle, names)
+            elif op_type == "distributed_lookup_table":
                 yield from _check_recv(label, block, index, op, bundle, op.attr("table_names"), "endpoints")
-            elif op.type == "prefetch":
+            elif op_type == "prefetch":
                 yield from _check_prefetch(label, block, index, op, bundle)
     yield from _check_each_block_optimized_once(bundle)
-    for ep, progs in bundle.pservers.items():
-        yield from _check_grad_to_block(f"pserver_{ep}", progs.main)
+    yield from served_problems
 
 
 def _listen_and_serv(program: Program):
     return next((op for op in program.global_block().ops if op.type == "listen_and_serv"), None)
 
 
-def _received_vars(program: Program) -> frozenset[str] | None:
-    """What a pserver accepts: `listen_and_serv`'s inputs and whatever its optimize blocks read."""
+def _serving(label: str, program: Program) -> tuple[frozenset[str] | None, list[VerifyError]]:
+    """What a pserver accepts (`listen_and_serv`'s inputs and whatever its optimize blocks
+    read; None without a `listen_and_serv`), and the problems of its `grad_to_block_id`:
+    an entry must name a block that reads that grad."""
     serve = _listen_and_serv(program)
     if serve is None:
-        return None
+        return None, [VerifyError("has no listen_and_serv op", program=label, block=0)]
     names = set(serve.input("X"))
+    problems = []
+    reads: dict[int, frozenset[str]] = {}
     for entry in serve.attr("grad_to_block_id", ()):
         try:
-            _, idx = decode_block_id(entry, "grad_to_block_id")
+            grad, idx = decode_block_id(entry, "grad_to_block_id")
         except MalformedEntryError:
-            continue  # _check_grad_to_block reports it
-        if 0 < idx < program.num_blocks:
-            names.update(program.block(idx).names_read())
-    return frozenset(names)
+            idx = -1
+        if not 0 < idx < program.num_blocks:
+            problems.append(VerifyError(f"grad_to_block_id entry {entry!r} names no block", program=label, block=0))
+            continue
+        read = reads.get(idx)
+        if read is None:
+            read = reads[idx] = program.block(idx).names_read()
+            names.update(read)
+        if grad not in read:
+            problems.append(VerifyError(f"grad_to_block_id entry {entry!r}: block {idx} does not read {grad!r}",
+                                        program=label, block=idx))
+    return frozenset(names), problems
+
+
+def _all_held(holding: dict, names, endpoints) -> bool:
+    """Whether each of `names` is declared on its endpoint's pserver (`_check_recv` says what is not)."""
+    if len(names) != len(endpoints):
+        return False
+    for name, ep in zip(names, endpoints):
+        block = holding.get(ep)
+        if block is None or not block.has_var(name):
+            return False
+    return True
 
 
 def _pairs(op, names_attr: str, slot_names: tuple[str, ...]):
@@ -160,21 +191,3 @@ def _check_each_block_optimized_once(bundle: Bundle):
     for key in sorted(set(updated) - expected):
         ep, name = key
         yield VerifyError(f"{name!r} is updated on {ep} but the plan puts no block of it there", program=f"pserver_{ep}")
-
-
-def _check_grad_to_block(label: str, program: Program):
-    serve = _listen_and_serv(program)
-    if serve is None:
-        yield VerifyError("has no listen_and_serv op", program=label, block=0)
-        return
-    for entry in serve.attr("grad_to_block_id", ()):
-        try:
-            grad, idx = decode_block_id(entry, "grad_to_block_id")
-        except MalformedEntryError:
-            idx = -1
-        if not 0 < idx < program.num_blocks:
-            yield VerifyError(f"grad_to_block_id entry {entry!r} names no block", program=label, block=0)
-            continue
-        if not any(grad in op.input_names for op in program.block(idx).ops):
-            yield VerifyError(f"grad_to_block_id entry {entry!r}: block {idx} does not read {grad!r}", program=label,
-                              block=idx)
