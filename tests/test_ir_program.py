@@ -487,21 +487,25 @@ def test_add_ops_refuses_attached_repeated_or_non_ops_and_adds_nothing_then():
         frozen.global_block().add_ops([Op("a")])
 
 
-def test_op_derived_takes_whole_dicts_and_shares_what_it_is_not_given():
-    op = Op("op", {"X": "x"}, {"Out": "o"}, {"k": 1})
-    attrs = {"k": Attr.of(2), "op_role_var": Attr(AttrType.STRINGS, ("w", "g"))}
-    twin = op._derived({"X": ("z",), "Y": ()}, None, attrs, sound=True)
-    assert twin.block is None and twin.type == "op"
-    assert dict(twin.inputs) == {"X": ("z",), "Y": ()} and twin.outputs == op.outputs
-    assert twin.attr("k") == 2 and twin.role_vars == ("w", "g") and op.attr("k") == 1
-    assert op._derived(None, None)._attrs is op._attrs  # shared, as clone shares them
+def test_op_derived_is_clone_with_normalised_values():
+    op = Op("op", {"X": "x", "Y": ["y"]}, {"Out": "o"}, {"k": Attr.of(1, AttrType.LONG), "s": "a"})
+    changed = {"k": Attr(AttrType.LONG, 2), "op_role_var": Attr(AttrType.STRINGS, ("w", "g"))}
+    twin = op._derived({"Y": ("z", "w")}, {"Out": ("p",)}, changed, sound=True)
+    cloned = op.clone(inputs={"Y": ["z", "w"]}, outputs={"Out": "p"}, attrs={"k": 2, "op_role_var": ["w", "g"]})
+    for copy in (twin, cloned):
+        assert copy.block is None and copy.type == "op"
+        assert list(copy.inputs.items()) == [("X", ("x",)), ("Y", ("z", "w"))] and copy.outputs == {"Out": ("p",)}
+        assert list(copy.attrs.items()) == [("k", Attr(AttrType.LONG, 2)), ("s", Attr.of("a")),
+                                            ("op_role_var", Attr(AttrType.STRINGS, ("w", "g")))]
+    assert op.input("Y") == ("y",) and op.attr("k") == 1
+    plain = op._derived()
+    assert plain._inputs is op._inputs and plain._attrs is op._attrs  # shared, as clone shares them
     # Counts as verified only when the original's attrs were and the new ones are sound.
     assert twin._verified_attrs is None
     op._verified_attrs = op._attrs
-    assert op._derived(None, None, attrs, sound=True)._verified_attrs is attrs
-    assert op._derived(None, None, attrs, sound=False)._verified_attrs is None
-    twin.set_attr("k", 3)
-    assert attrs["k"].value == 2  # an edit of the copy replaces its dict, never changes the caller's
+    assert op._derived(attrs=changed, sound=True)._verified_attrs is not None
+    assert op._derived(attrs=changed, sound=False)._verified_attrs is None
+    assert op._derived()._verified_attrs is op._attrs
 
 
 def test_op_clone_is_detached_and_independent():

@@ -523,31 +523,31 @@ class Op:
         return new
 
     def _derived(
-        self, inputs: dict[str, tuple[str, ...]] | None, outputs: dict[str, tuple[str, ...]] | None,
+        self, inputs: dict[str, tuple[str, ...]] | None = None, outputs: dict[str, tuple[str, ...]] | None = None,
         attrs: dict[str, Attr] | None = None, *, sound: bool = False,
     ) -> Op:
-        """`clone` for a pass that built the new slot / attr dicts whole and normalised
-        (slot -> tuple of names; attr name -> `Attr`): they are taken as they are, not
-        merged or re-typed (None keeps this op's). `sound`: every attr in `attrs` that
-        differs from this op's is sound on its own. The pserver passes copy thousands of
-        ops this way; `clone`'s normalising was most of their cost."""
-        if attrs is not None and self._wire_attrs is not None:  # stale wire entries to drop: the general path
+        """`clone(inputs=, outputs=, attrs=)` for a pass whose values are normalised
+        already (slot -> tuple of names; attr name -> `Attr`): merged in as they are, not
+        re-typed. `sound`: every attr in `attrs` is sound on its own. The pserver passes
+        copy thousands of ops this way; `clone`'s normalising (and a caller merging into
+        the read-only views, which `**` walks key by key) was most of their cost."""
+        if attrs and self._wire_attrs is not None:  # stale wire entries to drop: the general path
             return self.clone(inputs=inputs, outputs=outputs, attrs=attrs)
         new = Op.__new__(Op)
         new.type = self.type
-        new._inputs = self._inputs if inputs is None else inputs
-        new._outputs = self._outputs if outputs is None else outputs
+        new._inputs = {**self._inputs, **inputs} if inputs else self._inputs
+        new._outputs = {**self._outputs, **outputs} if outputs else self._outputs
         new._wire_attrs = self._wire_attrs
         new.is_target = self.is_target
         new._explicit = self._explicit
         new.block = None
         new._prev = new._next = None
-        if attrs is None:
+        if attrs:
+            new._attrs = {**self._attrs, **attrs}
+            new._verified_attrs = new._attrs if sound and self._verified_attrs is self._attrs else None
+        else:
             new._attrs = self._attrs
             new._verified_attrs = self._verified_attrs
-        else:
-            new._attrs = attrs
-            new._verified_attrs = attrs if sound and self._verified_attrs is self._attrs else None
         return new
 
     def __repr__(self) -> str:

@@ -56,8 +56,6 @@ class _BlockFiller:
         # built (and checked against the catalogue) once, copied with the block's vars.
         self.sum = make_op("sum", {"X": []}, {"Out": []}, role=OpRole.Optimize)
         self.scale = make_op("scale", {"X": []}, {"Out": []}, {"scale": 1.0 / plan.trainers}, role=OpRole.Optimize)
-        self.sum_attrs, self.scale_attrs = dict(self.sum.attrs), dict(self.scale.attrs)
-        self.sum_inputs, self.scale_inputs = dict(self.sum.inputs), dict(self.scale.inputs)  # with the empty slots make_op fills
 
     def declare(self, origin_name: str, name: str | None = None, shape=None, *, persistable: bool | None = None,
                 index: int = 0) -> str:
@@ -77,14 +75,12 @@ class _BlockFiller:
             received = [plan.trainer_grad_name(param, index, k) for k in range(plan.trainers)]
             for name in received:
                 declare(param.grad, name, shape, False, index)
-            # The slot and attr dicts are built whole (`Op._derived`): what `clone(inputs=...)`
-            # would merge and type, one block at a time. A STRINGS op_role_var is sound on its own.
-            role_vars = Attr(AttrType.STRINGS, (var_block.name, merged))
+            # `clone(inputs=...)` with the values typed here (`Op._derived`), one block at a
+            # time. A STRINGS op_role_var is sound on its own.
+            role_vars = {OP_ROLE_VAR_ATTR: Attr(AttrType.STRINGS, (var_block.name, merged))}
             out = {"Out": (merged,)}
-            ops.append(self.sum._derived({**self.sum_inputs, "X": tuple(received)}, out, {**self.sum_attrs, OP_ROLE_VAR_ATTR: role_vars},
-                                         sound=True))
-            ops.append(self.scale._derived({**self.scale_inputs, "X": (merged,)}, out, {**self.scale_attrs, OP_ROLE_VAR_ATTR: role_vars},
-                                           sound=True))
+            ops.append(self.sum._derived({"X": tuple(received)}, out, role_vars, sound=True))
+            ops.append(self.scale._derived({"X": (merged,)}, out, role_vars, sound=True))
         else:
             received = [merged]
 
@@ -100,7 +96,7 @@ class _BlockFiller:
             role_vars = op.role_vars
             if role_vars:  # typed as `clone(attrs=...)` types it: the type the attr has
                 attr = Attr.of([mapping.get(name, name) for name in role_vars], op.attr_type(OP_ROLE_VAR_ATTR))
-                ops.append(op._derived(inputs, outputs, {**op.attrs, OP_ROLE_VAR_ATTR: attr},
+                ops.append(op._derived(inputs, outputs, {OP_ROLE_VAR_ATTR: attr},
                                        sound=sound_on_its_own(OP_ROLE_VAR_ATTR, attr)))
             else:
                 ops.append(op._derived(inputs, outputs))

@@ -15,7 +15,8 @@ from dataclasses import replace
 
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
-from transpiler.ir import Op, Program
+from transpiler.ir import Attr, Op, Program
+from transpiler.ir.attrs import sound_on_its_own
 from transpiler.passes.bundle import Bundle
 from transpiler.passes.contract import Pass
 
@@ -46,38 +47,44 @@ def _startup_for(bundle: Bundle, initializers: list[tuple[Op, list[str]]], write
     block = startup.global_block()
     block.add_vars(var.copy() for var in main.global_block().vars.values())
     positions = sorted({position for name in instances for position in writers.get(name, ())})  # original order
+    origin_vars = bundle.origin_startup.global_block()
+    ops: list[Op] = []  # added at once (`Block.add_ops`): hundreds of initializers per pserver
     for op, outputs in map(initializers.__getitem__, positions):
         targets = [name for out in outputs for name in instances.get(out, ())]
         if not targets:
             continue
         if len(outputs) != 1:
             if all(list(instances.get(out, ())) == [(out, 0)] for out in outputs):
-                block.add_op(op.clone())
+                ops.append(op.clone())
                 continue
             raise TranspileError(f"startup op {op.type!r} writes several vars {outputs}; cannot place it per block")
         (origin_name,) = outputs
-        origin_var = bundle.origin_startup.global_block().find_var(origin_name)
+        origin_var = origin_vars.find_var(origin_name)
+        slot = next(slot for slot, args in op.outputs.items() if origin_name in args)
         for target, index in targets:
-            block.add_op(_initializer_for(op, origin_name, origin_var, block.var(target), index))
+            ops.append(_initializer_for(op, origin_name, slot, origin_var, block.var(target), index))
+    block.add_ops(ops)
     return startup
 
 
-def _initializer_for(op: Op, origin_name: str, origin_var, target, index: int) -> Op:
-    slot = next(slot for slot, args in op.outputs.items() if origin_name in args)
-    outputs = {slot: [target.name if a == origin_name else a for a in op.output(slot)]}
+def _initializer_for(op: Op, origin_name: str, slot: str, origin_var, target, index: int) -> Op:
+    """The initializer `op` of `origin_name` (in output `slot`) made to write block `index`,
+    `target`: `clone(outputs=..., attrs=...)` with the values typed here (`Op._derived`)."""
+    outputs = {slot: tuple([target.name if a == origin_name else a for a in op.output(slot)])}
     whole = tuple(origin_var.shape) if origin_var is not None and origin_var.shape is not None else None
     if target.shape is None or whole is None or tuple(target.shape) == whole:
-        return op.clone(outputs=outputs)
+        return op._derived(outputs=outputs)
     if op.type not in SHAPED_INITIALIZERS or not op.has_attr("shape"):
         raise TranspileError(
             f"cannot initialise block {target.name!r} of {origin_name!r}: its initializer {op.type!r} "
             f"has no shape attr to cut (known: {', '.join(SHAPED_INITIALIZERS)})"
         )
-    attrs = {"shape": list(target.shape)}
+    changed = {"shape": Attr.of(list(target.shape), op.attr_type("shape"))}
     seed = op.attr("seed", 0)
     if seed:
-        attrs["seed"] = seed + index
-    return op.clone(outputs=outputs, attrs=attrs)
+        changed["seed"] = Attr.of(seed + index, op.attr_type("seed"))
+    sound = all(map(sound_on_its_own, changed.keys(), changed.values()))
+    return op._derived(outputs=outputs, attrs=changed, sound=sound)
 
 
 PASS = Pass("pserver_startup", run, requires=("origin_startup", "pservers"), produces=("pservers.startup",))
