@@ -67,12 +67,16 @@ class _Template:
     attrs filled when a caller leaves them out (`Attr`s are immutable, so ops share them),
     the required attrs, and the slot layouts callers used (see `_check_slots`)."""
 
-    __slots__ = ("entry", "slots", "specs", "defaults", "sound_defaults", "required", "role_attrs", "layouts")
+    __slots__ = ("entry", "slots", "specs", "sound_specs", "defaults", "sound_defaults", "required", "role_attrs",
+                 "layouts")
 
     def __init__(self, entry: OpDef) -> None:
         self.entry = entry
         self.slots = {"input": {s.name: s for s in entry.inputs}, "output": {s.name: s for s in entry.outputs}}
         self.specs = {**COMMON_ATTRS, **entry.attrs}  # what `typed_attr` looks up: the entry's spec, else the common one
+        # Whether an attr typed by its spec is sound on its own depends on its name and type
+        # only: asked once per name here, not once per op built.
+        self.sound_specs = {name: sound_on_its_own(name, Attr(spec.type, None)) for name, spec in self.specs.items()}
         defaults: dict[str, Attr] = {}
         for name, spec in entry.attrs.items():
             if not spec.required:
@@ -105,7 +109,13 @@ def _template(entry: OpDef) -> _Template:
 def _check_slots(
     template: _Template, given: Mapping[str, SlotArgs] | None, direction: str, fill: bool
 ) -> dict[str, tuple[str, ...]]:
-    slots = {str(k): _names(v) for k, v in given.items()} if given else {}
+    if not given:
+        slots = {}
+    else:  # names already (the common case, at C speed), else `_names` normalises them
+        slots = {k: tuple(v) if (v.__class__ is list or v.__class__ is tuple) and set(map(type, v)) <= _STR_ONLY
+                 else _names(v) for k, v in given.items()}
+        if set(map(type, slots)) != _STR_ONLY:
+            slots = {str(k): v for k, v in slots.items()}
     layout = template.layouts.get((direction, fill, *slots))
     if layout is None:  # slot names not seen yet: check them all (raising as they come)
         return _check_new_slots(template, slots, direction, fill)
@@ -176,12 +186,27 @@ def _make_attrs(
 ) -> tuple[dict[str, Attr], bool]:
     """The op's attrs, and whether each is sound on its own (the verifier need not check them)."""
     entry = template.entry
-    typed = {name: _typed_attr(template, name, value) for name, value in attrs.items()} if attrs else {}
+    typed: dict[str, Attr] = {}
+    sound = True
+    if attrs:
+        specs, sound_specs = template.specs, template.sound_specs
+        for name, value in attrs.items():
+            spec = specs.get(name)
+            if spec is None or isinstance(value, Attr):
+                typed[name] = attr = typed_attr(entry, name, value)
+                sound = sound and sound_on_its_own(name, attr)
+                continue
+            try:  # `_typed_attr`, inline: make_op types every attr given
+                typed[name] = Attr(spec.type, coerce(value, spec.type))
+            except IRError as exc:
+                raise OpSpecError(f"{entry.type}: attr {name}={value!r}: {exc}") from None
+            sound = sound and sound_specs[name]
     if role is not None:
-        typed[OP_ROLE_ATTR] = _role_attr(template, role)
+        typed[OP_ROLE_ATTR] = attr = _role_attr(template, role)
+        sound = sound and sound_on_its_own(OP_ROLE_ATTR, attr)
     if role_vars is not None:
-        typed[OP_ROLE_VAR_ATTR] = _role_vars_attr(entry, role_vars)
-    sound = all(map(sound_on_its_own, typed.keys(), typed.values()))
+        typed[OP_ROLE_VAR_ATTR] = attr = _role_vars_attr(entry, role_vars)
+        sound = sound and sound_on_its_own(OP_ROLE_VAR_ATTR, attr)
     if not fill_defaults:
         return dict(sorted(typed.items())), sound
     for name, spec in template.required:
