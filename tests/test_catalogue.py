@@ -122,6 +122,56 @@ def test_make_op_refuses_bad_slots_and_attrs():
         catalogue.make_op("save", {"X": ["a"]}, {})
 
 
+def _general_make_op(*args, **kwargs):
+    """make_op with its cache of call shapes empty: the general path."""
+    from ops.catalogue import build
+
+    saved = dict(build._SHAPES)
+    build._SHAPES.clear()
+    try:
+        return catalogue.make_op(*args, **kwargs)
+    finally:
+        build._SHAPES.clear()
+        build._SHAPES.update(saved)
+
+
+def _same_op(a, b) -> bool:
+    return (a.type, list(a.inputs.items()), list(a.outputs.items()), list(a.attrs.items()),
+            a._verified_attrs is a._attrs) == (b.type, list(b.inputs.items()), list(b.outputs.items()),
+                                               list(b.attrs.items()), b._verified_attrs is b._attrs)
+
+
+def test_make_op_of_a_shape_seen_before_builds_what_the_general_path_builds():
+    """make_op remembers what a call's names settle (slot order, one-var slots, attr types,
+    role attrs, attr order); a second call of that shape must build the same op, and a value
+    the shortcut cannot take must still be normalised or refused as the first time."""
+    from transpiler.ir import Var
+
+    calls = [
+        (("recv", {"X": ["a"]}, {"Out": ["b", "c"]}, {"epmap": ["e1", "e2"], "trainer_id": 0}),
+         {"role": OpRole.RPC, "role_vars": ("p", "g")}),
+        (("concat", {"X": ["a", "b"]}, {"Out": ["p"]}, {"axis": 0}), {"role": OpRole.Dist}),
+        (("fill_constant", {}, {"Out": ["x"]}, {"shape": [1]}), {}),
+        (("fill_constant", None, {"Out": ["x"]}, {"shape": [1]}), {}),
+        (("sum", {"X": ["a", "b"]}, {"Out": ["c"]}, {"use_mkldnn": False}), {"fill_defaults": False}),
+        (("send", {"X": ["g"]}, {"Out": ["d"]}, {"epmap": ["e"], "sections": [3, 4], "zz_unknown": 1}), {}),
+        (("fetch_barrier", {}, {"Out": ["a"]}), {"role": 4, "role_vars": []}),
+    ]
+    for args, kwargs in calls:
+        expected = _general_make_op(*args, **kwargs)
+        first, second = catalogue.make_op(*args, **kwargs), catalogue.make_op(*args, **kwargs)
+        assert _same_op(first, expected) and _same_op(second, expected), args[0]
+    # Values of a known shape that the shortcut leaves to the general path.
+    catalogue.make_op("mul", {"X": ["a"], "Y": ["c"]}, {"Out": ["d"]})
+    with pytest.raises(OpSpecError, match="takes one var"):
+        catalogue.make_op("mul", {"X": ["a", "b"], "Y": ["c"]}, {"Out": ["d"]})
+    catalogue.make_op("send", {"X": ["a"]}, {"Out": ["b"]}, {"epmap": ["e"]})
+    with pytest.raises(OpSpecError, match="epmap"):
+        catalogue.make_op("send", {"X": ["a"]}, {"Out": ["b"]}, {"epmap": 3})
+    named = catalogue.make_op("mul", {"X": Var("a"), "Y": "c"}, {"Out": [Var("d")]})
+    assert named.input("X") == ("a",) and named.input("Y") == ("c",) and named.output("Out") == ("d",)
+
+
 def test_make_op_without_defaults_builds_raw_descs():
     op = catalogue.make_op("sum", {"X": ["a", "b"]}, {"Out": ["c"]}, {"use_mkldnn": False}, fill_defaults=False)
     assert set(op.attrs) == {"use_mkldnn"}

@@ -264,12 +264,129 @@ def make_op(
     Raises `UnknownOpError` for an op the catalogue does not know and `OpSpecError`
     (an `IRError`) for a bad slot or attr.
     """
+    # A call shaped like one seen before (same type, slot names, attr names, role) reuses
+    # what the checks that depend on names only worked out then (`_Shape`): a pass builds
+    # hundreds of ops of a few shapes, and the general path below cost 7 us an op.
+    try:
+        key = (op_type, fill_defaults, role, role_vars is None, inputs is None, *(inputs or ()), None,
+               *(outputs or ()), None, *(attrs or ()))
+        shape = _SHAPES.get(key)
+    except TypeError:  # an unhashable role or slot name: the general path says what is wrong
+        key, shape = None, None
+    if shape is not None and shape.entry is CATALOGUE.get(op_type):
+        op = shape.build(inputs, outputs, attrs, role_vars)
+        if op is not None:
+            return op
     entry = require(op_type)
     template = _template(entry)
     ins = _check_slots(template, inputs, "input", fill=inputs is not None)
     outs = _check_slots(template, outputs, "output", fill=False)
     typed, sound = _make_attrs(template, attrs, fill_defaults, role, role_vars)
+    if shape is None and key is not None and len(_SHAPES) < 4096 and _str_keys(inputs) and _str_keys(outputs) and _str_keys(attrs):
+        _SHAPES[key] = _Shape(template, ins, outs, typed, attrs, fill_defaults, role, role_vars)
     return Op._built(op_type, ins, outs, typed, sound=sound)
+
+
+def _str_keys(mapping: Mapping | None) -> bool:
+    """Names the op keeps as given (the general path turns other keys into `str`)."""
+    return not mapping or set(map(type, mapping)) == _STR_ONLY
+
+
+class _Shape:
+    """What `make_op` worked out for one shape of call (see there), so that the next call
+    of that shape only normalises and types the values given: the slots in the op's
+    order (with the left-out dispensable inputs empty), which take one var, each attr's
+    spec type and soundness, the role attrs, and the attr order."""
+
+    __slots__ = ("entry", "in_order", "in_single", "out_order", "out_single", "attr_types", "sound", "role_attr",
+                 "role_vars_typed", "defaults", "sort")
+
+    def __init__(self, template: _Template, ins: dict, outs: dict, typed: dict[str, Attr], attrs, fill_defaults: bool,
+                 role, role_vars) -> None:
+        self.entry = template.entry
+        self.in_order, self.in_single = self._slots(template, ins, "input")
+        self.out_order, self.out_single = self._slots(template, outs, "output")
+        # Per attr given: its spec type, or None when typing depends on the value (no spec).
+        self.attr_types = {}
+        sound = True
+        for name in attrs or ():
+            spec = template.specs.get(name)
+            self.attr_types[name] = None if spec is None else spec.type
+            sound = sound and spec is not None and template.sound_specs[name]
+        self.role_attr = typed.get(OP_ROLE_ATTR) if role is not None else None
+        if self.role_attr is not None:
+            sound = sound and sound_on_its_own(OP_ROLE_ATTR, self.role_attr)
+        # op_role_var as `_role_vars_attr` types it when the entry does not declare it: STRINGS.
+        self.role_vars_typed = role_vars is not None and OP_ROLE_VAR_ATTR not in self.entry.attrs
+        if self.role_vars_typed:
+            sound = sound and sound_on_its_own(OP_ROLE_VAR_ATTR, Attr(AttrType.STRINGS, ()))
+        self.sound = sound and (template.sound_defaults or not fill_defaults)
+        self.defaults = template.defaults if fill_defaults else None
+        self.sort = not (fill_defaults and typed.keys() <= template.defaults.keys())  # else the defaults' order
+
+    @staticmethod
+    def _slots(template: _Template, slots: dict, direction: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        known = template.slots[direction]
+        return tuple(slots), tuple(name for name in slots if not known[name].duplicable)
+
+    def build(self, inputs, outputs, attrs, role_vars) -> Op | None:
+        """The op, or None when a value needs the general path (to normalise it, or to
+        say what is wrong with it)."""
+        ins = self._take(inputs, self.in_order, self.in_single)
+        if ins is None:
+            return None
+        outs = self._take(outputs, self.out_order, self.out_single)
+        if outs is None:
+            return None
+        typed: dict[str, Attr] = {}
+        if attrs:
+            for name, value in attrs.items():
+                attr_type = self.attr_types[name]
+                if attr_type is None or isinstance(value, Attr):
+                    return None
+                try:
+                    typed[name] = Attr(attr_type, coerce(value, attr_type))
+                except IRError:
+                    return None
+        if self.role_attr is not None:
+            typed[OP_ROLE_ATTR] = self.role_attr
+        if role_vars is not None:
+            if not self.role_vars_typed or not role_vars or set(map(type, role_vars)) != _STR_ONLY:
+                return None
+            typed[OP_ROLE_VAR_ATTR] = Attr(AttrType.STRINGS, tuple(role_vars))
+        defaults = self.defaults
+        if defaults is None:
+            typed = dict(sorted(typed.items()))
+        elif not typed:
+            typed = defaults
+        elif self.sort:
+            typed = dict(sorted({**defaults, **typed}.items()))
+        else:
+            typed = {**defaults, **typed}
+        return Op._built(self.entry.type, ins, outs, typed, sound=self.sound)
+
+    @staticmethod
+    def _take(given, order: tuple[str, ...], single: tuple[str, ...]) -> dict[str, tuple[str, ...]] | None:
+        """The slots in the op's order, names as tuples; None when an arg is not a name
+        or a one-var slot has several (the general path normalises or refuses them)."""
+        slots = {}
+        get = given.get if given else {}.get
+        for name in order:
+            args = get(name, ())
+            if args.__class__ is not tuple:
+                if args.__class__ is not list:
+                    return None
+                args = tuple(args)
+            if args and set(map(type, args)) != _STR_ONLY:
+                return None
+            slots[name] = args
+        for name in single:
+            if len(slots[name]) > 1:
+                return None
+        return slots
+
+
+_SHAPES: dict[tuple, _Shape] = {}
 
 
 def fill_attrs(op: Op, *, strict: bool = True) -> Op:
