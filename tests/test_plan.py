@@ -79,3 +79,16 @@ def test_load_report_and_imbalance():
         "shape": [1, 2],
     }
     assert plan.trainer_grad_name(param, 1, 0) == "w@GRAD.block1.trainer_0"
+
+
+def test_by_endpoint_is_on_for_every_endpoint_in_one_walk():
+    plan = Plan(("a:1", "b:2", "c:3"), trainers=1, sync_mode=True, slice_var_up=True, split_method="hash_name",
+                min_block_size=1)
+    plan.params.append(ParamPlan("w", "w@GRAD", (4, 2), DType.FP32, "sgd", make_blocks("w", (4, 2), [2, 2, 2, 2]),
+                                 ["b:2", "a:1", "b:2", "a:1"]))
+    plan.params.append(ParamPlan("v", "v@GRAD", (3,), DType.FP32, "sgd", make_blocks("v", (3,), [3]), ["a:1"]))
+    placed = plan.by_endpoint()
+    assert set(placed) == {"a:1", "b:2"}  # c:3 holds nothing
+    for endpoint in plan.endpoints:
+        assert placed.get(endpoint, []) == plan.on(endpoint)
+    assert [(p.param, b.index) for p, b in placed["a:1"]] == [("w", 1), ("w", 3), ("v", 0)]

@@ -152,6 +152,19 @@ class Plan:
         """Every (param, block) placed on `endpoint`, in param order."""
         return [(p, b) for p in self.params for b in p.blocks_on(endpoint)]
 
+    def by_endpoint(self) -> dict[str, list[tuple[ParamPlan, VarBlock]]]:
+        """`on(endpoint)` for every endpoint holding a block, in one walk of the params
+        (rather than one per endpoint)."""
+        placed: dict[str, list[tuple[ParamPlan, VarBlock]]] = {}
+        for param in self.params:
+            for block, endpoint in zip(param.blocks, param.endpoints, strict=True):
+                found = placed.get(endpoint)
+                if found is None:
+                    placed[endpoint] = [(param, block)]
+                else:
+                    found.append((param, block))
+        return placed
+
     # -- reports
     def load_by_endpoint(self) -> list[dict[str, Any]]:
         """Per endpoint: blocks, elements, bytes and share of the total."""

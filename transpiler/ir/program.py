@@ -647,12 +647,13 @@ class Block:
 
     def add_var(self, var: Var) -> Var:
         self._check_mutable()
+        name = var._name  # not the property: passes add thousands of vars
         if var.block is not None:
-            raise IRError(f"var {var.name!r} already belongs to block {var.block.idx}")
-        if var.name in self._vars:
-            raise IRError(f"block {self.idx} already declares var {var.name!r}")
+            raise IRError(f"var {name!r} already belongs to block {var.block.idx}")
+        if name in self._vars:
+            raise IRError(f"block {self.idx} already declares var {name!r}")
         var.block = self
-        self._vars[var.name] = var
+        self._vars[name] = var
         return var
 
     def add_vars(self, variables: Iterable[Var]) -> None:

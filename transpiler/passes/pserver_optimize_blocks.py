@@ -30,9 +30,10 @@ from transpiler.plan import ParamPlan, Plan, VarBlock
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     chains = {chain.param: chain for chain in bundle.analysis.chains}
+    placed_on = bundle.plan.by_endpoint()
     for endpoint, progs in bundle.pservers.items():
         filler = _BlockFiller(bundle.origin, bundle.plan, progs)
-        placed = bundle.plan.on(endpoint)
+        placed = placed_on.get(endpoint, [])
         blocks_here = Counter(param.param for param, _ in placed)
         for param, var_block in placed:
             block = progs.main.create_block(progs.optimize_parent)
@@ -84,15 +85,10 @@ class _BlockFiller:
         else:
             received = [merged]
 
-        map_arg = self._map_arg
         for op in chain.ops:
             slots = optimizer_slots(op.type) if op is chain.optimizer else None
-            inputs, outputs = (
-                {slot: tuple([mapping[arg] if arg in mapping else
-                              map_arg(arg, slot, slots, direction, param, var_block, shared, mapping) for arg in args])
-                 for slot, args in op_slots.items()}
-                for direction, op_slots in (("inputs", op.inputs), ("outputs", op.outputs))
-            )
+            inputs = self._mapped(op.inputs, "inputs", slots, param, var_block, shared, mapping)
+            outputs = self._mapped(op.outputs, "outputs", slots, param, var_block, shared, mapping)
             role_vars = op.role_vars
             if role_vars:  # typed as `clone(attrs=...)` types it: the type the attr has
                 attr = Attr.of([mapping.get(name, name) for name in role_vars], op.attr_type(OP_ROLE_VAR_ATTR))
@@ -102,6 +98,27 @@ class _BlockFiller:
                 ops.append(op._derived(inputs, outputs))
         block.add_ops(ops)
         return received
+
+    def _mapped(self, op_slots, direction: str, slots: OptimizerSlots | None, param: ParamPlan, var_block: VarBlock,
+                shared: bool, mapping: dict[str, str]) -> dict[str, tuple[str, ...]]:
+        """The slots whose args change on the block, mapped (`_map_arg` for every arg: it
+        declares them); a plain loop, as a block's few slots made comprehensions cost more
+        than their work, and an unchanged slot keeps its tuple."""
+        changed = {}
+        map_arg = self._map_arg
+        for slot, args in op_slots.items():
+            if len(args) == 1:
+                arg = args[0]
+                new = mapping[arg] if arg in mapping else map_arg(arg, slot, slots, direction, param, var_block,
+                                                                 shared, mapping)
+                if new != arg:
+                    changed[slot] = (new,)
+                continue
+            mapped = tuple([mapping[arg] if arg in mapping else
+                            map_arg(arg, slot, slots, direction, param, var_block, shared, mapping) for arg in args])
+            if mapped != args:
+                changed[slot] = mapped
+        return changed
 
     def _map_arg(self, arg: str, slot: str, slots: OptimizerSlots | None, direction: str,
                  param: ParamPlan, var_block: VarBlock, shared: bool, mapping: dict[str, str]) -> str:
