@@ -676,7 +676,7 @@ class Block:
         table = self._vars
         for var in variables:
             var.block = self
-            table[var.name] = var
+            table[var._name] = var
         prev = self._tail
         for op in ops:
             op.block = self
@@ -724,10 +724,13 @@ class Block:
         else:
             users = dict.fromkeys(op for old in renames for table in (self._readers, self._writers)
                                   for op in table.get(old, ()))
+        old = renames.keys()
         for op in users:
-            inputs, outputs = _renamed(op._inputs, renames), _renamed(op._outputs, renames)
-            if inputs is not op._inputs or outputs is not op._outputs:
-                op._edit_slots(inputs=inputs, outputs=outputs)
+            ins, outs = op._inputs, op._outputs
+            # Most ops use none of the names: asked here at C speed, without a call per op.
+            if old.isdisjoint(chain.from_iterable(ins.values())) and old.isdisjoint(chain.from_iterable(outs.values())):
+                continue
+            op._edit_slots(inputs=_renamed(ins, renames), outputs=_renamed(outs, renames))
 
     # -- ops: reads
     @property
