@@ -32,24 +32,56 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     for position, (_, outputs) in enumerate(initializers):
         for name in outputs:
             writers.setdefault(name, []).append(position)
+    shared = _Shared(bundle.origin_startup)
     pservers = {}
     for endpoint, progs in bundle.pservers.items():
-        startup = _startup_for(bundle, initializers, writers, progs.main, progs.instances)
+        startup = _startup_for(initializers, writers, progs.main, progs.instances, shared)
         pservers[endpoint] = replace(progs, startup=startup)
     return replace(bundle, pservers=pservers)
 
 
-def _startup_for(bundle: Bundle, initializers: list[tuple[Op, list[str]]], writers: dict[str, list[int]],
-                 main: Program, instances: dict[str, dict[tuple[str, int], None]]) -> Program:
+class _Shared:
+    """What the pservers' startups have in common, worked out at the first that needs it:
+    per initializer of one var, its output slot and the var's whole shape; and the typed
+    `shape` / `seed` attrs of the blocks (immutable, so every op setting the same value
+    shares one, with whether it is sound on its own)."""
+
+    def __init__(self, origin_startup: Program) -> None:
+        self.origin_vars = origin_startup.global_block()
+        self.outputs: dict[int, tuple[str, tuple[int, ...] | None]] = {}
+        self.attrs: dict[tuple, tuple[Attr, bool]] = {}
+
+    def output(self, position: int, op: Op, origin_name: str) -> tuple[str, tuple[int, ...] | None]:
+        found = self.outputs.get(position)
+        if found is None:
+            origin_var = self.origin_vars.find_var(origin_name)
+            whole = tuple(origin_var.shape) if origin_var is not None and origin_var.shape is not None else None
+            slot = next(slot for slot, args in op.outputs.items() if origin_name in args)
+            found = self.outputs[position] = (slot, whole)
+        return found
+
+    def attr(self, op: Op, name: str, value) -> tuple[Attr, bool]:
+        """`value` typed as `clone(attrs=...)` types it (the type the attr has), and whether it is sound."""
+        attr_type = op.attr_type(name)
+        key = (name, attr_type, value)
+        found = self.attrs.get(key)
+        if found is None:
+            attr = Attr.of(list(value) if isinstance(value, tuple) else value, attr_type)
+            found = self.attrs[key] = (attr, sound_on_its_own(name, attr))
+        return found
+
+
+def _startup_for(initializers: list[tuple[Op, list[str]]], writers: dict[str, list[int]], main: Program,
+                 instances: dict[str, dict[tuple[str, int], None]], shared: _Shared) -> Program:
     startup = Program.empty()
     startup.version = main.version
     startup.op_version_map = None if main.op_version_map is None else dict(main.op_version_map)
     block = startup.global_block()
     block.add_vars(var.copy() for var in main.global_block().vars.values())
     positions = sorted({position for name in instances for position in writers.get(name, ())})  # original order
-    origin_vars = bundle.origin_startup.global_block()
     ops: list[Op] = []  # added at once (`Block.add_ops`): hundreds of initializers per pserver
-    for op, outputs in map(initializers.__getitem__, positions):
+    for position in positions:
+        op, outputs = initializers[position]
         targets = [name for out in outputs for name in instances.get(out, ())]
         if not targets:
             continue
@@ -59,31 +91,34 @@ def _startup_for(bundle: Bundle, initializers: list[tuple[Op, list[str]]], write
                 continue
             raise TranspileError(f"startup op {op.type!r} writes several vars {outputs}; cannot place it per block")
         (origin_name,) = outputs
-        origin_var = origin_vars.find_var(origin_name)
-        slot = next(slot for slot, args in op.outputs.items() if origin_name in args)
+        slot, whole = shared.output(position, op, origin_name)
         for target, index in targets:
-            ops.append(_initializer_for(op, origin_name, slot, origin_var, block.var(target), index))
+            ops.append(_initializer_for(op, origin_name, slot, whole, block.var(target), index, shared))
     block.add_ops(ops)
     return startup
 
 
-def _initializer_for(op: Op, origin_name: str, slot: str, origin_var, target, index: int) -> Op:
-    """The initializer `op` of `origin_name` (in output `slot`) made to write block `index`,
-    `target`: `clone(outputs=..., attrs=...)` with the values typed here (`Op._derived`)."""
-    outputs = {slot: tuple([target.name if a == origin_name else a for a in op.output(slot)])}
-    whole = tuple(origin_var.shape) if origin_var is not None and origin_var.shape is not None else None
+def _initializer_for(op: Op, origin_name: str, slot: str, whole: tuple[int, ...] | None, target, index: int,
+                     shared: _Shared) -> Op:
+    """The initializer `op` of `origin_name` (in output `slot`, whole shape `whole`) made to
+    write block `index`, `target`: `clone(outputs=..., attrs=...)` with the values typed
+    here (`Op._derived`)."""
+    args = op.output(slot)
+    name = target.name
+    outputs = {slot: (name,) if len(args) == 1 else tuple([name if a == origin_name else a for a in args])}
     if target.shape is None or whole is None or tuple(target.shape) == whole:
         return op._derived(outputs=outputs)
     if op.type not in SHAPED_INITIALIZERS or not op.has_attr("shape"):
         raise TranspileError(
-            f"cannot initialise block {target.name!r} of {origin_name!r}: its initializer {op.type!r} "
+            f"cannot initialise block {name!r} of {origin_name!r}: its initializer {op.type!r} "
             f"has no shape attr to cut (known: {', '.join(SHAPED_INITIALIZERS)})"
         )
-    changed = {"shape": Attr.of(list(target.shape), op.attr_type("shape"))}
+    shape, sound = shared.attr(op, "shape", tuple(target.shape))
+    changed = {"shape": shape}
     seed = op.attr("seed", 0)
     if seed:
-        changed["seed"] = Attr.of(seed + index, op.attr_type("seed"))
-    sound = all(map(sound_on_its_own, changed.keys(), changed.values()))
+        changed["seed"], seed_sound = shared.attr(op, "seed", seed + index)
+        sound = sound and seed_sound
     return op._derived(outputs=outputs, attrs=changed, sound=sound)
 
 
