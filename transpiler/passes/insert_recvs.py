@@ -20,21 +20,21 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     plan, trainer, sends = bundle.plan, bundle.trainer, bundle.trainer_sends
     block = trainer.global_block()
     received: list[str] = []
+    ops = []  # all appended, so added at once (`Block.add_ops`)
     for param in received_params(plan):
         outs = recv_outputs(trainer, param, options)
         received.extend(outs)
         after = sends.barrier if sends.barrier and options.sync_mode else sends.control[param.param]
-        block.add_op(make_op("recv", {"X": [after]}, {"Out": outs}, recv_attrs(param, options), role=OpRole.RPC,
-                             role_vars=(param.param, param.grad)))
+        ops.append(make_op("recv", {"X": [after]}, {"Out": outs}, recv_attrs(param, options), role=OpRole.RPC,
+                           role_vars=(param.param, param.grad)))
     if options.sync_mode:
-        block.add_op(make_op(
+        ops.append(make_op(
             "fetch_barrier", {"X": [sends.barrier]}, {"Out": received},
             {"endpoints": list(options.endpoints), "trainer_id": options.trainer_id}, role=OpRole.RPC,
         ))
     if not options.runtime_split_send_recv:
-        for param in received_params(plan):
-            if param.sliced:
-                block.add_op(concat_op(param))
+        ops.extend(concat_op(param) for param in received_params(plan) if param.sliced)
+    block.add_ops(ops)
     return bundle
 
 

@@ -55,12 +55,13 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         fetched = set(fetched_tables)
         block.remove_ops([op for op in block.ops if not fetched.isdisjoint(op.output_names)])
 
+    ops = []  # all appended, so added at once (`Block.add_ops`)
     for param in received_params(plan):
         if not block.has_var(param.param):
             block.add_var(bundle.origin.global_block().var(param.param).copy())
         outs = recv_outputs(startup, param, options)
-        block.add_op(make_op("recv", {"X": []}, {"Out": outs}, recv_attrs(param, options), role=OpRole.RPC))
-    block.add_op(
+        ops.append(make_op("recv", {"X": []}, {"Out": outs}, recv_attrs(param, options), role=OpRole.RPC))
+    ops.append(
         make_op(
             "fetch_barrier",
             {"X": []},
@@ -70,9 +71,8 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         )
     )
     if not options.runtime_split_send_recv:
-        for param in received_params(plan):
-            if param.sliced:
-                block.add_op(concat_op(param))
+        ops.extend(concat_op(param) for param in received_params(plan) if param.sliced)
+    block.add_ops(ops)
     for table in fetched_tables:
         if not block.has_var(table):
             block.add_var(bundle.origin.global_block().var(table).copy())
