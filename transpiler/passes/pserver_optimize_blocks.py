@@ -31,8 +31,9 @@ from transpiler.plan import ParamPlan, Plan, VarBlock
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     chains = {chain.param: chain for chain in bundle.analysis.chains}
     placed_on = bundle.plan.by_endpoint()
+    kinds: dict[tuple, str] = {}  # `_BlockFiller._map_arg`'s, the same on every pserver
     for endpoint, progs in bundle.pservers.items():
-        filler = _BlockFiller(bundle.origin, bundle.plan, progs)
+        filler = _BlockFiller(bundle.origin, bundle.plan, progs, kinds)
         placed = placed_on.get(endpoint, [])
         blocks_here = Counter(param.param for param, _ in placed)
         for param, var_block in placed:
@@ -48,19 +49,17 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
 
 
 class _BlockFiller:
-    def __init__(self, origin: Program, plan: Plan, progs: PserverPrograms) -> None:
+    def __init__(self, origin: Program, plan: Plan, progs: PserverPrograms, kinds: dict[tuple, str]) -> None:
         self.origin = origin
         self.plan = plan
         self.progs = progs
         self.vars = PserverVars(progs, origin)
+        self.kinds = kinds
+        self.plain: set[str] = set()  # the plain vars declared here (`_map_arg`)
         # The `sum` and `scale` that start every block in sync mode differ only in their vars:
         # built (and checked against the catalogue) once, copied with the block's vars.
         self.sum = make_op("sum", {"X": []}, {"Out": []}, role=OpRole.Optimize)
         self.scale = make_op("scale", {"X": []}, {"Out": []}, {"scale": 1.0 / plan.trainers}, role=OpRole.Optimize)
-
-    def declare(self, origin_name: str, name: str | None = None, shape=None, *, persistable: bool | None = None,
-                index: int = 0) -> str:
-        return self.vars.declare(origin_name, name, shape, persistable, index)
 
     def fill(self, block: Block, chain: ParamChain, param: ParamPlan, var_block: VarBlock, shared: bool) -> list[str]:
         """Fill one optimize block; return the grad vars `listen_and_serv` receives for it.
@@ -138,25 +137,37 @@ class _BlockFiller:
             return arg
         if arg in mapping:
             return mapping[arg]
+        # What the arg is (a state cut like the param, a whole state, a param-shaped temporary,
+        # or a plain var) depends on the names and the param's shape only: settled once.
+        key = (arg, slot, direction, id(slots), param.sliced and param.shape)
+        kind = self.kinds.get(key)
+        if kind is None:
+            kind = self.kinds[key] = self._kind(arg, slot, slots, direction, param)
+        if kind is _PLAIN:
+            if arg not in self.plain:  # declaring a plain var again changes nothing: once per pserver
+                self.vars.declare(arg)
+                self.plain.add(arg)
+            return arg
         suffixed = block_name(arg, var_block.index) if shared else arg
+        mapping[arg] = self.vars.declare(arg, suffixed, var_block.shape if kind is _CUT else None, None,
+                                         var_block.index)
+        return mapping[arg]
+
+    def _kind(self, arg: str, slot: str, slots: OptimizerSlots | None, direction: str, param: ParamPlan) -> str:
         if slots is not None:
             state_slot = slot if direction == "inputs" else _input_of_output(slots, slot)
             if state_slot in slots.sliced:
-                mapping[arg] = self.declare(arg, suffixed, var_block.shape, index=var_block.index)
-                return mapping[arg]
-            if state_slot in slots.unsliced:
-                mapping[arg] = self.declare(arg, suffixed, index=var_block.index)
-                return mapping[arg]
-        elif (
-            param.sliced
-            and (origin_var := self.origin.global_block().find_var(arg)) is not None
-            and not origin_var.persistable
-            and origin_var.shape == param.shape
-        ):
-            # A param-shaped temporary of L2 decay or clipping: it lives block by block.
-            mapping[arg] = self.declare(arg, suffixed, var_block.shape, index=var_block.index)
-            return mapping[arg]
-        return self.declare(arg)
+                return _CUT
+            return _WHOLE if state_slot in slots.unsliced else _PLAIN
+        origin_var = self.origin.global_block().find_var(arg)
+        if param.sliced and origin_var is not None and not origin_var.persistable and origin_var.shape == param.shape:
+            return _CUT  # a param-shaped temporary of L2 decay or clipping: it lives block by block
+        return _PLAIN
+
+
+# How `_map_arg` maps an arg onto a block: declared with the block's shape, declared whole
+# (each under a `.block<i>` name when the pserver holds two blocks of the param), or as it is.
+_CUT, _WHOLE, _PLAIN = "cut", "whole", "plain"
 
 
 def _input_of_output(slots: OptimizerSlots, output_slot: str) -> str | None:
