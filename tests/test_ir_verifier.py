@@ -289,3 +289,34 @@ def test_ops_built_or_edited_as_sound_are_still_checked_where_they_are_not():
     program.block(1).add_op(program.global_block().ops[2].clone())
     err = _only_problem(program)
     assert (err.block, err.op_index) == (1, 0) and "own block" in err.reason
+
+
+def test_many_child_blocks_checked_at_once_still_name_the_block_and_op():
+    """Children of block 0 that declare nothing are checked together while they are all
+    sound (`_quiet_children`); a problem in any of them must still be found and located."""
+    for bad_child in (1, 5):
+        program = _program(2)
+        for i in range(1, 7):
+            child = program.create_block(0)
+            child.add_op("relu", {"X": "x0"}, {"Out": "x1"}, {"op_role": 0})
+            child.add_op("scale", {"X": "x1"}, {"Out": "x2" if i != bad_child else "nowhere"}, {"op_role": 0})
+        assert program.block(bad_child + 1).ops[1].output("Out") == ("nowhere",)
+        err = _only_problem(program)
+        _assert_op_located(err, block=bad_child + 1, index=1, op_type="scale")
+        assert "nowhere" in err.reason
+    program = _program(2)
+    for _ in range(4):
+        program.create_block(0).add_op("relu", {"X": "x0"}, {"Out": "x1"}, {"op_role": 0})
+    program.block(3).ops[0].set_attr("sub_block", Attr(AttrType.BLOCK, 3))  # its own block: an attr problem
+    _assert_op_located(_only_problem(program), block=3, index=0, op_type="relu")
+    program.block(3).ops[0].set_attr("sub_block", Attr(AttrType.BLOCK, 1))
+    verify(program)
+    from transpiler.ir.verifier import _quiet_children
+
+    program = _program(2)
+    for _ in range(3):
+        program.create_block(0).add_op("relu", {"X": "x0"}, {"Out": "x1"}, {"op_role": 0})
+    verify(program)  # finds the ops' attrs sound, so the next check takes the children at once
+    assert _quiet_children(program) == {1, 2, 3, 4}
+    program.block(2).add_op("relu", {"X": "x0"}, {"Out": "nowhere"}, {"op_role": 0})
+    _assert_op_located(_only_problem(program), block=2, index=1, op_type="relu")
