@@ -480,8 +480,17 @@ class Op:
 
     def has_role(self, role: OpRole) -> bool:
         """Whether `op_role` has any bit of `role`: `bool(op.role & role)` as an int test
-        (flag arithmetic costs a microsecond, and the analysis asks this of every op)."""
-        return bool(int(self.attr(OP_ROLE_ATTR, 0)) & int(role))
+        (flag arithmetic costs a microsecond, and the analysis asks this of every op;
+        so does `int()` of a flag, hence the role's bits looked up)."""
+        attr = self._attrs.get(OP_ROLE_ATTR)
+        if attr is None:
+            return False
+        bits = _BITS_OF_ROLE.get(role)
+        if bits is None:
+            bits = int(role)
+            if len(_BITS_OF_ROLE) < 1024:
+                _BITS_OF_ROLE[role] = bits
+        return bool(int(attr.value) & bits)
 
     @property
     def role_vars(self) -> tuple[str, ...]:
@@ -558,6 +567,7 @@ class Op:
 
 
 _ROLE_OF_NUMBER: dict[int, OpRole] = {}
+_BITS_OF_ROLE: dict[OpRole | int, int] = {}
 _IS_TARGET_EXPLICIT = frozenset({"is_target"})
 
 
