@@ -92,3 +92,14 @@ def test_by_endpoint_is_on_for_every_endpoint_in_one_walk():
     for endpoint in plan.endpoints:
         assert placed.get(endpoint, []) == plan.on(endpoint)
     assert [(p.param, b.index) for p, b in placed["a:1"]] == [("w", 1), ("w", 3), ("v", 0)]
+
+
+def test_trainer_grad_names_are_trainer_grad_name_for_every_trainer():
+    param = ParamPlan("w", "w@GRAD", (4, 2), DType.FP32, "sgd", make_blocks("w", (4, 2), [6, 2]), ["a:1", "b:2"])
+    whole = ParamPlan("v", "v@GRAD", (3,), DType.FP32, "sgd", make_blocks("v", (3,), [3]), ["a:1"])
+    for sync_mode, trainers in ((True, 3), (True, 1), (False, 2)):
+        plan = Plan(("a:1", "b:2"), trainers=trainers, sync_mode=sync_mode, slice_var_up=True,
+                    split_method="round_robin", min_block_size=1)
+        for p, index in ((param, 0), (param, 1), (whole, 0)):
+            assert plan.trainer_grad_names(p, index) == [plan.trainer_grad_name(p, index, k) for k in range(trainers)]
+    assert plan.trainer_grad_names(param, 1) == ["w@GRAD.block1", "w@GRAD.block1"]  # async: one grad, no suffix

@@ -148,6 +148,14 @@ class Plan:
         base = param.grad_block_name(index)
         return naming.trainer_name(base, trainer) if self.per_trainer_grads else base
 
+    def trainer_grad_names(self, param: ParamPlan, index: int) -> list[str]:
+        """`trainer_grad_name` of block `index` for every trainer, in trainer order (what a
+        sync pserver sums), the block's name worked out once."""
+        base = param.grad_block_name(index)
+        if not self.per_trainer_grads:
+            return [base] * self.trainers
+        return [naming.trainer_name(base, trainer) for trainer in range(self.trainers)]
+
     def on(self, endpoint: str) -> list[tuple[ParamPlan, VarBlock]]:
         """Every (param, block) placed on `endpoint`, in param order."""
         return [(p, b) for p in self.params for b in p.blocks_on(endpoint)]

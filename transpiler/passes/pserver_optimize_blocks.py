@@ -39,9 +39,9 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         for param, var_block in placed:
             block = progs.main.create_block(progs.optimize_parent)
             shared = blocks_here[param.param] > 1
-            progs.received.extend(filler.fill(block, chains[param.param], param, var_block, shared))
-            progs.optimize_blocks.append(block.idx)
             merged = param.grad_block_name(var_block.index)
+            progs.received.extend(filler.fill(block, chains[param.param], param, var_block, merged, shared))
+            progs.optimize_blocks.append(block.idx)
             progs.grad_to_block.append((merged, block.idx))
             if param.sparse:
                 progs.sparse_grad_to_param.append((merged, var_block.name))
@@ -55,18 +55,19 @@ class _BlockFiller:
         self.progs = progs
         self.vars = PserverVars(progs, origin)
         self.kinds = kinds
+        self.per_trainer_grads = plan.per_trainer_grads
         self.plain: set[str] = set()  # the plain vars declared here (`_map_arg`)
         # The `sum` and `scale` that start every block in sync mode differ only in their vars:
         # built (and checked against the catalogue) once, copied with the block's vars.
         self.sum = make_op("sum", {"X": []}, {"Out": []}, role=OpRole.Optimize)
         self.scale = make_op("scale", {"X": []}, {"Out": []}, {"scale": 1.0 / plan.trainers}, role=OpRole.Optimize)
 
-    def fill(self, block: Block, chain: ParamChain, param: ParamPlan, var_block: VarBlock, shared: bool) -> list[str]:
+    def fill(self, block: Block, chain: ParamChain, param: ParamPlan, var_block: VarBlock, merged: str,
+             shared: bool) -> list[str]:
         """Fill one optimize block; return the grad vars `listen_and_serv` receives for it.
-        `shared`: another block of the param is on this pserver too."""
+        `merged`: the block's grad; `shared`: another block of the param is on this pserver too."""
         plan, index, shape = self.plan, var_block.index, var_block.shape
         declare = self.vars.declare
-        merged = param.grad_block_name(index)
         declare(param.param, var_block.name, shape, True, index)
         declare(param.grad, merged, shape, True, index)
         mapping = {param.param: var_block.name, param.grad: merged}
@@ -77,8 +78,8 @@ class _BlockFiller:
         # A STRINGS op_role_var is sound on its own.
         role_vars = {OP_ROLE_VAR_ATTR: Attr(AttrType.STRINGS, (var_block.name, merged))}
         ops = []
-        if plan.per_trainer_grads:
-            received = [plan.trainer_grad_name(param, index, k) for k in range(plan.trainers)]
+        if self.per_trainer_grads:
+            received = plan.trainer_grad_names(param, index)
             for name in received:
                 declare(param.grad, name, shape, False, index)
             out = {"Out": singles[merged]}
