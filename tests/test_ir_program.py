@@ -661,3 +661,15 @@ def test_a_frozen_program_refuses_every_edit_and_its_clones_do_not():
     copy.global_block().add_op("relu")
     detached = op.clone()
     detached.set_attr("alpha", 1.0)  # a detached copy of a frozen op is free
+
+
+def test_names_used_and_read_agree_on_small_and_large_blocks_with_and_without_the_index():
+    for count in (3, 40):  # below and above the size where names_used walks the ops another way
+        block = _program(*[f"v{i}" for i in range(count + 1)]).global_block()
+        for i in range(count):
+            block.add_op("op", {"X": [f"v{i}", "@EMPTY@"], "Y": []}, {"Out": f"v{i + 1}"} if i % 2 else {})
+        expected_read = {f"v{i}" for i in range(count)} | {"@EMPTY@"}
+        expected = expected_read | {f"v{i + 1}" for i in range(count) if i % 2}
+        assert block.names_used() == expected and block.names_read() == expected_read
+        block.readers("v0")  # builds the index, which both answer from then on
+        assert block.names_used() == expected and block.names_read() == expected_read
