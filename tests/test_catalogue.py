@@ -286,3 +286,17 @@ def test_shape_rules_name_the_shapes_when_they_do_not_fit():
         shapes.sequence_pool(_ctx("sequence_pool", {}, X=[TensorInfo(F32, (-1, 16))]))
     with pytest.raises(ShapeError, match="must end in a dimension of 1"):
         shapes.lookup_table(_ctx("lookup_table", {}, W=[TensorInfo(F32, (9, 2))], Ids=[TensorInfo(DType.INT64, (-1, 3))]))
+
+
+def test_make_op_shares_a_typed_scalar_attr_and_still_types_each_value_by_its_spec():
+    # The first call of a shape takes the general path; the calls of that shape after it share.
+    one, two, three = (catalogue.make_op("send", {"X": [f"a{i}"]}, {"Out": ["b"]}, {"epmap": ["e"], "trainer_id": 0})
+                       for i in range(3))
+    assert two.attrs["trainer_id"] is three.attrs["trainer_id"]  # immutable: one Attr for both
+    assert one.attrs["trainer_id"] == two.attrs["trainer_id"]
+    other = catalogue.make_op("send", {"X": ["c"]}, {"Out": ["d"]}, {"epmap": ["f"], "trainer_id": 3})
+    assert other.attr("trainer_id") == 3 and three.attr("trainer_id") == 0
+    concat = catalogue.make_op("concat", {"X": ["a", "b"]}, {"Out": ["p"]}, {"axis": 0})
+    assert concat.attr_type("axis") == AttrType.INT and concat.attr("axis") == 0
+    with pytest.raises(OpSpecError):  # a bool is no INT, cached scalar or not
+        catalogue.make_op("concat", {"X": ["a", "b"]}, {"Out": ["p"]}, {"axis": True})

@@ -344,6 +344,21 @@ class _Shape:
                 attr_type = self.attr_types[name]
                 if attr_type is None or isinstance(value, Attr):
                     return None
+                cls = value.__class__
+                if cls is int or cls is str or cls is bool:
+                    # A scalar typed before is the same immutable Attr (`trainer_id` 0 of every
+                    # send and recv): shared, not built again. No float: 0.0 and -0.0 are one key.
+                    key = (attr_type, cls, value)
+                    attr = _SCALAR_ATTRS.get(key)
+                    if attr is None:
+                        try:
+                            attr = Attr(attr_type, coerce(value, attr_type))
+                        except IRError:
+                            return None
+                        if len(_SCALAR_ATTRS) < 4096:
+                            _SCALAR_ATTRS[key] = attr
+                    typed[name] = attr
+                    continue
                 try:
                     typed[name] = Attr(attr_type, coerce(value, attr_type))
                 except IRError:
@@ -387,6 +402,7 @@ class _Shape:
 
 
 _SHAPES: dict[tuple, _Shape] = {}
+_SCALAR_ATTRS: dict[tuple, Attr] = {}
 
 
 def fill_attrs(op: Op, *, strict: bool = True) -> Op:

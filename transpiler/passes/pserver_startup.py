@@ -77,7 +77,7 @@ def _startup_for(initializers: list[tuple[Op, list[str]]], writers: dict[str, li
     startup.version = main.version
     startup.op_version_map = None if main.op_version_map is None else dict(main.op_version_map)
     block = startup.global_block()
-    block.add_vars(var.copy() for var in main.global_block().vars.values())
+    block.add_vars([var.copy() for var in main.global_block().vars.values()])
     positions = sorted({position for name in instances for position in writers.get(name, ())})  # original order
     ops: list[Op] = []  # added at once (`Block.add_ops`): hundreds of initializers per pserver
     for position in positions:
