@@ -392,11 +392,13 @@ def serve_command(args: argparse.Namespace) -> int:
     from ops.rpc.auth import ServerAuth, Tls, read_plan
     from ops.rpc.engine import EngineChoiceError, engine_env
     from ops.rpc.errors import BindError, PserverError
+    from ops.rpc.malloc import MallocChoiceError, malloc_choice
     from ops.rpc.serve import check_endpoint, listen_op_endpoint, serve_program
 
     try:
         engine_env()
-    except EngineChoiceError as exc:
+        malloc_choice()
+    except (EngineChoiceError, MallocChoiceError) as exc:
         raise UsageError(str(exc)) from None
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")

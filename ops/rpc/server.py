@@ -116,6 +116,7 @@ from ops.rpc.auth import Gate, ServerAuth
 from ops.rpc.bind import check_bindable
 from ops.rpc.checkpoint import CheckpointError, Checkpointer, CheckpointPathError, confine
 from ops.rpc.errors import BindError, PserverError
+from ops.rpc.malloc import keep_freed_memory
 from ops.rpc.service import DEFAULT_TIMEOUT, LOST_GRACE, METHODS, SERVICE_NAME, server_options
 from ops.rpc.validate import Expected, Refused, max_message
 from ops.rpc.wire import WireBatch, WireVar, encode_batch, encode_var, var_parts
@@ -217,6 +218,7 @@ class PServer:
         log: Callable[[str], None] | None = None,
         run_in: Callable[[int, Scope], None] | None = None,
     ) -> None:
+        keep_freed_memory()  # a step's MB buffers reuse their pages (ops.rpc.malloc)
         self.config = config
         self.scope = scope
         self._run_block = run_block
