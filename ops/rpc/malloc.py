@@ -8,8 +8,8 @@ chunk freed so far), so each step's buffers came back as fresh pages: a page fau
 zeroed page per 4 kB (on the MLP's pserver, about 15% of its CPU in the kernel's fault and
 unmap paths, by `perf`). With the mmap threshold at 64 MB and the trim threshold at
 128 MB the pages stay mapped and are reused: `benchmarks/vs_paddle18.py`, the MLP at batch
-64, 2 × 2 sync, went from 47–57 to 68–73 steps/s and from 30–35 to 24–26 CPU ms/step (the
-pservers' share 12–15 → 8–9 ms); the embedding from 145–164 to 179–192 steps/s.
+64, 2 × 2 sync, went from 47–57 to 65–74 steps/s and from 30–35 to 24–27 CPU ms/step (the
+pservers' share 12–15 → 8–9 ms); the embedding from 114–164 to 165–208 steps/s.
 
 The cost: a process's resident memory stays near its peak instead of shrinking between
 steps (at most the trim threshold per heap above what it uses). `mallopt` applies it from
