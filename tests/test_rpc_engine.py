@@ -1,7 +1,7 @@
 """`ops.rpc.engine`: `PSTRANSPILE_GRPC_ENGINE=poller` reaches gRPC before it starts (on
 `import ops.rpc`, and in every process `launch` starts), never over the user's own
-`GRPC_EXPERIMENTS`; a bad choice is refused; a job trains to the same bytes on either
-engine."""
+`GRPC_EXPERIMENTS`; a bad choice is a specific error (`launch` and the CLI refuse it:
+test_rpc_env_choice.py); a job trains to the same bytes on either engine."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from e2e_support import EXAMPLES, launch_training, save, trained_params
 
 from conftest import TESTS
 from ops.rpc.engine import ENGINE_ENV, EXPERIMENTS_ENV, POLLER_EXPERIMENTS, EngineChoiceError, engine_env, prefer_poller
-from transpiler.runtime.launch import LaunchConfig, LaunchError, launch, process_env
+from transpiler.runtime.launch import LaunchError, process_env
 from transpiler.runtime.role import TRAINER, Role
 
 REPO = TESTS.parent
@@ -73,25 +73,6 @@ def test_every_launched_process_gets_the_chosen_engine():
     assert process_env(role, {EXPERIMENTS_ENV: "-mine"}, base={ENGINE_ENV: "poller"})[EXPERIMENTS_ENV] == "-mine"
     with pytest.raises(LaunchError, match="PSTRANSPILE_GRPC_ENGINE"):
         process_env(role, base={ENGINE_ENV: "nope"})
-
-
-def test_launch_refuses_a_bad_choice_before_starting_anything(tmp_path):
-    config = LaunchConfig(command=(sys.executable, "-c", "raise SystemExit(9)"), pservers=1, trainers=1,
-                          env={ENGINE_ENV: "fast"}, log_dir=tmp_path / "logs")
-    with pytest.raises(LaunchError, match="PSTRANSPILE_GRPC_ENGINE='fast'"):
-        launch(config)
-    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())
-
-
-@pytest.mark.parametrize("command", [["launch", "--pservers", "1", "--trainers", "1", "--", sys.executable, "-c", "pass"],
-                                     ["serve", "--program", "p.pb", "--startup", "s.pb"]])
-def test_the_cli_refuses_a_bad_choice_in_one_line_with_exit_2(command, tmp_path):
-    env = {**os.environ, ENGINE_ENV: "fast", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "transpiler", *command], env=env, capture_output=True, text=True,
-                          timeout=60, cwd=tmp_path)
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
-        "pstranspile: error: PSTRANSPILE_GRPC_ENGINE='fast': expected one of event_engine, poller"]
 
 
 def test_a_sync_job_trains_to_the_same_bytes_on_either_engine(tmp_path):

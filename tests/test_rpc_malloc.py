@@ -1,6 +1,6 @@
 """`ops.rpc.malloc`: the runtime keeps a step's freed MB buffers mapped (no page fault per
 4 kB on the next step), unless the user tuned malloc or chose glibc's default; a bad choice
-is refused by `launch` and `serve`."""
+is a specific error (`launch` and `serve` refuse it: test_rpc_env_choice.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 
 from conftest import TESTS
 from ops.rpc.malloc import MALLOC_ENV, MallocChoiceError, malloc_choice, user_tuned
-from transpiler.runtime.launch import LaunchConfig, LaunchError, launch
 
 REPO = TESTS.parent
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
@@ -90,21 +89,3 @@ def test_the_rpc_client_and_the_pserver_apply_it_unless_told_not_to():
     assert fresh_python(SERVER_APPLIES) == "True"
     assert fresh_python(SERVER_APPLIES, PSTRANSPILE_MALLOC="default") == "False"
     assert fresh_python("import ops.rpc.malloc as m; import ops.rpc; print(m._applied)") == "None"  # not on import
-
-
-def test_launch_refuses_a_bad_choice_before_starting_anything(tmp_path):
-    config = LaunchConfig(command=(sys.executable, "-c", "raise SystemExit(9)"), pservers=1, trainers=1,
-                          env={MALLOC_ENV: "never"}, log_dir=tmp_path / "logs")
-    with pytest.raises(LaunchError, match="PSTRANSPILE_MALLOC='never'"):
-        launch(config)
-    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())
-
-
-@pytest.mark.parametrize("command", [["launch", "--pservers", "1", "--trainers", "1", "--", sys.executable, "-c", "pass"],
-                                     ["serve", "--program", "p.pb", "--startup", "s.pb"]])
-def test_the_cli_refuses_a_bad_choice_in_one_line_with_exit_2(command, tmp_path):
-    env = {**os.environ, MALLOC_ENV: "never", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "transpiler", *command], env=env, capture_output=True, text=True,
-                          timeout=60, cwd=tmp_path)
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == ["pstranspile: error: PSTRANSPILE_MALLOC='never': expected one of keep, default"]

@@ -390,15 +390,13 @@ def plan_command(args: argparse.Namespace) -> int:
 )
 def serve_command(args: argparse.Namespace) -> int:
     from ops.rpc.auth import ServerAuth, Tls, read_plan
-    from ops.rpc.engine import EngineChoiceError, engine_env
+    from ops.rpc.env_choice import EnvChoiceError, check_env_choices
     from ops.rpc.errors import BindError, PserverError
-    from ops.rpc.malloc import MallocChoiceError, malloc_choice
     from ops.rpc.serve import check_endpoint, listen_op_endpoint, serve_program
 
     try:
-        engine_env()
-        malloc_choice()
-    except (EngineChoiceError, MallocChoiceError) as exc:
+        check_env_choices()
+    except EnvChoiceError as exc:
         raise UsageError(str(exc)) from None
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")

@@ -8,6 +8,7 @@ Importing this package registers the RPC kernels (`send`, `recv`, `send_barrier`
 |---|---|
 | `wire` | `VariableMessage` / `VarBatch` bytes ⇄ LoDTensor / SelectedRows (zero-copy receive) |
 | `engine` | which gRPC I/O engine (`PSTRANSPILE_GRPC_ENGINE`), applied before gRPC starts |
+| `env_choice` | the `PSTRANSPILE_*` settings that name a choice, read and checked one way |
 | `malloc` | glibc's malloc tuned to keep a step's freed MB buffers mapped (`PSTRANSPILE_MALLOC`) |
 | `service` | the service's method paths, codecs, channel options, timeouts |
 | `auth` | the job token, TLS, the loopback default, the trainer/pserver handshake |

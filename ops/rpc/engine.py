@@ -30,6 +30,8 @@ import os
 import sys
 from collections.abc import Mapping, MutableMapping
 
+from ops.rpc.env_choice import EnvChoiceError, env_choice
+
 ENGINE_ENV = "PSTRANSPILE_GRPC_ENGINE"
 EXPERIMENTS_ENV = "GRPC_EXPERIMENTS"
 POLLER_EXPERIMENTS = ",".join(
@@ -40,7 +42,7 @@ POLLER_EXPERIMENTS = ",".join(
 CHOICES = ("event_engine", "poller")
 
 
-class EngineChoiceError(ValueError):
+class EngineChoiceError(EnvChoiceError):
     """`PSTRANSPILE_GRPC_ENGINE` names no engine."""
 
 
@@ -48,9 +50,7 @@ def engine_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables a process needs for the engine `environ` (default `os.environ`)
     asks for: empty for gRPC's default, or when the user set `GRPC_EXPERIMENTS` already."""
     environ = os.environ if environ is None else environ
-    choice = environ.get(ENGINE_ENV, "").strip().lower() or "event_engine"
-    if choice not in CHOICES:
-        raise EngineChoiceError(f"{ENGINE_ENV}={environ[ENGINE_ENV]!r}: expected one of {', '.join(CHOICES)}")
+    choice = env_choice(environ, ENGINE_ENV, CHOICES, EngineChoiceError)
     if choice == "event_engine" or EXPERIMENTS_ENV in environ:
         return {}
     return {EXPERIMENTS_ENV: POLLER_EXPERIMENTS}

@@ -28,6 +28,8 @@ import platform
 import threading
 from collections.abc import Mapping
 
+from ops.rpc.env_choice import EnvChoiceError, env_choice
+
 MALLOC_ENV = "PSTRANSPILE_MALLOC"
 CHOICES = ("keep", "default")
 MMAP_THRESHOLD = 64 << 20  # bytes: allocations below come from the heap, so their pages are reused
@@ -39,17 +41,13 @@ _lock = threading.Lock()
 _applied: bool | None = None  # None: not asked yet in this process
 
 
-class MallocChoiceError(ValueError):
+class MallocChoiceError(EnvChoiceError):
     """`PSTRANSPILE_MALLOC` names no choice."""
 
 
 def malloc_choice(environ: Mapping[str, str] | None = None) -> str:
     """`keep` (the default) or `default`; `MallocChoiceError` for anything else."""
-    environ = os.environ if environ is None else environ
-    choice = environ.get(MALLOC_ENV, "").strip().lower() or "keep"
-    if choice not in CHOICES:
-        raise MallocChoiceError(f"{MALLOC_ENV}={environ[MALLOC_ENV]!r}: expected one of {', '.join(CHOICES)}")
-    return choice
+    return env_choice(environ, MALLOC_ENV, CHOICES, MallocChoiceError)
 
 
 def user_tuned(environ: Mapping[str, str] | None = None) -> bool:

@@ -39,7 +39,7 @@ from typing import IO, TextIO
 
 from ops.rpc.auth import TOKEN_ENV, has_token
 from ops.rpc.engine import EngineChoiceError, engine_env
-from ops.rpc.malloc import MallocChoiceError, malloc_choice
+from ops.rpc.env_choice import EnvChoiceError, check_env_choices
 from transpiler.runtime.job import TAIL_LINES, Backend, LaunchConfig, LaunchError, LaunchResult, ProcessStatus, run_job
 from transpiler.runtime.progress import parse_progress
 from transpiler.runtime.role import Role
@@ -216,9 +216,8 @@ def launch(config: LaunchConfig, *, out: TextIO | None = None, backend: Callable
     (children of this process) or `ray` (actors on a Ray cluster, `transpiler.runtime.ray`)."""
     config.validate()
     try:
-        engine_env({**os.environ, **config.env})  # a bad engine or malloc choice, before anything starts
-        malloc_choice({**os.environ, **config.env})
-    except (EngineChoiceError, MallocChoiceError) as exc:
+        check_env_choices({**os.environ, **config.env})  # a bad choice, before anything starts
+    except EnvChoiceError as exc:
         raise LaunchError(str(exc)) from None
     out = out or sys.stderr
     if backend is not None:  # `transpiler.runtime.ray.run`'s own factory
