@@ -13,9 +13,11 @@ Then the real models (the Paddle-built fixtures: ResNet-50, a BERT-base encoder)
 for an installed command), and Paddle 2.6's own transpiler timed in the same run, in process
 (`tools/paddle_transpile_time.py`: `transpile` and the getters only), where its venv is
 installed (`tools/paddle_env.py 2.6.2`); without it those columns are left empty and a note
-says so. Times are the best of `--repeat` runs,
-wall clock and CPU (user + system, the CLI's child process included); the ratios are of CPU
-time, the steadier figure on a shared machine.
+says so. Times are the best of `--repeat` rounds, wall clock and CPU (user + system, the
+CLI's child process included); in each round Paddle transpiles once (in a process kept for
+the case), then our API three times and the CLI once: interleaved, so that on a shared
+machine both sides meet the same load. Both sides free what they built after the clocks
+stop. The ratios are of CPU time, the steadier figure on a shared machine.
 
     python benchmarks/transpile_scaling.py [--ops 93 253 813 2413 10000 100000] [--repeat 3] [--no-real]
 """
@@ -26,6 +28,7 @@ import argparse
 import json
 import os
 import resource
+import select
 import subprocess
 import sys
 import tempfile
@@ -134,12 +137,9 @@ def layers_for(ops: int) -> int:
 
 def measure(ops: int, repeat: int) -> tuple[int, float]:
     main, startup = build_mlp(layers_for(ops))
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        transpile(main, startup, pservers="127.0.0.1:6170,127.0.0.1:6171,127.0.0.1:6172,127.0.0.1:6173", trainers=2)
-        best = min(best, time.perf_counter() - start)
-    return main.num_ops(), best
+    wall, _cpu_seconds = _best(lambda: transpile(
+        main, startup, pservers="127.0.0.1:6170,127.0.0.1:6171,127.0.0.1:6172,127.0.0.1:6173", trainers=2), repeat)
+    return main.num_ops(), wall
 
 
 def _cpu() -> float:
@@ -148,14 +148,23 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def _timed(run) -> tuple[float, float]:
+    """Wall and CPU seconds of one `run()`. What it returns is freed after the clocks stop,
+    as Paddle's programs are in `tools/paddle_transpile_time.py`."""
+    start, start_cpu = time.perf_counter(), _cpu()
+    result = run()
+    wall, cpu = time.perf_counter() - start, _cpu() - start_cpu
+    del result
+    return wall, cpu
+
+
 def _best(run, repeat: int) -> tuple[float, float]:
     """The best wall and the best CPU seconds of `repeat` runs."""
-    wall = cpu = float("inf")
-    for _ in range(repeat):
-        start, start_cpu = time.perf_counter(), _cpu()
-        run()
-        wall, cpu = min(wall, time.perf_counter() - start), min(cpu, _cpu() - start_cpu)
-    return wall, cpu
+    return _best_of([_timed(run) for _ in range(repeat)])
+
+
+def _best_of(runs: list[tuple[float, float]]) -> tuple[float, float]:
+    return min(wall for wall, _ in runs), min(cpu for _, cpu in runs)
 
 
 def _cli_argv(case_dir: Path, case: dict, out: str) -> list[str]:
@@ -167,24 +176,65 @@ def _cli_argv(case_dir: Path, case: dict, out: str) -> list[str]:
     return argv + ([] if case["sync_mode"] else ["--async"]) + ([] if case["slice_var_up"] else ["--no-slice"])
 
 
-def paddle_seconds(case_name: str, repeat: int) -> tuple[float, float] | str:
-    """Paddle 2.6's in-process transpile (wall, CPU) seconds, or why there is none."""
-    from tools.paddle_env import PADDLE_SPEED_ENV, installed
+class PaddleRounds:
+    """Paddle 2.6's in-process transpile of one case, timed once per `run()` in a process
+    kept for the case (`tools/paddle_transpile_time.py --rounds`), so that its runs can be
+    interleaved with ours: on a shared machine, both sides then meet the same load."""
 
-    python = installed("2.6.2")
-    if python is None:
-        return "Paddle 2.6.2 is not installed (python3 tools/paddle_env.py 2.6.2 installs it)"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([str(python), str(ROOT / "tools" / "paddle_transpile_time.py"), case_name,
-                           "--repeat", str(repeat)], env={**env, **PADDLE_SPEED_ENV}, cwd=ROOT,
-                          capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        return f"Paddle's run failed: {done.stderr.strip().splitlines()[-1:]}"
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    return result["seconds"], result["cpu_seconds"]
+    READY_SECONDS, RUN_SECONDS = 600, 600
+
+    def __init__(self, case_name: str) -> None:
+        from tools.paddle_env import PADDLE_SPEED_ENV, installed
+
+        self.process = None
+        python = installed("2.6.2")
+        if python is None:
+            raise PaddleUnavailable("Paddle 2.6.2 is not installed (python3 tools/paddle_env.py 2.6.2 installs it)")
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        # Paddle's warnings go to a file: a pipe nobody reads until the end could fill and stall it.
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.process = subprocess.Popen(
+            [str(python), str(ROOT / "tools" / "paddle_transpile_time.py"), case_name, "--rounds"],
+            env={**env, **PADDLE_SPEED_ENV}, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.stderr, text=True)
+        self._line(self.READY_SECONDS)
+
+    def run(self) -> tuple[float, float]:
+        """(wall, CPU) seconds of one Paddle transpile."""
+        self.process.stdin.write("run\n")
+        self.process.stdin.flush()
+        result = self._line(self.RUN_SECONDS)
+        return result["seconds"], result["cpu_seconds"]
+
+    def _line(self, timeout: float) -> dict:
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        line = self.process.stdout.readline() if ready else ""
+        if not line:
+            self.stderr.seek(0)
+            why = "timed out" if not ready else f"exited: {self.stderr.read().strip().splitlines()[-1:]}"
+            self.close()
+            raise PaddleUnavailable(f"Paddle's run {why}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        """Stop the process (stdin closed ends its loop; killed if it does not end)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.stderr.close()
 
 
-def real_models(repeat: int) -> None:
+class PaddleUnavailable(Exception):
+    """Why there is no Paddle column (not installed, or its run failed)."""
+
+
+def real_models(repeat: int, api_runs_per_round: int = 3) -> None:
+    """Per case: our load; then `repeat` rounds of one Paddle transpile, our best of
+    `api_runs_per_round` API runs and one CLI run, interleaved; the best of each."""
     print()
     print(f"{'case':<27} {'ops':>5} {'load us/op':>10} {'API s':>13} {'CLI s':>13} {'Paddle 2.6 s':>13} "
           f"{'API x':>5} {'CLI x':>5}")
@@ -201,25 +251,43 @@ def real_models(repeat: int) -> None:
         main, startup = program_from_bytes(data), program_from_bytes(startup_data)
         ops = main.num_ops()
         load, _ = _best(lambda: program_from_bytes(data), max(repeat, 5))
-        api = _best(lambda: transpile(
+        run_api = lambda: transpile(  # noqa: E731
             main, startup, pservers=case["pservers"], trainers=case["trainers"], trainer_id=case["trainer_id"],
             sync_mode=case["sync_mode"], slice_var_up=case["slice_var_up"], split_method=case["split_method"],
-            min_block_size=case["min_block_size"]), repeat)
-        with tempfile.TemporaryDirectory() as out:
-            run_cli = lambda: subprocess.run(_cli_argv(case_dir, case, out), env=env, check=True,  # noqa: E731
-                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            run_cli()  # untimed: writes the bytecode cache
-            cli = _best(run_cli, repeat)
-        paddle = paddle_seconds(name, repeat)
-        if isinstance(paddle, str):
-            notes.append(f"{name}: {paddle}")
-            columns = f"{'':>13} {'':>5} {'':>5}"
+            min_block_size=case["min_block_size"])
+        try:
+            paddle: PaddleRounds | None = PaddleRounds(name)
+        except PaddleUnavailable as why:
+            paddle = None
+            notes.append(f"{name}: {why}")
+        api_runs, cli_runs, paddle_runs = [], [], []
+        try:
+            with tempfile.TemporaryDirectory() as out:
+                run_cli = lambda: subprocess.run(_cli_argv(case_dir, case, out), env=env, check=True,  # noqa: E731
+                                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                run_cli()  # untimed: writes the bytecode cache
+                for _ in range(repeat):
+                    if paddle is not None:
+                        try:
+                            paddle_runs.append(paddle.run())
+                        except PaddleUnavailable as why:
+                            paddle = None
+                            notes.append(f"{name}: {why}")
+                    api_runs.extend(_timed(run_api) for _ in range(api_runs_per_round))
+                    cli_runs.append(_timed(run_cli))
+        finally:
+            if paddle is not None:
+                paddle.close()
+        api, cli = _best_of(api_runs), _best_of(cli_runs)
+        if paddle_runs and paddle is not None:
+            best = _best_of(paddle_runs)
+            columns = f"{best[0]:>6.2f} ({best[1]:>4.2f}) {best[1] / api[1]:>5.0f} {best[1] / cli[1]:>5.1f}"
         else:
-            columns = (f"{paddle[0]:>6.2f} ({paddle[1]:>4.2f}) {paddle[1] / api[1]:>5.0f} "
-                       f"{paddle[1] / cli[1]:>5.1f}")
+            columns = f"{'':>13} {'':>5} {'':>5}"
         print(f"{name:<27} {ops:>5} {load / ops * 1e6:>10.1f} {api[0]:>6.3f} ({api[1]:.3f}) "
               f"{cli[0]:>6.3f} ({cli[1]:.3f}) {columns}", flush=True)
-    print("seconds: wall (CPU); API: transpile() on loaded programs (its final verify included); CLI: `pstranspile "
+    print(f"seconds: wall (CPU), the best of {repeat} rounds, each one Paddle run, {api_runs_per_round} API runs and "
+          "one CLI run; API: transpile() on loaded programs (its final verify included); CLI: `pstranspile "
           "transpile` in a fresh interpreter, files written; x: Paddle's CPU seconds / ours (the machine is shared: "
           "CPU time is the steadier figure)")
     for note in notes:

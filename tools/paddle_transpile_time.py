@@ -9,6 +9,10 @@ fixtures), then times only `DistributeTranspiler.transpile(...)` and the getters
 pserver's main and startup program and of the trainer program. Each repeat transpiles a
 fresh build (transpiling changes the programs). Prints one JSON line: the case, the main
 program's op count and the best wall and CPU (this process's) times in seconds.
+
+With `--rounds`, it instead times one transpile per line read from stdin and prints each
+as a JSON line (until stdin closes): `benchmarks/transpile_scaling.py` interleaves these
+rounds with its own runs, so both sides are timed under the same load of a shared machine.
 """
 
 from __future__ import annotations
@@ -55,8 +59,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("case", choices=sorted(fixtures.CASES))
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--rounds", action="store_true", help="one timed transpile per line of stdin")
     args = parser.parse_args(argv)
     paddle.enable_static()
+    if args.rounds:
+        print(json.dumps({"ready": args.case}), flush=True)
+        for _line in sys.stdin:
+            ops, seconds, cpu_seconds = transpile_seconds(args.case)
+            print(json.dumps({"case": args.case, "ops": ops, "seconds": seconds, "cpu_seconds": cpu_seconds}),
+                  flush=True)
+        return
     runs = [transpile_seconds(args.case) for _ in range(args.repeat)]
     print(json.dumps({"case": args.case, "ops": runs[0][0], "seconds": min(r[1] for r in runs),
                       "cpu_seconds": min(r[2] for r in runs)}))

@@ -102,7 +102,7 @@ def transpile(
     # not a crash inside a pass that trusted it.
     verify_program(program, name="the main program")
     verify_program(startup_program, name="the startup program")
-    with gc_paused():
+    with gc_paused(promote=True):
         # Lent, not copied: no pass changes them (a lowering that rewrites them copies them first).
         bundle = Bundle(origin=program, origin_startup=startup_program, lent=True)
         bundle = run_pipeline(bundle, options, verify=verify, dump_dir=dump_dir, progress=progress)

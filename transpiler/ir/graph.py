@@ -23,6 +23,7 @@ from typing import Any
 
 import networkx as nx
 
+from transpiler.errors import IRError
 from transpiler.ir.program import Block, Op
 
 RAW, WAR, WAW = "raw", "war", "waw"
@@ -30,7 +31,9 @@ RAW, WAR, WAW = "raw", "war", "waw"
 
 class BlockGraph:
     def __init__(self, block: Block) -> None:
-        self.block = block
+        # Weak, as the block caches its graph: no cycle through the block (networkx's own
+        # cached views are cycles, which the GC frees, but they do not hold the program).
+        self._block = block._ref
         self.nx = nx.DiGraph()
         ops = block.ops
         last_writer: dict[str, Op] = {}
@@ -58,6 +61,13 @@ class BlockGraph:
             self.nx.add_edge(src, dst, deps=[(kind, var)])
         elif (kind, var) not in data["deps"]:
             data["deps"].append((kind, var))
+
+    @property
+    def block(self) -> Block:
+        block = self._block()
+        if block is None:
+            raise IRError("the block of this graph is gone")
+        return block
 
     # -- queries
     def index(self, op: Op) -> int:
@@ -109,8 +119,6 @@ class BlockGraph:
 def reorder_block(block: Block, order: Iterable[Op]) -> None:
     """Relink `block`'s ops in `order`, which must be a permutation of them that keeps
     every dependency edge pointing forward (raises `IRError` otherwise)."""
-    from transpiler.errors import IRError
-
     order = list(order)
     current = block.ops
     if len(order) != len(current) or set(order) != set(current):

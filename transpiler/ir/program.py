@@ -1,8 +1,9 @@
 """The program IR: `Program` → `Block` → `Op` / `Var`.
 
 A `ProgramDesc` is not SSA (`ParamOut` aliases `Param`), so a block's op order is
-explicit: ops live in a doubly linked list, which makes `insert_after`, `insert_before`
-and `remove_op` O(1) however large the block. Reads of order (`block.ops`,
+explicit: ops live in a doubly linked list (each op links to the next; the block keeps the
+links back), which makes `insert_after`, `insert_before` and `remove_op` O(1) however
+large the block. Reads of order (`block.ops`,
 `block.index_of`) are cached and rebuilt in O(n) after an edit, so a pass should
 analyse first and then edit, as the passes in `transpiler/passes/` do.
 
@@ -10,6 +11,14 @@ Each block also keeps which ops read and which write each var name, so `readers(
 `writers(name)` cost O(uses), not O(ops). The index is built at the first question, in
 one pass, and kept up to date by every edit from then on: most blocks a transpile builds
 (every pserver's) are never asked, and indexing them op by op was a tenth of the work.
+
+The IR holds no reference cycle: a program owns its blocks, a block its vars and ops, and
+the links back up (`Var.block`, `Op.block`, `Block.program`) are weak. So a program nobody
+holds any more is freed at once by reference counting, not by the cyclic GC rescanning it
+(and all its ops) until some later full collection finds it; and `gc_pause` can hand a
+just-built program straight to the oldest generation. Hold the program while you work on
+its blocks: a block of a dropped program has `program` None, an op or var of a freed block
+has `block` None (`tests/test_ir_acyclic.py`).
 
 The IR owns its invariants: ops and vars are changed through these classes' methods
 (`add_op`, `insert_after`, `remove_op`, `replace_uses`, `rename_var`, `Op.set_input`,
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import chain
@@ -91,7 +101,7 @@ class Var:
 
     __slots__ = (
         "_name",
-        "block",
+        "_block",  # a weak reference to the block (see the module docstring), or None
         "kind",
         "dtype",
         "shape",
@@ -123,7 +133,7 @@ class Var:
         if not isinstance(name, str) or not name:
             raise IRError(f"a var needs a non-empty name, got {name!r}")
         self._name = name
-        self.block: Block | None = None
+        self._block: weakref.ref[Block] | None = None
         self.kind = kind if kind.__class__ is VarKind else VarKind(kind)  # the enum call costs a microsecond
         self.dtype = None if dtype is None else DType.from_any(dtype)
         self.shape = None if shape is None else tuple(int(d) for d in shape)
@@ -153,7 +163,7 @@ class Var:
         kind, dtype, shape, lod_level, reader, tuple_types, explicit = type_desc
         var = cls.__new__(cls)
         var._name = name
-        var.block = None
+        var._block = None
         var.kind = kind
         var.dtype = dtype
         var.shape = shape
@@ -172,6 +182,12 @@ class Var:
     def name(self) -> str:
         return self._name
 
+    @property
+    def block(self) -> Block | None:
+        """The block declaring this var (None when detached, or when that block is gone)."""
+        ref = self._block
+        return None if ref is None else ref()
+
     def numel(self) -> int:
         """Number of elements; raises `IRError` for unknown (-1) or missing dimensions."""
         if self.shape is None or any(d < 0 for d in self.shape):
@@ -183,7 +199,7 @@ class Var:
         # Field by field rather than a loop over __slots__: clones copy every var, so this is hot.
         new = Var.__new__(Var)
         new._name = self._name if name is None else name
-        new.block = None
+        new._block = None
         new.kind = self.kind
         new.dtype = self.dtype
         new.shape = self.shape
@@ -223,7 +239,9 @@ class Op:
     share them instead of copying three dicts per op.
     """
 
-    __slots__ = ("type", "_inputs", "_outputs", "_attrs", "_wire_attrs", "is_target", "_explicit", "block", "_prev",
+    # `_block`: a weak reference to the block (see the module docstring); `_next`: the next op
+    # of the block (the block keeps the links back, in `Block._prevs`).
+    __slots__ = ("type", "_inputs", "_outputs", "_attrs", "_wire_attrs", "is_target", "_explicit", "_block",
                  "_next", "_verified_attrs")
 
     def __init__(
@@ -244,8 +262,7 @@ class Op:
         self._wire_attrs: tuple[tuple[str, Attr], ...] | None = None
         self.is_target = False
         self._explicit: frozenset[str] = _NOTHING_EXPLICIT  # shared: immutable, and one less object per item
-        self.block: Block | None = None
-        self._prev: Op | None = None
+        self._block: weakref.ref[Block] | None = None
         self._next: Op | None = None
         # `_attrs` again when every attr in it is known sound on its own (`attrs.sound_on_its_own`):
         # found so by the verifier, or built so (make_op, set_attr, clone). The verifier skips
@@ -268,8 +285,7 @@ class Op:
         op._wire_attrs = None
         op.is_target = False
         op._explicit = _NOTHING_EXPLICIT
-        op.block = None
-        op._prev = op._next = None
+        op._block = op._next = None
         op._verified_attrs = attrs if sound else None
         return op
 
@@ -297,10 +313,15 @@ class Op:
         else:
             op.is_target = is_target
             op._explicit = _IS_TARGET_EXPLICIT
-        op.block = None
-        op._prev = op._next = None
+        op._block = op._next = None
         op._verified_attrs = None
         return op
+
+    @property
+    def block(self) -> Block | None:
+        """The block holding this op (None when detached, or when that block is gone)."""
+        ref = self._block
+        return None if ref is None else ref()
 
     # -- slots
     @property
@@ -459,13 +480,16 @@ class Op:
         return found
 
     def _check_mutable(self) -> None:
-        if self.block is not None:
-            self.block._check_mutable()
+        block = self.block
+        if block is not None:
+            block._check_mutable()
 
     def _program(self) -> Program:
-        if self.block is None or self.block.program is None:
+        block = self.block
+        program = None if block is None else block.program
+        if program is None:
             raise IRError(f"op {self.type!r} is not in a program")
-        return self.block.program
+        return program
 
     # -- roles
     @property
@@ -501,9 +525,10 @@ class Op:
     @property
     def index(self) -> int:
         """Position in its block (O(1) after the first call since the last edit)."""
-        if self.block is None:
+        block = self.block
+        if block is None:
             raise IRError(f"op {self.type!r} is not in a block")
-        return self.block.index_of(self)
+        return block.index_of(self)
 
     def clone(
         self, *, inputs: Mapping[str, SlotArgs] | None = None, outputs: Mapping[str, SlotArgs] | None = None,
@@ -521,8 +546,7 @@ class Op:
         new._wire_attrs = self._wire_attrs
         new.is_target = self.is_target
         new._explicit = self._explicit
-        new.block = None
-        new._prev = new._next = None
+        new._block = new._next = None
         new._verified_attrs = self._verified_attrs  # the same attr dict: what was sound still is
         if attrs:
             changed = {name: self._typed_attr(name, value) for name, value in attrs.items()}
@@ -551,8 +575,7 @@ class Op:
         new._wire_attrs = self._wire_attrs
         new.is_target = self.is_target
         new._explicit = self._explicit
-        new.block = None
-        new._prev = new._next = None
+        new._block = new._next = None
         if attrs:
             new._attrs = {**self._attrs, **attrs}
             new._verified_attrs = new._attrs if sound and self._verified_attrs is self._attrs else None
@@ -599,6 +622,16 @@ def _renamed(slots: dict[str, tuple[str, ...]], renames: Mapping[str, str]) -> d
             for slot, args in slots.items()}
 
 
+def _check_detached(item: Op | Var, what: str, name: str) -> None:
+    """Refuse to add an op or var that is in a block already. (One whose block is gone
+    holds a dead reference: it is detached, and is let go of it here.)"""
+    block = item.block
+    if block is not None:
+        advice = "; remove it or clone it first" if what == "op" else ""
+        raise IRError(f"{what} {name!r} already belongs to block {block.idx}{advice}")
+    item._block = None
+
+
 def _without(mapping: dict, key: str) -> dict:
     """`mapping` without `key` (a new dict; the same one when it has no such key)."""
     if key not in mapping:
@@ -613,6 +646,9 @@ class Block:
     """An ordered list of ops and a table of var declarations, with a parent block."""
 
     def __init__(self, program: Program | None, idx: int, parent_idx: int = -1, forward_block_idx: int = -1) -> None:
+        # What its ops and vars hold instead of the block itself (see the module docstring);
+        # one per block, so linking an op costs no new object.
+        self._ref = weakref.ref(self)
         self.program = program
         self.idx = idx
         self.parent_idx = parent_idx
@@ -621,6 +657,7 @@ class Block:
         self._vars: dict[str, Var] = {}
         self._head: Op | None = None
         self._tail: Op | None = None
+        self._prevs: dict[Op, Op | None] = {}  # op -> the op before it: the list's links back
         self._num_ops = 0
         # name -> the ops reading / writing it (dicts as ordered sets); None until asked (`_index_built`).
         self._readers: dict[str, dict[Op, None]] | None = None
@@ -629,6 +666,16 @@ class Block:
         self._pos_cache: dict[Op, int] | None = None
         self._graph_cache: BlockGraph | None = None
         self.version = 0  # bumped by every op edit: caches of a block's ops (the executor's) check it
+
+    @property
+    def program(self) -> Program | None:
+        """The program holding this block (None when detached, or when it is gone)."""
+        ref = self._program_ref
+        return None if ref is None else ref()
+
+    @program.setter
+    def program(self, program: Program | None) -> None:
+        self._program_ref = None if program is None else weakref.ref(program)
 
     # -- vars
     @property
@@ -662,11 +709,11 @@ class Block:
     def add_var(self, var: Var) -> Var:
         self._check_mutable()
         name = var._name  # not the property: passes add thousands of vars
-        if var.block is not None:
-            raise IRError(f"var {name!r} already belongs to block {var.block.idx}")
+        if var._block is not None:
+            _check_detached(var, "var", name)
         if name in self._vars:
             raise IRError(f"block {self.idx} already declares var {name!r}")
-        var.block = self
+        var._block = self._ref
         self._vars[name] = var
         return var
 
@@ -674,27 +721,27 @@ class Block:
         """`add_var` each of `variables`, in one pass (a startup program declares every var
         of its main program)."""
         self._check_mutable()
-        table = self._vars
+        table, ref = self._vars, self._ref
         for var in variables:
-            if var.block is not None:
-                raise IRError(f"var {var.name!r} already belongs to block {var.block.idx}")
+            if var._block is not None:
+                _check_detached(var, "var", var._name)
             if var._name in table:
                 raise IRError(f"block {self.idx} already declares var {var.name!r}")
-            var.block = self
+            var._block = ref
             table[var._name] = var
 
     def _add_loaded(self, variables: list[Var], ops: list[Op]) -> None:
         """Fill a new, empty block with what serde decoded or a clone copied: the vars
         (distinct names, detached) and the ops in order. One pass instead of `add_var` / `add_op` per item,
         which re-check and re-invalidate for each."""
-        table = self._vars
+        table, ref, prevs = self._vars, self._ref, self._prevs
         for var in variables:
-            var.block = self
+            var._block = ref
             table[var._name] = var
         prev = self._tail
         for op in ops:
-            op.block = self
-            op._prev = prev
+            op._block = ref
+            prevs[op] = prev
             if prev is None:
                 self._head = op
             else:
@@ -711,7 +758,7 @@ class Block:
         self._check_mutable()
         var = self.var(name)
         del self._vars[name]
-        var.block = None
+        var._block = None
         return var
 
     def rename_var(self, old: str, new: str) -> Var:
@@ -766,7 +813,7 @@ class Block:
         return iter(self.ops)
 
     def index_of(self, op: Op) -> int:
-        if op.block is not self:
+        if op._block is not self._ref:
             raise IRError(f"op {op.type!r} is not in block {self.idx}")
         if self._pos_cache is None:
             self._pos_cache = {o: i for i, o in enumerate(self.ops)}
@@ -829,7 +876,8 @@ class Block:
 
     @property
     def parent(self) -> Block | None:
-        blocks = None if self.program is None else self.program._blocks
+        program = self.program
+        blocks = None if program is None else program._blocks
         if blocks is None or not 0 <= self.parent_idx < len(blocks) or self.parent_idx == self.idx:
             return None
         return blocks[self.parent_idx]
@@ -862,8 +910,8 @@ class Block:
         for op in ops:
             if not isinstance(op, Op):
                 raise IRError(f"add_ops takes Op objects, got {op!r}")
-            if op.block is not None:
-                raise IRError(f"op {op.type!r} already belongs to block {op.block.idx}; remove it or clone it first")
+            if op._block is not None:
+                _check_detached(op, "op", op.type)
         if len(set(map(id, ops))) != len(ops):
             raise IRError("add_ops got the same op twice")
         self._add_loaded((), ops)
@@ -877,7 +925,7 @@ class Block:
     def insert_before(self, anchor: Op, op: str | Op, inputs=None, outputs=None, attrs=None) -> Op:
         self._check_member(anchor)
         new = self._make_op(op, inputs, outputs, attrs)
-        self._link_after(anchor._prev, new)
+        self._link_after(self._prevs[anchor], new)
         return new
 
     def remove_op(self, op: Op) -> Op:
@@ -885,16 +933,17 @@ class Block:
         self._check_mutable()
         self._check_member(op)
         self._unindex(op)
-        if op._prev is None:
-            self._head = op._next
+        prevs = self._prevs
+        prev, nxt = prevs.pop(op), op._next
+        if prev is None:
+            self._head = nxt
         else:
-            op._prev._next = op._next
-        if op._next is None:
-            self._tail = op._prev
+            prev._next = nxt
+        if nxt is None:
+            self._tail = prev
         else:
-            op._next._prev = op._prev
-        op._prev = op._next = None
-        op.block = None
+            prevs[nxt] = prev
+        op._block = op._next = None
         self._num_ops -= 1
         self._changed(structure=True)
         return op
@@ -915,9 +964,10 @@ class Block:
 
     def _relink(self, order: list[Op]) -> None:
         self._check_mutable()
+        prevs = self._prevs
         prev: Op | None = None
         for op in order:
-            op._prev = prev
+            prevs[op] = prev
             if prev is not None:
                 prev._next = op
             prev = op
@@ -940,27 +990,30 @@ class Block:
         if isinstance(op, Op):
             if inputs or outputs or attrs:
                 raise IRError("pass either an Op or a type with slots and attrs, not both")
-            if op.block is not None:
-                raise IRError(f"op {op.type!r} already belongs to block {op.block.idx}; remove it or clone it first")
+            if op._block is not None:
+                _check_detached(op, "op", op.type)
             return op
         return Op(op, inputs, outputs, attrs)
 
     def _check_mutable(self) -> None:
-        if self.program is not None and self.program.frozen:
+        program = self.program
+        if program is not None and program.frozen:
             raise FrozenProgramError(
                 f"block {self.idx} belongs to a frozen program (analysed, so later passes hold its ops); "
                 "clone it to edit"
             )
 
     def _check_member(self, op: Op) -> None:
-        if op.block is not self:
-            where = "no block" if op.block is None else f"block {op.block.idx}"
+        if op._block is not self._ref:
+            block = op.block
+            where = "no block" if block is None else f"block {block.idx}"
             raise IRError(f"op {op.type!r} is in {where}, not in block {self.idx}")
 
     def _link_after(self, prev: Op | None, op: Op) -> None:
         self._check_mutable()
         nxt = self._head if prev is None else prev._next
-        op._prev, op._next = prev, nxt
+        op._next = nxt
+        self._prevs[op] = prev
         if prev is None:
             self._head = op
         else:
@@ -968,8 +1021,8 @@ class Block:
         if nxt is None:
             self._tail = op
         else:
-            nxt._prev = op
-        op.block = self
+            self._prevs[nxt] = op
+        op._block = self._ref
         self._num_ops += 1
         self._index(op)
         self._changed(structure=True)

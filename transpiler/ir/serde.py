@@ -92,7 +92,7 @@ def fast_program_from_bytes(data: bytes) -> Program | None:
     """The program, by the fast reader (`transpiler.ir.wire`); None when the bytes are not
     of the common shape it handles (they may still be a valid program, or not)."""
     try:
-        with gc_paused():
+        with gc_paused(promote=True):
             return _FAST.program(data)
     except (Unusual, _InvalidText, ValueError, OverflowError, DecodeError, IRError):
         return None

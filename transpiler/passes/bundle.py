@@ -51,6 +51,9 @@ class Analysis:
     lr_counter_update: Op | None = None  # the op that updates it (`increment`, or the lowered `sum`)
     tables: dict[str, TableLookups] = field(default_factory=dict)  # sparse / distributed embedding tables
     distributed_table: ParamChain | None = None  # the is_distributed table (at most one), not in `chains`
+    # The analysed original, held so that its ops keep their block: an op holds its block
+    # weakly (transpiler/ir/program.py), and an analysis may outlive the bundle it came in.
+    program: Program | None = field(default=None, repr=False, compare=False)
 
     def to_text(self) -> str:
         """A stable text form for `--dump-dir` (`analysis.txt`): one line per finding,

@@ -90,7 +90,7 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     counter, update = _lr_counter(block, lr_ops, bundle.lowered_lr_counter)
     analysis = Analysis(
         chains=chains, optimize_ops=optimize, lr_ops=lr_ops, lr_counter=counter, lr_counter_update=update,
-        tables=tables, distributed_table=distributed,
+        tables=tables, distributed_table=distributed, program=bundle.origin,
     )
     if not bundle.lent:  # a lent program is the caller's: freezing it would change it
         bundle.origin.freeze()
