@@ -61,14 +61,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tools.paddle_env import PADDLE_SPEED_ENV, PaddleUnavailable, ensure  # noqa: E402
+from tools.paddle_env import PADDLE_SPEED_ENV, PaddleUnavailable, ensure, remove_port_file  # noqa: E402
 
 WORKLOADS = ROOT / "benchmarks" / "paddle18_workloads.py"
 TRAIN_PROGRAM = ROOT / "examples" / "train_program.py"
 HOST = "127.0.0.1"
 PSERVERS = TRAINERS = 2
 PSERVER_GRACE = 3.0  # seconds Paddle's pservers get to exit after the trainers, before we kill them
-PADDLE_PORT_FILE = "/tmp/paddle.{pid}.port"  # where Fluid 1.8's listen_and_serv writes its port (SavePort)
 LAUNCH_GRACE = 15.0  # seconds launch gets to stop its children after SIGINT
 SAMPLE_EVERY = 0.1  # seconds between CPU samples
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -337,8 +336,8 @@ def run_paddle(python: Path, folder: Path, case: Case, steps: int, warmup: int, 
         grace_ends = time.monotonic() + PSERVER_GRACE
         for proc in pservers + trainers:
             kill_group(proc, max(0.0, grace_ends - time.monotonic()))
-        for proc in pservers:  # a killed pserver leaves the port file its listen_and_serv wrote
-            Path(PADDLE_PORT_FILE.format(pid=proc.pid)).unlink(missing_ok=True)
+        for proc in pservers:
+            remove_port_file(proc.pid)
     result = measure(cpu, logs, TRAINERS)
     return replace(result, rpcs=paddle_rpcs(logs, timing(logs / "trainer.0.log"))) if count_rpcs else result
 

@@ -177,8 +177,10 @@ def run_programs(py: Path, case_dir: Path, progs: Path, spec: dict, eps: list[st
             while proc.poll() is None and time.monotonic() < grace:
                 time.sleep(0.1)
     finally:
-        for _, proc, _ in procs:
+        for name, proc, _ in procs:
             stop(proc)
+            if name.startswith("pserver"):
+                paddle_env.remove_port_file(proc.pid)
     return results
 
 

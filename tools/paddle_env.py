@@ -50,6 +50,12 @@ PADDLE_SPEED_ENV = {
 }
 
 
+def remove_port_file(pid: int) -> None:
+    """Remove the file a Fluid pserver's `listen_and_serv` writes its port to
+    (`/tmp/paddle.<pid>.port`, its SavePort): a pserver the harness kills cannot."""
+    Path(f"/tmp/paddle.{pid}.port").unlink(missing_ok=True)
+
+
 def home() -> Path:
     default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ps-transpiler" / "paddle"
     return Path(os.environ.get("PSTRANSPILE_PADDLE_HOME", default))
