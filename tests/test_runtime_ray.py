@@ -110,9 +110,11 @@ def node_loss_command(tmp: Path, main_pb: Path, startup_pb: Path, out: Path) -> 
             "--pid-dir", str(tmp / "pids"), "--pause-at-step", str(PAUSE_AT), "--pause-file", str(tmp / "pause"))
 
 
-def remove_a_pservers_node(cluster, tmp: Path) -> tuple[str, float]:
+def remove_a_pservers_node(cluster, tmp: Path) -> tuple[tuple[str, ...], float]:
     """Once trainer 0 paused, remove the worker node of a pserver that is not on the head;
-    (that pserver's name, when). Adds a fresh worker node back for later tests."""
+    (the names of the processes that were on it, when). Adds a fresh worker node back for
+    later tests. Any of those processes may be the one the job reports lost first: Ray
+    tells of their actors' deaths in no set order."""
     assert wait_for(tmp / "pause.reached", 90.0), "trainer 0 never reached the pause"
     for name in ("pserver.0", "pserver.1"):
         node = node_of_pid(cluster, int((tmp / "pids" / name).read_text()))
@@ -120,11 +122,13 @@ def remove_a_pservers_node(cluster, tmp: Path) -> tuple[str, float]:
             break
     else:
         raise AssertionError("both pservers are on the head node")
+    on_node = tuple(sorted(path.name for path in (tmp / "pids").iterdir()
+                           if node_of_pid(cluster, int(path.read_text())) is node))
     removed = time.monotonic()
     cluster.remove_node(node, allow_graceful=False)
     (tmp / "pause.go").write_text("")
     cluster.add_node(**NODE)
-    return name, removed
+    return on_node, removed
 
 
 def run_losing_a_node(cluster, tmp: Path, config: LaunchConfig):
@@ -134,11 +138,11 @@ def run_losing_a_node(cluster, tmp: Path, config: LaunchConfig):
     thread = threading.Thread(target=lambda: box.update(zip(("result", "text"), launch_logged(config, tmp))))
     thread.start()
     try:
-        victim, removed = remove_a_pservers_node(cluster, tmp)
+        victims, removed = remove_a_pservers_node(cluster, tmp)
     finally:
         thread.join(timeout=300)
     assert not thread.is_alive()
-    return box["result"], box["text"], victim, removed
+    return box["result"], box["text"], victims, removed
 
 
 @pytest.fixture
@@ -150,11 +154,11 @@ def mlp_programs(tmp_path):
 
 def test_losing_a_node_fails_the_job_within_seconds_and_leaves_no_actor(cluster, tmp_path, mlp_programs):
     config = ray_config(tmp_path, node_loss_command(tmp_path, *mlp_programs, tmp_path / "params"))
-    result, text, victim, removed = run_losing_a_node(cluster, tmp_path, config)
+    result, text, victims, removed = run_losing_a_node(cluster, tmp_path, config)
     waited = time.monotonic() - removed
     print(f"node removed: the job failed after {waited:.1f} s: {result.failure}")
     assert not result.ok
-    assert result.failure.startswith(f"{victim} on node 127.0.0.1/"), result.failure
+    assert any(result.failure.startswith(f"{name} on node 127.0.0.1/") for name in victims), (victims, result.failure)
     step = re.search(r" was lost at step (\d+): ", result.failure)
     assert step and PAUSE_AT <= int(step.group(1)) < LONG_STEPS, result.failure  # the steps the trainers reported
     assert waited < 20.0, text  # detection within seconds (the stop and cleanup included)
@@ -172,9 +176,10 @@ def test_with_max_restarts_a_lost_node_resumes_from_the_checkpoint_bit_identical
 
     config = ray_config(tmp_path, node_loss_command(tmp_path, *mlp_programs, tmp_path / "params"), max_restarts=1,
                         checkpoint_dir=tmp_path / "ckpt", checkpoint_every=EVERY)
-    result, text, victim, _ = run_losing_a_node(cluster, tmp_path, config)
+    result, text, victims, _ = run_losing_a_node(cluster, tmp_path, config)
     assert result.ok, text
-    assert len(result.restarts) == 1 and result.restarts[0].startswith(f"{victim} on node"), result.restarts
+    assert len(result.restarts) == 1, result.restarts
+    assert any(result.restarts[0].startswith(f"{name} on node") for name in victims), (victims, result.restarts)
     # the newest complete checkpoint when the node went: the pause's (ckpt-8), or a later one
     # when the trainers got further before the node's processes were gone
     resumed = re.search(r"restart 1 of 1, from checkpoint ckpt-(\d+)", text)
