@@ -624,12 +624,11 @@ def _renamed(slots: dict[str, tuple[str, ...]], renames: Mapping[str, str]) -> d
 
 def _check_detached(item: Op | Var, what: str, name: str) -> None:
     """Refuse to add an op or var that is in a block already. (One whose block is gone
-    holds a dead reference: it is detached, and is let go of it here.)"""
+    holds a dead reference: it is detached, and the caller links it anew.)"""
     block = item.block
     if block is not None:
         advice = "; remove it or clone it first" if what == "op" else ""
         raise IRError(f"{what} {name!r} already belongs to block {block.idx}{advice}")
-    item._block = None
 
 
 def _without(mapping: dict, key: str) -> dict:
