@@ -294,3 +294,19 @@ def test_cli_serve_on_a_busy_port_is_a_user_error(tmp_path):
         assert done.returncode == 2 and f"cannot listen on {endpoint}" in done.stderr
         mismatch = cli("serve", "--program", f"{stem}.pb", "--startup", f"{stem}_startup.pb", "--endpoint", "0.0.0.0:1")
         assert mismatch.returncode == 2 and "does not match the program's endpoint" in mismatch.stderr
+
+
+def test_cli_launch_backend_ray_without_ray_says_how_to_install_it(tmp_path):
+    """Ray is an optional extra: with the module missing (`sys.modules["ray"] = None` makes
+    `import ray` fail as on an install without it), `launch --backend ray` is one line, exit 2,
+    naming the extra to install."""
+    code = ("import sys; sys.modules['ray'] = None; from transpiler.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run(
+        [sys.executable, "-c", code, "launch", "--backend", "ray", "--pservers", "1", "--trainers", "1",
+         "--log-dir", str(tmp_path / "logs"), "--", sys.executable, "-c", "pass"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pstranspile: error: the ray backend needs Ray"), done.stderr
+    assert "pip install 'ps-transpiler[ray]'" in lines[0], done.stderr

@@ -70,7 +70,10 @@ def _import_ray(local: bool):
     try:
         import ray
     except ImportError as exc:
-        raise RayUnavailable(f"the ray backend needs Ray (pip install 'ray>=2.40'): {exc}") from None
+        raise RayUnavailable(
+            f"the ray backend needs Ray, an optional dependency ({exc}): "
+            "pip install 'ps-transpiler[ray]' (or 'ray>=2.40,<3')"
+        ) from None
     return ray
 
 
