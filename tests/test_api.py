@@ -452,21 +452,21 @@ def test_save_writes_every_file(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
-def readme_python_snippets(section: str) -> list[str]:
-    """The ```python blocks of one `## section` of the README (up to its first `###`)."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+def docs_python_snippets(section: str) -> list[str]:
+    """The ```python blocks of one `## section` of docs/api.md (up to its first `###`)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
     start = text.index(f"\n## {section}\n")
     return re.findall(r"```python\n(.*?)```", text[start:text.index("\n### ", start)], re.S)
 
 
-def test_readme_python_api_snippets_run(tmp_path, monkeypatch):
-    first, paddle = readme_python_snippets("Transpiling: the Python API")
+def test_docs_python_api_snippets_run(tmp_path, monkeypatch):
+    first, paddle = docs_python_snippets("Transpiling: the Python API")
     for name in ("main.pb", "startup.pb"):
         shutil.copy(PADDLE_PROGRAMS / "mlp_adam_2ps" / name, tmp_path / name)
     monkeypatch.chdir(tmp_path)
     ours, theirs = {}, {}
-    exec(compile(first, "README.md", "exec"), ours)
-    exec(compile(paddle, "README.md", "exec"), theirs)
+    exec(compile(first, "docs/api.md", "exec"), ours)
+    exec(compile(paddle, "docs/api.md", "exec"), theirs)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "plan.json", "pserver_10.0.0.1_6170.pb", "pserver_10.0.0.1_6170_startup.pb", "pserver_10.0.0.2_6170.pb",
         "pserver_10.0.0.2_6170_startup.pb", "trainer.pb", "trainer_startup.pb"]

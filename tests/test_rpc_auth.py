@@ -55,7 +55,7 @@ FORGED_COMPLETE = rpc_pb2.CompleteMessage(trainer_id=0, failed=True, reason="for
 
 
 def test_forged_and_malformed_requests_are_unauthenticated_and_touch_nothing():
-    """The figures line of the README: each attempt below is UNAUTHENTICATED, and the job
+    """The figures of docs/security.md: each attempt below is UNAUTHENTICATED, and the job
     then runs to its normal end."""
     scope = Scope()
     scope.set_var("w", LoDTensor(np.arange(4, dtype=np.float32)))

@@ -21,7 +21,7 @@
   side does not know (a bare `RpcClient`; `serve` without `--plan`) are not compared.
 
 Per call the gate costs one scan of the metadata, one `hmac.compare_digest` and one
-string comparison with the handshakes already accepted (see README for the figures).
+string comparison with the handshakes already accepted (see benchmarks/RESULTS.md for the figures).
 """
 
 from __future__ import annotations

@@ -322,7 +322,7 @@ def _start_barrier(run_dir, trainer_id, trainers, seconds=60.0):
     """Step 0 only once every trainer has its params. Without this, when trainer 1 started 3 s
     after trainer 0 (its step-0 grads reaching Fluid 1.8.5's sync pserver before trainer 1's
     startup fetch), OUR programs stalled the pserver's gRPC for 25 s at a time in 10 of 35
-    runs; Paddle's own programs in 0 of 21. Cause not found (see README, Interop); the barrier
+    runs; Paddle's own programs in 0 of 21. Cause not found (see docs/interop.md); the barrier
     keeps the comparison about training, and is the same for both programs."""
     open(os.path.join(run_dir, "started.%d" % trainer_id), "w").close()
     deadline = time.time() + seconds

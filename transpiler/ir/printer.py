@@ -11,7 +11,7 @@ one op per line:
       var x lod_tensor fp32 [-1, 1000] stop_gradient need_check_feed
       op 0 mul X=[x] Y=[fc_w] -> Out=[fc_0.tmp_0] {op_role=forward, x_num_col_dims=1, y_num_col_dims=1}
 
-Slots and attrs are sorted by name. The README documents every field.
+Slots and attrs are sorted by name. docs/cli.md ("The text dump format") documents every field.
 """
 
 from __future__ import annotations

@@ -1,0 +1,170 @@
+"""The docs: every relative link and #anchor in README.md, CHANGELOG.md, benchmarks/RESULTS.md
+and docs/*.md resolves (anchors as GitHub slugs its headings), and docs/cli.md names every
+subcommand and every flag `pstranspile`'s parser defines, each in its subcommand's section."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+from conftest import TESTS
+
+from transpiler.cli import build_parser
+
+REPO = TESTS.parent
+PAGES = sorted([REPO / "README.md", REPO / "CHANGELOG.md", REPO / "benchmarks" / "RESULTS.md",
+                *(REPO / "docs").glob("*.md")])
+CLI_REFERENCE = REPO / "docs" / "cli.md"
+
+FENCE = re.compile(r"^\s*(```|~~~)")
+# [text](target) or [text](target "title"); not an image's or a reference-style link's.
+LINK = re.compile(r"(?<!!)\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+CODE_SPAN = re.compile(r"(`+).*?\1")
+
+
+def prose_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, line) outside fenced code blocks."""
+    lines, fenced = [], None
+    for number, line in enumerate(text.splitlines(), 1):
+        match = FENCE.match(line)
+        if match:
+            if fenced is None:
+                fenced = match.group(1)
+            elif match.group(1) == fenced:
+                fenced = None
+            continue
+        if fenced is None:
+            lines.append((number, line))
+    return lines
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: its text (markup dropped) lower-cased, every character
+    but letters, digits, `_`, `-` and spaces dropped, spaces turned into `-`."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link: its text
+    text = re.sub(r"<[^>]+>", "", text).replace("`", "").replace("*", "")
+    text = "".join(c for c in text.strip().lower() if c.isalnum() or c in "_- ")
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every anchor of a page's headings, duplicates numbered `-1`, `-2`, ... as GitHub does."""
+    seen: dict[str, int] = {}
+    found = set()
+    for _, line in prose_lines(page.read_text()):
+        match = re.match(r"^ {0,3}#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not match:
+            continue
+        base = slug(match.group(1))
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def links(page: Path) -> list[tuple[int, str]]:
+    out = []
+    for number, line in prose_lines(page.read_text()):
+        for target in LINK.findall(CODE_SPAN.sub("", line)):
+            out.append((number, target))
+    return out
+
+
+def broken_links(page: Path) -> list[str]:
+    problems = []
+    for number, target in links(page):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):  # http:, https:, mailto:
+            continue
+        path_part, _, anchor = target.partition("#")
+        dest = (page.parent / path_part).resolve() if path_part else page
+        where = f"{page.relative_to(REPO)}:{number}: {target}"
+        if not dest.exists():
+            problems.append(f"{where}: {path_part} does not exist")
+        elif anchor and (dest.suffix != ".md" or anchor not in anchors(dest)):
+            problems.append(f"{where}: no heading of {dest.relative_to(REPO)} has the anchor #{anchor}")
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_and_anchor_resolves(page):
+    assert page.exists()
+    assert broken_links(page) == []
+
+
+def test_the_pages_link_to_each_other():
+    """The link check above has something to check: each page has links, and every page of
+    docs/ is reachable from docs/index.md."""
+    index = {(REPO / "docs" / target.partition("#")[0]).resolve() for _, target in links(REPO / "docs" / "index.md")}
+    assert {page.resolve() for page in (REPO / "docs").glob("*.md")} - {(REPO / "docs" / "index.md").resolve()} <= index
+    assert all(links(page) for page in PAGES)
+
+
+def test_the_link_checker_finds_broken_links_and_anchors(tmp_path):
+    page = tmp_path / "page.md"
+    (tmp_path / "other.md").write_text("# Other page\n\n## Fluid 1.8 vs `Paddle` 2.6\n\n## Proof\n\n## Proof\n")
+    page.write_text(
+        "# Title\n\n[ok](other.md#fluid-18-vs-paddle-26) [ok](other.md#proof-1) [ok](#title)\n"
+        "[bad](missing.md) [bad](other.md#nowhere) [bad](#untitled) [ext](https://example.com/x#y)\n"
+        "`[not a link](nowhere.md)`\n\n```\n[not a link](nowhere.md)\n# not a heading\n```\n")
+    global REPO
+    saved, REPO = REPO, tmp_path
+    try:
+        problems = broken_links(page)
+    finally:
+        REPO = saved
+    assert [p.split(": ", 2)[1] for p in problems] == ["missing.md", "other.md#nowhere", "#untitled"]
+
+
+def test_slugs_are_github_s():
+    assert slug("Transpiling: the Python API") == "transpiling-the-python-api"
+    assert slug("Building programs (`transpiler.frontend`)") == "building-programs-transpilerfrontend"
+    assert slug("`pstranspile merge-table`") == "pstranspile-merge-table"
+    assert slug("gRPC's I/O engine") == "grpcs-io-engine"
+    assert slug("Side by side with Fluid 1.8.5") == "side-by-side-with-fluid-185"
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def flags(parser: argparse.ArgumentParser) -> list[str]:
+    return [flag for action in parser._actions if not isinstance(action, argparse._HelpAction)
+            for flag in action.option_strings]
+
+
+def sections(text: str) -> dict[str, str]:
+    """docs/cli.md's `## `pstranspile NAME`` sections, by NAME."""
+    parts = re.split(r"^## `pstranspile ([a-z0-9-]+)`\s*$", text, flags=re.M)
+    return {parts[i]: parts[i + 1].split("\n## ", 1)[0] for i in range(1, len(parts), 2)}
+
+
+def mentions(text: str, flag: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text) is not None
+
+
+def test_the_cli_reference_has_a_section_for_every_subcommand():
+    documented = sections(CLI_REFERENCE.read_text())
+    assert sorted(subcommands()) == sorted(documented)
+    assert len(documented) >= 10
+
+
+@pytest.mark.parametrize("name", sorted(subcommands()))
+def test_every_flag_of_a_subcommand_is_in_its_section_of_the_cli_reference(name):
+    section = sections(CLI_REFERENCE.read_text()).get(name, "")
+    wanted = flags(subcommands()[name])
+    assert [flag for flag in wanted if not mentions(section, flag)] == []
+
+
+def test_the_top_level_flags_are_in_the_cli_reference():
+    parser = build_parser()
+    text = CLI_REFERENCE.read_text()
+    assert [flag for flag in flags(parser) if not mentions(text, flag)] == []
+
+
+def test_the_readme_is_a_page_for_users():
+    """At most ~250 lines: reference detail lives in docs/, history in CHANGELOG.md."""
+    assert len((REPO / "README.md").read_text().splitlines()) <= 250
