@@ -72,18 +72,18 @@ def links(page: Path) -> list[tuple[int, str]]:
     return out
 
 
-def broken_links(page: Path) -> list[str]:
+def broken_links(page: Path, root: Path = REPO) -> list[str]:
     problems = []
     for number, target in links(page):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):  # http:, https:, mailto:
             continue
         path_part, _, anchor = target.partition("#")
         dest = (page.parent / path_part).resolve() if path_part else page
-        where = f"{page.relative_to(REPO)}:{number}: {target}"
+        where = f"{page.relative_to(root)}:{number}: {target}"
         if not dest.exists():
             problems.append(f"{where}: {path_part} does not exist")
         elif anchor and (dest.suffix != ".md" or anchor not in anchors(dest)):
-            problems.append(f"{where}: no heading of {dest.relative_to(REPO)} has the anchor #{anchor}")
+            problems.append(f"{where}: no heading of {dest.relative_to(root)} has the anchor #{anchor}")
     return problems
 
 
@@ -108,12 +108,7 @@ def test_the_link_checker_finds_broken_links_and_anchors(tmp_path):
         "# Title\n\n[ok](other.md#fluid-18-vs-paddle-26) [ok](other.md#proof-1) [ok](#title)\n"
         "[bad](missing.md) [bad](other.md#nowhere) [bad](#untitled) [ext](https://example.com/x#y)\n"
         "`[not a link](nowhere.md)`\n\n```\n[not a link](nowhere.md)\n# not a heading\n```\n")
-    global REPO
-    saved, REPO = REPO, tmp_path
-    try:
-        problems = broken_links(page)
-    finally:
-        REPO = saved
+    problems = broken_links(page, root=tmp_path)
     assert [p.split(": ", 2)[1] for p in problems] == ["missing.md", "other.md#nowhere", "#untitled"]
 
 
@@ -168,3 +163,20 @@ def test_the_top_level_flags_are_in_the_cli_reference():
 def test_the_readme_is_a_page_for_users():
     """At most ~250 lines: reference detail lives in docs/, history in CHANGELOG.md."""
     assert len((REPO / "README.md").read_text().splitlines()) <= 250
+
+
+def test_the_readme_transpile_snippet_runs(tmp_path, monkeypatch):
+    """The README's Python example (the first ```python block) on a Paddle-built program."""
+    import shutil
+
+    block = re.search(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+    assert "transpile(" in block
+    for name in ("main.pb", "startup.pb"):
+        shutil.copy(TESTS / "fixtures" / "paddle_programs" / "mlp_adam_2ps" / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "plan.json", "pserver_10.0.0.1_6170.pb", "pserver_10.0.0.1_6170_startup.pb", "pserver_10.0.0.2_6170.pb",
+        "pserver_10.0.0.2_6170_startup.pb", "trainer.pb", "trainer_startup.pb"]
+    assert scope["result"].plan.to_json()
