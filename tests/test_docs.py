@@ -180,3 +180,57 @@ def test_the_readme_transpile_snippet_runs(tmp_path, monkeypatch):
         "plan.json", "pserver_10.0.0.1_6170.pb", "pserver_10.0.0.1_6170_startup.pb", "pserver_10.0.0.2_6170.pb",
         "pserver_10.0.0.2_6170_startup.pb", "trainer.pb", "trainer_startup.pb"]
     assert scope["result"].plan.to_json()
+
+
+def command_lines(page: Path) -> list[tuple[int, list[str]]]:
+    """The `pstranspile SUBCOMMAND ...` commands in a page's code blocks, as tokens after
+    `pstranspile` (continuation lines joined; up to a lone `--`, a pipe or a comment)."""
+    out, fenced, pending = [], False, ""
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        if FENCE.match(line):
+            fenced, pending = not fenced, ""
+            continue
+        if not fenced:
+            continue
+        line = pending + line
+        if line.rstrip().endswith("\\"):
+            pending = line.rstrip()[:-1] + " "
+            continue
+        pending = ""
+        match = re.search(r"(?:^|[\s;&(])pstranspile\s+(.*)$", re.sub(r"(^|\s)#.*$", "", line))
+        if not match or match.group(1).startswith("COMMAND"):  # `pstranspile COMMAND --help`
+            continue
+        tokens = []
+        for token in match.group(1).split():
+            if token in ("--", "|") or token.startswith("#"):
+                break
+            tokens.append(token)
+        out.append((number, tokens))
+    return out
+
+
+def test_the_commands_in_the_docs_use_flags_pstranspile_has():
+    """Every flag of every `pstranspile ...` example in a code block is one its subcommand
+    defines: an example cannot drift from the parser."""
+    commands = subcommands()
+    problems, checked = [], 0
+    for page in PAGES:
+        for number, tokens in command_lines(page):
+            where = f"{page.relative_to(REPO)}:{number}"
+            if tokens and tokens[0].startswith("-"):
+                known = [*flags(build_parser()), "-h", "--help"]
+                name = None
+            elif tokens and tokens[0] in commands:
+                name, tokens = tokens[0], tokens[1:]
+                known = [*flags(commands[name]), "-h", "--help"]
+            else:
+                problems.append(f"{where}: unknown subcommand in `pstranspile {' '.join(tokens)}`")
+                continue
+            for token in tokens:
+                flag = token.strip("[]()").split("=", 1)[0]
+                if flag.startswith("-") and flag not in ("-", "..."):
+                    checked += 1
+                    if flag not in known:
+                        problems.append(f"{where}: pstranspile {name or ''} has no {flag}")
+    assert problems == []
+    assert checked > 50
