@@ -5,7 +5,8 @@ a Ray cluster (`backend="ray"`, `transpiler.runtime.ray`).
     result.ok, result.failure, print(result.summary())
 
 Every process runs the same command with Paddle's environment conventions
-(`transpiler.runtime.role`: `TRAINING_ROLE`, `PADDLE_PSERVER_ENDPOINTS`, `PADDLE_TRAINER_ID`,
+(`transpiler.runtime.role`: `TRAINING_ROLE`, `PADDLE_PSERVER_ENDPOINTS` and Paddle 2.x's
+`PADDLE_PSERVERS_IP_PORT_LIST` (both set, same list), `PADDLE_TRAINER_ID`,
 `PADDLE_TRAINERS_NUM`, `PADDLE_CURRENT_ENDPOINT`, plus `PSTRANSPILE_SYNC_MODE` and
 `PSTRANSPILE_RPC_TIMEOUT`, and the job's token `PSTRANSPILE_JOB_TOKEN`, made per job
 unless one is set: `ops.rpc.auth`), so the script decides what to do from its role. Endpoints
