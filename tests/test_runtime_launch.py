@@ -81,7 +81,7 @@ def test_every_process_gets_paddle_s_environment_and_a_log(tmp_path):
     (token,) = {env["PSTRANSPILE_JOB_TOKEN"] for env in records.values()}  # one per job, in every process
     assert len(token) >= 40 and token not in text
     logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
-    assert logs == ["pserver.0.log", "pserver.1.log", "trainer.0.log", "trainer.1.log"]
+    assert logs == ["metrics.jsonl", "pserver.0.log", "pserver.1.log", "trainer.0.log", "trainer.1.log"]
     assert "some other output" in (tmp_path / "logs" / "trainer.1.log").read_text()
 
 
@@ -248,7 +248,7 @@ def test_cli_launch_runs_the_command_after_the_double_dash(tmp_path):
     ("args", "match"),
     [
         (["launch", "--pservers", "1", "--trainers", "1"], "needs the command to run after `--`"),
-        (["launch", "--pservers", "0", "--trainers", "1", "--", "true"], "pservers must be an integer >= 1"),
+        (["launch", "--pservers", "0", "--trainers", "1", "--", "true"], "--pservers must be >= 1"),
         (["launch", "--trainers", "1", "--", "true"], "the following arguments are required: --pservers"),
         (["launch", "--pservers", "1", "--trainers", "1", "--timeout", "0", "--", "true"], "--timeout must be positive"),
         (["launch", "--pservers", "2", "--trainers", "1", "--endpoints", "127.0.0.1:6170,,127.0.0.1:6171",
