@@ -1025,7 +1025,7 @@ def merge_table_command(args: argparse.Namespace) -> int:
     "report",
     "summarize a run's metrics (RUN_DIR/metrics.jsonl, which launch writes) per trainer and pserver, and draw "
     "loss, throughput, RPC traffic and pserver CPU (PNG or SVG; needs matplotlib, the `plot` extra)",
-    arg("run", metavar="RUN_DIR", help="launch's --log-dir (or a metrics .jsonl file)"),
+    arg("run_dir", metavar="RUN_DIR", help="launch's --log-dir (or a metrics .jsonl file)"),
     arg("-o", "--output", metavar="OUT", help="the picture, .png or .svg (default: RUN_DIR/report.png; "
         "without matplotlib only the summary is printed)"),
     arg("--no-plot", action="store_true", help="print the summary only"),
@@ -1040,7 +1040,7 @@ def report_command(args: argparse.Namespace) -> int:
     if args.output and Path(args.output).suffix.lower() not in PLOT_SUFFIXES:
         raise UsageError(f"cannot tell the picture format of {args.output!r}: name it .png or .svg")
     try:
-        source = metrics_path(args.run)
+        source = metrics_path(args.run_dir)
         records = read_metrics(source)
     except MetricsFileError as exc:
         raise CliError(str(exc)) from None

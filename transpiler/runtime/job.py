@@ -50,7 +50,8 @@ class ProcessStatus:
     seconds: float = 0.0
     progress: Progress | None = None
     tail: list[str] = field(default_factory=list)
-    reports: list = field(default_factory=list)  # parsed progress/usage lines not yet in the metrics file
+    # (time.monotonic() when read, parsed progress or usage line) not yet in the metrics file
+    reports: list = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -326,8 +327,8 @@ def _record(handles: Sequence[ProcessHandle], metrics: MetricsWriter | None, att
             continue
         batch = reports[:count]
         del reports[:count]  # a reader thread may append meanwhile: only what was taken goes
-        for report in batch:
-            metrics.report(report, trainer=handle.status.index, attempt=attempt)
+        for stamp, report in batch:
+            metrics.report(report, trainer=handle.status.index, attempt=attempt, elapsed=stamp - metrics.started)
 
 
 def _report(result: LaunchResult, out: TextIO) -> None:

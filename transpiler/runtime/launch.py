@@ -148,7 +148,7 @@ class _Process:
             with self.lock:
                 self.tail.append(line)
                 if report is not None:
-                    self.status.reports.append(report)  # the job's metrics file (job.py drains them)
+                    self.status.reports.append((time.monotonic(), report))  # the job's metrics file (job.py drains them)
                     if isinstance(report, Progress):
                         self.status.progress = report
 

@@ -151,7 +151,7 @@ class _RayProcess:
             self.tail.append(line)
             report = parse_report(line)
             if report is not None:
-                self.status.reports.append(report)  # the job's metrics file (job.py drains them)
+                self.status.reports.append((self.answered, report))  # the job's metrics file (job.py drains them)
                 if isinstance(report, Progress):
                     self.status.progress = report
         self.log.flush()

@@ -53,6 +53,13 @@ def windowed_rate(rows: list[dict[str, Any]], window: float) -> list[tuple[float
     return out
 
 
+def rate_window(trainers: dict[int, list[dict[str, Any]]]) -> float:
+    """The throughput window: a fifteenth of the longest trainer's training time (first to
+    last report), at least 0.2 s."""
+    spans = [rows[-1]["time"] - rows[0]["time"] for rows in trainers.values() if rows]
+    return max(0.2, max(spans, default=0.0) / 15)
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The report's numbers (schema `pstranspile.report/1`)."""
     trainers, pservers = _series(records)
@@ -135,8 +142,7 @@ def draw(records: list[dict[str, Any]], path: str | os.PathLike, *, title: str =
     except ImportError:
         raise PlotUnavailable("drawing needs matplotlib: pip install 'ps-transpiler[plot]'") from None
     trainers, pservers = _series(records)
-    span = max((float(r["time"]) for r in records), default=1.0)
-    window = max(1.0, span / 40)
+    window = rate_window(trainers)
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), dpi=110)
     (ax_loss, ax_rate), (ax_bytes, ax_cpu) = axes
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -157,19 +163,21 @@ def draw(records: list[dict[str, Any]], path: str | os.PathLike, *, title: str =
             ax_bytes.plot(*zip(*received, strict=True), color=color, linestyle="--", label=f"{label} received",
                           linewidth=1.4)
     for i, (pserver, rows) in enumerate(pservers.items()):
-        busy = []
-        for before, after in zip(rows, rows[1:], strict=False):
+        busy = []  # cores busy over each interval between two reports (the first: since serving began)
+        for before, after in zip([None, *rows], rows, strict=False):
+            if before is None or after.get("attempt") != before.get("attempt"):
+                before = {"wall_seconds": 0.0, "cpu_seconds": 0.0}
             wall = after["wall_seconds"] - before["wall_seconds"]
-            if wall > 0 and after.get("attempt") == before.get("attempt"):
+            if wall > 0:
                 busy.append((after["time"], (after["cpu_seconds"] - before["cpu_seconds"]) / wall))
         if busy:
             ax_cpu.plot(*zip(*busy, strict=True), color=colors[(i + 3) % len(colors)], label=f"pserver {pserver}",
                         linewidth=1.4, marker="o", markersize=2.5)
     panels = (
         (ax_loss, "Loss", "step", "loss"),
-        (ax_rate, f"Throughput ({window:.0f} s window)", "seconds", "steps/s"),
+        (ax_rate, f"Throughput ({window:.2g} s window)", "seconds since launch", "steps/s"),
         (ax_bytes, "RPC traffic (cumulative)", "step", "MB"),
-        (ax_cpu, "Pserver CPU", "seconds", "cores busy"),
+        (ax_cpu, "Pserver CPU", "seconds since launch", "cores busy"),
     )
     for ax, name, xlabel, ylabel in panels:
         ax.set_title(name, fontsize=11, loc="left")

@@ -68,7 +68,7 @@ from transpiler.runtime.progress import Progress, Usage, format_progress, format
 from transpiler.runtime.role import CHECKPOINT_DIR_ENV, CHECKPOINT_EVERY_ENV, RESTORE_ENV, Role
 
 FAILURE_NOTICE_DEADLINE = 5.0  # seconds to tell the pservers a trainer failed
-USAGE_EVERY = 1.0  # seconds between a pserver's CPU reports
+USAGE_EVERY = 0.5  # seconds between a pserver's CPU reports
 
 
 class Session:
