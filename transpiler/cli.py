@@ -156,7 +156,7 @@ def fit_line(line: str, width: int = MAX_WIDTH) -> str:
     if _OUTPUT["full"] or len(line) <= width:
         return line
     items = _split_top(line, ", ")
-    if len(items) > 1:
+    if len(items) > 2:  # a list: the items that fit
         kept: list[str] = []
         used = 0
         for item in items:
@@ -166,9 +166,43 @@ def fit_line(line: str, width: int = MAX_WIDTH) -> str:
             used += len(item) + 2
         if kept:
             return f"{', '.join(kept)}, ... and {len(items) - len(kept)} more (--full shows all)"
+    # a message: its longest bracketed list cut, then its longest word (a path) cut in the middle
+    line = _shorten_group(line, width)
+    if len(line) <= width:
+        return line
+    word = max(line.split(" "), key=len)
+    excess = len(line) - width + 3
+    if len(word) - excess >= 24:
+        keep = len(word) - excess
+        return line.replace(word, f"{word[:keep // 3]}...{word[len(word) - (keep - keep // 3):]}", 1)
     tail = 50  # the end of a message often says what to do
     head = width - tail - 45
     return f"{line[:head]} [... {len(line) - head - tail} more characters; --full shows all ...] {line[-tail:]}"
+
+
+def _shorten_group(line: str, width: int) -> str:
+    """`line` with its longest bracketed list, `(a, b, c)` or `[a, b, c]`, cut to the items
+    that let the line fit (or to its first) and `... and N more`."""
+    groups = []
+    depth, start = 0, 0
+    for i, ch in enumerate(line):
+        if ch in "([":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch in ")]" and depth:
+            depth -= 1
+            if depth == 0:
+                groups.append((start, i))
+    for start, end in sorted(groups, key=lambda g: g[0] - g[1]):
+        items = _split_top(line[start + 1:end], ", ")
+        if len(items) < 2:
+            continue
+        for keep in range(len(items) - 1, 0, -1):
+            text = f"{line[:start + 1]}{', '.join(items[:keep])}, ... and {len(items) - keep} more{line[end:]}"
+            if len(text) <= width or keep == 1:
+                return text
+    return line
 
 
 def wrap_line(line: str, width: int = MAX_WIDTH, lead: str = "") -> list[str]:
@@ -1145,6 +1179,13 @@ def run() -> NoReturn:
 def _main(argv: Sequence[str] | None, *, exiting: list[bool] | None) -> int:
     """`main`; when `exiting` is a list (the process ends after this), a `quick_exit`
     command appends True to it and runs with the GC off."""
+    try:
+        return _run_command(argv, exiting=exiting)
+    finally:
+        _OUTPUT.update(quiet=False, full=False)  # a caller's next `main` starts afresh
+
+
+def _run_command(argv: Sequence[str] | None, *, exiting: list[bool] | None) -> int:
     parser = build_parser()
     _OUTPUT.update(quiet=False, full=False)
     try:
