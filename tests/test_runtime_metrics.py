@@ -14,6 +14,12 @@ from transpiler.runtime.metrics import SCHEMA_KEYS, MetricsFileError, MetricsWri
 from transpiler.runtime.progress import Progress, Usage, format_progress, format_usage, parse_progress, parse_report
 from transpiler.runtime.report import summarize, windowed_rate
 
+try:
+    import tensorboardX  # noqa: F401
+    HAVE_TENSORBOARDX = True
+except ImportError:
+    HAVE_TENSORBOARDX = False
+
 MLP = PADDLE_PROGRAMS / "mlp_adam_2ps"
 TRAIN = TESTS.parent / "examples" / "train_program.py"
 STEPS = 12
@@ -58,7 +64,8 @@ def run_dir(tmp_path_factory):
     """A real job: 2 pservers x 2 trainers of the Paddle-built MLP, through `pstranspile launch --json`."""
     tmp = tmp_path_factory.mktemp("run")
     logs = tmp / "logs"
-    argv = ["launch", "--pservers", "2", "--trainers", "2", "--log-dir", str(logs), "--json", "-q", "--",
+    board = ["--tensorboard", str(tmp / "tb")] if HAVE_TENSORBOARDX else []
+    argv = ["launch", "--pservers", "2", "--trainers", "2", "--log-dir", str(logs), "--json", "-q", *board, "--",
             sys.executable, str(TRAIN), "--main", str(MLP / "main.pb"), "--startup", str(MLP / "startup.pb"),
             "--loss", "mean_0.tmp_0", "--steps", str(STEPS)]
     import contextlib
@@ -68,6 +75,40 @@ def run_dir(tmp_path_factory):
     with contextlib.redirect_stdout(out):
         code = main(argv)
     return code, json.loads(out.getvalue()), logs
+
+
+def read_scalars(folder):
+    """tag -> [(step, value)] of every TensorBoard event file in `folder` (TFRecord framing:
+    length, its CRC, the Event message, its CRC)."""
+    import struct
+    from collections import defaultdict
+
+    from tensorboardX.proto import event_pb2
+
+    out = defaultdict(list)
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data, i = path.read_bytes(), 0
+        while i < len(data):
+            (size,) = struct.unpack("<Q", data[i:i + 8])
+            event = event_pb2.Event.FromString(data[i + 12:i + 12 + size])
+            i += 12 + size + 4
+            for value in event.summary.value:
+                out[value.tag].append((event.step, value.simple_value))
+    return dict(out)
+
+
+@pytest.mark.skipif(not HAVE_TENSORBOARDX, reason="tensorboardX (the `tensorboard` extra) is not installed")
+def test_launch_and_report_write_tensorboard_scalars(run_dir, tmp_path, capsys):
+    _, _, logs = run_dir
+    records = read_metrics(logs)
+    live = read_scalars(logs.parent / "tb")
+    for trainer in (0, 1):
+        rows = [r for r in records if r["role"] == "trainer" and r["trainer"] == trainer]
+        assert live[f"trainer_{trainer}/loss"] == [(r["step"], pytest.approx(r["loss"], rel=1e-6)) for r in rows]
+        assert [step for step, _ in live[f"trainer_{trainer}/mb_sent"]] == list(range(1, STEPS + 1))
+    assert {"pserver_0/cpu", "pserver_1/cpu"} <= set(live)
+    assert main(["report", str(logs), "--no-plot", "--tensorboard", str(tmp_path / "tb")]) == 0
+    assert read_scalars(tmp_path / "tb") == live  # the same scalars, from the metrics file afterwards
 
 
 def test_launch_json_and_its_metrics_file(run_dir):

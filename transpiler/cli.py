@@ -788,6 +788,8 @@ def serve_command(args: argparse.Namespace) -> int:
     arg("--cpus-per-process", type=float, default=1.0, metavar="C", help="ray: CPUs in each process's bundle (default 1)"),
     arg("--json", action="store_true", help="print the job's result as JSON on stdout (schema pstranspile.launch/1); "
         "the live status and summary stay on stderr"),
+    arg("--tensorboard", metavar="DIR", help="also write the job's metrics as TensorBoard event files into DIR "
+        "(needs tensorboardX, the `tensorboard` extra); LOG_DIR/metrics.jsonl is written anyway"),
     arg("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command every process runs"),
 )
 def launch_command(args: argparse.Namespace) -> int:
@@ -835,6 +837,7 @@ def launch_command(args: argparse.Namespace) -> int:
             address=args.address,
             placement=args.placement,
             cpus_per_process=args.cpus_per_process,
+            tensorboard_dir=_path(args.tensorboard),
         )
     )
     if args.json:
@@ -1063,6 +1066,8 @@ def merge_table_command(args: argparse.Namespace) -> int:
     arg("-o", "--output", metavar="OUT", help="the picture, .png or .svg (default: RUN_DIR/report.png; "
         "without matplotlib only the summary is printed)"),
     arg("--no-plot", action="store_true", help="print the summary only"),
+    arg("--tensorboard", metavar="DIR", help="also write the metrics as TensorBoard event files into DIR "
+        "(needs tensorboardX, the `tensorboard` extra)"),
     arg("--json", action="store_true", help="print the summary as JSON (schema pstranspile.report/1)"),
 )
 def report_command(args: argparse.Namespace) -> int:
@@ -1081,6 +1086,15 @@ def report_command(args: argparse.Namespace) -> int:
     if not records:
         raise CliError(f"{source}: no records yet (no trainer reported a step)")
     summary = summarize(records)
+    if args.tensorboard:
+        from transpiler.runtime.metrics import TensorBoard
+
+        board = TensorBoard(args.tensorboard)  # TensorBoardUnavailable: exit 2
+        try:
+            for record in records:
+                board.add(record)
+        finally:
+            board.close()
     picture = None
     if not args.no_plot:
         target = Path(args.output) if args.output else source.with_name("report.png")

@@ -139,6 +139,9 @@ class LaunchConfig:
     address: str | None = None
     placement: str = "spread"
     cpus_per_process: float = 1.0
+    # The job's metrics as TensorBoard event files too (needs tensorboardX); the metrics
+    # file LOG_DIR/metrics.jsonl is written anyway.
+    tensorboard_dir: Path | None = None
 
     def validate(self) -> None:
         if not self.command:
@@ -245,7 +248,7 @@ def run_job(config: LaunchConfig, env: Mapping[str, str], make_backend: Callable
     restarts: list[str] = []
     restore: Path | None = None  # the checkpoint the next attempt starts from
     started = time.monotonic()
-    with MetricsWriter(Path(config.log_dir) / METRICS_FILE, fresh=True) as metrics:
+    with MetricsWriter(Path(config.log_dir) / METRICS_FILE, fresh=True, tensorboard=config.tensorboard_dir) as metrics:
         return _run_attempts(config, make_backend, out, base, checkpoint_dir, restarts, restore, started, metrics)
 
 

@@ -19,6 +19,12 @@ their ratio, the cores it kept busy on average):
 
 `time` is seconds since the job (or the session) started; `attempt` counts restarts
 (`launch --max-restarts`).
+
+With a `tensorboard` dir (`launch --tensorboard DIR`, `report --tensorboard DIR`) the
+records also go to TensorBoard event files there, through tensorboardX (the `tensorboard`
+extra): scalars `trainer_<i>/loss`, `trainer_<i>/steps_per_s`, `trainer_<i>/mb_sent`,
+`trainer_<i>/mb_received` by step, and `pserver_<i>/cpu` (cores busy since serving began)
+by report.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from transpiler.errors import PsTranspilerError
 from transpiler.runtime.progress import Progress, Usage
 
 METRICS_FILE = "metrics.jsonl"
@@ -67,13 +74,50 @@ def pserver_record(usage: Usage, *, elapsed: float, attempt: int = 0) -> dict[st
     }
 
 
+class TensorBoardUnavailable(PsTranspilerError):
+    """tensorboardX is not installed."""
+
+
+class TensorBoard:
+    """Metrics records as TensorBoard scalars in event files under `log_dir`."""
+
+    def __init__(self, log_dir: str | os.PathLike) -> None:
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError:
+            raise TensorBoardUnavailable(
+                "TensorBoard event files need tensorboardX: pip install 'ps-transpiler[tensorboard]'") from None
+        self.log_dir = Path(log_dir)
+        self._writer = SummaryWriter(str(self.log_dir), flush_secs=2)
+        self._pserver_reports: dict[int, int] = {}
+
+    def add(self, record: dict[str, Any]) -> None:
+        if record.get("role") == "pserver":
+            index = int(record["pserver"])
+            count = self._pserver_reports[index] = self._pserver_reports.get(index, 0) + 1
+            if record.get("cpu") is not None:
+                self._writer.add_scalar(f"pserver_{index}/cpu", record["cpu"], count)
+            return
+        prefix, step = f"trainer_{record['trainer']}", int(record["step"])
+        for key, name, scale in (("loss", "loss", 1.0), ("steps_per_s", "steps_per_s", 1.0),
+                                 ("bytes_sent", "mb_sent", 1e-6), ("bytes_received", "mb_received", 1e-6)):
+            if record.get(key) is not None:
+                self._writer.add_scalar(f"{prefix}/{name}", record[key] * scale, step)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 class MetricsWriter:
     """Appends records to a metrics file, one line each, flushed at once (thread-safe);
-    `fresh=True` starts the file anew."""
+    `fresh=True` starts the file anew; with `tensorboard`, each record is also a scalar
+    in TensorBoard event files there."""
 
-    def __init__(self, path: str | os.PathLike, *, fresh: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, *, fresh: bool = False,
+                 tensorboard: str | os.PathLike | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._board = TensorBoard(tensorboard) if tensorboard is not None else None
         self._file = open(self.path, "w" if fresh else "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._lock = threading.Lock()
         self.started = time.monotonic()
@@ -84,6 +128,8 @@ class MetricsWriter:
             if not self._file.closed:
                 self._file.write(line)
                 self._file.flush()
+                if self._board is not None:
+                    self._board.add(record)
 
     def report(self, report: Progress | Usage, *, trainer: int | None = None, attempt: int = 0,
                elapsed: float | None = None, role: str = "trainer") -> None:
@@ -98,6 +144,9 @@ class MetricsWriter:
     def close(self) -> None:
         with self._lock:
             self._file.close()
+            if self._board is not None:
+                self._board.close()
+                self._board = None
 
     def __enter__(self) -> MetricsWriter:
         return self
