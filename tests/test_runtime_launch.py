@@ -185,6 +185,11 @@ def test_max_restarts_restarts_every_process_from_the_newest_checkpoint(tmp_path
     assert sorted(p.name for p in (tmp_path / "logs" / "restart-1").iterdir()) == [
         "pserver.0.log", "trainer.0.log", "trainer.1.log"]
     assert all(str(p.log).startswith(str(tmp_path / "logs" / "restart-1")) for p in result.processes)
+    # One metrics file for the job, each record marked with its attempt; the pserver's
+    # progress-looking line is no trainer's record.
+    metrics = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert sorted((r["attempt"], r["role"], r["trainer"], r["step"]) for r in metrics) == [
+        (0, "trainer", 0, 6), (0, "trainer", 1, 6), (1, "trainer", 0, 6), (1, "trainer", 1, 6)]
 
 
 def test_a_restart_before_any_checkpoint_starts_from_scratch_and_restarts_are_bounded(tmp_path):

@@ -330,8 +330,10 @@ def _record(handles: Sequence[ProcessHandle], metrics: MetricsWriter | None, att
             continue
         batch = reports[:count]
         del reports[:count]  # a reader thread may append meanwhile: only what was taken goes
+        trainer = handle.status.role == TRAINER
         for stamp, report in batch:
-            metrics.report(report, trainer=handle.status.index, attempt=attempt, elapsed=stamp - metrics.started)
+            if isinstance(report, Progress) == trainer:  # a trainer's progress, a pserver's usage: nothing else
+                metrics.report(report, trainer=handle.status.index, attempt=attempt, elapsed=stamp - metrics.started)
 
 
 def _report(result: LaunchResult, out: TextIO) -> None:
