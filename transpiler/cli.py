@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK  (argcomplete's global completion looks for this marker)
 """`pstranspile`: the command line (also `python -m transpiler`).
 
 Each subcommand is one function decorated with `@command(...)`, which declares its
