@@ -12,7 +12,7 @@ from conftest import PADDLE_PROGRAMS, TESTS
 from transpiler.cli import main
 from transpiler.runtime.metrics import SCHEMA_KEYS, MetricsFileError, MetricsWriter, read_metrics
 from transpiler.runtime.progress import Progress, Usage, format_progress, format_usage, parse_progress, parse_report
-from transpiler.runtime.report import summarize, windowed_rate
+from transpiler.runtime.report import clock, summarize, windowed_rate
 
 try:
     import tensorboardX  # noqa: F401
@@ -30,6 +30,8 @@ def test_progress_lines_carry_bytes_and_pserver_usage():
     line = format_progress(progress)
     assert line == "[progress] trainer=1 step=7 loss=0.5 steps/s=12 sent=1000 recv=2000"
     assert parse_progress(line) == progress and parse_report(line) == progress
+    timed = Progress("0", 3, None, None, None, None, 1.25)
+    assert format_progress(timed) == "[progress] trainer=0 step=3 elapsed=1.250" and parse_report(format_progress(timed)) == timed
     usage = Usage(1, 2.5, 10.0)
     assert parse_report(format_usage(usage)) == usage
     assert parse_progress(format_usage(usage)) is None  # a pserver's line is no trainer's progress
@@ -55,6 +57,10 @@ def test_metrics_file_round_trips_and_refuses_garbage(tmp_path):
 def test_throughput_is_windowed_and_restarts_start_anew():
     rows = [{"time": t / 10, "step": t} for t in range(1, 31)]  # 10 steps/s
     assert all(rate == pytest.approx(10.0) for _, rate in windowed_rate(rows, 1.0))
+    # Lines read in batches (Ray's polls) share a `time`; the trainer's own `elapsed` still times them.
+    batched = [{"time": 5.0 + (t // 10), "elapsed": t / 20, "step": t} for t in range(1, 31)]  # 20 steps/s
+    assert clock(batched) == "elapsed" and clock(rows) == "time"
+    assert all(rate == pytest.approx(20.0) for _, rate in windowed_rate(batched, 0.5, "elapsed"))
     restarted = rows[:10] + [{"time": 3.1 + i / 10, "step": 5 + i} for i in range(10)]
     assert all(rate > 0 for _, rate in windowed_rate(restarted, 1.0))
 
@@ -123,6 +129,11 @@ def test_launch_json_and_its_metrics_file(run_dir):
         rows = [r for r in records if r["role"] == "trainer" and r["trainer"] == trainer]
         assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
         assert all(r["loss"] is not None and r["steps_per_s"] > 0 for r in rows)
+        elapsed = [r["elapsed"] for r in rows]  # the trainer's own clock, and steps/s agrees with it
+        assert elapsed == sorted(elapsed)
+        for r in rows:  # steps/s has 3 significant digits, elapsed 3 decimals
+            low, high = r["step"] / (r["elapsed"] + 0.0006), r["step"] / max(r["elapsed"] - 0.0006, 1e-9)
+            assert low * 0.994 <= r["steps_per_s"] <= high * 1.006, r
         sent = [r["bytes_sent"] for r in rows]
         assert sent == sorted(sent) and sent[0] > 0 and rows[-1]["bytes_received"] > rows[0]["bytes_received"]
         (final,) = [p for p in doc["processes"] if p["name"] == f"trainer.{trainer}"]

@@ -9,7 +9,10 @@ A trainer's record (`loss`, `steps_per_s`, the bytes: null when unknown; `role` 
 `local` for local training):
 
     {"time": 3.21, "attempt": 0, "role": "trainer", "trainer": 1, "step": 40, "loss": 0.51,
-     "steps_per_s": 31.2, "bytes_sent": 182340, "bytes_received": 180112}
+     "steps_per_s": 31.2, "elapsed": 1.282, "bytes_sent": 182340, "bytes_received": 180112}
+
+(`elapsed`: seconds since that trainer started training, on its own clock; `time` is when
+the launcher read the line, which on Ray comes in batches)
 
 a pserver's (its process's CPU seconds and the seconds it has served, so far; `cpu` is
 their ratio, the cores it kept busy on average):
@@ -42,7 +45,8 @@ from transpiler.runtime.progress import Progress, Usage
 METRICS_FILE = "metrics.jsonl"
 METRICS_ENV = "PSTRANSPILE_METRICS"
 SCHEMA_KEYS = {
-    "trainer": ("time", "attempt", "role", "trainer", "step", "loss", "steps_per_s", "bytes_sent", "bytes_received"),
+    "trainer": ("time", "attempt", "role", "trainer", "step", "loss", "steps_per_s", "elapsed", "bytes_sent",
+                "bytes_received"),
     "pserver": ("time", "attempt", "role", "pserver", "cpu_seconds", "wall_seconds", "cpu"),
 }
 
@@ -57,6 +61,7 @@ def trainer_record(progress: Progress, trainer: int, *, elapsed: float, attempt:
         "step": progress.step,
         "loss": progress.loss,
         "steps_per_s": progress.steps_per_s,
+        "elapsed": progress.elapsed,
         "bytes_sent": progress.bytes_sent,
         "bytes_received": progress.bytes_received,
     }

@@ -1,10 +1,11 @@
 """The progress lines trainers and pservers print and `pstranspile launch` reads:
 
-    [progress] trainer=0 step=40 loss=0.512345 steps/s=31.2 sent=182340 recv=180112
+    [progress] trainer=0 step=40 loss=0.512345 steps/s=31.2 elapsed=1.282 sent=182340 recv=180112
     [progress] pserver=1 cpu_s=12.4 wall_s=20.1
 
 One line per report on stdout, `key=value` fields; readable in a log and parsable. A
-trainer's line carries its step, loss, steps/s and the RPC bytes it sent and received so
+trainer's line carries its step, loss, steps/s, the seconds since it started training (its
+own clock: the launcher may read lines in batches) and the RPC bytes it sent and received so
 far; a pserver's (`Session.serve`, every few seconds) the CPU seconds its process used and
 the seconds it has served. `launch` turns both into the job's metrics file
 (`transpiler.runtime.metrics`).
@@ -27,6 +28,7 @@ class Progress:
     steps_per_s: float | None = None
     bytes_sent: int | None = None  # RPC bytes so far (a trainer's; None when local)
     bytes_received: int | None = None
+    elapsed: float | None = None  # seconds since the trainer started training, on its own clock
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ def format_progress(progress: Progress) -> str:
         fields.append(f"loss={progress.loss:.6g}")
     if progress.steps_per_s is not None:
         fields.append(f"steps/s={progress.steps_per_s:.3g}")
+    if progress.elapsed is not None:
+        fields.append(f"elapsed={progress.elapsed:.3f}")
     if progress.bytes_sent is not None:
         fields.append(f"sent={progress.bytes_sent}")
     if progress.bytes_received is not None:
@@ -75,6 +79,7 @@ def parse_progress(line: str) -> Progress | None:
             steps_per_s=float(fields["steps/s"]) if "steps/s" in fields else None,
             bytes_sent=int(fields["sent"]) if "sent" in fields else None,
             bytes_received=int(fields["recv"]) if "recv" in fields else None,
+            elapsed=float(fields["elapsed"]) if "elapsed" in fields else None,
         )
     except (KeyError, ValueError):
         return None

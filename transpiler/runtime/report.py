@@ -6,8 +6,9 @@ traffic, and the pservers' CPU.
     print("\n".join(summary_lines(summary)))
     draw(read_metrics("logs"), "logs/report.png")      # needs matplotlib (the `plot` extra)
 
-Throughput is the trainer's steps per second over a sliding window of the metrics'
-own clock (`time`), not the average since its start that its progress lines carry.
+Throughput is the trainer's steps per second over a sliding window of its own clock
+(`elapsed`; records without it: the launcher's `time`), not the average since its start
+that its progress lines carry.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 REPORT_SCHEMA = "pstranspile.report/1"
 PLOT_SUFFIXES = (".png", ".svg")
+MIN_INTERVAL = 0.2  # seconds: shorter intervals between a pserver's reports are merged into the next
 
 
 class PlotUnavailable(ImportError):
@@ -36,27 +38,32 @@ def _series(records: list[dict[str, Any]]) -> tuple[dict[int, list[dict]], dict[
     return dict(sorted(trainers.items())), dict(sorted(pservers.items()))
 
 
-def windowed_rate(rows: list[dict[str, Any]], window: float) -> list[tuple[float, float]]:
-    """(time, steps/s over the last `window` seconds) per record, from its `time` and `step`
+def clock(rows: list[dict[str, Any]]) -> str:
+    """The key to time a trainer's records by: its own `elapsed`, when every record has it."""
+    return "elapsed" if rows and all(r.get("elapsed") is not None for r in rows) else "time"
+
+
+def windowed_rate(rows: list[dict[str, Any]], window: float, key: str = "time") -> list[tuple[float, float]]:
+    """(`key`, steps/s over the last `window` seconds) per record, from its `key` and `step`
     (O(n): two pointers); a restart (the step going back) starts the window anew."""
     out: list[tuple[float, float]] = []
     start = 0
     for i, row in enumerate(rows):
         if i and row["step"] < rows[i - 1]["step"]:
             start = i  # a restart from a checkpoint
-        while start < i and row["time"] - rows[start + 1]["time"] >= window:
+        while start < i and row[key] - rows[start + 1][key] >= window:
             start += 1
         first = rows[start]
-        span = row["time"] - first["time"]
+        span = row[key] - first[key]
         if span > 0:
-            out.append((row["time"], (row["step"] - first["step"]) / span))
+            out.append((row[key], (row["step"] - first["step"]) / span))
     return out
 
 
 def rate_window(trainers: dict[int, list[dict[str, Any]]]) -> float:
     """The throughput window: a fifteenth of the longest trainer's training time (first to
     last report), at least 0.2 s."""
-    spans = [rows[-1]["time"] - rows[0]["time"] for rows in trainers.values() if rows]
+    spans = [rows[-1][clock(rows)] - rows[0][clock(rows)] for rows in trainers.values() if rows]
     return max(0.2, max(spans, default=0.0) / 15)
 
 
@@ -70,7 +77,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     for trainer, rows in trainers.items():
         losses = [r["loss"] for r in rows if r.get("loss") is not None]
         last = rows[-1]
-        span = last["time"] - rows[0]["time"]
+        span = last[clock(rows)] - rows[0][clock(rows)]
         steps = last["step"] - rows[0]["step"]
         out["trainers"].append({
             "trainer": trainer,
@@ -130,7 +137,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
 
 def draw(records: list[dict[str, Any]], path: str | os.PathLike, *, title: str = "") -> Path:
     """Draw the run into `path` (.png or .svg): loss by step and steps/s over time per
-    trainer, RPC megabytes by step, pserver CPU (cores busy) over time."""
+    trainer, RPC megabytes by step, pserver CPU (cores busy) over time. Times are each
+    process's own clock (a launcher may read lines in batches, Ray's every poll)."""
     path = Path(path)
     if path.suffix.lower() not in PLOT_SUFFIXES:
         raise ValueError(f"cannot tell the picture format of {path}: name it .png or .svg")
@@ -146,13 +154,16 @@ def draw(records: list[dict[str, Any]], path: str | os.PathLike, *, title: str =
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), dpi=110)
     (ax_loss, ax_rate), (ax_bytes, ax_cpu) = axes
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    own_clock = True  # every trainer's throughput on its own clock
     for i, (trainer, rows) in enumerate(trainers.items()):
         color = colors[i % len(colors)]
         label = "local" if rows[-1].get("role") == "local" else f"trainer {trainer}"
         points = [(r["step"], r["loss"]) for r in rows if r.get("loss") is not None]
         if points:
             ax_loss.plot(*zip(*points, strict=True), color=color, label=label, linewidth=1.4)
-        rate = windowed_rate(rows, window)
+        key = clock(rows)
+        own_clock = own_clock and key == "elapsed"
+        rate = windowed_rate(rows, window, key)
         if rate:
             ax_rate.plot(*zip(*rate, strict=True), color=color, label=label, linewidth=1.4)
         sent = [(r["step"], r["bytes_sent"] / 1e6) for r in rows if r.get("bytes_sent") is not None]
@@ -164,20 +175,23 @@ def draw(records: list[dict[str, Any]], path: str | os.PathLike, *, title: str =
                           linewidth=1.4)
     for i, (pserver, rows) in enumerate(pservers.items()):
         busy = []  # cores busy over each interval between two reports (the first: since serving began)
-        for before, after in zip([None, *rows], rows, strict=False):
-            if before is None or after.get("attempt") != before.get("attempt"):
-                before = {"wall_seconds": 0.0, "cpu_seconds": 0.0}
+        before: dict[str, Any] = {"wall_seconds": 0.0, "cpu_seconds": 0.0, "attempt": rows[0].get("attempt")}
+        for after in rows:
+            if after.get("attempt") != before.get("attempt"):  # a restarted pserver starts its clock anew
+                before = {"wall_seconds": 0.0, "cpu_seconds": 0.0, "attempt": after.get("attempt")}
             wall = after["wall_seconds"] - before["wall_seconds"]
-            if wall > 0:
-                busy.append((after["time"], (after["cpu_seconds"] - before["cpu_seconds"]) / wall))
+            if wall >= MIN_INTERVAL:  # a last report just after a periodic one: too short to mean anything
+                busy.append((after["wall_seconds"], (after["cpu_seconds"] - before["cpu_seconds"]) / wall))
+                before = after
         if busy:
             ax_cpu.plot(*zip(*busy, strict=True), color=colors[(i + 3) % len(colors)], label=f"pserver {pserver}",
                         linewidth=1.4, marker="o", markersize=2.5)
     panels = (
         (ax_loss, "Loss", "step", "loss"),
-        (ax_rate, f"Throughput ({window:.2g} s window)", "seconds since launch", "steps/s"),
+        (ax_rate, f"Throughput ({window:.2g} s window)",
+         "seconds of training (each trainer's clock)" if own_clock else "seconds since launch", "steps/s"),
         (ax_bytes, "RPC traffic (cumulative)", "step", "MB"),
-        (ax_cpu, "Pserver CPU", "seconds since launch", "cores busy"),
+        (ax_cpu, "Pserver CPU", "seconds of serving (each pserver's clock)", "cores busy"),
     )
     for ax, name, xlabel, ylabel in panels:
         ax.set_title(name, fontsize=11, loc="left")

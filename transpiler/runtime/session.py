@@ -253,7 +253,7 @@ class Session:
         rate = self.steps / elapsed if elapsed > 0 else None
         stats = self.client.stats if self.client is not None else None
         progress = Progress(who, self.steps, loss, rate, stats.bytes_sent if stats else None,
-                            stats.bytes_received if stats else None)
+                            stats.bytes_received if stats else None, elapsed)
         print(format_progress(progress), file=self.out or sys.stdout, flush=True)
         if self._metrics is not None:
             self._metrics.report(progress, trainer=self.role.trainer_id, role="trainer" if self.role.is_trainer else "local")
