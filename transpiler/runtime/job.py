@@ -320,9 +320,8 @@ def run_attempt(config: LaunchConfig, backend: Backend, extra: Mapping[str, str]
 
 
 def _record(handles: Sequence[ProcessHandle], metrics: MetricsWriter | None, attempt: int) -> None:
-    """Move the reports the processes printed since the last call into the metrics file."""
-    if metrics is None:
-        return
+    """Move the reports the processes printed since the last call into the metrics file
+    (without one, drop them: a long job must not keep them all)."""
     for handle in handles:
         reports = handle.status.reports
         count = len(reports)
@@ -330,6 +329,8 @@ def _record(handles: Sequence[ProcessHandle], metrics: MetricsWriter | None, att
             continue
         batch = reports[:count]
         del reports[:count]  # a reader thread may append meanwhile: only what was taken goes
+        if metrics is None:
+            continue
         trainer = handle.status.role == TRAINER
         for stamp, report in batch:
             if isinstance(report, Progress) == trainer:  # a trainer's progress, a pserver's usage: nothing else

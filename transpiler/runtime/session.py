@@ -28,8 +28,9 @@ transpiles the programs itself (deterministic: every process agrees on the place
 steps/s, the RPC bytes sent and received) that `launch` shows live and writes into the job's
 metrics file; `serve()` prints the pserver's CPU use every `USAGE_EVERY` seconds. Given
 `metrics=PATH` (default `$PSTRANSPILE_METRICS`) the session also appends these reports to
-PATH itself (`transpiler.runtime.metrics`), for a job no `launch` watches. Leaving the `with` block tells the pservers this trainer is done — or,
-on an exception, that it failed, so they stop at once instead of timing out.
+PATH itself (`transpiler.runtime.metrics`), for a job no `launch` watches. Leaving the
+`with` block tells the pservers this trainer is done — or, on an exception, that it
+failed, so they stop at once instead of timing out.
 """
 
 from __future__ import annotations
