@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -299,3 +300,20 @@ def test_cli_serve_on_a_busy_port_is_a_user_error(tmp_path):
         assert done.returncode == 2 and f"cannot listen on {endpoint}" in done.stderr
         mismatch = cli("serve", "--program", f"{stem}.pb", "--startup", f"{stem}_startup.pb", "--endpoint", "0.0.0.0:1")
         assert mismatch.returncode == 2 and "does not match the program's endpoint" in mismatch.stderr
+
+
+def test_the_live_status_line_of_many_trainers_stays_short():
+    from types import SimpleNamespace
+
+    from transpiler.runtime.job import STATUS_WIDTH, ProcessStatus, _status_line
+
+    def handle(i, progress):
+        status = ProcessStatus("trainer", i, None, Path(f"trainer.{i}.log"), progress=progress)
+        return SimpleNamespace(status=status)
+
+    two = [handle(0, Progress("0", 40, 0.5, 30.0)), handle(1, None)]
+    assert _status_line(two, 9.25, "local") == "[launch 9.2s] trainer.0: step 40 loss 0.5 30 steps/s | trainer.1: starting"
+    many = [handle(i, Progress(str(i), 40 + i, 0.5 + i / 100, 30.0)) for i in range(15)] + [handle(15, None)]
+    line = _status_line(many, 9.25, "ray")
+    assert len(line) <= STATUS_WIDTH
+    assert line == "[launch ray 9.2s] 16 trainers: step 40..54, loss 0.5..0.64, 450 steps/s in all, 1 starting"

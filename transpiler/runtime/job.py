@@ -33,6 +33,7 @@ from transpiler.runtime.role import CHECKPOINT_DIR_ENV, CHECKPOINT_EVERY_ENV, PS
 POLL = 0.1
 TAIL_LINES = 12
 SETTLE = 4.0  # seconds a failure waits for its cause to show (a lost node outranks the exits it causes)
+STATUS_WIDTH = 200  # characters of a live status line: past it, one summary for every trainer
 
 
 @dataclass
@@ -443,7 +444,22 @@ def _status_line(trainers: list[ProcessHandle], elapsed: float, backend: str) ->
             text += f" {prog.steps_per_s:.3g} steps/s"
         parts.append(text)
     label = "launch" if backend == "local" else f"launch {backend}"
-    return f"[{label} {elapsed:.1f}s] " + " | ".join(parts)
+    line = f"[{label} {elapsed:.1f}s] " + " | ".join(parts)
+    if len(line) <= STATUS_WIDTH:
+        return line
+    # Many trainers: one line for all of them (the summary at the end has a row each).
+    reported = [h.status.progress for h in trainers if h.status.progress is not None]
+    steps = [p.step for p in reported]
+    losses = [p.loss for p in reported if p.loss is not None]
+    rates = [p.steps_per_s for p in reported if p.steps_per_s is not None]
+    text = f"{len(trainers)} trainers: step {min(steps)}..{max(steps)}" if steps else f"{len(trainers)} trainers"
+    if losses:
+        text += f", loss {min(losses):.4g}..{max(losses):.4g}"
+    if rates:
+        text += f", {sum(rates):.3g} steps/s in all"
+    if len(reported) < len(trainers):
+        text += f", {len(trainers) - len(reported)} starting"
+    return f"[{label} {elapsed:.1f}s] {text}"
 
 
 class _Status:
