@@ -188,3 +188,29 @@ def test_local_session_writes_its_own_metrics(tmp_path, monkeypatch):
     rows = read_metrics(metrics)
     assert [(r["role"], r["trainer"], r["step"]) for r in rows] == [("local", 0, s) for s in range(1, 5)]
     assert all(r["bytes_sent"] is None and r["loss"] is not None for r in rows)
+
+
+def test_report_without_matplotlib_prints_the_summary_and_says_how_to_draw(tmp_path):
+    import os
+    import subprocess
+
+    with MetricsWriter(tmp_path / "metrics.jsonl", fresh=True) as writer:
+        for step in range(1, 4):
+            writer.report(Progress("0", step, 1.0 / step, 10.0, 100 * step, 200 * step, step / 10), trainer=0,
+                          elapsed=step / 10)
+    blocked = tmp_path / "blocked" / "matplotlib"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('not installed')\n")
+    env = {**os.environ, "PYTHONPATH": f"{blocked.parent}{os.pathsep}{TESTS.parent}"}
+
+    def report(*extra):
+        return subprocess.run([sys.executable, "-m", "transpiler", "report", str(tmp_path), *extra], env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    done = report()
+    assert done.returncode == 0 and "pip install 'ps-transpiler[plot]'" in done.stderr
+    row = done.stdout.splitlines()[2].split()
+    assert row == ["0", "3", "1", "0.3333", "0.3333", "10", "300", "B", "600", "B"] and "picture" not in done.stdout
+    assert not (tmp_path / "report.png").exists()
+    done = report("-o", str(tmp_path / "r.png"))
+    assert done.returncode == 2 and done.stderr.startswith("pstranspile: error: drawing needs matplotlib")
