@@ -304,3 +304,16 @@ def test_every_command_takes_quiet_and_full():
         sub = parser._subparsers._group_actions[0].choices[command.name]  # noqa: SLF001 - argparse has no API
         flags = {flag for action in sub._actions for flag in action.option_strings}  # noqa: SLF001
         assert {"-q", "--quiet", "--full"} <= flags, command.name
+
+
+def test_a_long_message_keeps_its_head_and_tail_and_cuts_its_list():
+    from transpiler.cli import fit_line
+
+    endpoints = ", ".join(f"127.0.0.1:{6000 + i}" for i in range(300))
+    line = fit_line(f"pstranspile: error: x is not one of the pserver endpoints ({endpoints}): check it")
+    assert len(line) <= MAX_WIDTH and line.startswith("pstranspile: error: x is not one of the pserver endpoints (")
+    assert line.endswith(", ... and 293 more): check it") and "127.0.0.1:6006," in line
+    path = "/very/long/" + "folder/" * 40 + "main.pb"
+    line = fit_line(f"pstranspile: error: {path}: not a ProgramDesc (see `pstranspile --help`)")
+    assert len(line) <= MAX_WIDTH and line.endswith("main.pb: not a ProgramDesc (see `pstranspile --help`)")
+    assert "..." in line and line.startswith("pstranspile: error: /very/long/")

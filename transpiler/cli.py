@@ -199,10 +199,13 @@ def _shorten_group(line: str, width: int) -> str:
         items = _split_top(line[start + 1:end], ", ")
         if len(items) < 2:
             continue
-        for keep in range(len(items) - 1, 0, -1):
-            text = f"{line[:start + 1]}{', '.join(items[:keep])}, ... and {len(items) - keep} more{line[end:]}"
-            if len(text) <= width or keep == 1:
-                return text
+        # The most items that fit (at least one), in one pass over the items.
+        fixed = start + 1 + len(line) - end + len(", ... and  more") + len(str(len(items)))
+        keep, used = 1, len(items[0])
+        while keep < len(items) - 1 and fixed + used + 2 + len(items[keep]) <= width:
+            used += 2 + len(items[keep])
+            keep += 1
+        return f"{line[:start + 1]}{', '.join(items[:keep])}, ... and {len(items) - keep} more{line[end:]}"
     return line
 
 
