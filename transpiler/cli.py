@@ -636,10 +636,14 @@ def transpile_command(args: argparse.Namespace) -> int:
     ids = list(range(args.trainers)) if args.all_trainers else [args.trainer_id]
     # As a process's command (`run`) this runs with the cyclic GC off (`quick_exit`);
     # `transpile()` pauses it by itself in any caller.
-    results = [_transpile(args, inputs, trainer_id=i, verify=args.verify_each_pass, dump_dir=args.dump_dir,
-                          progress=progress if args.progress and not _OUTPUT["quiet"] else None) for i in ids]
-    result = results[0]
-    trainers = {i: (r.trainer, r.trainer_startup) for i, r in zip(ids, results, strict=True)}
+    result = None
+    trainers = {}  # id -> its two programs (the pservers' are the same for every id: kept once)
+    for i in ids:
+        one = _transpile(args, inputs, trainer_id=i, verify=args.verify_each_pass, dump_dir=args.dump_dir,
+                         progress=progress if args.progress and not _OUTPUT["quiet"] else None)
+        result = result or one
+        trainers[i] = (one.trainer, one.trainer_startup)
+    assert result is not None
     try:
         written = write_programs(args.output, result.trainer, result.trainer_startup, result.pservers, result.plan,
                                  form=args.form, trainers=trainers if args.all_trainers else None)
