@@ -12,7 +12,10 @@
    actors on a local Ray instance (or the cluster at `--address`), whose pserver actors
    pick their own ports;
 3. prints the test accuracy before and after training (trainer 0's report,
-   `OUT_DIR/result.json`). Exits non-zero if any process failed.
+   `OUT_DIR/result.json`). Exits non-zero if any process failed;
+4. summarizes the job's metrics file (`OUT_DIR/logs/metrics.jsonl`) and draws it into
+   `OUT_DIR/logs/report.png` (what `pstranspile report OUT_DIR/logs` does; the picture
+   needs matplotlib, the `plot` extra).
 """
 
 from __future__ import annotations
@@ -82,7 +85,23 @@ def main(argv: list[str]) -> int:
         f"demo: test accuracy before training {facts['before']:.3f}, after {facts['after']:.3f} "
         f"({facts['steps']} sync steps, last loss {facts['losses'][-1]:.4f}; {time.monotonic() - started:.1f} s in all)"
     )
+    show_report(out / "logs")
     return 0
+
+
+def show_report(log_dir: Path) -> None:
+    """Summarize the job's metrics file and draw it (`pstranspile report`), then point at the picture."""
+    from transpiler.runtime.metrics import read_metrics
+    from transpiler.runtime.report import PlotUnavailable, draw, summarize, summary_lines
+
+    records = read_metrics(log_dir)
+    print("\n".join(summary_lines(summarize(records))))
+    try:
+        picture = draw(records, log_dir / "report.png", title="make demo: the digits MLP, 2 pservers x 2 trainers")
+    except PlotUnavailable as exc:
+        print(f"demo: {exc} to draw the run (or run `pstranspile report {log_dir}` later)")
+        return
+    print(f"demo: loss, throughput, RPC traffic and pserver CPU per process: {picture}")
 
 
 if __name__ == "__main__":

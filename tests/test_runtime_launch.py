@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -81,7 +82,7 @@ def test_every_process_gets_paddle_s_environment_and_a_log(tmp_path):
     (token,) = {env["PSTRANSPILE_JOB_TOKEN"] for env in records.values()}  # one per job, in every process
     assert len(token) >= 40 and token not in text
     logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
-    assert logs == ["pserver.0.log", "pserver.1.log", "trainer.0.log", "trainer.1.log"]
+    assert logs == ["metrics.jsonl", "pserver.0.log", "pserver.1.log", "trainer.0.log", "trainer.1.log"]
     assert "some other output" in (tmp_path / "logs" / "trainer.1.log").read_text()
 
 
@@ -185,6 +186,11 @@ def test_max_restarts_restarts_every_process_from_the_newest_checkpoint(tmp_path
     assert sorted(p.name for p in (tmp_path / "logs" / "restart-1").iterdir()) == [
         "pserver.0.log", "trainer.0.log", "trainer.1.log"]
     assert all(str(p.log).startswith(str(tmp_path / "logs" / "restart-1")) for p in result.processes)
+    # One metrics file for the job, each record marked with its attempt; the pserver's
+    # progress-looking line is no trainer's record.
+    metrics = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert sorted((r["attempt"], r["role"], r["trainer"], r["step"]) for r in metrics) == [
+        (0, "trainer", 0, 6), (0, "trainer", 1, 6), (1, "trainer", 0, 6), (1, "trainer", 1, 6)]
 
 
 def test_a_restart_before_any_checkpoint_starts_from_scratch_and_restarts_are_bounded(tmp_path):
@@ -248,7 +254,7 @@ def test_cli_launch_runs_the_command_after_the_double_dash(tmp_path):
     ("args", "match"),
     [
         (["launch", "--pservers", "1", "--trainers", "1"], "needs the command to run after `--`"),
-        (["launch", "--pservers", "0", "--trainers", "1", "--", "true"], "pservers must be an integer >= 1"),
+        (["launch", "--pservers", "0", "--trainers", "1", "--", "true"], "--pservers must be >= 1"),
         (["launch", "--trainers", "1", "--", "true"], "the following arguments are required: --pservers"),
         (["launch", "--pservers", "1", "--trainers", "1", "--timeout", "0", "--", "true"], "--timeout must be positive"),
         (["launch", "--pservers", "2", "--trainers", "1", "--endpoints", "127.0.0.1:6170,,127.0.0.1:6171",
@@ -310,3 +316,20 @@ def test_cli_launch_backend_ray_without_ray_says_how_to_install_it(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pstranspile: error: the ray backend needs Ray"), done.stderr
     assert "pip install 'ps-transpiler[ray]'" in lines[0], done.stderr
+
+
+def test_the_live_status_line_of_many_trainers_stays_short():
+    from types import SimpleNamespace
+
+    from transpiler.runtime.job import STATUS_WIDTH, ProcessStatus, _status_line
+
+    def handle(i, progress):
+        status = ProcessStatus("trainer", i, None, Path(f"trainer.{i}.log"), progress=progress)
+        return SimpleNamespace(status=status)
+
+    two = [handle(0, Progress("0", 40, 0.5, 30.0)), handle(1, None)]
+    assert _status_line(two, 9.25, "local") == "[launch 9.2s] trainer.0: step 40 loss 0.5 30 steps/s | trainer.1: starting"
+    many = [handle(i, Progress(str(i), 40 + i, 0.5 + i / 100, 30.0)) for i in range(15)] + [handle(15, None)]
+    line = _status_line(many, 9.25, "ray")
+    assert len(line) <= STATUS_WIDTH
+    assert line == "[launch ray 9.2s] 16 trainers: step 40..54, loss 0.5..0.64, 450 steps/s in all, 1 starting"

@@ -31,6 +31,7 @@ from ray_support import NODE, alive_actors, live_placement_groups, node_of_pid, 
 
 from transpiler.ir.precision import as_float64
 from transpiler.runtime.launch import LaunchConfig, launch
+from transpiler.runtime.metrics import read_metrics
 from transpiler.runtime.ray import run
 
 sys.path.insert(0, str(EXAMPLES))
@@ -78,6 +79,13 @@ def test_the_digits_mlp_on_three_nodes_trains_as_under_the_local_launch(cluster,
     assert nodes["pserver.0"] != nodes["pserver.1"], result.summary()
     assert len(set(nodes.values())) == 3, result.summary()  # spread: every node got a bundle
     assert "on ray, sync" in text and "node" in text.splitlines()[-5]  # the summary names each process's node
+    # Both backends write the job's metrics file: the same steps and losses, and every pserver's CPU.
+    metrics = {where: read_metrics(logs) for where, logs in (("local", tmp_path / "local" / "logs"),
+                                                             ("ray", tmp_path / "logs"))}
+    steps = {where: sorted((r["trainer"], r["step"], r["loss"]) for r in rows if r["role"] == "trainer")
+             for where, rows in metrics.items()}
+    assert steps["ray"] == steps["local"] and len(steps["ray"]) == 2 * on_ray["steps"]
+    assert {r["pserver"] for r in metrics["ray"] if r["role"] == "pserver"} == {0, 1}
     assert alive_actors() == []
 
 

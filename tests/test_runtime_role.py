@@ -78,3 +78,54 @@ def test_shard_gives_each_trainer_its_contiguous_share():
     assert parts[0]["y"].tolist() == [0, 1] and parts[1]["y"].tolist() == [2, 3, 4]
     assert np.array_equal(np.concatenate([p["x"] for p in parts]), batch["x"])
     assert Role().shard(batch)["y"].tolist() == [0, 1, 2, 3, 4]
+
+
+# Paddle 2.x's spelling of the pserver list (PaddleCloudRoleMaker, paddle-operator).
+PADDLE_TRAINER = {"TRAINING_ROLE": "TRAINER", "PADDLE_TRAINERS_NUM": "2", "PADDLE_TRAINER_ID": "1"}
+
+
+def test_paddle_pservers_ip_port_list_alone_names_the_pservers():
+    role = Role.from_env({**PADDLE_TRAINER, "PADDLE_PSERVERS_IP_PORT_LIST": EPS})
+    assert role.endpoints == ("127.0.0.1:6170", "127.0.0.1:6171") and role.trainer_id == 1
+    pserver = Role.from_env({"TRAINING_ROLE": "PSERVER", "PADDLE_PSERVERS_IP_PORT_LIST": EPS, "PADDLE_TRAINERS_NUM": "2",
+                             "POD_IP": "127.0.0.1", "PADDLE_PORT": "6171"})
+    assert pserver.is_pserver and pserver.current_endpoint == "127.0.0.1:6171"
+
+
+def test_both_spellings_agreeing_are_accepted_whitespace_aside():
+    role = Role.from_env({**PADDLE_TRAINER, "PADDLE_PSERVER_ENDPOINTS": EPS,
+                          "PADDLE_PSERVERS_IP_PORT_LIST": " 127.0.0.1:6170, 127.0.0.1:6171 "})
+    assert role.endpoints == ("127.0.0.1:6170", "127.0.0.1:6171")
+
+
+@pytest.mark.parametrize("other", ["127.0.0.1:6171,127.0.0.1:6170", "127.0.0.1:6170", "127.0.0.1:6170,127.0.0.1:9"])
+def test_conflicting_spellings_are_a_role_error_naming_both(other):
+    with pytest.raises(RoleError, match="PADDLE_PSERVER_ENDPOINTS=.* and PADDLE_PSERVERS_IP_PORT_LIST=.* disagree"):
+        Role.from_env({**PADDLE_TRAINER, "PADDLE_PSERVER_ENDPOINTS": EPS, "PADDLE_PSERVERS_IP_PORT_LIST": other})
+
+
+def test_a_malformed_paddle_list_is_named():
+    with pytest.raises(RoleError, match="PADDLE_PSERVERS_IP_PORT_LIST: malformed"):
+        Role.from_env({**PADDLE_TRAINER, "PADDLE_PSERVERS_IP_PORT_LIST": "127.0.0.1:6170,,x:1"})
+
+
+def test_no_list_names_both_spellings():
+    with pytest.raises(RoleError, match="needs PADDLE_PSERVER_ENDPOINTS \\(or PADDLE_PSERVERS_IP_PORT_LIST\\)"):
+        Role.from_env(PADDLE_TRAINER)
+
+
+def test_current_endpoint_and_pod_ip_port_must_agree():
+    base = {"TRAINING_ROLE": "PSERVER", "PADDLE_PSERVER_ENDPOINTS": EPS, "PADDLE_TRAINERS_NUM": "2"}
+    with pytest.raises(RoleError, match="PADDLE_CURRENT_ENDPOINT=127.0.0.1:6170 and POD_IP:PADDLE_PORT=127.0.0.1:6171"):
+        Role.from_env({**base, "PADDLE_CURRENT_ENDPOINT": "127.0.0.1:6170", "POD_IP": "127.0.0.1", "PADDLE_PORT": "6171"})
+    same = Role.from_env({**base, "PADDLE_CURRENT_ENDPOINT": "127.0.0.1:6170", "POD_IP": "127.0.0.1",
+                          "PADDLE_PORT": "6170"})
+    assert same.current_endpoint == "127.0.0.1:6170"
+
+
+def test_env_exports_both_spellings_and_a_paddle_only_reader_agrees():
+    role = Role("trainer", 1, 2, ("127.0.0.1:6170", "127.0.0.1:6171"))
+    env = role.env()
+    assert env["PADDLE_PSERVER_ENDPOINTS"] == env["PADDLE_PSERVERS_IP_PORT_LIST"] == EPS
+    paddle_only = {k: v for k, v in env.items() if k != "PADDLE_PSERVER_ENDPOINTS"}
+    assert Role.from_env(paddle_only) == role

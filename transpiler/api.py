@@ -51,9 +51,10 @@ class TranspileResult:
     plan: Plan
     options: TranspileOptions
 
-    def save(self, out_dir: str | os.PathLike) -> list[Path]:
-        """Write every program and plan.json into `out_dir` (see `transpiler.output`)."""
-        return write_programs(out_dir, self.trainer, self.trainer_startup, self.pservers, self.plan)
+    def save(self, out_dir: str | os.PathLike, *, form: str = "pb") -> list[Path]:
+        """Write every program and plan.json into `out_dir` (see `transpiler.output`);
+        `form="paddle"` names them `.pdmodel`, `form="fluid18"` `<program>/__model__`."""
+        return write_programs(out_dir, self.trainer, self.trainer_startup, self.pservers, self.plan, form=form)
 
 
 def transpile(

@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK  (argcomplete's global completion looks for this marker)
 """`pstranspile`: the command line (also `python -m transpiler`).
 
 Each subcommand is one function decorated with `@command(...)`, which declares its
@@ -18,6 +19,12 @@ Anything else is a bug: one `pstranspile: internal error: ...` line and exit cod
 (`PSTRANSPILE_TRACEBACK=1` re-raises it to show the traceback). `serve` and `launch`
 exit 1 when the training job itself fails (a trainer vanished or failed, a process
 exited non-zero), with the reason in one `pstranspile: error: ...` line.
+
+Every command takes `-q/--quiet` (no warnings about the input programs, no progress or
+live status lines) and `--full`: by default no line printed to the terminal is longer than
+about `MAX_WIDTH` characters (a long list keeps its first items and says `... and N more`;
+a long op line of a dump continues on indented lines); `--full` prints every line whole.
+Shell completion comes from `argcomplete` when it is installed (the `completion` extra).
 """
 
 from __future__ import annotations
@@ -43,6 +50,9 @@ EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `... | head`
 EXIT_JOB_FAILED = 1  # serve / launch: the training job failed at run time (a trainer vanished, a process failed)
 EXIT_INTERRUPTED = 130
+MAX_WIDTH = 200  # characters of a printed line, unless --full
+# -q and --full, set once per run by `_main` (the helpers below read them)
+_OUTPUT = {"quiet": False, "full": False}
 
 
 class UsageError(Exception):
@@ -93,13 +103,26 @@ def command(
 # ------------------------------------------------------------------ helpers
 
 
-def load_program(path: str) -> Program:
-    """Load a `.pb`, turning serde's `UnknownFieldsWarning`s and the verifier's warnings
-    (one line per kind for the file, e.g. ops that repeat attrs) into warning lines."""
+def program_path(path: str | Path, what: str = "program") -> Path:
+    """The file a program argument names: the file itself, or a folder's `__model__`
+    (Fluid 1.8's layout)."""
+    p = Path(path)
+    if p.is_dir():
+        if (p / "__model__").is_file():
+            return p / "__model__"
+        raise CliError(f"{what} {path} is a folder without __model__")
+    return p  # a missing file: the OSError names it
+
+
+def load_program(path: str | Path, what: str = "program") -> Program:
+    """Load a `.pb` (any name, or a folder holding `__model__`), turning serde's
+    `UnknownFieldsWarning`s and the verifier's warnings (one line per kind for the file,
+    e.g. ops that repeat attrs) into warning lines (none with -q)."""
     from transpiler.ir.program import Program
     from transpiler.ir.serde import UnknownFieldsWarning
     from transpiler.ir.verifier import check_warnings
 
+    path = str(program_path(path, what))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UnknownFieldsWarning)
         program = Program.load(path)
@@ -109,16 +132,177 @@ def load_program(path: str) -> Program:
             text = str(warning.message)
             if text not in seen:
                 seen.append(text)
-                warn(text)
+                warn(text, noisy=True)
         else:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     for text in check_warnings(program, name=path):
-        warn(text)
+        warn(text, noisy=True)
     return program
 
 
-def warn(text: str) -> None:
-    print(f"{PROG}: warning: {_one_line(text)}", file=sys.stderr)
+def warn(text: str, *, noisy: bool = False) -> None:
+    """One warning line on stderr; a `noisy` one (about the input programs) not with -q."""
+    if noisy and _OUTPUT["quiet"]:
+        return
+    print(fit_line(f"{PROG}: warning: {_one_line(text)}"), file=sys.stderr)
+
+
+# ------------------------------------------------------------------ line width
+
+
+def fit_line(line: str, width: int = MAX_WIDTH) -> str:
+    """`line`, or (over `width` characters, without --full) its first part: a list
+    (`label: a, b, c, ...`) keeps the items that fit and says `... and N more`; other text
+    is cut and says how much was left out."""
+    if _OUTPUT["full"] or len(line) <= width:
+        return line
+    items = _split_top(line, ", ")
+    if len(items) > 2:  # a list: the items that fit
+        kept: list[str] = []
+        used = 0
+        for item in items:
+            if used + len(item) + 2 > width - 40:
+                break
+            kept.append(item)
+            used += len(item) + 2
+        if kept:
+            return f"{', '.join(kept)}, ... and {len(items) - len(kept)} more (--full shows all)"
+    # a message: its longest bracketed list cut, then its longest word (a path) cut in the middle
+    line = _shorten_group(line, width)
+    if len(line) <= width:
+        return line
+    word = max(line.split(" "), key=len)
+    excess = len(line) - width + 3
+    if len(word) - excess >= 24:
+        keep = len(word) - excess
+        return line.replace(word, f"{word[:keep // 3]}...{word[len(word) - (keep - keep // 3):]}", 1)
+    tail = 50  # the end of a message often says what to do
+    head = width - tail - 45
+    return f"{line[:head]} [... {len(line) - head - tail} more characters; --full shows all ...] {line[-tail:]}"
+
+
+def _shorten_group(line: str, width: int) -> str:
+    """`line` with its longest bracketed list, `(a, b, c)` or `[a, b, c]`, cut to the items
+    that let the line fit (or to its first) and `... and N more`."""
+    groups = []
+    depth, start = 0, 0
+    for i, ch in enumerate(line):
+        if ch in "([":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch in ")]" and depth:
+            depth -= 1
+            if depth == 0:
+                groups.append((start, i))
+    for start, end in sorted(groups, key=lambda g: g[0] - g[1]):
+        items = _split_top(line[start + 1:end], ", ")
+        if len(items) < 2:
+            continue
+        # The most items that fit (at least one), in one pass over the items.
+        fixed = start + 1 + len(line) - end + len(", ... and  more") + len(str(len(items)))
+        keep, used = 1, len(items[0])
+        while keep < len(items) - 1 and fixed + used + 2 + len(items[keep]) <= width:
+            used += 2 + len(items[keep])
+            keep += 1
+        return f"{line[:start + 1]}{', '.join(items[:keep])}, ... and {len(items) - keep} more{line[end:]}"
+    return line
+
+
+def wrap_line(line: str, width: int = MAX_WIDTH, lead: str = "") -> list[str]:
+    """A dump line (`  op 3 mul X=[a] -> Out=[b] {...}`) as lines of at most about `width`
+    characters: it breaks between slots and between attrs, continuation lines indented by 4
+    more (after `lead`, a unified diff's ` `/`-`/`+`); a list too long for a line keeps the
+    items that fit and says `... and N more`. Whole without --full."""
+    if _OUTPUT["full"] or len(line) <= width:
+        return [line]
+    body = line[len(lead):]
+    indent = len(body) - len(body.lstrip(" "))
+    cont = lead + " " * (indent + 4)
+    room = max(40, width - len(cont))
+    out: list[str] = []
+    current = lead + " " * indent
+    fresh = True
+    for token in _split_top(body.strip(), " "):
+        for piece in _fit_token(token, room):
+            if not fresh and len(current) + 1 + len(piece) > width:
+                out.append(current)
+                current, fresh = cont, True
+            current += piece if fresh else " " + piece
+            fresh = False
+    out.append(current)
+    return out
+
+
+def _fit_token(token: str, room: int) -> list[str]:
+    """One token of a dump line as pieces of at most about `room` characters: `{a=1, b=2}`
+    (the attrs) breaks between attrs; a `[...]` list too long keeps what fits."""
+    if len(token) <= room:
+        return [token]
+    if token.startswith("{") and token.endswith("}"):
+        items = _split_top(token[1:-1], ", ")
+        if len(items) > 1:
+            pieces = ["{" + items[0] + ","] + [item + "," for item in items[1:-1]] + [items[-1] + "}"]
+            return [piece for item in pieces for piece in _fit_token(item, room)]
+    start = token.find("[")
+    if start >= 0 and token.rstrip(",}").endswith("]"):
+        end = len(token.rstrip(",}"))
+        items = _split_top(token[start + 1:end - 1], ", ")
+        kept: list[str] = []
+        used = start + 30
+        for item in items:
+            if used + len(item) + 2 > room:
+                break
+            kept.append(item)
+            used += len(item) + 2
+        if len(kept) < len(items):
+            shown = ", ".join(kept) + (", " if kept else "")
+            return [f"{token[:start + 1]}{shown}... and {len(items) - len(kept)} more]{token[end:]}"]
+    cut = max(20, room - 40)
+    return [f"{token[:cut]}... ({len(token) - cut} more characters)"]
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    """`text` split at `sep` outside brackets, braces, parentheses and quotes."""
+    parts: list[str] = []
+    depth, quote, escaped, start, i = 0, "", False, 0, 0
+    n, k = len(text), len(sep)
+    while i < n:
+        ch = text[i]
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth = max(0, depth - 1)
+        elif depth == 0 and text.startswith(sep, i):
+            parts.append(text[start:i])
+            i += k
+            start = i
+            continue
+        i += 1
+    parts.append(text[start:])
+    return [part for part in parts if part]
+
+
+def _print_lines(lines, out=None) -> None:
+    """Print each line fitted to the width (lists shortened)."""
+    out = out or sys.stdout
+    for line in lines:
+        out.write(fit_line(line) + "\n")
+
+
+def _print_json(data: Any) -> None:
+    import json
+
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
 def write_output(path: str, data: bytes) -> None:
@@ -131,8 +315,12 @@ def write_output(path: str, data: bytes) -> None:
         raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def _emit(text: str, output: str | None) -> None:
+def _emit(text: str, output: str | None, *, wrap: bool = False) -> None:
+    """`text` to stdout (a dump's long lines wrapped, with `wrap`, unless --full), or
+    whole into the file `output`."""
     if output is None or output == "-":
+        if wrap and not _OUTPUT["full"]:
+            text = "".join(piece + "\n" for line in text.splitlines() for piece in wrap_line(line))
         sys.stdout.write(text)
     else:
         write_output(output, text.encode("utf-8"))
@@ -155,7 +343,7 @@ def _one_line(text: str) -> str:
 @command(
     "dump",
     "print a program as text, one op per line (verifies it first)",
-    arg("program", metavar="P.pb", help="a serialized ProgramDesc"),
+    arg("program", metavar="P.pb", help="a serialized ProgramDesc (or a folder holding __model__)"),
     arg("--block", type=int, metavar="N", help="only block N"),
     arg("--json", action="store_true", help="JSON instead of text (carries attr types)"),
     arg("--all-attrs", action="store_true", help="keep noise attrs (op_callstack, op_namescope) and op versions"),
@@ -174,7 +362,7 @@ def dump_command(args: argparse.Namespace) -> int:
         text = dump_json_text(program, block=args.block, all_attrs=args.all_attrs)
     else:
         text = dump(program, block=args.block, all_attrs=args.all_attrs)
-    _emit(text, args.output)
+    _emit(text, args.output, wrap=not args.json)
     return EXIT_OK
 
 
@@ -185,16 +373,69 @@ def dump_command(args: argparse.Namespace) -> int:
     arg("b", metavar="B.pb", help="the program after"),
     arg("--all-attrs", action="store_true", help="compare noise attrs (op_callstack, op_namescope) too"),
     arg("--summary-only", action="store_true", help="print the summary without the line diff"),
+    arg("--json", action="store_true", help="the summary (and, without --summary-only, the line diff) as JSON"),
 )
 def diff_command(args: argparse.Namespace) -> int:
     from transpiler.ir.diff import diff_programs
 
     a, b = load_program(args.a), load_program(args.b)
     result = diff_programs(a, b, names=(args.a, args.b), all_attrs=args.all_attrs)
+    if args.json:
+        _print_json(diff_json(result, summary_only=args.summary_only))
+        return EXIT_OK if result.equal else EXIT_DIFFERENT
     if result.equal:
         return EXIT_OK
-    sys.stdout.write(result.render(summary_only=args.summary_only))
+    _print_lines(result.summary_lines())
+    body = result.text_diff or result.detail_diff
+    if body and not args.summary_only:
+        sys.stdout.write("\n")
+        for line in body.splitlines():
+            if line.startswith(("---", "+++", "@@")) or not line:
+                sys.stdout.write(fit_line(line) + "\n")
+            else:
+                sys.stdout.write("".join(piece + "\n" for piece in wrap_line(line, lead=line[0])))
     return EXIT_DIFFERENT
+
+
+DIFF_SCHEMA = "pstranspile.diff/1"
+
+
+def diff_json(result: Any, *, summary_only: bool = False) -> dict[str, Any]:
+    """`diff --json`'s document (schema `pstranspile.diff/1`, docs/cli.md)."""
+    def counts(pairs) -> dict[str, int]:
+        return {name: n for name, n in pairs}
+
+    return {
+        "schema": DIFF_SCHEMA,
+        "a": result.names[0],
+        "b": result.names[1],
+        "equal": result.equal,
+        "version": None if result.version_change is None else
+        {"before": result.version_change[0], "after": result.version_change[1]},
+        "blocks": [
+            {
+                "idx": block.idx,
+                "ops_before": block.ops_before,
+                "ops_after": block.ops_after,
+                "ops_added": counts(block.ops_added),
+                "ops_removed": counts(block.ops_removed),
+                "vars_added": list(block.vars_added),
+                "vars_removed": list(block.vars_removed),
+                "vars_changed": [
+                    {"name": change.name,
+                     "changes": [{"field": word, "before": x, "after": y} for word, x, y in change.changes]}
+                    for change in block.vars_changed
+                ],
+                "parent": None if block.parent_change is None else
+                {"before": block.parent_change[0], "after": block.parent_change[1]},
+            }
+            for block in result.blocks
+        ],
+        "blocks_added": [{"idx": idx, "ops": counts(ops)} for idx, ops in result.blocks_added],
+        "blocks_removed": [{"idx": idx, "ops": counts(ops)} for idx, ops in result.blocks_removed],
+        "notes": list(result.notes),
+        "diff": None if summary_only else (result.text_diff or result.detail_diff),
+    }
 
 
 DOT_SUFFIXES = (".dot", ".gv")
@@ -265,9 +506,11 @@ def cast_command(args: argparse.Namespace) -> int:
 
 # The inputs and options `transpile` and `plan` share (DESIGN.md's CLI contract).
 TRANSPILE_ARGS = (
-    arg("program", metavar="MAIN.pb", help="the training program (with optimizer ops)"),
-    arg("--startup", metavar="S.pb", help="its startup program (default: startup.pb beside MAIN.pb)"),
-    arg("--pservers", required=True, metavar="EP,EP..", help="pserver endpoints, host:port, comma-separated"),
+    arg("program", metavar="MAIN", help="the training program (with optimizer ops): a file (.pb, .pdmodel, any name), "
+        "or a folder holding main.pb + startup.pb, main.pdmodel + startup.pdmodel, or main/__model__ + startup/__model__"),
+    arg("--startup", metavar="S.pb", help="its startup program (default: startup.pb, or startup.pdmodel, beside MAIN)"),
+    arg("--pservers", required=True, metavar="EP,EP..",
+        help="pserver endpoints, host:port, comma-separated (a list here; `launch --pservers` takes a count)"),
     arg("--trainers", required=True, type=int, metavar="N", help="number of trainers"),
     arg("--trainer-id", type=int, default=0, metavar="I", help="this trainer's id, 0..N-1 (default 0)"),
     arg("--async", dest="async_mode", action="store_true", help="asynchronous training (no barriers)"),
@@ -283,18 +526,64 @@ TRANSPILE_ARGS = (
 )
 
 
-def _transpile(args: argparse.Namespace, **extra):
-    from transpiler.api import transpile
-    from transpiler.config import DistributeTranspilerConfig
+# A folder given as MAIN: the (main, startup) names looked for in it, in this order.
+FOLDER_PROGRAMS = (("main.pb", "startup.pb"), ("main.pdmodel", "startup.pdmodel"),
+                   ("main/__model__", "startup/__model__"))
 
-    startup_path = args.startup or str(Path(args.program).with_name("startup.pb"))
-    if args.startup is None and not Path(startup_path).exists():
-        raise CliError(f"no --startup given and no {startup_path}: pass the startup program with --startup")
-    main, startup = load_program(args.program), load_program(startup_path)
+
+def main_and_startup(main_arg: str, startup_arg: str | None) -> tuple[Program, Program]:
+    """Load MAIN first (a missing one is named as such), then its startup program: `--startup`,
+    else the one beside MAIN (`startup.pb`; `startup.pdmodel` beside a `.pdmodel`) or in
+    MAIN's folder (`FOLDER_PROGRAMS`)."""
+    given = Path(main_arg)
+    if not given.exists():
+        raise CliError(f"MAIN {main_arg}: no such file or folder")
+    if given.is_dir():
+        found = next(((given / m, given / s) for m, s in FOLDER_PROGRAMS if (given / m).is_file()), None)
+        if found is None and (given / "__model__").is_file():
+            found = (given / "__model__", None)
+        if found is None:
+            names = ", ".join(m for m, _ in FOLDER_PROGRAMS)
+            raise CliError(f"MAIN {main_arg} is a folder holding none of {names}, __model__")
+        main_path, beside = found
+    else:
+        main_path = given
+        beside = given.with_name("startup.pdmodel" if given.suffix == ".pdmodel" else "startup.pb")
+    main = load_program(main_path, "MAIN")
+    if startup_arg is not None:
+        return main, load_program(startup_arg, "--startup")
+    if beside is None or not beside.exists():
+        where = f"no {beside}" if beside is not None else f"no startup program in {main_arg}"
+        raise CliError(f"no --startup given and {where}: pass the startup program with --startup")
+    return main, load_program(beside, "startup")
+
+
+def check_pserver_list(value: str) -> None:
+    """`transpile/plan --pservers` takes endpoints: a count gets a "did you mean"."""
+    text = value.strip()
+    if text.isdigit():
+        n = int(text)
+        example = ",".join(f"127.0.0.1:{6170 + i}" for i in range(min(max(n, 1), 3))) + (",..." if n > 3 else "")
+        raise UsageError(f"--pservers takes the pservers' endpoints here, not a count: did you mean "
+                         f"--pservers {example}? (`launch --pservers {text}` is the one that takes a count)")
+
+
+def _load_inputs(args: argparse.Namespace) -> tuple[Program, Program]:
+    main, startup = main_and_startup(args.program, args.startup)
+    check_pserver_list(args.pservers)
     if args.float64:
         from transpiler.ir.precision import as_float64
 
         main, startup = as_float64(main), as_float64(startup)
+    return main, startup
+
+
+def _transpile(args: argparse.Namespace, inputs: tuple[Program, Program] | None = None, trainer_id: int | None = None,
+               **extra):
+    from transpiler.api import transpile
+    from transpiler.config import DistributeTranspilerConfig
+
+    main, startup = inputs if inputs is not None else _load_inputs(args)
     config = DistributeTranspilerConfig()
     config.runtime_split_send_recv = args.runtime_split
     return transpile(
@@ -302,7 +591,7 @@ def _transpile(args: argparse.Namespace, **extra):
         startup,
         pservers=args.pservers,
         trainers=args.trainers,
-        trainer_id=args.trainer_id,
+        trainer_id=args.trainer_id if trainer_id is None else trainer_id,
         sync_mode=not args.async_mode,
         slice_var_up=not args.no_slice,
         split_method=args.split_method,
@@ -318,33 +607,73 @@ def _transpile(args: argparse.Namespace, **extra):
     "rewrite a program into trainer and pserver programs (writes DIR/trainer.pb, pserver_*.pb, plan.json)",
     *TRANSPILE_ARGS,
     arg("-o", "--output", required=True, metavar="DIR", help="directory for the programs (created; files replaced)"),
+    arg("--format", dest="form", choices=("pb", "paddle", "fluid18"), default="pb",
+        help="file names: pb (trainer.pb, the default), paddle (Paddle 2.x's trainer.pdmodel) or fluid18 "
+             "(Fluid 1.8's trainer/__model__, a folder per program); the bytes are the same"),
+    arg("--paddle-names", dest="form", action="store_const", const="paddle", help="the same as --format paddle"),
+    arg("--all-trainers", action="store_true",
+        help="write every trainer's programs, trainer_<id>.pb and trainer_<id>_startup.pb, in one run "
+             "(instead of --trainer-id's trainer.pb)"),
     arg("--dump-dir", metavar="D", help="also write the text dump of every program after every pass into D"),
     arg("--verify-each-pass", action="store_true", help="run the verifier after every pass (always after the last)"),
     arg("--progress", action="store_true", help="print each pass and its time on stderr"),
+    arg("--json", action="store_true", help="print what was written as JSON (schema pstranspile.transpile/1)"),
     quick_exit=True,
 )
 def transpile_command(args: argparse.Namespace) -> int:
     import time
+
+    from transpiler.output import write_programs
 
     started = time.perf_counter()
 
     def progress(name: str, seconds: float) -> None:
         print(f"{PROG}: pass {name}: {seconds:.2f}s", file=sys.stderr)
 
+    if args.all_trainers and args.dump_dir:
+        raise UsageError("--dump-dir shows one trainer's passes: give --trainer-id instead of --all-trainers")
+    inputs = _load_inputs(args)
+    ids = list(range(args.trainers)) if args.all_trainers else [args.trainer_id]
     # As a process's command (`run`) this runs with the cyclic GC off (`quick_exit`);
     # `transpile()` pauses it by itself in any caller.
-    result = _transpile(args, verify=args.verify_each_pass, dump_dir=args.dump_dir,
-                        progress=progress if args.progress else None)
+    result = None
+    trainers = {}  # id -> its two programs (the pservers' are the same for every id: kept once)
+    for i in ids:
+        one = _transpile(args, inputs, trainer_id=i, verify=args.verify_each_pass, dump_dir=args.dump_dir,
+                         progress=progress if args.progress and not _OUTPUT["quiet"] else None)
+        result = result or one
+        trainers[i] = (one.trainer, one.trainer_startup)
+    assert result is not None
     try:
-        written = result.save(args.output)
+        written = write_programs(args.output, result.trainer, result.trainer_startup, result.pservers, result.plan,
+                                 form=args.form, trainers=trainers if args.all_trainers else None)
     except OSError as exc:
         raise CliError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    plan = result.plan
+    seconds = time.perf_counter() - started
+    if args.json:
+        _print_json({
+            "schema": TRANSPILE_SCHEMA,
+            "output": str(args.output),
+            "format": args.form,
+            "files": [str(path) for path in written],
+            "trainers": args.trainers,
+            "trainer_ids": ids,
+            "pservers": list(plan.endpoints),
+            "params": len(plan.params),
+            "blocks": sum(len(p.blocks) for p in plan.params),
+            "imbalance": round(plan.imbalance(), 6),
+            "seconds": round(seconds, 3),
+        })
+        return EXIT_OK
     for path in written:
         print(path)
-    plan = result.plan
     print(f"{len(plan.params)} params in {sum(len(p.blocks) for p in plan.params)} blocks on "
-          f"{len(plan.endpoints)} pservers, imbalance {plan.imbalance():.3f}, {time.perf_counter() - started:.2f}s")
+          f"{len(plan.endpoints)} pservers, imbalance {plan.imbalance():.3f}, {seconds:.2f}s")
     return EXIT_OK
+
+
+TRANSPILE_SCHEMA = "pstranspile.transpile/1"
 
 
 @command(
@@ -357,7 +686,10 @@ def plan_command(args: argparse.Namespace) -> int:
     from transpiler.plan import format_plan
 
     plan = _transpile(args).plan
-    sys.stdout.write(plan.to_json_text() if args.json else format_plan(plan))
+    if args.json:
+        sys.stdout.write(plan.to_json_text())
+    else:
+        _print_lines(format_plan(plan).splitlines())
     return EXIT_OK
 
 
@@ -432,7 +764,8 @@ def serve_command(args: argparse.Namespace) -> int:
     "launch",
     "run M pservers and N trainers of one command, on this machine or on a Ray cluster (--backend ray), "
     "with Paddle's environment (TRAINING_ROLE, PADDLE_*); exit 1 if the job fails",
-    arg("--pservers", required=True, type=int, metavar="M", help="how many pservers"),
+    arg("--pservers", required=True, metavar="M",
+        help="how many pservers (a count here; where they listen: --endpoints or free ports on --host)"),
     arg("--trainers", required=True, type=int, metavar="N", help="how many trainers"),
     arg("--async", dest="async_mode", action="store_true", help="asynchronous training (PSTRANSPILE_SYNC_MODE=0)"),
     arg("--host", default="127.0.0.1", help="where the pservers listen (default 127.0.0.1)"),
@@ -461,12 +794,17 @@ def serve_command(args: argparse.Namespace) -> int:
     arg("--placement", choices=("spread", "pack"), default="spread",
         help="ray: spread the processes' bundles over nodes (default) or pack them"),
     arg("--cpus-per-process", type=float, default=1.0, metavar="C", help="ray: CPUs in each process's bundle (default 1)"),
+    arg("--json", action="store_true", help="print the job's result as JSON on stdout (schema pstranspile.launch/1); "
+        "the live status and summary stay on stderr"),
+    arg("--tensorboard", metavar="DIR", help="also write the job's metrics as TensorBoard event files into DIR "
+        "(needs tensorboardX, the `tensorboard` extra); LOG_DIR/metrics.jsonl is written anyway"),
     arg("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command every process runs"),
 )
 def launch_command(args: argparse.Namespace) -> int:
     from transpiler.config import split_endpoint_list
     from transpiler.runtime.launch import LaunchConfig, launch
 
+    args.pservers = pserver_count(args.pservers, args.endpoints)
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
@@ -499,7 +837,7 @@ def launch_command(args: argparse.Namespace) -> int:
             log_dir=Path(args.log_dir),
             rpc_timeout=args.timeout,
             exit_grace=args.exit_grace,
-            status_every=args.status_every,
+            status_every=float("inf") if _OUTPUT["quiet"] else args.status_every,
             checkpoint_dir=_path(args.checkpoint_dir),
             checkpoint_every=args.checkpoint_every,
             max_restarts=args.max_restarts,
@@ -507,11 +845,71 @@ def launch_command(args: argparse.Namespace) -> int:
             address=args.address,
             placement=args.placement,
             cpus_per_process=args.cpus_per_process,
+            tensorboard_dir=_path(args.tensorboard),
         )
     )
+    if args.json:
+        _print_json(launch_json(result, Path(args.log_dir)))
     if result.interrupted:
         return EXIT_INTERRUPTED
     return EXIT_OK if result.ok else EXIT_JOB_FAILED
+
+
+LAUNCH_SCHEMA = "pstranspile.launch/1"
+
+
+def pserver_count(value: str, endpoints: str | None) -> int:
+    """`launch --pservers` takes a count; endpoints there get a "did you mean"."""
+    text = value.strip()
+    try:
+        count = int(text)
+    except ValueError:
+        if ":" in text:
+            n = len([ep for ep in text.split(",") if ep.strip()])
+            hint = f"--pservers {n} --endpoints {text}" if endpoints is None else f"--pservers {n}"
+            raise UsageError(f"launch --pservers takes a count, not endpoints: did you mean {hint}?") from None
+        raise UsageError(f"--pservers must be a count (an integer >= 1), got {value!r}") from None
+    if count < 1:
+        raise UsageError(f"--pservers must be >= 1, got {count}")
+    return count
+
+
+def launch_json(result: Any, log_dir: Path) -> dict[str, Any]:
+    """`launch --json`'s document (schema `pstranspile.launch/1`, docs/cli.md)."""
+    from transpiler.runtime.metrics import METRICS_FILE
+
+    metrics = log_dir / METRICS_FILE
+    return {
+        "schema": LAUNCH_SCHEMA,
+        "ok": result.ok,
+        "failure": result.failure,
+        "interrupted": result.interrupted,
+        "backend": result.backend,
+        "sync_mode": result.sync_mode,
+        "pservers": result.pserver_count,
+        "trainers": result.trainer_count,
+        "seconds": round(result.seconds, 3),
+        "restarts": list(result.restarts),
+        "log_dir": str(log_dir),
+        "metrics": str(metrics) if metrics.exists() else None,
+        "processes": [
+            {
+                "name": p.name,
+                "role": p.role,
+                "index": p.index,
+                "endpoint": p.endpoint,
+                "node": p.node,
+                "exit": p.exit_text,
+                "returncode": p.returncode,
+                "steps": p.progress.step if p.progress else None,
+                "loss": p.progress.loss if p.progress else None,
+                "steps_per_s": p.progress.steps_per_s if p.progress else None,
+                "seconds": round(p.seconds, 3),
+                "log": str(p.log),
+            }
+            for p in result.processes
+        ],
+    }
 
 
 def _launch_tls_env(args: argparse.Namespace) -> dict[str, str]:
@@ -551,6 +949,7 @@ def _read_text(path: str) -> str:
         "every var it holds)"),
     arg("--timeout", type=float, default=60.0, metavar="S", help="seconds to wait for the pservers (default 60)"),
     arg("-o", "--output", required=True, metavar="DIR", help="where to write the files (all or nothing)"),
+    arg("--json", action="store_true", help="print what was written as JSON (schema pstranspile.fetch/1)"),
 )
 def fetch_command(args: argparse.Namespace) -> int:
     import json
@@ -565,6 +964,7 @@ def fetch_command(args: argparse.Namespace) -> int:
     if args.checkpoint:
         step, arrays = from_checkpoint(Path(args.checkpoint), names)
         where = f"checkpoint step {step}"
+        source: dict[str, Any] = {"kind": "checkpoint", "path": args.checkpoint, "step": step}
     else:
         try:
             plan = json.loads(_read_text(args.plan))
@@ -583,12 +983,26 @@ def fetch_command(args: argparse.Namespace) -> int:
         finally:
             client.close()
         where = f"{len(plan['endpoints'])} pserver(s)"
+        source = {"kind": "pservers", "plan": args.plan, "endpoints": list(plan["endpoints"])}
     written = write_vars(Path(args.output), arrays)
     total = sum(a.nbytes for a in arrays.values())
+    if args.json:
+        files = {Path(path).name: str(path) for path in written}
+        _print_json({
+            "schema": FETCH_SCHEMA,
+            "output": str(args.output),
+            "source": source,
+            "bytes": total,
+            "vars": [{"name": name, "dtype": str(array.dtype), "shape": list(array.shape), "bytes": array.nbytes,
+                      "file": files.get(name)} for name, array in sorted(arrays.items())],
+        })
+        return EXIT_OK
     print(f"{args.output}: {len(written)} var(s), {total:,} bytes, from {where}")
-    for name, array in sorted(arrays.items()):
-        print(f"  {name}  {array.dtype}{list(array.shape)}")
+    _print_lines(f"  {name}  {array.dtype}{list(array.shape)}" for name, array in sorted(arrays.items()))
     return EXIT_OK
+
+
+FETCH_SCHEMA = "pstranspile.fetch/1"
 
 
 def _move_endpoints(plan: dict[str, Any], moved: dict[str, str]) -> None:
@@ -652,10 +1066,67 @@ def merge_table_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+@command(
+    "report",
+    "summarize a run's metrics (RUN_DIR/metrics.jsonl, which launch writes) per trainer and pserver, and draw "
+    "loss, throughput, RPC traffic and pserver CPU (PNG or SVG; needs matplotlib, the `plot` extra)",
+    arg("run_dir", metavar="RUN_DIR", help="launch's --log-dir (or a metrics .jsonl file)"),
+    arg("-o", "--output", metavar="OUT", help="the picture, .png or .svg (default: RUN_DIR/report.png; "
+        "without matplotlib only the summary is printed)"),
+    arg("--no-plot", action="store_true", help="print the summary only"),
+    arg("--tensorboard", metavar="DIR", help="also write the metrics as TensorBoard event files into DIR "
+        "(needs tensorboardX, the `tensorboard` extra)"),
+    arg("--json", action="store_true", help="print the summary as JSON (schema pstranspile.report/1)"),
+)
+def report_command(args: argparse.Namespace) -> int:
+    from transpiler.runtime.metrics import MetricsFileError, metrics_path, read_metrics
+    from transpiler.runtime.report import PLOT_SUFFIXES, PlotUnavailable, draw, summarize, summary_lines
+
+    if args.output and args.no_plot:
+        raise UsageError("--output and --no-plot exclude each other")
+    if args.output and Path(args.output).suffix.lower() not in PLOT_SUFFIXES:
+        raise UsageError(f"cannot tell the picture format of {args.output!r}: name it .png or .svg")
+    try:
+        source = metrics_path(args.run_dir)
+        records = read_metrics(source)
+    except MetricsFileError as exc:
+        raise CliError(str(exc)) from None
+    if not records:
+        raise CliError(f"{source}: no records yet (no trainer reported a step)")
+    summary = summarize(records)
+    if args.tensorboard:
+        from transpiler.runtime.metrics import TensorBoard
+
+        board = TensorBoard(args.tensorboard)  # TensorBoardUnavailable: exit 2
+        try:
+            for record in records:
+                board.add(record)
+        finally:
+            board.close()
+    picture = None
+    if not args.no_plot:
+        target = Path(args.output) if args.output else source.with_name("report.png")
+        try:
+            picture = draw(records, target, title=f"Training run: {source.parent}")
+        except PlotUnavailable as exc:
+            if args.output:
+                raise CliError(str(exc)) from None
+            warn(f"{exc}; printing the summary only")
+        except OSError as exc:
+            raise CliError(f"cannot write {target}: {exc.strerror or exc}") from None
+    if args.json:
+        _print_json({**summary, "metrics": str(source), "picture": str(picture) if picture else None})
+        return EXIT_OK
+    _print_lines(summary_lines(summary))
+    if picture is not None:
+        print(f"picture: {picture}")
+    return EXIT_OK
+
+
 # The one place subcommands are registered, in the order `--help` lists them.
 COMMANDS: tuple[Command, ...] = (
     dump_command, diff_command, graph_command, cast_command, transpile_command, plan_command, serve_command,
-    launch_command, fetch_command, merge_table_command,
+    launch_command, fetch_command, merge_table_command, report_command,
 )
 
 
@@ -673,8 +1144,32 @@ def build_parser(commands: Sequence[Command] | None = None) -> argparse.Argument
         child = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
         for spec in cmd.args:
             child.add_argument(*spec.flags, **spec.options)
+        for spec in COMMON_ARGS:
+            child.add_argument(*spec.flags, **spec.options)
         child.set_defaults(run=cmd.run, quick_exit=cmd.quick_exit)
     return parser
+
+
+# Options every command takes (after its name).
+COMMON_ARGS = (
+    arg("-q", "--quiet", action="store_true",
+        help="no warnings about the input programs (e.g. repeated attrs), no progress or live status lines"),
+    arg("--full", action="store_true",
+        help=f"print long lines whole (default: at most about {MAX_WIDTH} characters, lists cut to "
+             "'... and N more', long dump lines continued on indented lines)"),
+)
+
+
+def _complete(parser: argparse.ArgumentParser) -> None:
+    """Shell completion through argcomplete (the `completion` extra), only when a shell asks
+    for it (argcomplete sets `_ARGCOMPLETE`): the CLI never needs it and never pays for it."""
+    if "_ARGCOMPLETE" not in os.environ:
+        return
+    try:
+        import argcomplete
+    except ImportError:
+        return
+    argcomplete.autocomplete(parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -706,9 +1201,19 @@ def run() -> NoReturn:
 def _main(argv: Sequence[str] | None, *, exiting: list[bool] | None) -> int:
     """`main`; when `exiting` is a list (the process ends after this), a `quick_exit`
     command appends True to it and runs with the GC off."""
-    parser = build_parser()
     try:
+        return _run_command(argv, exiting=exiting)
+    finally:
+        _OUTPUT.update(quiet=False, full=False)  # a caller's next `main` starts afresh
+
+
+def _run_command(argv: Sequence[str] | None, *, exiting: list[bool] | None) -> int:
+    parser = build_parser()
+    _OUTPUT.update(quiet=False, full=False)
+    try:
+        _complete(parser)
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+        _OUTPUT.update(quiet=args.quiet, full=args.full)
         if exiting is not None and args.quick_exit:
             import gc
 
@@ -741,7 +1246,7 @@ def _main(argv: Sequence[str] | None, *, exiting: list[bool] | None) -> int:
 
 
 def _fail(message: str) -> int:
-    print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr)
+    print(fit_line(f"{PROG}: error: {_one_line(message)}"), file=sys.stderr)
     return EXIT_ERROR
 
 

@@ -60,7 +60,8 @@ def write_files(
     `replace_dir=True` swaps in a folder holding only `files`: whatever else an earlier
     run left in `out_dir` goes (a `--dump-dir` pass folder must not mix two runs).
     `stale` (a glob) names files an earlier run may have left that this set replaces:
-    those not in `files` are removed once the new ones are in."""
+    those not in `files` are removed once the new ones are in (and their folder, if
+    that leaves it empty). A name may hold one folder level, `folder/file` (`/`-separated)."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir} is a file, not a directory")
@@ -70,6 +71,8 @@ def write_files(
     try:
         os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700 would stick to a new out_dir
         for name, data in files.items():
+            if "/" in name:  # a file in a folder of its own (Fluid 1.8's `<program>/__model__`)
+                (staging / name).parent.mkdir(parents=True, exist_ok=True)
             (staging / name).write_bytes(data)  # plain writes: ordinary file modes
         if replace_dir and out_dir.exists():
             shutil.rmtree(out_dir)
@@ -77,11 +80,15 @@ def write_files(
             os.replace(staging, out_dir)
         else:
             for name in files:
+                if "/" in name:
+                    (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
                 os.replace(staging / name, out_dir / name)
             shutil.rmtree(staging)
             for old in sorted(out_dir.glob(stale)) if stale else ():
-                if old.name not in files and old.is_file():
+                if old.relative_to(out_dir).as_posix() not in files and old.is_file():
                     old.unlink()
+                    if old.parent != out_dir and not any(old.parent.iterdir()):
+                        old.parent.rmdir()
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

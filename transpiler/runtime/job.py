@@ -26,12 +26,14 @@ from typing import Protocol, TextIO
 from ops.rpc.service import DEFAULT_TIMEOUT
 from transpiler.config import parse_endpoints
 from transpiler.errors import PsTranspilerError
+from transpiler.runtime.metrics import METRICS_FILE, MetricsWriter
 from transpiler.runtime.progress import Progress
 from transpiler.runtime.role import CHECKPOINT_DIR_ENV, CHECKPOINT_EVERY_ENV, PSERVER, RESTORE_ENV, TRAINER, Role
 
 POLL = 0.1
 TAIL_LINES = 12
 SETTLE = 4.0  # seconds a failure waits for its cause to show (a lost node outranks the exits it causes)
+STATUS_WIDTH = 200  # characters of a live status line: past it, one summary for every trainer
 
 
 @dataclass
@@ -49,6 +51,8 @@ class ProcessStatus:
     seconds: float = 0.0
     progress: Progress | None = None
     tail: list[str] = field(default_factory=list)
+    # (time.monotonic() when read, parsed progress or usage line) not yet in the metrics file
+    reports: list = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -136,6 +140,9 @@ class LaunchConfig:
     address: str | None = None
     placement: str = "spread"
     cpus_per_process: float = 1.0
+    # The job's metrics as TensorBoard event files too (needs tensorboardX); the metrics
+    # file LOG_DIR/metrics.jsonl is written anyway.
+    tensorboard_dir: Path | None = None
 
     def validate(self) -> None:
         if not self.command:
@@ -242,10 +249,17 @@ def run_job(config: LaunchConfig, env: Mapping[str, str], make_backend: Callable
     restarts: list[str] = []
     restore: Path | None = None  # the checkpoint the next attempt starts from
     started = time.monotonic()
+    with MetricsWriter(Path(config.log_dir) / METRICS_FILE, fresh=True, tensorboard=config.tensorboard_dir) as metrics:
+        return _run_attempts(config, make_backend, out, base, checkpoint_dir, restarts, restore, started, metrics)
+
+
+def _run_attempts(config: LaunchConfig, make_backend: Callable[[], Backend], out: TextIO, base: dict[str, str],
+                  checkpoint_dir: Path | None, restarts: list[str], restore: Path | None, started: float,
+                  metrics: MetricsWriter) -> LaunchResult:
     while True:
         extra = {**base, RESTORE_ENV: str(checkpoint_dir)} if restore is not None else base
         log_dir = Path(config.log_dir) if not restarts else Path(config.log_dir) / f"restart-{len(restarts)}"
-        result = run_attempt(config, make_backend(), extra, log_dir, out)
+        result = run_attempt(config, make_backend(), extra, log_dir, out, metrics=metrics, attempt=len(restarts))
         result.seconds = time.monotonic() - started
         result.restarts = list(restarts)
         if result.ok or result.interrupted or len(restarts) >= config.max_restarts or result.failure is None:
@@ -266,8 +280,10 @@ def _restore_point(checkpoint_dir: Path | None) -> Path | None:
     return find_latest(checkpoint_dir, missing_ok=True)
 
 
-def run_attempt(config: LaunchConfig, backend: Backend, extra: Mapping[str, str], log_dir: Path, out: TextIO) -> LaunchResult:
-    """Start every process on `backend`, watch them to the end, stop what is left."""
+def run_attempt(config: LaunchConfig, backend: Backend, extra: Mapping[str, str], log_dir: Path, out: TextIO, *,
+                metrics: MetricsWriter | None = None, attempt: int = 0) -> LaunchResult:
+    """Start every process on `backend`, watch them to the end, stop what is left; every
+    progress line a process printed goes into `metrics` (the job's metrics file)."""
     started = time.monotonic()
     handles: list[ProcessHandle] = []
     failure: str | None = None
@@ -280,7 +296,7 @@ def run_attempt(config: LaunchConfig, backend: Backend, extra: Mapping[str, str]
         for i in range(config.trainers):
             role = Role(TRAINER, i, config.trainers, tuple(endpoints), None, config.sync_mode, config.rpc_timeout)
             handles.append(backend.start(ProcessStatus(TRAINER, i, None, log_dir / f"trainer.{i}.log"), role, extra))
-        failure = _monitor(handles, config, backend, out)
+        failure = _monitor(handles, config, backend, out, lambda: _record(handles, metrics, attempt))
     except KeyboardInterrupt:
         failure, interrupted = "interrupted", True
     except PsTranspilerError as exc:  # the backend's own error (a LaunchError): the job failed to start
@@ -290,6 +306,7 @@ def run_attempt(config: LaunchConfig, backend: Backend, extra: Mapping[str, str]
             backend.stop(handles, config.stop_grace)
         finally:
             backend.close(handles)
+            _record(handles, metrics, attempt)  # the last lines
     return LaunchResult(
         ok=failure is None,
         failure=failure,
@@ -301,6 +318,24 @@ def run_attempt(config: LaunchConfig, backend: Backend, extra: Mapping[str, str]
         trainer_count=config.trainers,
         backend=backend.name,
     )
+
+
+def _record(handles: Sequence[ProcessHandle], metrics: MetricsWriter | None, attempt: int) -> None:
+    """Move the reports the processes printed since the last call into the metrics file
+    (without one, drop them: a long job must not keep them all)."""
+    for handle in handles:
+        reports = handle.status.reports
+        count = len(reports)
+        if not count:
+            continue
+        batch = reports[:count]
+        del reports[:count]  # a reader thread may append meanwhile: only what was taken goes
+        if metrics is None:
+            continue
+        trainer = handle.status.role == TRAINER
+        for stamp, report in batch:
+            if isinstance(report, Progress) == trainer:  # a trainer's progress, a pserver's usage: nothing else
+                metrics.report(report, trainer=handle.status.index, attempt=attempt, elapsed=stamp - metrics.started)
 
 
 def _report(result: LaunchResult, out: TextIO) -> None:
@@ -329,8 +364,10 @@ def failure_text(status: ProcessStatus, step: int | None) -> str:
     return f"{status.name}{where} exited with {exit_words(status.returncode)}{at} (log: {status.log})"
 
 
-def _monitor(handles: list[ProcessHandle], config: LaunchConfig, backend: Backend, out: TextIO) -> str | None:
-    """Wait for the job's end; the failure, or None when every process exited 0."""
+def _monitor(handles: list[ProcessHandle], config: LaunchConfig, backend: Backend, out: TextIO,
+             record: Callable[[], None] = lambda: None) -> str | None:
+    """Wait for the job's end; the failure, or None when every process exited 0. `record`
+    is called every poll (it writes the metrics)."""
     trainers = [h for h in handles if h.status.role == TRAINER]
     pservers = [h for h in handles if h.status.role == PSERVER]
     trainers_done: float | None = None
@@ -342,6 +379,7 @@ def _monitor(handles: list[ProcessHandle], config: LaunchConfig, backend: Backen
             backend.refresh(handles)
             for handle in handles:
                 handle.poll()
+            record()
             if any(h.status.failed for h in handles):
                 return _first_cause(handles, backend)
             now = time.monotonic()
@@ -406,7 +444,22 @@ def _status_line(trainers: list[ProcessHandle], elapsed: float, backend: str) ->
             text += f" {prog.steps_per_s:.3g} steps/s"
         parts.append(text)
     label = "launch" if backend == "local" else f"launch {backend}"
-    return f"[{label} {elapsed:.1f}s] " + " | ".join(parts)
+    line = f"[{label} {elapsed:.1f}s] " + " | ".join(parts)
+    if len(line) <= STATUS_WIDTH:
+        return line
+    # Many trainers: one line for all of them (the summary at the end has a row each).
+    reported = [h.status.progress for h in trainers if h.status.progress is not None]
+    steps = [p.step for p in reported]
+    losses = [p.loss for p in reported if p.loss is not None]
+    rates = [p.steps_per_s for p in reported if p.steps_per_s is not None]
+    text = f"{len(trainers)} trainers: step {min(steps)}..{max(steps)}" if steps else f"{len(trainers)} trainers"
+    if losses:
+        text += f", loss {min(losses):.4g}..{max(losses):.4g}"
+    if rates:
+        text += f", {sum(rates):.3g} steps/s in all"
+    if len(reported) < len(trainers):
+        text += f", {len(trainers) - len(reported)} starting"
+    return f"[{label} {elapsed:.1f}s] {text}"
 
 
 class _Status:

@@ -5,7 +5,8 @@ a Ray cluster (`backend="ray"`, `transpiler.runtime.ray`).
     result.ok, result.failure, print(result.summary())
 
 Every process runs the same command with Paddle's environment conventions
-(`transpiler.runtime.role`: `TRAINING_ROLE`, `PADDLE_PSERVER_ENDPOINTS`, `PADDLE_TRAINER_ID`,
+(`transpiler.runtime.role`: `TRAINING_ROLE`, `PADDLE_PSERVER_ENDPOINTS` and Paddle 2.x's
+`PADDLE_PSERVERS_IP_PORT_LIST` (both set, same list), `PADDLE_TRAINER_ID`,
 `PADDLE_TRAINERS_NUM`, `PADDLE_CURRENT_ENDPOINT`, plus `PSTRANSPILE_SYNC_MODE` and
 `PSTRANSPILE_RPC_TIMEOUT`, and the job's token `PSTRANSPILE_JOB_TOKEN`, made per job
 unless one is set: `ops.rpc.auth`), so the script decides what to do from its role. Endpoints
@@ -41,7 +42,8 @@ from ops.rpc.auth import TOKEN_ENV, has_token
 from ops.rpc.engine import EngineChoiceError, engine_env
 from ops.rpc.env_choice import EnvChoiceError, check_env_choices
 from transpiler.runtime.job import TAIL_LINES, Backend, LaunchConfig, LaunchError, LaunchResult, ProcessStatus, run_job
-from transpiler.runtime.progress import parse_progress
+from transpiler.runtime.metrics import METRICS_ENV
+from transpiler.runtime.progress import Progress, parse_report
 from transpiler.runtime.role import Role
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -100,8 +102,8 @@ def process_env(
     threads = str(max(1, (os.cpu_count() or 1) // max(1, processes)))
     for key in BLAS_THREAD_VARS:
         env.setdefault(key, threads)
-    for key in ("TRAINING_ROLE", "PADDLE_TRAINER_ID", "PADDLE_CURRENT_ENDPOINT", "POD_IP", "PADDLE_PORT"):
-        env.pop(key, None)  # never inherit another role's identity
+    for key in ("TRAINING_ROLE", "PADDLE_TRAINER_ID", "PADDLE_CURRENT_ENDPOINT", "POD_IP", "PADDLE_PORT", METRICS_ENV):
+        env.pop(key, None)  # never inherit another role's identity (nor a metrics file: launch writes the job's)
     env.update(role.env())
     env["PYTHONUNBUFFERED"] = "1"
     paths = [str(PACKAGE_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -142,11 +144,13 @@ class _Process:
             self.log.write(raw)
             self.log.flush()
             line = raw.decode("utf-8", "replace").rstrip("\n")
-            progress = parse_progress(line)
+            report = parse_report(line)
             with self.lock:
                 self.tail.append(line)
-                if progress is not None:
-                    self.status.progress = progress
+                if report is not None:
+                    self.status.reports.append((time.monotonic(), report))  # the job's metrics file (job.py drains them)
+                    if isinstance(report, Progress):
+                        self.status.progress = report
 
     def poll(self) -> int | None:
         code = self.popen.poll()

@@ -42,7 +42,7 @@ from ops.rpc.service import DEFAULT_TIMEOUT
 from transpiler.errors import PsTranspilerError
 from transpiler.runtime.job import TAIL_LINES, LaunchConfig, LaunchError, LaunchResult, ProcessStatus
 from transpiler.runtime.launch import BLAS_THREAD_VARS, PACKAGE_ROOT, launch
-from transpiler.runtime.progress import parse_progress
+from transpiler.runtime.progress import Progress, parse_report
 from transpiler.runtime.role import TRAINER, Role
 
 PLACEMENT_TIMEOUT = 60.0  # seconds for the placement group's bundles and the actors to come up
@@ -152,9 +152,11 @@ class _RayProcess:
         for line in lines:
             self.log.write(line + "\n")
             self.tail.append(line)
-            progress = parse_progress(line)
-            if progress is not None:
-                self.status.progress = progress
+            report = parse_report(line)
+            if report is not None:
+                self.status.reports.append((self.answered, report))  # the job's metrics file (job.py drains them)
+                if isinstance(report, Progress):
+                    self.status.progress = report
         self.log.flush()
         if code is not None:
             self.status.returncode = code

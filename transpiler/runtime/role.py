@@ -6,9 +6,10 @@ Paddle's conventions, which `pstranspile launch` sets and any scheduler can:
 |---|---|
 | `TRAINING_ROLE` | `PSERVER` or `TRAINER` (unset: local training, no pservers) |
 | `PADDLE_PSERVER_ENDPOINTS` | every pserver, `host:port,host:port` |
+| `PADDLE_PSERVERS_IP_PORT_LIST` | the same list, as Paddle 2.x's role makers and paddle-operator spell it (either may be set; both must agree) |
 | `PADDLE_TRAINERS_NUM` | how many trainers |
 | `PADDLE_TRAINER_ID` | this trainer's id, `0 .. PADDLE_TRAINERS_NUM-1` (trainers) |
-| `PADDLE_CURRENT_ENDPOINT` | this pserver's endpoint (pservers; else `POD_IP:PADDLE_PORT`) |
+| `PADDLE_CURRENT_ENDPOINT` | this pserver's endpoint (pservers; else `POD_IP:PADDLE_PORT`; both given: they must agree) |
 
 and of ours: `PSTRANSPILE_SYNC_MODE` (`1` sync, the default; `0` async),
 `PSTRANSPILE_RPC_TIMEOUT` (seconds a pserver waits for a silent trainer; default 120), and
@@ -36,6 +37,7 @@ from transpiler.errors import PsTranspilerError
 
 ROLE_ENV = "TRAINING_ROLE"
 ENDPOINTS_ENV = "PADDLE_PSERVER_ENDPOINTS"
+PADDLE_ENDPOINTS_ENV = "PADDLE_PSERVERS_IP_PORT_LIST"  # Paddle 2.x's spelling (PaddleCloudRoleMaker, paddle-operator)
 TRAINERS_ENV = "PADDLE_TRAINERS_NUM"
 TRAINER_ID_ENV = "PADDLE_TRAINER_ID"
 CURRENT_ENDPOINT_ENV = "PADDLE_CURRENT_ENDPOINT"
@@ -83,10 +85,7 @@ class Role:
             return cls(sync_mode=sync_mode, rpc_timeout=timeout)
         if kind not in ("TRAINER", "PSERVER"):
             raise RoleError(f"{ROLE_ENV}={env.get(ROLE_ENV)!r}: expected TRAINER or PSERVER")
-        try:
-            endpoints = split_endpoint_list(_required(env, ENDPOINTS_ENV))
-        except PsTranspilerError as exc:  # an empty entry: `a:1,,b:2`, or a stray comma
-            raise RoleError(f"{ENDPOINTS_ENV}: {exc}") from None
+        endpoints = _endpoints(env)
         trainers = _int(env, TRAINERS_ENV)
         if trainers < 1:
             raise RoleError(f"{TRAINERS_ENV} must be >= 1, got {trainers}")
@@ -96,12 +95,18 @@ class Role:
                 raise RoleError(f"{TRAINER_ID_ENV}={trainer_id} is out of range for {TRAINERS_ENV}={trainers}")
             return cls(TRAINER, trainer_id, trainers, endpoints, None, sync_mode, timeout)
         current = env.get(CURRENT_ENDPOINT_ENV, "").strip()
-        if not current and env.get("POD_IP") and env.get("PADDLE_PORT"):
-            current = f"{env['POD_IP'].strip()}:{env['PADDLE_PORT'].strip()}"
+        pod = ""
+        if env.get("POD_IP", "").strip() and env.get("PADDLE_PORT", "").strip():
+            pod = f"{env['POD_IP'].strip()}:{env['PADDLE_PORT'].strip()}"
+        if current and pod and current != pod:
+            raise RoleError(f"{CURRENT_ENDPOINT_ENV}={current} and POD_IP:PADDLE_PORT={pod} disagree: "
+                            "give one, or the same endpoint in both")
+        current = current or pod
         if not current:
             raise RoleError(f"a pserver needs {CURRENT_ENDPOINT_ENV} (or POD_IP and PADDLE_PORT)")
         if current not in endpoints:
-            raise RoleError(f"{CURRENT_ENDPOINT_ENV}={current} is not one of {ENDPOINTS_ENV} ({', '.join(endpoints)})")
+            raise RoleError(f"{CURRENT_ENDPOINT_ENV}={current} is not one of the pserver endpoints "
+                            f"({', '.join(endpoints)})")
         return cls(PSERVER, 0, trainers, endpoints, current, sync_mode, timeout)
 
     @property
@@ -150,6 +155,7 @@ class Role:
         out = {
             ROLE_ENV: "TRAINER" if self.is_trainer else "PSERVER",
             ENDPOINTS_ENV: ",".join(self.endpoints),
+            PADDLE_ENDPOINTS_ENV: ",".join(self.endpoints),
             TRAINERS_ENV: str(self.trainers),
             SYNC_MODE_ENV: "1" if self.sync_mode else "0",
             TIMEOUT_ENV: f"{self.rpc_timeout:g}",
@@ -161,6 +167,27 @@ class Role:
             host, _, port = self.current_endpoint.rpartition(":")
             out.update({CURRENT_ENDPOINT_ENV: self.current_endpoint, "POD_IP": host, "PADDLE_PORT": port})
         return out
+
+
+def _endpoints(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The pserver list from `PADDLE_PSERVER_ENDPOINTS` and/or Paddle 2.x's
+    `PADDLE_PSERVERS_IP_PORT_LIST`: either one, or both naming the same endpoints in the same
+    order (the order places the blocks); anything else is a RoleError naming both."""
+    given = {}
+    for key in (ENDPOINTS_ENV, PADDLE_ENDPOINTS_ENV):
+        text = env.get(key, "").strip()
+        if text:
+            try:
+                given[key] = split_endpoint_list(text)
+            except PsTranspilerError as exc:  # an empty entry: `a:1,,b:2`, or a stray comma
+                raise RoleError(f"{key}: {exc}") from None
+    if not given:
+        raise RoleError(f"{ROLE_ENV}={env.get(ROLE_ENV)} needs {ENDPOINTS_ENV} (or {PADDLE_ENDPOINTS_ENV})")
+    values = list(given.values())
+    if len(values) == 2 and values[0] != values[1]:
+        raise RoleError(f"{ENDPOINTS_ENV}={','.join(values[0])} and {PADDLE_ENDPOINTS_ENV}={','.join(values[1])} "
+                        "disagree: give one, or the same list in both")
+    return tuple(values[0])
 
 
 def _required(env: Mapping[str, str], key: str) -> str:

@@ -24,15 +24,20 @@ training) from LoDTensor files of whole vars. `pull(names)` reads whole params o
 The same script then trains locally (no environment), under `pstranspile launch`, or on
 many machines under any scheduler that sets Paddle's variables. A distributed role
 transpiles the programs itself (deterministic: every process agrees on the placement).
-`run(..., loss=name)` prints a progress line (`transpiler.runtime.progress`) that `launch`
-shows live. Leaving the `with` block tells the pservers this trainer is done — or,
-on an exception, that it failed, so they stop at once instead of timing out.
+`run(..., loss=name)` prints a progress line (`transpiler.runtime.progress`: step, loss,
+steps/s, the RPC bytes sent and received) that `launch` shows live and writes into the job's
+metrics file; `serve()` prints the pserver's CPU use every `USAGE_EVERY` seconds. Given
+`metrics=PATH` (default `$PSTRANSPILE_METRICS`) the session also appends these reports to
+PATH itself (`transpiler.runtime.metrics`), for a job no `launch` watches. Leaving the
+`with` block tells the pservers this trainer is done — or, on an exception, that it
+failed, so they stop at once instead of timing out.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -59,10 +64,12 @@ from transpiler.api import TranspileResult, transpile
 from transpiler.config import DistributeTranspilerConfig
 from transpiler.errors import PsTranspilerError
 from transpiler.ir import Program
-from transpiler.runtime.progress import Progress, format_progress
+from transpiler.runtime.metrics import METRICS_ENV, MetricsWriter
+from transpiler.runtime.progress import Progress, Usage, format_progress, format_usage
 from transpiler.runtime.role import CHECKPOINT_DIR_ENV, CHECKPOINT_EVERY_ENV, RESTORE_ENV, Role
 
 FAILURE_NOTICE_DEADLINE = 5.0  # seconds to tell the pservers a trainer failed
+USAGE_EVERY = 0.5  # seconds between a pserver's CPU reports
 
 
 class Session:
@@ -84,6 +91,7 @@ class Session:
         keep_checkpoints: int = DEFAULT_KEEP,
         restore: str | Path | None = None,
         init: str | Path | None = None,
+        metrics: str | Path | None = None,
         **transpile_options: Any,
     ) -> None:
         self.role = role if role is not None else Role.from_env()
@@ -123,6 +131,8 @@ class Session:
         self.steps = self._restored.step if self._restored is not None else 0
         self._started_at: float | None = None
         self._finished = False
+        metrics = metrics if metrics is not None else (os.environ.get(METRICS_ENV) or None)
+        self._metrics = MetricsWriter(metrics) if metrics is not None else None
 
     # ------------------------------------------------------------ programs
     @property
@@ -152,12 +162,48 @@ class Session:
             raise PsTranspilerError(f"serve() is for pservers; this process is {self.role.name}")
         main, startup = self.result.pservers[self.role.current_endpoint]
         self._finished = True
-        return serve_program(
-            main, startup, timeout=self.role.rpc_timeout, seed=self.executor.seed, scope=self.scope,
-            plan_fingerprint=self.plan_fingerprint, plan_text=self.result.plan.to_json_text(),
-            checkpoint_dir=self.checkpoint_dir, keep=self.keep_checkpoints,
-            restore=self._restored.folder if self._restored is not None else None, init=self.init_from,
-        )
+        done = self._report_usage()
+        try:
+            return serve_program(
+                main, startup, timeout=self.role.rpc_timeout, seed=self.executor.seed, scope=self.scope,
+                plan_fingerprint=self.plan_fingerprint, plan_text=self.result.plan.to_json_text(),
+                checkpoint_dir=self.checkpoint_dir, keep=self.keep_checkpoints,
+                restore=self._restored.folder if self._restored is not None else None, init=self.init_from,
+            )
+        finally:
+            done()
+
+    def _report_usage(self):
+        """Start printing this pserver's CPU use every USAGE_EVERY seconds; the function that
+        stops it (after one last report)."""
+        index = self.role.endpoints.index(self.role.current_endpoint)
+        wall0, cpu0 = time.monotonic(), time.process_time()
+        stop = threading.Event()
+
+        def emit() -> None:
+            usage = Usage(index, time.process_time() - cpu0, time.monotonic() - wall0)
+            print(format_usage(usage), file=self.out or sys.stdout, flush=True)
+            if self._metrics is not None:
+                self._metrics.report(usage)
+
+        def loop() -> None:
+            while not stop.wait(USAGE_EVERY):
+                emit()
+
+        thread = threading.Thread(target=loop, name="pserver-usage", daemon=True)
+        thread.start()
+
+        def done() -> None:
+            stop.set()
+            thread.join(timeout=USAGE_EVERY + 1.0)
+            emit()
+            self._close_metrics()
+
+        return done
+
+    def _close_metrics(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
 
     def start(self) -> None:
         """Run the startup program (a trainer's fetches the pservers' initial params;
@@ -206,7 +252,12 @@ class Session:
         elapsed = time.monotonic() - (self._started_at or time.monotonic())
         who = str(self.role.trainer_id) if self.role.is_trainer else "local"
         rate = self.steps / elapsed if elapsed > 0 else None
-        print(format_progress(Progress(who, self.steps, loss, rate)), file=self.out or sys.stdout, flush=True)
+        stats = self.client.stats if self.client is not None else None
+        progress = Progress(who, self.steps, loss, rate, stats.bytes_sent if stats else None,
+                            stats.bytes_received if stats else None, elapsed)
+        print(format_progress(progress), file=self.out or sys.stdout, flush=True)
+        if self._metrics is not None:
+            self._metrics.report(progress, trainer=self.role.trainer_id, role="trainer" if self.role.is_trainer else "local")
 
     def evaluate(self, program: Program, feed: Mapping[str, Any], fetch_list: Iterable[str]) -> list[Any]:
         """Run another program (a forward-only eval program) over this session's params,
@@ -269,6 +320,7 @@ class Session:
         if self._finished:
             return
         self._finished = True
+        self._close_metrics()
         if not failed and self.checkpoint_every and self.steps % self.checkpoint_every and self._started_at is not None:
             self.checkpoint()
         if self.client is None:
