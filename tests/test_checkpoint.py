@@ -20,8 +20,9 @@ from ops.rpc.checkpoint import (
     VarSlice,
     confine,
     find_latest,
+    warm_start,
 )
-from ops.rpc.tensor_file import read_tensor
+from ops.rpc.tensor_file import encode_tensor, read_tensor, write_tensor
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows
 
@@ -80,6 +81,54 @@ def test_restore_cuts_whole_vars_for_another_pserver_count(tmp_path):
         CheckpointReader(tmp_path).restore(Scope(), {"v": VarSlice("v", (1,))}, "local", 1)
     with pytest.raises(CheckpointError, match="shape \\[6, 2\\], this program's is \\[7, 2\\]"):
         CheckpointReader(tmp_path).restore(Scope(), {"w": VarSlice("w", (7, 2))}, "local", 1)
+
+
+def test_a_0_d_var_saves_restores_and_warm_starts_as_0_d_and_from_1_element_files(tmp_path):
+    """Paddle 2.x declares the learning rate `shape []`: its file is 0-d, it restores 0-d
+    (onto any pserver count), and a `[1]` file (Fluid 1.8's scalar, or what this writer
+    wrote for a 0-d var before) restores and warm starts onto the 0-d var, and back."""
+    layouts = [{"w.block0": VarSlice("w", (6, 2), (0, 4)), "lr": VarSlice("lr", ())},
+               {"w.block1": VarSlice("w", (6, 2), (4, 6)), "lr": VarSlice("lr", ())}]
+    savers = [Checkpointer(tmp_path / "ckpt", f"ps{i}", ("ps0", "ps1"), layout) for i, layout in enumerate(layouts)]
+    for i, saver in enumerate(savers):
+        scope = Scope()
+        scope.set_var(f"w.block{i}", LoDTensor(W[:4] if i == 0 else W[4:]))
+        scope.set_var("lr", LoDTensor(np.array(0.5, np.float32)))
+        folder = saver.save(scope, "ckpt-3")
+    assert read_tensor(folder / "ps0" / "lr").shape == ()
+    assert json.loads((folder / "MANIFEST.json").read_text())["parts"]["ps1"]["lr"]["shape"] == []
+    reader = CheckpointReader(tmp_path / "ckpt")
+    assert reader.whole("lr").shape == () and reader.whole("lr") == 0.5
+    for layout, part, parts in (({"lr": VarSlice("lr", ())}, "ps2", 3), ({"lr": VarSlice("lr", (1,))}, "local", 1)):
+        scope = Scope()
+        reader.restore(scope, layout, part, parts)
+        assert scope.find_var("lr").array.shape == layout["lr"].whole_shape and scope.find_var("lr").array == 0.5
+    # the file of a checkpoint written before 0-d files were: [1] bytes, a manifest saying []
+    lr_file = folder / "ps0" / "lr"
+    lr_file.write_bytes(encode_tensor(np.array([0.5], np.float32)))
+    manifest = json.loads((folder / "MANIFEST.json").read_text())
+    import hashlib
+
+    manifest["parts"]["ps0"]["lr"]["files"]["lr"] = hashlib.sha256(lr_file.read_bytes()).hexdigest()
+    (folder / "MANIFEST.json").write_text(json.dumps(manifest))
+    old = CheckpointReader(tmp_path / "ckpt")
+    assert old.whole("lr").shape == () and old.whole("lr") == 0.5
+    lr_file.write_bytes(encode_tensor(np.array([0.5, 1.0], np.float32)))  # a real mismatch stays an error
+    manifest["parts"]["ps0"]["lr"]["files"]["lr"] = hashlib.sha256(lr_file.read_bytes()).hexdigest()
+    (folder / "MANIFEST.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=r"shape \[2\], the manifest says \[\]"):
+        CheckpointReader(tmp_path / "ckpt").whole("lr")
+    # warm start: a Fluid 1.8 [1] file onto a 0-d var, a Paddle 2.x 0-d file onto a [1] var
+    write_tensor(tmp_path / "fluid18" / "lr", np.array([0.125], np.float32))
+    write_tensor(tmp_path / "paddle2" / "lr", np.array(0.25, np.float32))
+    for folder_name, shape, value in (("fluid18", (), 0.125), ("paddle2", (1,), 0.25)):
+        scope = Scope()
+        scope.set_var("lr", LoDTensor(np.zeros(shape, np.float32)))
+        assert warm_start(scope, {"lr": VarSlice("lr", shape)}, tmp_path / folder_name, 2, 1) == ["lr"]
+        assert scope.find_var("lr").array.shape == shape and scope.find_var("lr").array == value
+    write_tensor(tmp_path / "bad" / "lr", np.array([1.0, 2.0], np.float32))
+    with pytest.raises(CheckpointError, match="has shape \\[2\\]"):
+        warm_start(Scope(), {"lr": VarSlice("lr", ())}, tmp_path / "bad", 1, 0)
 
 
 def test_a_crash_during_a_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):

@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from ops.rpc.tensor_file import TensorFileError, decode_tensor, encode_tensor
+from ops.rpc.tensor_file import TensorFileError, conform_scalar, decode_tensor, encode_tensor
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows
 from transpiler.errors import PsTranspilerError
@@ -426,9 +426,10 @@ class CheckpointReader:
     def _read(self, part: str, name: str, entry: Mapping[str, Any]) -> np.ndarray:
         file = _file_name(name)
         array = decode_tensor(self._bytes(part, file, entry["files"][file]), str(self.folder / part / file)).array
-        if list(array.shape) != list(entry["shape"]):
+        fitted = conform_scalar(array, entry["shape"])  # a 0-d var an older writer wrote [1]
+        if fitted is None:
             raise CheckpointError(f"{self.folder / part / file}: shape {list(array.shape)}, the manifest says {entry['shape']}")
-        return array
+        return fitted
 
     def table_parts(self, origin: str) -> list[tuple[str, np.ndarray, np.ndarray, int]]:
         """Per part: (part, rows, value including the pool, height)."""
@@ -456,10 +457,11 @@ class CheckpointReader:
             if where.table:
                 self._restore_table(scope, name, where, part, parts)
                 continue
-            whole = self.whole(where.origin)
-            if tuple(whole.shape) != tuple(where.whole_shape):
+            saved = self.whole(where.origin)
+            whole = conform_scalar(saved, where.whole_shape)  # a Fluid 1.8 [1] scalar onto a 0-d var, or back
+            if whole is None:
                 raise CheckpointError(
-                    f"{self.folder}: {where.origin} has shape {list(whole.shape)}, this program's is {list(where.whole_shape)}")
+                    f"{self.folder}: {where.origin} has shape {list(saved.shape)}, this program's is {list(where.whole_shape)}")
             array = whole if where.rows is None else whole[where.rows[0] : where.rows[1]]
             scope.set_var(name, LoDTensor(np.array(array)))
 
@@ -514,11 +516,12 @@ def warm_start(scope: Scope, layout: Mapping[str, VarSlice], folder: Path, parts
         if not path.is_file():
             continue
         try:
-            whole = decode_tensor(path.read_bytes(), str(path)).array
+            read = decode_tensor(path.read_bytes(), str(path)).array
         except OSError as exc:
             raise CheckpointError(f"warm start: cannot read {path}: {exc.strerror}") from None
-        if tuple(whole.shape) != tuple(where.whole_shape):
-            raise CheckpointError(f"warm start: {path} has shape {list(whole.shape)}, {where.origin}'s is {list(where.whole_shape)}")
+        whole = conform_scalar(read, where.whole_shape)  # Fluid 1.8 wrote scalars [1], Paddle 2.x 0-d
+        if whole is None:
+            raise CheckpointError(f"warm start: {path} has shape {list(read.shape)}, {where.origin}'s is {list(where.whole_shape)}")
         if where.table:
             table = scope.find_var(name)
             if not isinstance(table, SelectedRows):
