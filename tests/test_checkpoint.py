@@ -131,6 +131,39 @@ def test_a_0_d_var_saves_restores_and_warm_starts_as_0_d_and_from_1_element_file
         warm_start(Scope(), {"lr": VarSlice("lr", ())}, tmp_path / "bad", 1, 0)
 
 
+def test_an_unrestorable_checkpoint_is_an_error_when_it_is_written(tmp_path, monkeypatch):
+    """Each part is read back as a restore reads it, and the set's manifest checked before
+    it exists: the reported bug (a 0-d var written [1]), a block of the wrong rows, and
+    parts that do not cover a var fail the save, and no checkpoint is made complete."""
+    import ops.rpc.checkpoint as checkpoint
+
+    savers, scopes = two_parts(tmp_path / "a")
+    fill(scopes, W, 0.5)
+    scopes[0].set_var("lr", LoDTensor(np.array(0.5, np.float32)))
+    savers[0].layout = {**savers[0].layout, "lr": VarSlice("lr", ())}
+    real = checkpoint.encode_tensor
+    monkeypatch.setattr(checkpoint, "encode_tensor", lambda array: real(np.ascontiguousarray(array)))  # the old writer
+    with pytest.raises(CheckpointError, match=r"ckpt-1 part ps0: lr reads back as shape \[1\], PART.json says \[\]"):
+        savers[0].save(scopes[0], "ckpt-1")
+    assert not (tmp_path / "a" / "ckpt-1" / "ps0").exists()
+    assert not [p for p in (tmp_path / "a" / "ckpt-1").iterdir() if p.name.startswith(".ps0.tmp")]  # staging removed
+    monkeypatch.setattr(checkpoint, "encode_tensor", real)
+
+    scopes[1].set_var("w.block1", LoDTensor(W[3:]))  # 3 rows where the layout says rows [4, 6)
+    with pytest.raises(CheckpointError, match=r"w.block1 has shape \[3, 2\], which is not rows \[4, 6\) of w"):
+        savers[1].save(scopes[1], "ckpt-1")
+
+    gap = [Checkpointer(tmp_path / "b", f"ps{i}", ("ps0", "ps1"), layout)
+           for i, layout in enumerate(({"w.block0": VarSlice("w", (6, 2), (0, 3))}, {"w.block1": VarSlice("w", (6, 2), (4, 6))}))]
+    scope0, scope1 = Scope(), Scope()
+    scope0.set_var("w.block0", LoDTensor(W[:3]))
+    scope1.set_var("w.block1", LoDTensor(W[4:]))
+    gap[0].save(scope0, "ckpt-2")
+    with pytest.raises(CheckpointError, match=r"rows \[4, 6\) of w after row 3"):
+        gap[1].save(scope1, "ckpt-2")
+    assert not (tmp_path / "b" / "ckpt-2" / "MANIFEST.json").exists() and find_latest(tmp_path / "b", missing_ok=True) is None
+
+
 def test_a_crash_during_a_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     savers, scopes = two_parts(tmp_path)
     fill(scopes, W, 0.5)

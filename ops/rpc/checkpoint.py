@@ -263,6 +263,7 @@ class Checkpointer:
             entries = self._write_vars(scope, staging)
             _write_json(staging / PART, {"format": FORMAT, "step": step, "part": self.part, "parts": list(self.parts),
                                          "plan_sha256": plan_fingerprint(self.plan_text), "vars": entries})
+            self._validate_part(staging, entries, name)
             _fsync_dir(staging)
             final = folder / self.part
             old = None
@@ -298,6 +299,53 @@ class Checkpointer:
                              "files": {f: hashlib.sha256(d).hexdigest() for f, d in files.items()}}
         return entries
 
+    def _validate_part(self, staging: Path, entries: Mapping[str, Any], name: str) -> None:
+        """Read back the part just written, as a restore will: its PART.json, every file
+        by its sha256, every tensor decoded to the shape its entry records, and that shape
+        fits what the layout says the var is of the whole var (its rows, or the whole; a
+        0-d var written `[1]` or back passes, as the readers accept it). A part that fails
+        is an error now (`CheckpointError`, the staging folder removed), not at the next
+        crash's restore."""
+        where_part = f"checkpoint {name} part {self.part}"
+        try:
+            info = json.loads((staging / PART).read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{where_part}: {PART} does not read back ({exc})") from None
+        if info.get("vars") != json.loads(json.dumps(entries)):
+            raise CheckpointError(f"{where_part}: {PART} does not read back as written")
+        for var, entry in entries.items():
+            where = self.layout[var]
+            blobs = {}
+            for file, sha in entry["files"].items():
+                try:
+                    blobs[file] = (staging / file).read_bytes()
+                except OSError as exc:
+                    raise CheckpointError(f"{where_part}: {file} does not read back ({exc.strerror})") from None
+                if hashlib.sha256(blobs[file]).hexdigest() != sha:
+                    raise CheckpointError(f"{where_part}: {file} does not read back as written (sha256)")
+            file = _file_name(var)
+            try:
+                if where.table:
+                    rows, value, _ = decode_table(blobs[file], blobs[_file_name(var + POOL_SUFFIX)], f"{where_part}: {file}")
+                    # (a table's entry records the SelectedRows' own shape: its height, not its value's rows)
+                    shape = list(entry["shape"])
+                    fits = rows.size <= value.shape[0] and tuple(value.shape[1:]) == tuple(where.whole_shape[1:])
+                else:
+                    array = decode_tensor(blobs[file], f"{where_part}: {file}").array
+                    shape = list(array.shape)
+                    if where.rows is None:
+                        fits = conform_scalar(array, where.whole_shape) is not None
+                    else:
+                        fits = tuple(array.shape) == (where.rows[1] - where.rows[0], *where.whole_shape[1:])
+            except TensorFileError as exc:
+                raise CheckpointError(str(exc)) from None
+            if shape != list(entry["shape"]):
+                raise CheckpointError(f"{where_part}: {file} reads back as shape {shape}, {PART} says {entry['shape']}")
+            if not fits:
+                rows = "whole" if where.rows is None else f"rows [{where.rows[0]}, {where.rows[1]})"
+                raise CheckpointError(f"{where_part}: {var} has shape {shape}, which is not {rows} of {where.origin} "
+                                      f"{list(where.whole_shape)}: it could not be restored")
+
     def _complete(self, folder: Path, step: int) -> None:
         """Write MANIFEST.json and `latest` if every part is in (any part's writer may)."""
         parts = {}
@@ -309,8 +357,12 @@ class Checkpointer:
             if info.get("step") != step:
                 return
             parts[part] = info["vars"]
-        _write_json(folder / MANIFEST, {"format": FORMAT, "step": step, "plan": json.loads(self.plan_text),
-                                        "plan_sha256": plan_fingerprint(self.plan_text), "parts": parts})
+        manifest = {"format": FORMAT, "step": step, "plan": json.loads(self.plan_text),
+                    "plan_sha256": plan_fingerprint(self.plan_text), "parts": parts}
+        validate_manifest(manifest, folder)  # before it exists: an invalid set stays incomplete, never restored
+        _write_json(folder / MANIFEST, manifest)
+        if read_manifest(folder) != json.loads(json.dumps(manifest)):
+            raise CheckpointError(f"{folder}: {MANIFEST} does not read back as written")
         _fsync_dir(folder)
         latest = find_latest(self.root, missing_ok=True)
         if latest is None or read_manifest(latest)["step"] <= step:
@@ -353,6 +405,32 @@ def find_latest(path: Path, *, missing_ok: bool = False) -> Path | None:
     if missing_ok:
         return None
     raise CheckpointError(f"{path}: no complete checkpoint (no {MANIFEST}, no {LATEST}, no complete {PREFIX}<step>)")
+
+
+def validate_manifest(manifest: Mapping[str, Any], folder: Path) -> None:
+    """What a restore needs of a manifest, from its entries alone: every whole var's
+    pieces agree on its shape and dtype, and its row pieces cover every row once."""
+    origins: dict[str, list[Mapping[str, Any]]] = {}
+    for vars_ in manifest["parts"].values():
+        for entry in vars_.values():
+            origins.setdefault(entry["origin"], []).append(entry)
+    for origin, pieces in sorted(origins.items()):
+        shapes = {tuple(e["whole_shape"]) for e in pieces}
+        dtypes = {e["dtype"] for e in pieces}
+        if len(shapes) != 1 or len(dtypes) != 1:
+            raise CheckpointError(f"{folder}: the parts disagree on {origin}: shapes {sorted(map(list, shapes))}, "
+                                  f"dtypes {sorted(dtypes)}")
+        ranges = sorted(tuple(e["rows"]) for e in pieces if e["rows"] is not None and not e.get("table"))
+        if not ranges:
+            continue
+        height, covered = shapes.pop()[0], 0
+        for start, end in ranges:
+            if start != covered:
+                raise CheckpointError(f"{folder}: the parts hold rows [{start}, {end}) of {origin} after row {covered}: "
+                                      f"its {height} rows are not each held once")
+            covered = end
+        if covered != height:
+            raise CheckpointError(f"{folder}: the parts hold only {covered} of {origin}'s {height} rows")
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
@@ -553,5 +631,6 @@ __all__ = [
     "read_manifest",
     "set_table_rows",
     "step_of",
+    "validate_manifest",
     "warm_start",
 ]
