@@ -1,0 +1,50 @@
+"""Save -> kill -9 -> restore over every Paddle-built fixture our runtime trains
+(`recovery_support.RECOVERABLE`: dense, sparse, distributed table; SGD and Adam; lr decay
+on the pservers; Paddle 2.6 programs with 0-d vars and Fluid 1.8 ones), float32 and
+float64: a job killed mid-run and restarted by `launch --max-restarts` from its last
+checkpoint ends with every param AND every optimizer accumulator, learning rate, decay
+counter and table row bit-identical to an uninterrupted run of the same steps (both
+runs' final checkpoints compared var by var, and trainer 0's params).
+
+Each case kills one process (a pserver, or trainer 1, in turn over the cases) before
+step 3 of 6 (checkpoints every 2 steps): the restart restores step 2 and trains 4 more.
+"""
+
+from __future__ import annotations
+
+import pytest
+from recovery_support import BY_NAME, RECOVERABLE, differing, final_state, log_of, run_job, trainer_finals
+
+STEPS, EVERY, KILL_AT = 6, 2, 3
+# float64 everywhere (the chaos test's dtype); float32 on the Paddle 2.6 programs (0-d
+# learning rate, Adam's accumulators, both table kinds) and one Fluid 1.8 program.
+FLOAT32 = ("mlp_adam_2ps", "ctr_v1_sparse_sgd_2ps", "ctr_v1_dist_sgd_2ps", "fluid18_lr_exp_decay_2ps")
+CASES = [(r.case, True) for r in RECOVERABLE] + [(name, False) for name in FLOAT32]
+
+
+def victim(case: str) -> str:
+    """A pserver (the last) or trainer 1, alternating over the fixtures; trainer 0 when the
+    fixture runs with one trainer (it is the one that kills: it kills itself)."""
+    fixture = BY_NAME[case]
+    if [r.case for r in RECOVERABLE].index(case) % 2 == 0:
+        return f"pserver:{fixture.pservers - 1}"
+    return "trainer:1" if fixture.trainers > 1 else "trainer:0"
+
+
+@pytest.mark.parametrize(("case", "float64"), CASES, ids=[f"{c}-{'f64' if f else 'f32'}" for c, f in CASES])
+def test_a_killed_job_restored_from_its_checkpoint_is_bit_identical(tmp_path, case, float64):
+    fixture = BY_NAME[case]
+    reference = run_job(fixture, tmp_path / "reference", STEPS, EVERY, float64=float64)
+    assert reference.ok, log_of(reference, tmp_path / "reference")
+    who = victim(case)
+    killed = run_job(fixture, tmp_path / "killed", STEPS, EVERY, "--chaos", f"{KILL_AT}:{who}",
+                     "--pid-dir", str(tmp_path / "pids"), float64=float64, max_restarts=1)
+    assert killed.ok and len(killed.restarts) == 1, log_of(killed, tmp_path / "killed")
+    assert "SIGKILL" in killed.restarts[0] and "from checkpoint ckpt-2" in (tmp_path / "killed" / "launch.txt").read_text()
+    step, want = final_state(tmp_path / "reference" / "ckpt")
+    again, got = final_state(tmp_path / "killed" / "ckpt")
+    assert step == again == STEPS and want
+    assert not differing(want, got), f"{case}: kill -9 {who} before step {KILL_AT}: {differing(want, got)} differ"
+    assert {a.dtype.name for a in want.values() if a.dtype.kind == "f"} == {"float64" if float64 else "float32"}
+    params = trainer_finals(tmp_path / "reference")
+    assert params and not differing(params, trainer_finals(tmp_path / "killed"))
