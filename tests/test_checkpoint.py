@@ -20,7 +20,10 @@ from ops.rpc.checkpoint import (
     VarSlice,
     confine,
     find_latest,
+    job_root,
+    part_root,
     warm_start,
+    write_job_manifest,
 )
 from ops.rpc.tensor_file import encode_tensor, read_tensor, write_tensor
 from ops.scope import Scope
@@ -162,6 +165,58 @@ def test_an_unrestorable_checkpoint_is_an_error_when_it_is_written(tmp_path, mon
     with pytest.raises(CheckpointError, match=r"rows \[4, 6\) of w after row 3"):
         gap[1].save(scope1, "ckpt-2")
     assert not (tmp_path / "b" / "ckpt-2" / "MANIFEST.json").exists() and find_latest(tmp_path / "b", missing_ok=True) is None
+
+
+def test_per_pserver_dirs_a_job_manifest_records_each_part_and_a_gathered_copy_reads(tmp_path):
+    """A `{pserver}` template: each part in its pserver's own dir, no manifest there; the
+    job manifest (trainer 0's) names where each part is; readers (restore onto another
+    pserver count, whole vars) read the parts there, or from a gathered copy."""
+    import shutil
+
+    template = tmp_path / "disk{pserver}" / "ckpt"
+    assert part_root(template, 1) == tmp_path / "disk1" / "ckpt" and job_root(template) == tmp_path / "diskjob" / "ckpt"
+    layouts = [{"w.block0": VarSlice("w", (6, 2), (0, 4)), "lr": VarSlice("lr", ())},
+               {"w.block1": VarSlice("w", (6, 2), (4, 6)), "lr": VarSlice("lr", ())}]
+    plan = '{"plan": 2}'
+    savers = [Checkpointer(part_root(template, i), f"ps{i}", ("ps0", "ps1"), layout, plan, keep=2, shared=False)
+              for i, layout in enumerate(layouts)]
+    for step in (2, 4, 6):
+        for i, saver in enumerate(savers):
+            scope = Scope()
+            scope.set_var(f"w.block{i}", LoDTensor((W + step)[:4] if i == 0 else (W + step)[4:]))
+            scope.set_var("lr", LoDTensor(np.array(0.5, np.float32)))
+            saver.save(scope, f"ckpt-{step}")
+        if step < 6:
+            write_job_manifest(template, f"ckpt-{step}", 2, plan, keep=2)
+    for i in range(2):  # own parts, no manifest; each pserver keeps its newest 2
+        assert sorted(p.name for p in part_root(template, i).iterdir()) == ["ckpt-4", "ckpt-6"]
+        assert not (part_root(template, i) / "ckpt-6" / "MANIFEST.json").exists()
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):  # ckpt-6 is not complete until trainer 0 says
+        CheckpointReader(part_root(template, 0))
+    assert CheckpointReader(template).step == 4  # the template reads its job root
+    folder = write_job_manifest(template, "ckpt-6", 2, plan, keep=2)
+    manifest = json.loads((folder / "MANIFEST.json").read_text())
+    assert manifest["locations"] == {f"ps{i}": str(part_root(template, i) / "ckpt-6" / f"ps{i}") for i in range(2)}
+    assert sorted(p.name for p in job_root(template).iterdir()) == ["ckpt-4", "ckpt-6", "latest"]
+    reader = CheckpointReader(template)
+    assert reader.step == 6 and np.array_equal(reader.whole("w"), W + 6) and reader.whole("lr").shape == ()
+    three = {"w.block2": VarSlice("w", (6, 2), (4, 6)), "lr": VarSlice("lr", ())}
+    scope = Scope()
+    reader.restore(scope, three, "ps2", 3)  # resharded from parts in two dirs
+    assert np.array_equal(scope.find_var("w.block2").array, (W + 6)[4:])
+    # a gathered copy: the parts copied beside the job manifest, the pservers' dirs gone
+    gathered = tmp_path / "gathered" / "ckpt-6"
+    shutil.copytree(folder, gathered)
+    for i in range(2):
+        shutil.copytree(part_root(template, i) / "ckpt-6" / f"ps{i}", gathered / f"ps{i}")
+    shutil.rmtree(tmp_path / "disk1")
+    assert np.array_equal(CheckpointReader(gathered).whole("w"), W + 6)
+    with pytest.raises(CheckpointError, match="part ps1 is neither at"):
+        CheckpointReader(template)
+    with pytest.raises(CheckpointError, match="part ps1 does not read"):
+        write_job_manifest(template, "ckpt-6", 2, plan)
+    with pytest.raises(CheckpointError, match="of step 4 or another plan"):
+        write_job_manifest(template, "ckpt-4", 1, '{"plan": 3}')
 
 
 def test_a_crash_during_a_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):

@@ -48,3 +48,35 @@ def test_a_killed_job_restored_from_its_checkpoint_is_bit_identical(tmp_path, ca
     assert {a.dtype.name for a in want.values() if a.dtype.kind == "f"} == {"float64" if float64 else "float32"}
     params = trainer_finals(tmp_path / "reference")
     assert params and not differing(params, trainer_finals(tmp_path / "killed"))
+
+
+def test_per_pserver_dirs_recover_reshard_and_fetch_bit_identical(tmp_path):
+    """`--checkpoint-dir 'disk{pserver}/ckpt'`: each pserver writes its part to its own
+    dir, trainer 0 the job manifest to `diskjob/ckpt`. A kill -9 and a restart from
+    there, a restore of an earlier checkpoint onto 3 pservers (reshard from parts in two
+    dirs), and `pstranspile fetch` of the template all give the uninterrupted run's state."""
+    from transpiler.cli import main as cli_main
+    from ops.rpc.tensor_file import read_tensor
+
+    fixture = BY_NAME["mlp_adam_2ps"]
+    reference = run_job(fixture, tmp_path / "reference", STEPS, EVERY, float64=True)
+    assert reference.ok, log_of(reference, tmp_path / "reference")
+    _, want = final_state(tmp_path / "reference" / "ckpt")
+    template = tmp_path / "disk{pserver}" / "ckpt"
+    killed = run_job(fixture, tmp_path / "killed", STEPS, EVERY, "--chaos", f"{KILL_AT}:pserver:0",
+                     "--pid-dir", str(tmp_path / "pids"), float64=True, max_restarts=1, checkpoint_dir=template)
+    assert killed.ok and len(killed.restarts) == 1, log_of(killed, tmp_path / "killed")
+    for i in range(2):
+        assert (tmp_path / f"disk{i}" / "ckpt" / "ckpt-6" / f"ps{i}" / "PART.json").is_file()
+    assert not differing(want, final_state(template)[1])
+    resharded = run_job(fixture, tmp_path / "resharded", STEPS, EVERY, "--restore",
+                        str(tmp_path / "diskjob" / "ckpt" / "ckpt-4"), float64=True, pservers=3,
+                        checkpoint_dir=tmp_path / "three{pserver}")
+    assert resharded.ok, log_of(resharded, tmp_path / "resharded")
+    step, got = final_state(tmp_path / "three{pserver}")
+    assert step == STEPS and not differing(want, got)
+    assert cli_main(["fetch", "--checkpoint", str(template), "-o", str(tmp_path / "fetched")]) == 0
+    assert {p.name for p in (tmp_path / "fetched").iterdir()} == set(want)
+    for name, value in want.items():
+        fetched = read_tensor(tmp_path / "fetched" / name)
+        assert fetched.shape == value.shape and fetched.tobytes() == value.tobytes(), name

@@ -29,6 +29,20 @@ cannot). The distributed table is one SelectedRows per part (rows = global ids, 
 unused preallocated rows in `<table>@POOL`); restoring it onto M' keeps the rows with
 `id % M' == i`; onto the same M it is the exact table, pool included.
 
+Per-pserver directories: a root containing `{pserver}` (`serve --checkpoint-dir
+'/data/ps{pserver}/ckpt'`, the same string for every process of the job) is a template.
+Pserver i writes its part under the template with `{pserver}` = i, on a disk of its own
+(`<root i>/ckpt-<step>/ps<i>/`, the same staging and PART.json); no pserver sees the set,
+so trainer 0, once every pserver answered the checkpoint request, writes the job-level
+manifest into the template with `{pserver}` = `job` (`/data/psjob/ckpt/ckpt-<step>/
+MANIFEST.json` and `latest`): every part's vars, and in `locations` where each part is.
+A reader (restore onto any pserver count, `fetch`, `Session.pull`) given the template or
+the job root reads each part where `locations` says, or, when that path is not there, from
+the manifest's own folder (`<job>/ckpt-<step>/ps<i>/`: a gathered copy, the parts copied
+beside the manifest). Trainer 0 and, at a restore, every pserver must reach every part's
+path (local disks of one machine, or volumes mounted at the same paths everywhere); a
+volume only its own pserver mounts is gathered first.
+
 Names a checkpoint request carries are relative: one or more components of
 `[A-Za-z0-9_.-]`, no `.` or `..`; anything else is refused (`CheckpointPathError`,
 `INVALID_ARGUMENT` on the wire), and so is a path whose real location (symlinks
@@ -81,6 +95,27 @@ class CheckpointPathError(CheckpointError):
     def __init__(self, message: str, *, escapes: bool = False) -> None:
         super().__init__(message)
         self.escapes = escapes
+
+
+PSERVER_FIELD = "{pserver}"
+JOB_PART = "job"
+
+
+def is_template(root: Path | str) -> bool:
+    """A checkpoint root that names one directory per pserver (`{pserver}` in it)."""
+    return PSERVER_FIELD in str(root)
+
+
+def part_root(root: Path | str, index: int) -> Path:
+    """Pserver `index`'s checkpoint root: the template with `{pserver}` = index (a
+    shared root: the root itself)."""
+    return Path(str(root).replace(PSERVER_FIELD, str(int(index))))
+
+
+def job_root(root: Path | str) -> Path:
+    """Where the job-level manifests are: the template with `{pserver}` = `job` (a
+    shared root: the root itself)."""
+    return Path(str(root).replace(PSERVER_FIELD, JOB_PART))
 
 
 def checkpoint_name(step: int) -> str:
@@ -239,6 +274,7 @@ class Checkpointer:
     layout: Mapping[str, VarSlice]
     plan_text: str = "{}"
     keep: int = DEFAULT_KEEP
+    shared: bool = True  # every part in `root`; False: this part's own dir (the job manifest is trainer 0's)
 
     def __post_init__(self) -> None:
         if self.keep < 1:
@@ -347,7 +383,12 @@ class Checkpointer:
                                       f"{list(where.whole_shape)}: it could not be restored")
 
     def _complete(self, folder: Path, step: int) -> None:
-        """Write MANIFEST.json and `latest` if every part is in (any part's writer may)."""
+        """Write MANIFEST.json and `latest` if every part is in (any part's writer may).
+        In a directory of its own, a part is kept, and the older ones pruned, by its own
+        steps: the set is complete when trainer 0 writes the job manifest."""
+        if not self.shared:
+            self.prune()
+            return
         parts = {}
         for part in self.parts:
             try:
@@ -374,7 +415,8 @@ class Checkpointer:
         """Remove all but the newest `keep` complete checkpoints, and incomplete ones
         older than the newest complete one."""
         found = sorted(((s, p) for p in self.root.iterdir() if (s := step_of(p.name)) is not None), reverse=True)
-        complete = [s for s, p in found if (p / MANIFEST).is_file()]
+        done = MANIFEST if self.shared else f"{self.part}/{PART}"
+        complete = [s for s, p in found if (p / done).is_file()]
         if not complete:
             return
         kept = set(complete[: self.keep])
@@ -388,8 +430,8 @@ class Checkpointer:
 
 def find_latest(path: Path, *, missing_ok: bool = False) -> Path | None:
     """The complete checkpoint `path` names: a checkpoint folder itself, or a root's
-    `latest` (else its newest complete `ckpt-<step>`)."""
-    path = Path(path)
+    `latest` (else its newest complete `ckpt-<step>`); a per-pserver template's job root."""
+    path = job_root(path)
     if (path / MANIFEST).is_file():
         return path
     pointer = path / LATEST
@@ -405,6 +447,48 @@ def find_latest(path: Path, *, missing_ok: bool = False) -> Path | None:
     if missing_ok:
         return None
     raise CheckpointError(f"{path}: no complete checkpoint (no {MANIFEST}, no {LATEST}, no complete {PREFIX}<step>)")
+
+
+def write_job_manifest(template: Path | str, name: str, parts: int, plan_text: str, keep: int = DEFAULT_KEEP) -> Path:
+    """Trainer 0, once all `parts` pservers answered checkpoint `name` in their own dirs
+    (`template`): read every part's PART.json where its pserver wrote it, check the set
+    as a restore needs it, write `<job root>/name/MANIFEST.json` (every part's vars and
+    `locations`) and `latest`, and keep the newest `keep` job manifests. Returns the
+    job-level checkpoint folder."""
+    step = step_of(name)
+    if step is None:
+        raise CheckpointPathError(f"checkpoint name {name!r} is not ckpt-<step>")
+    root = job_root(template)
+    root.mkdir(parents=True, exist_ok=True)
+    folder = confine(root, name)
+    vars_, locations = {}, {}
+    for index in range(parts):
+        part = f"ps{index}"
+        where = Path(os.path.abspath(confine(part_root(template, index), name) / part))
+        try:
+            info = json.loads((where / PART).read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {name}: part {part} does not read at {where} ({exc})") from None
+        if info.get("step") != step or info.get("plan_sha256") != plan_fingerprint(plan_text):
+            raise CheckpointError(f"checkpoint {name}: {where / PART} is of step {info.get('step')} or another plan")
+        vars_[part], locations[part] = info["vars"], str(where)
+    manifest = {"format": FORMAT, "step": step, "plan": json.loads(plan_text), "plan_sha256": plan_fingerprint(plan_text),
+                "parts": vars_, "locations": locations}
+    validate_manifest(manifest, folder)
+    folder.mkdir(exist_ok=True)
+    _write_json(folder / MANIFEST, manifest)
+    if read_manifest(folder) != json.loads(json.dumps(manifest)):
+        raise CheckpointError(f"{folder}: {MANIFEST} does not read back as written")
+    _fsync_dir(folder)
+    latest = find_latest(root, missing_ok=True)
+    if latest is None or read_manifest(latest)["step"] <= step:
+        write_atomic(root / LATEST, lambda out: out.write(f"{folder.name}\n".encode()), durable=True)
+        _fsync_dir(root)
+    found = sorted(((s, p) for p in root.iterdir() if (s := step_of(p.name)) is not None and (p / MANIFEST).is_file()),
+                   reverse=True)
+    for _, path in found[keep:]:
+        shutil.rmtree(path, ignore_errors=True)
+    return folder
 
 
 def validate_manifest(manifest: Mapping[str, Any], folder: Path) -> None:
@@ -456,9 +540,24 @@ class CheckpointReader:
             if bad_file or not re.fullmatch(r"ps\d+|local", part):
                 raise CheckpointError(f"{self.folder}: {MANIFEST} names a part or file outside the checkpoint")
         self._wholes: dict[str, np.ndarray] = {}
+        self._dirs = {part: self._part_dir(part) for part in self.manifest["parts"]}
+
+    def _part_dir(self, part: str) -> Path:
+        """Where `part`'s files are: beside the manifest (a shared dir, or a gathered copy),
+        else where the job manifest's `locations` says (its pserver's own dir)."""
+        here = self.folder / part
+        if (here / PART).is_file() or here.is_dir():
+            return here
+        location = self.manifest.get("locations", {}).get(part)
+        if location is not None:
+            there = self.folder / location  # absolute stays absolute
+            if (there / PART).is_file():
+                return there
+            raise CheckpointError(f"{self.folder}: part {part} is neither at {there} nor gathered in {here}")
+        raise CheckpointError(f"{self.folder}: part {part} is missing ({here})")
 
     def _bytes(self, part: str, file: str, sha: str) -> bytes:
-        path = self.folder / part / file
+        path = self._dirs[part] / file
         try:
             data = path.read_bytes()
         except OSError as exc:
@@ -503,10 +602,10 @@ class CheckpointReader:
 
     def _read(self, part: str, name: str, entry: Mapping[str, Any]) -> np.ndarray:
         file = _file_name(name)
-        array = decode_tensor(self._bytes(part, file, entry["files"][file]), str(self.folder / part / file)).array
+        array = decode_tensor(self._bytes(part, file, entry["files"][file]), str(self._dirs[part] / file)).array
         fitted = conform_scalar(array, entry["shape"])  # a 0-d var an older writer wrote [1]
         if fitted is None:
-            raise CheckpointError(f"{self.folder / part / file}: shape {list(array.shape)}, the manifest says {entry['shape']}")
+            raise CheckpointError(f"{self._dirs[part] / file}: shape {list(array.shape)}, the manifest says {entry['shape']}")
         return fitted
 
     def table_parts(self, origin: str) -> list[tuple[str, np.ndarray, np.ndarray, int]]:
@@ -516,7 +615,7 @@ class CheckpointReader:
             if entry["origin"] == origin and entry.get("table"):
                 file, pool = _file_name(name), _file_name(name + POOL_SUFFIX)
                 rows, value, height = decode_table(self._bytes(part, file, entry["files"][file]),
-                                                   self._bytes(part, pool, entry["files"][pool]), str(self.folder / part / file))
+                                                   self._bytes(part, pool, entry["files"][pool]), str(self._dirs[part] / file))
                 out.append((part, rows, value, height))
         return out
 
@@ -626,6 +725,9 @@ __all__ = [
     "checkpoint_name",
     "confine",
     "find_latest",
+    "is_template",
+    "job_root",
+    "part_root",
     "local_layout",
     "pserver_layout",
     "read_manifest",
@@ -633,4 +735,5 @@ __all__ = [
     "step_of",
     "validate_manifest",
     "warm_start",
+    "write_job_manifest",
 ]
