@@ -188,7 +188,10 @@ def kill(pid_dir: Path, who: str, step: int, when: str = "before step") -> None:
         time.sleep(0.1)
     marker.write_text(f"{when} {step}\n")
     print(f"trainer 0: kill -9 {who} {when} {step}", flush=True)
-    os.kill(int(path.read_text()), signal.SIGKILL)
+    try:
+        os.kill(int(path.read_text()), signal.SIGKILL)
+    except ProcessLookupError:  # it died already (the job is failing anyway)
+        print(f"trainer 0: {who} was gone already", flush=True)
 
 
 @dataclass(frozen=True)

@@ -106,3 +106,64 @@ def differing(reference: dict[str, np.ndarray], other: dict[str, np.ndarray]) ->
 def log_of(result: LaunchResult, out: Path) -> str:
     return (out / "launch.txt").read_text() + "\n".join(
         f"--- {p.log}\n" + "\n".join(p.tail) for p in result.processes)
+
+
+# ------------------------------------------------------------------ chaos
+
+
+@dataclass(frozen=True)
+class ChaosRun:
+    """One seeded chaos run: the fixture, the kills (`--chaos` specs) and what happened."""
+
+    fixture: str
+    kills: tuple[str, ...]
+    ok: bool = False
+    restarts: tuple[str, ...] = ()  # the checkpoints the restarts started from ("" for the start)
+    identical: bool = False
+    differing: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        mid = landed_mid_checkpoint(self.kills, self.restarts)
+        landed = f" ({sum(mid)} of {len(mid)} checkpoint kill(s) before the checkpoint completed)" if mid else ""
+        verdict = "bit-identical" if self.identical else f"DIFFERENT: {', '.join(self.differing)}" if self.ok else "FAILED"
+        return (f"{self.fixture}: kill -9 {' then '.join(self.kills)}; restarts from "
+                f"{', '.join(r or 'the start' for r in self.restarts) or '-'}{landed}: {verdict}")
+
+
+CHAOS_FIXTURES = ("mlp_adam_2ps", "ctr_v1_dist_sgd_2ps", "fluid18_lr_exp_decay_2ps", "ctr_v1_sparse_sgd_2ps",
+                  "seed_fc3_sgd_3ps", "fluid18_ctr_dist_sgd_2ps")
+
+
+def draw_kills(rng: np.random.Generator, fixture: Recoverable, steps: int, every: int) -> tuple[str, ...]:
+    """Two kills in one job at distinct steps: one of a pserver and one of a trainer (which
+    of each, which first, drawn); one of the two during a checkpoint's write (0-30 ms after
+    trainer 0 starts asking for the checkpoint of a checkpoint step), the other before a
+    step (1..steps-1)."""
+    whos = [f"pserver:{int(rng.integers(fixture.pservers))}", f"trainer:{int(rng.integers(fixture.trainers))}"]
+    rng.shuffle(whos)
+    during = int(rng.integers(2))  # which of the two kills lands in a checkpoint
+    while True:
+        steps_drawn = [int(rng.choice(range(every, steps + 1, every))) if i == during else int(rng.integers(1, steps))
+                       for i in range(2)]
+        if steps_drawn[0] != steps_drawn[1]:
+            break
+    kills = [f"{step}:{who}:ckpt:{int(rng.integers(0, 31))}" if i == during else f"{step}:{who}"
+             for i, (step, who) in enumerate(zip(steps_drawn, whos, strict=True))]
+    return tuple(sorted(kills, key=lambda k: int(k.split(":")[0])))
+
+
+def landed_mid_checkpoint(kills: tuple[str, ...], origins: tuple[str, ...]) -> list[bool]:
+    """Per kill during a checkpoint: True when the job restarted from an older checkpoint
+    (the kill landed before that checkpoint was complete), False when it was complete."""
+    return [origin != f"ckpt-{kill.split(':')[0]}" for kill, origin in zip(kills, origins, strict=False)
+            if ":ckpt:" in kill]
+
+
+def restart_origins(out: Path) -> tuple[str, ...]:
+    """The checkpoint each restart started from, by `launch`'s output."""
+    origins = []
+    for line in (out / "launch.txt").read_text().splitlines():
+        if line.startswith("launch: restart ") and ", from " in line:
+            where = line.split(", from ", 1)[1]
+            origins.append(where.split()[1] if where.startswith("checkpoint ") else "")
+    return tuple(origins)
