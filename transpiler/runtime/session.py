@@ -183,6 +183,7 @@ class Session:
         if self._started_at is None:
             self.start()
         fetches = list(fetch_list) + ([loss] if loss is not None else [])
+        self.executor.stream = self.steps  # random ops draw by the step: a restored trainer draws what it would have
         values = self.executor.run(self.program, feed=feed, fetch_list=fetches, scope=self.scope)
         self.steps += 1
         if self.checkpoint_every and self.steps % self.checkpoint_every == 0:
