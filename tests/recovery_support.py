@@ -66,13 +66,14 @@ def command(fixture: Recoverable, out: Path, steps: int, *extra: str, float64: b
 
 
 def run_job(fixture: Recoverable, out: Path, steps: int, every: int, *extra: str, float64: bool = False,
-            max_restarts: int = 0, checkpoint_dir: Path | str | None = None, pservers: int | None = None) -> LaunchResult:
+            max_restarts: int = 0, checkpoint_dir: Path | str | None = None, pservers: int | None = None,
+            sync_mode: bool = True) -> LaunchResult:
     """One `launch` of the fixture with checkpoints every `every` steps into `out/ckpt`
     (or `checkpoint_dir`), restarting up to `max_restarts` times; the output in
     `out/launch.txt`."""
     out.mkdir(parents=True, exist_ok=True)
     config = LaunchConfig(command=command(fixture, out, steps, *extra, float64=float64),
-                          pservers=pservers or fixture.pservers,
+                          pservers=pservers or fixture.pservers, sync_mode=sync_mode,
                           trainers=fixture.trainers, env=ONE_THREAD, log_dir=out / "logs", rpc_timeout=60.0,
                           status_every=60.0, stop_grace=2.0, exit_grace=30.0,
                           checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir is not None else out / "ckpt",

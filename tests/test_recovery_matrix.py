@@ -80,3 +80,27 @@ def test_per_pserver_dirs_recover_reshard_and_fetch_bit_identical(tmp_path):
     for name, value in want.items():
         fetched = read_tensor(tmp_path / "fetched" / name)
         assert fetched.shape == value.shape and fetched.tobytes() == value.tobytes(), name
+
+
+def test_an_async_checkpoint_records_each_pservers_updates_and_restores(tmp_path):
+    """Async mode: no step is common to the pservers; each part is its pserver's state
+    between whole updates, and the manifest records how many grads each had applied."""
+    import json
+
+    from ops.rpc.checkpoint import find_latest
+
+    fixture = BY_NAME["mlp_adam_2ps"]
+    job = run_job(fixture, tmp_path / "async", STEPS, EVERY, sync_mode=False)
+    assert job.ok, log_of(job, tmp_path / "async")
+    folder = find_latest(tmp_path / "async" / "ckpt")
+    manifest = json.loads((folder / "MANIFEST.json").read_text())
+    assert manifest["step"] == STEPS and sorted(manifest["states"]) == ["ps0", "ps1"]
+    for part, state in manifest["states"].items():
+        assert state["mode"] == "async" and 0 < state["updates"], (part, state)
+    earlier = json.loads((folder.parent / f"ckpt-{STEPS - EVERY}" / "MANIFEST.json").read_text())
+    assert all(earlier["states"][p]["updates"] <= manifest["states"][p]["updates"] for p in ("ps0", "ps1"))
+    resumed = run_job(fixture, tmp_path / "resumed", STEPS + EVERY, EVERY, "--restore", str(tmp_path / "async" / "ckpt"),
+                      sync_mode=False)
+    assert resumed.ok, log_of(resumed, tmp_path / "resumed")
+    step, state = final_state(tmp_path / "resumed" / "ckpt")
+    assert step == STEPS + EVERY and set(state) == set(final_state(tmp_path / "async" / "ckpt")[1])

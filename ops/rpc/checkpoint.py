@@ -20,6 +20,15 @@ never read. In sync mode trainer 0 asks for checkpoint `s` only after step `s` a
 for every pserver's answer before its next send barrier, so every part holds the state
 after step `s` and at most one checkpoint is incomplete at a time.
 
+What a part holds, by mode. Sync: every part holds the state after step `s` (trainer 0
+asks after step `s`, each pserver saves between rounds). Async: no step is common to the
+pservers (a trainer's grads of one step reach them at different times, and other trainers
+keep sending); each pserver saves with every optimize block and the lr-decay block held,
+so its part is its state between whole updates (no param saved with half an optimizer
+step), and PART.json's `state` (gathered into the manifest's `states`) records the mode
+and how many grads that pserver had applied (`updates`; sync: optimize rounds run).
+`step` is trainer 0's step when it asked.
+
 A var's entry says which rows of which whole var the file holds (`origin`, `rows`:
 `[start, end)` of the first dimension, or null for the whole var): a param block, the
 optimizer accumulators sliced with it, or a whole (possibly replicated) var such as the
@@ -281,11 +290,12 @@ class Checkpointer:
             raise CheckpointError(f"keep at least 1 checkpoint, not {self.keep}")
         self.root = Path(self.root)
 
-    def save(self, scope: Scope, name: str) -> Path:
+    def save(self, scope: Scope, name: str, *, info: Mapping[str, Any] | None = None) -> Path:
         """Write this part of checkpoint `name` (`ckpt-<step>`); complete the checkpoint
         when every part is in. Returns the checkpoint's folder. A part left by an
         earlier, interrupted save of that step is replaced; a complete checkpoint is
-        left as it is."""
+        left as it is. `info` (the pserver's mode and the updates it had applied) is
+        recorded in PART.json as `state`."""
         step = step_of(name)
         if step is None:
             raise CheckpointPathError(f"checkpoint name {name!r} is not ckpt-<step>")
@@ -298,7 +308,8 @@ class Checkpointer:
         try:
             entries = self._write_vars(scope, staging)
             _write_json(staging / PART, {"format": FORMAT, "step": step, "part": self.part, "parts": list(self.parts),
-                                         "plan_sha256": plan_fingerprint(self.plan_text), "vars": entries})
+                                         "plan_sha256": plan_fingerprint(self.plan_text), "vars": entries,
+                                         **({"state": dict(info)} if info is not None else {})})
             self._validate_part(staging, entries, name)
             _fsync_dir(staging)
             final = folder / self.part
@@ -389,7 +400,7 @@ class Checkpointer:
         if not self.shared:
             self.prune()
             return
-        parts = {}
+        parts, states = {}, {}
         for part in self.parts:
             try:
                 info = json.loads((folder / part / PART).read_text())
@@ -398,8 +409,11 @@ class Checkpointer:
             if info.get("step") != step:
                 return
             parts[part] = info["vars"]
+            if "state" in info:
+                states[part] = info["state"]
         manifest = {"format": FORMAT, "step": step, "plan": json.loads(self.plan_text),
-                    "plan_sha256": plan_fingerprint(self.plan_text), "parts": parts}
+                    "plan_sha256": plan_fingerprint(self.plan_text), "parts": parts,
+                    **({"states": states} if states else {})}
         validate_manifest(manifest, folder)  # before it exists: an invalid set stays incomplete, never restored
         _write_json(folder / MANIFEST, manifest)
         if read_manifest(folder) != json.loads(json.dumps(manifest)):
@@ -461,7 +475,7 @@ def write_job_manifest(template: Path | str, name: str, parts: int, plan_text: s
     root = job_root(template)
     root.mkdir(parents=True, exist_ok=True)
     folder = confine(root, name)
-    vars_, locations = {}, {}
+    vars_, locations, states = {}, {}, {}
     for index in range(parts):
         part = f"ps{index}"
         where = Path(os.path.abspath(confine(part_root(template, index), name) / part))
@@ -472,8 +486,10 @@ def write_job_manifest(template: Path | str, name: str, parts: int, plan_text: s
         if info.get("step") != step or info.get("plan_sha256") != plan_fingerprint(plan_text):
             raise CheckpointError(f"checkpoint {name}: {where / PART} is of step {info.get('step')} or another plan")
         vars_[part], locations[part] = info["vars"], str(where)
+        if "state" in info:
+            states[part] = info["state"]
     manifest = {"format": FORMAT, "step": step, "plan": json.loads(plan_text), "plan_sha256": plan_fingerprint(plan_text),
-                "parts": vars_, "locations": locations}
+                "parts": vars_, "locations": locations, **({"states": states} if states else {})}
     validate_manifest(manifest, folder)
     folder.mkdir(exist_ok=True)
     _write_json(folder / MANIFEST, manifest)
