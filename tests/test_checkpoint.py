@@ -219,6 +219,23 @@ def test_per_pserver_dirs_a_job_manifest_records_each_part_and_a_gathered_copy_r
         write_job_manifest(template, "ckpt-4", 1, '{"plan": 3}')
 
 
+def test_a_kill_between_a_manifest_and_latest_loses_nothing(tmp_path):
+    """A pserver killed after it wrote ckpt-4's manifest but before `latest`: readers find
+    ckpt-4 all the same, and a restarted job that asks for ckpt-4 again (it restored an
+    older one) points `latest` at it rather than leaving `latest` behind."""
+    savers, scopes = two_parts(tmp_path)
+    for step in (2, 4):
+        fill(scopes, W + step, 0.5)
+        for saver, scope in zip(savers, scopes, strict=True):
+            saver.save(scope, f"ckpt-{step}")
+    (tmp_path / "latest").write_text("ckpt-2\n")  # as the kill left it
+    assert find_latest(tmp_path).name == "ckpt-4" and CheckpointReader(tmp_path).step == 4
+    savers[0].save(scopes[0], "ckpt-4")  # complete already: not rewritten, but pointed at
+    assert (tmp_path / "latest").read_text() == "ckpt-4\n"
+    savers[0].save(scopes[0], "ckpt-2")  # an older complete one never moves `latest` back
+    assert (tmp_path / "latest").read_text() == "ckpt-4\n"
+
+
 def test_a_crash_during_a_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     savers, scopes = two_parts(tmp_path)
     fill(scopes, W, 0.5)

@@ -253,6 +253,21 @@ def decode_table(data: bytes, pool: bytes | None, where: str) -> tuple[np.ndarra
     return rows, value, int(height)
 
 
+def _point_latest(root: Path, folder: Path, step: int) -> None:
+    """Point `root/latest` at the complete checkpoint `folder` unless it names a newer one."""
+    pointer = root / LATEST
+    try:
+        current = step_of(pointer.read_text().strip())
+    except OSError:
+        current = None
+    if current is not None and current > step and (root / checkpoint_name(current) / MANIFEST).is_file():
+        return
+    if current == step:
+        return
+    write_atomic(pointer, lambda out: out.write(f"{folder.name}\n".encode()), durable=True)
+    _fsync_dir(root)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -301,8 +316,10 @@ class Checkpointer:
             raise CheckpointPathError(f"checkpoint name {name!r} is not ckpt-<step>")
         self.root.mkdir(parents=True, exist_ok=True)
         folder = confine(self.root, name)
-        if (folder / MANIFEST).is_file():
-            return folder  # complete already (a restored job asked again): never unmake a complete one
+        if (folder / MANIFEST).is_file():  # complete already (a restored job asked again): never unmake a complete one,
+            if self.shared:  # but point `latest` at it (a kill may have come between its manifest and `latest`)
+                _point_latest(self.root, folder, step)
+            return folder
         folder.mkdir(exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=folder, prefix=f".{self.part}.tmp-"))
         try:
@@ -419,10 +436,7 @@ class Checkpointer:
         if read_manifest(folder) != json.loads(json.dumps(manifest)):
             raise CheckpointError(f"{folder}: {MANIFEST} does not read back as written")
         _fsync_dir(folder)
-        latest = find_latest(self.root, missing_ok=True)
-        if latest is None or read_manifest(latest)["step"] <= step:
-            write_atomic(self.root / LATEST, lambda out: out.write(f"{folder.name}\n".encode()), durable=True)
-            _fsync_dir(self.root)
+        _point_latest(self.root, folder, step)
         self.prune()
 
     def prune(self) -> None:
@@ -444,20 +458,24 @@ class Checkpointer:
 
 def find_latest(path: Path, *, missing_ok: bool = False) -> Path | None:
     """The complete checkpoint `path` names: a checkpoint folder itself, or a root's
-    `latest` (else its newest complete `ckpt-<step>`); a per-pserver template's job root."""
+    newest complete `ckpt-<step>` (what `latest` names, or a newer complete one when a
+    kill came between that one's manifest and `latest`); a per-pserver template's job root."""
     path = job_root(path)
     if (path / MANIFEST).is_file():
         return path
+    candidates = []
     pointer = path / LATEST
     if pointer.is_file():
         name = pointer.read_text().strip()
         candidate = confine(path, name)
-        if (candidate / MANIFEST).is_file():
-            return candidate
-    found = sorted(((s, p) for p in (path.iterdir() if path.is_dir() else ()) if (s := step_of(p.name)) is not None
-                    and (p / MANIFEST).is_file()), reverse=True)
-    if found:
-        return found[0][1]
+        if (candidate / MANIFEST).is_file() and step_of(candidate.name) is not None:
+            candidates.append((step_of(candidate.name), candidate))
+    # A newer complete one than `latest` names: a kill came between its manifest and `latest`.
+    found = [(s, p) for p in (path.iterdir() if path.is_dir() else ()) if (s := step_of(p.name)) is not None
+             and (p / MANIFEST).is_file()]
+    candidates += found
+    if candidates:
+        return max(candidates, key=lambda c: c[0])[1]
     if missing_ok:
         return None
     raise CheckpointError(f"{path}: no complete checkpoint (no {MANIFEST}, no {LATEST}, no complete {PREFIX}<step>)")
@@ -496,10 +514,7 @@ def write_job_manifest(template: Path | str, name: str, parts: int, plan_text: s
     if read_manifest(folder) != json.loads(json.dumps(manifest)):
         raise CheckpointError(f"{folder}: {MANIFEST} does not read back as written")
     _fsync_dir(folder)
-    latest = find_latest(root, missing_ok=True)
-    if latest is None or read_manifest(latest)["step"] <= step:
-        write_atomic(root / LATEST, lambda out: out.write(f"{folder.name}\n".encode()), durable=True)
-        _fsync_dir(root)
+    _point_latest(root, folder, step)
     found = sorted(((s, p) for p in root.iterdir() if (s := step_of(p.name)) is not None and (p / MANIFEST).is_file()),
                    reverse=True)
     for _, path in found[keep:]:

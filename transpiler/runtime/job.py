@@ -5,10 +5,11 @@ this machine, or actors on a Ray cluster: `transpiler.runtime.ray`).
 back one `ProcessHandle` per process;
 `run_attempt` watches them (live status line, failure detection, stopping the rest) and
 `run_job` restarts the whole job from its last complete checkpoint up to `max_restarts`
-times; a restart that fails the same way as the one before it (the same process, exit and
-error line, from the same checkpoint, before any trainer passed that checkpoint's step: a
-deterministic restore error) stops the job with that reason instead of spending the rest. Sync training is consistent only at a checkpoint, so a restart restarts every
+times. Sync training is consistent only at a checkpoint, so a restart restarts every
 process, with `PSTRANSPILE_RESTORE` pointing at the checkpoint dir (`Session` reads it).
+A restart that fails the same way as the restart before it (the same process, exit and
+error line, from the same checkpoint, before any trainer passed that checkpoint's step: a
+deterministic restore error) stops the job with that reason instead of spending the rest.
 
 The job fails — every other process is stopped, the failing process's log tail is shown —
 as soon as any process exits non-zero or is lost (its node died), or when the pservers have
