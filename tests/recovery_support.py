@@ -155,8 +155,11 @@ def draw_kills(rng: np.random.Generator, fixture: Recoverable, steps: int, every
 
 def landed_mid_checkpoint(kills: tuple[str, ...], origins: tuple[str, ...]) -> list[bool]:
     """Per kill during a checkpoint: True when the job restarted from an older checkpoint
-    (the kill landed before that checkpoint was complete), False when it was complete."""
-    return [origin != f"ckpt-{kill.split(':')[0]}" for kill, origin in zip(kills, origins, strict=False)
+    (the kill landed before that checkpoint was complete), False when it was complete.
+    Unknown (left out) when two kills landed in one attempt (one restart for both)."""
+    if len(origins) != len(kills):
+        return []
+    return [origin != f"ckpt-{kill.split(':')[0]}" for kill, origin in zip(kills, origins, strict=True)
             if ":ckpt:" in kill]
 
 

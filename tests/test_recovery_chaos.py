@@ -58,7 +58,8 @@ def test_seeded_kills_of_pservers_and_trainers_recover_bit_identical(tmp_path):
         print(f"run {i}: {run.line()}")
         assert run.identical, f"run {i}: {run.line()}\n" + (log_of(result, out) if not result.ok else "")
         fired = len(list((out / "pids").glob("killed.*")))
-        assert fired == len(run.restarts) == len(kills), (fired, run.restarts, kills)  # every kill landed, once
+        # every kill landed, once; two may land in one attempt (a checkpoint kill's timer and the next step's kill)
+        assert fired == len(kills) and 1 <= len(run.restarts) <= len(kills), (fired, run.restarts, kills)
     mid = [m for r in results for m in landed_mid_checkpoint(r.kills, r.restarts)]
     print(f"{len(results)} runs, {sum(len(r.kills) for r in results)} kills ({len(mid)} during a checkpoint's write, "
           f"{sum(mid)} of them before it completed), {sum(r.identical for r in results)} recovered bit-identical")
