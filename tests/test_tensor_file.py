@@ -179,3 +179,45 @@ def test_a_model_trained_here_loads_in_fluid_1_8_5(tmp_path):
     assert sorted(loaded) == ours and len(ours) == 31  # 6 params, 4 accumulators each, the learning rate
     for name in ours:
         assert bytes.fromhex(loaded[name]) == read_tensor(tmp_path / "model" / name).tobytes(), name
+
+
+PADDLE_2_LOAD = r"""
+import json, sys, numpy as np, paddle
+paddle.enable_static()
+main = paddle.static.Program.parse_from_string(open(sys.argv[1], "rb").read())
+exe = paddle.static.Executor(paddle.CPUPlace())
+names = sorted(v.name for v in main.list_vars() if v.persistable and v.name not in ("feed", "fetch"))
+paddle.static.io.load_vars(exe, sys.argv[2], main_program=main, predicate=lambda v: v.persistable and v.name in names)
+scope = paddle.static.global_scope()
+out = {n: np.array(scope.find_var(n).get_tensor()) for n in names if scope.find_var(n) is not None}
+print(json.dumps({n: [list(a.shape), a.dtype.name, a.tobytes().hex()] for n, a in out.items()}))
+"""
+
+
+def test_a_paddle_2_6_program_trained_here_loads_back_into_paddle_2_6(tmp_path):
+    """The Paddle 2.6-built MLP (`mlp_adam_2ps`: a 0-d learning rate) trained here with
+    checkpoints, fetched whole (`pstranspile fetch`), loads into the same program in Paddle
+    2.6.2 (`paddle.static.io.load_vars`): every persistable var, the learning rate 0-d, bit
+    for bit."""
+    python = installed("2.6.2")
+    if python is None:
+        pytest.skip("Paddle 2.6.2's venv is not on this machine (python tools/paddle_env.py 2.6.2 makes it)")
+    from conftest import PADDLE_PROGRAMS
+    from e2e_support import EXAMPLES, run_script_locally
+
+    case = PADDLE_PROGRAMS / "mlp_adam_2ps"
+    run_script_locally((str(EXAMPLES / "train_program.py"), "--main", str(case / "main.pb"), "--startup",
+                        str(case / "startup.pb"), "--loss", "mean_0.tmp_0", "--steps", "3", "--batch", "8",
+                        "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2"))
+    assert cli_main(["fetch", "--checkpoint", str(tmp_path / "ckpt"), "-o", str(tmp_path / "model")]) == 0
+    ours = {p.name: read_tensor(p) for p in (tmp_path / "model").iterdir()}
+    assert ours["learning_rate_0"].shape == ()
+    script = tmp_path / "paddle_load.py"
+    script.write_text(PADDLE_2_LOAD)
+    done = subprocess.run([str(python), str(script), str(case / "main.pb"), str(tmp_path / "model")],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(loaded) == sorted(ours) and len(ours) == 31
+    for name, array in ours.items():
+        assert loaded[name] == [list(array.shape), array.dtype.name, array.tobytes().hex()], name
