@@ -12,6 +12,7 @@ step 3 of 6 (checkpoints every 2 steps): the restart restores step 2 and trains 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from recovery_support import BY_NAME, RECOVERABLE, differing, final_state, log_of, run_job, trainer_finals
 
@@ -104,3 +105,21 @@ def test_an_async_checkpoint_records_each_pservers_updates_and_restores(tmp_path
     assert resumed.ok, log_of(resumed, tmp_path / "resumed")
     step, state = final_state(tmp_path / "resumed" / "ckpt")
     assert step == STEPS + EVERY and set(state) == set(final_state(tmp_path / "async" / "ckpt")[1])
+
+
+def test_a_sync_trainer_pulls_the_distributed_table_through_per_pserver_dirs(tmp_path):
+    """`Session.pull` of a table in sync mode goes through a checkpoint of the trainer's
+    step: with a `{pserver}` template, trainer 0 writes its job manifest and reads the
+    parts from the pservers' own dirs."""
+    from ops.rpc.tensor_file import read_tensor
+
+    fixture = BY_NAME["ctr_v1_dist_sgd_2ps"]
+    template = tmp_path / "disk{pserver}"
+    job = run_job(fixture, tmp_path / "job", 4, EVERY, "--pull-to", str(tmp_path / "pulled"), checkpoint_dir=template)
+    assert job.ok, log_of(job, tmp_path / "job")
+    step, state = final_state(template)
+    table = read_tensor(tmp_path / "pulled" / "emb")
+    assert step == 4 and table.shape == state["emb"].shape and np.abs(table).sum() > 0
+    assert table.tobytes() == state["emb"].tobytes()
+    assert not (tmp_path / "disk0" / "ckpt-4" / "MANIFEST.json").exists()
+    assert (tmp_path / "diskjob" / "ckpt-4" / "MANIFEST.json").is_file()
