@@ -20,6 +20,11 @@ starts from LoDTensor files of whole vars (`pstranspile fetch`, `save_persistabl
 `--pull-to D` has trainer 0 (or local training) write `Session.pull()` there at the end.
 `--kill-at-step K --kill ROLE:I --pid-dir P` (the recovery test): every process writes
 its pid to `P/<role>.<i>`, and trainer 0, about to run step K, SIGKILLs that process.
+`--chaos K:ROLE:I[:ckpt:MS],...` (the chaos test) schedules several such kills: before step
+K, or `MS` milliseconds after trainer 0 starts asking for the checkpoint of step K (a kill
+during the checkpoint's write). Every kill happens once per pid dir (a marker file
+`P/killed.<K>.<role>.<i>`), so a job that `launch --max-restarts` restarts from an earlier
+checkpoint does not meet it again.
 `--warmup K` trains K more steps first and prints, at the end, one `timing: {json}` line
 for the `--steps` after them: wall seconds, this process's CPU seconds, and the wall-clock
 start and end (so a harness such as `benchmarks/vs_paddle18.py` can match its CPU samples
@@ -37,6 +42,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Mapping
@@ -169,15 +175,64 @@ def held_params(session: Session) -> dict[str, np.ndarray]:
     return session.params(held)
 
 
-def kill(pid_dir: Path, who: str, step: int) -> None:
-    """SIGKILL process `who` (`role:i`) by the pid it wrote (waiting for it, bounded)."""
+def kill(pid_dir: Path, who: str, step: int, when: str = "before step") -> None:
+    """SIGKILL process `who` (`role:i`) by the pid it wrote (waiting for it, bounded), once
+    per pid dir: a restarted job that reaches the step again does not kill again."""
+    marker = pid_dir / f"killed.{step}.{who.replace(':', '.')}"
+    if marker.exists():
+        return
     path = pid_dir / who.replace(":", ".")
     for _ in range(300):
         if path.is_file() and path.read_text().strip():
             break
         time.sleep(0.1)
-    print(f"trainer 0: kill -9 {who} before step {step}", flush=True)
-    os.kill(int(path.read_text()), signal.SIGKILL)
+    marker.write_text(f"{when} {step}\n")
+    print(f"trainer 0: kill -9 {who} {when} {step}", flush=True)
+    try:
+        os.kill(int(path.read_text()), signal.SIGKILL)
+    except ProcessLookupError:  # it died already (the job is failing anyway)
+        print(f"trainer 0: {who} was gone already", flush=True)
+
+
+@dataclass(frozen=True)
+class Kill:
+    """One scheduled kill: `who` before step `step`, or `delay` s into checkpoint `step`."""
+
+    step: int
+    who: str
+    delay: float | None = None  # None: before the step; else seconds after the checkpoint request starts
+
+
+def parse_chaos(text: str) -> list[Kill]:
+    kills = []
+    for spec in filter(None, (part.strip() for part in text.split(","))):
+        fields = spec.split(":")
+        if len(fields) == 3:
+            kills.append(Kill(int(fields[0]), f"{fields[1]}:{int(fields[2])}"))
+        elif len(fields) == 5 and fields[3] == "ckpt":
+            kills.append(Kill(int(fields[0]), f"{fields[1]}:{int(fields[2])}", float(fields[4]) / 1000.0))
+        else:
+            raise ValueError(f"--chaos {spec!r}: expected K:ROLE:I or K:ROLE:I:ckpt:MS")
+        if fields[1] not in ("pserver", "trainer"):
+            raise ValueError(f"--chaos {spec!r}: the role is pserver or trainer")
+    return kills
+
+
+def kill_during_checkpoints(session: Session, pid_dir: Path, kills: list[Kill]) -> None:
+    """Trainer 0: arm each `ckpt` kill when the checkpoint of its step starts."""
+    timed = [k for k in kills if k.delay is not None]
+    if not timed:
+        return
+    checkpoint = session.checkpoint
+
+    def checkpoint_with_kills(step: int | None = None) -> None:
+        now = session.steps if step is None else step
+        for k in timed:
+            if k.step == now:
+                threading.Timer(k.delay, kill, (pid_dir, k.who, k.step, "during the checkpoint of step")).start()
+        checkpoint(step)
+
+    session.checkpoint = checkpoint_with_kills
 
 
 def pause(marker: Path, step: int) -> None:
@@ -217,12 +272,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pull-to", type=Path, help="at the end, trainer 0 (or local) writes Session.pull() here")
     parser.add_argument("--kill-at-step", type=int, help="(tests) trainer 0 SIGKILLs --kill before this step")
     parser.add_argument("--kill", help="(tests) ROLE:I, e.g. pserver:1 or trainer:0")
+    parser.add_argument("--chaos", default="", help="(tests) K:ROLE:I[:ckpt:MS],...: trainer 0 SIGKILLs ROLE:I before "
+                        "step K, or MS ms into the checkpoint of step K; each once per --pid-dir")
     parser.add_argument("--pid-dir", type=Path, help="(tests) every process writes its pid to DIR/<role>.<i>")
     parser.add_argument("--pause-at-step", type=int, help="(tests) trainer 0 writes --pause-file.reached before this "
                         "step and waits (60 s at most) for --pause-file.go; once per --pause-file")
     parser.add_argument("--pause-file", type=Path)
     args = parser.parse_args(argv)
 
+    try:
+        kills = parse_chaos(args.chaos)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.kill_at_step is not None and args.kill:
+        kills.append(Kill(args.kill_at_step, args.kill))
+    if kills and args.pid_dir is None:
+        parser.error("--chaos and --kill need --pid-dir")
     main_program, startup = Program.load(args.main), Program.load(args.startup)
     if args.float64:
         main_program, startup = as_float64(main_program), as_float64(startup)
@@ -247,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             for key in saved.files:
                 if key.startswith("init/"):
                     session.scope.set_var(key[len("init/"):], LoDTensor(saved[key]))
+        if role.trainer_id == 0 and role.is_trainer:
+            kill_during_checkpoints(session, args.pid_dir, kills)
         initial = held_params(session)
         warmup = args.warmup or 0
         start, cpu, wall = time.perf_counter(), time.process_time(), time.time()
@@ -256,8 +323,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.die_at_step == step and role.trainer_id == args.die_trainer and role.is_trainer:
                 print(f"trainer {role.trainer_id}: killing myself at step {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
-            if args.kill_at_step == step and role.trainer_id == 0 and args.kill:
-                kill(args.pid_dir, args.kill, step)
+            for k in kills:
+                if k.delay is None and k.step == step and role.trainer_id == 0 and role.is_trainer:
+                    kill(args.pid_dir, k.who, step)
             if args.pause_at_step == step and role.trainer_id == 0 and args.pause_file is not None:
                 pause(args.pause_file, step)
             batch = synthetic_batch(main_program, args.batch, args.seed, step)

@@ -15,7 +15,11 @@ rule). For `seed` 0 (Paddle: "random"), the executor's `seed` decides: an int ma
 the draws a pure function of (executor seed, output var name, how many times this
 executor drew for that name) — so two executors with the same seed initialise the same
 program identically, whatever the op order — and `None` draws from OS entropy. The
-default is seed 0: runs are reproducible unless asked otherwise.
+default is seed 0: runs are reproducible unless asked otherwise. While `stream` is an int
+(a `Session` sets it to the training step before each step), the count restarts for each
+stream and the stream is part of the seed: a step's draws are a pure function of (seed,
+name, step, how many times this step drew for that name), so the step a checkpoint
+records is the whole RNG state a restored trainer needs to draw what it would have.
 
 A block is prepared once per executor — each op's kernel looked up, a memo for what a
 kernel works out about its op's place in the block — and reused until the block's ops
@@ -97,6 +101,8 @@ class Executor:
         self.seed = seed
         self.env: dict[str, Any] = dict(env or {})
         self._draws: dict[str, int] = {}
+        self.stream: int | None = None  # the training step (Session); None: one stream for the executor's life
+        self._stream_draws: tuple[int | None, dict[str, int]] = (None, {})
         self._lock = threading.Lock()
         self._prepared: weakref.WeakKeyDictionary[Block, _Prepared] = weakref.WeakKeyDictionary()
 
@@ -131,10 +137,19 @@ class Executor:
         """The generator for a `seed`-0 draw keyed by `key` (see the module docstring)."""
         if self.seed is None:
             return np.random.default_rng()
+        seed = int(self.seed) & 0xFFFF_FFFF_FFFF_FFFF
         with self._lock:
-            count = self._draws.get(key, 0)
-            self._draws[key] = count + 1
-        return np.random.default_rng([int(self.seed) & 0xFFFF_FFFF_FFFF_FFFF, zlib.crc32(key.encode()), count])
+            stream = self.stream
+            if stream is None:
+                count = self._draws.get(key, 0)
+                self._draws[key] = count + 1
+                return np.random.default_rng([seed, zlib.crc32(key.encode()), count])
+            if self._stream_draws[0] != stream:
+                self._stream_draws = (stream, {})
+            draws = self._stream_draws[1]
+            count = draws.get(key, 0)
+            draws[key] = count + 1
+        return np.random.default_rng([seed, zlib.crc32(key.encode()), count, int(stream) & 0xFFFF_FFFF_FFFF_FFFF])
 
     # -- internals
     def _run_block(self, run: RunContext, block: Block, scope: Scope, parent: Frame | None) -> None:

@@ -20,8 +20,12 @@ from ops.rpc.checkpoint import (
     VarSlice,
     confine,
     find_latest,
+    job_root,
+    part_root,
+    warm_start,
+    write_job_manifest,
 )
-from ops.rpc.tensor_file import read_tensor
+from ops.rpc.tensor_file import encode_tensor, read_tensor, write_tensor
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows
 
@@ -80,6 +84,156 @@ def test_restore_cuts_whole_vars_for_another_pserver_count(tmp_path):
         CheckpointReader(tmp_path).restore(Scope(), {"v": VarSlice("v", (1,))}, "local", 1)
     with pytest.raises(CheckpointError, match="shape \\[6, 2\\], this program's is \\[7, 2\\]"):
         CheckpointReader(tmp_path).restore(Scope(), {"w": VarSlice("w", (7, 2))}, "local", 1)
+
+
+def test_a_0_d_var_saves_restores_and_warm_starts_as_0_d_and_from_1_element_files(tmp_path):
+    """Paddle 2.x declares the learning rate `shape []`: its file is 0-d, it restores 0-d
+    (onto any pserver count), and a `[1]` file (Fluid 1.8's scalar, or what this writer
+    wrote for a 0-d var before) restores and warm starts onto the 0-d var, and back."""
+    layouts = [{"w.block0": VarSlice("w", (6, 2), (0, 4)), "lr": VarSlice("lr", ())},
+               {"w.block1": VarSlice("w", (6, 2), (4, 6)), "lr": VarSlice("lr", ())}]
+    savers = [Checkpointer(tmp_path / "ckpt", f"ps{i}", ("ps0", "ps1"), layout) for i, layout in enumerate(layouts)]
+    for i, saver in enumerate(savers):
+        scope = Scope()
+        scope.set_var(f"w.block{i}", LoDTensor(W[:4] if i == 0 else W[4:]))
+        scope.set_var("lr", LoDTensor(np.array(0.5, np.float32)))
+        folder = saver.save(scope, "ckpt-3")
+    assert read_tensor(folder / "ps0" / "lr").shape == ()
+    assert json.loads((folder / "MANIFEST.json").read_text())["parts"]["ps1"]["lr"]["shape"] == []
+    reader = CheckpointReader(tmp_path / "ckpt")
+    assert reader.whole("lr").shape == () and reader.whole("lr") == 0.5
+    for layout, part, parts in (({"lr": VarSlice("lr", ())}, "ps2", 3), ({"lr": VarSlice("lr", (1,))}, "local", 1)):
+        scope = Scope()
+        reader.restore(scope, layout, part, parts)
+        assert scope.find_var("lr").array.shape == layout["lr"].whole_shape and scope.find_var("lr").array == 0.5
+    # the file of a checkpoint written before 0-d files were: [1] bytes, a manifest saying []
+    lr_file = folder / "ps0" / "lr"
+    lr_file.write_bytes(encode_tensor(np.array([0.5], np.float32)))
+    manifest = json.loads((folder / "MANIFEST.json").read_text())
+    import hashlib
+
+    manifest["parts"]["ps0"]["lr"]["files"]["lr"] = hashlib.sha256(lr_file.read_bytes()).hexdigest()
+    (folder / "MANIFEST.json").write_text(json.dumps(manifest))
+    old = CheckpointReader(tmp_path / "ckpt")
+    assert old.whole("lr").shape == () and old.whole("lr") == 0.5
+    lr_file.write_bytes(encode_tensor(np.array([0.5, 1.0], np.float32)))  # a real mismatch stays an error
+    manifest["parts"]["ps0"]["lr"]["files"]["lr"] = hashlib.sha256(lr_file.read_bytes()).hexdigest()
+    (folder / "MANIFEST.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=r"shape \[2\], the manifest says \[\]"):
+        CheckpointReader(tmp_path / "ckpt").whole("lr")
+    # warm start: a Fluid 1.8 [1] file onto a 0-d var, a Paddle 2.x 0-d file onto a [1] var
+    write_tensor(tmp_path / "fluid18" / "lr", np.array([0.125], np.float32))
+    write_tensor(tmp_path / "paddle2" / "lr", np.array(0.25, np.float32))
+    for folder_name, shape, value in (("fluid18", (), 0.125), ("paddle2", (1,), 0.25)):
+        scope = Scope()
+        scope.set_var("lr", LoDTensor(np.zeros(shape, np.float32)))
+        assert warm_start(scope, {"lr": VarSlice("lr", shape)}, tmp_path / folder_name, 2, 1) == ["lr"]
+        assert scope.find_var("lr").array.shape == shape and scope.find_var("lr").array == value
+    write_tensor(tmp_path / "bad" / "lr", np.array([1.0, 2.0], np.float32))
+    with pytest.raises(CheckpointError, match="has shape \\[2\\]"):
+        warm_start(Scope(), {"lr": VarSlice("lr", ())}, tmp_path / "bad", 1, 0)
+
+
+def test_an_unrestorable_checkpoint_is_an_error_when_it_is_written(tmp_path, monkeypatch):
+    """Each part is read back as a restore reads it, and the set's manifest checked before
+    it exists: the reported bug (a 0-d var written [1]), a block of the wrong rows, and
+    parts that do not cover a var fail the save, and no checkpoint is made complete."""
+    import ops.rpc.checkpoint as checkpoint
+
+    savers, scopes = two_parts(tmp_path / "a")
+    fill(scopes, W, 0.5)
+    scopes[0].set_var("lr", LoDTensor(np.array(0.5, np.float32)))
+    savers[0].layout = {**savers[0].layout, "lr": VarSlice("lr", ())}
+    real = checkpoint.encode_tensor
+    monkeypatch.setattr(checkpoint, "encode_tensor", lambda array: real(np.ascontiguousarray(array)))  # the old writer
+    with pytest.raises(CheckpointError, match=r"ckpt-1 part ps0: lr reads back as shape \[1\], PART.json says \[\]"):
+        savers[0].save(scopes[0], "ckpt-1")
+    assert not (tmp_path / "a" / "ckpt-1" / "ps0").exists()
+    assert not [p for p in (tmp_path / "a" / "ckpt-1").iterdir() if p.name.startswith(".ps0.tmp")]  # staging removed
+    monkeypatch.setattr(checkpoint, "encode_tensor", real)
+
+    scopes[1].set_var("w.block1", LoDTensor(W[3:]))  # 3 rows where the layout says rows [4, 6)
+    with pytest.raises(CheckpointError, match=r"w.block1 has shape \[3, 2\], which is not rows \[4, 6\) of w"):
+        savers[1].save(scopes[1], "ckpt-1")
+
+    gap = [Checkpointer(tmp_path / "b", f"ps{i}", ("ps0", "ps1"), layout)
+           for i, layout in enumerate(({"w.block0": VarSlice("w", (6, 2), (0, 3))}, {"w.block1": VarSlice("w", (6, 2), (4, 6))}))]
+    scope0, scope1 = Scope(), Scope()
+    scope0.set_var("w.block0", LoDTensor(W[:3]))
+    scope1.set_var("w.block1", LoDTensor(W[4:]))
+    gap[0].save(scope0, "ckpt-2")
+    with pytest.raises(CheckpointError, match=r"rows \[4, 6\) of w after row 3"):
+        gap[1].save(scope1, "ckpt-2")
+    assert not (tmp_path / "b" / "ckpt-2" / "MANIFEST.json").exists() and find_latest(tmp_path / "b", missing_ok=True) is None
+
+
+def test_per_pserver_dirs_a_job_manifest_records_each_part_and_a_gathered_copy_reads(tmp_path):
+    """A `{pserver}` template: each part in its pserver's own dir, no manifest there; the
+    job manifest (trainer 0's) names where each part is; readers (restore onto another
+    pserver count, whole vars) read the parts there, or from a gathered copy."""
+    import shutil
+
+    template = tmp_path / "disk{pserver}" / "ckpt"
+    assert part_root(template, 1) == tmp_path / "disk1" / "ckpt" and job_root(template) == tmp_path / "diskjob" / "ckpt"
+    layouts = [{"w.block0": VarSlice("w", (6, 2), (0, 4)), "lr": VarSlice("lr", ())},
+               {"w.block1": VarSlice("w", (6, 2), (4, 6)), "lr": VarSlice("lr", ())}]
+    plan = '{"plan": 2}'
+    savers = [Checkpointer(part_root(template, i), f"ps{i}", ("ps0", "ps1"), layout, plan, keep=2, shared=False)
+              for i, layout in enumerate(layouts)]
+    for step in (2, 4, 6):
+        for i, saver in enumerate(savers):
+            scope = Scope()
+            scope.set_var(f"w.block{i}", LoDTensor((W + step)[:4] if i == 0 else (W + step)[4:]))
+            scope.set_var("lr", LoDTensor(np.array(0.5, np.float32)))
+            saver.save(scope, f"ckpt-{step}")
+        if step < 6:
+            write_job_manifest(template, f"ckpt-{step}", 2, plan, keep=2)
+    for i in range(2):  # own parts, no manifest; each pserver keeps its newest 2
+        assert sorted(p.name for p in part_root(template, i).iterdir()) == ["ckpt-4", "ckpt-6"]
+        assert not (part_root(template, i) / "ckpt-6" / "MANIFEST.json").exists()
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):  # ckpt-6 is not complete until trainer 0 says
+        CheckpointReader(part_root(template, 0))
+    assert CheckpointReader(template).step == 4  # the template reads its job root
+    folder = write_job_manifest(template, "ckpt-6", 2, plan, keep=2)
+    manifest = json.loads((folder / "MANIFEST.json").read_text())
+    assert manifest["locations"] == {f"ps{i}": str(part_root(template, i) / "ckpt-6" / f"ps{i}") for i in range(2)}
+    assert sorted(p.name for p in job_root(template).iterdir()) == ["ckpt-4", "ckpt-6", "latest"]
+    reader = CheckpointReader(template)
+    assert reader.step == 6 and np.array_equal(reader.whole("w"), W + 6) and reader.whole("lr").shape == ()
+    three = {"w.block2": VarSlice("w", (6, 2), (4, 6)), "lr": VarSlice("lr", ())}
+    scope = Scope()
+    reader.restore(scope, three, "ps2", 3)  # resharded from parts in two dirs
+    assert np.array_equal(scope.find_var("w.block2").array, (W + 6)[4:])
+    # a gathered copy: the parts copied beside the job manifest, the pservers' dirs gone
+    gathered = tmp_path / "gathered" / "ckpt-6"
+    shutil.copytree(folder, gathered)
+    for i in range(2):
+        shutil.copytree(part_root(template, i) / "ckpt-6" / f"ps{i}", gathered / f"ps{i}")
+    shutil.rmtree(tmp_path / "disk1")
+    assert np.array_equal(CheckpointReader(gathered).whole("w"), W + 6)
+    with pytest.raises(CheckpointError, match="part ps1 is neither at"):
+        CheckpointReader(template)
+    with pytest.raises(CheckpointError, match="part ps1 does not read"):
+        write_job_manifest(template, "ckpt-6", 2, plan)
+    with pytest.raises(CheckpointError, match="of step 4 or another plan"):
+        write_job_manifest(template, "ckpt-4", 1, '{"plan": 3}')
+
+
+def test_a_kill_between_a_manifest_and_latest_loses_nothing(tmp_path):
+    """A pserver killed after it wrote ckpt-4's manifest but before `latest`: readers find
+    ckpt-4 all the same, and a restarted job that asks for ckpt-4 again (it restored an
+    older one) points `latest` at it rather than leaving `latest` behind."""
+    savers, scopes = two_parts(tmp_path)
+    for step in (2, 4):
+        fill(scopes, W + step, 0.5)
+        for saver, scope in zip(savers, scopes, strict=True):
+            saver.save(scope, f"ckpt-{step}")
+    (tmp_path / "latest").write_text("ckpt-2\n")  # as the kill left it
+    assert find_latest(tmp_path).name == "ckpt-4" and CheckpointReader(tmp_path).step == 4
+    savers[0].save(scopes[0], "ckpt-4")  # complete already: not rewritten, but pointed at
+    assert (tmp_path / "latest").read_text() == "ckpt-4\n"
+    savers[0].save(scopes[0], "ckpt-2")  # an older complete one never moves `latest` back
+    assert (tmp_path / "latest").read_text() == "ckpt-4\n"
 
 
 def test_a_crash_during_a_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):

@@ -201,6 +201,56 @@ def test_a_restart_before_any_checkpoint_starts_from_scratch_and_restarts_are_bo
     assert result.failure.startswith("trainer.1 exited with code 5") and "logs/restart-1/" in result.failure
 
 
+# A job whose first attempt checkpoints and fails, and whose restores then fail in the
+# pserver before any step (as an unrestorable checkpoint did): the same error line each
+# time, but for the endpoint (a new port each attempt), unless MODE is `varying`.
+RESTORE_FAILS = textwrap.dedent(
+    """
+    import json, os, pathlib, sys, time
+    out, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
+    env = os.environ
+    ckpt = pathlib.Path(env["PSTRANSPILE_CHECKPOINT_DIR"])
+    restored = bool(env.get("PSTRANSPILE_RESTORE"))
+    if env["TRAINING_ROLE"] == "PSERVER":
+        if restored:
+            attempts = len(list(out.iterdir()))
+            (out / f"attempt{attempts}").write_text("")
+            detail = f" (attempt {attempts})" if mode == "varying" else ""
+            print(f"pserver {env['PADDLE_CURRENT_ENDPOINT']}: error: {ckpt}/ckpt-4/ps0/lr: shape [1], the manifest says []"
+                  + detail, file=sys.stderr, flush=True)
+            sys.exit(2)
+        time.sleep(600)
+    if restored:
+        time.sleep(600)  # waits for the pserver, which fails first
+    (ckpt / "ckpt-4").mkdir(parents=True, exist_ok=True)
+    (ckpt / "ckpt-4" / "MANIFEST.json").write_text(json.dumps({"step": 4}))
+    (ckpt / "latest").write_text("ckpt-4")
+    print(f"[progress] trainer={env['PADDLE_TRAINER_ID']} step=6", flush=True)
+    sys.exit(5)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["same", "varying"])
+def test_a_restore_that_fails_the_same_way_twice_stops_the_job(tmp_path, mode):
+    script = tmp_path / "job.py"
+    script.write_text(RESTORE_FAILS)
+    (tmp_path / "out").mkdir()
+    out = io.StringIO()
+    result = launch(LaunchConfig(command=(sys.executable, str(script), str(tmp_path / "out"), mode), pservers=1,
+                                 trainers=1, log_dir=tmp_path / "logs", status_every=60.0, stop_grace=1.0,
+                                 checkpoint_dir=tmp_path / "ckpt", max_restarts=4), out=out)
+    assert not result.ok
+    if mode == "same":  # the first restart's failure, then the same again: stop, 2 restarts of 4 spent
+        assert len(result.restarts) == 2 and len(list((tmp_path / "out").iterdir())) == 2, out.getvalue()
+        assert result.failure.startswith("the restart from ckpt-4 failed the same way twice, before any step past it "
+                                         "(not restarting again): pserver.0 exited with code 2"), result.failure
+        assert "failed the same way twice" in out.getvalue()
+    else:  # errors that differ are not one deterministic failure: every restart is spent
+        assert len(result.restarts) == 4 and len(list((tmp_path / "out").iterdir())) == 4, out.getvalue()
+        assert result.failure.startswith("pserver.0 exited with code 2"), result.failure
+
+
 def test_restart_and_backend_options_are_checked():
     for config, match in (
         (LaunchConfig(command=("true",), max_restarts=1), "give a checkpoint dir"),

@@ -67,3 +67,49 @@ def test_session_checkpoint_options_fall_back_on_what_a_launcher_set():
     assert launcher_checkpoint_options(None, None, None, {}) == (None, 0, None)
     with pytest.raises(PsTranspilerError, match="PSTRANSPILE_CHECKPOINT_EVERY='often' is not an integer"):
         launcher_checkpoint_options(None, None, None, {"PSTRANSPILE_CHECKPOINT_EVERY": "often"})
+
+
+def noisy_mlp():
+    """The MLP with Gaussian noise (a `gaussian_random` op, seed 0: the executor's
+    stream) added to its input every step: a program whose steps draw random numbers."""
+    from transpiler.frontend import ParamAttr, Program, data, layers, optimizer, program_guard, unique_name
+    from transpiler.frontend.layer_helper import LayerHelper
+
+    main, startup = Program(), Program()
+    with unique_name.guard(), program_guard(main, startup):
+        img = data(name="img", shape=[None, 784], dtype="float32")
+        label = data(name="label", shape=[None, 1], dtype="int64")
+        helper = LayerHelper("gaussian_random")
+        noise = helper.create_variable_for_type_inference("float32")
+        helper.append_op("gaussian_random", {}, {"Out": [noise]},
+                         {"shape": [784], "mean": 0.0, "std": 0.5, "seed": 0, "dtype": int(noise.dtype)})
+        noise.stop_gradient = True
+        noisy = layers.elementwise_add(img, noise)
+        hidden = layers.fc(input=noisy, size=32, act="relu", param_attr=ParamAttr(name="h1.w"), bias_attr=ParamAttr(name="h1.b"))
+        logits = layers.fc(input=hidden, size=10, param_attr=ParamAttr(name="out.w"), bias_attr=ParamAttr(name="out.b"))
+        optimizer.Adam(learning_rate=0.01).minimize(layers.mean(layers.softmax_with_cross_entropy(logits=logits, label=label)))
+    return main, startup
+
+
+def test_a_program_that_draws_random_numbers_each_step_restores_bit_identical(tmp_path):
+    """The RNG state is the step: a restored session draws at step k what an
+    uninterrupted one draws there (not what a fresh executor draws first)."""
+    main, startup = noisy_mlp()
+    assert any(op.type == "gaussian_random" for op in main.global_block().ops)
+    with Session(main, startup, role=Role.local(), checkpoint_dir=tmp_path, checkpoint_every=3) as s:
+        train(s, 3)
+    with Session(main, startup, role=Role.local()) as uninterrupted:
+        train(uninterrupted, 6)
+    with Session(main, startup, role=Role.local(), restore=tmp_path) as resumed:
+        assert resumed.steps == 3
+        train(resumed, 6)
+    want, got = uninterrupted.pull(), resumed.pull()
+    assert want.keys() == got.keys() == {"h1.w", "h1.b", "out.w", "out.b"}
+    for name in want:
+        assert np.array_equal(want[name], got[name]), name
+    with Session(main, startup, role=Role.local()) as other:  # the noise matters: without it the params differ
+        other.start()
+        for step in range(6):
+            other.executor.stream = None  # one stream for the executor's life: what a restore could not reproduce
+            other.executor.run(other.program, feed=batch(step), scope=other.scope)
+    assert not np.array_equal(other.pull()["h1.w"], want["h1.w"])

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import TESTS
-from ops.rpc.tensor_file import TensorFileError, decode_tensor, encode_tensor, read_tensor, write_tensor
+from ops.rpc.tensor_file import TensorFileError, conform_scalar, decode_tensor, encode_tensor, read_tensor, write_tensor
 from transpiler.cli import main as cli_main
 
 sys.path.insert(0, str(TESTS.parent))
@@ -61,6 +61,51 @@ def test_round_trip_keeps_dtype_shape_values_and_lod(tmp_path):
     assert back.lod_lists() == [[0, 2, 3]]
     sha = write_tensor(tmp_path / "x", np.zeros((0, 5), np.float32))
     assert read_tensor(tmp_path / "x").shape == (0, 5) and len(sha) == 64
+
+
+# What Paddle 2.6.2's `core.save_lod_tensor` wrote for float32 0.5 held 0-d (`shape []`)
+# and held `[1]` (the two ways the two Paddles hold a scalar such as the learning rate).
+PADDLE_2_6_ZERO_D = bytes.fromhex("00000000" "0000000000000000" "00000000" "02000000" "0805" "0000003f")
+PADDLE_2_6_ONE = bytes.fromhex("00000000" "0000000000000000" "00000000" "04000000" "08051001" "0000003f")
+
+
+def test_a_0_d_var_is_written_as_paddle_2_x_writes_it_and_both_forms_read():
+    assert encode_tensor(np.array(0.5, np.float32)) == PADDLE_2_6_ZERO_D  # dims empty, not [1]
+    assert encode_tensor(np.array([0.5], np.float32)) == PADDLE_2_6_ONE
+    assert encode_tensor(np.array(3.0, np.float64)[()]) == encode_tensor(np.array(3.0, np.float64))  # a numpy scalar
+    zero_d, one = decode_tensor(PADDLE_2_6_ZERO_D).array, decode_tensor(PADDLE_2_6_ONE).array
+    assert zero_d.shape == () and one.shape == (1,) and zero_d == one == 0.5
+    assert conform_scalar(one, []).shape == () and conform_scalar(zero_d, [1]).shape == (1,)
+    assert conform_scalar(one, [1]) is one
+    assert conform_scalar(np.zeros(2), []) is None and conform_scalar(np.zeros((1, 1)), []) is None
+    assert conform_scalar(zero_d, [2]) is None
+
+
+PADDLE_2_SCRIPT = r"""
+import sys, numpy as np
+from paddle.base import core
+t = core.LoDTensor()
+core.load_lod_tensor(t, sys.argv[1])
+print(list(np.array(t).shape), float(np.array(t)))
+t.set(np.array(-2.5, np.float64), core.CPUPlace())
+core.save_lod_tensor(t, sys.argv[2])
+"""
+
+
+def test_paddle_2_6_loads_our_0_d_file_and_we_read_its(tmp_path):
+    python = installed("2.6.2")
+    if python is None:
+        pytest.skip("Paddle 2.6.2's venv is not on this machine (python tools/paddle_env.py 2.6.2 makes it)")
+    write_tensor(tmp_path / "ours", np.array(0.25, np.float32))
+    script = tmp_path / "zero_d.py"
+    script.write_text(PADDLE_2_SCRIPT)
+    done = subprocess.run([str(python), str(script), str(tmp_path / "ours"), str(tmp_path / "theirs")],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[] 0.25"
+    theirs = read_tensor(tmp_path / "theirs")
+    assert theirs.shape == () and theirs.dtype == np.float64 and theirs == -2.5
+    assert (tmp_path / "theirs").read_bytes() == encode_tensor(np.array(-2.5, np.float64))
 
 
 def test_a_torn_or_foreign_file_is_refused(tmp_path):
@@ -134,3 +179,45 @@ def test_a_model_trained_here_loads_in_fluid_1_8_5(tmp_path):
     assert sorted(loaded) == ours and len(ours) == 31  # 6 params, 4 accumulators each, the learning rate
     for name in ours:
         assert bytes.fromhex(loaded[name]) == read_tensor(tmp_path / "model" / name).tobytes(), name
+
+
+PADDLE_2_LOAD = r"""
+import json, sys, numpy as np, paddle
+paddle.enable_static()
+main = paddle.static.Program.parse_from_string(open(sys.argv[1], "rb").read())
+exe = paddle.static.Executor(paddle.CPUPlace())
+names = sorted(v.name for v in main.list_vars() if v.persistable and v.name not in ("feed", "fetch"))
+paddle.static.io.load_vars(exe, sys.argv[2], main_program=main, predicate=lambda v: v.persistable and v.name in names)
+scope = paddle.static.global_scope()
+out = {n: np.array(scope.find_var(n).get_tensor()) for n in names if scope.find_var(n) is not None}
+print(json.dumps({n: [list(a.shape), a.dtype.name, a.tobytes().hex()] for n, a in out.items()}))
+"""
+
+
+def test_a_paddle_2_6_program_trained_here_loads_back_into_paddle_2_6(tmp_path):
+    """The Paddle 2.6-built MLP (`mlp_adam_2ps`: a 0-d learning rate) trained here with
+    checkpoints, fetched whole (`pstranspile fetch`), loads into the same program in Paddle
+    2.6.2 (`paddle.static.io.load_vars`): every persistable var, the learning rate 0-d, bit
+    for bit."""
+    python = installed("2.6.2")
+    if python is None:
+        pytest.skip("Paddle 2.6.2's venv is not on this machine (python tools/paddle_env.py 2.6.2 makes it)")
+    from conftest import PADDLE_PROGRAMS
+    from e2e_support import EXAMPLES, run_script_locally
+
+    case = PADDLE_PROGRAMS / "mlp_adam_2ps"
+    run_script_locally((str(EXAMPLES / "train_program.py"), "--main", str(case / "main.pb"), "--startup",
+                        str(case / "startup.pb"), "--loss", "mean_0.tmp_0", "--steps", "3", "--batch", "8",
+                        "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2"))
+    assert cli_main(["fetch", "--checkpoint", str(tmp_path / "ckpt"), "-o", str(tmp_path / "model")]) == 0
+    ours = {p.name: read_tensor(p) for p in (tmp_path / "model").iterdir()}
+    assert ours["learning_rate_0"].shape == ()
+    script = tmp_path / "paddle_load.py"
+    script.write_text(PADDLE_2_LOAD)
+    done = subprocess.run([str(python), str(script), str(case / "main.pb"), str(tmp_path / "model")],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(loaded) == sorted(ours) and len(ours) == 31
+    for name, array in ours.items():
+        assert loaded[name] == [list(array.shape), array.dtype.name, array.tobytes().hex()], name

@@ -713,7 +713,8 @@ def plan_command(args: argparse.Namespace) -> int:
     arg("--plan", metavar="PLAN.json",
         help="the job's plan.json: trainers transpiled with another plan are refused (the handshake); "
              "needed by the three options below"),
-    arg("--checkpoint-dir", metavar="DIR", help="checkpoint notices write here, and nowhere else (default: refused)"),
+    arg("--checkpoint-dir", metavar="DIR", help="checkpoint notices write here, and nowhere else (default: refused); "
+        "with {pserver} in it, pserver i's own dir ({pserver}=i)"),
     arg("--keep-checkpoints", type=int, default=3, metavar="K", help="keep the newest K complete checkpoints (default 3)"),
     arg("--restore", metavar="DIR", help="start from DIR's newest complete checkpoint (any pserver count took it)"),
     arg("--init", metavar="DIR", help="warm start from LoDTensor files of whole vars (fetch, save_persistables)"),
@@ -777,7 +778,8 @@ def serve_command(args: argparse.Namespace) -> int:
         help="how long pservers may run on after every trainer finished (default 30)"),
     arg("--status-every", type=float, default=2.0, metavar="S", help="seconds between live progress lines (default 2)"),
     arg("--checkpoint-dir", metavar="DIR", help="every process gets DIR as its checkpoint dir "
-        "(PSTRANSPILE_CHECKPOINT_DIR; on Ray, storage every node shares)"),
+        "(PSTRANSPILE_CHECKPOINT_DIR; on Ray, storage every node shares); {pserver} in DIR: one dir per "
+        "pserver, the job manifest where {pserver}=job"),
     arg("--checkpoint-every", type=int, default=0, metavar="N",
         help="trainer 0 asks for a checkpoint every N steps (PSTRANSPILE_CHECKPOINT_EVERY; default: the script's)"),
     arg("--max-restarts", type=int, default=0, metavar="K",

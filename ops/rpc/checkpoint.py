@@ -20,6 +20,15 @@ never read. In sync mode trainer 0 asks for checkpoint `s` only after step `s` a
 for every pserver's answer before its next send barrier, so every part holds the state
 after step `s` and at most one checkpoint is incomplete at a time.
 
+What a part holds, by mode. Sync: every part holds the state after step `s` (trainer 0
+asks after step `s`, each pserver saves between rounds). Async: no step is common to the
+pservers (a trainer's grads of one step reach them at different times, and other trainers
+keep sending); each pserver saves with every optimize block and the lr-decay block held,
+so its part is its state between whole updates (no param saved with half an optimizer
+step), and PART.json's `state` (gathered into the manifest's `states`) records the mode
+and how many grads that pserver had applied (`updates`; sync: optimize rounds run).
+`step` is trainer 0's step when it asked.
+
 A var's entry says which rows of which whole var the file holds (`origin`, `rows`:
 `[start, end)` of the first dimension, or null for the whole var): a param block, the
 optimizer accumulators sliced with it, or a whole (possibly replicated) var such as the
@@ -28,6 +37,20 @@ cuts the rows the new layout wants, so M pservers restore onto M' (Paddle's pser
 cannot). The distributed table is one SelectedRows per part (rows = global ids, the
 unused preallocated rows in `<table>@POOL`); restoring it onto M' keeps the rows with
 `id % M' == i`; onto the same M it is the exact table, pool included.
+
+Per-pserver directories: a root containing `{pserver}` (`serve --checkpoint-dir
+'/data/ps{pserver}/ckpt'`, the same string for every process of the job) is a template.
+Pserver i writes its part under the template with `{pserver}` = i, on a disk of its own
+(`<root i>/ckpt-<step>/ps<i>/`, the same staging and PART.json); no pserver sees the set,
+so trainer 0, once every pserver answered the checkpoint request, writes the job-level
+manifest into the template with `{pserver}` = `job` (`/data/psjob/ckpt/ckpt-<step>/
+MANIFEST.json` and `latest`): every part's vars, and in `locations` where each part is.
+A reader (restore onto any pserver count, `fetch`, `Session.pull`) given the template or
+the job root reads each part where `locations` says, or, when that path is not there, from
+the manifest's own folder (`<job>/ckpt-<step>/ps<i>/`: a gathered copy, the parts copied
+beside the manifest). Trainer 0 and, at a restore, every pserver must reach every part's
+path (local disks of one machine, or volumes mounted at the same paths everywhere); a
+volume only its own pserver mounts is gathered first.
 
 Names a checkpoint request carries are relative: one or more components of
 `[A-Za-z0-9_.-]`, no `.` or `..`; anything else is refused (`CheckpointPathError`,
@@ -51,7 +74,7 @@ from typing import Any
 
 import numpy as np
 
-from ops.rpc.tensor_file import TensorFileError, decode_tensor, encode_tensor
+from ops.rpc.tensor_file import TensorFileError, conform_scalar, decode_tensor, encode_tensor
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows
 from transpiler.errors import PsTranspilerError
@@ -81,6 +104,27 @@ class CheckpointPathError(CheckpointError):
     def __init__(self, message: str, *, escapes: bool = False) -> None:
         super().__init__(message)
         self.escapes = escapes
+
+
+PSERVER_FIELD = "{pserver}"
+JOB_PART = "job"
+
+
+def is_template(root: Path | str) -> bool:
+    """A checkpoint root that names one directory per pserver (`{pserver}` in it)."""
+    return PSERVER_FIELD in str(root)
+
+
+def part_root(root: Path | str, index: int) -> Path:
+    """Pserver `index`'s checkpoint root: the template with `{pserver}` = index (a
+    shared root: the root itself)."""
+    return Path(str(root).replace(PSERVER_FIELD, str(int(index))))
+
+
+def job_root(root: Path | str) -> Path:
+    """Where the job-level manifests are: the template with `{pserver}` = `job` (a
+    shared root: the root itself)."""
+    return Path(str(root).replace(PSERVER_FIELD, JOB_PART))
 
 
 def checkpoint_name(step: int) -> str:
@@ -209,6 +253,21 @@ def decode_table(data: bytes, pool: bytes | None, where: str) -> tuple[np.ndarra
     return rows, value, int(height)
 
 
+def _point_latest(root: Path, folder: Path, step: int) -> None:
+    """Point `root/latest` at the complete checkpoint `folder` unless it names a newer one."""
+    pointer = root / LATEST
+    try:
+        current = step_of(pointer.read_text().strip())
+    except OSError:
+        current = None
+    if current is not None and current > step and (root / checkpoint_name(current) / MANIFEST).is_file():
+        return
+    if current == step:
+        return
+    write_atomic(pointer, lambda out: out.write(f"{folder.name}\n".encode()), durable=True)
+    _fsync_dir(root)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -239,30 +298,36 @@ class Checkpointer:
     layout: Mapping[str, VarSlice]
     plan_text: str = "{}"
     keep: int = DEFAULT_KEEP
+    shared: bool = True  # every part in `root`; False: this part's own dir (the job manifest is trainer 0's)
 
     def __post_init__(self) -> None:
         if self.keep < 1:
             raise CheckpointError(f"keep at least 1 checkpoint, not {self.keep}")
         self.root = Path(self.root)
 
-    def save(self, scope: Scope, name: str) -> Path:
+    def save(self, scope: Scope, name: str, *, info: Mapping[str, Any] | None = None) -> Path:
         """Write this part of checkpoint `name` (`ckpt-<step>`); complete the checkpoint
         when every part is in. Returns the checkpoint's folder. A part left by an
         earlier, interrupted save of that step is replaced; a complete checkpoint is
-        left as it is."""
+        left as it is. `info` (the pserver's mode and the updates it had applied) is
+        recorded in PART.json as `state`."""
         step = step_of(name)
         if step is None:
             raise CheckpointPathError(f"checkpoint name {name!r} is not ckpt-<step>")
         self.root.mkdir(parents=True, exist_ok=True)
         folder = confine(self.root, name)
-        if (folder / MANIFEST).is_file():
-            return folder  # complete already (a restored job asked again): never unmake a complete one
+        if (folder / MANIFEST).is_file():  # complete already (a restored job asked again): never unmake a complete one,
+            if self.shared:  # but point `latest` at it (a kill may have come between its manifest and `latest`)
+                _point_latest(self.root, folder, step)
+            return folder
         folder.mkdir(exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=folder, prefix=f".{self.part}.tmp-"))
         try:
             entries = self._write_vars(scope, staging)
             _write_json(staging / PART, {"format": FORMAT, "step": step, "part": self.part, "parts": list(self.parts),
-                                         "plan_sha256": plan_fingerprint(self.plan_text), "vars": entries})
+                                         "plan_sha256": plan_fingerprint(self.plan_text), "vars": entries,
+                                         **({"state": dict(info)} if info is not None else {})})
+            self._validate_part(staging, entries, name)
             _fsync_dir(staging)
             final = folder / self.part
             old = None
@@ -298,9 +363,61 @@ class Checkpointer:
                              "files": {f: hashlib.sha256(d).hexdigest() for f, d in files.items()}}
         return entries
 
+    def _validate_part(self, staging: Path, entries: Mapping[str, Any], name: str) -> None:
+        """Read back the part just written, as a restore will: its PART.json, every file
+        by its sha256, every tensor decoded to the shape its entry records, and that shape
+        fits what the layout says the var is of the whole var (its rows, or the whole; a
+        0-d var written `[1]` or back passes, as the readers accept it). A part that fails
+        is an error now (`CheckpointError`, the staging folder removed), not at the next
+        crash's restore."""
+        where_part = f"checkpoint {name} part {self.part}"
+        try:
+            info = json.loads((staging / PART).read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{where_part}: {PART} does not read back ({exc})") from None
+        if info.get("vars") != json.loads(json.dumps(entries)):
+            raise CheckpointError(f"{where_part}: {PART} does not read back as written")
+        for var, entry in entries.items():
+            where = self.layout[var]
+            blobs = {}
+            for file, sha in entry["files"].items():
+                try:
+                    blobs[file] = (staging / file).read_bytes()
+                except OSError as exc:
+                    raise CheckpointError(f"{where_part}: {file} does not read back ({exc.strerror})") from None
+                if hashlib.sha256(blobs[file]).hexdigest() != sha:
+                    raise CheckpointError(f"{where_part}: {file} does not read back as written (sha256)")
+            file = _file_name(var)
+            try:
+                if where.table:
+                    rows, value, _ = decode_table(blobs[file], blobs[_file_name(var + POOL_SUFFIX)], f"{where_part}: {file}")
+                    # (a table's entry records the SelectedRows' own shape: its height, not its value's rows)
+                    shape = list(entry["shape"])
+                    fits = rows.size <= value.shape[0] and tuple(value.shape[1:]) == tuple(where.whole_shape[1:])
+                else:
+                    array = decode_tensor(blobs[file], f"{where_part}: {file}").array
+                    shape = list(array.shape)
+                    if where.rows is None:
+                        fits = conform_scalar(array, where.whole_shape) is not None
+                    else:
+                        fits = tuple(array.shape) == (where.rows[1] - where.rows[0], *where.whole_shape[1:])
+            except TensorFileError as exc:
+                raise CheckpointError(str(exc)) from None
+            if shape != list(entry["shape"]):
+                raise CheckpointError(f"{where_part}: {file} reads back as shape {shape}, {PART} says {entry['shape']}")
+            if not fits:
+                rows = "whole" if where.rows is None else f"rows [{where.rows[0]}, {where.rows[1]})"
+                raise CheckpointError(f"{where_part}: {var} has shape {shape}, which is not {rows} of {where.origin} "
+                                      f"{list(where.whole_shape)}: it could not be restored")
+
     def _complete(self, folder: Path, step: int) -> None:
-        """Write MANIFEST.json and `latest` if every part is in (any part's writer may)."""
-        parts = {}
+        """Write MANIFEST.json and `latest` if every part is in (any part's writer may).
+        In a directory of its own, a part is kept, and the older ones pruned, by its own
+        steps: the set is complete when trainer 0 writes the job manifest."""
+        if not self.shared:
+            self.prune()
+            return
+        parts, states = {}, {}
         for part in self.parts:
             try:
                 info = json.loads((folder / part / PART).read_text())
@@ -309,20 +426,25 @@ class Checkpointer:
             if info.get("step") != step:
                 return
             parts[part] = info["vars"]
-        _write_json(folder / MANIFEST, {"format": FORMAT, "step": step, "plan": json.loads(self.plan_text),
-                                        "plan_sha256": plan_fingerprint(self.plan_text), "parts": parts})
+            if "state" in info:
+                states[part] = info["state"]
+        manifest = {"format": FORMAT, "step": step, "plan": json.loads(self.plan_text),
+                    "plan_sha256": plan_fingerprint(self.plan_text), "parts": parts,
+                    **({"states": states} if states else {})}
+        validate_manifest(manifest, folder)  # before it exists: an invalid set stays incomplete, never restored
+        _write_json(folder / MANIFEST, manifest)
+        if read_manifest(folder) != json.loads(json.dumps(manifest)):
+            raise CheckpointError(f"{folder}: {MANIFEST} does not read back as written")
         _fsync_dir(folder)
-        latest = find_latest(self.root, missing_ok=True)
-        if latest is None or read_manifest(latest)["step"] <= step:
-            write_atomic(self.root / LATEST, lambda out: out.write(f"{folder.name}\n".encode()), durable=True)
-            _fsync_dir(self.root)
+        _point_latest(self.root, folder, step)
         self.prune()
 
     def prune(self) -> None:
         """Remove all but the newest `keep` complete checkpoints, and incomplete ones
         older than the newest complete one."""
         found = sorted(((s, p) for p in self.root.iterdir() if (s := step_of(p.name)) is not None), reverse=True)
-        complete = [s for s, p in found if (p / MANIFEST).is_file()]
+        done = MANIFEST if self.shared else f"{self.part}/{PART}"
+        complete = [s for s, p in found if (p / done).is_file()]
         if not complete:
             return
         kept = set(complete[: self.keep])
@@ -336,23 +458,94 @@ class Checkpointer:
 
 def find_latest(path: Path, *, missing_ok: bool = False) -> Path | None:
     """The complete checkpoint `path` names: a checkpoint folder itself, or a root's
-    `latest` (else its newest complete `ckpt-<step>`)."""
-    path = Path(path)
+    newest complete `ckpt-<step>` (what `latest` names, or a newer complete one when a
+    kill came between that one's manifest and `latest`); a per-pserver template's job root."""
+    path = job_root(path)
     if (path / MANIFEST).is_file():
         return path
+    candidates = []
     pointer = path / LATEST
     if pointer.is_file():
         name = pointer.read_text().strip()
         candidate = confine(path, name)
-        if (candidate / MANIFEST).is_file():
-            return candidate
-    found = sorted(((s, p) for p in (path.iterdir() if path.is_dir() else ()) if (s := step_of(p.name)) is not None
-                    and (p / MANIFEST).is_file()), reverse=True)
-    if found:
-        return found[0][1]
+        if (candidate / MANIFEST).is_file() and step_of(candidate.name) is not None:
+            candidates.append((step_of(candidate.name), candidate))
+    # A newer complete one than `latest` names: a kill came between its manifest and `latest`.
+    found = [(s, p) for p in (path.iterdir() if path.is_dir() else ()) if (s := step_of(p.name)) is not None
+             and (p / MANIFEST).is_file()]
+    candidates += found
+    if candidates:
+        return max(candidates, key=lambda c: c[0])[1]
     if missing_ok:
         return None
     raise CheckpointError(f"{path}: no complete checkpoint (no {MANIFEST}, no {LATEST}, no complete {PREFIX}<step>)")
+
+
+def write_job_manifest(template: Path | str, name: str, parts: int, plan_text: str, keep: int = DEFAULT_KEEP) -> Path:
+    """Trainer 0, once all `parts` pservers answered checkpoint `name` in their own dirs
+    (`template`): read every part's PART.json where its pserver wrote it, check the set
+    as a restore needs it, write `<job root>/name/MANIFEST.json` (every part's vars and
+    `locations`) and `latest`, and keep the newest `keep` job manifests. Returns the
+    job-level checkpoint folder."""
+    step = step_of(name)
+    if step is None:
+        raise CheckpointPathError(f"checkpoint name {name!r} is not ckpt-<step>")
+    root = job_root(template)
+    root.mkdir(parents=True, exist_ok=True)
+    folder = confine(root, name)
+    vars_, locations, states = {}, {}, {}
+    for index in range(parts):
+        part = f"ps{index}"
+        where = Path(os.path.abspath(confine(part_root(template, index), name) / part))
+        try:
+            info = json.loads((where / PART).read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {name}: part {part} does not read at {where} ({exc})") from None
+        if info.get("step") != step or info.get("plan_sha256") != plan_fingerprint(plan_text):
+            raise CheckpointError(f"checkpoint {name}: {where / PART} is of step {info.get('step')} or another plan")
+        vars_[part], locations[part] = info["vars"], str(where)
+        if "state" in info:
+            states[part] = info["state"]
+    manifest = {"format": FORMAT, "step": step, "plan": json.loads(plan_text), "plan_sha256": plan_fingerprint(plan_text),
+                "parts": vars_, "locations": locations, **({"states": states} if states else {})}
+    validate_manifest(manifest, folder)
+    folder.mkdir(exist_ok=True)
+    _write_json(folder / MANIFEST, manifest)
+    if read_manifest(folder) != json.loads(json.dumps(manifest)):
+        raise CheckpointError(f"{folder}: {MANIFEST} does not read back as written")
+    _fsync_dir(folder)
+    _point_latest(root, folder, step)
+    found = sorted(((s, p) for p in root.iterdir() if (s := step_of(p.name)) is not None and (p / MANIFEST).is_file()),
+                   reverse=True)
+    for _, path in found[keep:]:
+        shutil.rmtree(path, ignore_errors=True)
+    return folder
+
+
+def validate_manifest(manifest: Mapping[str, Any], folder: Path) -> None:
+    """What a restore needs of a manifest, from its entries alone: every whole var's
+    pieces agree on its shape and dtype, and its row pieces cover every row once."""
+    origins: dict[str, list[Mapping[str, Any]]] = {}
+    for vars_ in manifest["parts"].values():
+        for entry in vars_.values():
+            origins.setdefault(entry["origin"], []).append(entry)
+    for origin, pieces in sorted(origins.items()):
+        shapes = {tuple(e["whole_shape"]) for e in pieces}
+        dtypes = {e["dtype"] for e in pieces}
+        if len(shapes) != 1 or len(dtypes) != 1:
+            raise CheckpointError(f"{folder}: the parts disagree on {origin}: shapes {sorted(map(list, shapes))}, "
+                                  f"dtypes {sorted(dtypes)}")
+        ranges = sorted(tuple(e["rows"]) for e in pieces if e["rows"] is not None and not e.get("table"))
+        if not ranges:
+            continue
+        height, covered = shapes.pop()[0], 0
+        for start, end in ranges:
+            if start != covered:
+                raise CheckpointError(f"{folder}: the parts hold rows [{start}, {end}) of {origin} after row {covered}: "
+                                      f"its {height} rows are not each held once")
+            covered = end
+        if covered != height:
+            raise CheckpointError(f"{folder}: the parts hold only {covered} of {origin}'s {height} rows")
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
@@ -378,9 +571,24 @@ class CheckpointReader:
             if bad_file or not re.fullmatch(r"ps\d+|local", part):
                 raise CheckpointError(f"{self.folder}: {MANIFEST} names a part or file outside the checkpoint")
         self._wholes: dict[str, np.ndarray] = {}
+        self._dirs = {part: self._part_dir(part) for part in self.manifest["parts"]}
+
+    def _part_dir(self, part: str) -> Path:
+        """Where `part`'s files are: beside the manifest (a shared dir, or a gathered copy),
+        else where the job manifest's `locations` says (its pserver's own dir)."""
+        here = self.folder / part
+        if (here / PART).is_file() or here.is_dir():
+            return here
+        location = self.manifest.get("locations", {}).get(part)
+        if location is not None:
+            there = self.folder / location  # absolute stays absolute
+            if (there / PART).is_file():
+                return there
+            raise CheckpointError(f"{self.folder}: part {part} is neither at {there} nor gathered in {here}")
+        raise CheckpointError(f"{self.folder}: part {part} is missing ({here})")
 
     def _bytes(self, part: str, file: str, sha: str) -> bytes:
-        path = self.folder / part / file
+        path = self._dirs[part] / file
         try:
             data = path.read_bytes()
         except OSError as exc:
@@ -425,10 +633,11 @@ class CheckpointReader:
 
     def _read(self, part: str, name: str, entry: Mapping[str, Any]) -> np.ndarray:
         file = _file_name(name)
-        array = decode_tensor(self._bytes(part, file, entry["files"][file]), str(self.folder / part / file)).array
-        if list(array.shape) != list(entry["shape"]):
-            raise CheckpointError(f"{self.folder / part / file}: shape {list(array.shape)}, the manifest says {entry['shape']}")
-        return array
+        array = decode_tensor(self._bytes(part, file, entry["files"][file]), str(self._dirs[part] / file)).array
+        fitted = conform_scalar(array, entry["shape"])  # a 0-d var an older writer wrote [1]
+        if fitted is None:
+            raise CheckpointError(f"{self._dirs[part] / file}: shape {list(array.shape)}, the manifest says {entry['shape']}")
+        return fitted
 
     def table_parts(self, origin: str) -> list[tuple[str, np.ndarray, np.ndarray, int]]:
         """Per part: (part, rows, value including the pool, height)."""
@@ -437,7 +646,7 @@ class CheckpointReader:
             if entry["origin"] == origin and entry.get("table"):
                 file, pool = _file_name(name), _file_name(name + POOL_SUFFIX)
                 rows, value, height = decode_table(self._bytes(part, file, entry["files"][file]),
-                                                   self._bytes(part, pool, entry["files"][pool]), str(self.folder / part / file))
+                                                   self._bytes(part, pool, entry["files"][pool]), str(self._dirs[part] / file))
                 out.append((part, rows, value, height))
         return out
 
@@ -456,10 +665,11 @@ class CheckpointReader:
             if where.table:
                 self._restore_table(scope, name, where, part, parts)
                 continue
-            whole = self.whole(where.origin)
-            if tuple(whole.shape) != tuple(where.whole_shape):
+            saved = self.whole(where.origin)
+            whole = conform_scalar(saved, where.whole_shape)  # a Fluid 1.8 [1] scalar onto a 0-d var, or back
+            if whole is None:
                 raise CheckpointError(
-                    f"{self.folder}: {where.origin} has shape {list(whole.shape)}, this program's is {list(where.whole_shape)}")
+                    f"{self.folder}: {where.origin} has shape {list(saved.shape)}, this program's is {list(where.whole_shape)}")
             array = whole if where.rows is None else whole[where.rows[0] : where.rows[1]]
             scope.set_var(name, LoDTensor(np.array(array)))
 
@@ -514,11 +724,12 @@ def warm_start(scope: Scope, layout: Mapping[str, VarSlice], folder: Path, parts
         if not path.is_file():
             continue
         try:
-            whole = decode_tensor(path.read_bytes(), str(path)).array
+            read = decode_tensor(path.read_bytes(), str(path)).array
         except OSError as exc:
             raise CheckpointError(f"warm start: cannot read {path}: {exc.strerror}") from None
-        if tuple(whole.shape) != tuple(where.whole_shape):
-            raise CheckpointError(f"warm start: {path} has shape {list(whole.shape)}, {where.origin}'s is {list(where.whole_shape)}")
+        whole = conform_scalar(read, where.whole_shape)  # Fluid 1.8 wrote scalars [1], Paddle 2.x 0-d
+        if whole is None:
+            raise CheckpointError(f"warm start: {path} has shape {list(read.shape)}, {where.origin}'s is {list(where.whole_shape)}")
         if where.table:
             table = scope.find_var(name)
             if not isinstance(table, SelectedRows):
@@ -545,10 +756,15 @@ __all__ = [
     "checkpoint_name",
     "confine",
     "find_latest",
+    "is_template",
+    "job_root",
+    "part_root",
     "local_layout",
     "pserver_layout",
     "read_manifest",
     "set_table_rows",
     "step_of",
+    "validate_manifest",
     "warm_start",
+    "write_job_manifest",
 ]

@@ -19,7 +19,16 @@ from typing import Any
 import ops.rpc  # noqa: F401  (registers the RPC kernels)
 from ops.executor import ExecutionError, Executor
 from ops.rpc.auth import ServerAuth
-from ops.rpc.checkpoint import DEFAULT_KEEP, Checkpointer, CheckpointReader, VarSlice, pserver_layout, warm_start
+from ops.rpc.checkpoint import (
+    DEFAULT_KEEP,
+    Checkpointer,
+    CheckpointReader,
+    VarSlice,
+    is_template,
+    part_root,
+    pserver_layout,
+    warm_start,
+)
 from ops.rpc.errors import PserverError
 from ops.rpc.listen_and_serv import parse_grad_to_block, trainer_sent_vars
 from ops.rpc.server import PServer, print_log
@@ -84,8 +93,9 @@ def serve_program(
         if plan_text is None:
             raise ServeError("a checkpoint dir, a restore or a warm start needs the plan (plan.json)")
         state = PserverState(main, plan_text)
-        if checkpoint_dir is not None:
-            env["checkpointer"] = Checkpointer(Path(checkpoint_dir), state.part, state.parts, state.layout, plan_text, keep)
+        if checkpoint_dir is not None:  # a `{pserver}` template: this pserver's own dir
+            env["checkpointer"] = Checkpointer(part_root(checkpoint_dir, state.index), state.part, state.parts, state.layout,
+                                               plan_text, keep, shared=not is_template(checkpoint_dir))
     if timeout is not None:
         env["rpc_timeout"] = float(timeout)
     if bind is not None:

@@ -103,9 +103,9 @@ import enum
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -636,8 +636,8 @@ class PServer:
         with self._block_locks[block]:
             self._store(var)
             self._run(block, f"optimize block {block} (for {var.name})")
-        with self._cond:
-            self._round += 1
+            with self._cond:  # counted before the block is free: a checkpoint holding the block locks sees it
+                self._round += 1
 
     def _store(self, var: WireVar) -> None:
         value = var.value
@@ -867,14 +867,29 @@ class PServer:
             if request.lookup_table and self.config.checkpoint_block >= 0:
                 self._run_checkpoint_block(str(confine(checkpointer.root, request.dir)))
             else:
-                with self._checkpoint_lock:
-                    checkpointer.save(self.scope, request.dir)
+                with self._checkpoint_lock, self._quiesced():
+                    with self._cond:
+                        done = self._round
+                    mode = "sync" if self.config.sync_mode else "async"
+                    checkpointer.save(self.scope, request.dir, info={"mode": mode, "updates": done})
         except CheckpointPathError as exc:
             code = grpc.StatusCode.PERMISSION_DENIED if exc.escapes else grpc.StatusCode.INVALID_ARGUMENT
             raise _Abort(code, f"pserver {self.config.endpoint}: {exc}") from None
         except (CheckpointError, OSError) as exc:
             raise _Abort(grpc.StatusCode.INTERNAL, f"pserver {self.config.endpoint}: checkpoint {request.dir}: {exc}") from None
         return rpc_pb2.VoidMessage()
+
+    @contextmanager
+    def _quiesced(self) -> Iterator[None]:
+        """Async mode: hold the lr-decay lock and every optimize block's lock (in block
+        order), so a checkpoint reads this pserver's state between whole updates: no
+        param saved with half its optimizer step. Sync mode saves between rounds already."""
+        with ExitStack() as stack:
+            if not self.config.sync_mode:
+                stack.enter_context(self._lr_lock)
+                for idx in sorted(self._block_locks):
+                    stack.enter_context(self._block_locks[idx])
+            yield
 
     def _run_checkpoint_block(self, path: str) -> None:
         """Paddle's RequestCheckpointHandler: bind the path, run the checkpoint block. A

@@ -12,6 +12,11 @@ writes and `fluid.io.load_persistables` reads (Paddle's `SerializeToStream`).
 | bytes | the elements, C order, little-endian |
 
 All little-endian (Paddle writes host order; every machine it runs on is little-endian).
+A 0-d var (Paddle 2.x declares the learning rate and other scalars `shape []`) is written
+as Paddle 2.x writes it: `dims` empty, one element; Fluid 1.8 knew no 0-d tensors and wrote
+its scalars `[1]`. A reader that expects one of those shapes accepts the other
+(`conform_scalar`): a checkpoint or a `save_persistables` folder of either Paddle loads
+into a program of the other.
 Checked byte for byte against files Fluid 1.8.5 wrote, and Fluid 1.8.5 loads ours
 (`tests/test_checkpoint_paddle.py`).
 """
@@ -38,7 +43,9 @@ class TensorFileError(PsTranspilerError):
 
 def encode_tensor(array: np.ndarray, lod: Sequence[np.ndarray] = ()) -> bytes:
     """The bytes of one LoDTensor file."""
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array)
+    if not array.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d array 1-d)
+        array = np.ascontiguousarray(array)
     desc = framework_pb2.VarType.TensorDesc(data_type=int(DType.from_any(array.dtype)), dims=list(array.shape))
     desc_bytes = desc.SerializeToString()
     parts = [struct.pack("<IQ", 0, len(lod))]
@@ -86,6 +93,17 @@ def decode_tensor(data: bytes | memoryview, where: str = "the tensor") -> LoDTen
     return LoDTensor(array, lod or None)
 
 
+def conform_scalar(array: np.ndarray, shape: Sequence[int]) -> np.ndarray | None:
+    """`array` as `shape` when they differ only as a 0-d var and a `[1]` var do (Paddle 2.x
+    and Fluid 1.8 write the same scalar those two ways), else None (a real mismatch)."""
+    want = tuple(int(d) for d in shape)
+    if tuple(array.shape) == want:
+        return array
+    if {tuple(array.shape), want} == {(), (1,)}:
+        return array.reshape(want)
+    return None
+
+
 def write_tensor(path: Path, array: np.ndarray, *, durable: bool = True) -> str:
     """Write one LoDTensor file atomically; its sha256."""
     data = encode_tensor(array)
@@ -103,4 +121,4 @@ def read_tensor(path: Path) -> np.ndarray:
     return decode_tensor(data, str(path)).array
 
 
-__all__ = ["TensorFileError", "decode_tensor", "encode_tensor", "read_tensor", "write_tensor"]
+__all__ = ["TensorFileError", "conform_scalar", "decode_tensor", "encode_tensor", "read_tensor", "write_tensor"]

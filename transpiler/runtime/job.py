@@ -7,6 +7,9 @@ back one `ProcessHandle` per process;
 `run_job` restarts the whole job from its last complete checkpoint up to `max_restarts`
 times. Sync training is consistent only at a checkpoint, so a restart restarts every
 process, with `PSTRANSPILE_RESTORE` pointing at the checkpoint dir (`Session` reads it).
+A restart that fails the same way as the restart before it (the same process, exit and
+error line, from the same checkpoint, before any trainer passed that checkpoint's step: a
+deterministic restore error) stops the job with that reason instead of spending the rest.
 
 The job fails — every other process is stopped, the failing process's log tail is shown —
 as soon as any process exits non-zero or is lost (its node died), or when the pservers have
@@ -16,6 +19,7 @@ process exits 0.
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -248,6 +252,7 @@ def run_job(config: LaunchConfig, env: Mapping[str, str], make_backend: Callable
             base[CHECKPOINT_EVERY_ENV] = str(config.checkpoint_every)
     restarts: list[str] = []
     restore: Path | None = None  # the checkpoint the next attempt starts from
+    restore_failures: list[tuple[str, ...] | None] = []  # per restart: how it failed before passing its checkpoint
     started = time.monotonic()
     with MetricsWriter(Path(config.log_dir) / METRICS_FILE, fresh=True, tensorboard=config.tensorboard_dir) as metrics:
         return _run_attempts(config, make_backend, out, base, checkpoint_dir, restarts, restore, started, metrics)
@@ -262,6 +267,14 @@ def _run_attempts(config: LaunchConfig, make_backend: Callable[[], Backend], out
         result = run_attempt(config, make_backend(), extra, log_dir, out, metrics=metrics, attempt=len(restarts))
         result.seconds = time.monotonic() - started
         result.restarts = list(restarts)
+        if restarts and not result.ok and result.failure is not None:
+            restore_failures.append(restore_failure(result, restore))
+            if len(restore_failures) >= 2 and restore_failures[-1] is not None and restore_failures[-1] == restore_failures[-2]:
+                origin = restore.name if restore is not None else "the start"
+                result.failure = (f"the restart from {origin} failed the same way twice, before any step past it "
+                                  f"(not restarting again): {result.failure}")
+                _report(result, out)
+                return result
         if result.ok or result.interrupted or len(restarts) >= config.max_restarts or result.failure is None:
             _report(result, out)
             return result
@@ -270,6 +283,40 @@ def _run_attempts(config: LaunchConfig, make_backend: Callable[[], Backend], out
         origin = f"checkpoint {restore.name}" if restore is not None else "the start (no complete checkpoint yet)"
         print(f"launch: {result.failure}", file=out)
         print(f"launch: restart {len(restarts)} of {config.max_restarts}, from {origin}", file=out, flush=True)
+
+
+_ENDPOINT = re.compile(r"\b[\w.-]+:\d{2,5}\b")
+_RESTART_DIR = re.compile(r"restart-\d+[/\\]")
+
+
+def restore_failure(result: LaunchResult, restore: Path | None) -> tuple[str, ...] | None:
+    """How a restarted attempt failed, when it failed before any trainer passed the step
+    it restored (a deterministic restore error repeats exactly so): the checkpoint, the
+    first failed process, its exit, and its last error line (endpoints and restart log
+    folders, which change between attempts, blanked). None when it trained past the
+    checkpoint (a new crash, worth a restart) or no process failed on its own."""
+    restored = step_of_checkpoint(restore)
+    steps = [p.progress.step for p in result.processes if p.role == TRAINER and p.progress is not None]
+    if steps and max(steps) > restored:
+        return None
+    named = [p for p in result.processes if p.failed and (result.failure or "").startswith(f"{p.name} ")]
+    failed = named or [p for p in result.processes if p.failed and not p.stopped]
+    if not failed:
+        return None
+    first = failed[0]
+    lines = [line for line in first.tail if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    last = (errors or lines or [""])[-1]
+    last = _RESTART_DIR.sub("", _ENDPOINT.sub("<endpoint>", last.strip()))
+    return (restore.name if restore is not None else "", first.name, first.exit_text, last)
+
+
+def step_of_checkpoint(folder: Path | None) -> int:
+    """The step a `ckpt-<step>` folder holds (0: none, the job starts from scratch)."""
+    if folder is None:
+        return 0
+    match = re.fullmatch(r"ckpt-(\d+)", folder.name)
+    return int(match.group(1)) if match else 0
 
 
 def _restore_point(checkpoint_dir: Path | None) -> Path | None:

@@ -52,8 +52,11 @@ from ops.rpc.checkpoint import (
     Checkpointer,
     CheckpointReader,
     checkpoint_name,
+    is_template,
+    job_root,
     local_layout,
     warm_start,
+    write_job_manifest,
 )
 from ops.rpc.client import RpcClient  # importing ops.rpc registers the RPC kernels
 from ops.rpc.fetch import pull
@@ -226,6 +229,7 @@ class Session:
         if self._started_at is None:
             self.start()
         fetches = list(fetch_list) + ([loss] if loss is not None else [])
+        self.executor.stream = self.steps  # random ops draw by the step: a restored trainer draws what it would have
         values = self.executor.run(self.program, feed=feed, fetch_list=fetches, scope=self.scope)
         self.steps += 1
         if self.checkpoint_every and self.steps % self.checkpoint_every == 0:
@@ -242,11 +246,14 @@ class Session:
         if self.client is not None:
             if self.role.trainer_id == 0:
                 self.client.checkpoint_notify(list(self.role.endpoints), name)
+                if self.checkpoint_dir is not None and is_template(self.checkpoint_dir):  # parts in the pservers' own dirs
+                    write_job_manifest(self.checkpoint_dir, name, len(self.role.endpoints),
+                                       self.result.plan.to_json_text(), self.keep_checkpoints)
             return
         if self.checkpoint_dir is None:
             raise PsTranspilerError("local checkpoints need a checkpoint_dir")
-        Checkpointer(self.checkpoint_dir, "local", ("local",), local_layout(self.main), keep=self.keep_checkpoints).save(
-            self.scope, name)
+        Checkpointer(job_root(self.checkpoint_dir), "local", ("local",), local_layout(self.main),
+                     keep=self.keep_checkpoints).save(self.scope, name)
 
     def report(self, loss: float | None) -> None:
         elapsed = time.monotonic() - (self._started_at or time.monotonic())
@@ -309,7 +316,10 @@ class Session:
                     "the job's checkpoint_dir (or use `pstranspile fetch` from another process)")
             name = checkpoint_name(self.steps)
             self.client.checkpoint_notify(list(self.role.endpoints), name)
-            reader = CheckpointReader(self.checkpoint_dir / name)
+            if is_template(self.checkpoint_dir):
+                write_job_manifest(self.checkpoint_dir, name, len(self.role.endpoints), self.result.plan.to_json_text(),
+                                   self.keep_checkpoints)
+            reader = CheckpointReader(job_root(self.checkpoint_dir) / name)
             out |= {var: reader.whole(var) for var in remote}
         return {name: out[name] for name in wanted}
 
