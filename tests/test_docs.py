@@ -1,6 +1,8 @@
 """The docs: every relative link and #anchor in README.md, CHANGELOG.md, benchmarks/RESULTS.md
 and docs/*.md resolves (anchors as GitHub slugs its headings), and docs/cli.md names every
-subcommand and every flag `pstranspile`'s parser defines, each in its subcommand's section."""
+subcommand and every flag `pstranspile`'s parser defines, each in its subcommand's section (a
+flag every subcommand takes, such as `-q`, once, in the section "Options every command
+takes")."""
 
 from __future__ import annotations
 
@@ -131,14 +133,43 @@ def flags(parser: argparse.ArgumentParser) -> list[str]:
             for flag in action.option_strings]
 
 
+COMMON_HEADING = "Options every command takes"
+
+
 def sections(text: str) -> dict[str, str]:
     """docs/cli.md's `## `pstranspile NAME`` sections, by NAME."""
     parts = re.split(r"^## `pstranspile ([a-z0-9-]+)`\s*$", text, flags=re.M)
     return {parts[i]: parts[i + 1].split("\n## ", 1)[0] for i in range(1, len(parts), 2)}
 
 
+def common_section(text: str) -> str:
+    """docs/cli.md's `## Options every command takes` section ("" when it has none)."""
+    parts = re.split(rf"^## {re.escape(COMMON_HEADING)}\s*$", text, maxsplit=1, flags=re.M)
+    return parts[1].split("\n## ", 1)[0] if len(parts) == 2 else ""
+
+
 def mentions(text: str, flag: str) -> bool:
     return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text) is not None
+
+
+def common_flags(commands: dict[str, argparse.ArgumentParser]) -> list[str]:
+    """The flags every subcommand defines, in the first subcommand's order."""
+    first, *rest = commands.values()
+    return [flag for flag in flags(first) if all(flag in flags(parser) for parser in rest)]
+
+
+def undocumented(text: str, commands: dict[str, argparse.ArgumentParser]) -> dict[str, list[str]]:
+    """The flags the reference `text` leaves out, by the section that should name them: a
+    subcommand's own flags in its `pstranspile NAME` section, the flags every subcommand
+    takes in the common section (or, failing that, in every subcommand's section)."""
+    documented, common = sections(text), common_section(text)
+    shared = common_flags(commands) if len(commands) > 1 else []
+    missing = {COMMON_HEADING: [flag for flag in shared if not mentions(common, flag)]} if common else {}
+    for name, parser in commands.items():
+        section = documented.get(name, "")
+        wanted = [flag for flag in flags(parser) if not (common and flag in shared)]
+        missing[name] = [flag for flag in wanted if not mentions(section, flag)]
+    return {where: found for where, found in missing.items() if found}
 
 
 def test_the_cli_reference_has_a_section_for_every_subcommand():
@@ -149,9 +180,34 @@ def test_the_cli_reference_has_a_section_for_every_subcommand():
 
 @pytest.mark.parametrize("name", sorted(subcommands()))
 def test_every_flag_of_a_subcommand_is_in_its_section_of_the_cli_reference(name):
-    section = sections(CLI_REFERENCE.read_text()).get(name, "")
-    wanted = flags(subcommands()[name])
-    assert [flag for flag in wanted if not mentions(section, flag)] == []
+    missing = undocumented(CLI_REFERENCE.read_text(), subcommands())
+    assert missing.get(name, []) == []
+
+
+def test_the_flags_every_command_takes_are_in_the_cli_reference():
+    """`-q`, `--full`: once, in the common section (each subcommand's own flags are above)."""
+    text = CLI_REFERENCE.read_text()
+    assert common_section(text) and common_flags(subcommands())
+    assert undocumented(text, subcommands()).get(COMMON_HEADING, []) == []
+
+
+def test_the_flag_check_finds_an_undocumented_flag():
+    """The check above can fail: a flag left out of its section, or of the common section, is
+    found; without a common section a shared flag must be in every subcommand's section."""
+    def parser(*own: str) -> argparse.ArgumentParser:
+        p = argparse.ArgumentParser()
+        for flag in (*own, "-q", "--full"):
+            p.add_argument(flag, action="store_true")
+        return p
+
+    commands = {"a": parser("--alpha"), "b": parser("--beta", "--gamma")}
+    ref = ("## `pstranspile a`\n\n`--alpha`, `--gamma` (b's)\n\n## `pstranspile b`\n\n`--beta`\n\n"
+           f"## {COMMON_HEADING}\n\n`-q`, `--fully`\n\n## Exit codes\n\n`--full`\n")
+    assert undocumented(ref, commands) == {COMMON_HEADING: ["--full"], "b": ["--gamma"]}
+    assert undocumented(ref.replace("--fully", "--full").replace("`--beta`", "`--beta`, `--gamma`"), commands) == {}
+    without_common = ref.split(f"## {COMMON_HEADING}")[0]
+    assert undocumented(without_common, commands) == {
+        "a": ["-q", "--full"], "b": ["--gamma", "-q", "--full"]}
 
 
 def test_the_top_level_flags_are_in_the_cli_reference():
