@@ -149,12 +149,20 @@ def _mse(out) -> str:
     return loss.name
 
 
+def _fc(h, name: str, activation=None):
+    """An fc layer whose weight is called `name` (Paddle's `mul` op: no `matmul_v2`)."""
+    return paddle.static.nn.fc(h, 8, weight_attr=paddle.ParamAttr(name=name), bias_attr=False, activation=activation)
+
+
+def _first_weight_positive():
+    """mean(fc_0.w_0) > 0: a branch predicate on a parameter (see above)."""
+    return paddle.mean(paddle.static.default_main_program().global_block().var("fc_0.w_0")) > 0.0
+
+
 def cond_net() -> str:
     x = paddle.static.data("x", [-1, 4], "float32")
     h = paddle.static.nn.fc(x, 8)
-    w = paddle.static.create_parameter([8, 8], "float32", name="gate_w")
-    pred = paddle.mean(w) > 0.0
-    out = paddle.static.nn.cond(pred, lambda: paddle.tanh(paddle.matmul(h, w)),
+    out = paddle.static.nn.cond(_first_weight_positive(), lambda: _fc(h, "gate_w", "tanh"),
                                 lambda: paddle.nn.functional.sigmoid(h) * 2.0)
     return _mse(out)
 
@@ -162,12 +170,11 @@ def cond_net() -> str:
 def switch_case_net() -> str:
     x = paddle.static.data("x", [-1, 4], "float32")
     h = paddle.static.nn.fc(x, 8)
-    w = paddle.static.create_parameter([8, 8], "float32", name="switch_w")
-    index = paddle.cast(paddle.mean(w) > 0.0, "int64") + 1  # 1 or 2: branch 0 is never taken
+    index = paddle.cast(_first_weight_positive(), "int64") + 1  # 1 or 2: branch 0 is never taken
     out = paddle.static.nn.switch_case(index, {
         0: lambda: h * 0.5,
-        1: lambda: paddle.tanh(paddle.matmul(h, w)),
-        2: lambda: paddle.nn.functional.sigmoid(paddle.matmul(h, w)),
+        1: lambda: _fc(h, "switch_w1", "tanh"),
+        2: lambda: _fc(h, "switch_w2", "sigmoid"),
     })
     return _mse(out)
 
@@ -175,23 +182,18 @@ def switch_case_net() -> str:
 def while_loop_net() -> str:
     x = paddle.static.data("x", [-1, 4], "float32")
     h = paddle.static.nn.fc(x, 8, activation="tanh")
-    w = paddle.static.create_parameter([8, 8], "float32", name="loop_w")
     i, n = paddle.full([1], 0, "int64"), paddle.full([1], 3, "int64")
-    _, h = paddle.static.nn.while_loop(lambda i, h: i < n, lambda i, h: [i + 1, paddle.tanh(paddle.matmul(h, w))],
-                                       [i, h])
+    _, h = paddle.static.nn.while_loop(lambda i, h: i < n, lambda i, h: [i + 1, _fc(h, "loop_w", "tanh")], [i, h])
     return _mse(h)
 
 
 def cond_in_while_net() -> str:
     x = paddle.static.data("x", [-1, 4], "float32")
     h = paddle.static.nn.fc(x, 8, activation="tanh")
-    w = paddle.static.create_parameter([8, 8], "float32", name="loop_w")
-    v = paddle.static.create_parameter([8, 8], "float32", name="branch_w")
     i, n = paddle.full([1], 0, "int64"), paddle.full([1], 3, "int64")
 
     def body(i, h):
-        step = paddle.static.nn.cond(i < 1, lambda: paddle.tanh(paddle.matmul(h, w)),
-                                     lambda: paddle.nn.functional.sigmoid(paddle.matmul(h, v)))
+        step = paddle.static.nn.cond(i < 1, lambda: _fc(h, "first_w", "tanh"), lambda: _fc(h, "later_w", "sigmoid"))
         return [i + 1, step]
 
     _, h = paddle.static.nn.while_loop(lambda i, h: i < n, body, [i, h])
@@ -210,14 +212,15 @@ NETS = {
     "bert": ("BERT-base encoder: 30522x768 word + 512x768 position embeddings, 12 layers, 12 heads, FFN 3072, "
              "gelu, seq 128, 2-class head", "Adam", lambda: bert(clip=False)),
     "bert_clip": ("the BERT encoder with grad_clip=ClipGradByGlobalNorm(1.0)", "Adam", lambda: bert(clip=True)),
-    "cond": ("x[4] -> fc 8 -> paddle.static.nn.cond(mean(gate_w) > 0, tanh(h @ gate_w), 2 sigmoid(h)) -> fc 1, "
+    "cond": ("x[4] -> fc 8 -> paddle.static.nn.cond(mean(fc_0.w_0) > 0, tanh(h @ gate_w), 2 sigmoid(h)) -> fc 1, "
              "square error", "SGD", cond_net),
-    "switch_case": ("x[4] -> fc 8 -> paddle.static.nn.switch_case(1 + (mean(switch_w) > 0), {0: h/2, "
-                    "1: tanh(h @ switch_w), 2: sigmoid(h @ switch_w)}) -> fc 1, square error", "SGD", switch_case_net),
+    "switch_case": ("x[4] -> fc 8 -> paddle.static.nn.switch_case(1 + (mean(fc_0.w_0) > 0), {0: h/2, "
+                    "1: tanh(h @ switch_w1), 2: sigmoid(h @ switch_w2)}) -> fc 1, square error", "SGD",
+                    switch_case_net),
     "while_loop": ("x[4] -> fc 8 tanh -> paddle.static.nn.while_loop 3 times h = tanh(h @ loop_w) -> fc 1, "
                    "square error", "SGD", while_loop_net),
-    "cond_in_while": ("x[4] -> fc 8 tanh -> while_loop 3 times: h = cond(i < 1, tanh(h @ loop_w), "
-                      "sigmoid(h @ branch_w)) -> fc 1, square error", "SGD", cond_in_while_net),
+    "cond_in_while": ("x[4] -> fc 8 tanh -> while_loop 3 times: h = cond(i < 1, tanh(h @ first_w), "
+                      "sigmoid(h @ later_w)) -> fc 1, square error", "SGD", cond_in_while_net),
     "lstm": ("x[N, 3, 4] -> paddle.nn.LSTM(4, 8) -> last step -> fc 1, square error", "SGD", lstm_net),
 }
 # The small control-flow networks: trained on the numpy kernels by the per-case tests
