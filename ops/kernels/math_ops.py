@@ -313,11 +313,12 @@ def _affine(x: np.ndarray, factor: float, bias: float, after: bool) -> np.ndarra
     else:
         f, b = factor, bias
     # One new array, the second operation in place (a pserver scales every grad of every step).
+    # (`asarray`: a 0-d x gives a numpy scalar, which cannot be an `out=`.)
     if after:
-        out = np.multiply(x, f)
+        out = np.asarray(np.multiply(x, f))
         np.add(out, b, out=out, casting="unsafe")
     else:
-        out = np.add(x, b)
+        out = np.asarray(np.add(x, b))
         np.multiply(out, f, out=out, casting="unsafe")
     return np.asarray(out, dtype=x.dtype)
 
