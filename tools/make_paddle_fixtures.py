@@ -154,23 +154,26 @@ def _fc(h, name: str, activation=None):
     return paddle.static.nn.fc(h, 8, weight_attr=paddle.ParamAttr(name=name), bias_attr=False, activation=activation)
 
 
-def _first_weight_positive():
-    """mean(fc_0.w_0) > 0: a branch predicate on a parameter (see above)."""
-    return paddle.mean(paddle.static.default_main_program().global_block().var("fc_0.w_0")) > 0.0
+def _first_bias_not_negative():
+    """mean(fc_0.b_0) >= 0: a branch predicate on a parameter (see above); the bias starts
+    at 0, so the first step takes the true branch, and training moves it."""
+    return paddle.mean(paddle.static.default_main_program().global_block().var("fc_0.b_0")) >= 0.0
 
 
 def cond_net() -> str:
     x = paddle.static.data("x", [-1, 4], "float32")
     h = paddle.static.nn.fc(x, 8)
-    out = paddle.static.nn.cond(_first_weight_positive(), lambda: _fc(h, "gate_w", "tanh"),
-                                lambda: paddle.nn.functional.sigmoid(h) * 2.0)
+    out = paddle.static.nn.cond(_first_bias_not_negative(), lambda: _fc(h, "gate_w", "tanh"),
+                                lambda: _fc(h, "gate_v", "sigmoid") * 2.0)
     return _mse(out)
 
 
 def switch_case_net() -> str:
     x = paddle.static.data("x", [-1, 4], "float32")
     h = paddle.static.nn.fc(x, 8)
-    index = paddle.cast(_first_weight_positive(), "int64") + 1  # 1 or 2: branch 0 is never taken
+    # 1 or 2 (branch 0 is never taken): 1 until training has moved the bias past 0.0005
+    bias = paddle.static.default_main_program().global_block().var("fc_0.b_0")
+    index = paddle.cast(paddle.mean(bias) >= 0.0005, "int64") + 1
     out = paddle.static.nn.switch_case(index, {
         0: lambda: h * 0.5,
         1: lambda: _fc(h, "switch_w1", "tanh"),
@@ -212,9 +215,10 @@ NETS = {
     "bert": ("BERT-base encoder: 30522x768 word + 512x768 position embeddings, 12 layers, 12 heads, FFN 3072, "
              "gelu, seq 128, 2-class head", "Adam", lambda: bert(clip=False)),
     "bert_clip": ("the BERT encoder with grad_clip=ClipGradByGlobalNorm(1.0)", "Adam", lambda: bert(clip=True)),
-    "cond": ("x[4] -> fc 8 -> paddle.static.nn.cond(mean(fc_0.w_0) > 0, tanh(h @ gate_w), 2 sigmoid(h)) -> fc 1, "
+    "cond": ("x[4] -> fc 8 -> paddle.static.nn.cond(mean(fc_0.b_0) >= 0, tanh(h @ gate_w), 2 sigmoid(h @ gate_v)) "
+             "-> fc 1, "
              "square error", "SGD", cond_net),
-    "switch_case": ("x[4] -> fc 8 -> paddle.static.nn.switch_case(1 + (mean(fc_0.w_0) > 0), {0: h/2, "
+    "switch_case": ("x[4] -> fc 8 -> paddle.static.nn.switch_case(1 + (mean(fc_0.b_0) >= 0.0005), {0: h/2, "
                     "1: tanh(h @ switch_w1), 2: sigmoid(h @ switch_w2)}) -> fc 1, square error", "SGD",
                     switch_case_net),
     "while_loop": ("x[4] -> fc 8 tanh -> paddle.static.nn.while_loop 3 times h = tanh(h @ loop_w) -> fc 1, "
