@@ -5,8 +5,8 @@
 Scopes follow Paddle 2.6's operators (conditional_block_op.cc, while_op.cc):
 * `conditional_block` runs its sub-block in a new child scope, kept in its `Scope` output;
   `conditional_block_grad` runs the grad sub-block in that same scope (so it reads the
-  forward branch's temporaries), then copies each `<Input>@GRAD` it finds there to the
-  op's `Input@GRAD` names; when the branch did not run, those get zeros shaped like the
+  forward branch's temporaries), then copies each `<Input>@GRAD` it finds from there
+  (that scope or its parents) to the op's `Input@GRAD` names; when the branch did not run, those get zeros shaped like the
   inputs.
 * `while` runs its body in a new step scope per iteration (kept in `StepScopes`); a loop
   var the body overwrites (an `X` that is neither a parameter nor read and written by one
@@ -91,7 +91,10 @@ def conditional_block_grad(ctx: OpContext) -> None:
     for name, grad_name in zip(inputs, outside, strict=True):
         if not grad_name or grad_name == EMPTY_VAR_NAME:
             continue
-        inside = None if scope is None else scope.local_var(name + GRAD_SUFFIX)
+        # Looked up through the scope's parents, as Paddle's `FindVar`: a grad op of the
+        # branch may have written a var of an enclosing block (a loop var's grad in a
+        # `while` body: it lands in the step scope).
+        inside = None if scope is None else scope.find_var(name + GRAD_SUFFIX)
         if inside is None:
             value = ctx.scope.find_var(name)
             if value is None:
