@@ -204,9 +204,12 @@ def cond_in_while_net() -> str:
 
 
 def lstm_net() -> str:
-    x = paddle.static.data("x", [-1, 3, 4], "float32")  # [batch, time, features]
-    out, _ = paddle.nn.LSTM(4, 8)(x)
-    return _mse(out[:, -1, :])
+    # Time-major input and fed initial states: the LSTM alone, without the shape / slice /
+    # transpose ops batch-major input and zero initial states add around it.
+    x = paddle.static.data("x", [3, -1, 4], "float32")  # [time, batch, features]
+    h0, c0 = paddle.static.data("h0", [1, -1, 8], "float32"), paddle.static.data("c0", [1, -1, 8], "float32")
+    _, (h, _) = paddle.nn.LSTM(4, 8, time_major=True)(x, (h0, c0))
+    return _mse(paddle.mean(h, axis=0))  # [1, batch, 8] -> [batch, 8]
 
 
 NETS = {
@@ -225,7 +228,8 @@ NETS = {
                    "square error", "SGD", while_loop_net),
     "cond_in_while": ("x[4] -> fc 8 tanh -> while_loop 3 times: h = cond(i < 1, tanh(h @ first_w), "
                       "sigmoid(h @ later_w)) -> fc 1, square error", "SGD", cond_in_while_net),
-    "lstm": ("x[N, 3, 4] -> paddle.nn.LSTM(4, 8) -> last step -> fc 1, square error", "SGD", lstm_net),
+    "lstm": ("x[3, N, 4] (time-major), h0, c0 [1, N, 8] -> paddle.nn.LSTM(4, 8) -> last hidden state -> fc 1, "
+             "square error", "SGD", lstm_net),
 }
 # The small control-flow networks: trained on the numpy kernels by the per-case tests
 # (tests/conftest.py tells them from the real models by `"real_model": false`).
