@@ -164,7 +164,7 @@ def run_paddle(tmp_path, main: Program, startup: Program, loss: str, initial, fe
     return dict(np.load(tmp_path / "out.npz"))
 
 
-@pytest.mark.parametrize("case", ["cond_sgd_2ps", "switch_case_sgd_3ps", "while_loop_sgd_3ps"])
+@pytest.mark.parametrize("case", ["cond_sgd_2ps", "switch_case_sgd_3ps", "while_loop_sgd_3ps", "lstm_sgd_2ps"])
 def test_training_steps_match_paddle_2_6(case, tmp_path):
     """Paddle's own executor on the same float64 programs, params and feeds: the loss of
     each of 6 steps and the params after them agree to 1e-10 (both branches of the cond
@@ -175,7 +175,15 @@ def test_training_steps_match_paddle_2_6(case, tmp_path):
     theirs = run_paddle(tmp_path, main, startup, info["loss"], initial, feeds)
     np.testing.assert_allclose(losses, [float(theirs[f"loss/{k}"].reshape(-1)[0]) for k in range(6)], rtol=1e-10)
     for name, value in final.items():
+        if name in FUSED_BUFFERS:
+            continue
         np.testing.assert_allclose(value, theirs[f"param/{name}"], rtol=1e-10, atol=1e-13, err_msg=name)
+
+
+# The LSTM's `coalesce_tensor` buffer: in Paddle its params are views into it, so it follows
+# their updates; nothing reads it (the `rnn` op reads WeightList), and ours keeps the values
+# the startup program packed (docs/control-flow.md).
+FUSED_BUFFERS = {"lstm_0.w_0"}
 
 
 def test_cond_in_while_forward_matches_paddle_and_its_grads_are_right_where_paddle_loses_them(tmp_path):
