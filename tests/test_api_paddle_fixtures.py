@@ -24,7 +24,7 @@ is compared exactly:
   so they come reversed (as in test_paddle_real_models.py).
 
 `lstm_sgd_2ps` is not compared: Paddle's transpiler crashes on it (its expected.json
-records `KeyError: 'lstm_cell_0.w_1'`); see test_lstm_case.
+records `KeyError: 'lstm_cell_0.w_1'`); test_control_flow.py covers it.
 """
 
 from __future__ import annotations
