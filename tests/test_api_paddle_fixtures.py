@@ -59,6 +59,7 @@ CASES = [
     "mlp_adam_2ps",
     "seed_fc3_sgd_3ps",
     "switch_case_sgd_3ps",
+    "while_array_sgd_2ps",
     "while_loop_sgd_3ps",
 ]
 # Cases Paddle's own transpiler fails on (expected.json holds its error).

@@ -203,6 +203,22 @@ def cond_in_while_net() -> str:
     return _mse(h)
 
 
+def while_array_net() -> str:
+    x = paddle.static.data("x", [-1, 4], "float32")
+    h = paddle.static.nn.fc(x, 8, activation="tanh")
+    i, n = paddle.full([1], 0, "int64"), paddle.full([1], 3, "int64")
+    steps = paddle.tensor.array_write(h, i, array=paddle.tensor.create_array("float32"))
+
+    def body(i, h, steps):
+        h, i = _fc(h, "loop_w", "tanh"), i + 1
+        return [i, h, paddle.tensor.array_write(h, i, array=steps)]
+
+    # (The loop's last h is used too: when nothing reads it, Paddle 2.6's while_grad makes
+    # its zero grad from the var's declared shape, [-1, 8], and fails.)
+    _, h, steps = paddle.static.nn.while_loop(lambda i, h, steps: i < n, body, [i, h, steps])
+    return _mse(paddle.tensor.array_read(steps, paddle.full([1], 1, "int64")) + h)
+
+
 def lstm_net() -> str:
     # Time-major input and fed initial states: the LSTM alone, without the shape / slice /
     # transpose ops batch-major input and zero initial states add around it.
@@ -228,12 +244,15 @@ NETS = {
                    "square error", "SGD", while_loop_net),
     "cond_in_while": ("x[4] -> fc 8 tanh -> while_loop 3 times: h = cond(i < 1, tanh(h @ first_w), "
                       "sigmoid(h @ later_w)) -> fc 1, square error", "SGD", cond_in_while_net),
+    "while_array": ("x[4] -> fc 8 tanh -> while_loop 3 times h = tanh(h @ loop_w), each step's h written to a "
+                    "tensor array (array_write) -> array_read step 1 + the last h -> fc 1, square error", "SGD",
+                    while_array_net),
     "lstm": ("x[3, N, 4] (time-major), h0, c0 [1, N, 8] -> paddle.nn.LSTM(4, 8) -> last hidden state -> fc 1, "
              "square error", "SGD", lstm_net),
 }
 # The small control-flow networks: trained on the numpy kernels by the per-case tests
 # (tests/conftest.py tells them from the real models by `"real_model": false`).
-SMALL_NETS = {"cond", "switch_case", "while_loop", "cond_in_while", "lstm"}
+SMALL_NETS = {"cond", "switch_case", "while_loop", "cond_in_while", "while_array", "lstm"}
 
 # case -> (network, pservers, trainers, sync_mode, slice_var_up)
 CASES = {
@@ -246,6 +265,7 @@ CASES = {
     "switch_case_sgd_3ps": ("switch_case", 3, 2, True, True),
     "while_loop_sgd_3ps": ("while_loop", 3, 2, True, True),
     "cond_in_while_sgd_2ps": ("cond_in_while", 2, 2, True, True),
+    "while_array_sgd_2ps": ("while_array", 2, 2, True, True),
     "lstm_sgd_2ps": ("lstm", 2, 2, True, True),
 }
 

@@ -53,5 +53,7 @@ OPS = (
         role=OpRole.Backward,
     ),
     op("select_input", "X* Mask", "Out", grad=GRAD_UNSUPPORTED),
+    op("write_to_array", "X I", "Out", grad=GRAD_UNSUPPORTED),
+    op("read_from_array", "X I X_W?", "Out", grad=GRAD_UNSUPPORTED),
     op("select_output", "X Mask", "Out*", grad=GRAD_UNSUPPORTED),
 )

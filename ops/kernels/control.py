@@ -1,6 +1,8 @@
 """Control kernels: `conditional_block` / `conditional_block_grad`, `while` / `while_grad`,
 `select_input` / `select_output` (what `paddle.static.nn.cond`, `switch_case` and
-`while_loop` build), and the `feed` / `fetch` ops Paddle's executor inserts.
+`while_loop` build), the tensor arrays loops keep their steps in (`write_to_array`,
+`read_from_array`, and `sum` of arrays), and the `feed` / `fetch` ops Paddle's executor
+inserts.
 
 Scopes follow Paddle 2.6's operators (conditional_block_op.cc, while_op.cc):
 * `conditional_block` runs its sub-block in a new child scope, kept in its `Scope` output;
@@ -159,6 +161,14 @@ def while_(ctx: OpContext) -> None:
     ctx.set_output("StepScopes", steps)
 
 
+def _zero_grad_of(value: object) -> object:
+    if isinstance(value, (LoDTensor, np.ndarray)):
+        return _zeros_like(value)
+    if isinstance(value, list):
+        return []
+    return None
+
+
 def _add(a: LoDTensor, b: object) -> LoDTensor:
     if not isinstance(b, LoDTensor):
         raise KernelError(f"while_grad sums dense grads only, got {type(b).__name__}")
@@ -188,7 +198,13 @@ def while_grad(ctx: OpContext) -> None:
         for outside, inside in zip(outside_og, inside_og):
             if inside == EMPTY_VAR_NAME or not inside:
                 continue
-            value = ctx.scope.find_var(outside)
+            if k == 0 and not _written_before(ctx, outside):
+                # No op after the loop reads that output: its grad is zero. (The scope may
+                # still hold the value the last run's while_grad left under that name.)
+                value = _zero_grad_of(ctx.scope.find_var(outside[: -len(GRAD_SUFFIX)])
+                                      if outside.endswith(GRAD_SUFFIX) else None)
+            else:
+                value = ctx.scope.find_var(outside)
             if value is not None:
                 step.set_var(inside, value)
         # Writes go where Paddle's scopes put them: the grad body's own vars and the output
@@ -205,6 +221,77 @@ def while_grad(ctx: OpContext) -> None:
             else:
                 ctx.set_var(g, _add(ctx.scope.find_var(g), inside))
     steps.clear()  # as Paddle: the step scopes die here
+
+
+# ---------------------------------------------------------------- tensor arrays
+# A LOD_TENSOR_ARRAY value is a Python list of LoDTensors, None where nothing was written.
+# Like every value it is replaced, never mutated: `write_to_array` binds a new list.
+
+
+def _index(ctx: OpContext) -> int:
+    index = int(ctx.scalar("I"))
+    if index < 0:
+        raise KernelError(f"{ctx.type}: index {index} is negative")
+    return index
+
+
+def _written_before(ctx: OpContext, name: str) -> bool:
+    """Whether an op before this one in its block writes `name` (memoised per op)."""
+    key = ("written before", name)
+    found = ctx.memo.get(key)
+    if found is None:
+        block, op = ctx.block, ctx.op
+        position = block.index_of(op)
+        found = ctx.memo[key] = any(block.index_of(w) < position for w in block.writers(name))
+    return found
+
+
+def _first_write_of_a_run(ctx: OpContext, name: str) -> bool:
+    """This op starts the array `name` afresh: its block declares the array and nothing
+    before it there writes it. (Paddle's executor drops a run's temporaries; our scope
+    keeps them, so without this a run would extend the array the last run left.) In a
+    loop body, which does not declare the array, the writes of every step add up."""
+    return ctx.block.has_var(name) and not _written_before(ctx, name)
+
+
+@register("write_to_array")
+def write_to_array(ctx: OpContext) -> None:
+    """Out[I] = X, the array growing as needed (Paddle's `array_write`)."""
+    index = _index(ctx)
+    (name,) = ctx.output_names("Out")
+    old = None if _first_write_of_a_run(ctx, name) else ctx.scope.find_var(name)
+    array = list(old) if isinstance(old, list) else []
+    array.extend([None] * (index + 1 - len(array)))
+    array[index] = ctx.value("X")
+    ctx.set_output("Out", array)
+
+
+@register("read_from_array")
+def read_from_array(ctx: OpContext) -> None:
+    """Out = X[I] (Paddle's `array_read`). As the grad of `write_to_array` (`X_W` given), an
+    entry nothing wrote is the zero grad, shaped like the written tensor `X_W`."""
+    index = _index(ctx)
+    array = ctx.value("X")
+    if not isinstance(array, list):
+        raise KernelError(f"read_from_array: X holds a {type(array).__name__}, not a tensor array")
+    entry = array[index] if index < len(array) else None
+    if entry is None:
+        if not ctx.has_input("X_W"):
+            raise KernelError(f"read_from_array: nothing was written at index {index} (the array has {len(array)})")
+        entry = _zeros_like(ctx.value("X_W"))
+    ctx.set_output("Out", entry)
+
+
+def sum_arrays(arrays: list[list]) -> list:
+    """Element-wise sum of tensor arrays (what `sum` does with them): entries nothing wrote
+    are skipped, as Paddle's `sum` skips uninitialised ones."""
+    out: list = [None] * max(len(a) for a in arrays)
+    for array in arrays:
+        for i, entry in enumerate(array):
+            if entry is None:
+                continue
+            out[i] = entry if out[i] is None else _add(out[i], entry)
+    return out
 
 
 FEED_HOLDER = "feed"

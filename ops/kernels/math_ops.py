@@ -331,6 +331,11 @@ def sum_(ctx: OpContext) -> None:
     values = ctx.values("X")
     if not values:
         raise KernelError("sum needs at least one input")
+    if all(isinstance(v, list) for v in values):  # tensor arrays (ops/kernels/control.py)
+        from ops.kernels.control import sum_arrays
+
+        ctx.set_output("Out", sum_arrays(values))
+        return
     if all(isinstance(v, SelectedRows) for v in values):
         rows = np.concatenate([v.rows for v in values])
         value = np.concatenate([v.active_value() for v in values])
