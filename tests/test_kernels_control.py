@@ -72,3 +72,20 @@ def test_a_loop_that_does_not_end_is_stopped(monkeypatch):
     main, scope, exe = prepared("while_loop_sgd_3ps")  # 3 steps
     with pytest.raises(ExecutionError, match="the condition still holds after 2 steps"):
         exe.run(main, feed=synthetic_batch(main, 8, 0, 0), scope=scope)
+
+
+def test_an_output_grad_nothing_after_the_loop_computes_is_zero_on_every_run():
+    """while_loop_sgd_3ps with the head's grad of the loop output sent elsewhere: no op
+    before while_grad writes `fc_0.tmp_2@GRAD`, so the last step's output grad is zero (not
+    missing, not what the scope holds from the last run) and loop_w gets none."""
+    main, scope, exe = prepared("while_loop_sgd_3ps")
+    block = main.global_block()
+    (while_grad,) = [op for op in block.ops if op.type == "while_grad"]
+    (og,) = while_grad.input("Out@GRAD")
+    (head,) = [op for op in block.ops[: block.index_of(while_grad)] if og in op.output_names]
+    block.add_var(block.var(og).copy("elsewhere@GRAD"))
+    head.set_output("X@GRAD", ["elsewhere@GRAD"])
+    for step in range(2):
+        (grad,) = exe.run(main, feed=synthetic_batch(main, 8, 0, step), fetch_list=["loop_w@GRAD"], scope=scope)
+        assert not np.any(grad), step
+        assert scope.find_var(og) is not None  # what the next run must not take as its output grad
