@@ -21,6 +21,7 @@ from ops.scope import Scope
 from ops.tensor import LoDTensor
 from paddle_fixtures_support import run_case
 from transpiler.api import as_float64, transpile
+from transpiler.cli import main as cli_main
 from transpiler.errors import VerifyError
 from transpiler.ir import Program
 from transpiler.ir.verifier import check, verify
@@ -306,3 +307,18 @@ def test_a_coalesce_tensor_that_sets_a_constant_becomes_fill_constants(tmp_path)
             fills.setdefault(out, []).append((init.type, init.attr("value", None)))
     for weight in ("lstm_cell_0.w_0", "lstm_cell_0.w_1", "lstm_cell_0.b_0", "lstm_cell_0.b_1"):
         assert fills[weight] == [("uniform_random", None), ("fill_constant", 0.25)], weight
+
+
+@pytest.mark.parametrize("case", TRAINED_CASES)
+def test_cli_dump_plan_and_transpile(case, tmp_path, capsys):
+    folder = PADDLE_PROGRAMS / case
+    info = json.loads((folder / "case.json").read_text())
+    assert cli_main(["dump", str(folder / "main.pb")]) == 0
+    assert "forward_block=" in capsys.readouterr().out or case == "lstm_sgd_2ps"
+    common = [str(folder / "main.pb"), "--startup", str(folder / "startup.pb"), "--pservers", info["pservers"],
+              "--trainers", "2"]
+    assert cli_main(["plan", *common]) == 0
+    assert cli_main(["transpile", *common, "--float64", "-o", str(tmp_path)]) == 0
+    trainer = Program.load(tmp_path / "trainer.pb")
+    assert trainer.num_blocks == Program.load(folder / "main.pb").num_blocks  # the sub-blocks stay on the trainer
+    assert check(trainer) == []
