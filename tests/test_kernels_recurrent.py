@@ -128,52 +128,67 @@ PADDLE_SCRIPT = textwrap.dedent('''
     import sys
     import numpy as np
     import paddle
-    mode, data, out_path = sys.argv[1:]
-    given = np.load(data)
+    folder = sys.argv[1]
     paddle.enable_static()
     paddle.set_default_dtype("float64")
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.static.program_guard(main, startup):
-        x = paddle.static.data("x", [3, 2, 4], "float64")
-        x.stop_gradient = False
-        layer = {"LSTM": paddle.nn.LSTM, "GRU": paddle.nn.GRU, "RNN_TANH": paddle.nn.SimpleRNN,
-                 "RNN_RELU": lambda *a, **k: paddle.nn.SimpleRNN(*a, activation="relu", **k)}[mode](
-                     4, 5, num_layers=2, time_major=True)
-        out, _ = layer(x)
-        d_out = paddle.static.data("d_out", [3, 2, 5], "float64")  # fed: a constant would be kept in float32
-        loss = paddle.sum(out * d_out)
-        paddle.static.append_backward(loss)
-    (rnn,) = [op for op in main.global_block().ops if op.type == "rnn"]
-    names = rnn.input("WeightList")
-    exe = paddle.static.Executor(paddle.CPUPlace())
-    scope = paddle.static.Scope()
-    with paddle.static.scope_guard(scope):
-        exe.run(startup)
-        for i, name in enumerate(names):
-            scope.var(name).get_tensor().set(given[f"w{i}"], paddle.CPUPlace())
-        fetched = exe.run(main, feed={"x": given["x"], "d_out": given["d_out"]}, fetch_list=[out.name, "x@GRAD"] + [n + "@GRAD" for n in names])
-    np.savez(out_path, out=fetched[0], dx=fetched[1], **{f"dw{i}": v for i, v in enumerate(fetched[2:])})
+    for mode in sys.argv[2:]:
+        given = np.load(f"{folder}/{mode}.in.npz")
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup):
+            x = paddle.static.data("x", [3, 2, 4], "float64")
+            x.stop_gradient = False
+            layer = {"LSTM": paddle.nn.LSTM, "GRU": paddle.nn.GRU, "RNN_TANH": paddle.nn.SimpleRNN,
+                     "RNN_RELU": lambda *a, **k: paddle.nn.SimpleRNN(*a, activation="relu", **k)}[mode](
+                         4, 5, num_layers=2, time_major=True)
+            out, _ = layer(x)
+            d_out = paddle.static.data("d_out", [3, 2, 5], "float64")  # fed: a constant would be kept in float32
+            loss = paddle.sum(out * d_out)
+            paddle.static.append_backward(loss)
+        (rnn,) = [op for op in main.global_block().ops if op.type == "rnn"]
+        names = rnn.input("WeightList")
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        scope = paddle.static.Scope()
+        with paddle.static.scope_guard(scope):
+            exe.run(startup)
+            for i, name in enumerate(names):
+                scope.var(name).get_tensor().set(given[f"w{i}"], paddle.CPUPlace())
+            fetched = exe.run(main, feed={"x": given["x"], "d_out": given["d_out"]},
+                              fetch_list=[out.name, "x@GRAD"] + [n + "@GRAD" for n in names])
+        np.savez(f"{folder}/{mode}.out.npz", out=fetched[0], dx=fetched[1],
+                 **{f"dw{i}": v for i, v in enumerate(fetched[2:])})
 ''')
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-def test_matches_paddle_2_6(mode, tmp_path):
-    """Two stacked layers with zero initial states (what Paddle makes when none are given):
-    the output and every grad agree with Paddle's CPU kernels to 1e-10 in float64."""
-    python = installed("2.6.2")
-    if python is None:
-        pytest.skip("Paddle 2.6.2's venv is not on this machine (python tools/paddle_env.py 2.6.2 makes it)")
+def case_inputs(mode: str):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((T, N, I))
     ws = weights(mode, rng)
-    d_out = rng.standard_normal((T, N, H))
-    np.savez(tmp_path / "in.npz", x=x, d_out=d_out, **{f"w{i}": w for i, w in enumerate(ws)})
-    (tmp_path / "paddle_rnn.py").write_text(PADDLE_SCRIPT)
-    done = subprocess.run([str(python), str(tmp_path / "paddle_rnn.py"), mode, str(tmp_path / "in.npz"),
-                           str(tmp_path / "out.npz")], capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return x, ws, rng.standard_normal((T, N, H))
+
+
+@pytest.fixture(scope="module")
+def paddle_results(tmp_path_factory):
+    """Paddle's outputs and grads for every mode, from one Paddle subprocess."""
+    python = installed("2.6.2")
+    if python is None:
+        pytest.skip("Paddle 2.6.2's venv is not on this machine (python tools/paddle_env.py 2.6.2 makes it)")
+    folder = tmp_path_factory.mktemp("paddle_rnn")
+    for mode in MODES:
+        x, ws, d_out = case_inputs(mode)
+        np.savez(folder / f"{mode}.in.npz", x=x, d_out=d_out, **{f"w{i}": w for i, w in enumerate(ws)})
+    (folder / "paddle_rnn.py").write_text(PADDLE_SCRIPT)
+    done = subprocess.run([str(python), str(folder / "paddle_rnn.py"), str(folder), *MODES], capture_output=True,
+                          text=True, timeout=300, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
-    theirs = np.load(tmp_path / "out.npz")
+    return {mode: dict(np.load(folder / f"{mode}.out.npz")) for mode in MODES}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_matches_paddle_2_6(mode, paddle_results):
+    """Two stacked layers with zero initial states (what Paddle makes when none are given):
+    the output and every grad agree with Paddle's CPU kernels to 1e-10 in float64."""
+    theirs = paddle_results[mode]
+    x, ws, d_out = case_inputs(mode)
     states = [np.zeros((LAYERS, N, H)) for _ in range(2 if mode == "LSTM" else 1)]
     ours = forward(mode, x, states, ws)
     np.testing.assert_allclose(one(ours["Out"]), theirs["out"], rtol=1e-10, atol=1e-12)
