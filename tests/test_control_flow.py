@@ -1,8 +1,10 @@
-"""Control flow in Paddle-built programs (`paddle.static.nn.cond`, `switch_case`,
-`while_loop`, a `cond` inside a `while_loop`; tests/fixtures/paddle_programs/*, made by
-tools/make_paddle_fixtures.py): the verifier's scoping rule for grad sub-blocks, the
-control-flow kernels (against Paddle 2.6's own executor when its venv is here), and
-distributed training equal to local training in float64."""
+"""Control flow and recurrent layers in Paddle-built programs (`paddle.static.nn.cond`,
+`switch_case`, `while_loop`, a `cond` inside a `while_loop`, a loop writing a tensor
+array, `paddle.nn.LSTM`; tests/fixtures/paddle_programs/*, made by
+tools/make_paddle_fixtures.py): training steps against Paddle 2.6's own executor when its
+venv is here, grads against finite differences, distributed training equal to local
+training in float64, the LSTM's coalesced weights, the CLI. The verifier's scoping rule
+for grad sub-blocks is tested in test_ir_verifier.py."""
 
 from __future__ import annotations
 
@@ -22,9 +24,8 @@ from ops.tensor import LoDTensor
 from paddle_fixtures_support import run_case
 from transpiler.api import as_float64, transpile
 from transpiler.cli import main as cli_main
-from transpiler.errors import VerifyError
 from transpiler.ir import Program
-from transpiler.ir.verifier import check, verify
+from transpiler.ir.verifier import check
 
 sys.path.insert(0, str(TESTS.parent))
 sys.path.insert(0, str(TESTS.parent / "examples"))
@@ -40,72 +41,6 @@ def load(case: str) -> tuple[Program, Program, dict]:
     folder = PADDLE_PROGRAMS / case
     return (Program.load(folder / "main.pb"), Program.load(folder / "startup.pb"),
             json.loads((folder / "case.json").read_text()))
-
-
-# ------------------------------------------------------------------ block scoping
-
-
-def grad_block(program: Program, forward: int):
-    (block,) = [b for b in program.blocks if b.forward_block_idx == forward]
-    return block
-
-
-def test_a_grad_block_reads_its_forward_blocks_vars():
-    """cond's grad block 4 (forward block 1) reads the branch's `tanh` output, declared in
-    block 1 only: declared for the grad block, not for a sibling that is not its forward."""
-    main, _, _ = load("cond_sgd_2ps")
-    block = grad_block(main, 1)
-    (tanh_grad,) = [op for op in block.ops if op.type == "tanh_grad"]
-    (out,) = tanh_grad.input("Out")
-    assert main.block(1).has_var(out) and not block.has_var(out) and not main.global_block().has_var(out)
-    assert block.find_var(out) is main.block(1).var(out)
-    assert [b.idx for b in block.visible_blocks()] == [block.idx, 1, 0]
-    assert check(main) == []
-    # The other branch's grad block (forward block 2) does not see block 1's vars.
-    assert grad_block(main, 2).find_var(out) is None
-
-
-def test_nested_grad_blocks_see_forward_and_parent_chains():
-    """cond inside while_loop: the cond's grad blocks (parent: the while's grad block 4)
-    see their forward branch, the branch's parent (the loop body), the while's grad block
-    and block 0, nearest scope first."""
-    main, _, _ = load("cond_in_while_sgd_2ps")
-    inner = grad_block(main, 2)
-    assert inner.parent_idx == 4 and main.block(4).forward_block_idx == 1
-    assert [b.idx for b in inner.visible_blocks()] == [inner.idx, 2, 4, 1, 0]
-    assert check(main) == []
-
-
-def test_a_genuinely_undeclared_var_in_a_grad_block_is_still_refused_precisely():
-    main, _, _ = load("cond_sgd_2ps")
-    block = grad_block(main, 1)
-    index = next(i for i, op in enumerate(block.ops) if op.type == "tanh_grad")
-    block.ops[index].set_input("Out", ["no_such_var"])
-    (problem,) = check(main, name="main.pb")
-    assert (problem.block, problem.op_index, problem.op_type) == (block.idx, index, "tanh_grad")
-    assert problem.reason == (f"input Out='no_such_var' names a var that block {block.idx} and the blocks whose "
-                              "scopes it runs in (1, 0: ancestors and forward blocks) do not declare")
-    with pytest.raises(VerifyError, match=f"main.pb, block {block.idx}, op {index} \\(tanh_grad\\)"):
-        verify(main, name="main.pb")
-
-
-def test_a_var_of_a_block_that_is_not_the_forward_is_refused():
-    """Grad block of branch 2 reading the other branch's (block 1) temporary: Paddle's scopes
-    would not hold it, so the verifier refuses it."""
-    main, _, _ = load("cond_sgd_2ps")
-    other = grad_block(main, 2)
-    name = sorted(main.block(1).vars)[0]
-    assert all(not main.block(i).has_var(name) for i in (0, 2, other.idx))
-    other.ops[-1].set_input("Out", [name])
-    (problem,) = check(main)
-    assert problem.block == other.idx and f"Out={name!r} names a var that block {other.idx}" in problem.reason
-
-
-def test_without_forward_blocks_the_message_is_unchanged():
-    main, _, _ = load("cond_sgd_2ps")
-    main.block(1).ops[0].set_input("X", ["ghost"])
-    (problem,) = check(main)
-    assert problem.reason.endswith("names a var that block 1 and its ancestors do not declare")
 
 
 # ------------------------------------------------------------------ distributed == local
