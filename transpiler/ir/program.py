@@ -695,18 +695,22 @@ class Block:
         """The var declared here or in the nearest ancestor block, else (a control-flow grad
         block) in a block whose scope it runs in (`visible_blocks`), or None."""
         block: Block | None = self
-        grad_block = False
         while block is not None:
             var = block._vars.get(name)
             if var is not None:
                 return var
-            grad_block = grad_block or block.forward_block_idx >= 0
             block = block.parent
-        if grad_block:
-            for block in self.visible_blocks():
-                var = block._vars.get(name)
-                if var is not None:
-                    return var
+        # Not declared up the parent chain: a grad block (or one inside it) also sees
+        # what its forward block sees. Asked only on a miss, so a hit costs what it did.
+        block = self
+        while block is not None and block.forward_block_idx < 0:
+            block = block.parent
+        if block is None:
+            return None
+        for block in self.visible_blocks():
+            var = block._vars.get(name)
+            if var is not None:
+                return var
         return None
 
     def visible_blocks(self) -> list[Block]:
