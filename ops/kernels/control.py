@@ -133,7 +133,7 @@ def _copied_loop_vars(ctx: OpContext) -> tuple[str, ...]:
     if names is None:
         program = ctx.run.program
         body = program.block(int(ctx.attr("sub_block")))
-        no_copy = {n for n, v in program.global_block().vars.items() if v.persistable}
+        no_copy = {n for n, v in program.global_block().vars.items() if v.is_parameter}
         for op in body.ops:
             no_copy.update(set(op.input_names).intersection(op.output_names))
         names = ctx.memo["copied"] = tuple(dict.fromkeys(n for n in ctx.input_names("X") if n not in no_copy))
