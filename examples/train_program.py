@@ -139,12 +139,20 @@ def synthetic_batch(program: Program, batch: int, seed: int, step: int) -> dict[
     return out
 
 
-def shard(batch: Mapping[str, Any], role: Role) -> dict[str, Any]:
-    """`Role.shard`, and a LoD slot's share is the sequences of this trainer's examples."""
+def shard(batch: Mapping[str, Any], role: Role, program: Program | None = None) -> dict[str, Any]:
+    """`Role.shard`, and a LoD slot's share is the sequences of this trainer's examples;
+    a slot whose batch dim (its declared -1) is not the first in `program` (time-major
+    RNN input, [layers, batch, hidden] initial states) is cut along that dim."""
     if not role.is_trainer or role.trainers == 1:
         return dict(batch)
     plain = {k: v for k, v in batch.items() if not isinstance(v, LoDTensor)}
-    out = role.shard(plain)
+    later = {k: _batch_axis(program, k) for k in plain} if program is not None else {}
+    later = {k: axis for k, axis in later.items() if axis > 0}
+    out = role.shard({k: v for k, v in plain.items() if k not in later})
+    for name, axis in later.items():
+        rows = plain[name].shape[axis]
+        lo, hi = rows * role.trainer_id // role.trainers, rows * (role.trainer_id + 1) // role.trainers
+        out[name] = np.take(plain[name], np.arange(lo, hi), axis=axis)
     for name, value in batch.items():
         if isinstance(value, LoDTensor):
             offsets = value.lod[0]
@@ -152,6 +160,12 @@ def shard(batch: Mapping[str, Any], role: Role) -> dict[str, Any]:
             lo, hi = n * role.trainer_id // role.trainers, n * (role.trainer_id + 1) // role.trainers
             out[name] = LoDTensor(value.array[offsets[lo] : offsets[hi]], [offsets[lo : hi + 1] - offsets[lo]])
     return out
+
+
+def _batch_axis(program: Program, name: str) -> int:
+    var = program.global_block().find_var(name)
+    shape = () if var is None or var.shape is None else tuple(var.shape)
+    return shape.index(-1) if -1 in shape else 0
 
 
 def permuted(batch: Mapping[str, Any], seed: int, step: int) -> dict[str, Any]:
@@ -331,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             batch = synthetic_batch(main_program, args.batch, args.seed, step)
             if args.permute:
                 batch = permuted(batch, args.seed, step)
-            session.run(shard(batch, role), loss=args.loss)
+            session.run(shard(batch, role, main_program), loss=args.loss)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         final = held_params(session)
         if args.pull_to is not None and role.trainer_id == 0:

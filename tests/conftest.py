@@ -22,7 +22,9 @@ _CASE_JSONS = {p.parent.name: json.loads(p.read_text()) for p in sorted(PADDLE_P
 # the per-case and per-file tests of the small cases below (golden dumps, fuzzing, training
 # on the numpy kernels) would mean megabytes of golden text, minutes of fuzzing, and kernels
 # (conv2d, layer_norm, ...) the runtime does not have.
-REAL_MODEL_CASES = sorted(n for n, case in _CASE_JSONS.items() if case.get("generator") == "tools/make_paddle_fixtures.py")
+# The script's small control-flow programs (`"real_model": false`) are per-case tests' like the older cases.
+REAL_MODEL_CASES = sorted(n for n, case in _CASE_JSONS.items()
+                          if case.get("generator") == "tools/make_paddle_fixtures.py" and case.get("real_model", True))
 PADDLE_CASES = sorted(n for n in _CASE_JSONS if n not in REAL_MODEL_CASES)
 PADDLE_PB_FILES = sorted(p for p in PADDLE_PROGRAMS.glob("*/*.pb") if p.parent.name in PADDLE_CASES)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import PADDLE_PB_FILES
+from conftest import PADDLE_PB_FILES, PADDLE_PROGRAMS
 from transpiler.errors import PsTranspilerError, VerifyError
 from transpiler.ir import Attr, AttrType, Program
 from transpiler.ir.program import Block
@@ -320,3 +320,77 @@ def test_many_child_blocks_checked_at_once_still_name_the_block_and_op():
     assert _quiet_children(program) == {1, 2, 3, 4}
     program.block(2).add_op("relu", {"X": "x0"}, {"Out": "nowhere"}, {"op_role": 0})
     _assert_op_located(_only_problem(program), block=2, index=1, op_type="relu")
+
+
+# ---------------------------------------------------------------- control-flow grad blocks
+# Paddle-built cond / while_loop programs: a grad sub-block (forward_block_idx set) runs in
+# its forward block's scope and may read what that block declares (docs/control-flow.md).
+
+
+def _fixture(case: str) -> Program:
+    return Program.load(PADDLE_PROGRAMS / case / "main.pb")
+
+
+
+
+def grad_block(program: Program, forward: int):
+    (block,) = [b for b in program.blocks if b.forward_block_idx == forward]
+    return block
+
+
+def test_a_grad_block_reads_its_forward_blocks_vars():
+    """cond's grad block 4 (forward block 1) reads the branch's `tanh` output, declared in
+    block 1 only: declared for the grad block, not for a sibling that is not its forward."""
+    main = _fixture("cond_sgd_2ps")
+    block = grad_block(main, 1)
+    (tanh_grad,) = [op for op in block.ops if op.type == "tanh_grad"]
+    (out,) = tanh_grad.input("Out")
+    assert main.block(1).has_var(out) and not block.has_var(out) and not main.global_block().has_var(out)
+    assert block.find_var(out) is main.block(1).var(out)
+    assert [b.idx for b in block.visible_blocks()] == [block.idx, 1, 0]
+    assert check(main) == []
+    # The other branch's grad block (forward block 2) does not see block 1's vars.
+    assert grad_block(main, 2).find_var(out) is None
+
+
+def test_nested_grad_blocks_see_forward_and_parent_chains():
+    """cond inside while_loop: the cond's grad blocks (parent: the while's grad block 4)
+    see their forward branch, the branch's parent (the loop body), the while's grad block
+    and block 0, nearest scope first."""
+    main = _fixture("cond_in_while_sgd_2ps")
+    inner = grad_block(main, 2)
+    assert inner.parent_idx == 4 and main.block(4).forward_block_idx == 1
+    assert [b.idx for b in inner.visible_blocks()] == [inner.idx, 2, 4, 1, 0]
+    assert check(main) == []
+
+
+def test_a_genuinely_undeclared_var_in_a_grad_block_is_still_refused_precisely():
+    main = _fixture("cond_sgd_2ps")
+    block = grad_block(main, 1)
+    index = next(i for i, op in enumerate(block.ops) if op.type == "tanh_grad")
+    block.ops[index].set_input("Out", ["no_such_var"])
+    (problem,) = check(main, name="main.pb")
+    assert (problem.block, problem.op_index, problem.op_type) == (block.idx, index, "tanh_grad")
+    assert problem.reason == (f"input Out='no_such_var' names a var that block {block.idx} and the blocks whose "
+                              "scopes it runs in (1, 0: ancestors and forward blocks) do not declare")
+    with pytest.raises(VerifyError, match=f"main.pb, block {block.idx}, op {index} \\(tanh_grad\\)"):
+        verify(main, name="main.pb")
+
+
+def test_a_var_of_a_block_that_is_not_the_forward_is_refused():
+    """Grad block of branch 2 reading the other branch's (block 1) temporary: Paddle's scopes
+    would not hold it, so the verifier refuses it."""
+    main = _fixture("cond_sgd_2ps")
+    other = grad_block(main, 2)
+    name = sorted(main.block(1).vars)[0]
+    assert all(not main.block(i).has_var(name) for i in (0, 2, other.idx))
+    other.ops[-1].set_input("Out", [name])
+    (problem,) = check(main)
+    assert problem.block == other.idx and f"Out={name!r} names a var that block {other.idx}" in problem.reason
+
+
+def test_without_forward_blocks_the_message_is_unchanged():
+    main = _fixture("cond_sgd_2ps")
+    main.block(1).ops[0].set_input("X", ["ghost"])
+    (problem,) = check(main)
+    assert problem.reason.endswith("names a var that block 1 and its ancestors do not declare")

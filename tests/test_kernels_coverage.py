@@ -69,6 +69,8 @@ def test_every_op_of_a_paddle_program_has_a_kernel(path):
 
 
 def _expected_programs(expected: dict) -> dict[str, list[dict]]:
+    if "paddle_transpiler_error" in expected:  # Paddle's transpiler failed on it (lstm_sgd_2ps): no programs
+        return {}
     programs = {"trainer": expected["trainer"], "trainer_startup": expected["trainer_startup"]}
     for endpoint, pair in expected["pservers"].items():
         programs[f"{endpoint} main"] = pair["main"]
@@ -78,8 +80,9 @@ def _expected_programs(expected: dict) -> dict[str, list[dict]]:
 
 @pytest.mark.parametrize("path", [p for _, p in EXPECTED_FILES], ids=[i for i, _ in EXPECTED_FILES])
 def test_every_op_paddle_transpiled_has_a_kernel(path):
-    programs = _expected_programs(json.loads(path.read_text()))
-    assert programs
+    expected = json.loads(path.read_text())
+    programs = _expected_programs(expected)
+    assert programs or "paddle_transpiler_error" in expected
     missing = sorted(
         {
             (name, idx, op["type"])

@@ -11,7 +11,8 @@ registry from its own module.
 | `nn` | softmax, lookup_table(_v2), sequence_pool, top_k(_v2), accuracy |
 | `loss` | cross_entropy, cross_entropy2, softmax_with_cross_entropy |
 | `tensor_ops` | fill_constant, fill_zeros_like, assign, assign_value, cast, increment, concat, reshape2, transpose2, comparisons, logical ops, ref_by_trainer_id |
-| `control` | conditional_block, feed, fetch |
+| `control` | conditional_block(_grad), while(_grad), select_input, select_output, feed, fetch |
+| `recurrent` | rnn, rnn_grad (LSTM, GRU, simple RNN), coalesce_tensor, fill_any_like |
 | `optimizers` | sgd, momentum, lars_momentum, adam, adamax, adagrad, decayed_adagrad, rmsprop, ftrl |
 | `sparse` | split_byref, split_selected_rows, split_ids, merge_ids, lookup_sparse_table, fake_init |
 | `initializers` | uniform_random, gaussian_random, truncated_gaussian_random |
@@ -20,6 +21,7 @@ registry from its own module.
 from __future__ import annotations
 
 from ops.kernels import control, initializers, loss, math_ops, nn, optimizers, sparse, tensor_ops  # noqa: F401  (registers)
+from ops.kernels import recurrent  # noqa: F401  (registers)
 from ops.kernels.context import Frame, KernelError, OpContext, RunContext
 from ops.kernels.registry import (
     KernelSpec,

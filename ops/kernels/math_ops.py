@@ -313,11 +313,12 @@ def _affine(x: np.ndarray, factor: float, bias: float, after: bool) -> np.ndarra
     else:
         f, b = factor, bias
     # One new array, the second operation in place (a pserver scales every grad of every step).
+    # (`asarray`: a 0-d x gives a numpy scalar, which cannot be an `out=`.)
     if after:
-        out = np.multiply(x, f)
+        out = np.asarray(np.multiply(x, f))
         np.add(out, b, out=out, casting="unsafe")
     else:
-        out = np.add(x, b)
+        out = np.asarray(np.add(x, b))
         np.multiply(out, f, out=out, casting="unsafe")
     return np.asarray(out, dtype=x.dtype)
 
@@ -330,6 +331,11 @@ def sum_(ctx: OpContext) -> None:
     values = ctx.values("X")
     if not values:
         raise KernelError("sum needs at least one input")
+    if all(isinstance(v, list) for v in values):  # tensor arrays (ops/kernels/control.py)
+        from ops.kernels.control import sum_arrays
+
+        ctx.set_output("Out", sum_arrays(values))
+        return
     if all(isinstance(v, SelectedRows) for v in values):
         rows = np.concatenate([v.rows for v in values])
         value = np.concatenate([v.active_value() for v in values])

@@ -692,14 +692,46 @@ class Block:
             raise IRError(f"block {self.idx} declares no var {name!r}") from None
 
     def find_var(self, name: str) -> Var | None:
-        """The var declared here or in the nearest ancestor block, or None."""
+        """The var declared here or in the nearest ancestor block, else (a control-flow grad
+        block) in a block whose scope it runs in (`visible_blocks`), or None."""
         block: Block | None = self
         while block is not None:
             var = block._vars.get(name)
             if var is not None:
                 return var
             block = block.parent
+        # Not declared up the parent chain: a grad block (or one inside it) also sees
+        # what its forward block sees. Asked only on a miss, so a hit costs what it did.
+        block = self
+        while block is not None and block.forward_block_idx < 0:
+            block = block.parent
+        if block is None:
+            return None
+        for block in self.visible_blocks():
+            var = block._vars.get(name)
+            if var is not None:
+                return var
         return None
+
+    def visible_blocks(self) -> list[Block]:
+        """The blocks whose vars an op of this block may name, nearest first: itself, then
+        what its forward block sees (a `conditional_block_grad` / `while_grad` sub-block
+        runs in the scope its forward sub-block ran in: Paddle's executor lets it read the
+        forward's vars), then what its parent sees. Without forward blocks: this block and
+        its ancestors. Each block once; a forward link that loops back is not followed."""
+        seen: dict[int, Block] = {self.idx: self}
+        order = [self]
+        for block in order:  # breadth first (nearest scope first), forward before parent
+            program = block.program
+            forward = block.forward_block_idx
+            nexts = [block.parent]
+            if program is not None and 0 <= forward < len(program._blocks):
+                nexts.insert(0, program._blocks[forward])
+            for nxt in nexts:
+                if nxt is not None and nxt.idx not in seen:
+                    seen[nxt.idx] = nxt
+                    order.append(nxt)
+        return order
 
     def create_var(self, name: str, kind: VarKind = VarKind.LOD_TENSOR, dtype=None, shape=None, **flags) -> Var:
         """Declare a new var (IRError if the name is taken in this block)."""

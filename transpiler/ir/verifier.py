@@ -4,7 +4,9 @@
   is another existing block and the parent chain reaches block 0 without a cycle;
   `forward_block_idx` is -1 or an existing block;
 * ops: every slot argument names a var declared in the op's block or an ancestor
-  (`@EMPTY@`, Paddle's "no grad here" placeholder, excepted); BLOCK / BLOCKS attrs
+  (`@EMPTY@`, Paddle's "no grad here" placeholder, excepted) or, in a control-flow grad
+  block (`forward_block_idx` set: `conditional_block_grad`'s, `while_grad`'s), in a block
+  its forward block sees: Paddle runs it in the forward's scope (`Block.visible_blocks`); BLOCK / BLOCKS attrs
   name existing blocks other than the op's own; VAR / VARS attrs name declared vars;
   the common attrs (`op_role`, ...) have the types Paddle gives them.
 
@@ -163,15 +165,26 @@ def _check_ops(program: Program, block: Block, name: str) -> Iterable[VerifyErro
     # C speed), no slot needs checking op by op.
     undeclared = block.names_used()
     scopes = []
+    chain: list[Block] = []
     current: Block | None = block
     while current is not None:
+        chain.append(current)
+        current = current.parent
+    # A control-flow grad block also sees what its forward block sees (`Block.visible_blocks`).
+    forward = any(b.forward_block_idx >= 0 for b in chain)
+    if forward:
+        chain = block.visible_blocks()
+    for current in chain:
         scope = current._vars
         scopes.append(scope)
         if undeclared and scope:
             # `set.difference(dict)` looks each name up in the dict; `difference_update` would walk
             # every key of the scope (the global block's, for each of hundreds of small blocks).
             undeclared = undeclared.difference(scope)
-        current = current.parent
+    where = f"block {block.idx} and its ancestors"
+    if forward:
+        others = ", ".join(str(b.idx) for b in chain[1:])
+        where = f"block {block.idx} and the blocks whose scopes it runs in ({others}: ancestors and forward blocks)"
     undeclared.discard(EMPTY_VAR_NAME)
     ops: Iterable[tuple[int, Op]] = enumerate(block.ops)
     if not undeclared:
@@ -197,8 +210,7 @@ def _check_ops(program: Program, block: Block, name: str) -> Iterable[VerifyErro
                         if arg != EMPTY_VAR_NAME and not declared(arg):
                             yield op_problem(
                                 name, block, op, index,
-                                f"{direction} {slot}={arg!r} names a var that block {block.idx} and its ancestors "
-                                "do not declare",
+                                f"{direction} {slot}={arg!r} names a var that {where} do not declare",
                             )
         attrs = op._attrs
         if op._verified_attrs is attrs:

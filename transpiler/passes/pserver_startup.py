@@ -4,7 +4,13 @@ It declares the pserver's vars and keeps, in the original startup's order, the
 initializers of the vars this pserver holds: an initializer of a cut param (or of state
 cut like it) is copied once per block with its `shape` attr set to the block's shape.
 A fixed non-zero `seed` is offset by the block index, so the blocks of one param do not
-start as copies of each other. Paddle 1.8's `get_startup_program` sets those shapes with
+start as copies of each other.
+
+A startup op that writes several params at once is cut into what it does to each
+(`PER_PARAM`): `coalesce_tensor` (an RNN's weights packed into one buffer) copies each
+input to itself (`copy_data`), so the params keep what their own initializers wrote and
+the op is dropped, or sets them to a constant (`set_constant`), a `fill_constant` per
+param block. Its fused buffer is nobody's param to place: it stays on the trainer. Paddle 1.8's `get_startup_program` sets those shapes with
 `op._set_attr` on the trainer's own startup ops (`distribute_transpiler.py`); here the
 original is never touched.
 """
@@ -13,9 +19,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ops.catalogue import make_op
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
-from transpiler.ir import Attr, Op, Program
+from transpiler.ir import Attr, Op, OpRole, Program
 from transpiler.ir.attrs import sound_on_its_own
 from transpiler.passes.bundle import Bundle
 from transpiler.passes.contract import Pass
@@ -89,13 +96,42 @@ def _startup_for(initializers: list[tuple[Op, list[str]]], writers: dict[str, li
             if all(list(instances.get(out, ())) == [(out, 0)] for out in outputs):
                 ops.append(op.clone())
                 continue
-            raise TranspileError(f"startup op {op.type!r} writes several vars {outputs}; cannot place it per block")
+            cut = PER_PARAM.get(op.type)
+            if cut is None:
+                raise TranspileError(
+                    f"startup op {op.type!r} writes several vars {outputs}; cannot place it per block "
+                    f"(ops cut per param: {', '.join(PER_PARAM)})"
+                )
+            ops.extend(cut(op, targets, block))
+            continue
         (origin_name,) = outputs
         slot, whole = shared.output(position, op, origin_name)
         for target, index in targets:
             ops.append(_initializer_for(op, origin_name, slot, whole, block.var(target), index, shared))
     block.add_ops(ops)
     return startup
+
+
+def _coalesce_tensor_per_param(op: Op, targets: list[tuple[str, int]], block) -> list[Op]:
+    """`coalesce_tensor` for the param blocks `targets` of this pserver: nothing with
+    `copy_data` (each param keeps its value), else a `fill_constant` of `constant` (or 0:
+    Paddle leaves the memory uninitialised, zeros are one of its values) per block."""
+    if op.attr("copy_data", False) and not op.attr("set_constant", False):
+        return []
+    value = float(op.attr("constant", 0.0)) if op.attr("set_constant", False) else 0.0
+    fills = []
+    for target, _ in targets:
+        var = block.var(target)
+        if var.shape is None or var.dtype is None:
+            raise TranspileError(f"cannot initialise {target!r} apart from its coalesce_tensor: no shape or dtype")
+        fills.append(make_op("fill_constant", {}, {"Out": [target]},
+                             {"shape": [int(d) for d in var.shape], "dtype": int(var.dtype), "value": value},
+                             role=OpRole.Forward))
+    return fills
+
+
+# Startup ops that write several params, and how each is cut into per-param-block ops.
+PER_PARAM = {"coalesce_tensor": _coalesce_tensor_per_param}
 
 
 def _initializer_for(op: Op, origin_name: str, slot: str, whole: tuple[int, ...] | None, target, index: int,
