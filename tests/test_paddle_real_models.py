@@ -85,8 +85,8 @@ def clip_moved_to_trainer(case: str, expected: dict) -> dict:
 
 
 def test_the_real_model_cases_are_there():
-    assert {c.split("_")[0] for c in REAL_MODEL_CASES} == {"resnet50", "bert"}
-    assert len(REAL_MODEL_CASES) == 5 and len(UNSLICED) == 2
+    assert {c.split("_")[0] for c in REAL_MODEL_CASES} == {"resnet50", "resnet", "bert"}
+    assert len(REAL_MODEL_CASES) == 6 and len(UNSLICED) == 2
 
 
 def is_bert(case: str) -> bool:
