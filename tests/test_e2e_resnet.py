@@ -1,0 +1,112 @@
+"""Sync training of a ResNet built by Paddle 2.6 on 3 pservers x 2 trainers equals local
+training, float64, element by element.
+
+The program is tests/fixtures/paddle_programs/resnet_small_momentum_3ps_sync (ResNet-50's
+op types: conv2d, batch_norm, pool2d max and adaptive avg, flatten_contiguous_range,
+matmul_v2, the residual adds and their `sum` grads, Momentum) at 32x32. Not ResNet-50 itself:
+one local float64 step of it at batch 2 takes ~3-5 s here (2 cores shared), so a few
+distributed steps plus the local reference would cost minutes of the suite; the small one
+takes seconds and runs every kernel ResNet-50 does. `--min-block-size 64` slices 11 of its
+38 trained params (conv filters, the linear weight) over 2 or 3 of the 3 pservers.
+
+Batch norm makes "local training" need a definition. In training mode it normalises over
+the batch it sees, and each trainer sees its share: local training on the whole batch
+computes other statistics, so other activations, grads and moving stats (the control
+below shows by how much). Paddle's parameter-server training is the same: no sync batch
+norm. So the reference is local training *as the trainers train* (`train_program.py
+--as-trainers 2`, `AsTrainers`): every step each trainer's share runs forward and backward in
+a scope of its own, the two grads are summed and halved as the pservers do, and Momentum
+runs once. Exactly what is compared:
+
+* the 38 params the optimizer trains (conv filters, batch-norm scales and biases, the
+  linear weight and bias; the pservers hold them, sliced or whole): trainer 0's and
+  trainer 1's final values are bit-identical (both received them from the pservers) and
+  equal the reference's element by element (rtol 1e-9; measured: bit-identical);
+* the 24 moving means and variances (`batch_norm2d_*.w_1` / `.w_2`: persistable, written by
+  the forward pass, on no pserver, in no optimizer): each trainer keeps and updates its
+  own, from its own shares, as in Paddle. Trainer i's final values equal the reference's
+  trainer-i scope's (rtol 1e-9), and the two trainers' differ.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from e2e_support import EXAMPLES, launch_ok, run_script_locally
+
+from conftest import PADDLE_PROGRAMS
+from transpiler.api import transpile
+from transpiler.ir import Program
+
+CASE = PADDLE_PROGRAMS / "resnet_small_momentum_3ps_sync"
+STEPS, BATCH, SEED, PSERVERS, TRAINERS, MIN_BLOCK = 4, 8, 0, 3, 2, 64
+RTOL = 1e-9
+
+
+def common_args(save) -> tuple[str, ...]:
+    return (str(EXAMPLES / "train_program.py"), "--main", str(CASE / "main.pb"), "--startup", str(CASE / "startup.pb"),
+            "--loss", "mean_0.tmp_0", "--steps", str(STEPS), "--batch", str(BATCH), "--seed", str(SEED),
+            "--float64", "--save", str(save))
+
+
+def load(path) -> dict[str, dict[str, np.ndarray]]:
+    """{"init": {...}, "final": {...}, "final.trainer_0": {...}, ...} of a saved .npz."""
+    saved = np.load(path)
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for key in saved.files:
+        group, name = key.split("/", 1)
+        out.setdefault(group, {})[name] = saved[key]
+    return out
+
+
+def moving_stats(program: Program) -> set[str]:
+    """batch_norm's MeanOut / VarianceOut: the state each trainer keeps to itself."""
+    return {n for op in program.global_block().ops if op.type == "batch_norm"
+            for n in (*op.output("MeanOut"), *op.output("VarianceOut"))}
+
+
+def test_the_params_are_sliced_over_three_pservers():
+    main = Program.load(CASE / "main.pb")
+    result = transpile(main, Program.load(CASE / "startup.pb"), pservers=",".join(
+        f"127.0.0.1:{6170 + i}" for i in range(PSERVERS)), trainers=TRAINERS, min_block_size=MIN_BLOCK)
+    sliced = [p for p in result.plan.params if p.sliced]
+    assert len(result.plan.params) == 38 and len(sliced) == 11
+    assert max(len(p.endpoints) for p in sliced) == PSERVERS
+    assert not moving_stats(main) & {p.param for p in result.plan.params}  # on no pserver
+
+
+def test_sync_training_equals_local_training_as_the_trainers_train(tmp_path):
+    main = Program.load(CASE / "main.pb")
+    stats = moving_stats(main)
+    assert len(stats) == 24
+    launch_ok(tmp_path, (sys.executable, *common_args(tmp_path / "params"), "--min-block-size", str(MIN_BLOCK)),
+              pservers=PSERVERS, trainers=TRAINERS, sync_mode=True, timeout=60.0)
+    trainers = [load(tmp_path / "params" / f"trainer_{i}.npz") for i in range(TRAINERS)]
+    init = trainers[0]["init"]
+    run_script_locally((*common_args(tmp_path / "local"), "--as-trainers", str(TRAINERS),
+                        "--init", str(tmp_path / "params" / "trainer_0.npz")))
+    local = load(tmp_path / "local" / "local.npz")
+    run_script_locally((*common_args(tmp_path / "whole"), "--init", str(tmp_path / "params" / "trainer_0.npz")))
+    whole = load(tmp_path / "whole" / "local.npz")["final"]
+
+    trained = sorted(set(init) - stats)
+    assert len(trained) == 38 and stats <= set(init)
+    worst = {}
+    for name in trained:
+        assert np.abs(trainers[0]["final"][name] - init[name]).max() > 0, f"{name} never changed"
+        assert np.array_equal(trainers[0]["final"][name], trainers[1]["final"][name]), name
+        got, want = trainers[0]["final"][name], local["final.trainer_0"][name]
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=0, err_msg=name)
+        worst[name] = float(np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-300)))
+    for i, trainer in enumerate(trainers):
+        for name in sorted(stats):
+            np.testing.assert_allclose(trainer["final"][name], local[f"final.trainer_{i}"][name], rtol=RTOL, atol=0,
+                                       err_msg=f"trainer {i}: {name}")
+    assert all(not np.array_equal(trainers[0]["final"][n], trainers[1]["final"][n]) for n in stats)
+    # The control: local training on the whole batch is another computation (batch norm).
+    off = max(float(np.abs(whole[n] - local["final"][n]).max() / np.abs(local["final"][n]).max()) for n in trained)
+    print(f"params: worst element-wise relative difference {max(worst.values()):.1e} ({max(worst, key=worst.get)}); "
+          f"whole-batch local training differs by up to {off:.1e} of a param's scale")
+    assert off > 1e-6
