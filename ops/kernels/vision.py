@@ -140,9 +140,10 @@ def conv2d_grad(ctx: OpContext) -> None:
     dout = np.ascontiguousarray(dout).reshape(conv.n, conv.groups, conv.m // conv.groups, conv.oh * conv.ow)
     if ctx.has_output("Filter@GRAD"):
         cols = conv.columns(x)
-        # sum over the batch of dOut[n] @ cols[n]^T, as one matmul over (N * OH*OW)
-        dw = np.einsum("ngml,ngkl->gmk", dout, cols, optimize=True) if conv.n > 1 else np.matmul(
-            dout[0], cols[0].swapaxes(-1, -2))
+        # the sum over the batch of dOut[n] @ cols[n]^T: one GEMM per example, then a sum of
+        # N filter-sized arrays (einsum took 10x longer; one (N*OH*OW)-long GEMM needs a
+        # transposed copy of the columns)
+        dw = np.matmul(dout, cols.swapaxes(-1, -2)).sum(axis=0)
         ctx.set_output("Filter@GRAD", dw.reshape(w.shape).astype(w.dtype, copy=False))
     if ctx.has_output("Input@GRAD"):
         dcols = np.matmul(conv.filters(w).swapaxes(-1, -2), dout)  # [N, g, K, OH*OW]
@@ -170,12 +171,21 @@ class _Norm:
         self.channels = x.shape[self.axis]
         self.shape = tuple(self.channels if a == self.axis else 1 for a in range(x.ndim))
         self.count = x.size // self.channels if self.channels else 0
+        # [N, C, H*W] (channel first) or [N*H*W, C]: the reductions run over contiguous rows
+        self.rows = (x.shape[0], self.channels, -1) if self.axis == 1 and x.ndim > 2 else (-1, self.channels)
 
     def b(self, v: np.ndarray) -> np.ndarray:
         return v.reshape(self.shape)
 
     def sum(self, v: np.ndarray) -> np.ndarray:
-        return v.sum(axis=self.axes)
+        """Per channel sum (numpy's sum over axes (0, 2, 3) of NCHW is ~3x slower)."""
+        v = v.reshape(self.rows)
+        return v.sum(axis=2).sum(axis=0) if v.ndim == 3 else v.sum(axis=0)
+
+    def dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Per channel sum of a * b, without the product's temporary."""
+        a, b = a.reshape(self.rows), b.reshape(self.rows)
+        return np.einsum("ncl,ncl->c", a, b) if a.ndim == 3 else np.einsum("lc,lc->c", a, b)
 
 
 def _float_attr(ctx: OpContext, name: str, dtype: np.dtype):
@@ -213,7 +223,7 @@ def batch_norm(ctx: OpContext) -> None:
         momentum = _float_attr(ctx, "momentum", x.dtype)
     batch_mean = norm.sum(x) / x.dtype.type(norm.count)
     centred = x - norm.b(batch_mean)
-    batch_var = norm.sum(centred * centred) / x.dtype.type(norm.count)
+    batch_var = norm.dot(centred, centred) / x.dtype.type(norm.count)
     inv_std = 1.0 / np.sqrt(batch_var + eps)
     y = centred * norm.b(inv_std * scale) + norm.b(bias)
     one = x.dtype.type(1)
@@ -236,15 +246,19 @@ def batch_norm_grad(ctx: OpContext) -> None:
         eps = _float_attr(ctx, "epsilon", x.dtype)
         mean = ctx.input("MeanOut")
         inv_std = 1.0 / np.sqrt(ctx.input("VarianceOut") + eps)
-        xhat = (x - norm.b(mean)) * norm.b(inv_std)
-        dscale = norm.sum(dy * xhat)
+        dscale = norm.dot(dy, x - norm.b(mean)) * inv_std
         dx = dy * norm.b(scale * inv_std)
     else:
+        # dx = scale * inv_std / m * (m * dy - dbias - xhat * dscale), xhat = (x - mean) * inv_std,
+        # as three per-channel coefficients: dx = a * dy + b * (x - mean) + c
         mean, inv_std = ctx.input("SavedMean"), ctx.input("SavedVariance")
-        xhat = (x - norm.b(mean)) * norm.b(inv_std)
-        dscale = norm.sum(dy * xhat)
+        centred = x - norm.b(mean)
+        dscale = norm.dot(dy, centred) * inv_std
         m = x.dtype.type(norm.count)
-        dx = norm.b(scale * inv_std / m) * (m * dy - norm.b(dbias) - xhat * norm.b(dscale))
+        a = scale * inv_std
+        dx = dy * norm.b(a)
+        dx += centred * norm.b(-a * inv_std * dscale / m)
+        dx += norm.b(-a * dbias / m)
     ctx.set_output("X@GRAD", dx.astype(x.dtype, copy=False))
     ctx.set_output("Scale@GRAD", dscale.astype(scale.dtype, copy=False))
     ctx.set_output("Bias@GRAD", dbias.astype(scale.dtype, copy=False))
