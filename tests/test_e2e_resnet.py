@@ -25,7 +25,9 @@ runs once. Exactly what is compared:
 * the 24 moving means and variances (`batch_norm2d_*.w_1` / `.w_2`: persistable, written by
   the forward pass, on no pserver, in no optimizer): each trainer keeps and updates its
   own, from its own shares, as in Paddle. Trainer i's final values equal the reference's
-  trainer-i scope's (rtol 1e-9), and the two trainers' differ.
+  trainer-i scope's (rtol 1e-9), and the two trainers' differ;
+* trainer 0's `Session.pull()` (`--pull-to`): every one of the 62, bit for bit its own
+  final values (the moving stats are its own; no pserver holds them).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import numpy as np
 from e2e_support import EXAMPLES, launch_ok, run_script_locally
 
 from conftest import PADDLE_PROGRAMS
+from ops.rpc.tensor_file import read_tensor
 from transpiler.api import transpile
 from transpiler.ir import Program
 
@@ -81,8 +84,9 @@ def test_sync_training_equals_local_training_as_the_trainers_train(tmp_path):
     main = Program.load(CASE / "main.pb")
     stats = moving_stats(main)
     assert len(stats) == 24
-    launch_ok(tmp_path, (sys.executable, *common_args(tmp_path / "params"), "--min-block-size", str(MIN_BLOCK)),
-              pservers=PSERVERS, trainers=TRAINERS, sync_mode=True, timeout=60.0)
+    launch_ok(tmp_path, (sys.executable, *common_args(tmp_path / "params"), "--min-block-size", str(MIN_BLOCK),
+                         "--pull-to", str(tmp_path / "pulled")), pservers=PSERVERS, trainers=TRAINERS, sync_mode=True,
+              timeout=60.0)
     trainers = [load(tmp_path / "params" / f"trainer_{i}.npz") for i in range(TRAINERS)]
     init = trainers[0]["init"]
     run_script_locally((*common_args(tmp_path / "local"), "--as-trainers", str(TRAINERS),
@@ -106,6 +110,10 @@ def test_sync_training_equals_local_training_as_the_trainers_train(tmp_path):
             np.testing.assert_allclose(trainer["final"][name], local[f"final.trainer_{i}"][name], rtol=RTOL, atol=0,
                                        err_msg=f"trainer {i}: {name}")
     assert all(not np.array_equal(trainers[0]["final"][n], trainers[1]["final"][n]) for n in stats)
+    # Session.pull() (trainer 0's --pull-to): the pservers' params and trainer 0's own moving stats
+    pulled = {path.name: read_tensor(path) for path in (tmp_path / "pulled").iterdir()}
+    assert set(pulled) == set(init)
+    assert all(np.array_equal(pulled[n], trainers[0]["final"][n]) for n in pulled)
     # The control: local training on the whole batch is another computation (batch norm).
     off = max(float(np.abs(whole[n] - local["final"][n]).max() / np.abs(local["final"][n]).max()) for n in trained)
     print(f"params: worst element-wise relative difference {max(worst.values()):.1e} ({max(worst, key=worst.get)}); "

@@ -53,7 +53,13 @@ def _pad(x: np.ndarray, pads: list[tuple[int, int]], value: float = 0.0) -> np.n
         return x
     if any(lo < 0 or hi < 0 for lo, hi in pads):
         raise KernelError(f"negative paddings {pads} are not supported")
-    return np.pad(x, ((0, 0), (0, 0), *pads), constant_values=value)
+    (top, bottom), (left, right) = pads
+    h, w = x.shape[2:]
+    out = np.empty((*x.shape[:2], h + top + bottom, w + left + right), dtype=x.dtype)
+    out[:, :, :top], out[:, :, top + h:] = value, value  # the borders only (np.pad is slower)
+    out[:, :, top:top + h, :left], out[:, :, top:top + h, left + w:] = value, value
+    out[:, :, top:top + h, left:left + w] = x
+    return out
 
 
 # ------------------------------------------------------------------ convolution

@@ -231,7 +231,9 @@ class Session:
         bit); the rest (the distributed table, blocks of a `remote_prefetch` table)
         comes from the pservers: in async mode by gets; in sync mode, where the
         pservers answer gets only between steps of every trainer, through a checkpoint
-        of this step (`ckpt-<steps>`, which needs the job's `checkpoint_dir`) read back."""
+        of this step (`ckpt-<steps>`, which needs the job's `checkpoint_dir`) read back.
+        The default also takes the params no pserver holds, which each trainer keeps to
+        itself (batch norm's moving mean and variance): this trainer's own values."""
         if self.result is None:
             wanted = list(names) if names is not None else parameter_names(self.main)
             return {name: np.array(value) for name, value in self.params(wanted).items()}
@@ -239,13 +241,15 @@ class Session:
             raise PsTranspilerError("pull() is for trainers and local training; a pserver holds its own scope")
         plan = self.result.plan.to_json()
         params = {p["param"]: p for p in plan["params"]}
-        wanted = list(names) if names is not None else [*sorted(params), *([plan["table"]["table"]] if plan["table"] else [])]
+        table = plan["table"]["table"] if plan["table"] else None
+        own = {name for name in parameter_names(self.main) if name not in params and name != table}
+        wanted = list(names) if names is not None else [*sorted(params), *([table] if table else []), *sorted(own)]
         out: dict[str, np.ndarray] = {}
         remote = []
         for name in wanted:
             value = self.scope.find_var(name)
             held = isinstance(value, LoDTensor) and not (value.array.size and 0 in value.array.strides)  # not fake_init
-            if name in params and held and not params[name]["remote_prefetch"]:
+            if held and (name in params and not params[name]["remote_prefetch"] or name in own):
                 out[name] = np.array(value.array)
             else:
                 remote.append(name)
