@@ -269,3 +269,26 @@ def test_bad_attrs_and_shapes_are_clear_errors(op, inputs, attrs, message):
     outs = {"conv2d": ("Output",), "pool2d": ("Out",)}.get(op, ("Y", "MeanOut", "VarianceOut"))
     with pytest.raises(ExecutionError, match=message):
         run_op(op, inputs, outs, attrs)
+
+
+@pytest.mark.parametrize("case", ["resnet50_momentum_4ps_sync", "resnet_small_momentum_3ps_sync"])
+def test_shape_rules_give_the_shapes_paddle_declared(case):
+    """The catalogue's shape rules (ops/catalogue/vision_ops.py) on every vision op of the
+    Paddle-built ResNets give the output shapes Paddle declared (batch -1 included)."""
+    from conftest import PADDLE_PROGRAMS
+    from ops.catalogue import ShapeContext, TensorInfo
+
+    block = Program.load(PADDLE_PROGRAMS / case / "main.pb").global_block()
+    checked = 0
+    for op in block.ops:
+        entry = catalogue.get(op.type)
+        if entry is None or entry.family != "vision":
+            continue
+        infos = {slot: tuple(TensorInfo(block.var(n).dtype, block.var(n).shape) for n in args)
+                 for slot, args in op.inputs.items()}
+        result = entry.infer_shape(ShapeContext(op.type, infos, op.attr_values()))
+        for slot, got in result.items():
+            for name, info in zip(op.output(slot), got, strict=False):
+                assert tuple(info.shape) == tuple(block.var(name).shape), (op.type, slot, name)
+                checked += 1
+    assert checked > 70
