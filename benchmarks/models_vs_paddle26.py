@@ -15,7 +15,9 @@ trains locally (no pservers) on the same main.pb / startup.pb and the same feed 
 Both run one thread (`PADDLE_SPEED_ENV`: OMP/MKL/OpenBLAS 1, the machine has 2 cores shared
 with other work) and time whole steps (`Executor.run`, feed to fetched loss) after a warmup.
 Runs alternate (Paddle, ours, Paddle, ours, ...; `--rounds` each) and the table shows each
-side's median ms/step over all timed steps of all rounds, and ours / Paddle's. Rows for other
+side's median ms/step over all timed steps of all rounds, wall and CPU (the process's own
+CPU time: the steadier figure while the rest of the machine competes for the cores), and
+ours / Paddle's. Rows for other
 models are one more entry in `CASES`. Exits 0 with one line when Paddle 2.6.2 is absent.
 """
 
@@ -85,12 +87,13 @@ def worker(name: str, feed_npz: str) -> None:
     feed = dict(np.load(feed_npz))
     exe, scope = Executor(seed=0), Scope()
     exe.run(startup, scope=scope)
-    seconds, losses = [], []
+    seconds, cpu, losses = [], [], []
     for step in range(case.warmup + case.steps):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         (loss,) = exe.run(main, feed=feed, fetch_list=[case.loss], scope=scope)
         if step >= case.warmup:
             seconds.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - cpu_start)
         losses.append(float(np.asarray(loss).reshape(-1)[0]))
     by_op: dict[str, float] = defaultdict(float)
 
@@ -113,7 +116,7 @@ def worker(name: str, feed_npz: str) -> None:
         for spec in originals:
             registry.restore_kernel(spec)
     by_op["(outside kernels)"] = profiled - sum(by_op.values())
-    print(json.dumps({"seconds": seconds, "loss": [losses[0], losses[-1]], "by_op": dict(by_op),
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "loss": [losses[0], losses[-1]], "by_op": dict(by_op),
                       "profiled": profiled}))
 
 
@@ -149,22 +152,28 @@ def main(argv: list[str] | None = None) -> int:
             folder = FIXTURES / case.fixture
             feed_npz = Path(tmp) / f"{name}.npz"
             np.savez(feed_npz, **case.feed(case.batch, np.random.default_rng(0)))
-            ours, theirs, by_op = [], [], defaultdict(float)
+            ours, theirs, by_op = defaultdict(list), defaultdict(list), defaultdict(float)
             for _ in range(max(1, args.rounds)):
-                theirs += run_json([str(paddle), str(ROOT / "benchmarks" / "paddle26_step.py"), str(folder / "main.pb"),
-                                    str(folder / "startup.pb"), str(feed_npz), case.loss, str(case.warmup),
-                                    str(case.steps)], env)["seconds"]
+                paddle_run = run_json([str(paddle), str(ROOT / "benchmarks" / "paddle26_step.py"),
+                                       str(folder / "main.pb"), str(folder / "startup.pb"), str(feed_npz), case.loss,
+                                       str(case.warmup), str(case.steps)], env)
                 mine = run_json([sys.executable, __file__, "--worker", name, "--feed", str(feed_npz)], env)
-                ours += mine["seconds"]
+                for side, run in ((theirs, paddle_run), (ours, mine)):
+                    side["wall"] += run["seconds"]
+                    side["cpu"] += run["cpu"]
                 for op_type, seconds in mine["by_op"].items():
                     by_op[op_type] += seconds / mine["profiled"] / max(1, args.rounds)
-            rows.append((name, case, statistics.median(ours) * 1e3, statistics.median(theirs) * 1e3, by_op))
-    print(f"local training step, one thread each, median over {args.rounds} alternating rounds")
-    print(f"{'case':14s} {'batch':>5s} {'ours ms':>9s} {'Paddle ms':>9s} {'ours/Paddle':>11s}  where our step goes")
-    for name, case, ours_ms, paddle_ms, by_op in rows:
+            rows.append((name, case, {k: statistics.median(v) * 1e3 for k, v in ours.items()},
+                         {k: statistics.median(v) * 1e3 for k, v in theirs.items()}, by_op))
+    print(f"local training step, one thread each, medians over {args.rounds} alternating rounds (ms/step; CPU is the "
+          "steadier figure on a shared machine)")
+    print(f"{'case':14s} {'batch':>5s} {'ours wall':>9s} {'Paddle':>8s} {'ratio':>6s} {'ours CPU':>9s} {'Paddle':>8s} "
+          f"{'ratio':>6s}  where our step goes")
+    for name, case, ours, theirs, by_op in rows:
         top = sorted(by_op.items(), key=lambda kv: -kv[1])[:6]
         where = ", ".join(f"{t} {share:.0%}" for t, share in top)
-        print(f"{name:14s} {case.batch:5d} {ours_ms:9.1f} {paddle_ms:9.1f} {ours_ms / paddle_ms:10.2f}x  {where}")
+        print(f"{name:14s} {case.batch:5d} {ours['wall']:9.1f} {theirs['wall']:8.1f} {ours['wall'] / theirs['wall']:5.2f}x "
+              f"{ours['cpu']:9.1f} {theirs['cpu']:8.1f} {ours['cpu'] / theirs['cpu']:5.2f}x  {where}")
     return 0
 
 

@@ -6,7 +6,7 @@ saved (main.pb, startup.pb) pair in Paddle's own static-graph executor (CPU).
 Runs under the Paddle 2.6.2 venv's python, never ours. Loads Paddle's bytes with
 `Program.parse_from_string`, runs the startup program, then WARMUP untimed and STEPS timed
 steps on the same feed (FEED.npz: one array per feed var), and prints one JSON line:
-{"seconds": [per-step wall seconds], "loss": [first, last]}.
+{"seconds": [per-step wall seconds], "cpu": [per-step CPU seconds], "loss": [first, last]}.
 """
 
 from __future__ import annotations
@@ -29,16 +29,17 @@ def main(argv: list[str]) -> int:
     feed = dict(np.load(feed_npz))
     exe = paddle.static.Executor(paddle.CPUPlace())
     scope = paddle.static.Scope()
-    losses, seconds = [], []
+    losses, seconds, cpu = [], [], []
     with paddle.static.scope_guard(scope):
         exe.run(startup)
         for step in range(int(warmup) + int(steps)):
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             (value,) = exe.run(main, feed=feed, fetch_list=[loss])
             if step >= int(warmup):
                 seconds.append(time.perf_counter() - start)
+                cpu.append(time.process_time() - cpu_start)
             losses.append(float(np.asarray(value).reshape(-1)[0]))
-    print(json.dumps({"seconds": seconds, "loss": [losses[0], losses[-1]]}))
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "loss": [losses[0], losses[-1]]}))
     return 0
 
 
