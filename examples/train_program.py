@@ -200,7 +200,10 @@ class AsTrainers:
             (value,) = session.executor.run(self.compute, feed=shard(batch, role), fetch_list=[loss], scope=scope)
             losses.append(float(np.asarray(value).reshape(-1)[0]))
         for grad in self.grads:
-            parts = [scope.find_var(grad).array for scope in self.scopes]
+            values = [scope.find_var(grad) for scope in self.scopes]
+            if not all(isinstance(v, LoDTensor) for v in values):
+                raise SystemExit(f"--as-trainers: {grad} is not a dense tensor (sparse grads are not supported here)")
+            parts = [v.array for v in values]
             total = parts[0].copy()
             for part in parts[1:]:
                 total += part

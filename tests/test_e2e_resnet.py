@@ -173,3 +173,19 @@ def test_the_example_trains_the_small_resnet_with_launch(tmp_path):
     print(f"train_resnet_small: epoch losses {losses}, accuracy {result['before']:.3f} -> {result['after']:.3f}")
     assert result["steps"] == 2 * ((1797 - 360) // 64) and losses[1] < 0.75 * losses[0]
     assert result["before"] < 0.2 and result["after"] > 0.3  # chance: 0.1; measured 0.364 (0.681 after 3)
+
+
+def test_as_trainers_is_local_training_when_no_op_depends_on_the_batch(tmp_path):
+    """The reference itself: on a program without batch norm (the Paddle-built Adam MLP, a
+    mean loss), training as 2 trainers (two half-batch grads, averaged) is local training
+    on the whole batch, float64 up to rounding."""
+    folder = PADDLE_PROGRAMS / "mlp_adam_2ps"
+    args = (str(EXAMPLES / "train_program.py"), "--main", str(folder / "main.pb"), "--startup",
+            str(folder / "startup.pb"), "--loss", "mean_0.tmp_0", "--steps", "3", "--batch", "8", "--float64")
+    run_script_locally((*args, "--save", str(tmp_path / "whole")))
+    run_script_locally((*args, "--as-trainers", "2", "--save", str(tmp_path / "shares")))
+    whole, shares = load(tmp_path / "whole" / "local.npz"), load(tmp_path / "shares" / "local.npz")
+    assert whole["final"].keys() == shares["final"].keys() and whole["final"]
+    for name, value in whole["final"].items():
+        assert np.abs(value - whole["init"][name]).max() > 0, name
+        np.testing.assert_allclose(shares["final"][name], value, rtol=1e-9, atol=1e-12, err_msg=name)
