@@ -31,7 +31,8 @@ runs once. Exactly what is compared:
   own, from its own shares, as in Paddle. Trainer i's final values equal the reference's
   trainer-i scope's (rtol 1e-9), and the two trainers' differ;
 * trainer 0's `Session.pull()` (`--pull-to`): every one of them, bit for bit its own
-  final values (the moving stats are its own; no pserver holds them).
+  final values (the moving stats are its own; no pserver holds them); a job warm started
+  from those files (`--warm-start`) starts every trainer with all of them (small ResNet).
 """
 
 from __future__ import annotations
@@ -153,6 +154,13 @@ def test_sync_training_equals_local_training_as_the_trainers_train(model, tmp_pa
     assert set(pulled) == set(init)
     assert all(np.array_equal(pulled[n], trainers[0]["final"][n]) for n in pulled)
     print(f"{model}: params: worst element-wise relative difference {max(worst.values()):.1e}")
+    if model == "resnet_small":  # a whole model out, a whole model in: --warm-start from the pulled files
+        launch_ok(tmp_path / "again", (sys.executable, *common_args(case, tmp_path / "again" / "params"), "--steps", "0",
+                                       "--warm-start", str(tmp_path / "pulled")),
+                  pservers=PSERVERS, trainers=TRAINERS, sync_mode=True, timeout=60.0)
+        for i in range(TRAINERS):
+            started = load(tmp_path / "again" / "params" / f"trainer_{i}.npz")["init"]
+            assert all(np.array_equal(started[n], pulled[n]) for n in pulled), f"trainer {i}"
     if model == "resnet_small":  # the control: local training on the whole batch is another computation
         run_script_locally((*common_args(case, tmp_path / "whole"), "--init", str(tmp_path / "params" / "trainer_0.npz")))
         whole = load(tmp_path / "whole" / "local.npz")["final"]

@@ -19,7 +19,8 @@ skips the batches already trained (`for step in range(session.steps, total)`).
 Given None, these options fall back on what a launcher sets in the environment
 (`PSTRANSPILE_CHECKPOINT_DIR`, `PSTRANSPILE_CHECKPOINT_EVERY`, and `PSTRANSPILE_RESTORE` when
 `launch --max-restarts` restarts a job). `init=D` warm starts the pservers (or local
-training) from LoDTensor files of whole vars. `pull(names)` reads whole params out of the pservers (`pstranspile fetch`).
+training) from LoDTensor files of whole vars, and each trainer the params it keeps to
+itself (batch norm's moving stats), so trainer 0's `pull()` written out starts a job whole. `pull(names)` reads whole params out of the pservers (`pstranspile fetch`).
 
 The same script then trains locally (no environment), under `pstranspile launch`, or on
 many machines under any scheduler that sets Paddle's variables. A distributed role
@@ -167,6 +168,10 @@ class Session:
             self._restored.restore(self.scope, local_layout(self.main), "local", 1)
         elif self.result is None and self.init_from is not None:
             warm_start(self.scope, local_layout(self.main), self.init_from, 1, 0)
+        elif self.role.is_trainer and self.init_from is not None:
+            # the pservers warm start the params they hold; each trainer what it keeps itself
+            own = self._own_params()
+            warm_start(self.scope, {n: v for n, v in local_layout(self.main).items() if n in own}, self.init_from, 1, 0)
         self._started_at = time.monotonic()
 
     def run(
@@ -242,7 +247,7 @@ class Session:
         plan = self.result.plan.to_json()
         params = {p["param"]: p for p in plan["params"]}
         table = plan["table"]["table"] if plan["table"] else None
-        own = {name for name in parameter_names(self.main) if name not in params and name != table}
+        own = self._own_params()
         wanted = list(names) if names is not None else [*sorted(params), *([table] if table else []), *sorted(own)]
         out: dict[str, np.ndarray] = {}
         remote = []
@@ -265,6 +270,16 @@ class Session:
             reader = CheckpointReader(self.checkpoint_dir / name)
             out |= {var: reader.whole(var) for var in remote}
         return {name: out[name] for name in wanted}
+
+    def _own_params(self) -> set[str]:
+        """The params no pserver holds, which each trainer keeps to itself (batch norm's
+        moving mean and variance: persistable, marked as params by Paddle 2.x, in no
+        optimizer); empty when local."""
+        if self.result is None:
+            return set()
+        plan = self.result.plan.to_json()
+        held = {p["param"] for p in plan["params"]} | ({plan["table"]["table"]} if plan["table"] else set())
+        return {name for name in parameter_names(self.main) if name not in held}
 
     # ------------------------------------------------------------ the end
     def finish(self, *, failed: bool = False, reason: str = "") -> None:
