@@ -32,7 +32,9 @@ runs once. Exactly what is compared:
   trainer-i scope's (rtol 1e-9), and the two trainers' differ;
 * trainer 0's `Session.pull()` (`--pull-to`): every one of them, bit for bit its own
   final values (the moving stats are its own; no pserver holds them); a job warm started
-  from those files (`--warm-start`) starts every trainer with all of them (small ResNet).
+  from those files (`--warm-start`), and a job restored from the last checkpoint (the
+  pservers' parts and trainer 0's `trainer0/`), start every trainer with all of them
+  (small ResNet).
 """
 
 from __future__ import annotations
@@ -125,8 +127,9 @@ def test_sync_training_equals_local_training_as_the_trainers_train(model, tmp_pa
     main = Program.load(case.folder / "main.pb")
     stats = moving_stats(main)
     assert len(stats) == case.stats
+    checkpoints = ("--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2")
     launch_ok(tmp_path, (sys.executable, *common_args(case, tmp_path / "params"), "--min-block-size",
-                         str(case.min_block_size), "--pull-to", str(tmp_path / "pulled")),
+                         str(case.min_block_size), "--pull-to", str(tmp_path / "pulled"), *checkpoints),
               pservers=PSERVERS, trainers=TRAINERS, sync_mode=True, timeout=600.0)
     trainers = [load(tmp_path / "params" / f"trainer_{i}.npz") for i in range(TRAINERS)]
     init = trainers[0]["init"]
@@ -158,9 +161,17 @@ def test_sync_training_equals_local_training_as_the_trainers_train(model, tmp_pa
         launch_ok(tmp_path / "again", (sys.executable, *common_args(case, tmp_path / "again" / "params"), "--steps", "0",
                                        "--warm-start", str(tmp_path / "pulled")),
                   pservers=PSERVERS, trainers=TRAINERS, sync_mode=True, timeout=60.0)
-        for i in range(TRAINERS):
-            started = load(tmp_path / "again" / "params" / f"trainer_{i}.npz")["init"]
-            assert all(np.array_equal(started[n], pulled[n]) for n in pulled), f"trainer {i}"
+        # and a job restored from the last checkpoint: the pservers' part and trainer 0's own state
+        assert sorted(p.name for p in (tmp_path / "ckpt" / f"ckpt-{case.steps}").iterdir()) == [
+            "MANIFEST.json", "ps0", "ps1", "ps2", "trainer0"]
+        launch_ok(tmp_path / "restored", (sys.executable, *common_args(case, tmp_path / "restored" / "params"),
+                                          "--min-block-size", str(case.min_block_size), *checkpoints, "--restore",
+                                          str(tmp_path / "ckpt")),
+                  pservers=PSERVERS, trainers=TRAINERS, sync_mode=True, timeout=60.0)
+        for job in ("again", "restored"):
+            for i in range(TRAINERS):
+                started = load(tmp_path / job / "params" / f"trainer_{i}.npz")["init"]
+                assert all(np.array_equal(started[n], pulled[n]) for n in pulled), f"{job}: trainer {i}"
     if model == "resnet_small":  # the control: local training on the whole batch is another computation
         run_script_locally((*common_args(case, tmp_path / "whole"), "--init", str(tmp_path / "params" / "trainer_0.npz")))
         whole = load(tmp_path / "whole" / "local.npz")["final"]

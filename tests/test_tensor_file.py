@@ -63,6 +63,14 @@ def test_round_trip_keeps_dtype_shape_values_and_lod(tmp_path):
     assert read_tensor(tmp_path / "x").shape == (0, 5) and len(sha) == 64
 
 
+
+def test_a_0d_tensor_stays_0d():
+    """Paddle 2.x programs hold 0-d vars (the learning rate): dims [] in the file, as Paddle
+    2.6 writes them, and back as 0-d (a checkpoint's manifest records shape [])."""
+    back = decode_tensor(encode_tensor(np.array(0.5, np.float32)))
+    assert back.array.shape == () and back.array == np.float32(0.5)
+
+
 def test_a_torn_or_foreign_file_is_refused(tmp_path):
     data = encode_tensor(np.ones((10, 10), np.float32))
     for bad in (data[:-1], data[:20], b"", b"\x93NUMPY..." + data, data + b"x"):

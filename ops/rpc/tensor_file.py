@@ -38,7 +38,7 @@ class TensorFileError(PsTranspilerError):
 
 def encode_tensor(array: np.ndarray, lod: Sequence[np.ndarray] = ()) -> bytes:
     """The bytes of one LoDTensor file."""
-    array = np.ascontiguousarray(array)
+    array = np.ascontiguousarray(array) if np.ndim(array) else np.asarray(array)  # a 0-d var stays 0-d (dims [])
     desc = framework_pb2.VarType.TensorDesc(data_type=int(DType.from_any(array.dtype)), dims=list(array.shape))
     desc_bytes = desc.SerializeToString()
     parts = [struct.pack("<IQ", 0, len(lod))]

@@ -45,14 +45,17 @@ from ops.executor import Executor
 from ops.rpc.auth import Handshake, plan_fingerprint
 from ops.rpc.checkpoint import (
     DEFAULT_KEEP,
+    MANIFEST,
+    TRAINER_STATE,
     Checkpointer,
     CheckpointReader,
     checkpoint_name,
+    confine,
     local_layout,
     warm_start,
 )
 from ops.rpc.client import RpcClient  # importing ops.rpc registers the RPC kernels
-from ops.rpc.fetch import pull
+from ops.rpc.fetch import pull, write_vars
 from ops.rpc.serve import serve_program
 from ops.scope import Scope
 from ops.tensor import LoDTensor
@@ -168,6 +171,12 @@ class Session:
             self._restored.restore(self.scope, local_layout(self.main), "local", 1)
         elif self.result is None and self.init_from is not None:
             warm_start(self.scope, local_layout(self.main), self.init_from, 1, 0)
+        elif self.role.is_trainer and self._restored is not None:
+            # every trainer restarts its own state (moving stats) from trainer 0's, if kept
+            state = self._restored.folder / TRAINER_STATE
+            own = self._own_params()
+            if own and state.is_dir():
+                warm_start(self.scope, {n: v for n, v in local_layout(self.main).items() if n in own}, state, 1, 0)
         elif self.role.is_trainer and self.init_from is not None:
             # the pservers warm start the params they hold; each trainer what it keeps itself
             own = self._own_params()
@@ -200,6 +209,7 @@ class Session:
         name = checkpoint_name(self.steps if step is None else step)
         if self.client is not None:
             if self.role.trainer_id == 0:
+                self._save_own_state(name)
                 self.client.checkpoint_notify(list(self.role.endpoints), name)
             return
         if self.checkpoint_dir is None:
@@ -270,6 +280,17 @@ class Session:
             reader = CheckpointReader(self.checkpoint_dir / name)
             out |= {var: reader.whole(var) for var in remote}
         return {name: out[name] for name in wanted}
+
+    def _save_own_state(self, name: str) -> None:
+        """Trainer 0: write the params no pserver holds into checkpoint `name`'s
+        `trainer0/` (before the pservers complete it), when it knows the checkpoint dir."""
+        own = self._own_params()
+        if not own or self.checkpoint_dir is None:
+            return
+        folder = confine(self.checkpoint_dir, name)
+        if (folder / MANIFEST).is_file():
+            return  # complete already: never touch a complete checkpoint
+        write_vars(folder / TRAINER_STATE, self.params(sorted(own)))
 
     def _own_params(self) -> set[str]:
         """The params no pserver holds, which each trainer keeps to itself (batch norm's
