@@ -48,6 +48,7 @@ bench: install
 # Makes Paddle's venv under ~/.cache the first time (tools/paddle_env.py); skips where it cannot.
 bench-paddle: install
 	$(PY) benchmarks/vs_paddle18.py
+	$(PY) benchmarks/models_vs_paddle26.py
 
 # Ray's overhead: job start time and steps/s of the same job under `launch` and `launch --backend ray`.
 bench-ray: install

@@ -29,6 +29,10 @@ checkpoint does not meet it again.
 for the `--steps` after them: wall seconds, this process's CPU seconds, and the wall-clock
 start and end (so a harness such as `benchmarks/vs_paddle18.py` can match its CPU samples
 of other processes to the timed window).
+`--as-trainers N` (local runs) trains as N sync trainers and their pservers would, in one
+process and without RPC (`AsTrainers`): the reference for a program whose forward pass
+depends on the batch it sees (batch norm normalises over each trainer's share, not the
+whole batch). `--min-block-size N` is the transpiler's (every process of a job must pass it).
 `--float64` trains float64 copies of the programs (`transpiler.api.as_float64`; every
 process of a job must pass it). `--permute` (local runs) feeds each batch's examples in
 another fixed order: a mean loss does not depend on the order, so the difference it
@@ -60,8 +64,8 @@ except ModuleNotFoundError:  # run from a checkout without installing
 from ops.rpc.fetch import write_vars
 from ops.tensor import LoDTensor
 from transpiler.api import as_float64
-from transpiler.ir import DType, Program
-from transpiler.runtime.role import Role
+from transpiler.ir import DType, OpRole, Program
+from transpiler.runtime.role import TRAINER, Role
 from transpiler.runtime.session import Session, parameter_names
 from transpiler.runtime.script import run_script
 
@@ -189,6 +193,55 @@ def held_params(session: Session) -> dict[str, np.ndarray]:
     return session.params(held)
 
 
+class AsTrainers:
+    """`--as-trainers N`: local training as N sync trainers and their pservers would train.
+
+    Every step, each trainer's share of the batch (`shard`, as each trainer takes it) runs
+    forward and backward in a scope of its own, which keeps what a trainer keeps to itself
+    (batch norm's moving mean and variance: persistable, written by the forward pass, on
+    no pserver); each param's N grads are summed in trainer order and scaled by 1/N, as a
+    sync pserver's `sum` and `scale` do; then the optimizer ops run once on the shared
+    params. `held(i)` is what trainer i holds: the shared params, its own moving stats."""
+
+    def __init__(self, session: Session, trainers: int) -> None:
+        main = session.main
+        self.compute, self.update = main.clone(), main.clone()
+        for program, keep_updates in ((self.compute, False), (self.update, True)):
+            block = program.global_block()
+            block.remove_ops([op for op in block.ops if _is_update(op) != keep_updates])
+        self.grads = sorted({g for op in self.update.global_block().ops for g in op.input("Grad")})
+        self.session = session
+        self.roles = [Role(TRAINER, i, trainers) for i in range(trainers)]
+        self.scopes = [session.scope.new_scope() for _ in range(trainers)]
+
+    def run(self, batch: Mapping[str, Any], loss: str) -> None:
+        session, losses = self.session, []
+        for role, scope in zip(self.roles, self.scopes, strict=True):
+            (value,) = session.executor.run(self.compute, feed=shard(batch, role, session.main), fetch_list=[loss], scope=scope)
+            losses.append(float(np.asarray(value).reshape(-1)[0]))
+        for grad in self.grads:
+            values = [scope.find_var(grad) for scope in self.scopes]
+            if not all(isinstance(v, LoDTensor) for v in values):
+                raise SystemExit(f"--as-trainers: {grad} is not a dense tensor (sparse grads are not supported here)")
+            parts = [v.array for v in values]
+            total = parts[0].copy()
+            for part in parts[1:]:
+                total += part
+            session.scope.set_var(grad, LoDTensor(total * total.dtype.type(1.0 / len(parts))))
+        session.executor.run(self.update, scope=session.scope)
+        session.steps += 1
+        session.report(float(np.mean(losses)))
+
+    def held(self, trainer: int) -> dict[str, np.ndarray]:
+        scope = self.scopes[trainer]
+        return {name: np.array(scope.find_var(name).array) for name in held_params(self.session)}
+
+
+def _is_update(op) -> bool:
+    """An optimizer or lr-schedule op: what a pserver runs."""
+    return bool(int(op.attr("op_role", 0)) & (OpRole.Optimize | OpRole.LRSched))
+
+
 def kill(pid_dir: Path, who: str, step: int, when: str = "before step") -> None:
     """SIGKILL process `who` (`role:i`) by the pid it wrote (waiting for it, bounded), once
     per pid dir: a restarted job that reaches the step again does not kill again."""
@@ -278,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, help="untimed steps first; then print a `timing:` line for --steps")
     parser.add_argument("--float64", action="store_true", help="train float64 copies of the programs")
     parser.add_argument("--permute", action="store_true", help="local runs: each batch's examples in another order")
+    parser.add_argument("--as-trainers", type=int, help="local runs: train as N sync trainers would (AsTrainers)")
+    parser.add_argument("--min-block-size", type=int, help="the transpiler's min_block_size (every process)")
     parser.add_argument("--checkpoint-dir", type=Path, help="the pservers checkpoint here (local training too)")
     parser.add_argument("--checkpoint-every", type=int, help="trainer 0 asks for a checkpoint every N steps")
     parser.add_argument("--keep-checkpoints", type=int, default=3, help="keep the newest K complete checkpoints")
@@ -308,12 +363,17 @@ def main(argv: list[str] | None = None) -> int:
     role = Role.from_env()
     if args.permute and role.is_distributed:
         parser.error("--permute is for local runs")
+    if args.as_trainers is not None and (role.is_distributed or args.as_trainers < 1 or args.checkpoint_every
+                                         or args.restore or args.permute):
+        parser.error("--as-trainers N (N >= 1) is for local runs without checkpoints or --permute")
     if args.pid_dir is not None:
         args.pid_dir.mkdir(parents=True, exist_ok=True)
         me = f"pserver.{role.endpoints.index(role.current_endpoint)}" if role.is_pserver else f"trainer.{role.trainer_id}"
         (args.pid_dir / me).write_text(str(os.getpid()))
     options = {"checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
                "keep_checkpoints": args.keep_checkpoints, "restore": args.restore, "init": args.warm_start}
+    if args.min_block_size is not None:
+        options["min_block_size"] = args.min_block_size
     with Session(main_program, startup, role=role, **options) as session:
         if role.is_pserver:
             session.serve()
@@ -329,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         if role.trainer_id == 0 and role.is_trainer:
             kill_during_checkpoints(session, args.pid_dir, kills)
         initial = held_params(session)
+        as_trainers = AsTrainers(session, args.as_trainers) if args.as_trainers else None
         warmup = args.warmup or 0
         start, cpu, wall = time.perf_counter(), time.process_time(), time.time()
         for step in range(session.steps, warmup + args.steps):  # a restored session starts at its step
@@ -345,9 +406,14 @@ def main(argv: list[str] | None = None) -> int:
             batch = synthetic_batch(main_program, args.batch, args.seed, step)
             if args.permute:
                 batch = permuted(batch, args.seed, step)
-            session.run(shard(batch, role, main_program), loss=args.loss)
+            if as_trainers is not None:
+                as_trainers.run(batch, args.loss)
+            else:
+                session.run(shard(batch, role, main_program), loss=args.loss)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-        final = held_params(session)
+        final = held_params(session) if as_trainers is None else as_trainers.held(0)
+        per_trainer = {} if as_trainers is None else {
+            f"final.trainer_{i}/{k}": v for i in range(args.as_trainers) for k, v in as_trainers.held(i).items()}
         if args.pull_to is not None and role.trainer_id == 0:
             write_vars(args.pull_to, session.pull())
     if args.warmup is not None:
@@ -356,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.save is not None:
         args.save.mkdir(parents=True, exist_ok=True)
         name = f"trainer_{role.trainer_id}" if role.is_trainer else "local"
-        arrays = {f"init/{k}": v for k, v in initial.items()} | {f"final/{k}": v for k, v in final.items()}
+        arrays = {f"init/{k}": v for k, v in initial.items()} | {f"final/{k}": v for k, v in final.items()} | per_trainer
         np.savez(args.save / f"{name}.npz", **arrays)
     return 0
 

@@ -212,6 +212,86 @@ def reduce(op: str, x: np.ndarray, **attrs: Any) -> Case:
     )
 
 
+# -- vision ops (ops/kernels/vision.py); grad ops wired as the catalogue's makers wire them
+
+
+def conv(case_id: str, op: str, x: np.ndarray, w: np.ndarray, **attrs: Any) -> Case:
+    return Case(
+        id=case_id,
+        op=op,
+        inputs={"Input": [("Input", x)], "Filter": [("Filter", w)]},
+        outputs={"Output": ["Output"]},
+        attrs=attrs,
+        grad_ops=[(f"{op}_grad", {"Input": ["Input"], "Filter": ["Filter"], "Output@GRAD": ["Output@GRAD"]},
+                   {"Input@GRAD": ["Input@GRAD"], "Filter@GRAD": ["Filter@GRAD"]}, attrs)],
+        wrt=["Input", "Filter"],
+        checked=["Output"],
+    )
+
+
+def batch_norm(case_id: str, x: np.ndarray, channels: int, **attrs: Any) -> Case:
+    stats = ("MeanOut", "VarianceOut", "SavedMean", "SavedVariance")
+    return Case(
+        id=case_id,
+        op="batch_norm",
+        inputs={"X": [("X", x)], "Scale": [("Scale", rand(channels))], "Bias": [("Bias", rand(channels))],
+                "Mean": [("Mean", rand(channels))], "Variance": [("Variance", rand(channels, low=0.5, high=1.5))]},
+        outputs={"Y": ["Y"], **{s: [s] for s in stats}},
+        attrs=attrs,
+        grad_ops=[("batch_norm_grad", {"X": ["X"], "Scale": ["Scale"], "Bias": ["Bias"], **{s: [s] for s in stats},
+                                       "Y@GRAD": ["Y@GRAD"]},
+                   {"X@GRAD": ["X@GRAD"], "Scale@GRAD": ["Scale@GRAD"], "Bias@GRAD": ["Bias@GRAD"]}, attrs)],
+        wrt=["X", "Scale", "Bias"],
+        checked=["Y"],
+    )
+
+
+def pool2d(case_id: str, x: np.ndarray, **attrs: Any) -> Case:
+    return Case(
+        id=case_id,
+        op="pool2d",
+        inputs={"X": [("X", x)]},
+        outputs={"Out": ["Out"]},
+        attrs=attrs,
+        grad_ops=[("pool2d_grad", {"X": ["X"], "Out": ["Out"], "Out@GRAD": ["Out@GRAD"]}, {"X@GRAD": ["X@GRAD"]},
+                   attrs)],
+        wrt=["X"],
+        checked=["Out"],
+    )
+
+
+VISION_CASES = [
+    conv("conv2d-stride2-asymmetric-pad", "conv2d", rand(2, 3, 6, 5), rand(4, 3, 3, 3), strides=[2, 2],
+         paddings=[1, 0, 2, 1]),
+    conv("conv2d-nhwc-groups2-dilation2", "conv2d", rand(2, 7, 6, 4), rand(4, 2, 2, 3), groups=2, dilations=[2, 2],
+         paddings=[1, 1], data_format="NHWC"),
+    conv("conv2d-1x1", "conv2d", rand(2, 3, 3, 3), rand(2, 3, 1, 1)),
+    conv("depthwise_conv2d-same", "depthwise_conv2d", rand(1, 4, 5, 5), rand(4, 1, 3, 3), groups=4, strides=[2, 2],
+         padding_algorithm="SAME"),
+    batch_norm("batch_norm-train", rand(3, 2, 3, 2), 2),
+    batch_norm("batch_norm-train-nhwc", rand(2, 3, 2, 3), 3, data_layout="NHWC"),
+    batch_norm("batch_norm-global-stats", rand(3, 2, 2, 2), 2, use_global_stats=True),
+    pool2d("pool2d-max-3x3-s2-p1", rand(2, 2, 5, 5), pooling_type="max", ksize=[3, 3], strides=[2, 2],
+           paddings=[1, 1]),
+    pool2d("pool2d-avg-exclusive-pad", rand(1, 2, 5, 4), pooling_type="avg", ksize=[3, 2], strides=[2, 2],
+           paddings=[1, 1]),
+    pool2d("pool2d-avg-inclusive-ceil", rand(1, 2, 5, 5), pooling_type="avg", ksize=[2, 2], strides=[2, 2],
+           ceil_mode=True, exclusive=False),
+    pool2d("pool2d-avg-adaptive", rand(1, 2, 5, 7), pooling_type="avg", ksize=[2, 3], adaptive=True),
+    Case(
+        id="flatten_contiguous_range",
+        op="flatten_contiguous_range",
+        inputs={"X": [("X", rand(2, 3, 2, 2))]},
+        outputs={"Out": ["Out"], "XShape": ["XShape"]},
+        attrs={"start_axis": 1, "stop_axis": -1},
+        grad_ops=[("flatten_contiguous_range_grad", {"XShape": ["XShape"], "Out@GRAD": ["Out@GRAD"]},
+                   {"X@GRAD": ["X@GRAD"]}, {"start_axis": 1, "stop_axis": -1})],
+        wrt=["X"],
+        checked=["Out"],
+    ),
+]
+
+
 LABELS = np.array([[2], [0], [3], [1]], dtype=np.int64)
 
 CASES: list[Case] = [
@@ -429,6 +509,38 @@ CASES: list[Case] = [
     lookup("lookup_table_v2", sparse=False),
     lookup("lookup_table_v2", sparse=True, padding_idx=3),
     *(sequence_pool(p) for p in ("SUM", "AVERAGE", "SQRT", "MAX", "FIRST", "LAST")),
+    *VISION_CASES,
+]
+
+
+# -- transformer ops (matmul_v2, ...): issue 25
+
+
+def matmul_v2(x_shape: tuple[int, ...], y_shape: tuple[int, ...], trans_x: bool = False, trans_y: bool = False) -> Case:
+    attrs = {"trans_x": trans_x, "trans_y": trans_y}
+    return Case(
+        id=f"matmul_v2-{list(x_shape)}{'T' if trans_x else ''}x{list(y_shape)}{'T' if trans_y else ''}",
+        op="matmul_v2",
+        inputs={"X": [("X", rand(*x_shape))], "Y": [("Y", rand(*y_shape))]},
+        outputs={"Out": ["Out"]},
+        attrs=attrs,
+        grad_ops=[("matmul_v2_grad", {"X": ["X"], "Y": ["Y"], "Out@GRAD": ["Out@GRAD"]}, {"X@GRAD": ["X@GRAD"], "Y@GRAD": ["Y@GRAD"]}, attrs)],
+        wrt=["X", "Y"],
+        checked=["Out"],
+    )
+
+
+CASES += [
+    matmul_v2((3, 4), (4, 2)),
+    matmul_v2((4, 3), (4, 2), trans_x=True),
+    matmul_v2((3, 4), (2, 4), trans_y=True),
+    matmul_v2((2, 3, 4), (4, 5)),  # BERT's linear layers: batch of rows x weight
+    matmul_v2((2, 2, 3, 4), (2, 2, 5, 4), trans_y=True),  # attention scores q k^T
+    matmul_v2((2, 1, 3, 4), (3, 4, 2)),  # batch dims broadcast both ways
+    matmul_v2((3, 4, 2), (3, 4), trans_x=True, trans_y=True),
+    matmul_v2((4,), (4,)),  # dot product: a 0-d Out
+    matmul_v2((4,), (2, 4, 3), trans_x=True),  # a 1-D X ignores trans_x
+    matmul_v2((2, 3, 4), (4,), trans_y=True),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Build the real-model fixtures (ResNet-50, a BERT-base encoder) with Paddle 2.6.2 and
+"""Build the real-model fixtures (ResNet-50, a small ResNet, a BERT-base encoder) with Paddle 2.6.2 and
 record what Paddle's own legacy transpiler makes of them.
 
 Run it from the repository root with the Paddle 2.6.2 reference venv (a test and tool
@@ -118,6 +118,33 @@ def resnet50() -> str:
     return loss.name
 
 
+def resnet_small() -> str:
+    """ResNet-50's op types at a size that trains in seconds: ResNet-50's stem (7x7/2 conv,
+    batch norm, relu, 3x3/2 max pool) on 32x32 images, three of paddle.vision's own
+    `BottleneckBlock`s (the first two with a 1x1 conv + batch norm downsample, the second
+    of stride 2, the third an identity shortcut), adaptive average pool, flatten, a 10-way
+    linear head; Momentum as ResNet-50's."""
+    from paddle import nn
+    from paddle.vision.models.resnet import BottleneckBlock
+
+    def downsample(inplanes: int, planes: int, stride: int):
+        return nn.Sequential(nn.Conv2D(inplanes, planes, 1, stride=stride, bias_attr=False), nn.BatchNorm2D(planes))
+
+    image = paddle.static.data("image", [-1, 3, 32, 32], "float32")
+    label = paddle.static.data("label", [-1, 1], "int64")
+    net = nn.Sequential(
+        nn.Conv2D(3, 8, 7, stride=2, padding=3, bias_attr=False), nn.BatchNorm2D(8), nn.ReLU(),
+        nn.MaxPool2D(kernel_size=3, stride=2, padding=1),
+        BottleneckBlock(8, 4, downsample=downsample(8, 16, 1)),
+        BottleneckBlock(16, 8, stride=2, downsample=downsample(16, 32, 2)),
+        BottleneckBlock(32, 8),
+        nn.AdaptiveAvgPool2D((1, 1)), nn.Flatten(1), nn.Linear(32, 10),
+    )
+    loss = paddle.nn.functional.cross_entropy(net(image), label)
+    paddle.optimizer.Momentum(learning_rate=0.1, momentum=0.9).minimize(loss)
+    return loss.name
+
+
 def bert(clip: bool) -> str:
     vocab, hidden, heads, layers, ffn, max_len, seq = 30522, 768, 12, 12, 3072, 512, 128
     ids = paddle.static.data("src_ids", [-1, seq], "int64")
@@ -231,6 +258,9 @@ def lstm_net() -> str:
 NETS = {
     "resnet50": ("ResNet-50 (paddle.vision.models.resnet50, 1000 classes), image [N,3,224,224]", "Momentum",
                  resnet50),
+    "resnet_small": ("a small ResNet with ResNet-50's op types: 7x7/2 stem + 3x3/2 max pool, 3 paddle.vision "
+                     "BottleneckBlocks (8->16->32 channels, one stride 2), adaptive avg pool, 10 classes; image "
+                     "[N,3,32,32]", "Momentum", resnet_small),
     "bert": ("BERT-base encoder: 30522x768 word + 512x768 position embeddings, 12 layers, 12 heads, FFN 3072, "
              "gelu, seq 128, 2-class head", "Adam", lambda: bert(clip=False)),
     "bert_clip": ("the BERT encoder with grad_clip=ClipGradByGlobalNorm(1.0)", "Adam", lambda: bert(clip=True)),
@@ -258,6 +288,7 @@ SMALL_NETS = {"cond", "switch_case", "while_loop", "cond_in_while", "while_array
 CASES = {
     "resnet50_momentum_4ps_sync": ("resnet50", 4, 2, True, True),
     "resnet50_momentum_8ps_noslice": ("resnet50", 8, 2, True, False),
+    "resnet_small_momentum_3ps_sync": ("resnet_small", 3, 2, True, True),
     "bert_adam_4ps_async": ("bert", 4, 2, False, True),
     "bert_adam_2ps_noslice_sync": ("bert", 2, 2, True, False),
     "bert_adam_clip_2ps_sync": ("bert_clip", 2, 2, True, True),

@@ -9,6 +9,10 @@ Layout under a checkpoint root (`serve --checkpoint-dir ROOT`, `Session(checkpoi
     ROOT/ckpt-<step>/ps<i>/PART.json  its vars: what rows of which whole var, sha256
     ROOT/ckpt-<step>/ps<i>/<var>  one file per var, Fluid's LoDTensor format
                                   (a distributed table shard: Fluid's SelectedRows format)
+    ROOT/ckpt-<step>/trainer0/    trainer 0's own state, the params no pserver holds (batch
+                                  norm's moving stats): LoDTensor files of whole vars, written
+                                  (all or nothing) before it asks the pservers; not a part
+                                  of the manifest; a restored trainer warm starts from it
 
 A part is written into a staging folder beside it (`.ps<i>.tmp-…`), every file fsynced,
 its `PART.json` last, then renamed into place; the pserver that completes the set (every
@@ -88,6 +92,7 @@ PART = "PART.json"
 LATEST = "latest"
 PREFIX = "ckpt-"
 POOL_SUFFIX = "@POOL"
+TRAINER_STATE = "trainer0"  # trainer 0's own state beside the parts (see the layout above)
 DEFAULT_KEEP = 3
 _COMPONENT = re.compile(r"^[A-Za-z0-9_.-]+$")
 _BLOCK_SUFFIX = re.compile(r"\.block\d+$")

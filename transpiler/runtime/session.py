@@ -19,7 +19,8 @@ skips the batches already trained (`for step in range(session.steps, total)`).
 Given None, these options fall back on what a launcher sets in the environment
 (`PSTRANSPILE_CHECKPOINT_DIR`, `PSTRANSPILE_CHECKPOINT_EVERY`, and `PSTRANSPILE_RESTORE` when
 `launch --max-restarts` restarts a job). `init=D` warm starts the pservers (or local
-training) from LoDTensor files of whole vars. `pull(names)` reads whole params out of the pservers (`pstranspile fetch`).
+training) from LoDTensor files of whole vars, and each trainer the params it keeps to
+itself (batch norm's moving stats), so trainer 0's `pull()` written out starts a job whole. `pull(names)` reads whole params out of the pservers (`pstranspile fetch`).
 
 The same script then trains locally (no environment), under `pstranspile launch`, or on
 many machines under any scheduler that sets Paddle's variables. A distributed role
@@ -49,17 +50,20 @@ from ops.executor import Executor
 from ops.rpc.auth import Handshake, plan_fingerprint
 from ops.rpc.checkpoint import (
     DEFAULT_KEEP,
+    MANIFEST,
+    TRAINER_STATE,
     Checkpointer,
     CheckpointReader,
     checkpoint_name,
     is_template,
     job_root,
+    confine,
     local_layout,
     warm_start,
     write_job_manifest,
 )
 from ops.rpc.client import RpcClient  # importing ops.rpc registers the RPC kernels
-from ops.rpc.fetch import pull
+from ops.rpc.fetch import pull, write_vars
 from ops.rpc.serve import serve_program
 from ops.scope import Scope
 from ops.tensor import LoDTensor
@@ -216,6 +220,16 @@ class Session:
             self._restored.restore(self.scope, local_layout(self.main), "local", 1)
         elif self.result is None and self.init_from is not None:
             warm_start(self.scope, local_layout(self.main), self.init_from, 1, 0)
+        elif self.role.is_trainer and self._restored is not None:
+            # every trainer restarts its own state (moving stats) from trainer 0's, if kept
+            state = self._restored.folder / TRAINER_STATE
+            own = self._own_params()
+            if own and state.is_dir():
+                warm_start(self.scope, {n: v for n, v in local_layout(self.main).items() if n in own}, state, 1, 0)
+        elif self.role.is_trainer and self.init_from is not None:
+            # the pservers warm start the params they hold; each trainer what it keeps itself
+            own = self._own_params()
+            warm_start(self.scope, {n: v for n, v in local_layout(self.main).items() if n in own}, self.init_from, 1, 0)
         self._started_at = time.monotonic()
 
     def run(
@@ -245,6 +259,7 @@ class Session:
         name = checkpoint_name(self.steps if step is None else step)
         if self.client is not None:
             if self.role.trainer_id == 0:
+                self._save_own_state(name)
                 self.client.checkpoint_notify(list(self.role.endpoints), name)
                 if self.checkpoint_dir is not None and is_template(self.checkpoint_dir):  # parts in the pservers' own dirs
                     write_job_manifest(self.checkpoint_dir, name, len(self.role.endpoints),
@@ -289,7 +304,9 @@ class Session:
         bit); the rest (the distributed table, blocks of a `remote_prefetch` table)
         comes from the pservers: in async mode by gets; in sync mode, where the
         pservers answer gets only between steps of every trainer, through a checkpoint
-        of this step (`ckpt-<steps>`, which needs the job's `checkpoint_dir`) read back."""
+        of this step (`ckpt-<steps>`, which needs the job's `checkpoint_dir`) read back.
+        The default also takes the params no pserver holds, which each trainer keeps to
+        itself (batch norm's moving mean and variance): this trainer's own values."""
         if self.result is None:
             wanted = list(names) if names is not None else parameter_names(self.main)
             return {name: np.array(value) for name, value in self.params(wanted).items()}
@@ -297,13 +314,15 @@ class Session:
             raise PsTranspilerError("pull() is for trainers and local training; a pserver holds its own scope")
         plan = self.result.plan.to_json()
         params = {p["param"]: p for p in plan["params"]}
-        wanted = list(names) if names is not None else [*sorted(params), *([plan["table"]["table"]] if plan["table"] else [])]
+        table = plan["table"]["table"] if plan["table"] else None
+        own = self._own_params()
+        wanted = list(names) if names is not None else [*sorted(params), *([table] if table else []), *sorted(own)]
         out: dict[str, np.ndarray] = {}
         remote = []
         for name in wanted:
             value = self.scope.find_var(name)
             held = isinstance(value, LoDTensor) and not (value.array.size and 0 in value.array.strides)  # not fake_init
-            if name in params and held and not params[name]["remote_prefetch"]:
+            if held and (name in params and not params[name]["remote_prefetch"] or name in own):
                 out[name] = np.array(value.array)
             else:
                 remote.append(name)
@@ -322,6 +341,27 @@ class Session:
             reader = CheckpointReader(job_root(self.checkpoint_dir) / name)
             out |= {var: reader.whole(var) for var in remote}
         return {name: out[name] for name in wanted}
+
+    def _save_own_state(self, name: str) -> None:
+        """Trainer 0: write the params no pserver holds into checkpoint `name`'s
+        `trainer0/` (before the pservers complete it), when it knows the checkpoint dir."""
+        own = self._own_params()
+        if not own or self.checkpoint_dir is None:
+            return
+        folder = confine(job_root(self.checkpoint_dir), name)  # a template's job dir, or the shared root
+        if (folder / MANIFEST).is_file():
+            return  # complete already: never touch a complete checkpoint
+        write_vars(folder / TRAINER_STATE, self.params(sorted(own)))
+
+    def _own_params(self) -> set[str]:
+        """The params no pserver holds, which each trainer keeps to itself (batch norm's
+        moving mean and variance: persistable, marked as params by Paddle 2.x, in no
+        optimizer); empty when local."""
+        if self.result is None:
+            return set()
+        plan = self.result.plan.to_json()
+        held = {p["param"] for p in plan["params"]} | ({plan["table"]["table"]} if plan["table"] else set())
+        return {name for name in parameter_names(self.main) if name not in held}
 
     # ------------------------------------------------------------ the end
     def finish(self, *, failed: bool = False, reason: str = "") -> None:
