@@ -10,6 +10,7 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from ops.catalogue import control_flow_ops, distributed_ops, loss_ops, math_ops, optimizer_ops, sequence_ops, tensor_ops
+from ops.catalogue import transformer_ops
 from ops.catalogue.grad import GradSpec
 from ops.catalogue.opdef import OpDef
 
@@ -21,6 +22,7 @@ FAMILIES: dict[str, tuple[OpDef, ...]] = {
     "control_flow": control_flow_ops.OPS,
     "optimizer": optimizer_ops.OPS,
     "distributed": distributed_ops.OPS,
+    "transformer": transformer_ops.OPS,
 }
 GRAD_VAR_KINDS = {**sequence_ops.GRAD_VAR_KINDS}
 
