@@ -68,13 +68,9 @@ def layer_norm_shape(ctx: ShapeContext) -> Result:
     axis = ctx.attr("begin_norm_axis")
     if not 0 < axis < len(x.shape):
         raise ShapeError(f"layer_norm: begin_norm_axis={axis} does not fit X {fmt(x.shape)}")
-    rows = -1 if any(d < 0 for d in x.shape[:axis]) else _prod(x.shape[:axis])
-    stat = TensorInfo(x.dtype, (rows,))
+    rows = -1 if any(d < 0 for d in x.shape[:axis]) else math.prod(x.shape[:axis])
+    stat = TensorInfo(x.dtype, (rows,))  # compile time (Paddle's InferMeta); its kernel writes X's leading dims
     return {"Y": [x.with_(kind=VarKind.LOD_TENSOR)], "Mean": [stat], "Variance": [stat]}
-
-
-def _prod(dims) -> int:
-    return math.prod(dims)
 
 
 def dropout_shape(ctx: ShapeContext) -> Result:

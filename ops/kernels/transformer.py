@@ -71,7 +71,7 @@ def matmul_v2(ctx: OpContext) -> None:
         out = out[..., 0]
     if x.ndim == 1:
         out = out[..., 0, :] if y.ndim > 1 else out[..., 0]
-    ctx.set_output("Out", np.ascontiguousarray(out, dtype=np.result_type(x, y)))
+    ctx.set_output("Out", np.asarray(out, dtype=np.result_type(x, y), order="C"))  # keeps a 0-d Out 0-d
 
 
 @register("matmul_v2_grad")
@@ -91,7 +91,7 @@ def matmul_v2_grad(ctx: OpContext) -> None:
             dx = _sum_to(da, (1, x.shape[0])).reshape(x.shape)
         else:
             dx = _sum_to(_t(da) if ctx.attr("trans_x") else da, x.shape)
-        ctx.set_output("X@GRAD", np.ascontiguousarray(dx, dtype=x.dtype))
+        ctx.set_output("X@GRAD", np.asarray(dx, dtype=x.dtype, order="C"))
     if ctx.has_output("Y@GRAD"):
         if y.ndim <= 2:  # Y is shared by the whole batch: one GEMM over the stacked rows
             db = a.reshape(-1, a.shape[-1]).T @ d.reshape(-1, d.shape[-1])
@@ -101,7 +101,7 @@ def matmul_v2_grad(ctx: OpContext) -> None:
             dy = _sum_to(db, (y.shape[0], 1)).reshape(y.shape)
         else:
             dy = _sum_to(_t(db) if ctx.attr("trans_y") else db, y.shape)
-        ctx.set_output("Y@GRAD", np.ascontiguousarray(dy, dtype=y.dtype))
+        ctx.set_output("Y@GRAD", np.asarray(dy, dtype=y.dtype, order="C"))
 
 
 # --------------------------------------------------------------------- layer_norm
@@ -126,7 +126,8 @@ def _norm_params(ctx: OpContext, right: int) -> tuple[np.ndarray | None, np.ndar
 @register("layer_norm")
 def layer_norm(ctx: OpContext) -> None:
     """Paddle's: each row of X flattened at `begin_norm_axis` normalised by its mean and
-    biased variance, then `* Scale + Bias`; Mean and Variance ([rows]) kept for the grad."""
+    biased variance, then `* Scale + Bias`; Mean and Variance (shaped like X's dims before
+    `begin_norm_axis`, as Paddle 2.6's kernel writes them) kept for the grad."""
     x = ctx.input("X")
     left, right = _rows(ctx, x)
     scale, bias = _norm_params(ctx, right)
@@ -140,8 +141,9 @@ def layer_norm(ctx: OpContext) -> None:
     if bias is not None:
         y += bias
     ctx.set_output("Y", y.reshape(x.shape).astype(x.dtype, copy=False), lod=ctx.lod("X"))
-    ctx.set_output("Mean", mean.reshape(left))
-    ctx.set_output("Variance", var.reshape(left))
+    stats = x.shape[: int(ctx.attr("begin_norm_axis"))]  # Paddle 2.6's kernel: X's leading dims
+    ctx.set_output("Mean", mean.reshape(stats))
+    ctx.set_output("Variance", var.reshape(stats))
 
 
 @register("layer_norm_grad")
@@ -311,8 +313,8 @@ def gelu_grad(ctx: OpContext) -> None:
         alpha = t(_2_SQRTPI * _SQRT1_2)
         beta = t(_2_SQRTPI * _SQRT1_2 * _GELU_C * 3)
         x2 = x * x
-        th = np.tanh(alpha * (t(_GELU_C) * x2 * x + x))
-        dx = dout * (t(0.5) * (t(1) + th) + t(0.5) * x * (t(1) - th * th) * (alpha + beta * x2))
+        th = np.tanh(alpha * (x * (t(_GELU_C) * x2 + t(1))))
+        dx = dout * t(0.5) * (t(1) + th + (t(1) - th * th) * (x * (alpha + beta * x2)))
     else:
         first = t(0.5) * (t(1) + _gelu_erf(x))
         second = t(0.5 * _2_SQRTPI * _SQRT1_2) * x * np.exp(t(-0.5) * x * x)
