@@ -1,4 +1,5 @@
-"""Build the real-model fixtures (ResNet-50, a BERT-base encoder) with Paddle 2.6.2 and
+"""Build the real-model fixtures (ResNet-50, a BERT-base encoder, a small BERT-style encoder,
+a GPT-style decoder) with Paddle 2.6.2 and
 record what Paddle's own legacy transpiler makes of them.
 
 Run it from the repository root with the Paddle 2.6.2 reference venv (a test and tool
@@ -118,8 +119,7 @@ def resnet50() -> str:
     return loss.name
 
 
-def bert(clip: bool) -> str:
-    vocab, hidden, heads, layers, ffn, max_len, seq = 30522, 768, 12, 12, 3072, 512, 128
+def bert(clip: bool, vocab=30522, hidden=768, heads=12, layers=12, ffn=3072, max_len=512, seq=128) -> str:
     ids = paddle.static.data("src_ids", [-1, seq], "int64")
     pos = paddle.static.data("pos_ids", [-1, seq], "int64")
     label = paddle.static.data("label", [-1, 1], "int64")
@@ -136,12 +136,47 @@ def bert(clip: bool) -> str:
     return loss.name
 
 
+def gpt(vocab=1000, hidden=64, heads=4, layers=2, ffn=256, seq=16) -> str:
+    """A GPT-2-style decoder as PaddleNLP's GPT builds its inputs: position ids from
+    `arange(seq).unsqueeze(0)` (range, unsqueeze2), a causal mask from
+    `tril(ones([seq, seq]))` turned into 0 / -1e4 and unsqueezed to [1, 1, seq, seq]
+    (tril_triu, scale, unsqueeze2) and added to the attention scores; pre-LN blocks with the
+    tanh-approximated gelu (GPT-2's), a final LayerNorm and the LM head tied to the word
+    embedding (`matmul_v2(x, W, trans_y=True)`); next-token cross entropy on every position."""
+    ids = paddle.static.data("src_ids", [-1, seq], "int64")
+    label = paddle.static.data("label", [-1, seq, 1], "int64")
+    word = paddle.nn.Embedding(vocab, hidden)
+    position = paddle.nn.Embedding(seq, hidden)
+    pos_ids = paddle.arange(seq, dtype="int64").unsqueeze(0)
+    x = paddle.nn.Dropout(0.1)(word(ids) + position(pos_ids))
+    causal = paddle.tril(paddle.ones([seq, seq], dtype="float32"))
+    mask = ((causal - 1.0) * 1e4).unsqueeze([0, 1])
+    for _ in range(layers):
+        block = paddle.nn.TransformerEncoderLayer(hidden, heads, ffn, dropout=0.1, activation="gelu",
+                                                  normalize_before=True)
+        block.activation = lambda t: paddle.nn.functional.gelu(t, approximate=True)
+        x = block(x, src_mask=mask)
+    x = paddle.nn.LayerNorm(hidden)(x)
+    logits = paddle.matmul(x, word.weight, transpose_y=True)
+    loss = paddle.nn.functional.cross_entropy(logits, label)
+    paddle.optimizer.Adam(learning_rate=1e-3).minimize(loss)
+    return loss.name
+
+
+SMALL_BERT = {"vocab": 1000, "hidden": 64, "heads": 4, "layers": 2, "ffn": 256, "max_len": 64, "seq": 32}
+
 NETS = {
     "resnet50": ("ResNet-50 (paddle.vision.models.resnet50, 1000 classes), image [N,3,224,224]", "Momentum",
                  resnet50),
     "bert": ("BERT-base encoder: 30522x768 word + 512x768 position embeddings, 12 layers, 12 heads, FFN 3072, "
              "gelu, seq 128, 2-class head", "Adam", lambda: bert(clip=False)),
     "bert_clip": ("the BERT encoder with grad_clip=ClipGradByGlobalNorm(1.0)", "Adam", lambda: bert(clip=True)),
+    "bert_small": ("a small BERT-style encoder (the BERT-base net's code): 1000x64 word + 64x64 position "
+                   "embeddings, 2 layers, 4 heads, FFN 256, gelu, dropout 0.1, seq 32, 2-class head", "Adam",
+                   lambda: bert(clip=False, **SMALL_BERT)),
+    "gpt": ("a GPT-2-style decoder: 1000x64 word (tied LM head) + 16x64 position embeddings, 2 pre-LN layers, "
+            "4 heads, FFN 256, tanh gelu, dropout 0.1, causal mask from range/tril_triu/unsqueeze2, seq 16, "
+            "next-token cross entropy", "Adam (lr 1e-3)", gpt),
 }
 
 # case -> (network, pservers, trainers, sync_mode, slice_var_up)
@@ -151,6 +186,8 @@ CASES = {
     "bert_adam_4ps_async": ("bert", 4, 2, False, True),
     "bert_adam_2ps_noslice_sync": ("bert", 2, 2, True, False),
     "bert_adam_clip_2ps_sync": ("bert_clip", 2, 2, True, True),
+    "bert_small_adam_3ps_sync": ("bert_small", 3, 2, True, True),
+    "gpt_adam_3ps_sync": ("gpt", 3, 2, True, True),
 }
 
 
