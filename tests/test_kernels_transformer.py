@@ -343,3 +343,37 @@ def test_every_transformer_kernel_is_compared_with_paddle() -> None:
     wanted |= {t + "_grad" for t in wanted if registry.CATALOGUE[t].grad_types}
     covered = {op[0] for case in CASES if not case.paddle_fails for op in case.ops}
     assert sorted(wanted - covered) == []
+
+
+# ------------------------------------------------- dropout's seeding (no Paddle needed)
+
+
+def _dropout_out(x: np.ndarray, env: dict[str, Any], seed: int = 0, runs: int = 1, **attrs: Any) -> list[np.ndarray]:
+    program = Program.empty()
+    block = program.global_block()
+    _declare(block, "x", x)
+    for name in ("out", "mask"):
+        _declare(block, name, None)
+    block.add_op("dropout", {"X": ["x"]}, {"Out": ["out"], "Mask": ["mask"]},
+                 {"dropout_prob": 0.5, "dropout_implementation": "upscale_in_train", **attrs})
+    exe = Executor(seed=seed, env=env)
+    return [np.asarray(exe.run(program, feed={"x": x}, fetch_list=["mask"], scope=Scope())[0]) for _ in range(runs)]
+
+
+def test_dropout_masks_of_the_trainers_shares_are_the_local_mask():
+    """Trainer i of N (`BATCH_SHARD`) holding rows [i*b, (i+1)*b) draws the mask rows local
+    training draws for them, step after step; the mask changes from step to step and with
+    the executor seed; `fix_seed` gives the same mask every step."""
+    from ops.kernels.transformer import BATCH_SHARD
+
+    x = rand((6, 5, 7))
+    local = _dropout_out(x, {}, runs=3)
+    shares = [_dropout_out(x[2 * i: 2 * i + 2], {BATCH_SHARD: (i, 3)}, runs=3) for i in range(3)]
+    for step in range(3):
+        np.testing.assert_array_equal(np.concatenate([s[step] for s in shares]), local[step])
+    assert not np.array_equal(local[0], local[1]) and 0.4 < local[0].mean() < 0.6
+    assert not np.array_equal(_dropout_out(x, {}, seed=1)[0], local[0])
+    unsharded = np.concatenate([_dropout_out(x[2 * i: 2 * i + 2], {})[0] for i in range(3)])
+    assert not np.array_equal(unsharded, local[0])  # without the shard's offset the masks differ
+    fixed = _dropout_out(x, {}, runs=2, fix_seed=True, seed=3)
+    assert np.array_equal(fixed[0], fixed[1]) and not np.array_equal(fixed[0], local[0])
