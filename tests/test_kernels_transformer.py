@@ -348,7 +348,7 @@ def test_every_transformer_kernel_is_compared_with_paddle() -> None:
 # ------------------------------------------------- dropout's seeding (no Paddle needed)
 
 
-def _dropout_out(x: np.ndarray, env: dict[str, Any], seed: int = 0, runs: int = 1, **attrs: Any) -> list[np.ndarray]:
+def _dropout_out(x: np.ndarray, env: dict[str, Any], exe_seed: int = 0, runs: int = 1, **attrs: Any) -> list[np.ndarray]:
     program = Program.empty()
     block = program.global_block()
     _declare(block, "x", x)
@@ -356,7 +356,7 @@ def _dropout_out(x: np.ndarray, env: dict[str, Any], seed: int = 0, runs: int = 
         _declare(block, name, None)
     block.add_op("dropout", {"X": ["x"]}, {"Out": ["out"], "Mask": ["mask"]},
                  {"dropout_prob": 0.5, "dropout_implementation": "upscale_in_train", **attrs})
-    exe = Executor(seed=seed, env=env)
+    exe = Executor(seed=exe_seed, env=env)
     return [np.asarray(exe.run(program, feed={"x": x}, fetch_list=["mask"], scope=Scope())[0]) for _ in range(runs)]
 
 
@@ -372,7 +372,7 @@ def test_dropout_masks_of_the_trainers_shares_are_the_local_mask():
     for step in range(3):
         np.testing.assert_array_equal(np.concatenate([s[step] for s in shares]), local[step])
     assert not np.array_equal(local[0], local[1]) and 0.4 < local[0].mean() < 0.6
-    assert not np.array_equal(_dropout_out(x, {}, seed=1)[0], local[0])
+    assert not np.array_equal(_dropout_out(x, {}, exe_seed=1)[0], local[0])
     unsharded = np.concatenate([_dropout_out(x[2 * i: 2 * i + 2], {})[0] for i in range(3)])
     assert not np.array_equal(unsharded, local[0])  # without the shard's offset the masks differ
     fixed = _dropout_out(x, {}, runs=2, fix_seed=True, seed=3)
