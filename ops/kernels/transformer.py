@@ -177,28 +177,33 @@ mask of an element is a function of the op's per-run key and the element's index
 *global* batch, so N trainers draw, between them, exactly the mask local training draws
 on the whole batch."""
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_GOLDEN = 0x9E3779B97F4A7C15
 
 
-def _mix64(z: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser (a bijection of uint64 with good avalanche), vectorised."""
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+def _mix64(z: int) -> int:
+    """splitmix64's finaliser (a bijection of uint64 with good avalanche): a seed to a key."""
+    mask = 0xFFFF_FFFF_FFFF_FFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
 
 
 def dropout_uniforms(key: int, shape: tuple[int, ...], first_row: int = 0) -> np.ndarray:
     """Uniform [0, 1) numbers for the elements of a `shape` tensor holding rows
     `first_row, first_row + 1, ...` (dim 0) of a larger batch: element `i` of that batch
-    (flat index) gets `mix(key + (i + 1) * golden)`'s top 53 bits, whatever slice of the
-    batch this process holds."""
+    (flat index) is double `i` of the Philox4x64 stream keyed by `key` (counter-based:
+    numpy's `Philox` makes the 4 doubles of counter `c + 1` after counter `c`), so a
+    process holding any slice of the batch draws that slice's numbers, in C."""
     size = int(np.prod(shape, dtype=np.int64))
     row = size // shape[0] if shape and shape[0] else size
-    start = np.uint64(first_row * row + 1)
-    with np.errstate(over="ignore"):
-        index = np.arange(size, dtype=np.uint64) + start
-        bits = _mix64(index * _GOLDEN + np.uint64(key & 0xFFFF_FFFF_FFFF_FFFF))
-    return ((bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))).reshape(shape)
+    start = first_row * row
+    counter = np.array([start // 4, 0, 0, 0], dtype=np.uint64)
+    bits = np.random.Philox(counter=counter, key=np.array([key & 0xFFFF_FFFF_FFFF_FFFF, 0x5EED], dtype=np.uint64))
+    generator = np.random.Generator(bits)
+    skip = start % 4
+    if skip:
+        generator.random(skip)
+    return generator.random(size).reshape(shape)
 
 
 def _dropout_key(ctx: OpContext) -> int:
@@ -211,8 +216,7 @@ def _dropout_key(ctx: OpContext) -> int:
         seed = int(ctx.attr("seed"))
     else:
         return int(ctx.run.rng(ctx.output_names("Out")[0], 0).integers(0, 1 << 63))
-    with np.errstate(over="ignore"):
-        return int(_mix64(np.array([seed], dtype=np.uint64) ^ _GOLDEN)[0])
+    return _mix64((seed & 0xFFFF_FFFF_FFFF_FFFF) ^ _GOLDEN)
 
 
 def _first_row(ctx: OpContext, x: np.ndarray) -> int:
@@ -246,13 +250,14 @@ def dropout(ctx: OpContext) -> None:
     if ctx.attr("is_test"):
         ctx.set_output("Out", x if upscale else x * _keep_factor(ctx, x.dtype), lod=ctx.lod("X"))
         return
-    keep = dropout_uniforms(_dropout_key(ctx), x.shape, _first_row(ctx, x)) >= p
-    if upscale:
-        out = np.zeros_like(x) if p == 1.0 else np.where(keep, x / _keep_factor(ctx, x.dtype), x.dtype.type(0))
-    else:
-        out = np.where(keep, x, x.dtype.type(0))
-    ctx.set_output("Out", out.astype(x.dtype, copy=False), lod=ctx.lod("X"))
-    ctx.set_output("Mask", keep.astype(np.uint8))
+    mask = (dropout_uniforms(_dropout_key(ctx), x.shape, _first_row(ctx, x)) >= p).view(np.uint8)
+    if upscale and p == 1.0:
+        out = np.zeros_like(x)
+    else:  # x / (1 - p) (or x) times the 0/1 mask: a dropped element is 0 (-0 for a negative x)
+        out = np.divide(x, _keep_factor(ctx, x.dtype)) if upscale else x.copy()
+        np.multiply(out, mask, out=out, casting="unsafe")
+    ctx.set_output("Out", out, lod=ctx.lod("X"))
+    ctx.set_output("Mask", mask)
 
 
 @register("dropout_grad")
@@ -277,10 +282,13 @@ def dropout_grad(ctx: OpContext) -> None:
 
 try:  # scipy's erf is vectorised C; math.erf per element is ~40x slower (same values to 1 ulp)
     from scipy.special import erf as _erf
+
+    _ERF_UFUNC = True
 except ImportError:  # pragma: no cover - scipy comes with the examples' scikit-learn
     import math
 
     _erf = np.vectorize(math.erf, otypes=[np.float64])
+    _ERF_UFUNC = False
 
 _SQRT1_2 = 0.70710678118654752440
 _2_SQRTPI = 1.12837916709551257390
@@ -288,7 +296,9 @@ _GELU_C = 0.044715
 
 
 def _gelu_erf(x: np.ndarray) -> np.ndarray:
-    return np.asarray(_erf(x * x.dtype.type(_SQRT1_2)), dtype=x.dtype)
+    """erf(x / sqrt 2) as a new array of X's dtype."""
+    scaled = x * x.dtype.type(_SQRT1_2)
+    return np.asarray(_erf(scaled, out=scaled) if _ERF_UFUNC else _erf(scaled), dtype=x.dtype)
 
 
 @register("gelu")
@@ -300,8 +310,11 @@ def gelu(ctx: OpContext) -> None:
     if ctx.attr("approximate"):
         inner = np.tanh(t(_2_SQRTPI * _SQRT1_2) * (x + t(_GELU_C) * x * x * x))
         out = x * t(0.5) * (t(1) + inner)
-    else:
-        out = x * t(0.5) * (t(1) + _gelu_erf(x))
+    else:  # in place: (1 + erf(x / sqrt 2)) * x * 0.5 (scaling by 0.5 is exact: the same value)
+        out = _gelu_erf(x)
+        out += t(1)
+        out *= x
+        out *= t(0.5)
     ctx.set_output("Out", out.astype(x.dtype, copy=False), lod=ctx.lod("X"))
 
 
@@ -315,10 +328,17 @@ def gelu_grad(ctx: OpContext) -> None:
         x2 = x * x
         th = np.tanh(alpha * (x * (t(_GELU_C) * x2 + t(1))))
         dx = dout * t(0.5) * (t(1) + th + (t(1) - th * th) * (x * (alpha + beta * x2)))
-    else:
-        first = t(0.5) * (t(1) + _gelu_erf(x))
-        second = t(0.5 * _2_SQRTPI * _SQRT1_2) * x * np.exp(t(-0.5) * x * x)
-        dx = dout * (first + second)
+    else:  # 0.5 (1 + erf(x / sqrt 2)) + x exp(-x^2 / 2) / sqrt(2 pi), in place
+        dx = _gelu_erf(x)
+        dx += t(1)
+        dx *= t(0.5)
+        second = x * x
+        second *= t(-0.5)
+        np.exp(second, out=second)
+        second *= x
+        second *= t(0.5 * _2_SQRTPI * _SQRT1_2)
+        dx += second
+        dx *= dout
     ctx.set_output("X@GRAD", dx.astype(dout.dtype, copy=False), lod=ctx.lod("X"))
 
 
