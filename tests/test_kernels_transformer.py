@@ -261,7 +261,58 @@ def small_cases() -> list[OpCase]:
     return out
 
 
-CASES = [*matmul_cases(), *layer_norm_cases(), *gelu_cases(), *dropout_cases(), *slice_cases(), *small_cases()]
+def existing_op_cases() -> list[OpCase]:
+    """The older kernels BERT and GPT also run, in the shapes and attrs those programs use:
+    softmax over the last axis of [B, heads, S, S], the scores + mask broadcast add, the
+    heads' reshape2 / transpose2, scale, the [B, S, V] logits' cross entropy (GPT),
+    2-D ids into an embedding."""
+    out = []
+    for dtype in (F32, F64):
+        name = dtype.__name__
+        out.append(with_grad(f"softmax-{name}-attention", "softmax", {"X": [("x", rand((2, 4, 6, 6), dtype, -3, 3))]},
+                             {"axis": -1}, grad_reads=("-",), grad_reads_out=("Out",)))
+        out.append(with_grad(f"softmax-{name}-axis1", "softmax", {"X": [("x", rand((3, 5, 2), dtype, -3, 3))]},
+                             {"axis": 1}, grad_reads=("-",), grad_reads_out=("Out",)))
+        out.append(with_grad(f"elementwise_add-{name}-mask", "elementwise_add",
+                             {"X": [("x", rand((2, 4, 6, 6), dtype))], "Y": [("y", rand((1, 1, 6, 6), dtype))]},
+                             {"axis": -1}, wrt=("X", "Y")))
+        out.append(with_grad(f"elementwise_add-{name}-bias", "elementwise_add",
+                             {"X": [("x", rand((2, 5, 8), dtype))], "Y": [("y", rand((8,), dtype))]},
+                             {"axis": -1}, wrt=("X", "Y")))
+        out.append(with_grad(f"elementwise_add-{name}-axis1", "elementwise_add",
+                             {"X": [("x", rand((2, 5, 8), dtype))], "Y": [("y", rand((5,), dtype))]},
+                             {"axis": 1}, wrt=("X", "Y")))
+        out.append(with_grad(f"reshape2-{name}-heads", "reshape2", {"X": [("x", rand((2, 6, 16), dtype))]},
+                             {"shape": [0, 0, 4, 4]}, extra_outputs=("XShape",), grad_reads=("-",),
+                             grad_reads_out=("XShape",)))
+        out.append(with_grad(f"transpose2-{name}-heads", "transpose2", {"X": [("x", rand((2, 6, 4, 4), dtype))]},
+                             {"axis": [0, 2, 1, 3]}, extra_outputs=("XShape",), grad_reads=("-",),
+                             grad_reads_out=("XShape",)))
+        out.append(OpCase(f"scale-{name}", [("scale", {"X": ["x"]}, {"Out": ["out"]},
+                                             {"scale": 0.125, "bias": -1.0, "bias_after_scale": True})],
+                          {"x": rand((3, 7), dtype)}, ["out"]))
+        logits, label = rand((2, 5, 11), dtype, -2, 2), RNG.integers(0, 11, (2, 5, 1)).astype(np.int64)
+        out.append(OpCase(
+            f"softmax_with_cross_entropy-{name}-gpt",
+            [("softmax_with_cross_entropy", {"Logits": ["logits"], "Label": ["label"]},
+              {"Softmax": ["softmax"], "Loss": ["loss"]}, {"axis": -1, "soft_label": False, "ignore_index": -100}),
+             ("softmax_with_cross_entropy_grad", {"Label": ["label"], "Softmax": ["softmax"], "Loss@GRAD": ["dloss"]},
+              {"Logits@GRAD": ["dlogits"]}, {"axis": -1, "soft_label": False, "ignore_index": -100})],
+            {"logits": logits, "label": label, "dloss": rand((2, 5, 1), dtype)}, ["softmax", "loss", "dlogits"],
+        ))
+        ids = RNG.integers(0, 9, (3, 4)).astype(np.int64)
+        out.append(OpCase(
+            f"lookup_table_v2-{name}-2d-ids",
+            [("lookup_table_v2", {"W": ["w"], "Ids": ["ids"]}, {"Out": ["out"]}, {"padding_idx": -1}),
+             ("lookup_table_v2_grad", {"W": ["w"], "Ids": ["ids"], "Out@GRAD": ["dout"]}, {"W@GRAD": ["dw"]},
+              {"padding_idx": -1, "is_sparse": False})],
+            {"w": rand((9, 5), dtype), "ids": ids, "dout": rand((3, 4, 5), dtype)}, ["out", "dw"],
+        ))
+    return out
+
+
+CASES = [*matmul_cases(), *layer_norm_cases(), *gelu_cases(), *dropout_cases(), *slice_cases(), *small_cases(),
+         *existing_op_cases()]
 
 
 # ------------------------------------------------------------------------ harness

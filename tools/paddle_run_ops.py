@@ -21,14 +21,31 @@ import sys
 
 import numpy as np
 import paddle
+from paddle.base import framework
 
 
-def _set_attr(desc, name: str, value) -> None:
-    """Typed as Paddle's maker declares it: bools, ints, floats, strings and their lists."""
-    if isinstance(value, list) and value and all(isinstance(v, bool) for v in value):
+_SETTERS = {  # framework.proto AttrType -> OpDesc setter
+    0: "_set_int32_attr", 1: "_set_float32_attr", 2: "_set_str_attr", 3: "_set_int32s_attr",
+    4: "_set_float32s_attr", 5: "_set_strs_attr", 6: "_set_bool_attr", 7: "_set_bools_attr",
+    9: "_set_int64_attr", 11: "_set_int64s_attr", 12: "_set_float64s_attr", 15: "_set_float64_attr",
+}
+
+
+def _proto_types(op_type: str) -> dict[str, int]:
+    """The attr types Paddle's maker declares for the op (a grad op: its forward op's)."""
+    holder = framework.OpProtoHolder.instance()
+    for name in (op_type, op_type[: -len("_grad")] if op_type.endswith("_grad") else None):
+        if name and name in holder.op_proto_map:
+            return {a.name: a.type for a in holder.get_op_proto(name).attrs}
+    return {}
+
+
+def _set_attr(desc, name: str, value, declared: dict[str, int]) -> None:
+    """Typed as Paddle's maker declares it, else from the Python value."""
+    if name in declared and declared[name] in _SETTERS:
+        getattr(desc, _SETTERS[declared[name]])(name, value)
+    elif isinstance(value, list) and value and all(isinstance(v, bool) for v in value):
         desc._set_bools_attr(name, value)
-    elif isinstance(value, list) and not value:
-        desc._set_int32s_attr(name, [])
     elif isinstance(value, list) and all(isinstance(v, int) for v in value):
         desc._set_int32s_attr(name, value)
     elif isinstance(value, float):
@@ -52,6 +69,7 @@ def run_case(case: dict, arrays) -> dict[str, np.ndarray]:
             for name in args:
                 if not block.has_var(name):
                     block.create_var(name=name, dtype="float32", persistable=False)
+    forward_attrs: dict[str, dict] = {}
     for op in case["ops"]:
         desc = block.desc.append_op()
         desc.set_type(op["type"])
@@ -59,8 +77,16 @@ def run_case(case: dict, arrays) -> dict[str, np.ndarray]:
             desc.set_input(slot, args)
         for slot, args in op["outputs"].items():
             desc.set_output(slot, args)
+        declared = _proto_types(op["type"])
         for name, value in op["attrs"].items():
-            _set_attr(desc, name, value)
+            _set_attr(desc, name, value, declared)
+        if op["type"] in framework.OpProtoHolder.instance().op_proto_map:
+            desc.check_attrs()  # Paddle's defaults for the attrs the case leaves out
+            forward_attrs[op["type"]] = {n: desc.attr(n) for n in desc.attr_names()}
+        else:  # a grad op: the attrs its maker would copy from the forward op
+            for name, value in forward_attrs.get(op["type"][: -len("_grad")], {}).items():
+                if not desc.has_attr(name):
+                    _set_attr(desc, name, value, declared)
     main._sync_with_cpp()
     exe = paddle.static.Executor(paddle.CPUPlace())
     values = exe.run(main, feed=feed, fetch_list=case["fetch"], return_numpy=True)
