@@ -428,3 +428,21 @@ def test_dropout_masks_of_the_trainers_shares_are_the_local_mask():
     assert not np.array_equal(unsharded, local[0])  # without the shard's offset the masks differ
     fixed = _dropout_out(x, {}, runs=2, fix_seed=True, seed=3)
     assert np.array_equal(fixed[0], fixed[1]) and not np.array_equal(fixed[0], local[0])
+
+
+@pytest.mark.parametrize("case", ["bert_adam_4ps_async", "bert_adam_2ps_noslice_sync", "bert_adam_clip_2ps_sync",
+                                  "bert_small_adam_3ps_sync", "gpt_adam_3ps_sync"])
+def test_every_op_of_the_transformer_fixtures_has_a_kernel(case):
+    """Paddle's BERT and GPT programs, and what Paddle's transpiler made of them: every op
+    type has a kernel (the RPC ops' from ops.rpc)."""
+    import ops.rpc.kernels  # noqa: F401  (registers send, recv, listen_and_serv, ...)
+    from conftest import PADDLE_PROGRAMS
+    from ops.kernels import has_kernel
+
+    folder = PADDLE_PROGRAMS / case
+    types = {op.type for f in ("main.pb", "startup.pb") for _, op in Program.load(folder / f).all_ops()}
+    expected = json.loads((folder / "expected.json").read_text())
+    programs = [expected["trainer"], expected["trainer_startup"]]
+    programs += [p[k] for p in expected["pservers"].values() for k in ("main", "startup")]
+    types |= {op["type"] for program in programs for block in program for op in block["ops"]}
+    assert sorted(t for t in types if not has_kernel(t)) == []
