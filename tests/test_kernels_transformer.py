@@ -446,3 +446,25 @@ def test_every_op_of_the_transformer_fixtures_has_a_kernel(case):
     programs += [p[k] for p in expected["pservers"].values() for k in ("main", "startup")]
     types |= {op["type"] for program in programs for block in program for op in block["ops"]}
     assert sorted(t for t in types if not has_kernel(t)) == []
+
+
+@pytest.mark.parametrize(("op_type", "inputs", "attrs", "message"), [
+    ("matmul_v2", {"X": np.ones((2, 3)), "Y": np.ones((2, 3))}, {}, r"cannot multiply: 3 vs 2"),
+    ("matmul_v2", {"X": np.ones((2, 3, 4)), "Y": np.ones((3, 4, 5))}, {}, r"X \[2, 3, 4\] and Y \[3, 4, 5\]"),
+    ("layer_norm", {"X": np.ones((2, 3))}, {"begin_norm_axis": 2}, r"begin_norm_axis=2 does not fit X \[2, 3\]"),
+    ("layer_norm", {"X": np.ones((2, 3)), "Scale": np.ones(4)}, {"begin_norm_axis": 1}, r"Scale has 4 elements"),
+    ("dropout", {"X": np.ones((2, 3))}, {"dropout_implementation": "sometimes"}, r"unknown dropout_implementation"),
+    ("slice", {"Input": np.ones((4, 5))}, {"axes": [1], "starts": [3], "ends": [1]}, r"end 1 is before start 3"),
+    ("slice", {"Input": np.ones((4, 5))}, {"axes": [0], "starts": [0], "ends": [2], "decrease_axis": [0]},
+     r"decrease_axis 0 must name a dim of size 1"),
+    ("range", {"Start": np.array([0]), "End": np.array([5]), "Step": np.array([-1])}, {}, r"goes away from End"),
+    ("tril_triu", {"X": np.ones(3)}, {"lower": True}, r"at least 2 dims"),
+    ("unsqueeze2", {"X": np.ones((2, 3))}, {"axes": [4]}, r"axis 4 is out of range"),
+])
+def test_kernels_refuse_bad_input_with_a_clear_error(op_type, inputs, attrs, message):
+    from ops.executor import ExecutionError
+    from ops.testing import run_op
+
+    outputs = {"layer_norm": ("Y", "Mean", "Variance"), "dropout": ("Out", "Mask"), "unsqueeze2": ("Out", "XShape")}
+    with pytest.raises(ExecutionError, match=message):
+        run_op(op_type, inputs, outputs.get(op_type, ("Out",)), attrs=attrs)

@@ -38,9 +38,10 @@ def _mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a, b)
 
 
-def _check_matmul(ctx: OpContext, x: np.ndarray, y: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+def _check_matmul(ctx: OpContext, x: np.ndarray, y: np.ndarray) -> None:
     if x.ndim == 0 or y.ndim == 0:
         raise KernelError(f"{ctx.type}: X {list(x.shape)} and Y {list(y.shape)} must have at least one dim")
+    a, b = _operands(ctx, x, y)
     if a.shape[-1] != b.shape[-2]:
         raise KernelError(
             f"{ctx.type}: X {list(x.shape)} (trans_x={bool(ctx.attr('trans_x'))}) and Y {list(y.shape)} "
@@ -59,10 +60,8 @@ def _operands(ctx: OpContext, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray,
 @register("matmul_v2")
 def matmul_v2(ctx: OpContext) -> None:
     x, y = ctx.input("X"), ctx.input("Y")
-    if x.ndim == 0 or y.ndim == 0:
-        raise KernelError(f"matmul_v2: X {list(x.shape)} and Y {list(y.shape)} must have at least one dim")
+    _check_matmul(ctx, x, y)
     a, b = _operands(ctx, x, y)
-    _check_matmul(ctx, x, y, a, b)
     try:
         out = _mm(a, b)
     except ValueError as exc:  # batch dims that do not broadcast
@@ -79,6 +78,7 @@ def matmul_v2_grad(ctx: OpContext) -> None:
     """dA = dOut @ B^T, dB = A^T @ dOut on the >= 2-D operands, then the transposes undone,
     the broadcast batch dims summed and the 1-D operands' dims dropped again."""
     x, y, dout = ctx.input("X"), ctx.input("Y"), ctx.input("Out@GRAD")
+    _check_matmul(ctx, x, y)
     a, b = _operands(ctx, x, y)
     d = dout
     if x.ndim == 1:
