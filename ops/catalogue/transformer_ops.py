@@ -63,13 +63,13 @@ def matmul_v2_shape(ctx: ShapeContext) -> Result:
 
 
 def layer_norm_shape(ctx: ShapeContext) -> Result:
-    """Y like X; Mean and Variance one value per row of X flattened at `begin_norm_axis`."""
+    """Y like X; Mean and Variance shaped like X's dims before `begin_norm_axis` (Paddle
+    2.6's InferMeta and kernel both: [-1, 128] for BERT's [-1, 128, 768])."""
     x = ctx.x("X")
     axis = ctx.attr("begin_norm_axis")
     if not 0 < axis < len(x.shape):
         raise ShapeError(f"layer_norm: begin_norm_axis={axis} does not fit X {fmt(x.shape)}")
-    rows = -1 if any(d < 0 for d in x.shape[:axis]) else math.prod(x.shape[:axis])
-    stat = TensorInfo(x.dtype, (rows,))  # compile time (Paddle's InferMeta); its kernel writes X's leading dims
+    stat = TensorInfo(x.dtype, tuple(x.shape[:axis]))
     return {"Y": [x.with_(kind=VarKind.LOD_TENSOR)], "Mean": [stat], "Variance": [stat]}
 
 
