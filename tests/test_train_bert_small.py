@@ -34,3 +34,13 @@ def test_trains_locally(tmp_path):
     facts = json.loads(out.read_text())
     assert facts["steps"] == 100 and facts["last_loss"] < 0.8 * facts["first_loss"], facts
     assert facts["test_accuracy"][0] < 0.6 < 0.75 < facts["test_accuracy"][1], facts["test_accuracy"]
+
+
+def test_trains_under_launch_on_2_pservers_and_2_trainers(tmp_path):
+    from e2e_support import launch_script
+
+    out = tmp_path / "result.json"
+    launch_script(tmp_path, (str(EXAMPLES / "train_bert_small.py"), "--steps", "12", "--examples", "256", "--out", str(out)),
+                  pservers=2, trainers=2, timeout=120.0)
+    facts = json.loads(out.read_text())
+    assert facts["role"] == "trainer 0" and facts["steps"] == 12 and len(facts["losses"]) == 12
