@@ -18,6 +18,10 @@ Paddle 2.6's own `matmul_v2_grad` fails on a 1-D operand with `trans_*` set and 
 dims broadcast both ways ((2,1,..) x (3,..)): those cases compare the forward with Paddle
 and leave the grad to the float64 gradient check (tests/test_gradcheck.py); the test
 asserts that Paddle still fails there, so the exemption cannot outlive the bug.
+
+Also here, without Paddle: dropout's seeding (a trainer's share of the batch draws the
+local mask's rows; steps and executor seeds differ; `fix_seed` repeats), every op of the
+BERT / GPT fixtures has a kernel, and the kernels' errors on bad input.
 """
 
 from __future__ import annotations
