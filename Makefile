@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 DEMO   ?= build/demo
 
-.PHONY: install test demo demo-ray golden proto bench bench-paddle bench-ray interop clean
+.PHONY: install test demo demo-ray demo-models golden proto bench bench-paddle bench-ray interop clean
 
 install: $(VENV)/.installed
 
@@ -25,6 +25,11 @@ demo: install
 # The same job as Ray actors on a local Ray instance (bound to 127.0.0.1; `launch --backend ray`).
 demo-ray: install
 	$(PY) examples/demo.py $(DEMO)-ray --backend ray
+
+# Paddle-built real models (a small BERT-style encoder; the small ResNet when its example is there),
+# each trained with `launch` on 2 pservers x 2 trainers, loss going down.
+demo-models: install
+	OPENBLAS_NUM_THREADS=1 $(PY) examples/demo_models.py $(DEMO)-models
 
 # Rewrite tests/golden/ from the current code; review the diff like code.
 golden: install

@@ -1,4 +1,5 @@
-"""Build the real-model fixtures (ResNet-50, a small ResNet, a BERT-base encoder) with Paddle 2.6.2 and
+"""Build the real-model fixtures (ResNet-50, a small ResNet, a BERT-base encoder, a small
+BERT-style encoder, a GPT-style decoder) and the small control-flow programs with Paddle 2.6.2 and
 record what Paddle's own legacy transpiler makes of them.
 
 Run it from the repository root with the Paddle 2.6.2 reference venv (a test and tool
@@ -145,8 +146,7 @@ def resnet_small() -> str:
     return loss.name
 
 
-def bert(clip: bool) -> str:
-    vocab, hidden, heads, layers, ffn, max_len, seq = 30522, 768, 12, 12, 3072, 512, 128
+def bert(clip: bool, vocab=30522, hidden=768, heads=12, layers=12, ffn=3072, max_len=512, seq=128) -> str:
     ids = paddle.static.data("src_ids", [-1, seq], "int64")
     pos = paddle.static.data("pos_ids", [-1, seq], "int64")
     label = paddle.static.data("label", [-1, 1], "int64")
@@ -254,6 +254,34 @@ def lstm_net() -> str:
     _, (h, _) = paddle.nn.LSTM(4, 8, time_major=True)(x, (h0, c0))
     return _mse(paddle.mean(h, axis=0))  # [1, batch, 8] -> [batch, 8]
 
+def gpt(vocab=1000, hidden=64, heads=4, layers=2, ffn=256, seq=16) -> str:
+    """A GPT-2-style decoder as PaddleNLP's GPT builds its inputs: position ids from
+    `arange(seq).unsqueeze(0)` (range, unsqueeze2), a causal mask from
+    `tril(ones([seq, seq]))` turned into 0 / -1e4 and unsqueezed to [1, 1, seq, seq]
+    (tril_triu, scale, unsqueeze2) and added to the attention scores; pre-LN blocks with the
+    tanh-approximated gelu (GPT-2's), a final LayerNorm and the LM head tied to the word
+    embedding (`matmul_v2(x, W, trans_y=True)`); next-token cross entropy on every position."""
+    ids = paddle.static.data("src_ids", [-1, seq], "int64")
+    label = paddle.static.data("label", [-1, seq, 1], "int64")
+    word = paddle.nn.Embedding(vocab, hidden)
+    position = paddle.nn.Embedding(seq, hidden)
+    pos_ids = paddle.arange(seq, dtype="int64").unsqueeze(0)
+    x = paddle.nn.Dropout(0.1)(word(ids) + position(pos_ids))
+    causal = paddle.tril(paddle.ones([seq, seq], dtype="float32"))
+    mask = ((causal - 1.0) * 1e4).unsqueeze([0, 1])
+    for _ in range(layers):
+        block = paddle.nn.TransformerEncoderLayer(hidden, heads, ffn, dropout=0.1, activation="gelu",
+                                                  normalize_before=True)
+        block.activation = lambda t: paddle.nn.functional.gelu(t, approximate=True)
+        x = block(x, src_mask=mask)
+    x = paddle.nn.LayerNorm(hidden)(x)
+    logits = paddle.matmul(x, word.weight, transpose_y=True)
+    loss = paddle.nn.functional.cross_entropy(logits, label)
+    paddle.optimizer.Adam(learning_rate=1e-3).minimize(loss)
+    return loss.name
+
+
+SMALL_BERT = {"vocab": 1000, "hidden": 64, "heads": 4, "layers": 2, "ffn": 256, "max_len": 64, "seq": 32}
 
 NETS = {
     "resnet50": ("ResNet-50 (paddle.vision.models.resnet50, 1000 classes), image [N,3,224,224]", "Momentum",
@@ -279,6 +307,12 @@ NETS = {
                     while_array_net),
     "lstm": ("x[3, N, 4] (time-major), h0, c0 [1, N, 8] -> paddle.nn.LSTM(4, 8) -> last hidden state -> fc 1, "
              "square error", "SGD", lstm_net),
+    "bert_small": ("a small BERT-style encoder (the BERT-base net's code): 1000x64 word + 64x64 position "
+                   "embeddings, 2 layers, 4 heads, FFN 256, gelu, dropout 0.1, seq 32, 2-class head", "Adam",
+                   lambda: bert(clip=False, **SMALL_BERT)),
+    "gpt": ("a GPT-2-style decoder: 1000x64 word (tied LM head) + 16x64 position embeddings, 2 pre-LN layers, "
+            "4 heads, FFN 256, tanh gelu, dropout 0.1, causal mask from range/tril_triu/unsqueeze2, seq 16, "
+            "next-token cross entropy", "Adam (lr 1e-3)", gpt),
 }
 # The small control-flow networks: trained on the numpy kernels by the per-case tests
 # (tests/conftest.py tells them from the real models by `"real_model": false`).
@@ -298,6 +332,8 @@ CASES = {
     "cond_in_while_sgd_2ps": ("cond_in_while", 2, 2, True, True),
     "while_array_sgd_2ps": ("while_array", 2, 2, True, True),
     "lstm_sgd_2ps": ("lstm", 2, 2, True, True),
+    "bert_small_adam_3ps_sync": ("bert_small", 3, 2, True, True),
+    "gpt_adam_3ps_sync": ("gpt", 3, 2, True, True),
 }
 
 

@@ -47,6 +47,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from ops.executor import Executor
+from ops.kernels.transformer import BATCH_SHARD
 from ops.rpc.auth import Handshake, plan_fingerprint
 from ops.rpc.checkpoint import (
     DEFAULT_KEEP,
@@ -124,6 +125,8 @@ class Session:
             handshake = Handshake(self.role.trainer_id, self.role.trainers, self.sync_mode, self.plan_fingerprint)
             self.client = RpcClient(self.role.trainer_id, timeout=self.role.rpc_timeout, handshake=handshake)
             env["rpc"] = self.client
+            # dropout masks follow an element's place in the global batch (ops/kernels/transformer.py)
+            env[BATCH_SHARD] = (self.role.trainer_id, self.role.trainers)
         self.scope = Scope()
         self.executor = Executor(seed=seed, env=env)
         checkpoint_dir, checkpoint_every, restore = launcher_checkpoint_options(checkpoint_dir, checkpoint_every, restore)
