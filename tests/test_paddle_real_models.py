@@ -306,13 +306,13 @@ def test_cli_dump_and_transpile(case, tmp_path, capsys):
     folder = PADDLE_PROGRAMS / case
     info = json.loads((folder / "case.json").read_text())
     for file in ("main.pb", "startup.pb"):
-        assert cli_main(["dump", str(folder / file), "-o", str(tmp_path / f"{file}.txt")]) == 0
+        assert cli_main(["dump", str(folder / file), "-o", str(tmp_path / f"{file}.txt"), "--full"]) == 0  # whole paths in warnings
     _, err = capsys.readouterr()
     warnings = err.splitlines()
     assert len(warnings) == (1 if is_bert(case) else 0), err
     assert all(line.startswith(f"pstranspile: warning: {folder / 'main.pb'}: ") for line in warnings)
     argv = ["transpile", str(folder / "main.pb"), "--startup", str(folder / "startup.pb"),
-            "--pservers", info["pservers"], "--trainers", str(info["trainers"]), "-o", str(tmp_path / "out")]
+            "--pservers", info["pservers"], "--trainers", str(info["trainers"]), "-o", str(tmp_path / "out"), "--full"]
     argv += [] if info["sync_mode"] else ["--async"]
     argv += [] if info["slice_var_up"] else ["--no-slice"]
     assert cli_main(argv) == 0
