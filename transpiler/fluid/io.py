@@ -148,9 +148,9 @@ def inference_program(program: Program, feeded_var_names: Sequence[str], target_
     keep = []
     for op in reversed(block.ops):
         forward = not (op.role & (OpRole.Backward | OpRole.Optimize | OpRole.LRSched))
-        if forward and needed.intersection(op.output_names()):
+        if forward and needed.intersection(op.output_names):
             keep.append(op)
-            needed.update(n for n in op.input_names() if n not in feeded_var_names)
+            needed.update(n for n in op.input_names if n not in feeded_var_names)
     kept = set(map(id, keep))
     block.remove_ops([op for op in block.ops if id(op) not in kept])
     feed = block.create_var("feed", VarKind.FEED_MINIBATCH, persistable=True)
@@ -161,8 +161,8 @@ def inference_program(program: Program, feeded_var_names: Sequence[str], target_
         block.add_op("fetch", {"X": [name]}, {"Out": [fetch.name]}, {"col": col})
     used = set()
     for op in block.ops:
-        used.update(op.input_names())
-        used.update(op.output_names())
+        used.update(op.input_names)
+        used.update(op.output_names)
     for name in [n for n in block.vars if n not in used]:
         block.remove_var(name)
     return pruned

@@ -115,7 +115,7 @@ def _is_startup(program: Program) -> bool:
     if not block.ops or any(op.role & (OpRole.Backward | OpRole.Optimize) for op in block.ops):
         return False
     return all(block.find_var(n) is None or block.find_var(n).persistable
-               for op in block.ops for n in op.output_names())
+               for op in block.ops for n in op.output_names)
 
 
 class RemoteExecutor:
@@ -150,6 +150,9 @@ class RemoteExecutor:
             raise PsTranspilerError("an address is for the ray backend")
         if reader is not None and not callable(reader):
             raise PsTranspilerError(f"reader must be callable, got {type(reader).__name__}")
+        if reader is not None and getattr(reader, "__module__", None) == "__main__":
+            raise PsTranspilerError("the reader runs in the trainers, which import it by name: define it in a module, "
+                                    "not in the __main__ script")
         self.backend, self.address, self.reader = backend, address, reader
         self.startup_program = startup_program
         self.sync_mode = bool(sync_mode)
@@ -179,6 +182,10 @@ class RemoteExecutor:
     def _config(self, key: str) -> LaunchConfig:
         host, port = self._listener.address[:2]
         env = {**self.env, DRIVER_ENV: f"{host}:{port}", KEY_ENV: key}
+        root = _import_root(self.reader)
+        if root is not None:  # the workers import the reader's module by name
+            paths = [root, *[p for p in env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")).split(os.pathsep) if p]]
+            env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         resources = None
         if self.backend == "ray":
             resources = {"pserver": self.job_desc.resources(True), "trainer": self.job_desc.resources(False)}
@@ -204,7 +211,7 @@ class RemoteExecutor:
         if self.init is not None:
             session["init"] = str(self.init)
         job = pickle.dumps({"main": program.to_bytes(), "startup": startup.to_bytes(), "session": session,
-                            "reader": self.reader})
+                            "reader": pickle.dumps(self.reader) if self.reader is not None else None})
         key = secrets.token_hex(32)
         self._listener = Listener((self.driver_host, 0), authkey=key.encode())
         config = self._config(key)
@@ -250,7 +257,8 @@ class RemoteExecutor:
         acceptor.start()
         deadline = time.monotonic() + CONNECT_TIMEOUT
         seen = 0
-        while len(self._trainers) < self.trainers:
+        expected = self.trainers + self.job_desc.num_pserver
+        while len(self.pids) < expected:
             while seen < len(accepted):
                 conn = accepted[seen]
                 seen += 1
@@ -265,7 +273,7 @@ class RemoteExecutor:
             if failure is not None:
                 self._fail(failure)
             if time.monotonic() > deadline:
-                self._fail(f"only {len(self._trainers)} of {self.trainers} trainer(s) connected within "
+                self._fail(f"only {len(self.pids)} of {expected} process(es) connected within "
                            f"{CONNECT_TIMEOUT:g} s (logs: {self.log_dir})")
             time.sleep(0.05)
         done.set()
@@ -338,10 +346,13 @@ class RemoteExecutor:
             from transpiler.frontend import default_main_program
 
             program = default_main_program()
+        if self.program is None and (program is self.startup_program or program is default_startup_program()
+                                     or _is_startup(program)):
+            self.startup_program = program
+            return []
+        if feed is None and self.reader is None:
+            raise PsTranspilerError("run(feed=None) needs a reader: RemoteExecutor(..., reader=fn)")
         if self.program is None:
-            if program is self.startup_program or program is default_startup_program() or _is_startup(program):
-                self.startup_program = program
-                return []
             self.start(program)
         elif program is not self.program:
             raise PsTranspilerError("a RemoteExecutor runs one training program; this is another "
@@ -349,8 +360,6 @@ class RemoteExecutor:
         if isinstance(fetch_list, (str,)) or hasattr(fetch_list, "name"):
             fetch_list = [fetch_list]
         fetches = [_name(item) for item in (fetch_list or ())]
-        if feed is None and self.reader is None:
-            raise PsTranspilerError("run(feed=None) needs a reader: RemoteExecutor(..., reader=fn)")
         shares = self.shard(feed) if feed is not None else [None] * self.trainers
         values = self._ask_all({i: ("run", shares[i], fetches) for i in range(self.trainers)},
                                f"run step {self.steps + 1}")
@@ -402,6 +411,18 @@ class RemoteExecutor:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _import_root(function: Any) -> str | None:
+    """The folder from which `function`'s module imports by its name (None: no file)."""
+    module = sys.modules.get(getattr(function, "__module__", "") or "")
+    path = getattr(module, "__file__", None)
+    if function is None or module is None or path is None or module.__name__ == "__main__":
+        return None
+    folder = Path(path).resolve().parent
+    for _ in range(module.__name__.count(".") + (Path(path).name == "__init__.py")):
+        folder = folder.parent
+    return str(folder)
 
 
 def _average(values: list[Any]) -> Any:

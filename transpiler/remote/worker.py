@@ -75,7 +75,8 @@ def main() -> int:
         with session:
             session.start()
             conn.send(("ready", None))
-            _serve_commands(conn, session, role, job.get("reader"))
+            reader = pickle.loads(job["reader"]) if job.get("reader") else None
+            _serve_commands(conn, session, role, reader)
     except (EOFError, ConnectionError):
         print(f"remote worker {role.name}: the driver went away", file=sys.stderr)
         return 1
