@@ -278,7 +278,7 @@ class RemoteExecutor:
             time.sleep(0.05)
         done.set()
         for trainer in sorted(self._trainers):
-            self._reply(trainer, "start")
+            self._reply(trainer, "start the job")
 
     def _fail(self, message: str) -> None:
         self._failed = message
@@ -298,13 +298,13 @@ class RemoteExecutor:
                 break
             failure = self._job_failure()
             if failure is not None:
-                self._fail(f"trainer {trainer} did not {what}: {failure}")
+                self._fail(f"{what}: the job failed: {failure}")
         if answer is None:
             if self._thread is not None:
                 self._thread.join(timeout=15.0)  # let launch name the process that died
-            self._fail(f"trainer {trainer} did not {what}: {self._job_failure() or 'its connection was lost'}")
+            self._fail(f"{what}: the job failed: {self._job_failure() or f'trainer {trainer} lost its connection'}")
         if answer[0] == "error":
-            self._fail(f"trainer {trainer} failed to {what}: {answer[1]}")
+            self._fail(f"{what}: trainer {trainer} raised {answer[1]}")
         return answer[1]
 
     def _ask_all(self, messages: Mapping[int, tuple], what: str) -> dict[int, Any]:
@@ -362,7 +362,7 @@ class RemoteExecutor:
         fetches = [_name(item) for item in (fetch_list or ())]
         shares = self.shard(feed) if feed is not None else [None] * self.trainers
         values = self._ask_all({i: ("run", shares[i], fetches) for i in range(self.trainers)},
-                               f"run step {self.steps + 1}")
+                               f"step {self.steps + 1}")
         self.steps += 1
         per = [values[i] for i in range(self.trainers)]
         if per_trainer:
