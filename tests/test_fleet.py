@@ -1,0 +1,192 @@
+"""`transpiler.fleet`: Fluid 1.8's parameter-server fleet — role makers with Paddle's checks
+and variables, strategies setting what Paddle's set, half-async and GEO refused, and the
+seed-002 fleet script (`examples/fleet_digits.py`) under `launch`, sync and async."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from e2e_support import EXAMPLES, launch_script
+
+from ops.rpc.tensor_file import read_tensor
+from transpiler.config import DistributeTranspilerConfig
+from transpiler.fleet import (
+    AsyncStrategy,
+    DistributeTranspilerConfig as FleetConfig,
+    Fleet,
+    FleetError,
+    GeoStrategy,
+    HalfAsyncStrategy,
+    StrategyFactory,
+    SyncStrategy,
+    role_maker,
+)
+from transpiler.fleet.strategy import DistributedMode, strategy_for, training_options
+from transpiler.frontend import optimizer
+
+EPS = ["127.0.0.1:6170", "127.0.0.1:6171"]
+
+
+# ------------------------------------------------------------ role makers
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"server_endpoints": "127.0.0.1:6170"}, TypeError, "server_endpoints must be as string list"),
+        ({"server_endpoints": []}, ValueError, "must be greater than 0"),
+        ({"server_endpoints": [EPS[0], EPS[0]]}, ValueError, "can't have duplicate elements"),
+        ({"server_endpoints": [EPS[0], 6171]}, TypeError, "every element in server_endpoints"),
+        ({"role": 7}, TypeError, "role must be as Role"),
+        ({"current_id": "0"}, TypeError, "current_id must be as int"),
+        ({"current_id": -1}, ValueError, "greater than or equal to 0"),
+        ({"current_id": 2, "role": role_maker.Role.SERVER}, ValueError, "len\\(server_endpoints\\) - 1"),
+        ({"worker_num": 2.0}, TypeError, "worker_num must be as int"),
+        ({"worker_num": 0}, ValueError, "worker_num must be greater than 0"),
+    ],
+)
+def test_user_defined_role_maker_checks_as_paddle(kwargs, error, message):
+    args = {"current_id": 0, "role": role_maker.Role.WORKER, "worker_num": 2, "server_endpoints": EPS, **kwargs}
+    with pytest.raises(error, match=message):
+        role_maker.UserDefinedRoleMaker(**args)
+
+
+def test_user_defined_roles():
+    fleet = Fleet()
+    fleet.init(role_maker.UserDefinedRoleMaker(current_id=1, role=role_maker.Role.WORKER, worker_num=3,
+                                               server_endpoints=EPS))
+    assert (fleet.is_worker(), fleet.is_server(), fleet.is_first_worker()) == (True, False, False)
+    assert (fleet.worker_index(), fleet.worker_num(), fleet.server_num()) == (1, 3, 2)
+    assert fleet.server_endpoints() == EPS and fleet.server_endpoints(to_string=True) == ",".join(EPS)
+    fleet.init(role_maker.UserDefinedRoleMaker(current_id=1, role=role_maker.Role.SERVER, worker_num=3,
+                                               server_endpoints=EPS))
+    assert fleet.is_server() and fleet.server_index() == 1 and not fleet.is_first_worker()
+
+
+@pytest.mark.parametrize("endpoints_var", ["PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_PSERVER_ENDPOINTS"])
+def test_paddle_cloud_role_maker_reads_paddles_variables(endpoints_var):
+    common = {endpoints_var: ",".join(EPS), "PADDLE_TRAINERS_NUM": "2"}
+    trainer = role_maker.PaddleCloudRoleMaker(env={**common, "TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": "1"})
+    assert trainer.is_worker() and trainer.worker_index() == 1 and trainer.worker_num() == 2
+    assert trainer.get_pserver_endpoints() == EPS
+    server = role_maker.PaddleCloudRoleMaker(env={**common, "TRAINING_ROLE": "PSERVER", "POD_IP": "127.0.0.1",
+                                                  "PADDLE_PORT": "6171"})
+    assert server.is_server() and server.server_index() == 1
+    with pytest.raises(ValueError, match="TRAINING_ROLE must be PSERVER or TRAINER"):
+        role_maker.PaddleCloudRoleMaker(env={**common, "TRAINING_ROLE": "WORKER"}).generate_role()
+    with pytest.raises(NotImplementedError, match="collective"):
+        role_maker.PaddleCloudRoleMaker(is_collective=True)
+
+
+# ------------------------------------------------------------ strategies
+def flags(strategy):
+    c = strategy.get_program_config()
+    return (c.sync_mode, c.runtime_split_send_recv, c.half_async, c.completely_not_async, c.geo_sgd_mode)
+
+
+def test_strategies_set_what_paddles_set():
+    assert FleetConfig is DistributeTranspilerConfig
+    sync = StrategyFactory.create_sync_strategy()
+    assert flags(sync) == (False, True, True, True, False)
+    assert sync.get_trainer_runtime_config().mode == DistributedMode.SYNC
+    assert sync.get_execute_strategy().use_thread_barrier and sync.get_build_strategy().async_mode
+    assert flags(StrategyFactory.create_async_strategy()) == (False, True, False, False, False)
+    assert flags(StrategyFactory.create_half_async_strategy()) == (False, True, True, False, False)
+    geo = StrategyFactory.create_geo_strategy(5)
+    assert flags(geo) == (False, True, False, False, True)
+    assert geo.get_program_config().geo_sgd_need_push_nums == 5
+    assert geo.get_trainer_runtime_config().runtime_configs["communicator_max_merge_var_num"] == 5
+    with pytest.raises(ValueError, match="doesn't have key: nope"):
+        sync.set_program_config({"nope": 1})
+
+
+def test_strategy_choice_as_fluid():
+    assert isinstance(strategy_for(None), AsyncStrategy)
+    config = DistributeTranspilerConfig()
+    assert isinstance(strategy_for(config), SyncStrategy)
+    assert config.completely_not_async  # the strategy adopts the config and sets its flags, as Paddle's does
+    config = DistributeTranspilerConfig()
+    config.sync_mode, config.runtime_split_send_recv = False, True
+    assert isinstance(strategy_for(config), AsyncStrategy)
+    config = DistributeTranspilerConfig()
+    config.sync_mode = False
+    assert isinstance(strategy_for(config), HalfAsyncStrategy) and config.half_async
+    with pytest.raises(TypeError, match="strategy must be an instance"):
+        strategy_for("sync")
+
+
+def test_what_our_runtime_trains():
+    sync, config = training_options(SyncStrategy())
+    assert sync and config.sync_mode and not config.runtime_split_send_recv
+    assert SyncStrategy().get_program_config().completely_not_async  # the strategy itself is left as Paddle's
+    sync, config = training_options(AsyncStrategy())
+    assert not sync and config.runtime_split_send_recv
+    for strategy, name in ((HalfAsyncStrategy(), "HalfAsyncStrategy"), (GeoStrategy(3), "GeoStrategy")):
+        with pytest.raises(NotImplementedError, match=f"{name} .* is not implemented by this runtime"):
+            training_options(strategy)
+        fleet = Fleet()
+        fleet.init(role_maker.UserDefinedRoleMaker(current_id=0, role=role_maker.Role.WORKER, worker_num=1,
+                                                   server_endpoints=EPS))
+        with pytest.raises(NotImplementedError, match=name):
+            fleet.distributed_optimizer(optimizer.SGD(learning_rate=0.1), strategy)
+
+
+def test_out_of_order_calls():
+    fleet = Fleet()
+    with pytest.raises(ValueError, match="fleet.init"):
+        fleet.distributed_optimizer(optimizer.SGD(learning_rate=0.1))
+    with pytest.raises(FleetError, match="fleet.init"):
+        fleet.is_worker()
+    fleet.init(role_maker.UserDefinedRoleMaker(current_id=0, role=role_maker.Role.WORKER, worker_num=1,
+                                               server_endpoints=EPS))
+    with pytest.raises(ValueError, match="instance of Optimizer"):
+        fleet.distributed_optimizer("sgd")
+    with pytest.raises(FleetError, match="minimize"):
+        fleet.init_worker()
+
+
+# ------------------------------------------------------------ the seed's script under launch
+SCRIPT = str(EXAMPLES / "fleet_digits.py")
+
+
+def losses(out):
+    return [json.loads((out / f"losses_{i}.json").read_text()) for i in range(2)]
+
+
+def test_the_seed_script_trains_sync_saves_and_warm_starts(tmp_path):
+    out, model = tmp_path / "out", tmp_path / "model"
+    launch_script(tmp_path / "a", (SCRIPT, "--mode", "sync", "--steps", "12", "--out", str(out), "--save", str(model)),
+                  pservers=2, trainers=2)
+    first, second = losses(out)
+    assert len(first) == len(second) == 12 and first != second  # each worker's own share
+    assert np.mean(first[-3:] + second[-3:]) < np.mean(first[:3] + second[:3])
+    saved = {p.name: read_tensor(p) for p in model.iterdir()}
+    assert sorted(saved) == ["fc_0.b_0", "fc_0.w_0", "fc_1.b_0", "fc_1.w_0"]
+    assert saved["fc_0.w_0"].shape == (64, 64) and saved["fc_1.w_0"].shape == (64, 10)
+    # the servers start from those files (init_server(model_dir)); 0 steps: the workers save what they received
+    again = tmp_path / "again"
+    launch_script(tmp_path / "b", (SCRIPT, "--mode", "sync", "--steps", "0", "--init", str(model), "--save",
+                                   str(again), "--role-maker", "cloud"), pservers=1, trainers=2)
+    for name, value in saved.items():
+        np.testing.assert_array_equal(read_tensor(again / name), value)
+
+
+def test_the_seed_script_converges_async(tmp_path):
+    out = tmp_path / "out"
+    launch_script(tmp_path, (SCRIPT, "--mode", "async", "--steps", "30", "--out", str(out), "--role-maker", "cloud"),
+                  pservers=2, trainers=2)
+    for worker in losses(out):
+        assert np.mean(worker[-5:]) < 0.7 * np.mean(worker[:5]), worker
+
+
+def test_the_seed_script_refuses_geo_clearly(tmp_path):
+    import subprocess
+    import sys
+
+    from e2e_support import job_free_env
+
+    env = job_free_env(TRAINING_ROLE="TRAINER", PADDLE_PSERVERS_IP_PORT_LIST=",".join(EPS), PADDLE_TRAINERS_NUM="1",
+                       PADDLE_TRAINER_ID="0")
+    done = subprocess.run([sys.executable, SCRIPT, "--mode", "geo"], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode != 0 and "NotImplementedError: GeoStrategy" in done.stderr
