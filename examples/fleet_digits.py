@@ -3,6 +3,7 @@ only its import lines differ from the script Paddle runs.
 
     pstranspile launch --pservers 2 --trainers 2 -- python3 examples/fleet_digits.py --mode sync
     pstranspile launch --pservers 2 --trainers 2 -- python3 examples/fleet_digits.py --mode async
+    pstranspile launch --pservers 2 --trainers 2 -- python3 examples/fleet_digits.py --mode geo --geo-every 5
 
 Under Paddle 1.8 the imports would be
 
@@ -79,6 +80,7 @@ def make_role(kind: str):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=("sync", "async", "half_async", "geo"), default="sync")
+    parser.add_argument("--geo-every", type=int, default=5, help="GEO-SGD's update_frequency (--mode geo)")
     parser.add_argument("--role-maker", choices=("user", "cloud"), default="user")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch", type=int, default=64, help="the global batch (all workers together)")
@@ -93,7 +95,7 @@ def main(argv=None) -> int:
     fleet.init(role)
     strategy = {"sync": StrategyFactory.create_sync_strategy, "async": StrategyFactory.create_async_strategy,
                 "half_async": StrategyFactory.create_half_async_strategy,
-                "geo": lambda: StrategyFactory.create_geo_strategy(10)}[args.mode]()
+                "geo": lambda: StrategyFactory.create_geo_strategy(args.geo_every)}[args.mode]()
     optimizer = fluid.optimizer.SGD(learning_rate=args.lr)
     optimizer = fleet.distributed_optimizer(optimizer, strategy)
     optimizer.minimize(avg_cost)

@@ -1,6 +1,7 @@
 """`transpiler.fleet`: Fluid 1.8's parameter-server fleet — role makers with Paddle's checks
-and variables, strategies setting what Paddle's set, half-async and GEO refused, and the
-seed-002 fleet script (`examples/fleet_digits.py`) under `launch`, sync and async."""
+and variables, strategies setting what Paddle's set, half-async refused, and the seed-002
+fleet script (`examples/fleet_digits.py`) under `launch`: sync (saves, warm starts), async
+and GEO-SGD converge, GEO with one trainer syncing every step equals local training."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from transpiler.fleet import (
     SyncStrategy,
     role_maker,
 )
-from transpiler.fleet.strategy import DistributedMode, strategy_for, training_options
+from transpiler.fleet.strategy import DistributedMode, geo_update_frequency, strategy_for, training_options
 from transpiler.frontend import optimizer
 
 EPS = ["127.0.0.1:6170", "127.0.0.1:6171"]
@@ -121,14 +122,16 @@ def test_what_our_runtime_trains():
     assert SyncStrategy().get_program_config().completely_not_async  # the strategy itself is left as Paddle's
     sync, config = training_options(AsyncStrategy())
     assert not sync and config.runtime_split_send_recv
-    for strategy, name in ((HalfAsyncStrategy(), "HalfAsyncStrategy"), (GeoStrategy(3), "GeoStrategy")):
-        with pytest.raises(NotImplementedError, match=f"{name} .* is not implemented by this runtime"):
-            training_options(strategy)
-        fleet = Fleet()
-        fleet.init(role_maker.UserDefinedRoleMaker(current_id=0, role=role_maker.Role.WORKER, worker_num=1,
-                                                   server_endpoints=EPS))
-        with pytest.raises(NotImplementedError, match=name):
-            fleet.distributed_optimizer(optimizer.SGD(learning_rate=0.1), strategy)
+    sync, config = training_options(GeoStrategy(3))  # GEO runs over the async programs (transpiler.fleet.geo)
+    assert not sync and not config.geo_sgd_mode and geo_update_frequency(GeoStrategy(3)) == 3
+    assert geo_update_frequency(AsyncStrategy()) is None
+    with pytest.raises(NotImplementedError, match="HalfAsyncStrategy .* is not implemented by this runtime"):
+        training_options(HalfAsyncStrategy())
+    fleet = Fleet()
+    fleet.init(role_maker.UserDefinedRoleMaker(current_id=0, role=role_maker.Role.WORKER, worker_num=1,
+                                               server_endpoints=EPS))
+    with pytest.raises(NotImplementedError, match="HalfAsyncStrategy"):
+        fleet.distributed_optimizer(optimizer.SGD(learning_rate=0.1), HalfAsyncStrategy())
 
 
 def test_out_of_order_calls():
@@ -179,7 +182,41 @@ def test_the_seed_script_converges_async(tmp_path):
         assert np.mean(worker[-5:]) < 0.7 * np.mean(worker[:5]), worker
 
 
-def test_the_seed_script_refuses_geo_clearly(tmp_path):
+def saved(folder):
+    return {p.name: read_tensor(p) for p in folder.iterdir()}
+
+
+def test_geo_with_one_trainer_and_update_frequency_1_equals_local_training(tmp_path):
+    """Sync with one trainer is local training (test_e2e_sync); GEO with one trainer syncing
+    every step must end with the same params on the pservers (saved from there). Syncing
+    every 5th step of 12, the pservers hold step 10's params."""
+    runs = {"sync12": ("--mode", "sync", "--steps", "12"), "sync10": ("--mode", "sync", "--steps", "10"),
+            "geo1": ("--mode", "geo", "--geo-every", "1", "--steps", "12"),
+            "geo5": ("--mode", "geo", "--geo-every", "5", "--steps", "12")}
+    for name, args in runs.items():
+        launch_script(tmp_path / name, (SCRIPT, *args, "--save", str(tmp_path / name / "model"),
+                                        "--out", str(tmp_path / name / "out")), pservers=1, trainers=1)
+    models = {name: saved(tmp_path / name / "model") for name in runs}
+    params = ["fc_0.b_0", "fc_0.w_0", "fc_1.b_0", "fc_1.w_0"]
+    assert set(params) <= set(models["geo1"]) and sorted(models["sync12"]) == params
+    for name in params:
+        np.testing.assert_allclose(models["geo1"][name], models["sync12"][name], rtol=1e-6, atol=1e-7, err_msg=name)
+        np.testing.assert_allclose(models["geo5"][name], models["sync10"][name], rtol=1e-6, atol=1e-7, err_msg=name)
+        assert not np.allclose(models["geo5"][name], models["sync12"][name], rtol=1e-4, atol=0)  # 11, 12 stayed local
+    geo_losses = json.loads((tmp_path / "geo1" / "out" / "losses_0.json").read_text())
+    sync_losses = json.loads((tmp_path / "sync12" / "out" / "losses_0.json").read_text())
+    np.testing.assert_allclose(geo_losses, sync_losses, rtol=1e-6)
+
+
+def test_geo_converges_with_two_trainers(tmp_path):
+    out = tmp_path / "out"
+    launch_script(tmp_path, (SCRIPT, "--mode", "geo", "--geo-every", "5", "--steps", "30", "--out", str(out)),
+                  pservers=2, trainers=2)
+    for worker in losses(out):
+        assert np.mean(worker[-5:]) < 0.7 * np.mean(worker[:5]), worker
+
+
+def test_the_seed_script_refuses_half_async_clearly(tmp_path):
     import subprocess
     import sys
 
@@ -187,6 +224,6 @@ def test_the_seed_script_refuses_geo_clearly(tmp_path):
 
     env = job_free_env(TRAINING_ROLE="TRAINER", PADDLE_PSERVERS_IP_PORT_LIST=",".join(EPS), PADDLE_TRAINERS_NUM="1",
                        PADDLE_TRAINER_ID="0")
-    done = subprocess.run([sys.executable, SCRIPT, "--mode", "geo"], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, SCRIPT, "--mode", "half_async"], env=env, capture_output=True, text=True,
                           timeout=60, check=False)
-    assert done.returncode != 0 and "NotImplementedError: GeoStrategy" in done.stderr
+    assert done.returncode != 0 and "NotImplementedError: HalfAsyncStrategy" in done.stderr

@@ -25,8 +25,8 @@ After `minimize`, `fleet.main_program` and `fleet.startup_program` are this role
 transpiled programs (a worker's trainer programs, a server's pserver programs) and a
 worker's default main/startup programs are switched to them, so a script that runs
 `fluid.default_main_program()` trains distributed, as under Fluid.
-Strategies: sync and async train; half-async and GEO-SGD raise `NotImplementedError`
-(`transpiler.fleet.strategy`).
+Strategies: sync, async and GEO-SGD (`transpiler.fleet.geo`, dense params) train;
+half-async raises `NotImplementedError` (`transpiler.fleet.strategy`).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from transpiler.fleet.strategy import (
     StrategyFactory,
     SyncStrategy,
     TrainerRuntimeConfig,
+    geo_update_frequency,
     strategy_for,
     training_options,
 )
@@ -92,6 +93,7 @@ class Fleet:
         self.main_program = None
         self.startup_program = None
         self._worker_started = False
+        self._geo: int | None = None
 
     # ------------------------------------------------------------ the role
     def init(self, role_maker_: role_maker.RoleMakerBase | None = None) -> None:
@@ -154,10 +156,23 @@ class Fleet:
         from ops.executor import global_scope
 
         self._session.scope = global_scope()
+        geo = self._geo = geo_update_frequency(strategy)
         if role.is_pserver:
             self.main_program, self.startup_program = self._session.result.pservers[role.current_endpoint]
+            if geo is not None:
+                from transpiler.fleet.geo import check_supported, pserver_program
+
+                check_supported(self._session)
+                pserver_program(self.main_program)
             return
-        self.main_program, self.startup_program = self._session.program, self._session.startup_program
+        if geo is not None:  # trains locally with the original programs; syncs every `geo` steps
+            from transpiler.fleet.geo import GeoWorker
+
+            worker = GeoWorker(self._session, geo)
+            self.main_program, self.startup_program = main, startup
+            main._fleet_after_run, startup._fleet_after_run = worker.after_step, worker.after_startup
+        else:
+            self.main_program, self.startup_program = self._session.program, self._session.startup_program
         self.main_program._fleet_save = self._gather  # fluid.io.save_* on the trainer program gathers
         self.main_program._fleet_origin = main
         switch_main_program(self.main_program)
@@ -210,7 +225,13 @@ class Fleet:
         plan = session.result.plan.to_json()
         if plan.get("table"):
             remote.add(plan["table"]["table"])
-        pulled = session.pull([n for n in names if n in remote])
+        wanted = [n for n in names if n in remote]
+        if self._geo is not None:  # the merged params live on the pservers; a worker's are its own
+            from ops.rpc.fetch import pull
+
+            pulled = pull(session.client, plan, wanted) if wanted else {}
+        else:
+            pulled = session.pull(wanted)
         local = [n for n in names if n not in remote and _held(session, n)]
         return {**pulled, **io.scope_values(local, session.scope)}
 

@@ -9,9 +9,10 @@ each sets on its `DistributeTranspilerConfig` what Paddle's sets.
 | `GeoStrategy(n)` | False | True | | | True (`geo_sgd_need_push_nums` n) | GEO |
 
 How our runtime trains each (`training_options`): sync as our sync mode (N trainers equal
-local training on their batches together), async as our async mode. Half-async and GEO-SGD
-have no runtime here yet: `fleet.distributed_optimizer` refuses them with
-`NotImplementedError`, never running another mode in their place.
+local training on their batches together), async as our async mode, GEO-SGD over the async
+programs (`transpiler.fleet.geo`). Half-async has no runtime here yet:
+`fleet.distributed_optimizer` refuses it with `NotImplementedError`, never running another
+mode in its place.
 """
 
 from __future__ import annotations
@@ -271,24 +272,32 @@ def strategy_for(strategy: Any) -> DistributedStrategy:
     raise TypeError("strategy must be an instance of DistributeTranspilerConfig, DistributedStrategy")
 
 
-def training_options(strategy: DistributedStrategy) -> tuple[bool, DistributeTranspilerConfig]:
-    """(sync_mode, the config our transpiler takes) for a strategy our runtime trains;
-    `NotImplementedError` for half-async and GEO-SGD."""
+def geo_update_frequency(strategy: DistributedStrategy) -> int | None:
+    """GEO-SGD's `update_frequency` (`geo_sgd_need_push_nums`), None for other strategies."""
     config = strategy.get_program_config()
     if getattr(config, "geo_sgd_mode", False) or isinstance(strategy, GeoStrategy):
-        raise NotImplementedError(
-            "GeoStrategy (GEO-SGD, geo_sgd_mode=True) is not implemented by this runtime: its pservers would have to "
-            "add trainers' parameter deltas every update_frequency steps; use StrategyFactory.create_sync_strategy() "
-            "or create_async_strategy()")
+        return getattr(config, "geo_sgd_need_push_nums", 100)
+    return None
+
+
+def training_options(strategy: DistributedStrategy) -> tuple[bool, DistributeTranspilerConfig]:
+    """(sync_mode, the config our transpiler takes) for a strategy our runtime trains:
+    sync as our sync mode; async, and GEO-SGD (`transpiler.fleet.geo`, over the async
+    programs), as our async mode. `NotImplementedError` for half-async."""
+    config = strategy.get_program_config()
+    ours = copy.copy(config)
+    if geo_update_frequency(strategy) is not None:
+        ours.sync_mode, ours.runtime_split_send_recv, ours.half_async, ours.geo_sgd_mode = False, False, False, False
+        ours.completely_not_async = False
+        return False, ours
     if config.completely_not_async or (isinstance(strategy, SyncStrategy)):
-        ours = copy.copy(config)
         ours.sync_mode, ours.runtime_split_send_recv, ours.half_async, ours.completely_not_async = True, False, False, False
         return True, ours
     if config.half_async or isinstance(strategy, HalfAsyncStrategy):
         raise NotImplementedError(
             "HalfAsyncStrategy (half_async=True) is not implemented by this runtime: its trainers would send without "
-            "waiting for each other and meet at a barrier per step; use StrategyFactory.create_sync_strategy() or "
-            "create_async_strategy()")
+            "waiting for each other and meet at a barrier per step; use StrategyFactory.create_sync_strategy(), "
+            "create_async_strategy() or create_geo_strategy()")
     if config.sync_mode:
         return True, config
     return False, config
@@ -303,6 +312,7 @@ __all__ = [
     "StrategyFactory",
     "SyncStrategy",
     "TrainerRuntimeConfig",
+    "geo_update_frequency",
     "strategy_for",
     "training_options",
 ]

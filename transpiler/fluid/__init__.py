@@ -102,10 +102,13 @@ class Executor:
         if isinstance(fetch_list, (str, Variable)):
             fetch_list = [fetch_list]
         names = [_fetch_name(item) for item in (fetch_list or ())]
-        return self._executor.run(
-            program, feed=feed, fetch_list=names, scope=scope if scope is not None else global_scope(),
-            return_numpy=return_numpy, env=dict(_distributed_env),
-        )
+        scope = scope if scope is not None else global_scope()
+        values = self._executor.run(program, feed=feed, fetch_list=names, scope=scope, return_numpy=return_numpy,
+                                    env=dict(_distributed_env))
+        after = getattr(program, "_fleet_after_run", None)  # a fleet GEO worker's sync (`transpiler.fleet.geo`)
+        if after is not None:
+            after(scope, self._executor)
+        return values
 
     def close(self) -> None:
         """Fluid's close tells the pservers this trainer is done; a fleet worker does that in
