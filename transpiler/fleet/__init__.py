@@ -25,8 +25,8 @@ After `minimize`, `fleet.main_program` and `fleet.startup_program` are this role
 transpiled programs (a worker's trainer programs, a server's pserver programs) and a
 worker's default main/startup programs are switched to them, so a script that runs
 `fluid.default_main_program()` trains distributed, as under Fluid.
-Strategies: sync, async and GEO-SGD (`transpiler.fleet.geo`, dense params) train;
-half-async raises `NotImplementedError` (`transpiler.fleet.strategy`).
+Strategies (`transpiler.fleet.strategy`): sync, async, half-async
+(`transpiler.fleet.half_async`) and GEO-SGD (`transpiler.fleet.geo`, dense params) train.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from transpiler.fleet.strategy import (
     SyncStrategy,
     TrainerRuntimeConfig,
     geo_update_frequency,
+    is_half_async,
     strategy_for,
     training_options,
 )
@@ -145,7 +146,6 @@ class Fleet:
         if self._role_maker is None:
             raise ValueError("fleet.init(role) to initialize before optimizer.minimize(loss)")
         self._strategy = strategy_for(strategy)
-        training_options(self._strategy)  # half-async / GEO: refuse now, not after the net is built
         return DistributedOptimizer(optimizer, self._strategy, self)
 
     def _transpile(self, main: Any, startup: Any, strategy: DistributedStrategy) -> None:
@@ -164,6 +164,10 @@ class Fleet:
 
                 check_supported(self._session)
                 pserver_program(self.main_program)
+            elif is_half_async(strategy):
+                from transpiler.fleet import half_async
+
+                half_async.pserver_program(self.main_program)
             return
         if geo is not None:  # trains locally with the original programs; syncs every `geo` steps
             from transpiler.fleet.geo import GeoWorker

@@ -9,10 +9,9 @@ each sets on its `DistributeTranspilerConfig` what Paddle's sets.
 | `GeoStrategy(n)` | False | True | | | True (`geo_sgd_need_push_nums` n) | GEO |
 
 How our runtime trains each (`training_options`): sync as our sync mode (N trainers equal
-local training on their batches together), async as our async mode, GEO-SGD over the async
-programs (`transpiler.fleet.geo`). Half-async has no runtime here yet:
-`fleet.distributed_optimizer` refuses it with `NotImplementedError`, never running another
-mode in its place.
+local training on their batches together), async as our async mode, half-async over the
+sync programs (`transpiler.fleet.half_async`), GEO-SGD over the async programs
+(`transpiler.fleet.geo`).
 """
 
 from __future__ import annotations
@@ -280,10 +279,17 @@ def geo_update_frequency(strategy: DistributedStrategy) -> int | None:
     return None
 
 
+def is_half_async(strategy: DistributedStrategy) -> bool:
+    config = strategy.get_program_config()
+    if config.completely_not_async or isinstance(strategy, SyncStrategy) or geo_update_frequency(strategy) is not None:
+        return False
+    return bool(config.half_async) or isinstance(strategy, HalfAsyncStrategy)
+
+
 def training_options(strategy: DistributedStrategy) -> tuple[bool, DistributeTranspilerConfig]:
-    """(sync_mode, the config our transpiler takes) for a strategy our runtime trains:
-    sync as our sync mode; async, and GEO-SGD (`transpiler.fleet.geo`, over the async
-    programs), as our async mode. `NotImplementedError` for half-async."""
+    """(sync_mode, the config our transpiler takes): sync and half-async (its pservers
+    rewritten by `transpiler.fleet.half_async`) as our sync mode; async, and GEO-SGD
+    (`transpiler.fleet.geo`), as our async mode."""
     config = strategy.get_program_config()
     ours = copy.copy(config)
     if geo_update_frequency(strategy) is not None:
@@ -293,11 +299,9 @@ def training_options(strategy: DistributedStrategy) -> tuple[bool, DistributeTra
     if config.completely_not_async or (isinstance(strategy, SyncStrategy)):
         ours.sync_mode, ours.runtime_split_send_recv, ours.half_async, ours.completely_not_async = True, False, False, False
         return True, ours
-    if config.half_async or isinstance(strategy, HalfAsyncStrategy):
-        raise NotImplementedError(
-            "HalfAsyncStrategy (half_async=True) is not implemented by this runtime: its trainers would send without "
-            "waiting for each other and meet at a barrier per step; use StrategyFactory.create_sync_strategy(), "
-            "create_async_strategy() or create_geo_strategy()")
+    if is_half_async(strategy):  # the sync programs, its pservers rewritten (`transpiler.fleet.half_async`)
+        ours.sync_mode, ours.runtime_split_send_recv, ours.half_async, ours.completely_not_async = True, False, False, False
+        return True, ours
     if config.sync_mode:
         return True, config
     return False, config
@@ -313,6 +317,7 @@ __all__ = [
     "SyncStrategy",
     "TrainerRuntimeConfig",
     "geo_update_frequency",
+    "is_half_async",
     "strategy_for",
     "training_options",
 ]
