@@ -224,3 +224,19 @@ def test_half_async_applies_each_trainers_grad_and_converges(tmp_path):
         assert np.abs(half[name] - value).max() <= 1e-5 * np.abs(value).max(), name  # measured <= 3.4e-7
     for worker in losses(tmp_path / "half" / "out"):
         assert np.mean(worker[-3:]) < 0.85 * np.mean(worker[:3]), worker
+
+
+def test_geo_refuses_sparse_grads_clearly():
+    import transpiler.fluid as fluid
+
+    fleet = Fleet()
+    fleet.init(role_maker.UserDefinedRoleMaker(current_id=0, role=role_maker.Role.WORKER, worker_num=1,
+                                               server_endpoints=EPS))
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.unique_name.guard(), fluid.program_guard(main, startup):
+        ids = fluid.layers.data(name="ids", shape=[1], dtype="int64")
+        emb = fluid.layers.embedding(input=ids, size=[100, 8], is_sparse=True)
+        loss = fluid.layers.mean(fluid.layers.fc(input=emb, size=1))
+        opt = fleet.distributed_optimizer(fluid.optimizer.SGD(learning_rate=0.1), StrategyFactory.create_geo_strategy(2))
+        with pytest.raises(NotImplementedError, match="GeoStrategy with sparse embedding grads"):
+            opt.minimize(loss)
