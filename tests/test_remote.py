@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from e2e_support import EXAMPLES
 
+from conftest import PADDLE_PROGRAMS
+
 from ops.executor import Executor
 from ops.scope import Scope
 from ops.tensor import LoDTensor
@@ -122,6 +124,32 @@ def test_a_failing_step_is_reported_with_its_trainer(tmp_path):
         bad = {"x": np.zeros((8, 999)), "y": np.zeros((8, 1))}
         with pytest.raises(RemoteJobError, match=r"step 1: trainer 0 raised \w+Error: .*"):
             exe.run(main, feed=bad, fetch_list=[LOSS])
+
+
+def test_a_paddle_built_program_adam_sliced_equals_local(tmp_path):
+    """The Paddle-built `mlp_adam_2ps` fixture (784 → 256 → 128 → 10, softmax cross-entropy,
+    Adam; params sliced over 2 pservers), float64, through the RemoteExecutor."""
+    folder = PADDLE_PROGRAMS / "mlp_adam_2ps"
+    main = Program.from_bytes(as_float64(Program.load(folder / "main.pb")).to_bytes())
+    startup = Program.from_bytes(as_float64(Program.load(folder / "startup.pb")).to_bytes())
+    rng = np.random.default_rng(7)
+    batches = [{"img": rng.normal(size=(8, 784)) * 0.1, "label": rng.integers(0, 10, size=(8, 1))} for _ in range(3)]
+    with RemoteExecutor(JobDesc("fixture", 2, 2), startup_program=startup, log_dir=tmp_path / "logs",
+                        env=ONE_THREAD, min_block_size=1024) as exe:
+        exe.start(main)
+        init = exe.pull()
+        remote = [float(exe.run(main, feed=b, fetch_list=[LOSS])[0].reshape(-1)[0]) for b in batches]
+        final = exe.pull()
+    scope, local = Scope(), Executor(seed=0)
+    local.run(startup, scope=scope)
+    for name, value in init.items():
+        scope.set_var(name, LoDTensor(np.array(value)))
+    expected = [float(local.run(main, feed=b, fetch_list=[LOSS], scope=scope)[0].reshape(-1)[0]) for b in batches]
+    np.testing.assert_allclose(remote, expected, rtol=RTOL, atol=ATOL)
+    assert len(init) == 6
+    for name in init:
+        assert not np.array_equal(final[name], init[name]), name
+        np.testing.assert_allclose(final[name], scope.find_var(name).array, rtol=1e-10, atol=1e-13, err_msg=name)
 
 
 def test_bad_arguments_fail_before_a_job_starts(tmp_path):
