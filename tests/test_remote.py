@@ -152,6 +152,24 @@ def test_a_paddle_built_program_adam_sliced_equals_local(tmp_path):
         np.testing.assert_allclose(final[name], scope.find_var(name).array, rtol=1e-10, atol=1e-13, err_msg=name)
 
 
+def test_checkpoints_and_restore(tmp_path):
+    main, startup = programs()
+    ckpt = tmp_path / "ckpt"
+    with RemoteExecutor(JobDesc("ckpt", 2, 2), startup_program=startup, log_dir=tmp_path / "a", env=ONE_THREAD,
+                        checkpoint_dir=ckpt, checkpoint_every=2) as exe:
+        for step in range(4):
+            exe.run(main, feed=batch(step))
+        trained = exe.pull()
+    assert {"ckpt-2", "ckpt-4"} <= {p.name for p in ckpt.iterdir()}
+    with RemoteExecutor(JobDesc("ckpt", 2, 1), startup_program=startup, log_dir=tmp_path / "b", env=ONE_THREAD,
+                        restore=ckpt) as exe:  # onto another pserver count
+        exe.start(main)
+        assert exe.steps == 4
+        restored = exe.pull()
+    for name, value in trained.items():
+        np.testing.assert_array_equal(restored[name], value)
+
+
 def test_bad_arguments_fail_before_a_job_starts(tmp_path):
     main, _ = programs()
     with pytest.raises(PsTranspilerError, match="num_trainer must be an integer >= 1"):

@@ -220,6 +220,7 @@ class RemoteExecutor:
         self._thread = threading.Thread(target=self._launch, args=(config,), name="remote-job", daemon=True)
         self._thread.start()
         self._accept(job)
+        self.steps = self._ask_all({0: ("steps",)}, "report its step")[0]  # restored: the checkpoint's
 
     def _launch(self, config: LaunchConfig) -> None:
         try:
