@@ -51,10 +51,15 @@ def digits(seed: int = 0):
     return images, labels
 
 
-def net():
-    img = fluid.layers.data(name="img", shape=[64], dtype="float32")
+def net(sparse=False):
     label = fluid.layers.data(name="label", shape=[1], dtype="int64")
-    hidden = fluid.layers.fc(input=img, size=64, act="relu")
+    if sparse:  # each pixel's (position, intensity) an id of a sparse embedding table
+        ids = fluid.layers.data(name="ids", shape=[64, 1], dtype="int64")
+        emb = fluid.layers.embedding(input=ids, size=[64 * 17, 4], is_sparse=True)
+        hidden = fluid.layers.fc(input=emb, size=64, act="relu")
+    else:
+        img = fluid.layers.data(name="img", shape=[64], dtype="float32")
+        hidden = fluid.layers.fc(input=img, size=64, act="relu")
     predict = fluid.layers.fc(input=hidden, size=10, act="softmax")
     cost = fluid.layers.cross_entropy(input=predict, label=label)
     return fluid.layers.mean(cost)
@@ -80,6 +85,7 @@ def make_role(kind: str):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=("sync", "async", "half_async", "geo"), default="sync")
+    parser.add_argument("--sparse", action="store_true", help="the pixels through a sparse embedding table")
     parser.add_argument("--geo-every", type=int, default=5, help="GEO-SGD's update_frequency (--mode geo)")
     parser.add_argument("--role-maker", choices=("user", "cloud"), default="user")
     parser.add_argument("--steps", type=int, default=30)
@@ -90,7 +96,7 @@ def main(argv=None) -> int:
     parser.add_argument("--init", type=Path, help="a folder of persistables the servers start from")
     args = parser.parse_args(argv)
 
-    avg_cost = net()
+    avg_cost = net(args.sparse)
     role = make_role(args.role_maker)
     fleet.init(role)
     strategy = {"sync": StrategyFactory.create_sync_strategy, "async": StrategyFactory.create_async_strategy,
@@ -112,8 +118,12 @@ def main(argv=None) -> int:
         for step in range(args.steps):
             lo = step * args.batch % (len(labels) - args.batch)
             rows = slice(lo + args.batch * i // n, lo + args.batch * (i + 1) // n)
-            cost_val = exe.run(program=fluid.default_main_program(),
-                               feed={"img": images[rows], "label": labels[rows]},
+            feed = {"label": labels[rows]}
+            if args.sparse:
+                feed["ids"] = (np.arange(64) * 17 + np.rint(images[rows] * 16)).astype("int64").reshape(-1, 64, 1)
+            else:
+                feed["img"] = images[rows]
+            cost_val = exe.run(program=fluid.default_main_program(), feed=feed,
                                fetch_list=[avg_cost.name])
             losses.append(float(np.mean(cost_val[0])))
             print("worker_index: %d, step%d cost = %f" % (fleet.worker_index(), step, losses[-1]), flush=True)

@@ -26,7 +26,8 @@ transpiled programs (a worker's trainer programs, a server's pserver programs) a
 worker's default main/startup programs are switched to them, so a script that runs
 `fluid.default_main_program()` trains distributed, as under Fluid.
 Strategies (`transpiler.fleet.strategy`): sync, async, half-async
-(`transpiler.fleet.half_async`) and GEO-SGD (`transpiler.fleet.geo`, dense params) train.
+(`transpiler.fleet.half_async`) and GEO-SGD (`transpiler.fleet.geo`; dense params and sparse
+tables) train.
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ class Fleet:
                 from transpiler.fleet.geo import check_supported, pserver_program
 
                 check_supported(self._session)
-                pserver_program(self.main_program)
+                pserver_program(self.main_program, self.startup_program)
             elif is_half_async(strategy):
                 from transpiler.fleet import half_async
 

@@ -15,20 +15,38 @@ the async transpile's programs, with no pserver protocol of its own:
   With one trainer and `update_frequency=1` this is local training (the pserver's value
   is `y + (x - y)`, `x` up to rounding).
 
-Dense params only: a program with a sparse grad, a distributed lookup table or a
-learning-rate decay is refused (`NotImplementedError`).
+A sparse embedding table (`is_sparse=True`) syncs only the rows its lookups touched since
+the last sync, as Fluid's GEO does: the delta goes as `SelectedRows` (the pserver adds them
+with an `sgd` of learning rate -1), and only those rows take the pservers' merged values.
+A distributed lookup table (`is_distributed=True`) or a learning-rate decay is refused
+(`NotImplementedError`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ops.executor import Executor
-from transpiler.ir import Program
+from ops.rpc.fetch import pull
+from ops.tensor import LoDTensor, SelectedRows
+from transpiler.ir import Program, VarKind
 from transpiler.ir.types import OpRole
 from transpiler.runtime.session import Session
 
 OLD, LOCAL, DIFF = "@GEO_OLD", "@GEO_LOCAL", "@GEO_DIFF"
+NEG_ONE = "@GEO_NEG_ONE"  # the pservers' learning rate for adding a sparse delta with `sgd`
+RPC_OPS = frozenset({"split_byref", "split_selected_rows", "send", "recv", "concat", "fetch_barrier", "send_barrier"})
+
+
+def sparse_tables(program: Program) -> dict[str, list[str]]:
+    """Each `is_sparse` (not distributed) embedding table of `program` → its lookups' id vars."""
+    out: dict[str, list[str]] = {}
+    for op in program.global_block().ops:
+        if op.type in ("lookup_table", "lookup_table_v2") and op.attr("is_sparse", False):
+            out.setdefault(op.input("W")[0], []).extend(op.input("Ids"))
+    return out
 
 
 def optimize_pairs(program: Program) -> list[tuple[str, str]]:
@@ -43,18 +61,17 @@ def optimize_pairs(program: Program) -> list[tuple[str, str]]:
 def check_supported(session: Session) -> None:
     plan = session.result.plan.to_json()
     if plan.get("table"):
-        raise NotImplementedError("GeoStrategy with a distributed lookup table is not implemented by this runtime")
-    block = session.main.global_block()
-    for op in block.ops:
+        raise NotImplementedError("GeoStrategy with a distributed lookup table (is_distributed=True) is not "
+                                  "implemented by this runtime; a sparse embedding (is_sparse=True) is")
+    for op in session.main.global_block().ops:
         if op.has_role(OpRole.LRSched):
             raise NotImplementedError("GeoStrategy with a learning-rate decay is not implemented by this runtime")
-        if op.type in ("lookup_table", "lookup_table_v2") and op.attr("is_sparse", False):
-            raise NotImplementedError("GeoStrategy with sparse embedding grads (is_sparse=True) is not implemented by "
-                                      "this runtime; dense params only")
 
 
-def pserver_program(main: Program) -> Program:
-    """The async pserver `main` with each optimize block replaced by `param += grad`."""
+def pserver_program(main: Program, startup: Program) -> Program:
+    """The async pserver `main` with each optimize block replaced by `param += grad`
+    (`elementwise_add`; for a sparse grad `sgd` at learning rate -1, declared in both
+    programs and set by `startup`)."""
     block0 = main.global_block()
     (serve,) = [op for op in block0.ops if op.type == "listen_and_serv"]
     for block in serve.blocks_attr("optimize_blocks"):
@@ -64,8 +81,21 @@ def pserver_program(main: Program) -> Program:
                                       "optimizer ops; expected one")
         param, grad = optimizers[0].input("Param")[0], optimizers[0].input("Grad")[0]
         block.clear_ops()
-        block.add_op("elementwise_add", {"X": [param], "Y": [grad]}, {"Out": [param]},
-                     {"axis": -1, "op_role": int(OpRole.Optimize)})
+        grad_var = main.global_block().find_var(grad) or block.find_var(grad)
+        role = {"op_role": int(OpRole.Optimize)}
+        if grad_var is not None and grad_var.kind == VarKind.SELECTED_ROWS:
+            like = block0.find_var(param)
+            for program in (main, startup):
+                if program.global_block().find_var(NEG_ONE) is None:
+                    program.global_block().create_var(NEG_ONE, VarKind.LOD_TENSOR, dtype=like.dtype, shape=(1,),
+                                                      persistable=True)
+            if not any(NEG_ONE in op.output_names for op in startup.global_block().ops):
+                startup.global_block().add_op("fill_constant", {}, {"Out": [NEG_ONE]},
+                                              {"shape": [1], "value": -1.0, "dtype": int(like.dtype)})
+            block.add_op("sgd", {"Param": [param], "Grad": [grad], "LearningRate": [NEG_ONE]}, {"ParamOut": [param]},
+                         role)
+        else:
+            block.add_op("elementwise_add", {"X": [param], "Y": [grad]}, {"Out": [param]}, {"axis": -1, **role})
     return main
 
 
@@ -80,7 +110,7 @@ def sync_program(trainer: Program, pairs: list[tuple[str, str]], trainers: int) 
     sync = trainer.clone()
     block = sync.global_block()
     rpc = OpRole.RPC | OpRole.Dist
-    block.remove_ops([op for op in block.ops if not (op.role & rpc)])
+    block.remove_ops([op for op in block.ops if not (op.role & rpc and op.type in RPC_OPS)])
     head = block.ops[0] if block.ops else None
     before, after = [], []
     for param, grad in pairs:
@@ -129,20 +159,54 @@ class GeoWorker:
             raise ValueError(f"GeoStrategy update_frequency must be an integer >= 1, got {update_frequency!r}")
         check_supported(session)
         self.session, self.every = session, update_frequency
-        self.pairs = optimize_pairs(session.main)
+        self.tables = sparse_tables(session.main)
+        pairs = optimize_pairs(session.main)
+        self.table_grads = {param: grad for param, grad in pairs if param in self.tables}
+        self.pairs = [(param, grad) for param, grad in pairs if param not in self.tables]
         self.sync = sync_program(session.result.trainer, self.pairs, session.role.trainers)
         self.snapshot = snapshot_program(session.result.trainer, self.pairs)
+        self.plan = session.result.plan.to_json()
+        self.old: dict[str, np.ndarray] = {}  # each table's rows at the last sync
+        self.touched: dict[str, set[int]] = {table: set() for table in self.tables}
         self.steps = 0
 
     def _run(self, program: Program, scope: Any, executor: Executor) -> None:
         executor.run(program, scope=scope, env={"rpc": self.session.client})
 
+    def _pull_tables(self) -> dict[str, np.ndarray]:
+        return pull(self.session.client, self.plan, list(self.tables)) if self.tables else {}
+
     def after_startup(self, scope: Any, executor: Executor) -> None:
-        """Take the pservers' initial params (the async trainer startup), then snapshot them."""
+        """Take the pservers' initial params (the async trainer startup; the tables whole),
+        then snapshot them."""
         self._run(self.session.result.trainer_startup, scope, executor)
+        for table, value in self._pull_tables().items():
+            scope.set_var(table, LoDTensor(np.array(value)))
+            self.old[table] = np.array(value)
         self._run(self.snapshot, scope, executor)
 
     def after_step(self, scope: Any, executor: Executor) -> None:
         self.steps += 1
-        if self.steps % self.every == 0:
-            self._run(self.sync, scope, executor)
+        for table, id_vars in self.tables.items():
+            for name in id_vars:
+                ids = scope.find_var(name)
+                if isinstance(ids, LoDTensor):
+                    self.touched[table].update(np.unique(ids.array).tolist())
+        if self.steps % self.every:
+            return
+        rows_of = {}
+        for table, grad in self.table_grads.items():
+            rows = np.array(sorted(self.touched[table]), dtype=np.int64)
+            local, old = scope.find_var(table).array, self.old[table]
+            delta = (local[rows] - old[rows]) / self.session.role.trainers
+            old[rows] += delta
+            scope.set_var(grad, SelectedRows(rows, delta.astype(local.dtype), local.shape[0]))
+            rows_of[table] = rows
+        self._run(self.sync, scope, executor)
+        for table, merged in self._pull_tables().items():
+            rows, old = rows_of[table], self.old[table]
+            local = np.array(scope.find_var(table).array)
+            local[rows] += merged[rows] - old[rows]
+            old[rows] = merged[rows]
+            scope.set_var(table, LoDTensor(local))
+            self.touched[table].clear()
