@@ -204,14 +204,6 @@ def test_geo_with_one_trainer_and_update_frequency_1_equals_local_training(tmp_p
     np.testing.assert_allclose(geo_losses, sync_losses, rtol=1e-6)
 
 
-def test_geo_converges_with_two_trainers(tmp_path):
-    out = tmp_path / "out"
-    launch_script(tmp_path, (SCRIPT, "--mode", "geo", "--geo-every", "5", "--steps", "30", "--out", str(out)),
-                  pservers=2, trainers=2)
-    for worker in losses(out):
-        assert np.mean(worker[-5:]) < 0.7 * np.mean(worker[:5]), worker
-
-
 def test_geo_on_a_sparse_table_equals_local_with_one_trainer_and_converges_with_two(tmp_path):
     """The pixels through a sparse embedding (1088 x 4): GEO sends the rows its lookups
     touched. With one trainer syncing every step the pservers end with the params (the
