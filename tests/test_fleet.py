@@ -261,3 +261,37 @@ def test_geo_refuses_a_distributed_table_clearly():
         opt = fleet.distributed_optimizer(fluid.optimizer.SGD(learning_rate=0.1), StrategyFactory.create_geo_strategy(2))
         with pytest.raises(NotImplementedError, match="GeoStrategy with a distributed lookup table"):
             opt.minimize(loss)
+
+
+@pytest.mark.parametrize("case", ["mlp_adam_2ps", "fluid18_basic_sgd_2ps", "bert_adam_2ps_noslice_sync"])
+def test_half_async_and_geo_rewrite_paddle_built_pserver_programs(case):
+    """The pserver rewrites on Paddle-built programs (Fluid 1.8 and Paddle 2.6 op types, 0-d
+    vars): half-async runs the optimizer once per trainer's grad; GEO adds the delta. Both
+    stay valid programs (verifier) and survive their bytes."""
+    from conftest import PADDLE_PROGRAMS
+    from transpiler.api import transpile
+    from transpiler.fleet import geo, half_async
+    from transpiler.ir import Program
+    from transpiler.ir.verifier import verify
+
+    folder = PADDLE_PROGRAMS / case
+    main, startup = Program.load(folder / "main.pb"), Program.load(folder / "startup.pb")
+    sync = transpile(main, startup, pservers=EPS, trainers=2, trainer_id=0, sync_mode=True)
+    asynchronous = transpile(main, startup, pservers=EPS, trainers=2, trainer_id=0, sync_mode=False)
+    for endpoint in EPS:
+        program = half_async.pserver_program(sync.pservers[endpoint][0].clone())
+        (serve,) = [op for op in program.global_block().ops if op.type == "listen_and_serv"]
+        for block in serve.blocks_attr("optimize_blocks"):
+            types = [op.type for op in block.ops]
+            assert types[0] == "sum" and len(types) >= 3 and "scale" not in types, types
+            grads = [op.input("Grad")[0] for op in block.ops[1:]]
+            assert sorted(set(grads)) == sorted(block.ops[0].input("X")), grads
+        verify(program)
+        Program.from_bytes(program.to_bytes())
+        main_geo, startup_geo = (p.clone() for p in asynchronous.pservers[endpoint])
+        geo.pserver_program(main_geo, startup_geo)
+        (serve,) = [op for op in main_geo.global_block().ops if op.type == "listen_and_serv"]
+        for block in serve.blocks_attr("optimize_blocks"):
+            assert [op.type for op in block.ops] in (["elementwise_add"], ["sgd"])
+        verify(main_geo)
+        verify(startup_geo)
