@@ -40,14 +40,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("transpiler.output",),
     ("transpiler.api",),
     ("transpiler.runtime",),
+    ("transpiler.fluid", "transpiler.fleet", "transpiler.remote"),  # user APIs over the runtime
     ("transpiler.cli", "transpiler.__main__"),
 )
 
 # module -> the only modules (outside its own layer) that may import it
 ONLY_IMPORTED_BY: dict[str, tuple[str, ...]] = {
     "proto": ("transpiler.ir.serde", "ops.rpc"),
-    "ops.executor": ("ops.testing", "ops.rpc", "transpiler.runtime", "transpiler.cli"),
-    "ops.rpc": ("transpiler.runtime", "transpiler.cli"),
+    "ops.executor": ("ops.testing", "ops.rpc", "transpiler.runtime", "transpiler.fluid", "transpiler.fleet", "transpiler.remote", "transpiler.cli"),
+    "ops.rpc": ("transpiler.runtime", "transpiler.fluid", "transpiler.fleet", "transpiler.remote", "transpiler.cli"),
 }
 
 ROOTS = ("transpiler", "ops")  # the `__init__` of each: the floor, but not a prefix for its modules

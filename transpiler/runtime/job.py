@@ -147,6 +147,13 @@ class LaunchConfig:
     # The job's metrics as TensorBoard event files too (needs tensorboardX); the metrics
     # file LOG_DIR/metrics.jsonl is written anyway.
     tensorboard_dir: Path | None = None
+    # Ray only: a process's resources per role (`pserver`, `trainer`): `CPU`, `GPU`, `memory`
+    # (bytes), one placement-group bundle each; a role not given gets `cpus_per_process` CPUs.
+    resources: Mapping[str, Mapping[str, float]] | None = None
+
+    def bundle(self, role: str) -> dict[str, float]:
+        """The Ray resources of one process of `role` (`pserver` or `trainer`)."""
+        return dict((self.resources or {}).get(role) or {"CPU": self.cpus_per_process})
 
     def validate(self) -> None:
         if not self.command:

@@ -196,19 +196,22 @@ class RayBackend:
 
         ray, cpus = self.ray, self.config.cpus_per_process
         bundles = pservers + trainers
-        self.group = placement_group([{"CPU": cpus}] * bundles, strategy=self.config.placement.upper())
+        shapes = [self.config.bundle("pserver")] * pservers + [self.config.bundle("trainer")] * trainers
+        self.group = placement_group(shapes, strategy=self.config.placement.upper())
         try:
             ray.get(self.group.ready(), timeout=PLACEMENT_TIMEOUT)
         except ray.exceptions.GetTimeoutError:
             alive = [n for n in ray.nodes() if n.get("Alive")]
             free = sum(n["Resources"].get("CPU", 0) for n in alive)
-            raise LaunchError(f"Ray could not place {bundles} bundle(s) of {cpus:g} CPU(s) within "
+            kinds = ", ".join(dict.fromkeys(" ".join(f"{k}={v:g}" for k, v in b.items()) for b in shapes))
+            raise LaunchError(f"Ray could not place {bundles} bundle(s) of {kinds} within "
                               f"{PLACEMENT_TIMEOUT:g} s: the cluster has {free:g} CPUs on {len(alive)} alive node(s)") from None
         actor_class = ray.remote(JobProcess)
         self.actors = [
-            actor_class.options(num_cpus=cpus, max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                self.group, placement_group_bundle_index=i)).remote()
-            for i in range(bundles)
+            actor_class.options(num_cpus=shape.get("CPU", cpus), num_gpus=shape.get("GPU", 0), memory=shape.get("memory"),
+                                max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                    self.group, placement_group_bundle_index=i)).remote()
+            for i, shape in enumerate(shapes)
         ]
         self.wheres = self._call([a.where.remote() for a in self.actors], "report its node", PLACEMENT_TIMEOUT)
         self.per_node = Counter(w["node_id"] for w in self.wheres)

@@ -1,0 +1,140 @@
+"""A Fluid 1.8 fleet script (the form of seed 002's), on a real network and data set;
+only its import lines differ from the script Paddle runs.
+
+    pstranspile launch --pservers 2 --trainers 2 -- python3 examples/fleet_digits.py --mode sync
+    pstranspile launch --pservers 2 --trainers 2 -- python3 examples/fleet_digits.py --mode async
+    pstranspile launch --pservers 2 --trainers 2 -- python3 examples/fleet_digits.py --mode geo --geo-every 5
+
+Under Paddle 1.8 the imports would be
+
+    import paddle.fluid as fluid
+    from paddle.fluid.incubate.fleet.parameter_server.distribute_transpiler import fleet, StrategyFactory
+    from paddle.fluid.incubate.fleet.base import role_maker
+
+The net: scikit-learn's bundled digits (8x8 images, 10 classes), fc 64 relu → fc 10
+softmax, cross-entropy, SGD. Every worker walks the same global batches and trains on its
+contiguous share. The role comes from Paddle's variables (`TRAINING_ROLE`,
+`PADDLE_PSERVERS_IP_PORT_LIST` or `PADDLE_PSERVER_ENDPOINTS`, `PADDLE_TRAINERS_NUM`,
+`PADDLE_TRAINER_ID`, `POD_IP` + `PADDLE_PORT`), given to `UserDefinedRoleMaker` as the
+seed does (`--role-maker user`) or read by `PaddleCloudRoleMaker` (`--role-maker cloud`).
+Each worker prints `worker_index: I, stepS cost = C` and, with `--out DIR`, writes its
+losses to `DIR/losses_<I>.json`; with `--save DIR` the first worker saves the trained
+persistables (Fluid's LoDTensor files) there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import transpiler  # noqa: F401
+except ModuleNotFoundError:  # run from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import transpiler.fluid as fluid  # noqa: E402
+from transpiler.fleet import StrategyFactory, fleet, role_maker  # noqa: E402
+
+
+def digits(seed: int = 0):
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    order = np.random.default_rng(seed).permutation(len(data.target))
+    images = (data.data[order] / 16.0).astype("float32")
+    labels = data.target[order].astype("int64").reshape(-1, 1)
+    return images, labels
+
+
+def net(sparse=False):
+    label = fluid.layers.data(name="label", shape=[1], dtype="int64")
+    if sparse:  # each pixel's (position, intensity) an id of a sparse embedding table
+        ids = fluid.layers.data(name="ids", shape=[64, 1], dtype="int64")
+        emb = fluid.layers.embedding(input=ids, size=[64 * 17, 4], is_sparse=True)
+        hidden = fluid.layers.fc(input=emb, size=64, act="relu")
+    else:
+        img = fluid.layers.data(name="img", shape=[64], dtype="float32")
+        hidden = fluid.layers.fc(input=img, size=64, act="relu")
+    predict = fluid.layers.fc(input=hidden, size=10, act="softmax")
+    cost = fluid.layers.cross_entropy(input=predict, label=label)
+    return fluid.layers.mean(cost)
+
+
+def make_role(kind: str):
+    if kind == "cloud":
+        return role_maker.PaddleCloudRoleMaker()
+    endpoints = (os.getenv("PADDLE_PSERVERS_IP_PORT_LIST") or os.getenv("PADDLE_PSERVER_ENDPOINTS")).split(",")
+    is_worker = os.getenv("TRAINING_ROLE") == "TRAINER"
+    if is_worker:
+        current_id = int(os.getenv("PADDLE_TRAINER_ID"))
+    else:
+        current_id = endpoints.index(os.getenv("PADDLE_CURRENT_ENDPOINT") or
+                                     "%s:%s" % (os.getenv("POD_IP"), os.getenv("PADDLE_PORT")))
+    return role_maker.UserDefinedRoleMaker(
+        current_id=current_id,
+        role=role_maker.Role.WORKER if is_worker else role_maker.Role.SERVER,
+        worker_num=int(os.getenv("PADDLE_TRAINERS_NUM")),
+        server_endpoints=endpoints)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=("sync", "async", "half_async", "geo"), default="sync")
+    parser.add_argument("--sparse", action="store_true", help="the pixels through a sparse embedding table")
+    parser.add_argument("--geo-every", type=int, default=5, help="GEO-SGD's update_frequency (--mode geo)")
+    parser.add_argument("--role-maker", choices=("user", "cloud"), default="user")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=64, help="the global batch (all workers together)")
+    parser.add_argument("--lr", type=float, default=0.2)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--save", type=Path)
+    parser.add_argument("--init", type=Path, help="a folder of persistables the servers start from")
+    args = parser.parse_args(argv)
+
+    avg_cost = net(args.sparse)
+    role = make_role(args.role_maker)
+    fleet.init(role)
+    strategy = {"sync": StrategyFactory.create_sync_strategy, "async": StrategyFactory.create_async_strategy,
+                "half_async": StrategyFactory.create_half_async_strategy,
+                "geo": lambda: StrategyFactory.create_geo_strategy(args.geo_every)}[args.mode]()
+    optimizer = fluid.optimizer.SGD(learning_rate=args.lr)
+    optimizer = fleet.distributed_optimizer(optimizer, strategy)
+    optimizer.minimize(avg_cost)
+
+    if fleet.is_server():
+        fleet.init_server(args.init)
+        fleet.run_server()
+    elif fleet.is_worker():
+        fleet.init_worker()
+        exe = fluid.Executor(fluid.CPUPlace())
+        exe.run(fluid.default_startup_program())
+        images, labels = digits()
+        n, i, losses = fleet.worker_num(), fleet.worker_index(), []
+        for step in range(args.steps):
+            lo = step * args.batch % (len(labels) - args.batch)
+            rows = slice(lo + args.batch * i // n, lo + args.batch * (i + 1) // n)
+            feed = {"label": labels[rows]}
+            if args.sparse:
+                feed["ids"] = (np.arange(64) * 17 + np.rint(images[rows] * 16)).astype("int64").reshape(-1, 64, 1)
+            else:
+                feed["img"] = images[rows]
+            cost_val = exe.run(program=fluid.default_main_program(), feed=feed,
+                               fetch_list=[avg_cost.name])
+            losses.append(float(np.mean(cost_val[0])))
+            print("worker_index: %d, step%d cost = %f" % (fleet.worker_index(), step, losses[-1]), flush=True)
+        if args.save is not None and fleet.is_first_worker():
+            fleet.save_persistables(exe, args.save)
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / ("losses_%d.json" % i)).write_text(json.dumps(losses))
+        fleet.stop_worker()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

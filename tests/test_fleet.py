@@ -1,0 +1,297 @@
+"""`transpiler.fleet`: Fluid 1.8's parameter-server fleet — role makers with Paddle's checks
+and variables, strategies setting what Paddle's set, and the seed-002 fleet script
+(`examples/fleet_digits.py`) under `launch`: sync (saves, warm starts); async, half-async
+and GEO-SGD converge; half-async applies each trainer's grad; GEO with one trainer syncing
+every step equals local training."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from e2e_support import EXAMPLES, launch_ok, launch_script
+
+from ops.rpc.tensor_file import read_tensor
+from transpiler.config import DistributeTranspilerConfig
+from transpiler.fleet import (
+    AsyncStrategy,
+    DistributeTranspilerConfig as FleetConfig,
+    Fleet,
+    FleetError,
+    GeoStrategy,
+    HalfAsyncStrategy,
+    StrategyFactory,
+    SyncStrategy,
+    role_maker,
+)
+from transpiler.fleet.strategy import DistributedMode, geo_update_frequency, strategy_for, training_options
+from transpiler.frontend import optimizer
+
+EPS = ["127.0.0.1:6170", "127.0.0.1:6171"]
+
+
+# ------------------------------------------------------------ role makers
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"server_endpoints": "127.0.0.1:6170"}, TypeError, "server_endpoints must be as string list"),
+        ({"server_endpoints": []}, ValueError, "must be greater than 0"),
+        ({"server_endpoints": [EPS[0], EPS[0]]}, ValueError, "can't have duplicate elements"),
+        ({"server_endpoints": [EPS[0], 6171]}, TypeError, "every element in server_endpoints"),
+        ({"role": 7}, TypeError, "role must be as Role"),
+        ({"current_id": "0"}, TypeError, "current_id must be as int"),
+        ({"current_id": -1}, ValueError, "greater than or equal to 0"),
+        ({"current_id": 2, "role": role_maker.Role.SERVER}, ValueError, "len\\(server_endpoints\\) - 1"),
+        ({"worker_num": 2.0}, TypeError, "worker_num must be as int"),
+        ({"worker_num": 0}, ValueError, "worker_num must be greater than 0"),
+    ],
+)
+def test_user_defined_role_maker_checks_as_paddle(kwargs, error, message):
+    args = {"current_id": 0, "role": role_maker.Role.WORKER, "worker_num": 2, "server_endpoints": EPS, **kwargs}
+    with pytest.raises(error, match=message):
+        role_maker.UserDefinedRoleMaker(**args)
+
+
+def test_user_defined_roles():
+    fleet = Fleet()
+    fleet.init(role_maker.UserDefinedRoleMaker(current_id=1, role=role_maker.Role.WORKER, worker_num=3,
+                                               server_endpoints=EPS))
+    assert (fleet.is_worker(), fleet.is_server(), fleet.is_first_worker()) == (True, False, False)
+    assert (fleet.worker_index(), fleet.worker_num(), fleet.server_num()) == (1, 3, 2)
+    assert fleet.server_endpoints() == EPS and fleet.server_endpoints(to_string=True) == ",".join(EPS)
+    fleet.init(role_maker.UserDefinedRoleMaker(current_id=1, role=role_maker.Role.SERVER, worker_num=3,
+                                               server_endpoints=EPS))
+    assert fleet.is_server() and fleet.server_index() == 1 and not fleet.is_first_worker()
+
+
+@pytest.mark.parametrize("endpoints_var", ["PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_PSERVER_ENDPOINTS"])
+def test_paddle_cloud_role_maker_reads_paddles_variables(endpoints_var):
+    common = {endpoints_var: ",".join(EPS), "PADDLE_TRAINERS_NUM": "2"}
+    trainer = role_maker.PaddleCloudRoleMaker(env={**common, "TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": "1"})
+    assert trainer.is_worker() and trainer.worker_index() == 1 and trainer.worker_num() == 2
+    assert trainer.get_pserver_endpoints() == EPS
+    server = role_maker.PaddleCloudRoleMaker(env={**common, "TRAINING_ROLE": "PSERVER", "POD_IP": "127.0.0.1",
+                                                  "PADDLE_PORT": "6171"})
+    assert server.is_server() and server.server_index() == 1
+    with pytest.raises(ValueError, match="TRAINING_ROLE must be PSERVER or TRAINER"):
+        role_maker.PaddleCloudRoleMaker(env={**common, "TRAINING_ROLE": "WORKER"}).generate_role()
+    with pytest.raises(NotImplementedError, match="collective"):
+        role_maker.PaddleCloudRoleMaker(is_collective=True)
+
+
+# ------------------------------------------------------------ strategies
+def flags(strategy):
+    c = strategy.get_program_config()
+    return (c.sync_mode, c.runtime_split_send_recv, c.half_async, c.completely_not_async, c.geo_sgd_mode)
+
+
+def test_strategies_set_what_paddles_set():
+    assert FleetConfig is DistributeTranspilerConfig
+    sync = StrategyFactory.create_sync_strategy()
+    assert flags(sync) == (False, True, True, True, False)
+    assert sync.get_trainer_runtime_config().mode == DistributedMode.SYNC
+    assert sync.get_execute_strategy().use_thread_barrier and sync.get_build_strategy().async_mode
+    assert flags(StrategyFactory.create_async_strategy()) == (False, True, False, False, False)
+    assert flags(StrategyFactory.create_half_async_strategy()) == (False, True, True, False, False)
+    geo = StrategyFactory.create_geo_strategy(5)
+    assert flags(geo) == (False, True, False, False, True)
+    assert geo.get_program_config().geo_sgd_need_push_nums == 5
+    assert geo.get_trainer_runtime_config().runtime_configs["communicator_max_merge_var_num"] == 5
+    with pytest.raises(ValueError, match="doesn't have key: nope"):
+        sync.set_program_config({"nope": 1})
+
+
+def test_strategy_choice_as_fluid():
+    assert isinstance(strategy_for(None), AsyncStrategy)
+    config = DistributeTranspilerConfig()
+    assert isinstance(strategy_for(config), SyncStrategy)
+    assert config.completely_not_async  # the strategy adopts the config and sets its flags, as Paddle's does
+    config = DistributeTranspilerConfig()
+    config.sync_mode, config.runtime_split_send_recv = False, True
+    assert isinstance(strategy_for(config), AsyncStrategy)
+    config = DistributeTranspilerConfig()
+    config.sync_mode = False
+    assert isinstance(strategy_for(config), HalfAsyncStrategy) and config.half_async
+    with pytest.raises(TypeError, match="strategy must be an instance"):
+        strategy_for("sync")
+
+
+def test_what_our_runtime_trains():
+    sync, config = training_options(SyncStrategy())
+    assert sync and config.sync_mode and not config.runtime_split_send_recv
+    assert SyncStrategy().get_program_config().completely_not_async  # the strategy itself is left as Paddle's
+    sync, config = training_options(AsyncStrategy())
+    assert not sync and config.runtime_split_send_recv
+    sync, config = training_options(GeoStrategy(3))  # GEO runs over the async programs (transpiler.fleet.geo)
+    assert not sync and not config.geo_sgd_mode and geo_update_frequency(GeoStrategy(3)) == 3
+    assert geo_update_frequency(AsyncStrategy()) is None
+    sync, config = training_options(HalfAsyncStrategy())  # over the sync programs (transpiler.fleet.half_async)
+    assert sync and config.sync_mode and not config.half_async
+
+
+def test_out_of_order_calls():
+    fleet = Fleet()
+    with pytest.raises(ValueError, match="fleet.init"):
+        fleet.distributed_optimizer(optimizer.SGD(learning_rate=0.1))
+    with pytest.raises(FleetError, match="fleet.init"):
+        fleet.is_worker()
+    fleet.init(role_maker.UserDefinedRoleMaker(current_id=0, role=role_maker.Role.WORKER, worker_num=1,
+                                               server_endpoints=EPS))
+    with pytest.raises(ValueError, match="instance of Optimizer"):
+        fleet.distributed_optimizer("sgd")
+    with pytest.raises(FleetError, match="minimize"):
+        fleet.init_worker()
+
+
+# ------------------------------------------------------------ the seed's script under launch
+SCRIPT = str(EXAMPLES / "fleet_digits.py")
+
+
+def losses(out):
+    return [json.loads((out / f"losses_{i}.json").read_text()) for i in range(2)]
+
+
+def test_the_seed_script_trains_sync_saves_and_warm_starts(tmp_path):
+    out, model = tmp_path / "out", tmp_path / "model"
+    launch_script(tmp_path / "a", (SCRIPT, "--mode", "sync", "--steps", "12", "--out", str(out), "--save", str(model)),
+                  pservers=2, trainers=2)
+    first, second = losses(out)
+    assert len(first) == len(second) == 12 and first != second  # each worker's own share
+    assert np.mean(first[-3:] + second[-3:]) < np.mean(first[:3] + second[:3])
+    saved = {p.name: read_tensor(p) for p in model.iterdir()}
+    assert sorted(saved) == ["fc_0.b_0", "fc_0.w_0", "fc_1.b_0", "fc_1.w_0"]
+    assert saved["fc_0.w_0"].shape == (64, 64) and saved["fc_1.w_0"].shape == (64, 10)
+    # the servers start from those files (init_server(model_dir)); 0 steps: the workers save what they received
+    again = tmp_path / "again"
+    launch_script(tmp_path / "b", (SCRIPT, "--mode", "sync", "--steps", "0", "--init", str(model), "--save",
+                                   str(again), "--role-maker", "cloud"), pservers=1, trainers=2)
+    for name, value in saved.items():
+        np.testing.assert_array_equal(read_tensor(again / name), value)
+
+
+def test_the_seed_script_converges_async(tmp_path):
+    out = tmp_path / "out"
+    launch_script(tmp_path, (SCRIPT, "--mode", "async", "--steps", "30", "--out", str(out), "--role-maker", "cloud"),
+                  pservers=2, trainers=2)
+    for worker in losses(out):
+        assert np.mean(worker[-5:]) < 0.7 * np.mean(worker[:5]), worker
+
+
+def saved(folder):
+    return {p.name: read_tensor(p) for p in folder.iterdir()}
+
+
+def test_geo_with_one_trainer_and_update_frequency_1_equals_local_training(tmp_path):
+    """Sync with one trainer is local training (test_e2e_sync); GEO with one trainer syncing
+    every step must end with the same params on the pservers (saved from there). Syncing
+    every 5th step of 12, the pservers hold step 10's params."""
+    runs = {"sync12": ("--mode", "sync", "--steps", "12"), "sync10": ("--mode", "sync", "--steps", "10"),
+            "geo1": ("--mode", "geo", "--geo-every", "1", "--steps", "12"),
+            "geo5": ("--mode", "geo", "--geo-every", "5", "--steps", "12")}
+    for name, args in runs.items():
+        launch_script(tmp_path / name, (SCRIPT, *args, "--save", str(tmp_path / name / "model"),
+                                        "--out", str(tmp_path / name / "out")), pservers=1, trainers=1)
+    models = {name: saved(tmp_path / name / "model") for name in runs}
+    params = ["fc_0.b_0", "fc_0.w_0", "fc_1.b_0", "fc_1.w_0"]
+    assert set(params) <= set(models["geo1"]) and sorted(models["sync12"]) == params
+    for name in params:
+        np.testing.assert_allclose(models["geo1"][name], models["sync12"][name], rtol=1e-6, atol=1e-7, err_msg=name)
+        np.testing.assert_allclose(models["geo5"][name], models["sync10"][name], rtol=1e-6, atol=1e-7, err_msg=name)
+        assert not np.allclose(models["geo5"][name], models["sync12"][name], rtol=1e-4, atol=0)  # 11, 12 stayed local
+    geo_losses = json.loads((tmp_path / "geo1" / "out" / "losses_0.json").read_text())
+    sync_losses = json.loads((tmp_path / "sync12" / "out" / "losses_0.json").read_text())
+    np.testing.assert_allclose(geo_losses, sync_losses, rtol=1e-6)
+
+
+def test_geo_on_a_sparse_table_equals_local_with_one_trainer_and_converges_with_two(tmp_path):
+    """The pixels through a sparse embedding (1088 x 4): GEO sends the rows its lookups
+    touched. With one trainer syncing every step the pservers end with the params (the
+    table included) of sync training with one trainer, i.e. local training; a sync trainer
+    reads the table out of the pservers through a checkpoint (its job's checkpoint dir)."""
+    import sys
+
+    for name, args in (("sync", ("--mode", "sync")), ("geo", ("--mode", "geo", "--geo-every", "1"))):
+        command = (sys.executable, SCRIPT, "--sparse", *args, "--steps", "8", "--save", str(tmp_path / name / "model"))
+        launch_ok(tmp_path / name, command, pservers=2, trainers=1, sync_mode=True, timeout=60.0,
+                  env={"PSTRANSPILE_CHECKPOINT_DIR": str(tmp_path / name / "ckpt")})
+    sync, geo = saved(tmp_path / "sync" / "model"), saved(tmp_path / "geo" / "model")
+    assert "embedding_0.w_0" in sync and sync["embedding_0.w_0"].shape == (64 * 17, 4)
+    for name, value in sync.items():
+        np.testing.assert_allclose(geo[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+    out = tmp_path / "two" / "out"
+    launch_script(tmp_path / "two", (SCRIPT, "--sparse", "--mode", "geo", "--geo-every", "5", "--lr", "1.0",
+                                     "--steps", "30", "--out", str(out)), pservers=2, trainers=2)
+    for worker in losses(out):
+        assert np.mean(worker[-5:]) < 0.7 * np.mean(worker[:5]), worker
+
+
+def test_half_async_applies_each_trainers_grad_and_converges(tmp_path):
+    """Half-async applies every trainer's grad with its own SGD step (no averaging): 2
+    trainers at lr 0.1 end where sync training at lr 0.2 does, up to float32 rounding."""
+    for name, args in (("half", ("--mode", "half_async", "--lr", "0.1")), ("sync", ("--mode", "sync", "--lr", "0.2"))):
+        launch_script(tmp_path / name, (SCRIPT, *args, "--steps", "12", "--save", str(tmp_path / name / "model"),
+                                        "--out", str(tmp_path / name / "out")), pservers=2, trainers=2)
+    half, sync = saved(tmp_path / "half" / "model"), saved(tmp_path / "sync" / "model")
+    assert sorted(half) == sorted(sync) == ["fc_0.b_0", "fc_0.w_0", "fc_1.b_0", "fc_1.w_0"]
+    for name, value in sync.items():
+        assert np.abs(half[name] - value).max() <= 1e-5 * np.abs(value).max(), name  # measured <= 3.4e-7
+    for worker in losses(tmp_path / "half" / "out"):
+        assert np.mean(worker[-3:]) < 0.85 * np.mean(worker[:3]), worker
+
+
+def test_geo_refuses_a_distributed_table_clearly():
+    import transpiler.fluid as fluid
+
+    fleet = Fleet()
+    fleet.init(role_maker.UserDefinedRoleMaker(current_id=0, role=role_maker.Role.WORKER, worker_num=1,
+                                               server_endpoints=EPS))
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.unique_name.guard(), fluid.program_guard(main, startup):
+        ids = fluid.layers.data(name="ids", shape=[1], dtype="int64")
+        emb = fluid.layers.embedding(input=ids, size=[100, 8], is_sparse=True)
+        loss = fluid.layers.mean(fluid.layers.fc(input=emb, size=1))
+        opt = fleet.distributed_optimizer(fluid.optimizer.SGD(learning_rate=0.1), StrategyFactory.create_geo_strategy(2))
+        opt.minimize(loss)  # a sparse table is supported; a distributed one is not
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.unique_name.guard(), fluid.program_guard(main, startup):
+        ids = fluid.layers.data(name="ids", shape=[1], dtype="int64")
+        emb = fluid.layers.embedding(input=ids, size=[100, 8], is_sparse=True, is_distributed=True)
+        loss = fluid.layers.mean(fluid.layers.fc(input=emb, size=1))
+        opt = fleet.distributed_optimizer(fluid.optimizer.SGD(learning_rate=0.1), StrategyFactory.create_geo_strategy(2))
+        with pytest.raises(NotImplementedError, match="GeoStrategy with a distributed lookup table"):
+            opt.minimize(loss)
+
+
+@pytest.mark.parametrize("case", ["mlp_adam_2ps", "fluid18_basic_sgd_2ps", "bert_adam_2ps_noslice_sync"])
+def test_half_async_and_geo_rewrite_paddle_built_pserver_programs(case):
+    """The pserver rewrites on Paddle-built programs (Fluid 1.8 and Paddle 2.6 op types, 0-d
+    vars): half-async runs the optimizer once per trainer's grad; GEO adds the delta. Both
+    stay valid programs (verifier) and survive their bytes."""
+    from conftest import PADDLE_PROGRAMS
+    from transpiler.api import transpile
+    from transpiler.fleet import geo, half_async
+    from transpiler.ir import Program
+    from transpiler.ir.verifier import verify
+
+    folder = PADDLE_PROGRAMS / case
+    main, startup = Program.load(folder / "main.pb"), Program.load(folder / "startup.pb")
+    sync = transpile(main, startup, pservers=EPS, trainers=2, trainer_id=0, sync_mode=True)
+    asynchronous = transpile(main, startup, pservers=EPS, trainers=2, trainer_id=0, sync_mode=False)
+    for endpoint in EPS:
+        program = half_async.pserver_program(sync.pservers[endpoint][0].clone())
+        (serve,) = [op for op in program.global_block().ops if op.type == "listen_and_serv"]
+        for block in serve.blocks_attr("optimize_blocks"):
+            types = [op.type for op in block.ops]
+            assert types[0] == "sum" and len(types) >= 3 and "scale" not in types, types
+            grads = [op.input("Grad")[0] for op in block.ops[1:]]
+            assert sorted(set(grads)) == sorted(block.ops[0].input("X")), grads
+        verify(program)
+        Program.from_bytes(program.to_bytes())
+        main_geo, startup_geo = (p.clone() for p in asynchronous.pservers[endpoint])
+        geo.pserver_program(main_geo, startup_geo)
+        (serve,) = [op for op in main_geo.global_block().ops if op.type == "listen_and_serv"]
+        for block in serve.blocks_attr("optimize_blocks"):
+            assert [op.type for op in block.ops] in (["elementwise_add"], ["sgd"])
+        verify(main_geo)
+        verify(startup_geo)
