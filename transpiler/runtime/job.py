@@ -259,7 +259,6 @@ def run_job(config: LaunchConfig, env: Mapping[str, str], make_backend: Callable
             base[CHECKPOINT_EVERY_ENV] = str(config.checkpoint_every)
     restarts: list[str] = []
     restore: Path | None = None  # the checkpoint the next attempt starts from
-    restore_failures: list[tuple[str, ...] | None] = []  # per restart: how it failed before passing its checkpoint
     started = time.monotonic()
     with MetricsWriter(Path(config.log_dir) / METRICS_FILE, fresh=True, tensorboard=config.tensorboard_dir) as metrics:
         return _run_attempts(config, make_backend, out, base, checkpoint_dir, restarts, restore, started, metrics)
@@ -268,6 +267,7 @@ def run_job(config: LaunchConfig, env: Mapping[str, str], make_backend: Callable
 def _run_attempts(config: LaunchConfig, make_backend: Callable[[], Backend], out: TextIO, base: dict[str, str],
                   checkpoint_dir: Path | None, restarts: list[str], restore: Path | None, started: float,
                   metrics: MetricsWriter) -> LaunchResult:
+    restore_failures: list[tuple[str, ...] | None] = []  # per restart: how it failed before passing its checkpoint
     while True:
         extra = {**base, RESTORE_ENV: str(checkpoint_dir)} if restore is not None else base
         log_dir = Path(config.log_dir) if not restarts else Path(config.log_dir) / f"restart-{len(restarts)}"
