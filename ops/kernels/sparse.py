@@ -1,4 +1,4 @@
-"""The local (no network) kernels the transpiler emits: `split_byref`,
+"""The local (no network) kernels the transpiler emits: `split_byref`, `split`,
 `split_selected_rows`, `split_ids`, `merge_ids`, `lookup_sparse_table`, `fake_init`."""
 
 from __future__ import annotations
@@ -31,6 +31,33 @@ def split_byref(ctx: OpContext) -> None:
         raise KernelError(f"split_byref: sections {sections} do not add up to {x.shape[0]} rows")
     bounds = np.cumsum(sections)[:-1]
     ctx.set_outputs("Out", np.split(x, bounds, axis=0))
+
+
+@register("split")
+def split(ctx: OpContext) -> None:
+    """Split X along `axis` into pieces of `sections` (or `num` equal pieces); the pieces
+    are views of X (the trainer's column cut of a grad into 2-D partitions)."""
+    x = ctx.input("X")
+    outs = ctx.output_names("Out")
+    axis = int(ctx.attr("axis"))
+    axis = axis + x.ndim if axis < 0 else axis
+    if not 0 <= axis < x.ndim:
+        raise KernelError(f"split: axis {ctx.attr('axis')} out of range for rank {x.ndim}")
+    sections = [int(s) for s in ctx.attr("sections")]
+    if not sections:
+        num = int(ctx.attr("num")) or len(outs)
+        if x.shape[axis] % num:
+            raise KernelError(f"split: dim {axis} of {x.shape[axis]} does not split into {num} equal pieces")
+        sections = [x.shape[axis] // num] * num
+    if len(sections) != len(outs):
+        raise KernelError(f"split: {len(sections)} sections for {len(outs)} outputs")
+    if -1 in sections:
+        known = sum(s for s in sections if s != -1)
+        sections[sections.index(-1)] = x.shape[axis] - known
+    if sum(sections) != x.shape[axis]:
+        raise KernelError(f"split: sections {sections} do not add up to {x.shape[axis]} (dim {axis})")
+    bounds = np.cumsum(sections)[:-1]
+    ctx.set_outputs("Out", np.split(x, bounds, axis=axis))
 
 
 @register("split_selected_rows")

@@ -20,7 +20,7 @@ from dataclasses import replace
 from ops.catalogue import make_op
 from transpiler.config import TranspileOptions
 from transpiler.ir import Block, Op, OpRole, Program
-from transpiler.naming import trainer_name
+from transpiler.naming import band_name, trainer_name
 from transpiler.passes.bundle import Bundle, TrainerSends
 from transpiler.passes.contract import Pass
 from transpiler.plan import ParamPlan, Plan
@@ -39,8 +39,8 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         anchor = anchors[param.param]
         last = after_anchor.get(anchor, anchor)
         sent, split = _grad_vars_to_send(trainer, plan, param, options, renames)
-        if split is not None:
-            last = block.insert_after(last, split)
+        for op in split if isinstance(split, list) else [split] if split is not None else []:
+            last = block.insert_after(last, op)
         ctrl = bundle.new_control_var(trainer)
         send = make_op("send", {"X": sent}, {"Out": [ctrl]}, _send_attrs(param, options), role=OpRole.RPC,
                        role_vars=(param.param, param.grad))
@@ -73,7 +73,7 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
 
 
 def _grad_vars_to_send(trainer: Program, plan: Plan, param: ParamPlan, options: TranspileOptions,
-                       renames: dict[str, str]) -> tuple[list[str], Op | None]:
+                       renames: dict[str, str]) -> tuple[list[str], Op | list[Op] | None]:
     """(names of the vars `send` ships, the op that splits the grad into them or None).
     A whole grad is renamed rather than copied: `renames` collects old -> new."""
     block = trainer.global_block()
@@ -90,6 +90,8 @@ def _grad_vars_to_send(trainer: Program, plan: Plan, param: ParamPlan, options: 
         copy.shape = var_block.shape
         copy.persistable = False
         block.add_var(copy)
+    if param.cuts_columns:
+        return names, _split_2d(block, param, names)
     rows = [b.rows for b in param.blocks]
     if param.sparse:
         split = make_op("split_selected_rows", {"X": [param.grad]}, {"Out": names}, {"height_sections": rows},
@@ -98,6 +100,36 @@ def _grad_vars_to_send(trainer: Program, plan: Plan, param: ParamPlan, options: 
         split = make_op("split_byref", {"X": [param.grad]}, {"Out": names}, {"sections": rows},
                         role=OpRole.Dist, role_vars=(param.param, param.grad))
     return names, split
+
+
+def _split_2d(block: Block, param: ParamPlan, names: list[str]) -> Op | list[Op]:
+    """The ops cutting a dense grad into 2-D partitions: `split_byref` into row bands (when
+    more than one), then `split` (axis 1) of each band of several column ranges."""
+    role = {"role": OpRole.Dist, "role_vars": (param.param, param.grad)}
+    bands = param.bands()
+    grad = block.var(param.grad)
+    out_of = dict(zip((b.index for b in param.blocks), names, strict=True))
+    band_vars = []
+    for j, band in enumerate(bands):
+        if len(band) == 1:
+            band_vars.append(out_of[band[0].index])
+            continue
+        name = band_name(param.grad, j) if len(bands) > 1 else param.grad
+        if len(bands) > 1 and not block.has_var(name):
+            copy = grad.copy(name)
+            copy.shape = (band[0].rows, *grad.shape[1:])
+            copy.persistable = False
+            block.add_var(copy)
+        band_vars.append(name)
+    ops = []
+    if len(bands) > 1:
+        ops.append(make_op("split_byref", {"X": [param.grad]}, {"Out": band_vars},
+                           {"sections": [band[0].rows for band in bands]}, **role))
+    for band, name in zip(bands, band_vars, strict=True):
+        if len(band) > 1:
+            ops.append(make_op("split", {"X": [name]}, {"Out": [out_of[b.index] for b in band]},
+                               {"axis": 1, "sections": [b.cols for b in band]}, **role))
+    return ops
 
 
 def _send_table_grad(block: Block, after: Op, plan: Plan, options: TranspileOptions, ctrl: str | None) -> None:

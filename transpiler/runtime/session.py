@@ -69,7 +69,7 @@ from transpiler.errors import PsTranspilerError
 from transpiler.ir import Program
 from transpiler.runtime.metrics import METRICS_ENV, MetricsWriter
 from transpiler.runtime.progress import Progress, Usage, format_progress, format_usage
-from transpiler.runtime.role import CHECKPOINT_DIR_ENV, CHECKPOINT_EVERY_ENV, RESTORE_ENV, Role
+from transpiler.runtime.role import CHECKPOINT_DIR_ENV, CHECKPOINT_EVERY_ENV, PARTITIONER_ENV, RESTORE_ENV, Role
 
 FAILURE_NOTICE_DEADLINE = 5.0  # seconds to tell the pservers a trainer failed
 USAGE_EVERY = 0.5  # seconds between a pserver's CPU reports
@@ -104,6 +104,8 @@ class Session:
         self.progress_every = max(1, int(progress_every))
         self.result: TranspileResult | None = None
         if self.role.is_distributed:
+            if transpile_options.get("partitioner") is None and getattr(config, "partitioner", None) is None:
+                transpile_options["partitioner"] = os.environ.get(PARTITIONER_ENV) or None
             self.result = transpile(
                 main,
                 startup,
