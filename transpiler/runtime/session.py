@@ -166,6 +166,11 @@ class Session:
         if not self.role.is_pserver:
             raise PsTranspilerError(f"serve() is for pservers; this process is {self.role.name}")
         main, startup = self.result.pservers[self.role.current_endpoint]
+        plan = self.result.plan
+        if plan.partitioner != "paddle":  # which cut this pserver serves (a paddle job's log as it was)
+            held = plan.by_endpoint().get(self.role.current_endpoint, [])
+            print(f"pserver {self.role.current_endpoint}: {len(held)} partition(s) of {len({p.param for p, _ in held})} "
+                  f"param(s), partitioner {plan.partitioner}", file=self.out or sys.stdout, flush=True)
         self._finished = True
         done = self._report_usage()
         try:

@@ -1,0 +1,186 @@
+"""Partitioners (transpiler/partition.py): the built-in cuts, the checks of a user's
+partitions, the programs a 2-D plan makes, and sync training with 2-D partitions equal to
+local training in float64 (Paddle's mlp_adam_2ps, 2 trainers, 3 pservers)."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import PADDLE_PROGRAMS
+from e2e_support import EXAMPLES, launch_training, save, trained_params, train_locally
+from transpiler.api import transpile
+from transpiler.config import DistributeTranspilerConfig
+from transpiler.errors import TranspileError
+from transpiler.ir import DType, Program
+from transpiler.ir.precision import as_float64
+from transpiler.partition import AngelPartitioner, ColumnPartitioner, ParamInfo, Partition, Partitioner
+
+sys.path.insert(0, str(EXAMPLES))
+from angel_custom_partitioner import ThreeBands, angel_matrix  # noqa: E402
+
+MLP = PADDLE_PROGRAMS / "mlp_adam_2ps"
+EPS3 = "127.0.0.1:6170,127.0.0.1:6171,127.0.0.1:6172"
+
+
+def mlp():
+    return Program.load(MLP / "main.pb"), Program.load(MLP / "startup.pb")
+
+
+def info(shape, name="w"):
+    return ParamInfo(name, tuple(shape), DType.FP32, "sgd")
+
+
+def rects(parts):
+    return [(p.start_row, p.end_row, p.start_col, p.end_col) for p in parts]
+
+
+# ------------------------------------------------------------------ the built-in cuts
+
+
+def test_angel_on_its_documented_matrix_spreads_over_all_8_servers():
+    angel = AngelPartitioner()
+    angel.servers = 8
+    parts = angel.partitions(info((3, 10_000_000)))
+    # rows < S: blockRow = 3, blockCol = min(5M / 3, max(100, 10M / 8)) = 1,250,000
+    assert rects(parts) == [(0, 3, c, c + 1_250_000) for c in range(0, 10_000_000, 1_250_000)]
+    assert angel.assign(parts) == list(range(8))
+
+
+def test_angel_rows_at_least_servers():
+    angel = AngelPartitioner(max_elements=1000)
+    angel.servers = 4
+    # blockRow = min(10 / 4, max(1, 1000 / 300)) = 2; blockCol = min(1000 / 2, 300) = 300
+    assert rects(angel.partitions(info((10, 300)))) == [(r, r + 2, 0, 300) for r in range(0, 10, 2)]
+    # blockRow = min(100 / 4, max(1, 1000 / 5000)) = 1; blockCol = min(1000, 5000) = 1000
+    parts = angel.partitions(info((100, 5000)))
+    assert len(parts) == 500 and rects(parts)[:6] == [(0, 1, c, c + 1000) for c in range(0, 5000, 1000)] + [(1, 2, 0, 1000)]
+
+
+def test_column_cuts_columns_only_of_dense_rank_2():
+    column = ColumnPartitioner()
+    column.servers = 3
+    assert rects(column.partitions(info((4, 10)))) == [(0, 4, 0, 4), (0, 4, 4, 7), (0, 4, 7, 10)]
+    assert rects(column.partitions(info((7,)))) == [(0, 7, 0, 1)]
+    assert rects(column.partitions(info((2, 3, 4)))) == [(0, 2, 0, 12)]
+
+
+def test_the_custom_example_transpiles_to_8_partitions_on_8_pservers():
+    main, startup = angel_matrix()
+    pservers = ",".join(f"127.0.0.1:{6170 + i}" for i in range(8))
+    result = transpile(main, startup, pservers=pservers, trainers=2, partitioner=ThreeBands)
+    w = result.plan.param("w")
+    assert [(b.row_offset, b.rows, b.col_offset, b.cols) for b in w.blocks] == [
+        (0, 1, 0, 2_500_000), (0, 1, 2_500_000, 2_500_000), (0, 1, 5_000_000, 2_500_000), (0, 1, 7_500_000, 2_500_000),
+        (1, 1, 0, 5_000_000), (1, 1, 5_000_000, 5_000_000), (2, 1, 0, 5_000_000), (2, 1, 5_000_000, 5_000_000)]
+    assert w.endpoints == pservers.split(",")
+    ops = [(op.type, op.attr("axis") if op.has_attr("axis") else None) for op in result.trainer.global_block().ops
+           if op.type in ("split_byref", "split", "concat")]
+    assert ops == [("split_byref", None), ("split", 1), ("split", 1), ("split", 1),
+                   ("concat", 1), ("concat", 1), ("concat", 1), ("concat", 0)]
+
+
+# ------------------------------------------------------------------ checks
+
+
+class Fixed(Partitioner):
+    def __init__(self, parts, servers=None):
+        super().__init__()
+        self.parts, self.servers_out = parts, servers
+
+    def partitions(self, param):
+        return self.parts if param.name == "h2.w" else [Partition(0, param.rows, 0, param.cols)]
+
+    def assign(self, partitions):
+        if self.servers_out is not None and partitions[0].param.name == "h2.w":
+            return self.servers_out
+        return super().assign(partitions)
+
+
+@pytest.mark.parametrize(("parts", "servers", "problem"), [
+    ([Partition(0, 256, 0, 64)], None, "columns [64, 128) of rows [0, 256) are in no partition (a gap)"),
+    ([Partition(0, 200, 0, 128)], None, "rows [200, 256) are in no partition (a gap)"),
+    ([Partition(0, 256, 0, 70), Partition(0, 256, 64, 128)], None, "partitions overlap at rows [0, 256) column 64"),
+    ([Partition(0, 256, 0, 129)], None, "is empty or out of range"),
+    ([Partition(0, 128, 0, 64), Partition(0, 256, 64, 128), Partition(128, 256, 0, 64)], None, "not laid out in row bands"),
+    ([Partition(0, 256, 0, 64), Partition(0, 256, 64, 128)], [0, 3], "pserver index 3, out of range for 3"),
+    ([Partition(0, 256, 0, 64), Partition(0, 256, 64, 128)], [0], "returned 1 pserver indices for 2 partitions"),
+])
+def test_bad_partitions_are_one_error_naming_the_param(parts, servers, problem):
+    with pytest.raises(TranspileError, match="h2.w") as caught:
+        transpile(*mlp(), pservers=EPS3, trainers=2, partitioner=Fixed(parts, servers))
+    assert problem in str(caught.value)
+
+
+def test_unknown_partitioner_and_runtime_split_are_refused():
+    with pytest.raises(TranspileError, match="unknown partitioner 'nope'"):
+        transpile(*mlp(), pservers=EPS3, trainers=2, partitioner="nope")
+    config = DistributeTranspilerConfig()
+    config.runtime_split_send_recv = True
+    config.partitioner = "column"
+    with pytest.raises(TranspileError, match="runtime_split_send_recv"):
+        transpile(*mlp(), pservers=EPS3, trainers=2, sync_mode=False, config=config)
+
+
+def test_paddle_is_the_default_and_unchanged():
+    default = transpile(*mlp(), pservers=EPS3, trainers=2)
+    named = transpile(*mlp(), pservers=EPS3, trainers=2, partitioner="paddle")
+    assert default.plan.to_json_text() == named.plan.to_json_text()
+    assert "partitioner" not in default.plan.to_json()
+    assert default.trainer.to_bytes() == named.trainer.to_bytes()
+
+
+def test_config_and_module_class_name_the_partitioner():
+    config = DistributeTranspilerConfig()
+    config.partitioner = "angel_custom_partitioner:ThreeBands"
+    result = transpile(*mlp(), pservers=EPS3, trainers=2, config=config)
+    assert result.plan.partitioner == "three_bands"
+    assert [len(band) for band in result.plan.param("h1.w").bands()] == [4, 2, 2]
+
+
+def test_2d_pserver_blocks_are_elementwise_adam_on_the_rectangle():
+    result = transpile(*mlp(), pservers=EPS3, trainers=2, partitioner="column")
+    h1 = result.plan.param("h1.w")
+    for block, endpoint in zip(h1.blocks, h1.endpoints, strict=True):
+        main = result.pservers[endpoint][0]
+        var = main.global_block().var(block.name)
+        assert tuple(var.shape) == (784, block.cols)
+        adam = [op for b in main.blocks for op in b.ops if op.type == "adam" and list(op.input("Param")) == [block.name]]
+        assert len(adam) == 1
+        moment = main.global_block().var(adam[0].input("Moment1")[0])
+        assert tuple(moment.shape) == (784, block.cols)
+
+
+# ------------------------------------------------------------------ distributed equals local
+
+
+@pytest.mark.parametrize(("partitioner", "expected_partitions"), [
+    ("column", 3 * 3 + 3),  # each weight in 3 column ranges, each bias whole
+    ("angel", 6 * 4),  # rows >= 3: bands of rows // 3 rows, and a short 4th (784, 256, 128, 10 rows: none divides by 3)
+    ("angel_custom_partitioner:ThreeBands", 3 * 8 + 3 * 3),  # weights 4 + 2 + 2, biases 3 row bands
+])
+def test_float64_sync_training_with_2d_partitions_equals_local(partitioner, expected_partitions, tmp_path):
+    main, startup = (as_float64(p) for p in mlp())
+    main_pb, startup_pb = save(tmp_path, main, startup)
+    launch_training(tmp_path, main_pb, startup_pb, pservers=3,
+                    env={"PSTRANSPILE_PARTITIONER": partitioner, "PYTHONPATH": str(EXAMPLES.parent)})
+    name = {"angel_custom_partitioner:ThreeBands": "three_bands"}.get(partitioner, partitioner)
+    held = 0
+    for i in range(3):
+        log = (tmp_path / "logs" / f"pserver.{i}.log").read_text()
+        found = re.search(rf"(\d+) partition\(s\) of \d+ param\(s\), partitioner {name}\n", log)
+        assert found, log
+        held += int(found[1])
+    assert held == expected_partitions
+    init0, final0 = trained_params(tmp_path, 0)
+    init1, final1 = trained_params(tmp_path, 1)
+    for name in init0:
+        assert np.array_equal(init0[name], init1[name]) and np.array_equal(final0[name], final1[name]), name
+    local = train_locally(tmp_path, main_pb, startup_pb)
+    assert local.keys() == final0.keys() and local
+    for name in local:
+        assert final0[name].dtype == np.float64 and np.abs(local[name] - init0[name]).max() > 0, name
+        np.testing.assert_allclose(final0[name], local[name], rtol=1e-5, atol=0, err_msg=f"{partitioner}: {name}")
