@@ -184,3 +184,17 @@ def test_float64_sync_training_with_2d_partitions_equals_local(partitioner, expe
     for name in local:
         assert final0[name].dtype == np.float64 and np.abs(local[name] - init0[name]).max() > 0, name
         np.testing.assert_allclose(final0[name], local[name], rtol=1e-5, atol=0, err_msg=f"{partitioner}: {name}")
+
+
+# ------------------------------------------------------------------ goldens
+
+
+@pytest.mark.parametrize("partitioner", ["column", "angel", "three_bands"])
+def test_2d_golden(golden, partitioner):
+    """The plan report and every program's dump of Paddle's mlp_adam_2ps cut by each
+    partitioner, on 3 pservers (tests/golden/transpile/partition-*.txt; `--update-golden`)."""
+    from test_api_golden import render
+
+    spec = ThreeBands if partitioner == "three_bands" else partitioner
+    result = transpile(*mlp(), pservers=EPS3, trainers=2, partitioner=spec, verify=True)
+    golden.check(f"transpile/partition-mlp_adam_2ps-{partitioner}-3ps.txt", render(result))

@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
+from transpiler.naming import band_name
 from transpiler.passes.bundle import Bundle
 from transpiler.passes.contract import Pass
 from transpiler.partition import ParamInfo, checked_assignment, checked_partitions
@@ -131,6 +132,11 @@ def _check_names_free(block, plan: Plan) -> None:
             for name in (var_block.name, param.grad_block_name(var_block.index)):
                 if block.has_var(name):
                     raise TranspileError(f"cannot slice {param.param!r}: the program already declares {name!r}")
+        if param.cuts_columns:  # the trainer's row bands of a 2-D cut (`naming.band_name`)
+            for j in range(len(param.bands())):
+                for name in (band_name(param.param, j), band_name(param.grad, j)):
+                    if block.has_var(name):
+                        raise TranspileError(f"cannot cut {param.param!r}: the program already declares {name!r}")
 
 
 PASS = Pass("slice_vars", run, requires=("analysis",), produces=("plan",))
