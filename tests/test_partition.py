@@ -198,3 +198,63 @@ def test_2d_golden(golden, partitioner):
     spec = ThreeBands if partitioner == "three_bands" else partitioner
     result = transpile(*mlp(), pservers=EPS3, trainers=2, partitioner=spec, verify=True)
     golden.check(f"transpile/partition-mlp_adam_2ps-{partitioner}-3ps.txt", render(result))
+
+
+# ------------------------------------------------------------------ checkpoints and fetch
+
+
+def _layouts(result):
+    from ops.rpc.checkpoint import pserver_layout
+
+    plan = result.plan.to_json()
+    grads = {g for p in result.plan.params for b in p.blocks for g in result.plan.trainer_grad_names(p, b.index)}
+    grads |= {p.grad_block_name(b.index) for p in result.plan.params for b in p.blocks}
+    return {ep: pserver_layout(main, plan, ep, grads) for ep, (main, _) in result.pservers.items()}
+
+
+def test_checkpoints_of_2d_partitions_merge_and_reshard_onto_other_partitioners(tmp_path):
+    """Save the pservers of a three_bands plan (params and Adam moments cut in rectangles),
+    read every var back whole, and restore onto 2 pservers cut by paddle and by column."""
+    from ops.rpc.checkpoint import Checkpointer, CheckpointReader
+    from ops.scope import Scope
+    from ops.tensor import LoDTensor
+
+    main, startup = mlp()
+    result = transpile(main, startup, pservers=EPS3, trainers=2, partitioner=ThreeBands)
+    layouts = _layouts(result)
+    h1 = layouts["127.0.0.1:6170"]["h1.w.block0"]
+    assert h1.rows == (0, 262) and h1.cols == (0, 64) and h1.piece_shape() == (262, 64)
+    rng = np.random.default_rng(0)
+    wholes: dict[str, np.ndarray] = {}
+    parts = tuple(f"ps{i}" for i in range(3))
+    for i, (endpoint, layout) in enumerate(layouts.items()):
+        scope = Scope()
+        for name, where in layout.items():
+            if where.origin not in wholes:
+                wholes[where.origin] = rng.standard_normal(where.whole_shape).astype(np.float32)
+            scope.set_var(name, LoDTensor(np.array(where.cut(wholes[where.origin]))))
+        Checkpointer(tmp_path, parts[i], parts, layout, result.plan.to_json_text(), 3).save(scope, "ckpt-5")
+    reader = CheckpointReader(tmp_path)
+    cut_moments = [o for o in wholes if o.startswith("h1.w_moment1")]
+    assert cut_moments, sorted(wholes)
+    for origin, whole in wholes.items():
+        assert np.array_equal(reader.whole(origin), whole), origin
+    for spec, count in (("paddle", 2), ("column", 2), ("angel", 4)):
+        eps = ",".join(f"127.0.0.1:{7000 + i}" for i in range(count))
+        other = transpile(main, startup, pservers=eps, trainers=2, partitioner=spec)
+        for i, layout in enumerate(_layouts(other).values()):
+            scope = Scope()
+            reader.restore(scope, layout, f"ps{i}", count)
+            for name, where in layout.items():
+                assert np.array_equal(scope.find_var(name).array, where.cut(wholes[where.origin])), (spec, name)
+
+
+def test_fetch_joins_2d_blocks_into_whole_params():
+    from ops.rpc.fetch import _join_2d
+
+    result = transpile(*mlp(), pservers=EPS3, trainers=2, partitioner=ThreeBands)
+    param = next(p for p in result.plan.to_json()["params"] if p["param"] == "out.w")
+    whole = np.arange(1280, dtype=np.float64).reshape(128, 10)
+    blocks = [whole[b["row_offset"]:b["row_offset"] + b["rows"], b["col_offset"]:b["col_offset"] + b["cols"]]
+              for b in param["blocks"]]
+    assert len(blocks) == 8 and np.array_equal(_join_2d(param, blocks), whole)
