@@ -4,6 +4,7 @@ local training in float64 (Paddle's mlp_adam_2ps, 2 trainers, 3 pservers)."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 
@@ -258,3 +259,43 @@ def test_fetch_joins_2d_blocks_into_whole_params():
     blocks = [whole[b["row_offset"]:b["row_offset"] + b["rows"], b["col_offset"]:b["col_offset"] + b["cols"]]
               for b in param["blocks"]]
     assert len(blocks) == 8 and np.array_equal(_join_2d(param, blocks), whole)
+
+
+# ------------------------------------------------------------------ the CLI
+
+
+def test_cli_plan_shows_the_grid_json_and_svg(tmp_path, capsys):
+    from transpiler.cli import main as cli_main
+
+    args = ["plan", str(MLP / "main.pb"), "--pservers", EPS3, "--trainers", "2", "--partitioner", "column"]
+    assert cli_main([*args, "--svg", str(tmp_path / "plan.svg")]) == 0
+    text = capsys.readouterr().out
+    assert "partitioner column" in text and "h1.w [784, 256] fp32 (adam, grad h1.w@GRAD, grid 1x3)" in text
+    assert re.search(r"h1.w.block1 +127.0.0.1:6172 +0:784,86:171 \[784, 85\]", text), text
+    svg = (tmp_path / "plan.svg").read_text()
+    assert svg.startswith("<svg") and svg.count("<rect") == 3 + 3 * 3 + 3  # legend + 3 weights x 3 + 3 biases
+    assert "h1.w.block1 rows 0:784 cols 86:171 on 127.0.0.1:6172" in svg
+    assert cli_main([*args, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    h1 = next(p for p in plan["params"] if p["param"] == "h1.w")
+    assert plan["partitioner"] == "column" and h1["grid"] == [3]
+    assert [(b["col_offset"], b["cols"]) for b in h1["blocks"]] == [(0, 86), (86, 85), (171, 85)]
+
+
+def test_cli_bad_partitioner_is_one_line_and_exit_2(capsys):
+    from transpiler.cli import main as cli_main
+
+    args = ["plan", str(MLP / "main.pb"), "--pservers", EPS3, "--trainers", "2", "--partitioner", "nosuch:Thing"]
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err
+    assert "cannot import 'nosuch'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_transpile_with_a_partitioner_writes_its_plan(tmp_path):
+    from transpiler.cli import main as cli_main
+
+    argv = ["transpile", str(MLP / "main.pb"), "--pservers", EPS3, "--trainers", "2", "--partitioner", "angel",
+            "-o", str(tmp_path)]
+    assert cli_main(argv) == 0
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["partitioner"] == "angel" and [len(p["blocks"]) for p in plan["params"]] == [4] * 6

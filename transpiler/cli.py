@@ -685,11 +685,14 @@ TRANSPILE_SCHEMA = "pstranspile.transpile/1"
     "print where every block would live: per pserver blocks, elements, bytes, share; per var its blocks",
     *TRANSPILE_ARGS,
     arg("--json", action="store_true", help="print plan.json instead"),
+    arg("--svg", metavar="FILE", help="also draw the plan: each large param's grid of partitions, coloured by pserver"),
 )
 def plan_command(args: argparse.Namespace) -> int:
-    from transpiler.plan import format_plan
+    from transpiler.plan import format_plan, plan_svg
 
     plan = _transpile(args).plan
+    if args.svg:
+        write_output(args.svg, plan_svg(plan).encode())
     if args.json:
         sys.stdout.write(plan.to_json_text())
     else:

@@ -363,3 +363,59 @@ def format_plan(plan: Plan) -> str:
             lines.append(f"  {table.table + ' shard ' + str(shard):<38} {endpoint:<24} {rows:>14} "
                          f"{str(list(table.shard_shape)):<16}")
     return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def plan_svg(plan: Plan, *, max_params: int = 24, width: int = 480) -> str:
+    """An SVG picture of the plan (`pstranspile plan --svg`): the largest params (at most
+    `max_params`, by elements; a note counts the rest), each drawn as its rows x columns
+    grid of partitions, every partition coloured by the pserver holding it, with a legend
+    of the pservers and their share of the elements. Deterministic text."""
+    colour = {ep: f"hsl({(i * 360) // max(len(plan.endpoints), 1)},65%,{60 if i % 2 else 72}%)"
+              for i, ep in enumerate(plan.endpoints)}
+    shown = sorted(plan.params, key=lambda p: (-math.prod(p.shape), p.param))[:max_params]
+    left, y = 10, 10
+    body: list[str] = []
+    load = plan.load_by_endpoint()
+    body.append(f'<text x="{left}" y="{y + 12}" font-size="13">{len(plan.params)} params on {len(plan.endpoints)} '
+                f'pservers, partitioner {_xml(plan.partitioner)}, imbalance {plan.imbalance():.3f}</text>')
+    y += 22
+    for i, row in enumerate(load):
+        x = left + (i % 4) * 180
+        if i and i % 4 == 0:
+            y += 18
+        body.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{colour[row["endpoint"]]}" stroke="#333"/>'
+                    f'<text x="{x + 16}" y="{y + 10}" font-size="11">{_xml(row["endpoint"])} {row["share"]:.1%}</text>')
+    y += 28
+    for param in shown:
+        rows = param.shape[0] if param.shape else 1
+        cols = math.prod(param.shape[1:]) if len(param.shape) >= 2 else 1
+        height = max(16, min(160, round(width * rows / max(cols, 1))))
+        body.append(f'<text x="{left}" y="{y + 11}" font-size="11">{_xml(param.param)} {list(param.shape)} '
+                    f'{len(param.blocks)} partition(s)</text>')
+        y += 15
+        for block, endpoint in zip(param.blocks, param.endpoints, strict=True):
+            bcols = block.cols if block.cols is not None else cols
+            x0 = left + width * block.col_offset / max(cols, 1)
+            y0 = y + height * block.row_offset / max(rows, 1)
+            w = width * bcols / max(cols, 1)
+            h = height * block.rows / max(rows, 1)
+            body.append(f'<rect x="{x0:.2f}" y="{y0:.2f}" width="{w:.2f}" height="{h:.2f}" fill="{colour[endpoint]}" '
+                        f'stroke="#333" stroke-width="0.5"><title>{_xml(block.name)} rows {block.row_offset}:'
+                        f'{block.row_offset + block.rows} cols {block.col_offset}:{block.col_offset + bcols} on '
+                        f'{_xml(endpoint)}</title></rect>')
+        y += height + 12
+    if len(plan.params) > len(shown):
+        body.append(f'<text x="{left}" y="{y + 11}" font-size="11">... and {len(plan.params) - len(shown)} smaller '
+                    'params</text>')
+        y += 16
+    if plan.table is not None:
+        body.append(f'<text x="{left}" y="{y + 11}" font-size="11">{_xml(plan.table.table)} {list(plan.table.shape)}: '
+                    f'distributed table, rows id % {len(plan.table.endpoints)}</text>')
+        y += 16
+    total_width = max(width, 4 * 180) + 2 * left
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_width}" height="{y + 10}" '
+            f'font-family="sans-serif">\n' + "\n".join(body) + "\n</svg>\n")
+
+
+def _xml(text: str) -> str:
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
