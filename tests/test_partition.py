@@ -61,12 +61,16 @@ def test_angel_rows_at_least_servers():
     assert len(parts) == 500 and rects(parts)[:6] == [(0, 1, c, c + 1000) for c in range(0, 5000, 1000)] + [(1, 2, 0, 1000)]
 
 
-def test_column_cuts_columns_only_of_dense_rank_2():
+def test_column_cuts_columns_only_of_rank_2_and_not_of_prefetched_tables():
     column = ColumnPartitioner()
     column.servers = 3
     assert rects(column.partitions(info((4, 10)))) == [(0, 4, 0, 4), (0, 4, 4, 7), (0, 4, 7, 10)]
     assert rects(column.partitions(info((7,)))) == [(0, 7, 0, 1)]
     assert rects(column.partitions(info((2, 3, 4)))) == [(0, 2, 0, 12)]
+    sparse = ParamInfo("emb", (100, 16), DType.FP32, "sgd", sparse=True)
+    assert rects(column.partitions(sparse)) == [(0, 100, 0, 6), (0, 100, 6, 11), (0, 100, 11, 16)]
+    table = ParamInfo("emb", (100, 16), DType.FP32, "sgd", sparse=True, table=True)
+    assert rects(column.partitions(table)) == [(0, 100, 0, 16)]
 
 
 def test_the_custom_example_transpiles_to_8_partitions_on_8_pservers():
@@ -184,6 +188,30 @@ def test_float64_sync_training_with_2d_partitions_equals_local(partitioner, expe
     assert local.keys() == final0.keys() and local
     for name in local:
         assert final0[name].dtype == np.float64 and np.abs(local[name] - init0[name]).max() > 0, name
+        np.testing.assert_allclose(final0[name], local[name], rtol=1e-5, atol=0, err_msg=f"{partitioner}: {name}")
+
+
+@pytest.mark.parametrize(("partitioner", "emb_partitions"), [
+    ("column", 3),  # emb [100000, 16]: columns 0:6, 6:11, 11:16
+    ("angel_custom_partitioner:ThreeBands", 8),  # three row bands in 4, 2 and 2 column ranges
+])
+def test_float64_sparse_embedding_cut_by_columns_equals_local(partitioner, emb_partitions, tmp_path):
+    """Paddle's ctr_v1_sparse_sgd_2ps (an is_sparse embedding, SelectedRows grads, SGD):
+    its grads cut by row bands and column ranges, 2 trainers x 3 pservers, equal local."""
+    folder = PADDLE_PROGRAMS / "ctr_v1_sparse_sgd_2ps"
+    main, startup = (as_float64(Program.load(folder / f)) for f in ("main.pb", "startup.pb"))
+    spec = ThreeBands if ":" in partitioner else partitioner
+    plan = transpile(main, startup, pservers=EPS3, trainers=2, partitioner=spec).plan
+    emb = plan.param("emb")
+    assert emb.sparse and emb.cuts_columns and len(emb.blocks) == emb_partitions
+    main_pb, startup_pb = save(tmp_path, main, startup)
+    launch_training(tmp_path, main_pb, startup_pb, pservers=3,
+                    env={"PSTRANSPILE_PARTITIONER": partitioner, "PYTHONPATH": str(EXAMPLES.parent)})
+    init0, final0 = trained_params(tmp_path, 0)
+    local = train_locally(tmp_path, main_pb, startup_pb)
+    assert local.keys() == final0.keys() and "emb" in local
+    for name in local:
+        assert np.abs(local[name] - init0[name]).max() > 0, name
         np.testing.assert_allclose(final0[name], local[name], rtol=1e-5, atol=0, err_msg=f"{partitioner}: {name}")
 
 

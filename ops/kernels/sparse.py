@@ -80,6 +80,28 @@ def split_selected_rows(ctx: OpContext) -> None:
         ctx.set_output("Out", SelectedRows(x.rows[pick] - starts[k], value[pick], int(heights[k])), i=k)
 
 
+@register("split_selected_rows_by_columns")
+def split_selected_rows_by_columns(ctx: OpContext) -> None:
+    """Cut a SelectedRows by column ranges of its value (widths `sections`): every piece
+    has the same rows and height, and its columns of each row (a sparse grad cut for 2-D
+    partitions)."""
+    x = ctx.value("X")
+    if not isinstance(x, SelectedRows):
+        raise KernelError("split_selected_rows_by_columns needs a SelectedRows input")
+    sections = [int(s) for s in ctx.attr("sections")]
+    names = ctx.output_names("Out")
+    if len(sections) != len(names):
+        raise KernelError(f"split_selected_rows_by_columns: {len(sections)} sections for {len(names)} outputs")
+    value = x.active_value()
+    flat = value.reshape(value.shape[0], -1)
+    if sum(sections) != flat.shape[1]:
+        raise KernelError(f"split_selected_rows_by_columns: sections {sections} do not add up to {flat.shape[1]} columns")
+    start = 0
+    for k, width in enumerate(sections):
+        ctx.set_output("Out", SelectedRows(x.rows.copy(), flat[:, start : start + width], x.height), i=k)
+        start += width
+
+
 @register("split_ids")
 def split_ids(ctx: OpContext) -> None:
     """Shard ids by `id % n` (n = number of outputs). Dense Ids (one or more tensors)

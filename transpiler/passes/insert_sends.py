@@ -91,7 +91,7 @@ def _grad_vars_to_send(trainer: Program, plan: Plan, param: ParamPlan, options: 
         copy.persistable = False
         block.add_var(copy)
     if param.cuts_columns:
-        return names, _split_2d(block, param, names)
+        return names, (_split_2d_sparse if param.sparse else _split_2d)(block, param, names)
     rows = [b.rows for b in param.blocks]
     if param.sparse:
         split = make_op("split_selected_rows", {"X": [param.grad]}, {"Out": names}, {"height_sections": rows},
@@ -129,6 +129,37 @@ def _split_2d(block: Block, param: ParamPlan, names: list[str]) -> Op | list[Op]
         if len(band) > 1:
             ops.append(make_op("split", {"X": [name]}, {"Out": [out_of[b.index] for b in band]},
                                {"axis": 1, "sections": [b.cols for b in band]}, **role))
+    return ops
+
+
+def _split_2d_sparse(block: Block, param: ParamPlan, names: list[str]) -> list[Op]:
+    """The ops cutting a SelectedRows grad into 2-D partitions: `split_selected_rows` into
+    row bands (when more than one; rows re-based to the band), then
+    `split_selected_rows_by_columns` of each band of several column ranges."""
+    role = {"role": OpRole.Dist, "role_vars": (param.param, param.grad)}
+    bands = param.bands()
+    grad = block.var(param.grad)
+    out_of = dict(zip((b.index for b in param.blocks), names, strict=True))
+    band_vars = []
+    for j, band in enumerate(bands):
+        if len(band) == 1:
+            band_vars.append(out_of[band[0].index])
+            continue
+        name = band_name(param.grad, j) if len(bands) > 1 else param.grad
+        if len(bands) > 1 and not block.has_var(name):
+            copy = grad.copy(name)
+            copy.shape = (band[0].rows, *grad.shape[1:])
+            copy.persistable = False
+            block.add_var(copy)
+        band_vars.append(name)
+    ops = []
+    if len(bands) > 1:
+        ops.append(make_op("split_selected_rows", {"X": [param.grad]}, {"Out": band_vars},
+                           {"height_sections": [band[0].rows for band in bands]}, **role))
+    for band, name in zip(bands, band_vars, strict=True):
+        if len(band) > 1:
+            ops.append(make_op("split_selected_rows_by_columns", {"X": [name]}, {"Out": [out_of[b.index] for b in band]},
+                               {"sections": [b.cols for b in band]}, **role))
     return ops
 
 
