@@ -110,13 +110,15 @@ def measure(name: str, steps: int) -> float:
         command = [sys.executable, "-m", "transpiler", "launch", "--pservers", "4", "--trainers", "2",
                    "--partitioner", name, "--log-dir", f"{tmp}/logs", "-q", "--timeout", "300", "--",
                    sys.executable, str(REPO / "examples" / "train_ctr.py"), "--variant", "local-table",
-                   "--rows", "1000000", "--width", "64", "--steps", str(steps), "--batch", "256", "--quiet"]
+                   "--rows", "1000000", "--width", "64", "--steps", str(steps), "--batch", "256"]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, check=False)
         if done.returncode != 0:
             raise SystemExit(f"{name}: the job failed\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
         records = [json.loads(line) for line in Path(f"{tmp}/logs/metrics.jsonl").read_text().splitlines()]
     mine = sorted((r for r in records if r.get("role") == "trainer" and r.get("trainer") == 0 and r.get("step")),
                   key=lambda r: r["step"])
+    if len(mine) < 2:
+        raise SystemExit(f"{name}: trainer 0 reported {len(mine)} step(s) in metrics.jsonl")
     first = next(r for r in mine if r["step"] >= min(5, steps // 4))  # after the warm-up steps
     last = mine[-1]
     return (last["step"] - first["step"]) / (last["elapsed"] - first["elapsed"])
