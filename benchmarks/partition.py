@@ -16,7 +16,6 @@
 2. `--measure`: sync training of `examples/train_ctr.py --variant local-table --rows 1000000
    --width 64` (its rows prefetched from the table's blocks; ids Zipf-like, scattered over
    the table), 2 trainers x 4 pservers, per partitioner: steady steps/s of trainer 0.
-   (A prefetched table is cut by rows only: `column` keeps it whole on one pserver.)
 """
 
 from __future__ import annotations

@@ -46,8 +46,8 @@ class ThreeBands(Partitioner):
 
     def partitions(self, param):
         rows, cols = param.rows, param.cols
-        if len(param.shape) > 2 or param.table:
-            cols_parts = (1, 1, 1)  # column cuts are for params of rank <= 2, not prefetched tables
+        if len(param.shape) > 2:
+            cols_parts = (1, 1, 1)  # column cuts are for params of rank <= 2
         else:
             cols_parts = self.COLUMN_PARTS
         edges = sorted({0, math.ceil(rows / 3), math.ceil(2 * rows / 3), rows})

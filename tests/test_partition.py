@@ -5,6 +5,7 @@ local training in float64 (Paddle's mlp_adam_2ps, 2 trainers, 3 pservers)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 
@@ -61,7 +62,7 @@ def test_angel_rows_at_least_servers():
     assert len(parts) == 500 and rects(parts)[:6] == [(0, 1, c, c + 1000) for c in range(0, 5000, 1000)] + [(1, 2, 0, 1000)]
 
 
-def test_column_cuts_columns_only_of_rank_2_and_not_of_prefetched_tables():
+def test_column_cuts_columns_of_rank_2_dense_sparse_and_prefetched():
     column = ColumnPartitioner()
     column.servers = 3
     assert rects(column.partitions(info((4, 10)))) == [(0, 4, 0, 4), (0, 4, 4, 7), (0, 4, 7, 10)]
@@ -70,7 +71,7 @@ def test_column_cuts_columns_only_of_rank_2_and_not_of_prefetched_tables():
     sparse = ParamInfo("emb", (100, 16), DType.FP32, "sgd", sparse=True)
     assert rects(column.partitions(sparse)) == [(0, 100, 0, 6), (0, 100, 6, 11), (0, 100, 11, 16)]
     table = ParamInfo("emb", (100, 16), DType.FP32, "sgd", sparse=True, table=True)
-    assert rects(column.partitions(table)) == [(0, 100, 0, 16)]
+    assert rects(column.partitions(table)) == [(0, 100, 0, 6), (0, 100, 6, 11), (0, 100, 11, 16)]
 
 
 def test_the_custom_example_transpiles_to_8_partitions_on_8_pservers():
@@ -213,6 +214,37 @@ def test_float64_sparse_embedding_cut_by_columns_equals_local(partitioner, emb_p
     for name in local:
         assert np.abs(local[name] - init0[name]).max() > 0, name
         np.testing.assert_allclose(final0[name], local[name], rtol=1e-5, atol=0, err_msg=f"{partitioner}: {name}")
+
+
+@pytest.mark.parametrize("partitioner", ["column", "angel_custom_partitioner:ThreeBands"])
+def test_float64_prefetched_table_cut_by_columns_equals_local(partitioner, tmp_path):
+    """examples/train_ctr.py's remote-prefetch table (20000 x 16, Adagrad): each lookup
+    asks every column piece of its row band and joins them (`distributed_lookup_table`'s
+    column_sections / column_offsets), the grads are cut the same way; 2 trainers x 3
+    pservers, float64, every dense param and touched row equal to local training."""
+    import ctr
+    from e2e_support import launch_ok, run_script_locally
+
+    main, startup = ctr.build(is_sparse=True, is_distributed=False, table=(20_000, 16))
+    spec = ThreeBands if ":" in partitioner else partitioner
+    result = transpile(main, startup, pservers=EPS3, trainers=2, partitioner=spec)
+    emb = result.plan.param("emb")
+    assert emb.remote_prefetch and emb.cuts_columns
+    lookup = next(op for op in result.trainer.global_block().ops if op.type == "distributed_lookup_table")
+    assert list(lookup.attr("column_sections")) == [b.cols for b in emb.blocks]
+    common = (str(EXAMPLES / "train_ctr.py"), "--variant", "local-table", "--rows", "20000", "--steps", "10",
+              "--batch", "32", "--quiet", "--float64")
+    launch_ok(tmp_path, (sys.executable, *common, "--save", str(tmp_path / "params")), pservers=3, trainers=2,
+              sync_mode=True, timeout=60.0,
+              env={"PSTRANSPILE_PARTITIONER": partitioner, "PYTHONPATH": f"{EXAMPLES.parent}{os.pathsep}{EXAMPLES}"})
+    run_script_locally((*common, "--init", str(tmp_path / "params" / "trainer_0.npz"), "--save", str(tmp_path / "local")))
+    dist, local = np.load(tmp_path / "params" / "trainer_0.npz"), np.load(tmp_path / "local" / "local.npz")
+    finals = [k for k in local.files if k.startswith(("final/", "final_rows/"))]
+    assert "final_rows/emb" in finals
+    for key in finals:
+        start = key.replace("final", "init", 1)
+        assert np.abs(local[key] - local[start]).max() > 0, key
+        np.testing.assert_allclose(dist[key], local[key], rtol=1e-5, atol=0, err_msg=f"{partitioner}: {key}")
 
 
 # ------------------------------------------------------------------ goldens

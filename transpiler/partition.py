@@ -23,8 +23,9 @@ Trainers cut a grad by row bands (`split_byref`) and each band by columns (`spli
 1), and join the param back the other way (`concat` axis 1, then axis 0), so a param's
 partitions must form row bands: the partitions with the same row range cover all its
 columns. Column ranges are supported on params of rank <= 2, dense or `is_sparse` (whose
-SelectedRows grads are cut by column ranges of their values: `split_selected_rows_by_columns`);
-a rank-3+ param, a prefetched table and the distributed table are cut by rows only.
+SelectedRows grads are cut by column ranges of their values: `split_selected_rows_by_columns`;
+a prefetched table's rows are fetched from every column piece and joined); a rank-3+ param
+is cut by rows only, and the distributed table (`id % M`) is not cut by partitioners.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ class PaddlePartitioner(Partitioner):
 class ColumnPartitioner(Partitioner):
     """Every partition holds all rows and a column range: `min(servers, cols)` ranges of
     near-equal width (the first `cols % n` one wider). A param with one column (rank 1)
-    or of rank 3+, or a prefetched table, stays whole."""
+    or of rank 3+ stays whole."""
 
     name = "column"
 
@@ -133,7 +134,7 @@ class ColumnPartitioner(Partitioner):
 
     def partitions(self, param: ParamInfo) -> list[Partition]:
         rows, cols = param.rows, param.cols
-        if len(param.shape) > 2 or param.table:
+        if len(param.shape) > 2:
             return [Partition(0, rows, 0, cols)]
         count = max(1, min(self.parts or self.servers, cols))
         base, extra = divmod(cols, count)
@@ -152,8 +153,8 @@ class AngelPartitioner(Partitioner):
     rows >= S: `blockRow = min(rows / S, max(1, P / cols))`, `blockCol = min(P / blockRow, cols)`;
     rows <  S: `blockRow = rows`, `blockCol = min(P / rows, max(100, cols / S))`;
     (integer divisions) partitions laid out row-major, the last row and column ranges
-    shorter, partition i of a param on server `i % S`. Params that cannot be cut by
-    columns here (rank 3+, prefetched tables) get `blockCol = cols`.
+    shorter, partition i of a param on server `i % S`. A rank-3+ param, which cannot be
+    cut by columns here, gets `blockCol = cols`.
     """
 
     name = "angel"
@@ -172,7 +173,7 @@ class AngelPartitioner(Partitioner):
         else:
             block_row = max(rows, 1)
             block_col = max(1, min(p // block_row, max(100, cols // s)))
-        if len(param.shape) > 2 or param.table:
+        if len(param.shape) > 2:
             block_col = cols
         out = []
         for r in range(0, rows, block_row):
@@ -271,10 +272,9 @@ def checked_partitions(param: ParamInfo, partitions: Sequence[Partition], who: s
     if expected_row != rows:
         raise TranspileError(f"{where}: rows [{expected_row}, {rows}) are in no partition (a gap)")
     cut_columns = any(p.cols != cols for p in ordered)
-    if cut_columns and (len(param.shape) > 2 or param.table):
-        kind = "a prefetched table" if param.table else f"a rank-{len(param.shape)} param"
-        raise TranspileError(f"{where}: cuts columns of {kind}; only dense params of rank <= 2 can be "
-                             "cut by columns so far")
+    if cut_columns and len(param.shape) > 2:
+        raise TranspileError(f"{where}: cuts columns of a rank-{len(param.shape)} param; only params of rank <= 2 "
+                             "can be cut by columns so far")
     return [replace(p, param=param) for p in ordered]
 
 
