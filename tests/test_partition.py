@@ -359,3 +359,13 @@ def test_cli_transpile_with_a_partitioner_writes_its_plan(tmp_path):
     assert cli_main(argv) == 0
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["partitioner"] == "angel" and [len(p["blocks"]) for p in plan["params"]] == [4] * 6
+
+
+def test_cli_launch_gives_every_process_the_partitioner(tmp_path):
+    from transpiler.cli import main as cli_main
+
+    script = "import os, sys; open(sys.argv[1] + os.environ['TRAINING_ROLE'], 'w').write(os.environ['PSTRANSPILE_PARTITIONER'])"
+    argv = ["launch", "-q", "--pservers", "1", "--trainers", "1", "--partitioner", "angel", "--log-dir",
+            str(tmp_path / "logs"), "--exit-grace", "5", "--", sys.executable, "-c", script, str(tmp_path / "seen_")]
+    assert cli_main(argv) == 0
+    assert (tmp_path / "seen_PSERVER").read_text() == (tmp_path / "seen_TRAINER").read_text() == "angel"
