@@ -104,8 +104,9 @@ def _partition(plan: Plan, options: TranspileOptions, chains) -> None:
         servers = checked_assignment(info, parts, partitioner.assign(parts), who, len(options.endpoints))
         param.blocks = make_partition_blocks(param.param, param.shape, parts)
         param.endpoints = [options.endpoints[s] for s in servers]
+    by_name = {param.param: param for param in plan.params}
     for chain in chains:
-        param = plan.param(chain.param)
+        param = by_name[chain.param]
         whole = next((op.type for op in chain.ops if op.type in NEEDS_WHOLE_PARAM), None)
         if param.cuts_columns and whole is not None:
             raise TranspileError(f"partitioner {who}: param {param.param!r} is cut by columns, but its pserver op "
