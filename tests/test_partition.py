@@ -374,3 +374,35 @@ def test_cli_launch_gives_every_process_the_partitioner(tmp_path):
             str(tmp_path / "logs"), "--exit-grace", "5", "--", sys.executable, "-c", script, str(tmp_path / "seen_")]
     assert cli_main(argv) == 0
     assert (tmp_path / "seen_PSERVER").read_text() == (tmp_path / "seen_TRAINER").read_text() == "angel"
+
+
+def test_a_checkpoint_of_column_partitions_restores_onto_paddle_blocks_and_another_pserver_count(tmp_path):
+    """A job cut by `column` on 3 pservers checkpoints at step 6; a job cut by `paddle` on 2
+    pservers restores it and trains on to step 12: bit-identical to 12 steps cut by
+    `column` throughout (element-wise Adam on rectangles or row blocks computes the same)."""
+    import mlp
+    from e2e_support import launch_ok
+    from test_e2e_recovery import command, finals
+
+    main_pb, startup_pb = save(tmp_path, *mlp.build())
+    column = {"PSTRANSPILE_PARTITIONER": "column"}
+    launch_ok(tmp_path / "reference", command(main_pb, startup_pb, tmp_path / "reference" / "params", steps=12),
+              pservers=3, trainers=2, sync_mode=True, timeout=60.0, env=column)
+    ckpt = ("--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "6")
+    launch_ok(tmp_path / "first", command(main_pb, startup_pb, tmp_path / "first" / "params", *ckpt, steps=6),
+              pservers=3, trainers=2, sync_mode=True, timeout=60.0, env=column)
+    manifest = json.loads((tmp_path / "ckpt" / "ckpt-6" / "MANIFEST.json").read_text())
+    cut = [e for part in manifest["parts"].values() for e in part.values() if e.get("cols")]
+    assert {e["origin"] for e in cut} >= {"h1.w", "h1.w_moment1_0", "h1.w_moment2_0"}
+    launch_ok(tmp_path / "second", command(main_pb, startup_pb, tmp_path / "second" / "params", *ckpt, "--restore",
+                                           str(tmp_path / "ckpt"), steps=12),
+              pservers=2, trainers=2, sync_mode=True, timeout=60.0, env={"PSTRANSPILE_PARTITIONER": "paddle"})
+    reference, restored = finals(tmp_path / "reference" / "params"), finals(tmp_path / "second" / "params")
+    after_six = finals(tmp_path / "first" / "params")
+    started = np.load(tmp_path / "second" / "params" / "trainer_0.npz")
+    for name, value in after_six.items():  # the second job began where the first stopped, not from scratch
+        assert np.array_equal(started[f"init/{name}"], value), name
+    assert any(not np.array_equal(after_six[name], reference[name]) for name in reference)
+    assert reference.keys() == restored.keys() and reference
+    for name, value in reference.items():
+        assert np.array_equal(restored[name], value), (name, np.abs(restored[name] - value).max())
