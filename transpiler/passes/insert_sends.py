@@ -1,7 +1,8 @@
 """Pass: the trainer sends its grads to the pservers.
 
 After the last op the trainer keeps that writes each param's grad: `split_byref` (dense)
-or `split_selected_rows` (sparse) into the param's blocks when it is cut, then `send`
+or `split_selected_rows` (sparse) into the param's blocks when it is cut (for 2-D
+partitions, into row bands and then by columns: `_split_2d`), then `send`
 (attr `epmap`: the block endpoints). In sync mode with several trainers the sent vars
 are `<grad>[.block<i>].trainer_<id>`. The distributed table's grad is `split_ids` into
 one SelectedRows per pserver and sent to all. In async mode with lr decay, the trainer's
@@ -91,7 +92,7 @@ def _grad_vars_to_send(trainer: Program, plan: Plan, param: ParamPlan, options: 
         copy.persistable = False
         block.add_var(copy)
     if param.cuts_columns:
-        return names, (_split_2d_sparse if param.sparse else _split_2d)(block, param, names)
+        return names, _split_2d(block, param, names)
     rows = [b.rows for b in param.blocks]
     if param.sparse:
         split = make_op("split_selected_rows", {"X": [param.grad]}, {"Out": names}, {"height_sections": rows},
@@ -102,9 +103,16 @@ def _grad_vars_to_send(trainer: Program, plan: Plan, param: ParamPlan, options: 
     return names, split
 
 
-def _split_2d(block: Block, param: ParamPlan, names: list[str]) -> Op | list[Op]:
-    """The ops cutting a dense grad into 2-D partitions: `split_byref` into row bands (when
-    more than one), then `split` (axis 1) of each band of several column ranges."""
+def _split_2d(block: Block, param: ParamPlan, names: list[str]) -> list[Op]:
+    """The ops cutting a grad into 2-D partitions: into row bands when there are several
+    (`split_byref`; a SelectedRows grad `split_selected_rows`, rows re-based to the band),
+    then each band of several column ranges by columns (`split` axis 1; a SelectedRows
+    grad `split_selected_rows_by_columns`, the same rows in every piece)."""
+    if param.sparse:
+        by_rows, rows_attr, by_columns, column_attrs = "split_selected_rows", "height_sections", \
+            "split_selected_rows_by_columns", {}
+    else:
+        by_rows, rows_attr, by_columns, column_attrs = "split_byref", "sections", "split", {"axis": 1}
     role = {"role": OpRole.Dist, "role_vars": (param.param, param.grad)}
     bands = param.bands()
     grad = block.var(param.grad)
@@ -123,43 +131,12 @@ def _split_2d(block: Block, param: ParamPlan, names: list[str]) -> Op | list[Op]
         band_vars.append(name)
     ops = []
     if len(bands) > 1:
-        ops.append(make_op("split_byref", {"X": [param.grad]}, {"Out": band_vars},
-                           {"sections": [band[0].rows for band in bands]}, **role))
+        ops.append(make_op(by_rows, {"X": [param.grad]}, {"Out": band_vars},
+                           {rows_attr: [band[0].rows for band in bands]}, **role))
     for band, name in zip(bands, band_vars, strict=True):
         if len(band) > 1:
-            ops.append(make_op("split", {"X": [name]}, {"Out": [out_of[b.index] for b in band]},
-                               {"axis": 1, "sections": [b.cols for b in band]}, **role))
-    return ops
-
-
-def _split_2d_sparse(block: Block, param: ParamPlan, names: list[str]) -> list[Op]:
-    """The ops cutting a SelectedRows grad into 2-D partitions: `split_selected_rows` into
-    row bands (when more than one; rows re-based to the band), then
-    `split_selected_rows_by_columns` of each band of several column ranges."""
-    role = {"role": OpRole.Dist, "role_vars": (param.param, param.grad)}
-    bands = param.bands()
-    grad = block.var(param.grad)
-    out_of = dict(zip((b.index for b in param.blocks), names, strict=True))
-    band_vars = []
-    for j, band in enumerate(bands):
-        if len(band) == 1:
-            band_vars.append(out_of[band[0].index])
-            continue
-        name = band_name(param.grad, j) if len(bands) > 1 else param.grad
-        if len(bands) > 1 and not block.has_var(name):
-            copy = grad.copy(name)
-            copy.shape = (band[0].rows, *grad.shape[1:])
-            copy.persistable = False
-            block.add_var(copy)
-        band_vars.append(name)
-    ops = []
-    if len(bands) > 1:
-        ops.append(make_op("split_selected_rows", {"X": [param.grad]}, {"Out": band_vars},
-                           {"height_sections": [band[0].rows for band in bands]}, **role))
-    for band, name in zip(bands, band_vars, strict=True):
-        if len(band) > 1:
-            ops.append(make_op("split_selected_rows_by_columns", {"X": [name]}, {"Out": [out_of[b.index] for b in band]},
-                               {"sections": [b.cols for b in band]}, **role))
+            ops.append(make_op(by_columns, {"X": [name]}, {"Out": [out_of[b.index] for b in band]},
+                               {**column_attrs, "sections": [b.cols for b in band]}, **role))
     return ops
 
 
