@@ -338,6 +338,9 @@ def test_cli_plan_shows_the_grid_json_and_svg(tmp_path, capsys):
     assert "partitioner column" in text and "h1.w [784, 256] fp32 (adam, grad h1.w@GRAD, grid 1x3)" in text
     assert re.search(r"h1.w.block1 +127.0.0.1:6172 +0:784,86:171 \[784, 85\]", text), text
     svg = (tmp_path / "plan.svg").read_text()
+    import xml.etree.ElementTree as ET
+
+    assert ET.fromstring(svg).tag == "{http://www.w3.org/2000/svg}svg"  # well-formed
     assert svg.startswith("<svg") and svg.count("<rect") == 3 + 3 * 3 + 3  # legend + 3 weights x 3 + 3 biases
     assert "h1.w.block1 rows 0:784 cols 86:171 on 127.0.0.1:6172" in svg
     assert cli_main([*args, "--json"]) == 0
