@@ -409,3 +409,26 @@ def test_a_checkpoint_of_column_partitions_restores_onto_paddle_blocks_and_anoth
     assert reference.keys() == restored.keys() and reference
     for name, value in reference.items():
         assert np.array_equal(restored[name], value), (name, np.abs(restored[name] - value).max())
+
+
+def test_a_column_cut_of_a_param_lars_updates_is_refused_rows_are_not():
+    """LARS scales a param's step by its norm: a column partition would change it."""
+    from ops.catalogue import make_op
+    from transpiler.frontend import ParamAttr, Program as Builder, data, layers, optimizer, program_guard, unique_name
+    from transpiler.ir import OpRole
+
+    main, startup = Builder(), Builder()
+    with unique_name.guard(), program_guard(main, startup):
+        x = data(name="x", shape=[None, 8], dtype="float32")
+        y = layers.fc(input=x, size=6, param_attr=ParamAttr(name="w"), bias_attr=False)
+        optimizer.Momentum(learning_rate=0.1, momentum=0.9).minimize(layers.mean(y))
+    block = main.global_block()
+    momentum = next(op for op in block.ops if op.type == "momentum")
+    lars = make_op("lars_momentum", dict(momentum.inputs), dict(momentum.outputs), {"mu": 0.9},
+                   role=OpRole.Optimize, role_vars=momentum.role_vars)
+    block.insert_before(momentum, lars)
+    block.remove_op(momentum)
+    with pytest.raises(TranspileError, match="param 'w' is cut by columns, but its pserver op 'lars_momentum'"):
+        transpile(main, startup, pservers=EPS3, trainers=2, partitioner="column")
+    rows = transpile(main, startup, pservers=EPS3, trainers=2, partitioner="angel")  # 8 rows: bands of 8 // 3 = 2
+    assert not rows.plan.param("w").cuts_columns and len(rows.plan.param("w").blocks) == 4
