@@ -432,3 +432,11 @@ def test_a_column_cut_of_a_param_lars_updates_is_refused_rows_are_not():
         transpile(main, startup, pservers=EPS3, trainers=2, partitioner="column")
     rows = transpile(main, startup, pservers=EPS3, trainers=2, partitioner="angel")  # 8 rows: bands of 8 // 3 = 2
     assert not rows.plan.param("w").cuts_columns and len(rows.plan.param("w").blocks) == 4
+
+
+def test_an_instance_carries_its_own_knobs():
+    result = transpile(*mlp(), pservers=EPS3, trainers=2, partitioner=ColumnPartitioner(parts=2))
+    assert [len(p.blocks) for p in result.plan.params] == [1, 2, 1, 2, 1, 2]
+    result = transpile(*mlp(), pservers=EPS3, trainers=2, partitioner=AngelPartitioner(max_elements=10_000))
+    h1 = result.plan.param("h1.w")  # 784 rows >= 3: blockRow = min(261, max(1, 10000 / 256)) = 39
+    assert {b.rows for b in h1.blocks} == {39, 784 - 20 * 39} and len(h1.blocks) == 21
