@@ -187,7 +187,8 @@ def read_rows(session: Session, table: str, ids: np.ndarray) -> np.ndarray:
                 return fetch_by_modulo(session.client, op.attr("epmap"), op.input("X"), ids)
             if op.type == "distributed_lookup_table" and list(op.input("W")) == [table]:
                 return fetch_by_sections(session.client, op.attr("endpoints"), op.attr("table_names"),
-                                         op.attr("height_sections"), ids)
+                                         op.attr("height_sections"), ids, op.attr("column_sections", None),
+                                         op.attr("column_offsets", None))
     array = session.scope.find_var(table).array
     if array.size and 0 in array.strides:
         raise SystemExit(f"train_ctr.py: {table} is a fake_init placeholder here, and no op fetches its rows")

@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ops.executor", "ops.testing"),
     ("transpiler.plan",),
     ("transpiler.dispatch",),
+    ("transpiler.partition",),
     ("transpiler.config",),
     ("ops.rpc", "transpiler.passes", "transpiler.frontend"),
     ("transpiler.output",),

@@ -1,4 +1,5 @@
-"""The transpiler's local kernels: split_byref, split_selected_rows, split_ids /
+"""The transpiler's local kernels: split_byref, split, split_selected_rows,
+split_selected_rows_by_columns, split_ids /
 merge_ids, lookup_sparse_table (auto-grown table), fake_init."""
 
 from __future__ import annotations
@@ -28,6 +29,27 @@ def test_split_byref_num_and_bad_sections():
     assert [o.shape[0] for o in outs] == [3, 3]
     with pytest.raises(ExecutionError, match="do not add up to 6 rows"):
         run_op("split_byref", {"X": x}, {"Out": 2}, attrs={"sections": [2, 2]})
+
+
+def test_split_cuts_along_an_axis_into_views():
+    x = np.arange(24, dtype=np.float64).reshape(4, 6)
+    outs = run_op("split", {"X": x}, {"Out": 3}, attrs={"axis": 1, "sections": [3, 2, 1]})["Out"]
+    assert [o.shape for o in outs] == [(4, 3), (4, 2), (4, 1)]
+    np.testing.assert_array_equal(np.concatenate(outs, axis=1), x)
+    assert all(np.shares_memory(o, x) for o in outs)
+    outs = run_op("split", {"X": x}, {"Out": 2}, attrs={"axis": -1, "num": 2})["Out"]
+    assert [o.shape for o in outs] == [(4, 3), (4, 3)]
+    with pytest.raises(ExecutionError, match="do not add up to 6"):
+        run_op("split", {"X": x}, {"Out": 2}, attrs={"axis": 1, "sections": [2, 2]})
+
+
+def test_split_selected_rows_by_columns_keeps_rows_and_cuts_values():
+    x = SelectedRows([4, 1, 4], np.arange(15, dtype=np.float32).reshape(3, 5), 6)
+    outs = run_op("split_selected_rows_by_columns", {"X": x}, {"Out": 2}, attrs={"sections": [2, 3]})["Out"]
+    assert [o.rows.tolist() for o in outs] == [[4, 1, 4], [4, 1, 4]] and [o.height for o in outs] == [6, 6]
+    np.testing.assert_array_equal(np.concatenate([o.to_dense() for o in outs], axis=1), x.to_dense())
+    with pytest.raises(ExecutionError, match="do not add up to 5 columns"):
+        run_op("split_selected_rows_by_columns", {"X": x}, {"Out": 2}, attrs={"sections": [2, 2]})
 
 
 def test_split_selected_rows_rebases_rows_to_each_block():

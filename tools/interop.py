@@ -49,12 +49,17 @@ class Case:
     reference: str = "paddle"   # "paddle": Paddle's transpiler; "local": one Paddle process
     rtol: float = 0.0           # 0: bit-equal
     fixture: str = ""           # a folder of tests/fixtures/paddle_programs: its programs as they are
+    partitioner: str = ""       # ours transpiled with `--partitioner` (Paddle's: its row slicing)
 
 
 CASES = [
     Case("dense_sync", "MLP 64-256-10, Adam, sliced fc_0.w_0, sync"),
     Case("fixture_basic_sgd", "Paddle's own test network x[1000] -> fc 1000, square error, SGD "
          "(fixture fluid18_basic_sgd_2ps), sync", fixture="fluid18_basic_sgd_2ps"),
+    # Paddle's transpiler cuts rows only: the reference is its row-sliced programs, ours cut
+    # the weights by columns (split axis 1 / concat axis 1 on the trainer), on 3 pservers
+    Case("dense_column", "MLP 64-256-10, Adam, weights cut by columns (--partitioner column), sync",
+         partitioner="column"),
     Case("dense_async", "MLP, SGD, async, 1 trainer"),
     Case("lr_decay", "MLP, SGD on exponential_decay (lr-decay block on the pservers), sync"),
     Case("lr_piecewise_l2", "MLP, Momentum on piecewise_decay (conditional sub-blocks on the pservers), L2Decay, sync"),
@@ -192,7 +197,7 @@ def run_local(py: Path, case_dir: Path, out: Path) -> list[Path]:
     return [result]
 
 
-def transpile_ours(case_dir: Path, progs: Path, spec: dict, eps: list[str]) -> None:
+def transpile_ours(case_dir: Path, progs: Path, spec: dict, eps: list[str], partitioner: str = "") -> None:
     """Our CLI once per trainer id; the pserver programs (the same for every id) beside them."""
     for tid in range(spec["trainers"]):
         args = ["transpile", str(case_dir / "main.pb"), "--startup", str(case_dir / "startup.pb"),
@@ -200,12 +205,16 @@ def transpile_ours(case_dir: Path, progs: Path, spec: dict, eps: list[str]) -> N
                 "-o", str(progs / f"t{tid}")]
         if not spec["sync"]:
             args.append("--async")
+        if partitioner:
+            args += ["--partitioner", partitioner]
         ours(args)
     for path in sorted((progs / "t0").glob("pserver_*.pb")):
         for tid in range(1, spec["trainers"]):
             if (progs / f"t{tid}" / path.name).read_bytes() != path.read_bytes():
                 raise CaseFailed(f"our {path.name} differs between trainer ids 0 and {tid}")
         shutil.copy(path, progs / path.name)
+    if partitioner:  # where each 2-D partition lies, for the pservers' initial values
+        shutil.copy(progs / "t0" / "plan.json", progs / "plan.json")
 
 
 def compare(case: Case, spec: dict, ref: list[Path], got: list[Path]) -> tuple[str, int, float]:
@@ -278,7 +287,7 @@ def run_case(case: Case, py: Path, work: Path) -> tuple[bool, str]:
     else:
         ref = run_local(py, case_dir, case_dir / "run_local")
         against = "Paddle training locally"
-    transpile_ours(case_dir, case_dir / "ours", spec, eps_b)
+    transpile_ours(case_dir, case_dir / "ours", spec, eps_b, case.partitioner)
     got = run_programs(py, case_dir, case_dir / "ours", spec, eps_b, case_dir / "run_ours")
     problems, count, worst = compare(case, spec, ref, got)
     if problems:

@@ -69,6 +69,7 @@ def transpile(
     split_method: str | type[PSDispatcher] | None = None,
     min_block_size: int | None = None,
     random_seed: int | None = None,
+    partitioner=None,
     config: DistributeTranspilerConfig | None = None,
     verify: bool = False,
     dump_dir: str | os.PathLike | None = None,
@@ -83,6 +84,9 @@ def transpile(
     `random_seed` seeds the shuffle of unsliced round robin as Paddle's `program.random_seed`
     does; by default the config's, else the program's `random_seed` (a builder program's),
     else 0 (a loaded ProgramDesc does not carry it, and Paddle's default is 0).
+    `partitioner` cuts the params into row x column partitions and places them
+    (`transpiler.partition`: `paddle`, the default, `angel`, `column`, `module:Class`, a
+    `Partitioner` class or instance); it overrides the config's.
     """
     if not isinstance(program, Program) or not isinstance(startup_program, Program):
         raise TranspileError("transpile needs the main and the startup Program")
@@ -98,6 +102,7 @@ def transpile(
         split_method=split_method,
         min_block_size=min_block_size,
         random_seed=random_seed,
+        partitioner=partitioner,
     )
     # A malformed input (a typo'd var, a STRING op_role) is the user's error, named here,
     # not a crash inside a pass that trusted it.

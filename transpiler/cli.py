@@ -519,6 +519,9 @@ TRANSPILE_ARGS = (
     arg("--split-method", default="round_robin", metavar="M",
         help="block placement: round_robin (default), hash_name or balanced"),
     arg("--min-block-size", type=int, default=8192, metavar="N", help="smallest block, in elements (default 8192)"),
+    arg("--partitioner", default=None, metavar="NAME|module:Class",
+        help="how params are cut into row x column partitions: paddle (default: slicing + --split-method), "
+             "angel, column, or a Partitioner subclass module:Class (docs/partitioners.md)"),
     arg("--random-seed", type=int, default=0, metavar="S",
         help="Paddle's program.random_seed, which shuffles unsliced round-robin placement (default 0, "
              "Paddle's default; a saved program does not carry it)"),
@@ -597,6 +600,7 @@ def _transpile(args: argparse.Namespace, inputs: tuple[Program, Program] | None 
         split_method=args.split_method,
         min_block_size=args.min_block_size,
         random_seed=args.random_seed,
+        partitioner=args.partitioner,
         config=config,
         **extra,
     )
@@ -681,11 +685,14 @@ TRANSPILE_SCHEMA = "pstranspile.transpile/1"
     "print where every block would live: per pserver blocks, elements, bytes, share; per var its blocks",
     *TRANSPILE_ARGS,
     arg("--json", action="store_true", help="print plan.json instead"),
+    arg("--svg", metavar="FILE", help="also draw the plan: each large param's grid of partitions, coloured by pserver"),
 )
 def plan_command(args: argparse.Namespace) -> int:
-    from transpiler.plan import format_plan
+    from transpiler.plan import format_plan, plan_svg
 
     plan = _transpile(args).plan
+    if args.svg:
+        write_output(args.svg, plan_svg(plan).encode())
     if args.json:
         sys.stdout.write(plan.to_json_text())
     else:
@@ -769,6 +776,8 @@ def serve_command(args: argparse.Namespace) -> int:
         help="how many pservers (a count here; where they listen: --endpoints or free ports on --host)"),
     arg("--trainers", required=True, type=int, metavar="N", help="how many trainers"),
     arg("--async", dest="async_mode", action="store_true", help="asynchronous training (PSTRANSPILE_SYNC_MODE=0)"),
+    arg("--partitioner", metavar="NAME|module:Class",
+        help="every process's partitioner (PSTRANSPILE_PARTITIONER): paddle, angel, column or module:Class"),
     arg("--host", default="127.0.0.1", help="where the pservers listen (default 127.0.0.1)"),
     arg("--endpoints", metavar="EP,EP..", help="the pservers' endpoints (default: free ports on --host)"),
     arg("--log-dir", default="logs", metavar="DIR", help="one log per process, DIR/<role>.<i>.log (default ./logs)"),
@@ -805,6 +814,7 @@ def serve_command(args: argparse.Namespace) -> int:
 def launch_command(args: argparse.Namespace) -> int:
     from transpiler.config import split_endpoint_list
     from transpiler.runtime.launch import LaunchConfig, launch
+    from transpiler.runtime.role import PARTITIONER_ENV
 
     args.pservers = pserver_count(args.pservers, args.endpoints)
     command = list(args.command)
@@ -835,7 +845,7 @@ def launch_command(args: argparse.Namespace) -> int:
             sync_mode=not args.async_mode,
             host=args.host,
             endpoints=endpoints,
-            env=_launch_tls_env(args),
+            env={**_launch_tls_env(args), **({PARTITIONER_ENV: args.partitioner} if args.partitioner else {})},
             log_dir=Path(args.log_dir),
             rpc_timeout=args.timeout,
             exit_grace=args.exit_grace,

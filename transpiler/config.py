@@ -15,6 +15,7 @@ from enum import IntEnum
 
 from transpiler.dispatch import PSDispatcher, dispatcher_name, resolve_dispatcher
 from transpiler.errors import TranspileError
+from transpiler.partition import PaddlePartitioner, Partitioner, partitioner_name, resolve_partitioner
 
 
 class DistributedMode(IntEnum):
@@ -53,6 +54,9 @@ class DistributeTranspilerConfig:
         self.print_log = False
         self.wait_port = False
         self.random_seed: int | None = None
+        # ours: how params are cut into partitions (`transpiler.partition`): a name
+        # (`paddle`, `angel`, `column`), `module:Class`, a Partitioner class or instance
+        self.partitioner: str | type[Partitioner] | Partitioner | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,11 @@ class TranspileOptions:
     runtime_split_send_recv: bool = False
     half_async: bool = False
     random_seed: int = 0  # Paddle's `program.random_seed`: it shuffles the unsliced round-robin order
+    partitioner: Partitioner | None = None  # None: paddle (slicing + dispatcher)
+
+    @property
+    def partitioner_name(self) -> str:
+        return "paddle" if self.partitioner is None else partitioner_name(self.partitioner)
 
     @property
     def distributed_mode(self) -> DistributedMode:
@@ -165,6 +174,7 @@ def make_options(
     split_method=None,
     min_block_size: int | None = None,
     random_seed: int | None = None,
+    partitioner=None,
 ) -> TranspileOptions:
     """Merge explicit arguments over `config` and validate the result."""
     config = config or DistributeTranspilerConfig()
@@ -192,7 +202,14 @@ def make_options(
     seed = 0 if seed is None else seed
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise TranspileError(f"random_seed must be an integer in [0, 2**32), got {seed!r}")
+    chosen = resolve_partitioner(getattr(config, "partitioner", None) if partitioner is None else partitioner)
+    if isinstance(chosen, PaddlePartitioner):
+        chosen = None
+    elif runtime_split:
+        raise TranspileError(f"partitioner {partitioner_name(chosen)} needs the trainer to split grads itself; "
+                             "runtime_split_send_recv splits by rows at run time")
     return TranspileOptions(
+        partitioner=chosen,
         endpoints=parse_endpoints(pservers),
         trainers=trainers,
         trainer_id=trainer_id,

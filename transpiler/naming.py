@@ -31,6 +31,13 @@ def block_name(var: str, index: int) -> str:
     return f"{var}.block{index}"
 
 
+def band_name(var: str, band: int) -> str:
+    """Row band `band` of a var cut into 2-D partitions, on the trainer: what `split_byref`
+    cuts the grad into before `split` cuts a band by columns, and what `concat` joins a
+    param's column blocks into before joining the bands."""
+    return f"{var}.band{band}"
+
+
 def trainer_name(var: str, trainer: int) -> str:
     """Trainer `trainer`'s own copy of `var`: its grad on a pserver in sync mode with
     several trainers, or its async lr-decay step counter."""

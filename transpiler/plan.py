@@ -43,7 +43,10 @@ def slice_sizes(shape: tuple[int, ...], slice_count: int, min_block_size: int) -
 
 @dataclass(frozen=True)
 class VarBlock:
-    """One block of a var: rows `[row_offset, row_offset + rows)` of its first dimension.
+    """One block (partition) of a var: rows `[row_offset, row_offset + rows)` of its first
+    dimension and, when `cols` is set, columns `[col_offset, col_offset + cols)` of the
+    product of the others (a 2-D partition, `transpiler.partition`); `cols=None` is a
+    block of whole rows, Paddle's.
 
     `name` is the block var's name (`fc_w.block1`, or the var itself when it is not cut),
     which is what dispatchers see (`block.name`).
@@ -55,10 +58,16 @@ class VarBlock:
     rows: int
     shape: tuple[int, ...]
     name: str
+    col_offset: int = 0
+    cols: int | None = None
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def cuts_columns(self) -> bool:
+        return self.cols is not None
 
 
 @dataclass
@@ -78,6 +87,21 @@ class ParamPlan:
     @property
     def sliced(self) -> bool:
         return len(self.blocks) > 1
+
+    @property
+    def cuts_columns(self) -> bool:
+        """Some block holds a column range only (a 2-D partition)."""
+        return any(b.cuts_columns for b in self.blocks)
+
+    def bands(self) -> list[list[VarBlock]]:
+        """The blocks grouped by row range, in row order (each band's blocks in column order)."""
+        bands: list[list[VarBlock]] = []
+        for b in self.blocks:
+            if bands and bands[-1][0].row_offset == b.row_offset:
+                bands[-1].append(b)
+            else:
+                bands.append([b])
+        return bands
 
     def grad_block_name(self, index: int) -> str:
         """The merged grad of block `index` as the pserver names it."""
@@ -131,6 +155,11 @@ class Plan:
     min_block_size: int
     params: list[ParamPlan] = field(default_factory=list)
     table: TablePlan | None = None
+    partitioner: str = "paddle"
+
+    @property
+    def cuts_columns(self) -> bool:
+        return any(p.cuts_columns for p in self.params)
 
     @property
     def per_trainer_grads(self) -> bool:
@@ -201,6 +230,17 @@ class Plan:
         return max(elements) / mean if mean else 1.0
 
     def to_json(self) -> dict[str, Any]:
+        out = self._to_json()
+        if self.partitioner != "paddle" or self.cuts_columns:  # a paddle plan's json as it always was
+            out["partitioner"] = self.partitioner
+            for param, entry in zip(self.params, out["params"], strict=True):
+                entry["grid"] = [len(band) for band in param.bands()]
+                for block, blk in zip(param.blocks, entry["blocks"], strict=True):
+                    blk["col_offset"] = block.col_offset
+                    blk["cols"] = block.cols if block.cols is not None else math.prod(param.shape[1:])
+        return out
+
+    def _to_json(self) -> dict[str, Any]:
         return {
             "endpoints": list(self.endpoints),
             "trainers": self.trainers,
@@ -264,12 +304,33 @@ def make_blocks(name: str, shape: tuple[int, ...], sizes: list[int]) -> list[Var
     return blocks
 
 
+def make_partition_blocks(name: str, shape: tuple[int, ...], partitions) -> list[VarBlock]:
+    """`VarBlock`s of checked partitions (`transpiler.partition.checked_partitions`, in
+    row-major order): whole-row partitions as `make_blocks` makes them, a column range as a
+    `[rows, cols]` block with `cols` set. One partition keeps the var's own name."""
+    width = math.prod(shape[1:]) if len(shape) >= 2 else 1
+    blocks = []
+    for index, part in enumerate(partitions):
+        block_name = naming.block_name(name, index) if len(partitions) > 1 else name
+        if part.start_col == 0 and part.end_col == width:
+            block_shape = (part.end_row - part.start_row, *shape[1:]) if shape else ()
+            blocks.append(VarBlock(name, index, part.start_row, part.end_row - part.start_row, block_shape, block_name))
+        else:
+            rows, cols = part.end_row - part.start_row, part.end_col - part.start_col
+            blocks.append(VarBlock(name, index, part.start_row, rows, (rows, cols), block_name, part.start_col, cols))
+    return blocks
+
+
 def format_plan(plan: Plan) -> str:
-    """The human report of `pstranspile plan`: load per pserver, then every var's blocks."""
+    """The human report of `pstranspile plan`: load per pserver, then every var's blocks
+    (with a partitioner other than paddle: each param's grid, and its blocks' row and
+    column ranges)."""
+    two_d = plan.partitioner != "paddle" or plan.cuts_columns
     lines = [
         f"{len(plan.params)} params on {len(plan.endpoints)} pservers, {plan.trainers} trainer(s), "
         f"{'sync' if plan.sync_mode else 'async'}, split {plan.split_method}, "
-        f"min_block_size {plan.min_block_size}{'' if plan.slice_var_up else ', no slicing'}",
+        f"min_block_size {plan.min_block_size}{'' if plan.slice_var_up else ', no slicing'}"
+        + ("" if not two_d else f", partitioner {plan.partitioner}"),
         "",
         f"{'pserver':<24} {'blocks':>6} {'elements':>12} {'bytes':>14} {'share':>7}",
     ]
@@ -279,12 +340,19 @@ def format_plan(plan: Plan) -> str:
         )
     lines.append(f"imbalance (max / mean elements): {plan.imbalance():.3f}")
     lines.append("")
-    lines.append(f"{'var / block':<40} {'endpoint':<24} {'rows':>14} {'shape':<16}")
+    lines.append(f"{'var / block':<40} {'endpoint':<24} {'rows,cols' if two_d else 'rows':>14} {'shape':<16}")
     for param in plan.params:
         kind = ", sparse" + (" prefetched" if param.remote_prefetch else "") if param.sparse else ""
-        lines.append(f"{param.param} {list(param.shape)} {param.dtype.short} ({param.optimizer}{kind}, grad {param.grad})")
+        grid = ""
+        if two_d:
+            widths = [len(band) for band in param.bands()]
+            grid = f", grid {len(widths)}x{widths[0]}" if len(set(widths)) == 1 else f", grid {len(widths)} bands x {widths}"
+        lines.append(f"{param.param} {list(param.shape)} {param.dtype.short} ({param.optimizer}{kind}, grad {param.grad}"
+                     f"{grid})")
         for block, endpoint in zip(param.blocks, param.endpoints, strict=True):
             rows = f"{block.row_offset}:{block.row_offset + block.rows}"
+            if block.cols is not None:
+                rows += f",{block.col_offset}:{block.col_offset + block.cols}"
             lines.append(f"  {block.name:<38} {endpoint:<24} {rows:>14} {str(list(block.shape)):<16}")
     table = plan.table
     if table is not None:
@@ -295,3 +363,59 @@ def format_plan(plan: Plan) -> str:
             lines.append(f"  {table.table + ' shard ' + str(shard):<38} {endpoint:<24} {rows:>14} "
                          f"{str(list(table.shard_shape)):<16}")
     return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def plan_svg(plan: Plan, *, max_params: int = 24, width: int = 480) -> str:
+    """An SVG picture of the plan (`pstranspile plan --svg`): the largest params (at most
+    `max_params`, by elements; a note counts the rest), each drawn as its rows x columns
+    grid of partitions, every partition coloured by the pserver holding it, with a legend
+    of the pservers and their share of the elements. Deterministic text."""
+    colour = {ep: f"hsl({(i * 360) // max(len(plan.endpoints), 1)},65%,{60 if i % 2 else 72}%)"
+              for i, ep in enumerate(plan.endpoints)}
+    shown = sorted(plan.params, key=lambda p: (-math.prod(p.shape), p.param))[:max_params]
+    left, y = 10, 10
+    body: list[str] = []
+    load = plan.load_by_endpoint()
+    body.append(f'<text x="{left}" y="{y + 12}" font-size="13">{len(plan.params)} params on {len(plan.endpoints)} '
+                f'pservers, partitioner {_xml(plan.partitioner)}, imbalance {plan.imbalance():.3f}</text>')
+    y += 22
+    for i, row in enumerate(load):
+        x = left + (i % 4) * 180
+        if i and i % 4 == 0:
+            y += 18
+        body.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{colour[row["endpoint"]]}" stroke="#333"/>'
+                    f'<text x="{x + 16}" y="{y + 10}" font-size="11">{_xml(row["endpoint"])} {row["share"]:.1%}</text>')
+    y += 28
+    for param in shown:
+        rows = param.shape[0] if param.shape else 1
+        cols = math.prod(param.shape[1:]) if len(param.shape) >= 2 else 1
+        height = max(16, min(160, round(width * rows / max(cols, 1))))
+        body.append(f'<text x="{left}" y="{y + 11}" font-size="11">{_xml(param.param)} {list(param.shape)} '
+                    f'{len(param.blocks)} partition(s)</text>')
+        y += 15
+        for block, endpoint in zip(param.blocks, param.endpoints, strict=True):
+            bcols = block.cols if block.cols is not None else cols
+            x0 = left + width * block.col_offset / max(cols, 1)
+            y0 = y + height * block.row_offset / max(rows, 1)
+            w = width * bcols / max(cols, 1)
+            h = height * block.rows / max(rows, 1)
+            body.append(f'<rect x="{x0:.2f}" y="{y0:.2f}" width="{w:.2f}" height="{h:.2f}" fill="{colour[endpoint]}" '
+                        f'stroke="#333" stroke-width="0.5"><title>{_xml(block.name)} rows {block.row_offset}:'
+                        f'{block.row_offset + block.rows} cols {block.col_offset}:{block.col_offset + bcols} on '
+                        f'{_xml(endpoint)}</title></rect>')
+        y += height + 12
+    if len(plan.params) > len(shown):
+        body.append(f'<text x="{left}" y="{y + 11}" font-size="11">... and {len(plan.params) - len(shown)} smaller '
+                    'params</text>')
+        y += 16
+    if plan.table is not None:
+        body.append(f'<text x="{left}" y="{y + 11}" font-size="11">{_xml(plan.table.table)} {list(plan.table.shape)}: '
+                    f'distributed table, rows id % {len(plan.table.endpoints)}</text>')
+        y += 16
+    total_width = max(width, 4 * 180) + 2 * left
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_width}" height="{y + 10}" '
+            f'font-family="sans-serif">\n' + "\n".join(body) + "\n</svg>\n")
+
+
+def _xml(text: str) -> str:
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")

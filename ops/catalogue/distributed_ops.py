@@ -54,7 +54,12 @@ OPS = (
     ),
     op("fetch_barrier", "X*?", "Out*", {"trainer_id": Int(0), "endpoints": Strs(_DEFAULT_EP)}, role=_RPC),
     op("split_byref", "X", "Out*", {"sections": Ints([]), "num": Int(0)}, role=_DIST),
+    # Fluid's `split` (math op, here for the trainer's column cut of a 2-D partition's grad)
+    op("split", "X AxisTensor? SectionsTensorList*?", "Out*", {"axis": Int(0), "num": Int(0), "sections": Ints([])}),
     op("split_selected_rows", "X", "Out*", {"height_sections": Longs([])}, role=_DIST),
+    # ours, not Fluid's: a SelectedRows cut by column ranges of its value (same rows in every
+    # piece), the trainer's cut of a sparse grad into 2-D partitions (transpiler.partition)
+    op("split_selected_rows_by_columns", "X", "Out*", {"sections": Ints([])}, role=_DIST),
     op("split_ids", "Ids*", "Out*", role=_RPC),
     op("merge_ids", "Ids* Rows* X*", "Out*", role=_RPC),
     op("prefetch", "X*", "Out*", {"trainer_id": Int(0), "epmap": Strs(_DEFAULT_EP)}, role=_RPC),

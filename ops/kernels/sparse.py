@@ -1,4 +1,4 @@
-"""The local (no network) kernels the transpiler emits: `split_byref`,
+"""The local (no network) kernels the transpiler emits: `split_byref`, `split`,
 `split_selected_rows`, `split_ids`, `merge_ids`, `lookup_sparse_table`, `fake_init`."""
 
 from __future__ import annotations
@@ -33,6 +33,33 @@ def split_byref(ctx: OpContext) -> None:
     ctx.set_outputs("Out", np.split(x, bounds, axis=0))
 
 
+@register("split")
+def split(ctx: OpContext) -> None:
+    """Split X along `axis` into pieces of `sections` (or `num` equal pieces); the pieces
+    are views of X (the trainer's column cut of a grad into 2-D partitions)."""
+    x = ctx.input("X")
+    outs = ctx.output_names("Out")
+    axis = int(ctx.attr("axis"))
+    axis = axis + x.ndim if axis < 0 else axis
+    if not 0 <= axis < x.ndim:
+        raise KernelError(f"split: axis {ctx.attr('axis')} out of range for rank {x.ndim}")
+    sections = [int(s) for s in ctx.attr("sections")]
+    if not sections:
+        num = int(ctx.attr("num")) or len(outs)
+        if x.shape[axis] % num:
+            raise KernelError(f"split: dim {axis} of {x.shape[axis]} does not split into {num} equal pieces")
+        sections = [x.shape[axis] // num] * num
+    if len(sections) != len(outs):
+        raise KernelError(f"split: {len(sections)} sections for {len(outs)} outputs")
+    if -1 in sections:
+        known = sum(s for s in sections if s != -1)
+        sections[sections.index(-1)] = x.shape[axis] - known
+    if sum(sections) != x.shape[axis]:
+        raise KernelError(f"split: sections {sections} do not add up to {x.shape[axis]} (dim {axis})")
+    bounds = np.cumsum(sections)[:-1]
+    ctx.set_outputs("Out", np.split(x, bounds, axis=axis))
+
+
 @register("split_selected_rows")
 def split_selected_rows(ctx: OpContext) -> None:
     """Split a SelectedRows by row ranges of `height_sections`; each output's rows are
@@ -51,6 +78,28 @@ def split_selected_rows(ctx: OpContext) -> None:
     for k in range(heights.size):
         pick = block == k
         ctx.set_output("Out", SelectedRows(x.rows[pick] - starts[k], value[pick], int(heights[k])), i=k)
+
+
+@register("split_selected_rows_by_columns")
+def split_selected_rows_by_columns(ctx: OpContext) -> None:
+    """Cut a SelectedRows by column ranges of its value (widths `sections`): every piece
+    has the same rows and height, and its columns of each row (a sparse grad cut for 2-D
+    partitions)."""
+    x = ctx.value("X")
+    if not isinstance(x, SelectedRows):
+        raise KernelError("split_selected_rows_by_columns needs a SelectedRows input")
+    sections = [int(s) for s in ctx.attr("sections")]
+    names = ctx.output_names("Out")
+    if len(sections) != len(names):
+        raise KernelError(f"split_selected_rows_by_columns: {len(sections)} sections for {len(names)} outputs")
+    value = x.active_value()
+    flat = value.reshape(value.shape[0], -1)
+    if sum(sections) != flat.shape[1]:
+        raise KernelError(f"split_selected_rows_by_columns: sections {sections} do not add up to {flat.shape[1]} columns")
+    start = 0
+    for k, width in enumerate(sections):
+        ctx.set_output("Out", SelectedRows(x.rows.copy(), flat[:, start : start + width], x.height), i=k)
+        start += width
 
 
 @register("split_ids")

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -161,16 +162,39 @@ def confine(root: Path, name: str) -> Path:
 
 @dataclass(frozen=True)
 class VarSlice:
-    """What a var in a scope is of a whole var: rows `[start, end)` of `origin` (None: all)."""
+    """What a var in a scope is of a whole var: rows `[start, end)` of `origin` (None: all)
+    and, for a 2-D partition (`transpiler.partition`), columns `[start, end)` of the
+    product of its other dims (None: all)."""
 
     origin: str
     whole_shape: tuple[int, ...]
     rows: tuple[int, int] | None = None
     table: bool = False  # the distributed table's shard (SelectedRows, ids % M)
+    cols: tuple[int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"origin": self.origin, "whole_shape": list(self.whole_shape),
-                "rows": list(self.rows) if self.rows is not None else None, "table": self.table}
+        out = {"origin": self.origin, "whole_shape": list(self.whole_shape),
+               "rows": list(self.rows) if self.rows is not None else None, "table": self.table}
+        if self.cols is not None:  # a row block's entry as it always was
+            out["cols"] = list(self.cols)
+        return out
+
+    def piece_shape(self) -> tuple[int, ...]:
+        """The shape this slice of the whole var has."""
+        if self.cols is not None:
+            return (self.rows[1] - self.rows[0], self.cols[1] - self.cols[0])
+        if self.rows is not None:
+            return (self.rows[1] - self.rows[0], *self.whole_shape[1:])
+        return tuple(self.whole_shape)
+
+    def cut(self, whole: np.ndarray) -> np.ndarray:
+        """This slice of `whole`."""
+        if self.rows is None:
+            return whole
+        if self.cols is None:
+            return whole[self.rows[0] : self.rows[1]]
+        flat = whole.reshape(whole.shape[0], -1) if whole.ndim != 2 else whole
+        return flat[self.rows[0] : self.rows[1], self.cols[0] : self.cols[1]]
 
 
 def local_layout(program: Program) -> dict[str, VarSlice]:
@@ -189,29 +213,41 @@ def pserver_layout(program: Program, plan: Mapping[str, Any], endpoint: str, ski
     `skip`: the grads trainers send (not state)."""
     block0 = program.global_block()
     skip = set(skip)
-    blocks: dict[str, tuple[tuple[int, ...], int, int, bool]] = {}  # block var -> (param shape, start, rows, sliced)
+    # block var -> (param shape, start, rows, sliced, column range or None)
+    blocks: dict[str, tuple[tuple[int, ...], int, int, bool, tuple[int, int] | None]] = {}
     for param in plan.get("params", []):
         sliced = len(param["blocks"]) > 1
+        width = math.prod(param["shape"][1:]) if len(param["shape"]) >= 2 else 1
         for blk in param["blocks"]:
             if blk["endpoint"] == endpoint:
-                blocks[blk["name"]] = (tuple(param["shape"]), int(blk["row_offset"]), int(blk["rows"]), sliced)
+                cols = None
+                if "cols" in blk and (int(blk["col_offset"]), int(blk["cols"])) != (0, width):
+                    cols = (int(blk["col_offset"]), int(blk["col_offset"]) + int(blk["cols"]))
+                blocks[blk["name"]] = (tuple(param["shape"]), int(blk["row_offset"]), int(blk["rows"]), sliced, cols)
     layout: dict[str, VarSlice] = {}
-    for name, (shape, start, rows, sliced) in blocks.items():
+    for name, (shape, start, rows, sliced, cols) in blocks.items():
         origin = _BLOCK_SUFFIX.sub("", name) if sliced else name
-        layout[name] = VarSlice(origin, shape, (start, start + rows) if sliced else None)
+        layout[name] = VarSlice(origin, shape, (start, start + rows) if sliced else None, cols=cols)
     for blk in program.blocks[1:]:
         for op in blk.ops:
             params = op.input("Param")
             if len(params) != 1 or params[0] not in blocks:
                 continue
-            shape, start, rows, sliced = blocks[params[0]]
+            shape, start, rows, sliced, cols = blocks[params[0]]
+            piece = (rows, cols[1] - cols[0]) if cols is not None else (rows, *shape[1:])
             for slot in op.inputs:
                 if slot in ("Param", "Grad", "LearningRate"):
                     continue
                 for arg in op.input(slot):
                     var = block0.find_var(arg)
-                    if sliced and var is not None and var.shape is not None and tuple(var.shape) == (rows, *shape[1:]):
-                        layout[arg] = VarSlice(_BLOCK_SUFFIX.sub("", arg), (shape[0], *shape[1:]), (start, start + rows))
+                    if sliced and var is not None and var.shape is not None and tuple(var.shape) == piece:
+                        layout[arg] = VarSlice(_BLOCK_SUFFIX.sub("", arg), (shape[0], *shape[1:]), (start, start + rows),
+                                               cols=cols)
+                    elif sliced and var is not None and var.shape is not None and var.persistable \
+                            and arg not in skip and _BLOCK_SUFFIX.search(arg):
+                        # whole state a pserver holding two blocks of the param keeps per block
+                        # (`<beta_pow>.block<i>`, the same value in each): the var it is a copy of
+                        layout[arg] = VarSlice(_BLOCK_SUFFIX.sub("", arg), tuple(var.shape))
     table = plan.get("table")
     for name, var in sorted(block0.vars.items()):
         if name in layout or name in skip or not var.persistable or var.shape is None:
@@ -405,13 +441,15 @@ class Checkpointer:
                     if where.rows is None:
                         fits = conform_scalar(array, where.whole_shape) is not None
                     else:
-                        fits = tuple(array.shape) == (where.rows[1] - where.rows[0], *where.whole_shape[1:])
+                        fits = tuple(array.shape) == where.piece_shape()
             except TensorFileError as exc:
                 raise CheckpointError(str(exc)) from None
             if shape != list(entry["shape"]):
                 raise CheckpointError(f"{where_part}: {file} reads back as shape {shape}, {PART} says {entry['shape']}")
             if not fits:
                 rows = "whole" if where.rows is None else f"rows [{where.rows[0]}, {where.rows[1]})"
+                if where.cols is not None:
+                    rows += f" x columns [{where.cols[0]}, {where.cols[1]})"
                 raise CheckpointError(f"{where_part}: {var} has shape {shape}, which is not {rows} of {where.origin} "
                                       f"{list(where.whole_shape)}: it could not be restored")
 
@@ -540,6 +578,15 @@ def validate_manifest(manifest: Mapping[str, Any], folder: Path) -> None:
         if len(shapes) != 1 or len(dtypes) != 1:
             raise CheckpointError(f"{folder}: the parts disagree on {origin}: shapes {sorted(map(list, shapes))}, "
                                   f"dtypes {sorted(dtypes)}")
+        if any(e.get("cols") is not None for e in pieces):  # 2-D partitions: every element held once
+            whole = shapes.pop()
+            height, width = whole[0], math.prod(whole[1:]) if len(whole) >= 2 else 1
+            area = sum((e["rows"][1] - e["rows"][0]) * ((e["cols"][1] - e["cols"][0]) if e.get("cols") else width)
+                       for e in pieces if e["rows"] is not None)
+            if area != height * width:
+                raise CheckpointError(f"{folder}: the parts hold {area} of {origin}'s {height * width} elements: "
+                                      "its partitions do not tile it")
+            continue
         ranges = sorted(tuple(e["rows"]) for e in pieces if e["rows"] is not None and not e.get("table"))
         if not ranges:
             continue
@@ -624,6 +671,19 @@ class CheckpointReader:
             whole[rows] = values
         elif all(e["rows"] is None for _, _, e in pieces):
             whole = self._read(*pieces[0])
+        elif any(e.get("cols") is not None for _, _, e in pieces):  # 2-D partitions
+            width = math.prod(shape[1:]) if len(shape) >= 2 else 1
+            parts = [(e, self._read(p, n, e)) for p, n, e in pieces if e["rows"] is not None]
+            flat = np.empty((shape[0], width), parts[0][1].dtype)
+            covered = np.zeros((shape[0], width), bool)
+            for e, array in parts:
+                (r0, r1), (c0, c1) = e["rows"], e.get("cols") or (0, width)
+                flat[r0:r1, c0:c1] = array.reshape(r1 - r0, c1 - c0)
+                covered[r0:r1, c0:c1] = True
+            if not covered.all():
+                raise CheckpointError(f"{self.folder}: the parts hold only {int(covered.sum())} of {origin}'s "
+                                      f"{covered.size} elements")
+            whole = flat.reshape(shape)
         else:
             parts = [(tuple(e["rows"]), self._read(p, n, e)) for p, n, e in pieces if e["rows"] is not None]
             whole = np.empty(shape, parts[0][1].dtype)
@@ -675,8 +735,7 @@ class CheckpointReader:
             if whole is None:
                 raise CheckpointError(
                     f"{self.folder}: {where.origin} has shape {list(saved.shape)}, this program's is {list(where.whole_shape)}")
-            array = whole if where.rows is None else whole[where.rows[0] : where.rows[1]]
-            scope.set_var(name, LoDTensor(np.array(array)))
+            scope.set_var(name, LoDTensor(np.array(where.cut(whole))))
 
     def _restore_table(self, scope: Scope, name: str, where: VarSlice, part: str, parts: int) -> None:
         """The same pserver count: the exact shard, pool included; another: the rows with
@@ -742,7 +801,7 @@ def warm_start(scope: Scope, layout: Mapping[str, VarSlice], folder: Path, parts
             set_table_rows(table, np.arange(whole.shape[0], dtype=np.int64), whole, parts, index)
         else:
             value = scope.find_var(name)
-            array = whole if where.rows is None else whole[where.rows[0] : where.rows[1]]
+            array = where.cut(whole)
             dtype = value.array.dtype if isinstance(value, LoDTensor) else array.dtype
             scope.set_var(name, LoDTensor(np.array(array, dtype)))
         loaded.append(name)

@@ -11,6 +11,8 @@ The pull's RPCs go as trainer 0's (a pserver knows only its trainers' ids).
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -55,7 +57,10 @@ def pull(client: RpcClient, plan: Mapping[str, Any], names: Iterable[str] | None
         if name in params:
             param = params[name]
             blocks = [_array(next(values), b["name"]) for b in param["blocks"]]
-            whole = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]  # blocks are row ranges, in order
+            if any("cols" in b for b in param["blocks"]):
+                whole = _join_2d(param, blocks)
+            else:
+                whole = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]  # blocks are row ranges, in order
             if list(whole.shape) != list(param["shape"]):
                 raise FetchError(f"{name}: the pservers' blocks make a {list(whole.shape)} var, the plan says {param['shape']}")
             out[name] = whole
@@ -70,6 +75,25 @@ def pull(client: RpcClient, plan: Mapping[str, Any], names: Iterable[str] | None
                 dense[shard.rows] = shard.active_value()
             out[name] = dense
     return out
+
+
+def _join_2d(param: dict[str, Any], blocks: list[np.ndarray]) -> np.ndarray:
+    """A param cut into 2-D partitions (`transpiler.partition`), put back together."""
+    shape = [int(d) for d in param["shape"]]
+    width = math.prod(shape[1:]) if len(shape) >= 2 else 1
+    flat = np.empty((shape[0] if shape else 1, width), blocks[0].dtype)
+    covered = 0
+    for b, array in zip(param["blocks"], blocks, strict=True):
+        r0, c0 = int(b["row_offset"]), int(b["col_offset"])
+        rows, cols = int(b["rows"]), int(b["cols"])
+        if array.size != rows * cols:
+            raise FetchError(f"{param['param']}: block {b['name']} holds {list(array.shape)}, the plan says "
+                             f"{rows} x {cols}")
+        flat[r0 : r0 + rows, c0 : c0 + cols] = array.reshape(rows, cols)
+        covered += rows * cols
+    if covered != flat.size:
+        raise FetchError(f"{param['param']}: the pservers' blocks hold {covered} of its {flat.size} elements")
+    return flat.reshape(shape)
 
 
 def _array(value: Any, name: str) -> np.ndarray:

@@ -45,10 +45,17 @@ def fetch_by_modulo(client: RpcClient, epmap: Sequence[str], names: Sequence[str
 
 
 def fetch_by_sections(
-    client: RpcClient, endpoints: Sequence[str], tables: Sequence[str], sections: Sequence[int], ids: np.ndarray
+    client: RpcClient, endpoints: Sequence[str], tables: Sequence[str], sections: Sequence[int], ids: np.ndarray,
+    column_sections: Sequence[int] | None = None, column_offsets: Sequence[int] | None = None,
 ) -> np.ndarray:
     """Rows of `ids` from a table cut into row ranges (`sections` rows each, block `i`
-    named `tables[i]` on `endpoints[i]`); one row per id, in `ids`' order."""
+    named `tables[i]` on `endpoints[i]`); one row per id, in `ids`' order. With
+    `column_sections` and `column_offsets` (each block's width and first column) the
+    blocks are 2-D partitions in row-major order (`_bands`: a block at column 0 starts a
+    row band, whose blocks share its `sections` rows): every block of the band holding an
+    id is asked for its piece of the row, and the pieces are joined in column order."""
+    if column_sections:
+        return _fetch_2d(client, endpoints, tables, sections, column_sections, column_offsets or (), ids)
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     uniq, inverse = np.unique(ids, return_inverse=True)
     offsets = np.concatenate(([0], np.cumsum(np.asarray(sections, dtype=np.int64))))
@@ -62,6 +69,55 @@ def fetch_by_sections(
         for i, (ep, table, pick) in enumerate(zip(endpoints, tables, picks, strict=True))
     ]
     rows = _gather(client, requests, picks, uniq.size)
+    return rows[inverse.reshape(-1)]
+
+
+def _bands(offsets: Sequence[int], count: int) -> list[list[int]]:
+    """The blocks (indices) of each row band: a block at column offset 0 starts a band."""
+    if len(offsets) != count or not count or int(offsets[0]) != 0:
+        raise KernelError(f"{len(offsets)} column_offsets for {count} blocks (the first must be 0)")
+    bands: list[list[int]] = []
+    for i, offset in enumerate(offsets):
+        if int(offset) == 0:
+            bands.append([i])
+        else:
+            bands[-1].append(i)
+    return bands
+
+
+def _fetch_2d(client: RpcClient, endpoints: Sequence[str], tables: Sequence[str], sections: Sequence[int],
+              widths: Sequence[int], starts: Sequence[int], ids: np.ndarray) -> np.ndarray:
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    uniq, inverse = np.unique(ids, return_inverse=True)
+    bands = _bands(starts, len(widths))
+    heights = np.asarray([int(sections[band[0]]) for band in bands], dtype=np.int64)
+    offsets = np.concatenate(([0], np.cumsum(heights)))
+    if uniq.size and (uniq[0] < 0 or uniq[-1] >= offsets[-1]):
+        bad = int(uniq[0]) if uniq[0] < 0 else int(uniq[-1])
+        raise KernelError(f"id {bad} is outside the table's {int(offsets[-1])} rows")
+    band_of = np.searchsorted(offsets[1:], uniq, side="right")
+    requests, picks, columns = [], [], []
+    for j, band in enumerate(bands):
+        pick = np.flatnonzero(band_of == j)
+        start = 0
+        for k in band:
+            if pick.size:
+                requests.append(PrefetchRequest(endpoints[k], tables[k], uniq[pick] - offsets[j], tables[k]))
+                picks.append(pick)
+                columns.append((start, start + int(widths[k])))
+            start += int(widths[k])
+    if not requests:
+        raise KernelError("a prefetch needs at least one id")
+    answers = client.prefetch_many(requests)
+    width = sum(int(widths[k]) for k in bands[0])
+    first = answers[0].array
+    rows = np.empty((uniq.size, width), dtype=first.dtype)
+    for request, pick, (c0, c1), answer in zip(requests, picks, columns, answers, strict=True):
+        array = answer.array.reshape(answer.array.shape[0], -1)
+        if array.shape != (pick.size, c1 - c0):
+            raise KernelError(f"pserver {request.endpoint} answered {list(array.shape)} for {pick.size} ids "
+                              f"of {c1 - c0} columns")
+        rows[pick, c0:c1] = array
     return rows[inverse.reshape(-1)]
 
 
@@ -123,7 +179,7 @@ def _dtype(ctx: OpContext, name: str, fetched: dict[int, np.ndarray]) -> np.dtyp
     return var.dtype.to_numpy() if var is not None and var.dtype is not None else np.dtype(np.float32)
 
 
-@register("distributed_lookup_table")
+@register("distributed_lookup_table", defaults={"column_sections": (), "column_offsets": ()})
 def distributed_lookup_table(ctx: OpContext) -> None:
     tables = [str(t) for t in ctx.attr("table_names")]
     sections = [int(h) for h in ctx.attr("height_sections")]
@@ -143,7 +199,12 @@ def distributed_lookup_table(ctx: OpContext) -> None:
             raise KernelError(f"distributed_lookup_table: Ids must end in a dimension of 1, got {list(ids.shape)}")
     flat = [ids.reshape(-1).astype(np.int64, copy=False) for ids in id_arrays]
     everything = np.concatenate(flat) if flat else np.zeros(0, np.int64)
-    height = sum(sections)
+    columns = [int(c) for c in ctx.attr("column_sections")]  # ours: 2-D partitions (transpiler.partition)
+    starts = [int(c) for c in ctx.attr("column_offsets")]
+    if columns:
+        height = sum(int(sections[band[0]]) for band in _bands(starts, len(columns)))
+    else:
+        height = sum(sections)
     pad = int(ctx.attr("padding_idx"))
     if pad < NO_PADDING:
         pad += height  # Paddle 2.x: negative counts from the end
@@ -153,7 +214,7 @@ def distributed_lookup_table(ctx: OpContext) -> None:
         raise KernelError(f"distributed_lookup_table: id {bad} is out of the table's range [0, {height})")
     client = client_of(ctx)
     uniq = np.unique(wanted)
-    rows = fetch_by_sections(client, endpoints, tables, sections, uniq) if uniq.size else None
+    rows = fetch_by_sections(client, endpoints, tables, sections, uniq, columns, starts) if uniq.size else None
     width, dtype = _table_row(ctx, rows)
     for i, (ids, array) in enumerate(zip(flat, id_arrays, strict=True)):
         out = np.zeros((ids.size, *width), dtype=dtype)

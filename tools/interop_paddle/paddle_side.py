@@ -67,6 +67,8 @@ def _embedding_net(optimizer, distributed):
 CASES = {
     # name: (network, pservers, trainers, sync, steps)
     "dense_sync": (lambda: _mlp(fluid.optimizer.Adam(learning_rate=0.01)), 2, 2, True, 5),
+    # the harness transpiles ours with `--partitioner column`: 64x256 cut into 3 column ranges
+    "dense_column": (lambda: _mlp(fluid.optimizer.Adam(learning_rate=0.01)), 3, 2, True, 5),
     "dense_async": (lambda: _mlp(fluid.optimizer.SGD(learning_rate=0.1)), 2, 1, False, 5),
     "lr_decay": (lambda: _mlp(fluid.optimizer.SGD(learning_rate=fluid.layers.exponential_decay(
         learning_rate=0.5, decay_steps=2, decay_rate=0.5, staircase=True))), 2, 2, True, 5),
@@ -233,6 +235,18 @@ def _get(name, selected_rows=False):
     return np.array(var.get_selected_rows().get_tensor() if selected_rows else var.get_tensor())
 
 
+def _partitions(progs_dir):
+    """{block var: (row_offset, rows, col_offset, cols)} of the 2-D partitions in the run's
+    plan.json (ours with a partitioner, which the harness copies beside the programs)."""
+    path = os.path.join(progs_dir, "plan.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        plan = json.load(f)
+    return {b["name"]: (b["row_offset"], b["rows"], b["col_offset"], b["cols"])
+            for p in plan["params"] for b in p["blocks"] if "cols" in b}
+
+
 def serve(case_dir, progs_dir, ep, run_dir):
     spec = _spec(case_dir)
     init = np.load(os.path.join(case_dir, "init.npz"))
@@ -242,6 +256,7 @@ def serve(case_dir, progs_dir, ep, run_dir):
     exe = fluid.Executor(place)
     exe.run(startup)
     blocks = _block_rows(progs_dir)
+    partitions = _partitions(progs_dir)
     tables = {t["name"]: t for t in spec["tables"]}
     own = {}   # what the pserver startup itself made of each param, kept for the harness's report
     for var in prog.global_block().vars.values():
@@ -258,6 +273,10 @@ def serve(case_dir, progs_dir, ep, run_dir):
             else:
                 value = full
             _set(var.name, value, place, var.type == core.VarDesc.VarType.SELECTED_ROWS)
+        elif m and var.name in partitions:
+            r0, rows, c0, cols = partitions[var.name]
+            whole = init[m.group(1)]
+            _set(var.name, np.ascontiguousarray(whole.reshape(whole.shape[0], -1)[r0:r0 + rows, c0:c0 + cols]), place)
         elif m and m.group(1) in init.files:
             index = int(m.group(2))
             start = sum(rows for i, rows in blocks[m.group(1)].items() if i < index)

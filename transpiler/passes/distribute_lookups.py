@@ -16,7 +16,7 @@ from __future__ import annotations
 from ops.catalogue import make_op
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
-from transpiler.ir import Block, Op, OpRole
+from transpiler.ir import AttrType, Block, Op, OpRole
 from transpiler.passes.bundle import Bundle, TableLookups
 from transpiler.passes.contract import Pass
 from transpiler.plan import ParamPlan, TablePlan
@@ -61,6 +61,15 @@ def _place(block: Block, lookup_ops: list[Op], lookups: TableLookups, new_ops: l
 
 def _distributed_lookup_table(lookup_ops: list[Op], lookups: TableLookups, param: ParamPlan,
                               options: TranspileOptions) -> Op:
+    op = _lookup_op(lookup_ops, lookups, param, options)
+    if param.cuts_columns:  # ours (not Fluid's): each block's width and first column, for 2-D partitions
+        op.set_attr("column_sections", [b.cols if b.cols is not None else b.shape[1] for b in param.blocks],
+                    AttrType.LONGS)
+        op.set_attr("column_offsets", [b.col_offset for b in param.blocks], AttrType.LONGS)
+    return op
+
+
+def _lookup_op(lookup_ops: list[Op], lookups: TableLookups, param: ParamPlan, options: TranspileOptions) -> Op:
     return make_op(
         "distributed_lookup_table",
         {"Ids": [n for op in lookup_ops for n in op.input("Ids")], "W": [param.param]},

@@ -13,7 +13,7 @@ from transpiler.config import TranspileOptions
 from transpiler.ir import OpRole
 from transpiler.passes.bundle import Bundle
 from transpiler.passes.contract import Pass
-from transpiler.passes.trainer_vars import concat_op, recv_attrs, recv_outputs, received_params
+from transpiler.passes.trainer_vars import concat_ops, recv_attrs, recv_outputs, received_params
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
@@ -33,7 +33,7 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
             {"endpoints": list(options.endpoints), "trainer_id": options.trainer_id}, role=OpRole.RPC,
         ))
     if not options.runtime_split_send_recv:
-        ops.extend(concat_op(param) for param in received_params(plan) if param.sliced)
+        ops.extend(op for param in received_params(plan) if param.sliced for op in concat_ops(trainer, param))
     block.add_ops(ops)
     return bundle
 

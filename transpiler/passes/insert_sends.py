@@ -1,7 +1,8 @@
 """Pass: the trainer sends its grads to the pservers.
 
 After the last op the trainer keeps that writes each param's grad: `split_byref` (dense)
-or `split_selected_rows` (sparse) into the param's blocks when it is cut, then `send`
+or `split_selected_rows` (sparse) into the param's blocks when it is cut (for 2-D
+partitions, into row bands and then by columns: `_split_2d`), then `send`
 (attr `epmap`: the block endpoints). In sync mode with several trainers the sent vars
 are `<grad>[.block<i>].trainer_<id>`. The distributed table's grad is `split_ids` into
 one SelectedRows per pserver and sent to all. In async mode with lr decay, the trainer's
@@ -20,7 +21,7 @@ from dataclasses import replace
 from ops.catalogue import make_op
 from transpiler.config import TranspileOptions
 from transpiler.ir import Block, Op, OpRole, Program
-from transpiler.naming import trainer_name
+from transpiler.naming import band_name, trainer_name
 from transpiler.passes.bundle import Bundle, TrainerSends
 from transpiler.passes.contract import Pass
 from transpiler.plan import ParamPlan, Plan
@@ -39,8 +40,8 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         anchor = anchors[param.param]
         last = after_anchor.get(anchor, anchor)
         sent, split = _grad_vars_to_send(trainer, plan, param, options, renames)
-        if split is not None:
-            last = block.insert_after(last, split)
+        for op in split if isinstance(split, list) else [split] if split is not None else []:
+            last = block.insert_after(last, op)
         ctrl = bundle.new_control_var(trainer)
         send = make_op("send", {"X": sent}, {"Out": [ctrl]}, _send_attrs(param, options), role=OpRole.RPC,
                        role_vars=(param.param, param.grad))
@@ -73,7 +74,7 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
 
 
 def _grad_vars_to_send(trainer: Program, plan: Plan, param: ParamPlan, options: TranspileOptions,
-                       renames: dict[str, str]) -> tuple[list[str], Op | None]:
+                       renames: dict[str, str]) -> tuple[list[str], Op | list[Op] | None]:
     """(names of the vars `send` ships, the op that splits the grad into them or None).
     A whole grad is renamed rather than copied: `renames` collects old -> new."""
     block = trainer.global_block()
@@ -90,6 +91,8 @@ def _grad_vars_to_send(trainer: Program, plan: Plan, param: ParamPlan, options: 
         copy.shape = var_block.shape
         copy.persistable = False
         block.add_var(copy)
+    if param.cuts_columns:
+        return names, _split_2d(block, param, names)
     rows = [b.rows for b in param.blocks]
     if param.sparse:
         split = make_op("split_selected_rows", {"X": [param.grad]}, {"Out": names}, {"height_sections": rows},
@@ -98,6 +101,43 @@ def _grad_vars_to_send(trainer: Program, plan: Plan, param: ParamPlan, options: 
         split = make_op("split_byref", {"X": [param.grad]}, {"Out": names}, {"sections": rows},
                         role=OpRole.Dist, role_vars=(param.param, param.grad))
     return names, split
+
+
+def _split_2d(block: Block, param: ParamPlan, names: list[str]) -> list[Op]:
+    """The ops cutting a grad into 2-D partitions: into row bands when there are several
+    (`split_byref`; a SelectedRows grad `split_selected_rows`, rows re-based to the band),
+    then each band of several column ranges by columns (`split` axis 1; a SelectedRows
+    grad `split_selected_rows_by_columns`, the same rows in every piece)."""
+    if param.sparse:
+        by_rows, rows_attr, by_columns, column_attrs = "split_selected_rows", "height_sections", \
+            "split_selected_rows_by_columns", {}
+    else:
+        by_rows, rows_attr, by_columns, column_attrs = "split_byref", "sections", "split", {"axis": 1}
+    role = {"role": OpRole.Dist, "role_vars": (param.param, param.grad)}
+    bands = param.bands()
+    grad = block.var(param.grad)
+    out_of = dict(zip((b.index for b in param.blocks), names, strict=True))
+    band_vars = []
+    for j, band in enumerate(bands):
+        if len(band) == 1:
+            band_vars.append(out_of[band[0].index])
+            continue
+        name = band_name(param.grad, j) if len(bands) > 1 else param.grad
+        if len(bands) > 1 and not block.has_var(name):
+            copy = grad.copy(name)
+            copy.shape = (band[0].rows, *grad.shape[1:])
+            copy.persistable = False
+            block.add_var(copy)
+        band_vars.append(name)
+    ops = []
+    if len(bands) > 1:
+        ops.append(make_op(by_rows, {"X": [param.grad]}, {"Out": band_vars},
+                           {rows_attr: [band[0].rows for band in bands]}, **role))
+    for band, name in zip(bands, band_vars, strict=True):
+        if len(band) > 1:
+            ops.append(make_op(by_columns, {"X": [name]}, {"Out": [out_of[b.index] for b in band]},
+                               {**column_attrs, "sections": [b.cols for b in band]}, **role))
+    return ops
 
 
 def _send_table_grad(block: Block, after: Op, plan: Plan, options: TranspileOptions, ctrl: str | None) -> None:

@@ -20,9 +20,16 @@ from dataclasses import replace
 
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
+from transpiler.naming import band_name
 from transpiler.passes.bundle import Bundle
 from transpiler.passes.contract import Pass
-from transpiler.plan import ParamPlan, Plan, TablePlan, make_blocks, slice_sizes
+from transpiler.partition import ParamInfo, checked_assignment, checked_partitions
+from transpiler.plan import ParamPlan, Plan, TablePlan, make_blocks, make_partition_blocks, slice_sizes
+
+# Pserver ops that read a norm of the whole param (or row): a column partition would change
+# what they compute, so a param they update is refused a column cut.
+NEEDS_WHOLE_PARAM = frozenset({"lars_momentum", "lamb", "dgc_momentum", "clip_by_norm", "squared_l2_norm", "norm",
+                               "p_norm"})
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
@@ -34,6 +41,7 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         slice_var_up=options.slice_var_up,
         split_method=options.split_method_name,
         min_block_size=options.min_block_size,
+        partitioner=options.partitioner_name,
     )
     slice_count = len(options.endpoints) if options.slice_var_up else 1
     tables = bundle.analysis.tables
@@ -59,6 +67,10 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         var = block.var(table.param)
         plan.table = TablePlan(table.param, table.grad, tuple(var.shape), var.dtype, options.endpoints,
                                tables[table.param].padding_idx)
+    if options.partitioner is not None:
+        _partition(plan, options, bundle.analysis.chains)
+        _check_names_free(block, plan)
+        return replace(bundle, plan=plan)
     _check_names_free(block, plan)
 
     dispatcher = options.dispatcher(list(options.endpoints))
@@ -77,6 +89,28 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         param.endpoints = endpoints[cursor : cursor + len(param.blocks)]
         cursor += len(param.blocks)
     return replace(bundle, plan=plan)
+
+
+def _partition(plan: Plan, options: TranspileOptions, chains) -> None:
+    """Cut and place every param with `options.partitioner` (each param's partitions
+    checked: `checked_partitions`), replacing the blocks Paddle's slicing made."""
+    partitioner = options.partitioner
+    who = options.partitioner_name
+    partitioner.servers = len(options.endpoints)
+    partitioner.reset()
+    for param in plan.params:
+        info = ParamInfo(param.param, param.shape, param.dtype, param.optimizer, param.sparse, param.remote_prefetch)
+        parts = checked_partitions(info, partitioner.partitions(info), who)
+        servers = checked_assignment(info, parts, partitioner.assign(parts), who, len(options.endpoints))
+        param.blocks = make_partition_blocks(param.param, param.shape, parts)
+        param.endpoints = [options.endpoints[s] for s in servers]
+    by_name = {param.param: param for param in plan.params}
+    for chain in chains:
+        param = by_name[chain.param]
+        whole = next((op.type for op in chain.ops if op.type in NEEDS_WHOLE_PARAM), None)
+        if param.cuts_columns and whole is not None:
+            raise TranspileError(f"partitioner {who}: param {param.param!r} is cut by columns, but its pserver op "
+                                 f"{whole!r} needs whole rows (a norm of the param); cut it by rows only")
 
 
 def dispatch_order(params: list[ParamPlan], options: TranspileOptions) -> list[int]:
@@ -99,6 +133,11 @@ def _check_names_free(block, plan: Plan) -> None:
             for name in (var_block.name, param.grad_block_name(var_block.index)):
                 if block.has_var(name):
                     raise TranspileError(f"cannot slice {param.param!r}: the program already declares {name!r}")
+        if param.cuts_columns:  # the trainer's row bands of a 2-D cut (`naming.band_name`)
+            for j in range(len(param.bands())):
+                for name in (band_name(param.param, j), band_name(param.grad, j)):
+                    if block.has_var(name):
+                        raise TranspileError(f"cannot cut {param.param!r}: the program already declares {name!r}")
 
 
 PASS = Pass("slice_vars", run, requires=("analysis",), produces=("plan",))

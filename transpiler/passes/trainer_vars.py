@@ -6,6 +6,7 @@ from __future__ import annotations
 from ops.catalogue import make_op
 from transpiler.config import TranspileOptions
 from transpiler.ir import Op, OpRole, Program
+from transpiler.naming import band_name
 from transpiler.plan import ParamPlan, Plan
 
 
@@ -16,6 +17,34 @@ def received_params(plan: Plan) -> list[ParamPlan]:
 
 def concat_op(param: ParamPlan) -> Op:
     return make_op("concat", {"X": [b.name for b in param.blocks]}, {"Out": [param.param]}, {"axis": 0}, role=OpRole.Dist)
+
+
+def concat_ops(program: Program, param: ParamPlan) -> list[Op]:
+    """The ops joining a cut param's received blocks: one `concat` (axis 0) of whole-row
+    blocks, or for 2-D partitions a `concat` (axis 1) per row band of several column
+    ranges (into `<param>.band<j>`, declared here) and then one of the bands (axis 0)."""
+    if not param.cuts_columns:
+        return [concat_op(param)]
+    block = program.global_block()
+    whole = block.var(param.param)
+    bands = param.bands()
+    ops, band_vars = [], []
+    for j, band in enumerate(bands):
+        if len(band) == 1:
+            band_vars.append(band[0].name)
+            continue
+        name = band_name(param.param, j) if len(bands) > 1 else param.param
+        if len(bands) > 1 and not block.has_var(name):
+            copy = whole.copy(name)
+            copy.shape = (band[0].rows, *whole.shape[1:])
+            copy.persistable = False
+            copy.is_parameter = False
+            block.add_var(copy)
+        ops.append(make_op("concat", {"X": [b.name for b in band]}, {"Out": [name]}, {"axis": 1}, role=OpRole.Dist))
+        band_vars.append(name)
+    if len(bands) > 1:
+        ops.append(make_op("concat", {"X": band_vars}, {"Out": [param.param]}, {"axis": 0}, role=OpRole.Dist))
+    return ops
 
 
 def declare_param_blocks(program: Program, param: ParamPlan, *, persistable: bool = False) -> list[str]:

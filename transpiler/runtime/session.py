@@ -74,7 +74,7 @@ from transpiler.errors import PsTranspilerError
 from transpiler.ir import Program
 from transpiler.runtime.metrics import METRICS_ENV, MetricsWriter
 from transpiler.runtime.progress import Progress, Usage, format_progress, format_usage
-from transpiler.runtime.role import CHECKPOINT_DIR_ENV, CHECKPOINT_EVERY_ENV, RESTORE_ENV, Role
+from transpiler.runtime.role import CHECKPOINT_DIR_ENV, CHECKPOINT_EVERY_ENV, PARTITIONER_ENV, RESTORE_ENV, Role
 
 FAILURE_NOTICE_DEADLINE = 5.0  # seconds to tell the pservers a trainer failed
 USAGE_EVERY = 0.5  # seconds between a pserver's CPU reports
@@ -109,6 +109,8 @@ class Session:
         self.progress_every = max(1, int(progress_every))
         self.result: TranspileResult | None = None
         if self.role.is_distributed:
+            if transpile_options.get("partitioner") is None and getattr(config, "partitioner", None) is None:
+                transpile_options["partitioner"] = os.environ.get(PARTITIONER_ENV) or None
             self.result = transpile(
                 main,
                 startup,
@@ -171,6 +173,11 @@ class Session:
         if not self.role.is_pserver:
             raise PsTranspilerError(f"serve() is for pservers; this process is {self.role.name}")
         main, startup = self.result.pservers[self.role.current_endpoint]
+        plan = self.result.plan
+        if plan.partitioner != "paddle":  # which cut this pserver serves (a paddle job's log as it was)
+            held = plan.by_endpoint().get(self.role.current_endpoint, [])
+            print(f"pserver {self.role.current_endpoint}: {len(held)} partition(s) of {len({p.param for p, _ in held})} "
+                  f"param(s), partitioner {plan.partitioner}", file=self.out or sys.stdout, flush=True)
         self._finished = True
         done = self._report_usage()
         try:
