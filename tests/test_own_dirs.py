@@ -26,7 +26,7 @@ from recovery_support import BY_NAME, differing, final_state, log_of, run_job, t
 
 REPO = Path(__file__).resolve().parents[1]
 WHY_NOT = available()
-pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"no mount namespaces here: {WHY_NOT}")
+needs_unshare = pytest.mark.skipif(WHY_NOT is not None, reason=f"no mount namespaces here: {WHY_NOT}")
 STEPS, EVERY = 6, 2
 
 
@@ -48,6 +48,7 @@ def assert_isolated(out: Path, template: Path, processes: int) -> None:
         assert any(f"pserver sees only {str(template).replace('{pserver}', str(i))};" in line for line in seen)
 
 
+@needs_unshare
 @pytest.mark.parametrize(("case", "victim"), [("mlp_adam_2ps", "pserver:1"), ("ctr_v1_dist_sgd_2ps", "pserver:0")])
 def test_isolated_pservers_checkpoint_and_recover_from_a_kill_bit_identical(tmp_path, case, victim):
     fixture = BY_NAME[case]
@@ -74,6 +75,7 @@ def test_isolated_pservers_checkpoint_and_recover_from_a_kill_bit_identical(tmp_
     assert not differing(trainer_finals(tmp_path / "reference"), trainer_finals(out))
 
 
+@needs_unshare
 def test_a_restore_by_hand_agrees_the_step_after_trainer_0_died_between_two_commits(tmp_path):
     """Trainer 0 died after pserver 0 kept ckpt-4's manifest copy and before pserver 1 did
     (and before its own job manifest): the pservers alone know ckpt-4 is complete. A job
@@ -114,3 +116,97 @@ def test_a_restore_by_hand_agrees_the_step_after_trainer_0_died_between_two_comm
     whole = subprocess.run([*fetch, str(tmp_path / "fetched")], env=env, capture_output=True, text=True, timeout=120,
                            check=False)
     assert whole.returncode == 0, whole.stderr
+
+
+# ------------------------------------------------------------------ the agreement, in process
+
+
+class _Pservers:
+    """Stands for the RPC client of trainer 0: each `Checkpoint*` call answered by a
+    pserver's `PartRestorer` as its handler does (`OwnDirRpc`), without gRPC."""
+
+    def __init__(self, restorers, scopes, commit) -> None:
+        self.trainer_id, self.restorers, self.scopes, self.commit = 0, restorers, scopes, commit
+
+    def checkpoint_call(self, method, endpoints, message):
+        from proto import rpc_pb2
+
+        out = []
+        for ep in endpoints:
+            r = self.restorers[ep]
+            if method == "CheckpointList":
+                text = json.dumps({**r.held(), "restored": r.step})
+            elif method == "CheckpointPart":
+                text = r.manifest_text(message.dir)
+            else:
+                text = json.dumps({"step": r.restore(self.scopes[ep], message.dir, message.json, self.commit[ep])})
+            out.append(rpc_pb2.CheckpointMessage(dir=message.dir, json=text))
+        return out
+
+
+def test_the_agreed_step_is_the_newest_complete_anywhere_whose_parts_every_pserver_holds(tmp_path):
+    import numpy as np
+
+    from ops.rpc.checkpoint import Checkpointer, CheckpointError, VarSlice, part_root, write_job_manifest
+    from ops.rpc.own_dirs import PartRestorer, agree_restore
+    from ops.scope import Scope
+    from ops.tensor import LoDTensor
+
+    w = np.arange(12, dtype=np.float64).reshape(6, 2)
+    template = tmp_path / "disk{pserver}"
+    layouts = [{"w.block0": VarSlice("w", (6, 2), (0, 4)), "lr": VarSlice("lr", ())},
+               {"w.block1": VarSlice("w", (6, 2), (4, 6)), "lr": VarSlice("lr", ())}]
+    plan = '{"plan": 2}'
+    savers = [Checkpointer(part_root(template, i), f"ps{i}", ("ps0", "ps1"), layout, plan, keep=3, shared=False)
+              for i, layout in enumerate(layouts)]
+    for step in (2, 4):
+        for i, saver in enumerate(savers):
+            scope = Scope()
+            scope.set_var(f"w.block{i}", LoDTensor((w + step)[:4] if i == 0 else (w + step)[4:]))
+            scope.set_var("lr", LoDTensor(np.array(0.1 * step)))
+            saver.save(scope, f"ckpt-{step}")
+        manifest = json.loads((write_job_manifest(template, f"ckpt-{step}", 2, plan, infos={
+            f"ps{i}": json.loads((part_root(template, i) / f"ckpt-{step}" / f"ps{i}" / "PART.json").read_text())
+            for i in range(2)}) / "MANIFEST.json").read_text())
+        for saver in savers[: 2 if step == 2 else 1]:  # trainer 0 died after pserver 0's commit of ckpt-4
+            saver.commit(f"ckpt-{step}", manifest)
+
+    def pservers():
+        restorers = {f"ep{i}": PartRestorer(template, i, f"ps{i}", 2, layouts[i], plan) for i in range(2)}
+        return restorers, _Pservers(restorers, {f"ep{i}": Scope() for i in range(2)},
+                                    {f"ep{i}": savers[i].commit for i in range(2)})
+
+    restorers, client = pservers()
+    assert restorers["ep1"].held() == {"committed": [2], "parts": [2, 4], "part": "ps1"}
+    assert agree_restore(client, ["ep0", "ep1"]) == 4
+    assert np.array_equal(client.scopes["ep1"].find_var("w.block1").array, (w + 4)[4:])
+    assert client.scopes["ep0"].find_var("lr").array.tobytes() == np.array(0.4).tobytes()
+    assert (part_root(template, 1) / "ckpt-4" / "MANIFEST.json").is_file()  # pserver 1 completed it
+    # pserver 1 lost its ckpt-4 part and ckpt-2's: no step is complete with every part held
+    shutil.rmtree(part_root(template, 1) / "ckpt-4")
+    shutil.rmtree(part_root(template, 1) / "ckpt-2")
+    _, client = pservers()
+    with pytest.raises(CheckpointError, match=r"no checkpoint of this plan is complete .*ps1 at ep1: manifests none"):
+        agree_restore(client, ["ep0", "ep1"], if_any=True)
+    # nothing complete anywhere (a kill before the first checkpoint completed): a launcher's
+    # restart starts from scratch, a restore by hand is an error
+    for i in range(2):
+        shutil.rmtree(part_root(template, i))
+    savers[0].save(_scope(w, 0), "ckpt-2")  # a part, never committed
+    _, client = pservers()
+    assert agree_restore(client, ["ep0", "ep1"], if_any=True) == 0
+    _, client = pservers()
+    with pytest.raises(CheckpointError, match="no checkpoint of this plan is complete"):
+        agree_restore(client, ["ep0", "ep1"])
+
+
+def _scope(w, i):
+    import numpy as np
+
+    from ops.scope import Scope
+    from ops.tensor import LoDTensor
+
+    scope = Scope()
+    scope.set_var(f"w.block{i}", LoDTensor(w[:4] if i == 0 else w[4:]))
+    scope.set_var("lr", LoDTensor(np.array(0.1)))
+    return scope

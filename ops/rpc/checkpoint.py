@@ -41,16 +41,18 @@ unused preallocated rows in `<table>@POOL`); restoring it onto M' keeps the rows
 Per-pserver directories: a root containing `{pserver}` (`serve --checkpoint-dir
 '/data/ps{pserver}/ckpt'`, the same string for every process of the job) is a template.
 Pserver i writes its part under the template with `{pserver}` = i, on a disk of its own
-(`<root i>/ckpt-<step>/ps<i>/`, the same staging and PART.json); no pserver sees the set,
-so trainer 0, once every pserver answered the checkpoint request, writes the job-level
-manifest into the template with `{pserver}` = `job` (`/data/psjob/ckpt/ckpt-<step>/
-MANIFEST.json` and `latest`): every part's vars, and in `locations` where each part is.
-A reader (restore onto any pserver count, `fetch`, `Session.pull`) given the template or
-the job root reads each part where `locations` says, or, when that path is not there, from
-the manifest's own folder (`<job>/ckpt-<step>/ps<i>/`: a gathered copy, the parts copied
-beside the manifest). Trainer 0 and, at a restore, every pserver must reach every part's
-path (local disks of one machine, or volumes mounted at the same paths everywhere); a
-volume only its own pserver mounts is gathered first.
+(`<root i>/ckpt-<step>/ps<i>/`, the same staging and PART.json). No process reads another's
+dir (`ops.rpc.own_dirs`): each pserver sends trainer 0 its PART.json over RPC; trainer 0
+writes the job-level manifest into the template with `{pserver}` = `job` (its own dir:
+`/data/psjob/ckpt/ckpt-<step>/MANIFEST.json` and `latest`; every part's vars, and in
+`locations` where each part is) and sends it to every pserver, which keeps a copy beside
+its part (`Checkpointer.commit`) once it matches the part on disk: the checkpoint is then
+complete in each pserver's own dir. A restore onto the same pserver count reads the
+pserver's own part only (`CheckpointReader.own_part_fits`). A reader of whole vars
+(restore onto another pserver count, `fetch`, `Session.pull`) given the template, the job
+root or a pserver's own dir reads each part where `locations` says or, when that path is
+not there, from the manifest's own folder (`<...>/ckpt-<step>/ps<i>/`: a gathered copy, the
+parts copied beside the manifest): it must reach every part.
 
 Names a checkpoint request carries are relative: one or more components of
 `[A-Za-z0-9_.-]`, no `.` or `..`; anything else is refused (`CheckpointPathError`,

@@ -19,7 +19,11 @@ skips the batches already trained (`for step in range(session.steps, total)`).
 Given None, these options fall back on what a launcher sets in the environment
 (`PSTRANSPILE_CHECKPOINT_DIR`, `PSTRANSPILE_CHECKPOINT_EVERY`, and `PSTRANSPILE_RESTORE` when
 `launch --max-restarts` restarts a job). `init=D` warm starts the pservers (or local
-training) from LoDTensor files of whole vars. `pull(names)` reads whole params out of the pservers (`pstranspile fetch`).
+training) from LoDTensor files of whole vars. With `{pserver}` in `checkpoint_dir` each
+pserver checkpoints into a dir of its own and no process reads another's (`ops.rpc.own_dirs`:
+trainer 0 gathers the parts' PART.json and sends the job manifest over RPC); `restore`
+such a template and trainer 0 agrees the step with the pservers over RPC before the
+trainers' startup (each pserver restores from its own part, every trainer learns the step). `pull(names)` reads whole params out of the pservers (`pstranspile fetch`).
 
 The same script then trains locally (no environment), under `pstranspile launch`, or on
 many machines under any scheduler that sets Paddle's variables. A distributed role
