@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 FIELD = "{pserver}"
 
@@ -33,6 +34,11 @@ def available() -> str | None:
     if probe.returncode != 0 or probe.stdout.strip() != "ok":
         return f"unshare --mount with a tmpfs mount fails here: {probe.stderr.strip() or probe.returncode}"
     return None
+
+
+def prefix(template: Path | str, pservers: int) -> tuple[str, ...]:
+    """The command prefix that runs a job's process under this isolation."""
+    return (sys.executable, str(Path(__file__).resolve()), "--template", str(template), "--pservers", str(pservers), "--")
 
 
 def own_and_hidden(template: str, pservers: int, env: dict[str, str]) -> tuple[str | None, list[str]]:

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from isolation_support import available
+from isolation_support import available, prefix
 from recovery_support import BY_NAME, differing, final_state, log_of, run_job, trainer_finals
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,8 +31,7 @@ STEPS, EVERY = 6, 2
 
 
 def isolated(template: Path, pservers: int) -> tuple[str, ...]:
-    return (sys.executable, str(REPO / "tests" / "isolation_support.py"), "--template", str(template),
-            "--pservers", str(pservers), "--")
+    return prefix(template, pservers)
 
 
 def logs(out: Path) -> list[Path]:
