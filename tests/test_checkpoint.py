@@ -202,10 +202,12 @@ def test_per_pserver_dirs_a_job_manifest_records_each_part_and_a_gathered_copy_r
     for saver in savers:
         saver.commit("ckpt-6", manifest)
         assert sorted(p.name for p in saver.root.iterdir()) == ["ckpt-4", "ckpt-6", "latest"]
+    damaged = json.loads(json.dumps(manifest))
+    damaged["parts"]["ps0"]["lr"]["files"]["lr"] = "0" * 64
     with pytest.raises(CheckpointError, match="does not describe the part on disk"):
+        savers[0].commit("ckpt-6", damaged)
+    with pytest.raises(CheckpointError, match="another plan"):  # ps1's vars are not this pserver's
         savers[0].commit("ckpt-6", {**manifest, "parts": {**manifest["parts"], "ps0": manifest["parts"]["ps1"]}})
-    with pytest.raises(CheckpointError, match="another plan"):
-        savers[0].commit("ckpt-6", {**manifest, "plan_sha256": "0" * 64})
     reader = CheckpointReader(template)
     assert reader.step == 6 and np.array_equal(reader.whole("w"), W + 6) and reader.whole("lr").shape == ()
     three = {"w.block2": VarSlice("w", (6, 2), (4, 6)), "lr": VarSlice("lr", ())}
