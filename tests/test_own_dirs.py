@@ -209,3 +209,46 @@ def _scope(w, i):
     scope.set_var(f"w.block{i}", LoDTensor(w[:4] if i == 0 else w[4:]))
     scope.set_var("lr", LoDTensor(np.array(0.1)))
     return scope
+
+
+def test_over_grpc_a_pserver_refuses_var_calls_until_trainer_0_agrees_its_restore(tmp_path):
+    """The RPCs themselves: trainer 0 saves through `CheckpointNotify`/`Part`/`Commit` (the
+    pserver keeps the manifest's copy); a pserver started to restore refuses a get
+    (`FAILED_PRECONDITION`) until trainer 0's `CheckpointRestore`; trainer 1's own call
+    waits for it and answers the step."""
+    import threading
+
+    import numpy as np
+
+    from ops.rpc.checkpoint import Checkpointer, VarSlice, part_root
+    from ops.rpc.errors import RpcError
+    from ops.rpc.own_dirs import PartRestorer, agree_restore, save
+    from ops.scope import Scope
+    from ops.tensor import LoDTensor
+    from rpc_support import running_pserver
+
+    template = tmp_path / "disk{pserver}"
+    layout = {"w": VarSlice("w", (2, 3))}
+    plan = "{}"
+    scope = Scope()
+    scope.set_var("w", LoDTensor(np.full((2, 3), 2.5)))
+    own = Checkpointer(part_root(template, 0), "ps0", ("ps0",), layout, plan, shared=False)
+    with running_pserver(sync_mode=False, scope=scope, checkpointer=own) as ps:
+        folder = save(ps.client(0), [ps.address], template, "ckpt-2", plan, 3)
+    assert folder == tmp_path / "diskjob" / "ckpt-2"
+    assert (tmp_path / "disk0" / "ckpt-2" / "MANIFEST.json").read_text() == (folder / "MANIFEST.json").read_text()
+    fresh = Scope()
+    fresh.set_var("w", LoDTensor(np.zeros((2, 3))))
+    restorer = PartRestorer(template, 0, "ps0", 1, layout, plan)
+    with running_pserver(sync_mode=False, fanin=2, scope=fresh, checkpointer=own, restorer=restorer,
+                         known_vars=frozenset({"w"})) as ps:
+        zero, one = ps.client(0), ps.client(1)
+        with pytest.raises(RpcError, match="FAILED_PRECONDITION.*waiting for trainer 0 to agree"):
+            zero.get(ps.address, "w")
+        learned: list[int] = []
+        waiter = threading.Thread(target=lambda: learned.append(agree_restore(one, [ps.address])))
+        waiter.start()
+        assert agree_restore(zero, [ps.address]) == 2
+        waiter.join(20)
+        assert learned == [2]
+        assert zero.get(ps.address, "w").array.tolist() == [[2.5] * 3] * 2
