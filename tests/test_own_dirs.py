@@ -217,6 +217,7 @@ def test_over_grpc_a_pserver_refuses_var_calls_until_trainer_0_agrees_its_restor
     (`FAILED_PRECONDITION`) until trainer 0's `CheckpointRestore`; trainer 1's own call
     waits for it and answers the step."""
     import threading
+    import time
 
     import numpy as np
 
@@ -248,6 +249,11 @@ def test_over_grpc_a_pserver_refuses_var_calls_until_trainer_0_agrees_its_restor
         learned: list[int] = []
         waiter = threading.Thread(target=lambda: learned.append(agree_restore(one, [ps.address])))
         waiter.start()
+        deadline = time.monotonic() + 10  # trainer 1's wait is in: a second one of trainer 1 is refused at once
+        while not restorer._waiting and time.monotonic() < deadline:  # noqa: SLF001
+            time.sleep(0.01)
+        with pytest.raises(RpcError, match="RESOURCE_EXHAUSTED.*trainer 1 already waits"):
+            agree_restore(ps.client(1), [ps.address])
         assert agree_restore(zero, [ps.address]) == 2
         waiter.join(20)
         assert learned == [2]

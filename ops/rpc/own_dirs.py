@@ -103,6 +103,7 @@ class PartRestorer:
         self.step: int | None = None  # restored at (0: started from scratch); None: not yet
         self.reason: str | None = None  # a restore that failed
         self._cond = threading.Condition()
+        self._waiting: set[int] = set()  # trainers with a CheckpointRestore waiting: one each
 
     @property
     def pending(self) -> bool:
@@ -149,12 +150,25 @@ class PartRestorer:
             self._cond.notify_all()
             return step
 
-    def wait(self, seconds: float) -> int | None:
+    def wait(self, trainer_id: int, seconds: float) -> int | None:
+        """Trainer `trainer_id`'s wait for the agreed restore: the step, None after
+        `seconds`. One wait per trainer at a time (a second is refused at once), so no
+        trainer can park more than one server thread here."""
         with self._cond:
-            self._cond.wait_for(lambda: self.step is not None or self.reason is not None, timeout=seconds)
+            if trainer_id in self._waiting:
+                raise RestoreWaitRefused(f"trainer {trainer_id} already waits for the agreed restore")
+            self._waiting.add(trainer_id)
+            try:
+                self._cond.wait_for(lambda: self.step is not None or self.reason is not None, timeout=seconds)
+            finally:
+                self._waiting.discard(trainer_id)
             if self.reason is not None:
                 raise CheckpointError(self.reason)
             return self.step
+
+
+class RestoreWaitRefused(CheckpointError):
+    """A second `CheckpointRestore` wait of one trainer while its first one waits."""
 
 
 class OwnDirRpc:
@@ -216,7 +230,10 @@ class OwnDirRpc:
             try:
                 if request.trainer_id != 0:  # wait for trainer 0's agreed restore, bounded by the call's deadline
                     left = context.time_remaining()
-                    step = restorer.wait(max(0.0, min(left if left is not None else 60.0, 600.0) - 0.5))
+                    try:
+                        step = restorer.wait(request.trainer_id, max(0.0, min(left if left is not None else 60.0, 600.0) - 0.5))
+                    except RestoreWaitRefused as exc:
+                        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"pserver {self.config.endpoint}: {exc}")
                     if step is None:
                         context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                                       f"pserver {self.config.endpoint}: trainer 0 agreed no checkpoint to restore in time")
@@ -326,4 +343,4 @@ def _json_of(text: str, what: str) -> dict[str, Any]:
     return value
 
 
-__all__ = ["RESTORE_METHODS", "OwnDirRpc", "PartRestorer", "agree_restore", "held", "save"]
+__all__ = ["RESTORE_METHODS", "OwnDirRpc", "PartRestorer", "RestoreWaitRefused", "agree_restore", "held", "save"]
