@@ -84,6 +84,26 @@ class PServerStub:
                 request_serializer=proto_dot_rpc__pb2.CheckpointMessage.SerializeToString,
                 response_deserializer=proto_dot_rpc__pb2.VoidMessage.FromString,
                 _registered_method=True)
+        self.CheckpointPart = channel.unary_unary(
+                '/pstranspiler.rpc.PServer/CheckpointPart',
+                request_serializer=proto_dot_rpc__pb2.CheckpointMessage.SerializeToString,
+                response_deserializer=proto_dot_rpc__pb2.CheckpointMessage.FromString,
+                _registered_method=True)
+        self.CheckpointList = channel.unary_unary(
+                '/pstranspiler.rpc.PServer/CheckpointList',
+                request_serializer=proto_dot_rpc__pb2.CheckpointMessage.SerializeToString,
+                response_deserializer=proto_dot_rpc__pb2.CheckpointMessage.FromString,
+                _registered_method=True)
+        self.CheckpointCommit = channel.unary_unary(
+                '/pstranspiler.rpc.PServer/CheckpointCommit',
+                request_serializer=proto_dot_rpc__pb2.CheckpointMessage.SerializeToString,
+                response_deserializer=proto_dot_rpc__pb2.VoidMessage.FromString,
+                _registered_method=True)
+        self.CheckpointRestore = channel.unary_unary(
+                '/pstranspiler.rpc.PServer/CheckpointRestore',
+                request_serializer=proto_dot_rpc__pb2.CheckpointMessage.SerializeToString,
+                response_deserializer=proto_dot_rpc__pb2.CheckpointMessage.FromString,
+                _registered_method=True)
         self.Watch = channel.unary_unary(
                 '/pstranspiler.rpc.PServer/Watch',
                 request_serializer=proto_dot_rpc__pb2.WatchMessage.SerializeToString,
@@ -165,6 +185,34 @@ class PServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckpointPart(self, request, context):
+        """Per-pserver dirs (ops/rpc/own_dirs.py): the PART.json (or manifest copy) of checkpoint
+        `dir` in `json`; which checkpoints this pserver holds; the job manifest of `dir` to
+        keep a copy of; restore from `dir` with the manifest `json` (trainer 0), or wait for
+        that restore and answer its step (other trainers).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckpointList(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckpointCommit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckpointRestore(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Watch(self, request, context):
         """Held open by the pserver (until it stops, or `seconds` pass): a trainer keeps one
         per pserver, so a trainer killed mid-run closes it at once and the pserver notices
@@ -226,6 +274,26 @@ def add_PServerServicer_to_server(servicer, server):
                     servicer.CheckpointNotify,
                     request_deserializer=proto_dot_rpc__pb2.CheckpointMessage.FromString,
                     response_serializer=proto_dot_rpc__pb2.VoidMessage.SerializeToString,
+            ),
+            'CheckpointPart': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckpointPart,
+                    request_deserializer=proto_dot_rpc__pb2.CheckpointMessage.FromString,
+                    response_serializer=proto_dot_rpc__pb2.CheckpointMessage.SerializeToString,
+            ),
+            'CheckpointList': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckpointList,
+                    request_deserializer=proto_dot_rpc__pb2.CheckpointMessage.FromString,
+                    response_serializer=proto_dot_rpc__pb2.CheckpointMessage.SerializeToString,
+            ),
+            'CheckpointCommit': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckpointCommit,
+                    request_deserializer=proto_dot_rpc__pb2.CheckpointMessage.FromString,
+                    response_serializer=proto_dot_rpc__pb2.VoidMessage.SerializeToString,
+            ),
+            'CheckpointRestore': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckpointRestore,
+                    request_deserializer=proto_dot_rpc__pb2.CheckpointMessage.FromString,
+                    response_serializer=proto_dot_rpc__pb2.CheckpointMessage.SerializeToString,
             ),
             'Watch': grpc.unary_unary_rpc_method_handler(
                     servicer.Watch,
@@ -503,6 +571,114 @@ class PServer:
             '/pstranspiler.rpc.PServer/CheckpointNotify',
             proto_dot_rpc__pb2.CheckpointMessage.SerializeToString,
             proto_dot_rpc__pb2.VoidMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckpointPart(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pstranspiler.rpc.PServer/CheckpointPart',
+            proto_dot_rpc__pb2.CheckpointMessage.SerializeToString,
+            proto_dot_rpc__pb2.CheckpointMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckpointList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pstranspiler.rpc.PServer/CheckpointList',
+            proto_dot_rpc__pb2.CheckpointMessage.SerializeToString,
+            proto_dot_rpc__pb2.CheckpointMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckpointCommit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pstranspiler.rpc.PServer/CheckpointCommit',
+            proto_dot_rpc__pb2.CheckpointMessage.SerializeToString,
+            proto_dot_rpc__pb2.VoidMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckpointRestore(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pstranspiler.rpc.PServer/CheckpointRestore',
+            proto_dot_rpc__pb2.CheckpointMessage.SerializeToString,
+            proto_dot_rpc__pb2.CheckpointMessage.FromString,
             options,
             channel_credentials,
             insecure,

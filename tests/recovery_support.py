@@ -67,12 +67,12 @@ def command(fixture: Recoverable, out: Path, steps: int, *extra: str, float64: b
 
 def run_job(fixture: Recoverable, out: Path, steps: int, every: int, *extra: str, float64: bool = False,
             max_restarts: int = 0, checkpoint_dir: Path | str | None = None, pservers: int | None = None,
-            sync_mode: bool = True) -> LaunchResult:
+            sync_mode: bool = True, wrap: tuple[str, ...] = ()) -> LaunchResult:
     """One `launch` of the fixture with checkpoints every `every` steps into `out/ckpt`
     (or `checkpoint_dir`), restarting up to `max_restarts` times; the output in
-    `out/launch.txt`."""
+    `out/launch.txt`. `wrap`: a command prefix every process runs under (isolation)."""
     out.mkdir(parents=True, exist_ok=True)
-    config = LaunchConfig(command=command(fixture, out, steps, *extra, float64=float64),
+    config = LaunchConfig(command=(*wrap, *command(fixture, out, steps, *extra, float64=float64)),
                           pservers=pservers or fixture.pservers, sync_mode=sync_mode,
                           trainers=fixture.trainers, env=ONE_THREAD, log_dir=out / "logs", rpc_timeout=60.0,
                           status_every=60.0, stop_grace=2.0, exit_grace=30.0,

@@ -186,18 +186,28 @@ def test_per_pserver_dirs_a_job_manifest_records_each_part_and_a_gathered_copy_r
             scope.set_var(f"w.block{i}", LoDTensor((W + step)[:4] if i == 0 else (W + step)[4:]))
             scope.set_var("lr", LoDTensor(np.array(0.5, np.float32)))
             saver.save(scope, f"ckpt-{step}")
-        if step < 6:
-            write_job_manifest(template, f"ckpt-{step}", 2, plan, keep=2)
-    for i in range(2):  # own parts, no manifest; each pserver keeps its newest 2
-        assert sorted(p.name for p in part_root(template, i).iterdir()) == ["ckpt-4", "ckpt-6"]
+        if step < 6:  # trainer 0's job manifest, and its copy sent to each pserver (ops.rpc.own_dirs)
+            folder = write_job_manifest(template, f"ckpt-{step}", 2, plan, keep=2)
+            for saver in savers:
+                saver.commit(f"ckpt-{step}", json.loads((folder / "MANIFEST.json").read_text()))
+    for i in range(2):  # the newest 2 committed, and ckpt-6's part (it may complete yet): no manifest copy there
+        assert sorted(p.name for p in part_root(template, i).iterdir()) == ["ckpt-2", "ckpt-4", "ckpt-6", "latest"]
         assert not (part_root(template, i) / "ckpt-6" / "MANIFEST.json").exists()
-    with pytest.raises(CheckpointError, match="no complete checkpoint"):  # ckpt-6 is not complete until trainer 0 says
-        CheckpointReader(part_root(template, 0))
+    assert CheckpointReader(part_root(template, 0)).step == 4  # ckpt-6 is not complete until trainer 0 says
     assert CheckpointReader(template).step == 4  # the template reads its job root
     folder = write_job_manifest(template, "ckpt-6", 2, plan, keep=2)
     manifest = json.loads((folder / "MANIFEST.json").read_text())
     assert manifest["locations"] == {f"ps{i}": str(part_root(template, i) / "ckpt-6" / f"ps{i}") for i in range(2)}
     assert sorted(p.name for p in job_root(template).iterdir()) == ["ckpt-4", "ckpt-6", "latest"]
+    for saver in savers:
+        saver.commit("ckpt-6", manifest)
+        assert sorted(p.name for p in saver.root.iterdir()) == ["ckpt-4", "ckpt-6", "latest"]
+    damaged = json.loads(json.dumps(manifest))
+    damaged["parts"]["ps0"]["lr"]["files"]["lr"] = "0" * 64
+    with pytest.raises(CheckpointError, match="does not describe the part on disk"):
+        savers[0].commit("ckpt-6", damaged)
+    with pytest.raises(CheckpointError, match="another plan"):  # ps1's vars are not this pserver's
+        savers[0].commit("ckpt-6", {**manifest, "parts": {**manifest["parts"], "ps0": manifest["parts"]["ps1"]}})
     reader = CheckpointReader(template)
     assert reader.step == 6 and np.array_equal(reader.whole("w"), W + 6) and reader.whole("lr").shape == ()
     three = {"w.block2": VarSlice("w", (6, 2), (4, 6)), "lr": VarSlice("lr", ())}
@@ -212,7 +222,7 @@ def test_per_pserver_dirs_a_job_manifest_records_each_part_and_a_gathered_copy_r
     shutil.rmtree(tmp_path / "disk1")
     assert np.array_equal(CheckpointReader(gathered).whole("w"), W + 6)
     with pytest.raises(CheckpointError, match="part ps1 is neither at"):
-        CheckpointReader(template)
+        CheckpointReader(template).whole("w")
     with pytest.raises(CheckpointError, match="part ps1 does not read"):
         write_job_manifest(template, "ckpt-6", 2, plan)
     with pytest.raises(CheckpointError, match="of step 4 or another plan"):

@@ -9,7 +9,9 @@ on the order the trainers' prefetches arrive).
 Each run: one pserver and one trainer killed at two steps, one of the kills 0-30 ms into
 a checkpoint's write. Runs: `PSTRANSPILE_CHAOS_RUNS` (default 2, round-robin over `CHAOS_FIXTURES`), seed
 `PSTRANSPILE_CHAOS_SEED` (default 23); `pytest -s` prints each run. docs/recovery.md
-records a long run's figures.
+records a long run's figures. `PSTRANSPILE_CHAOS_OWN_DIRS=1`: every job checkpoints into
+per-pserver dirs (`disk{pserver}/ckpt`) and every process runs seeing only its own
+(`tests/isolation_support.py`; skipped where mount namespaces are not available).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
+from isolation_support import available, prefix
 from recovery_support import (
     BY_NAME,
     CHAOS_FIXTURES,
@@ -35,6 +39,9 @@ STEPS, EVERY = 6, 2
 
 def test_seeded_kills_of_pservers_and_trainers_recover_bit_identical(tmp_path):
     runs = int(os.environ.get("PSTRANSPILE_CHAOS_RUNS", "2"))
+    own_dirs = os.environ.get("PSTRANSPILE_CHAOS_OWN_DIRS") == "1"
+    if own_dirs and (why := available()) is not None:
+        pytest.skip(f"PSTRANSPILE_CHAOS_OWN_DIRS needs mount namespaces: {why}")
     rng = np.random.default_rng(int(os.environ.get("PSTRANSPILE_CHAOS_SEED", "23")))
     references: dict[str, dict[str, np.ndarray]] = {}
     results: list[ChaosRun] = []
@@ -48,10 +55,13 @@ def test_seeded_kills_of_pservers_and_trainers_recover_bit_identical(tmp_path):
         kills = draw_kills(rng, fixture, STEPS, EVERY)
         out = tmp_path / f"run{i}"
         args = ("--chaos", ",".join(kills), "--pid-dir", str(out / "pids"))
-        result = run_job(fixture, out, STEPS, EVERY, *args, float64=True, max_restarts=len(kills))
+        ckpt = out / "disk{pserver}" / "ckpt" if own_dirs else out / "ckpt"
+        wrap = prefix(ckpt, fixture.pservers) if own_dirs else ()
+        result = run_job(fixture, out, STEPS, EVERY, *args, float64=True, max_restarts=len(kills), checkpoint_dir=ckpt,
+                         wrap=wrap)
         run = ChaosRun(fixture.case, kills, result.ok, restart_origins(out))
         if result.ok:
-            step, state = final_state(out / "ckpt")
+            step, state = final_state(ckpt)
             bad = tuple(differing(references[fixture.case], state)) + (() if step == STEPS else (f"step {step}",))
             run = ChaosRun(fixture.case, kills, True, run.restarts, not bad, bad)
         results.append(run)

@@ -41,7 +41,11 @@ def test_a_killed_job_restored_from_its_checkpoint_is_bit_identical(tmp_path, ca
     killed = run_job(fixture, tmp_path / "killed", STEPS, EVERY, "--chaos", f"{KILL_AT}:{who}",
                      "--pid-dir", str(tmp_path / "pids"), float64=float64, max_restarts=1)
     assert killed.ok and len(killed.restarts) == 1, log_of(killed, tmp_path / "killed")
-    assert "SIGKILL" in killed.restarts[0] and "from checkpoint ckpt-2" in (tmp_path / "killed" / "launch.txt").read_text()
+    # Trainer 0 kills before its step 3; a killed trainer 1 may already have sent its step-3 grads and
+    # barrier (sync: the round then completes without it, and ckpt-4 with it), so ckpt-4 is a valid origin.
+    origins = ("from checkpoint ckpt-2",) + (("from checkpoint ckpt-4",) if who == "trainer:1" else ())
+    text = (tmp_path / "killed" / "launch.txt").read_text()
+    assert "SIGKILL" in killed.restarts[0] and any(origin in text for origin in origins), text
     step, want = final_state(tmp_path / "reference" / "ckpt")
     again, got = final_state(tmp_path / "killed" / "ckpt")
     assert step == again == STEPS and want
@@ -121,5 +125,6 @@ def test_a_sync_trainer_pulls_the_distributed_table_through_per_pserver_dirs(tmp
     table = read_tensor(tmp_path / "pulled" / "emb")
     assert step == 4 and table.shape == state["emb"].shape and np.abs(table).sum() > 0
     assert table.tobytes() == state["emb"].tobytes()
-    assert not (tmp_path / "disk0" / "ckpt-4" / "MANIFEST.json").exists()
-    assert (tmp_path / "diskjob" / "ckpt-4" / "MANIFEST.json").is_file()
+    job = (tmp_path / "diskjob" / "ckpt-4" / "MANIFEST.json").read_text()
+    for i in range(2):  # each pserver keeps a copy of the job manifest beside its part (sent over RPC)
+        assert (tmp_path / f"disk{i}" / "ckpt-4" / "MANIFEST.json").read_text() == job

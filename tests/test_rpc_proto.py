@@ -51,7 +51,8 @@ def test_the_service_has_the_runtime_s_methods():
     assert sorted(METHODS) == sorted(
         ["SendVariable", "GetVariable", "PrefetchVariable", "SendBarrier", "FetchBarrier", "SendBatch", "FetchBatch",
          "SendFetchBatch",
-         "SendComplete", "CheckpointNotify", "Watch"]
+         "SendComplete", "CheckpointNotify", "Watch",
+         "CheckpointPart", "CheckpointList", "CheckpointCommit", "CheckpointRestore"]
     )
 
 

@@ -723,7 +723,8 @@ def plan_command(args: argparse.Namespace) -> int:
     arg("--checkpoint-dir", metavar="DIR", help="checkpoint notices write here, and nowhere else (default: refused); "
         "with {pserver} in it, pserver i's own dir ({pserver}=i)"),
     arg("--keep-checkpoints", type=int, default=3, metavar="K", help="keep the newest K complete checkpoints (default 3)"),
-    arg("--restore", metavar="DIR", help="start from DIR's newest complete checkpoint (any pserver count took it)"),
+    arg("--restore", metavar="DIR", help="start from DIR's newest complete checkpoint (any pserver count took it); "
+        "with {pserver} in DIR: from this pserver's own dir only, at the step trainer 0 agrees (the same pserver count)"),
     arg("--init", metavar="DIR", help="warm start from LoDTensor files of whole vars (fetch, save_persistables)"),
     arg("--refuse-nonfinite", action="store_true", default=None,
         help="refuse grads holding a NaN or an Inf (INVALID_ARGUMENT; default $PSTRANSPILE_REFUSE_NONFINITE, else off)"),

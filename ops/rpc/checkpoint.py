@@ -45,16 +45,18 @@ unused preallocated rows in `<table>@POOL`); restoring it onto M' keeps the rows
 Per-pserver directories: a root containing `{pserver}` (`serve --checkpoint-dir
 '/data/ps{pserver}/ckpt'`, the same string for every process of the job) is a template.
 Pserver i writes its part under the template with `{pserver}` = i, on a disk of its own
-(`<root i>/ckpt-<step>/ps<i>/`, the same staging and PART.json); no pserver sees the set,
-so trainer 0, once every pserver answered the checkpoint request, writes the job-level
-manifest into the template with `{pserver}` = `job` (`/data/psjob/ckpt/ckpt-<step>/
-MANIFEST.json` and `latest`): every part's vars, and in `locations` where each part is.
-A reader (restore onto any pserver count, `fetch`, `Session.pull`) given the template or
-the job root reads each part where `locations` says, or, when that path is not there, from
-the manifest's own folder (`<job>/ckpt-<step>/ps<i>/`: a gathered copy, the parts copied
-beside the manifest). Trainer 0 and, at a restore, every pserver must reach every part's
-path (local disks of one machine, or volumes mounted at the same paths everywhere); a
-volume only its own pserver mounts is gathered first.
+(`<root i>/ckpt-<step>/ps<i>/`, the same staging and PART.json). No process reads another's
+dir (`ops.rpc.own_dirs`): each pserver sends trainer 0 its PART.json over RPC; trainer 0
+writes the job-level manifest into the template with `{pserver}` = `job` (its own dir:
+`/data/psjob/ckpt/ckpt-<step>/MANIFEST.json` and `latest`; every part's vars, and in
+`locations` where each part is) and sends it to every pserver, which keeps a copy beside
+its part (`Checkpointer.commit`) once it matches the part on disk: the checkpoint is then
+complete in each pserver's own dir. A restore onto the same pserver count reads the
+pserver's own part only (`CheckpointReader.own_part_fits`). A reader of whole vars
+(restore onto another pserver count, `fetch`, `Session.pull`) given the template, the job
+root or a pserver's own dir reads each part where `locations` says or, when that path is
+not there, from the manifest's own folder (`<...>/ckpt-<step>/ps<i>/`: a gathered copy, the
+parts copied beside the manifest): it must reach every part.
 
 Names a checkpoint request carries are relative: one or more components of
 `[A-Za-z0-9_.-]`, no `.` or `..`; anything else is refused (`CheckpointPathError`,
@@ -358,8 +360,7 @@ class Checkpointer:
         self.root.mkdir(parents=True, exist_ok=True)
         folder = confine(self.root, name)
         if (folder / MANIFEST).is_file():  # complete already (a restored job asked again): never unmake a complete one,
-            if self.shared:  # but point `latest` at it (a kill may have come between its manifest and `latest`)
-                _point_latest(self.root, folder, step)
+            _point_latest(self.root, folder, step)  # but point `latest` at it (a kill may have come between its manifest and `latest`)
             return folder
         folder.mkdir(exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=folder, prefix=f".{self.part}.tmp-"))
@@ -455,8 +456,8 @@ class Checkpointer:
 
     def _complete(self, folder: Path, step: int) -> None:
         """Write MANIFEST.json and `latest` if every part is in (any part's writer may).
-        In a directory of its own, a part is kept, and the older ones pruned, by its own
-        steps: the set is complete when trainer 0 writes the job manifest."""
+        In a directory of its own the set is complete when trainer 0 sends the job
+        manifest (`commit`)."""
         if not self.shared:
             self.prune()
             return
@@ -482,12 +483,46 @@ class Checkpointer:
         _point_latest(self.root, folder, step)
         self.prune()
 
+    def commit(self, name: str, manifest: Mapping[str, Any]) -> Path:
+        """A directory of its own: keep a copy of checkpoint `name`'s job manifest beside
+        this part (`<root>/<name>/MANIFEST.json`), once it is checked against the part on
+        disk (the manifest's entry for this part is this part's PART.json, the plan is this
+        plan, the set is restorable); point `latest` at it and prune. The checkpoint is then
+        complete in this dir: a restore needs nothing outside it (`ops.rpc.own_dirs`)."""
+        step = step_of(name)
+        if step is None:
+            raise CheckpointPathError(f"checkpoint name {name!r} is not ckpt-<step>")
+        folder = confine(self.root, name)
+        where = f"checkpoint {name} part {self.part}"
+        if manifest.get("format") != FORMAT or manifest.get("step") != step:
+            raise CheckpointError(f"{where}: the job manifest sent is not a {FORMAT} manifest of step {step}")
+        parts = manifest.get("parts")
+        if not isinstance(parts, dict) or sorted(parts) != sorted(self.parts) or not part_fits(parts.get(self.part), self.layout):
+            # (not the plan's fingerprint: a restarted job's endpoints, in the plan, differ; its layout does not)
+            raise CheckpointError(f"{where}: the job manifest sent is of another plan (other parts or vars)")
+        try:
+            info = json.loads((folder / self.part / PART).read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{where}: this pserver holds no such part ({exc})") from None
+        if parts[self.part] != info.get("vars") or info.get("step") != step:
+            raise CheckpointError(f"{where}: the job manifest sent does not describe the part on disk")
+        validate_manifest(manifest, folder)
+        if not (folder / MANIFEST).is_file():
+            _write_json(folder / MANIFEST, manifest)
+            if read_manifest(folder) != json.loads(json.dumps(manifest)):
+                raise CheckpointError(f"{folder}: {MANIFEST} does not read back as written")
+            _fsync_dir(folder)
+        _point_latest(self.root, folder, step)
+        self.prune()
+        return folder
+
     def prune(self) -> None:
         """Remove all but the newest `keep` complete checkpoints, and incomplete ones
-        older than the newest complete one."""
+        older than the newest complete one. (In a directory of its own a checkpoint is
+        complete once the job manifest's copy is beside the part: a part newer than the
+        newest copy is kept, it may be the newest complete checkpoint of the job.)"""
         found = sorted(((s, p) for p in self.root.iterdir() if (s := step_of(p.name)) is not None), reverse=True)
-        done = MANIFEST if self.shared else f"{self.part}/{PART}"
-        complete = [s for s, p in found if (p / done).is_file()]
+        complete = [s for s, p in found if (p / MANIFEST).is_file()]
         if not complete:
             return
         kept = set(complete[: self.keep])
@@ -524,12 +559,14 @@ def find_latest(path: Path, *, missing_ok: bool = False) -> Path | None:
     raise CheckpointError(f"{path}: no complete checkpoint (no {MANIFEST}, no {LATEST}, no complete {PREFIX}<step>)")
 
 
-def write_job_manifest(template: Path | str, name: str, parts: int, plan_text: str, keep: int = DEFAULT_KEEP) -> Path:
+def write_job_manifest(template: Path | str, name: str, parts: int, plan_text: str, keep: int = DEFAULT_KEEP,
+                       infos: Mapping[str, Mapping[str, Any]] | None = None) -> Path:
     """Trainer 0, once all `parts` pservers answered checkpoint `name` in their own dirs
-    (`template`): read every part's PART.json where its pserver wrote it, check the set
-    as a restore needs it, write `<job root>/name/MANIFEST.json` (every part's vars and
-    `locations`) and `latest`, and keep the newest `keep` job manifests. Returns the
-    job-level checkpoint folder."""
+    (`template`): take every part's PART.json (`infos`, by part, as each pserver sent it
+    over RPC; None: read where its pserver wrote it), check the set as a restore needs
+    it, write `<job root>/name/MANIFEST.json` (every part's vars and `locations`) and
+    `latest`, and keep the newest `keep` job manifests. Returns the job-level checkpoint
+    folder."""
     step = step_of(name)
     if step is None:
         raise CheckpointPathError(f"checkpoint name {name!r} is not ckpt-<step>")
@@ -540,10 +577,15 @@ def write_job_manifest(template: Path | str, name: str, parts: int, plan_text: s
     for index in range(parts):
         part = f"ps{index}"
         where = Path(os.path.abspath(confine(part_root(template, index), name) / part))
-        try:
-            info = json.loads((where / PART).read_text())
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"checkpoint {name}: part {part} does not read at {where} ({exc})") from None
+        if infos is not None:
+            info = infos.get(part, {})
+        else:
+            try:
+                info = json.loads((where / PART).read_text())
+            except (OSError, ValueError) as exc:
+                raise CheckpointError(f"checkpoint {name}: part {part} does not read at {where} ({exc})") from None
+        if info.get("part", part) != part:
+            raise CheckpointError(f"checkpoint {name}: the PART.json given for {part} is {info.get('part')}'s")
         if info.get("step") != step or info.get("plan_sha256") != plan_fingerprint(plan_text):
             raise CheckpointError(f"checkpoint {name}: {where / PART} is of step {info.get('step')} or another plan")
         vars_[part], locations[part] = info["vars"], str(where)
@@ -623,7 +665,11 @@ class CheckpointReader:
             if bad_file or not re.fullmatch(r"ps\d+|local", part):
                 raise CheckpointError(f"{self.folder}: {MANIFEST} names a part or file outside the checkpoint")
         self._wholes: dict[str, np.ndarray] = {}
-        self._dirs = {part: self._part_dir(part) for part in self.manifest["parts"]}
+        self._found: dict[str, Path] = {}  # each part's folder, found when first read
+
+    @property
+    def _dirs(self) -> Mapping[str, Path]:
+        return _PartDirs(self)
 
     def _part_dir(self, part: str) -> Path:
         """Where `part`'s files are: beside the manifest (a shared dir, or a gathered copy),
@@ -723,9 +769,19 @@ class CheckpointReader:
         order = np.argsort(rows, kind="stable")
         return rows[order], values[order]
 
+    def own_part_fits(self, layout: Mapping[str, VarSlice], part: str, parts: int) -> bool:
+        """True when `part` of this checkpoint holds exactly what `layout` wants (the same
+        pserver count and placement): a restore then reads that one part and nothing else."""
+        return len(self.manifest["parts"]) == parts and part_fits(self.manifest["parts"].get(part), layout)
+
     def restore(self, scope: Scope, layout: Mapping[str, VarSlice], part: str, parts: int) -> None:
         """Set every var of `layout` in `scope` from the checkpoint, cut to its rows
-        (`part` of `parts`: "ps<i>" of M', or "local")."""
+        (`part` of `parts`: "ps<i>" of M', or "local"). Where `part` holds exactly the
+        layout's vars (the same pserver count and plan), only that part is read: the same
+        values (its rows are the rows cut from the whole), and no other pserver's dir."""
+        if self.own_part_fits(layout, part, parts):
+            self._restore_own(scope, layout, part)
+            return
         for name, where in layout.items():
             if where.table:
                 self._restore_table(scope, name, where, part, parts)
@@ -736,6 +792,27 @@ class CheckpointReader:
                 raise CheckpointError(
                     f"{self.folder}: {where.origin} has shape {list(saved.shape)}, this program's is {list(where.whole_shape)}")
             scope.set_var(name, LoDTensor(np.array(where.cut(whole))))
+
+    def _restore_own(self, scope: Scope, layout: Mapping[str, VarSlice], part: str) -> None:
+        entries = self.manifest["parts"][part]
+        for name, where in layout.items():
+            entry = entries[name]
+            if where.table:
+                table = scope.find_var(name)
+                if not isinstance(table, SelectedRows):
+                    raise CheckpointError(f"restore: {name} is not a sparse table in this scope")
+                file, pool = _file_name(name), _file_name(name + POOL_SUFFIX)
+                rows, value, _ = decode_table(self._bytes(part, file, entry["files"][file]),
+                                              self._bytes(part, pool, entry["files"][pool]), str(self._dirs[part] / file))
+                with table.lock:
+                    _set_table(table, rows, value)
+                continue
+            saved = self._read(part, name, entry)
+            want = where.whole_shape if where.rows is None else (where.rows[1] - where.rows[0], *where.whole_shape[1:])
+            array = conform_scalar(saved, want)
+            if array is None:
+                raise CheckpointError(f"{self.folder}: {name} has shape {list(saved.shape)}, this program's is {list(want)}")
+            scope.set_var(name, LoDTensor(np.array(array)))
 
     def _restore_table(self, scope: Scope, name: str, where: VarSlice, part: str, parts: int) -> None:
         """The same pserver count: the exact shard, pool included; another: the rows with
@@ -752,6 +829,37 @@ class CheckpointReader:
             return
         ids, values = self.table_rows(where.origin)
         set_table_rows(table, ids, values, parts, _index_of(part))
+
+
+def part_fits(entries: Any, layout: Mapping[str, VarSlice]) -> bool:
+    """True when a part's vars (PART.json's `vars`) are exactly `layout`'s: the same
+    names, each the same rows of the same whole var (or the same table)."""
+    if not isinstance(entries, dict) or set(entries) != set(layout):
+        return False
+    return all(isinstance(e := entries[name], dict) and e.get("origin") == where.origin
+               and tuple(e.get("whole_shape", ())) == where.whole_shape
+               and e.get("rows") == (list(where.rows) if where.rows is not None else None)
+               and bool(e.get("table")) == where.table for name, where in layout.items())
+
+
+class _PartDirs(Mapping[str, Path]):
+    """A reader's part folders, each looked for when first asked: a reader of one part
+    never touches where the others are."""
+
+    def __init__(self, reader: CheckpointReader) -> None:
+        self._reader = reader
+
+    def __getitem__(self, part: str) -> Path:
+        found = self._reader._found  # noqa: SLF001
+        if part not in found:
+            found[part] = self._reader._part_dir(part)  # noqa: SLF001
+        return found[part]
+
+    def __iter__(self):
+        return iter(self._reader.manifest["parts"])
+
+    def __len__(self) -> int:
+        return len(self._reader.manifest["parts"])
 
 
 def _index_of(part: str) -> int:
@@ -825,6 +933,7 @@ __all__ = [
     "part_root",
     "local_layout",
     "pserver_layout",
+    "part_fits",
     "read_manifest",
     "set_table_rows",
     "step_of",

@@ -440,6 +440,14 @@ class RpcClient:
         what = "send barrier and fetch barrier" if barrier and fetch_barrier else "send and fetch"
         return endpoint, "SendFetchBatch", request, what
 
+    def checkpoint_call(self, method: str, endpoints: Sequence[str], message: Any) -> list[Any]:
+        """The replies of one `Checkpoint*` call (`message`) to every one of `endpoints`, in
+        parallel, in order (`ops.rpc.own_dirs`)."""
+        self.wait_pending()
+        what = {"CheckpointPart": "checkpoint part", "CheckpointList": "checkpoint list",
+                "CheckpointCommit": "checkpoint commit", "CheckpointRestore": "checkpoint restore"}.get(method, method)
+        return self._gather([(self._future(ep, method, message), what, ep) for ep in endpoints])
+
     def checkpoint_notify(self, endpoints: Sequence[str], directory: str, lookup_table: str = "") -> None:
         message = rpc_pb2.CheckpointMessage(trainer_id=self.trainer_id, dir=directory, lookup_table=lookup_table)
         self._broadcast(endpoints, "CheckpointNotify", message, "checkpoint notify")

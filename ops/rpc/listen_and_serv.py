@@ -27,6 +27,7 @@ Runtime options come from the executor's env (`Executor(env={...})`):
 | `pserver_auth` | the `ops.rpc.auth.ServerAuth` (token, TLS, `insecure`; default: from the environment) |
 | `plan_fingerprint` | the job's plan fingerprint, for the handshake (default: not compared) |
 | `checkpointer` | an `ops.rpc.checkpoint.Checkpointer`: where checkpoint notices write (none: refused) |
+| `restorer` | an `ops.rpc.own_dirs.PartRestorer`: var RPCs wait for the restore trainer 0 agrees |
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ def serve_config(ctx: OpContext) -> ServeConfig:
         auth=ctx.env.get("pserver_auth") or ServerAuth.from_env(),
         plan_fingerprint=ctx.env.get("plan_fingerprint"),
         checkpointer=ctx.env.get("checkpointer"),
+        restorer=ctx.env.get("restorer"),
         refuse_nonfinite=bool(nonfinite) if nonfinite is not None else refuse_nonfinite_default(),
         lost_grace=float(grace) if grace is not None else LOST_GRACE,
     )

@@ -7,6 +7,8 @@ own (`checkpoint_dir`, the last `keep`), start from a checkpoint (`restore`: its
 from the checkpoint's whole vars by this plan, whatever pserver count took it) or warm
 start from LoDTensor files of whole vars (`init`: a `fetch` or `save_persistables`
 folder; vars without a file keep their initialiser's values). See `ops.rpc.checkpoint`.
+A `restore` that is a `{pserver}` template reads this pserver's own dir only, at the step
+trainer 0 agrees over RPC once the pserver serves (`ops.rpc.own_dirs`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ops.rpc.checkpoint import (
 )
 from ops.rpc.errors import PserverError
 from ops.rpc.listen_and_serv import parse_grad_to_block, trainer_sent_vars
+from ops.rpc.own_dirs import PartRestorer
 from ops.rpc.server import PServer, print_log
 from ops.scope import Scope
 from transpiler.errors import PsTranspilerError
@@ -96,6 +99,8 @@ def serve_program(
         if checkpoint_dir is not None:  # a `{pserver}` template: this pserver's own dir
             env["checkpointer"] = Checkpointer(part_root(checkpoint_dir, state.index), state.part, state.parts, state.layout,
                                                plan_text, keep, shared=not is_template(checkpoint_dir))
+        if restore is not None and is_template(restore):  # its own dir only: restore at the step trainer 0 agrees
+            env["restorer"] = PartRestorer(restore, state.index, state.part, len(state.parts), state.layout, plan_text)
     if timeout is not None:
         env["rpc_timeout"] = float(timeout)
     if bind is not None:
@@ -107,7 +112,10 @@ def serve_program(
     scope = scope if scope is not None else Scope()
     exe = Executor(seed=seed, env=env)
     exe.run(startup, scope=scope)
-    if restore is not None:
+    if restore is not None and is_template(restore):
+        if log is not None:
+            log(f"pserver {state.endpoint}: restores from {part_root(restore, state.index)} at the step trainer 0 agrees")
+    elif restore is not None:
         reader = CheckpointReader(Path(restore))
         reader.restore(scope, state.layout, state.part, len(state.parts))
         if log is not None:

@@ -117,6 +117,7 @@ from ops.rpc.bind import check_bindable
 from ops.rpc.checkpoint import CheckpointError, Checkpointer, CheckpointPathError, confine
 from ops.rpc.errors import BindError, PserverError
 from ops.rpc.malloc import keep_freed_memory
+from ops.rpc.own_dirs import OwnDirRpc
 from ops.rpc.service import DEFAULT_TIMEOUT, LOST_GRACE, METHODS, SERVICE_NAME, server_options
 from ops.rpc.validate import Expected, Refused, max_message
 from ops.rpc.wire import WireBatch, WireVar, encode_batch, encode_var, var_parts
@@ -161,6 +162,7 @@ class ServeConfig:
     auth: ServerAuth = ServerAuth()  # the job token, TLS, the loopback default (`ops.rpc.auth`)
     plan_fingerprint: str | None = None  # the handshake compares it with the trainers' when both know it
     checkpointer: Checkpointer | None = None  # the checkpoint dir; None: notices are refused
+    restorer: Any = None  # an ops.rpc.own_dirs.PartRestorer: restore at the step trainer 0 agrees
     refuse_nonfinite: bool = False  # refuse a received var holding a NaN or an Inf
     lost_grace: float = LOST_GRACE  # seconds a trainer whose connection closed has to come back
 
@@ -205,7 +207,7 @@ class _Trainer:
     lost_step: str = ""  # where the protocol was then
 
 
-class PServer:
+class PServer(OwnDirRpc):
     """One pserver. `serve()` blocks until every trainer completed (returns), `stop()`
     is called (returns), or the protocol fails (raises `PserverError`)."""
 
@@ -573,6 +575,8 @@ class PServer:
                 state.last_seen = time.monotonic()
 
     def _handle(self, context: Any, method: str, trainer_id: int, what: str, body: Callable[[], Any]) -> Any:
+        if (waiting := self._restoring(method)) is not None:  # ops.rpc.own_dirs: before the agreed restore
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, waiting)
         try:
             with self._visit(method, trainer_id, what):
                 return body()

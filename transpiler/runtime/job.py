@@ -32,7 +32,15 @@ from transpiler.config import parse_endpoints
 from transpiler.errors import PsTranspilerError
 from transpiler.runtime.metrics import METRICS_FILE, MetricsWriter
 from transpiler.runtime.progress import Progress
-from transpiler.runtime.role import CHECKPOINT_DIR_ENV, CHECKPOINT_EVERY_ENV, PSERVER, RESTORE_ENV, TRAINER, Role
+from transpiler.runtime.role import (
+    CHECKPOINT_DIR_ENV,
+    CHECKPOINT_EVERY_ENV,
+    PSERVER,
+    RESTORE_ENV,
+    RESTORE_IF_ANY_ENV,
+    TRAINER,
+    Role,
+)
 
 POLL = 0.1
 TAIL_LINES = 12
@@ -270,6 +278,10 @@ def _run_attempts(config: LaunchConfig, make_backend: Callable[[], Backend], out
     restore_failures: list[tuple[str, ...] | None] = []  # per restart: how it failed before passing its checkpoint
     while True:
         extra = {**base, RESTORE_ENV: str(checkpoint_dir)} if restore is not None else base
+        if restarts and checkpoint_dir is not None and "{pserver}" in str(checkpoint_dir):
+            # Per-pserver dirs: the processes agree the step over RPC (ops.rpc.own_dirs), whatever this
+            # launcher can read; none complete yet: from scratch.
+            extra = {**base, RESTORE_ENV: str(checkpoint_dir), RESTORE_IF_ANY_ENV: "1"}
         log_dir = Path(config.log_dir) if not restarts else Path(config.log_dir) / f"restart-{len(restarts)}"
         result = run_attempt(config, make_backend(), extra, log_dir, out, metrics=metrics, attempt=len(restarts))
         result.seconds = time.monotonic() - started
@@ -288,6 +300,8 @@ def _run_attempts(config: LaunchConfig, make_backend: Callable[[], Backend], out
         restarts.append(result.failure)
         restore = _restore_point(checkpoint_dir)
         origin = f"checkpoint {restore.name}" if restore is not None else "the start (no complete checkpoint yet)"
+        if restore is None and checkpoint_dir is not None and "{pserver}" in str(checkpoint_dir):
+            origin = "the newest checkpoint the pservers agree on (none complete in the job dir seen here)"
         print(f"launch: {result.failure}", file=out)
         print(f"launch: restart {len(restarts)} of {config.max_restarts}, from {origin}", file=out, flush=True)
 

@@ -49,6 +49,7 @@ CHECKPOINT_EVERY_ENV = "PSTRANSPILE_CHECKPOINT_EVERY"
 RESTORE_ENV = "PSTRANSPILE_RESTORE"
 # The partitioner every process transpiles with (`transpiler.partition`; `launch --partitioner`).
 PARTITIONER_ENV = "PSTRANSPILE_PARTITIONER"
+RESTORE_IF_ANY_ENV = "PSTRANSPILE_RESTORE_IF_ANY"  # a launcher's restart: a {pserver} template with no checkpoint yet starts from scratch
 
 LOCAL, TRAINER, PSERVER = "local", "trainer", "pserver"
 

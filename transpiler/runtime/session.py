@@ -20,7 +20,12 @@ Given None, these options fall back on what a launcher sets in the environment
 (`PSTRANSPILE_CHECKPOINT_DIR`, `PSTRANSPILE_CHECKPOINT_EVERY`, and `PSTRANSPILE_RESTORE` when
 `launch --max-restarts` restarts a job). `init=D` warm starts the pservers (or local
 training) from LoDTensor files of whole vars, and each trainer the params it keeps to
-itself (batch norm's moving stats), so trainer 0's `pull()` written out starts a job whole. `pull(names)` reads whole params out of the pservers (`pstranspile fetch`).
+itself (batch norm's moving stats), so trainer 0's `pull()` written out starts a job whole.
+With `{pserver}` in `checkpoint_dir` each
+pserver checkpoints into a dir of its own and no process reads another's (`ops.rpc.own_dirs`:
+trainer 0 gathers the parts' PART.json and sends the job manifest over RPC); `restore`
+such a template and trainer 0 agrees the step with the pservers over RPC before the
+trainers' startup (each pserver restores from its own part, every trainer learns the step). `pull(names)` reads whole params out of the pservers (`pstranspile fetch`).
 
 The same script then trains locally (no environment), under `pstranspile launch`, or on
 many machines under any scheduler that sets Paddle's variables. A distributed role
@@ -61,8 +66,8 @@ from ops.rpc.checkpoint import (
     confine,
     local_layout,
     warm_start,
-    write_job_manifest,
 )
+from ops.rpc import own_dirs
 from ops.rpc.client import RpcClient  # importing ops.rpc registers the RPC kernels
 from ops.rpc.fetch import pull, write_vars
 from ops.rpc.serve import serve_program
@@ -74,7 +79,7 @@ from transpiler.errors import PsTranspilerError
 from transpiler.ir import Program
 from transpiler.runtime.metrics import METRICS_ENV, MetricsWriter
 from transpiler.runtime.progress import Progress, Usage, format_progress, format_usage
-from transpiler.runtime.role import CHECKPOINT_DIR_ENV, CHECKPOINT_EVERY_ENV, PARTITIONER_ENV, RESTORE_ENV, Role
+from transpiler.runtime.role import CHECKPOINT_DIR_ENV, CHECKPOINT_EVERY_ENV, PARTITIONER_ENV, RESTORE_ENV, RESTORE_IF_ANY_ENV, Role
 
 FAILURE_NOTICE_DEADLINE = 5.0  # seconds to tell the pservers a trainer failed
 USAGE_EVERY = 0.5  # seconds between a pserver's CPU reports
@@ -139,8 +144,13 @@ class Session:
         self.init_from = Path(init) if init is not None else None
         if self.checkpoint_every and self.checkpoint_dir is None and not self.role.is_trainer:
             raise PsTranspilerError("checkpoint_every needs a checkpoint_dir")
-        self._restored = CheckpointReader(self.restore_from) if self.restore_from is not None else None
+        # A `{pserver}` template of a distributed job: each pserver restores from its own dir
+        # at the step trainer 0 agrees over RPC; the trainers learn it (`ops.rpc.own_dirs`).
+        self._agreed = self.restore_from is not None and is_template(self.restore_from) and self.role.is_distributed
+        self._restored = CheckpointReader(self.restore_from) if self.restore_from is not None and not self._agreed else None
         self.steps = self._restored.step if self._restored is not None else 0
+        if self._agreed and self.role.is_trainer:
+            self.steps = self._agree_restore(os.environ.get(RESTORE_IF_ANY_ENV) == "1")
         self._started_at: float | None = None
         self._finished = False
         metrics = metrics if metrics is not None else (os.environ.get(METRICS_ENV) or None)
@@ -185,7 +195,8 @@ class Session:
                 main, startup, timeout=self.role.rpc_timeout, seed=self.executor.seed, scope=self.scope,
                 plan_fingerprint=self.plan_fingerprint, plan_text=self.result.plan.to_json_text(),
                 checkpoint_dir=self.checkpoint_dir, keep=self.keep_checkpoints,
-                restore=self._restored.folder if self._restored is not None else None, init=self.init_from,
+                restore=self.restore_from if self._agreed else self._restored.folder if self._restored is not None else None,
+                init=self.init_from,
             )
         finally:
             done()
@@ -270,15 +281,36 @@ class Session:
         if self.client is not None:
             if self.role.trainer_id == 0:
                 self._save_own_state(name)
-                self.client.checkpoint_notify(list(self.role.endpoints), name)
-                if self.checkpoint_dir is not None and is_template(self.checkpoint_dir):  # parts in the pservers' own dirs
-                    write_job_manifest(self.checkpoint_dir, name, len(self.role.endpoints),
-                                       self.result.plan.to_json_text(), self.keep_checkpoints)
+                self._checkpoint_remote(name)
             return
         if self.checkpoint_dir is None:
             raise PsTranspilerError("local checkpoints need a checkpoint_dir")
         Checkpointer(job_root(self.checkpoint_dir), "local", ("local",), local_layout(self.main),
                      keep=self.keep_checkpoints).save(self.scope, name)
+
+    def _checkpoint_remote(self, name: str) -> None:
+        """Trainer 0: every pserver writes its part of `name`; with a `{pserver}` template,
+        the PART.jsons come back over RPC, the job manifest goes into trainer 0's own dir
+        and a copy to every pserver's (`ops.rpc.own_dirs.save`): no process reads another's dir."""
+        if self.checkpoint_dir is not None and is_template(self.checkpoint_dir):
+            own_dirs.save(self.client, list(self.role.endpoints), self.checkpoint_dir, name,
+                          self.result.plan.to_json_text(), self.keep_checkpoints)
+        else:
+            self.client.checkpoint_notify(list(self.role.endpoints), name)
+
+    def _agree_restore(self, if_any: bool) -> int:
+        """A trainer of a job restored from a `{pserver}` template: the agreed step (trainer 0
+        has the pservers restore it). A failure tells the pservers, so they stop at once."""
+        try:
+            return own_dirs.agree_restore(self.client, list(self.role.endpoints), if_any=if_any)
+        except BaseException as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            try:
+                self.client.complete(self.role.endpoints, failed=True, reason=f"restore: {reason}",
+                                     deadline=FAILURE_NOTICE_DEADLINE)
+            except Exception:  # noqa: BLE001 - the pservers may be gone; the restore's error matters
+                pass
+            raise
 
     def report(self, loss: float | None) -> None:
         elapsed = time.monotonic() - (self._started_at or time.monotonic())
@@ -344,10 +376,7 @@ class Session:
                     f"a sync trainer reads {', '.join(remote)} through a checkpoint of its step: give the Session "
                     "the job's checkpoint_dir (or use `pstranspile fetch` from another process)")
             name = checkpoint_name(self.steps)
-            self.client.checkpoint_notify(list(self.role.endpoints), name)
-            if is_template(self.checkpoint_dir):
-                write_job_manifest(self.checkpoint_dir, name, len(self.role.endpoints), self.result.plan.to_json_text(),
-                                   self.keep_checkpoints)
+            self._checkpoint_remote(name)
             reader = CheckpointReader(job_root(self.checkpoint_dir) / name)
             out |= {var: reader.whole(var) for var in remote}
         return {name: out[name] for name in wanted}
