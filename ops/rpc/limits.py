@@ -50,6 +50,7 @@ NAME_OVERHEAD = 8  # bytes of a FetchRequest per name beyond its UTF-8 (key, len
 SMALL_REQUEST = 1024  # bytes: a barrier, a watch
 NAMED_REQUEST = 64 * 1024  # bytes: a get's VariableMessage (a name), a checkpoint notice (a dir name)
 COMPLETE_REQUEST = 64 * 1024  # bytes: a complete notice (its reason)
+ASYNC_REPEATS = 16  # times an async batch may carry one var (a trainer's sends queued over steps)
 
 
 class Limited(Exception):
@@ -68,6 +69,15 @@ class Oversized:
     method: str
     size: int
     limit: int
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """What a guarded decoder returns for bytes that are not the method's message (the
+    handler answers INVALID_ARGUMENT with `reason`, where gRPC would say INTERNAL)."""
+
+    method: str
+    reason: str
 
 
 def declared_bytes(shape: Sequence[int] | None, dtype: Any, sparse: bool) -> int | None:
@@ -101,6 +111,7 @@ class Limits:
         self.fetchable: frozenset[str] | None = frozenset(known) if known is not None else None
         templates: Mapping[str, tuple[tuple[int, ...], Any]] = config.templates
         sparse = config.sparse_vars
+        self.receivable = len({*config.received, *config.grad_to_block, *(known or ())})  # names a send may carry
         self.heights: dict[str, int] = {}  # table (SelectedRows var) -> its declared height
         if self.fetchable is None:
             self.reply_limit: int | None = None
@@ -135,6 +146,15 @@ class Limits:
         else:
             limits["FetchBatch"] = MESSAGE_FLOOR
         return limits
+
+    def batch_fields(self, sync_mode: bool) -> int | None:
+        """The most top-level fields a received `VarBatch` may have (None: no program to
+        say): each var the pserver receives (async: up to `ASYNC_REPEATS` times, sends
+        queued over several steps) with its pad, and each var it holds to fetch, once."""
+        if self.fetchable is None:
+            return None
+        repeats = 1 if sync_mode else ASYNC_REPEATS
+        return 16 + 2 * repeats * self.receivable + len(self.fetchable)
 
     # -------------------------------------------------------- fetches
     def fetch_names(self, names: Sequence[str], trainer_id: int, method: str) -> tuple[str, ...]:
@@ -188,28 +208,46 @@ class Limits:
                               "(a sync step sends each var once)")
             seen.add(name)
 
-    def check_prefetch(self, count: int, height: int | None, row_bytes: int, trainer_id: int, what: str) -> None:
-        """A prefetch of `count` ids from a table of `height` rows (None: not known here)
-        whose rows take `row_bytes`: at most `height` ids, a reply under `reply_limit`."""
-        height = height if height is not None else self.largest_height
-        if height is not None and count > max(height, 1):
+    def check_prefetch(self, ids: np.ndarray, height: int | None, row_bytes: int, trainer_id: int, what: str) -> None:
+        """A prefetch of `ids` from a table of `height` rows (None: not known here) whose
+        rows take `row_bytes`: at most `height` ids, each in [0, height) (so an auto-grown
+        table never holds more rows than the program's height), and a reply under
+        `reply_limit`. A sharded table's ids are global: the bound is the larger of its
+        height and the program's largest SelectedRows height (its grads')."""
+        count = int(ids.size)
+        if height is None and self.largest_height is None:  # no program says: the reply's size only
+            self.check_reply(count * row_bytes + SLACK_PER_VAR, trainer_id, what)
+            return
+        bound = max(h for h in (height, self.largest_height, 1) if h is not None)
+        if count > bound:
             raise Limited(grpc.StatusCode.INVALID_ARGUMENT,
                           f"pserver {self.endpoint}: trainer {trainer_id}'s {what} asks {count} ids of a table of "
-                          f"{height} rows (prefetch ids are unique)")
+                          f"{bound} rows (prefetch ids are unique)")
+        if count:
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= bound:
+                raise Limited(grpc.StatusCode.OUT_OF_RANGE,
+                              f"pserver {self.endpoint}: trainer {trainer_id}'s {what}: id {low if low < 0 else high} "
+                              f"is outside [0, {bound})")
         self.check_reply(count * row_bytes + SLACK_PER_VAR, trainer_id, what)
 
 
-def guard_decoder(method: str, limit: int, decode: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
-    """`decode`, but a request over `limit` bytes is not parsed: `Oversized` instead (the
-    handler answers RESOURCE_EXHAUSTED)."""
+def guard_decoder(method: str, limit: int | None, decode: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """`decode`, but a request over `limit` bytes (None: no limit here) is not parsed,
+    `Oversized` instead (the handler answers RESOURCE_EXHAUSTED), and bytes `decode`
+    refuses are `Malformed` (INVALID_ARGUMENT)."""
 
     def guarded(data: bytes) -> Any:
-        if len(data) > limit:
+        if limit is not None and len(data) > limit:
             return Oversized(method, len(data), limit)
-        return decode(data)
+        try:
+            return decode(data)
+        except Exception as exc:  # noqa: BLE001 - WireError, protobuf's DecodeError: the sender's bytes
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return Malformed(method, reason[:200])
 
     return guarded
 
 
-__all__ = ["REASON_CHARS", "REPLY_FLOOR", "SLACK_PER_VAR", "Limited", "Limits", "Oversized", "declared_bytes",
+__all__ = ["REASON_CHARS", "REPLY_FLOOR", "SLACK_PER_VAR", "Limited", "Limits", "Malformed", "Oversized", "declared_bytes",
            "guard_decoder", "value_bytes"]

@@ -108,6 +108,7 @@ from collections.abc import Callable, Mapping
 from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import grpc
@@ -117,11 +118,11 @@ from ops.rpc.auth import Gate, ServerAuth
 from ops.rpc.bind import check_bindable
 from ops.rpc.checkpoint import CheckpointError, Checkpointer, CheckpointPathError, confine
 from ops.rpc.errors import BindError, PserverError
-from ops.rpc.limits import REASON_CHARS, Limited, Limits, Oversized, guard_decoder
-from ops.rpc.malloc import keep_freed_memory
+from ops.rpc.limits import REASON_CHARS, Limited, Limits, Malformed, Oversized, guard_decoder
+from ops.rpc.malloc import bound_arenas, keep_freed_memory
 from ops.rpc.service import DEFAULT_TIMEOUT, LOST_GRACE, METHODS, SERVICE_NAME, server_options
 from ops.rpc.validate import Expected, Refused, max_message
-from ops.rpc.wire import WireBatch, WireVar, encode_batch, encode_var, var_parts
+from ops.rpc.wire import WireBatch, WireVar, decode_batch, encode_batch, encode_var, var_parts
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows
 from proto import rpc_pb2
@@ -221,6 +222,7 @@ class PServer:
         run_in: Callable[[int, Scope], None] | None = None,
     ) -> None:
         keep_freed_memory()  # a step's MB buffers reuse their pages (ops.rpc.malloc)
+        bound_arenas()  # and its many threads share a few arenas: freed pages do not pile up per thread
         self.config = config
         self.scope = scope
         self._run_block = run_block
@@ -313,11 +315,13 @@ class PServer:
         options = server_options(max_receive=max_message(self.config))
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options, interceptors=(gate,))
         sizes = self._limits.request_limits()
+        fields = self._limits.batch_fields(self.config.sync_mode)
+        batch = partial(decode_batch, max_fields=fields) if fields is not None else decode_batch
+        decoders = {"SendBatch": batch, "SendFetchBatch": batch}  # a hand walk bounded by the program
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(
                 self._guarded(getattr(self, f"_rpc_{name}")),
-                request_deserializer=(guard_decoder(name, sizes[name], method.decode_request) if name in sizes
-                                      else method.decode_request),
+                request_deserializer=guard_decoder(name, sizes.get(name), decoders.get(name, method.decode_request)),
                 response_serializer=method.encode_response,
             )
             for name, method in METHODS.items()
@@ -377,13 +381,17 @@ class PServer:
 
     def _guarded(self, handler: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         """`handler`, but a request its decoder would not parse (`Oversized`) is answered
-        RESOURCE_EXHAUSTED before anything reads it."""
+        RESOURCE_EXHAUSTED before anything reads it, and one it could not (`Malformed`)
+        INVALID_ARGUMENT."""
 
         def guarded(request: Any, context: Any) -> Any:
             if isinstance(request, Oversized):
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                               f"pserver {self.config.endpoint}: a {request.method} request of {request.size} bytes; "
                               f"the limit is {request.limit}")
+            if isinstance(request, Malformed):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"pserver {self.config.endpoint}: a malformed {request.method} request: {request.reason}")
             return handler(request, context)
 
         return guarded
@@ -806,7 +814,7 @@ class PServer:
             ids = request.value.array.reshape(-1).astype(np.int64, copy=False)
             rows = self._rows_of(request.table_name, ids, request.trainer_id)
         else:
-            self._limits.check_prefetch(request.value.array.size, None, 0, request.trainer_id, what)
+            self._limits.check_prefetch(request.value.array.reshape(-1), None, 0, request.trainer_id, what)
             rows = self._run_prefetch_block(request.name, request.value)
         self._limits.check_reply(rows.nbytes, request.trainer_id, what)  # before encoding
         return encode_var(request.name, LoDTensor(rows))
@@ -821,10 +829,11 @@ class PServer:
         what = f"prefetch from {name}"
         if isinstance(table, SelectedRows):
             row_bytes = math.prod(table.row_shape) * np.dtype(table.dtype).itemsize
-            self._limits.check_prefetch(ids.size, table.height, row_bytes, trainer_id, what)
-        elif isinstance(table, LoDTensor) and table.array.ndim >= 1:
-            row_bytes = table.array[:1].nbytes if table.array.shape[0] else 0
-            self._limits.check_prefetch(ids.size, table.array.shape[0], row_bytes, trainer_id, what)
+            self._limits.check_prefetch(ids, table.height, row_bytes, trainer_id, what)
+        elif isinstance(table, LoDTensor) and table.array.ndim >= 1 and ids.size > max(table.array.shape[0], 1):
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"pserver {self.config.endpoint}: trainer {trainer_id}'s {what} asks {ids.size} ids of a table "
+                         f"of {table.array.shape[0]} rows (prefetch ids are unique)")
         if isinstance(table, SelectedRows):
             with table.lock:
                 try:
