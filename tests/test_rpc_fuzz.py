@@ -130,12 +130,12 @@ class Mutator:
         return self.rng.choice(["", "nope", "x" * self.rng.choice([1, 200, 5000, 60000]), "\x00", "../etc/passwd",
                                 "ctr_fc.b\x00", "ctr_fc.b" * 3, "ctr_fc.b@GRAD.trainer_7", "é" * 100])
 
-    def grad(self) -> rpc_pb2.VariableMessage:
+    def grad(self, small: bool = False) -> rpc_pb2.VariableMessage:
         which = self.rng.random()
         if which < 0.4:
             g = self.rng.choice(list(DENSE_GRADS))
             return var_message(f"{g}.trainer_0", self.np.standard_normal(DENSE_GRADS[g]).astype(np.float32))
-        k = self.rng.choice([0, 1, 5, 300, 5000])
+        k = self.rng.choice([0, 1, 5] if small else [0, 1, 5, 300, 5000])
         rows = self.np.integers(0, 100000, size=k).astype(np.int64)
         return var_message(TABLE_GRAD.format(0), self.np.standard_normal((k, 16)).astype(np.float32), rows=rows,
                            height=100000)
@@ -201,8 +201,9 @@ class Mutator:
             return rpc_pb2.BarrierMessage(trainer_id=self.trainer_id()).SerializeToString()
         if method in ("SendBatch", "SendFetchBatch"):
             batch = rpc_pb2.VarBatch(trainer_id=self.trainer_id(), barrier=rng.random() < 0.3)
-            for _ in range(rng.choice([0, 1, 3, 3, 10, 200])):
-                var = self.grad()
+            count = rng.choice([0, 1, 3, 3, 10, 200])
+            for _ in range(count):
+                var = self.grad(small=count > 3)
                 self.mutate_var(var)
                 batch.vars.append(var)
             if method == "SendFetchBatch":
