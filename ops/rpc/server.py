@@ -22,9 +22,10 @@ state machine moves in the handlers: the handler that brings the last barrier of
 phase opens the next one. The optimize blocks run on the thread of the `SendFetchBatch`
 that brings the last send barrier (it waits for them anyway: one thread hand-off less
 per round), else on `serve()`'s thread, woken by the last send barrier (a `SendBatch`,
-answered at once, as in Paddle). Fetch replies are encoded under the lock, so a sync
-round's optimize blocks may update params in place (`RunContext.update_in_place`): none
-starts while a reply is being built. The one-var RPCs
+answered at once, as in Paddle). Fetch replies are encoded outside the lock (one
+request's reply size is not the others' wait); a sync round's optimize blocks may update
+params in place (`RunContext.update_in_place`), so they wait for every reply being built
+and none is built outside the GET phase. The one-var RPCs
 (`SendVariable`, `GetVariable`, `SendBarrier`, `FetchBarrier`) are the same operations
 with one var or none. A request that arrives in the wrong phase (a fast trainer's next
 sends while a slow one still fetches; a get before the round's optimize ran) waits for
@@ -94,7 +95,10 @@ calling it gone. gRPC keepalive (`ops.rpc.service`) fails the calls to a frozen 
 naming it and tells the other pservers, whose error then names the frozen one.
 
 Received vars are checked before anything is stored (`ops.rpc.validate`); a trainer has
-at most `IN_FLIGHT_CAP` calls of a kind in flight here (more are refused at once).
+at most `IN_FLIGHT_CAP` calls of a kind in flight here (more are refused at once). No
+request may hold the lock or memory for time or bytes the sender chose (`ops.rpc.limits`,
+docs/request-limits.md): a fetch names each var once, replies are sized before encoding
+and refused past a limit from the program, small requests are refused from their size.
 """
 
 from __future__ import annotations
