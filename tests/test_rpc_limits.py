@@ -169,14 +169,12 @@ def test_a_reply_is_encoded_outside_the_lock_and_the_optimize_waits_for_it(monke
             get(rpc_pb2.VariableMessage(varname="w", trainer_id=1).SerializeToString(), timeout=10)
             assert time.perf_counter() - t0 < 0.5  # not behind the encode
             # both trainers end the GET phase and send their grads: the round is due
-            grads = [var_parts(n, LoDTensor(np.zeros(s, np.float32))) for n, s in (("w@GRAD", (4, 3)), ("b@GRAD", (3,)))]
             for tid in (0, 1):
                 stub(channel, "FetchBarrier")(rpc_pb2.BarrierMessage(trainer_id=tid), timeout=10)
             for tid in (0, 1):
                 request = encode_batch([var_parts(n, LoDTensor(np.zeros(s, np.float32)), trainer_id=tid)
                                         for n, s in (("w@GRAD", (4, 3)), ("b@GRAD", (3,)))], trainer_id=tid, barrier=True)
                 stub(channel, "SendBatch")(request, timeout=10)
-            del grads
             slow_fetch.join(30)
             deadline = time.monotonic() + 10
             while not any(what == "optimize" for what, _ in log) and time.monotonic() < deadline:
