@@ -89,3 +89,13 @@ def test_the_rpc_client_and_the_pserver_apply_it_unless_told_not_to():
     assert fresh_python(SERVER_APPLIES) == "True"
     assert fresh_python(SERVER_APPLIES, PSTRANSPILE_MALLOC="default") == "False"
     assert fresh_python("import ops.rpc.malloc as m; import ops.rpc; print(m._applied)") == "None"  # not on import
+
+
+def test_a_pserver_bounds_its_malloc_arenas_unless_told_not_to():
+    """A pserver's ~50 gRPC threads share `PSERVER_ARENAS` arenas (the RSS under the RPC
+    fuzz, tests/test_rpc_fuzz.py, no longer creeps); the same opt-outs as keeping freed memory."""
+    code = SERVER_APPLIES.replace("print(m._applied)", "print(m._arenas)")
+    assert fresh_python(code) == str(GLIBC)
+    assert fresh_python(code, **{MALLOC_ENV: "default"}) == "False"
+    assert fresh_python(code, MALLOC_ARENA_MAX="4") == "False"
+    assert user_tuned({"MALLOC_ARENA_MAX": "4"})

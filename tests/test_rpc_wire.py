@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from ops.rpc import wire
 from ops.rpc.wire import COPY_BELOW, WireError, decode_batch, decode_var, encode_batch, encode_var, var_parts
 from ops.tensor import LoDTensor, SelectedRows
 from proto import rpc_pb2
@@ -192,3 +193,18 @@ def test_round_trip_property(array):
     got = roundtrip(array).value.array
     assert got.dtype == array.dtype and got.shape == array.shape
     np.testing.assert_array_equal(got, array)
+
+
+def test_the_hand_walk_stops_at_a_bounded_number_of_fields():
+    """A message over COPY_BELOW is walked in Python: its time must not be the sender's
+    choice. 40,000 one-byte flags (each a field) before the data, or a batch of names to
+    fetch past the caller's bound, are refused as soon as the count passes."""
+    flags = b"\x48\x01" * 40_000  # field 9 (merge_add), varint 1
+    data = flags + encode_var("v", np.zeros(COPY_BELOW // 4, np.float32))
+    assert 40_000 > wire.MAX_VAR_FIELDS and len(data) > COPY_BELOW
+    with pytest.raises(WireError, match="more than 4096 fields"):
+        decode_var(data)
+    batch = encode_batch([], fetch=[f"name{i:07d}" for i in range(10_000)])
+    assert len(batch) > COPY_BELOW and len(decode_batch(batch).fetch) == 10_000
+    with pytest.raises(WireError, match="more than 100 fields"):
+        decode_batch(batch, max_fields=100)

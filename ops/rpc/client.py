@@ -318,10 +318,8 @@ class RpcClient:
         """Values of `(endpoint, name)` pairs, and the fetch barrier of each of `barriers`,
         in one `FetchBatch` per pserver (after the sends queued so far)."""
         self.wait_pending()
-        wanted: dict[str, list[str]] = {ep: [] for ep in barriers}
         requests = list(requests)
-        for endpoint, name in requests:
-            wanted.setdefault(endpoint, []).append(name)
+        wanted = _names_by_endpoint(requests, barriers)
         barrier = set(barriers)
         calls = [
             (ep, "FetchBatch", rpc_pb2.FetchRequest(trainer_id=self.trainer_id, varnames=names, barrier=ep in barrier),
@@ -421,9 +419,7 @@ class RpcClient:
             pending, self._pending = self._pending, []
         self._gather(pending)
         requests = list(requests)
-        wanted: dict[str, list[str]] = {}
-        for endpoint, name in requests:
-            wanted.setdefault(endpoint, []).append(name)
+        wanted = _names_by_endpoint(requests)
         endpoints = list(dict.fromkeys([*send_barrier, *queued, *fetch_barrier, *wanted]))
         calls = [self._send_fetch_call(ep, queued.get(ep, []), ep in send_barrier, wanted.get(ep, []), ep in fetch_barrier)
                  for ep in endpoints]
@@ -493,6 +489,15 @@ class RpcClient:
 
 _CLIENTS: dict[int, RpcClient] = {}
 _CLIENTS_LOCK = threading.Lock()
+
+
+def _names_by_endpoint(requests: Iterable[tuple[str, str]], endpoints: Iterable[str] = ()) -> dict[str, list[str]]:
+    """endpoint -> the names `requests` want of it, each once, in order (a pserver refuses a
+    fetch naming a var twice, `ops.rpc.limits`); `endpoints` get an entry even when empty."""
+    wanted: dict[str, dict[str, None]] = {ep: {} for ep in endpoints}
+    for endpoint, name in requests:
+        wanted.setdefault(endpoint, {})[name] = None
+    return {ep: list(names) for ep, names in wanted.items()}
 
 
 def get_client(trainer_id: int = 0, **options: Any) -> RpcClient:

@@ -22,9 +22,10 @@ state machine moves in the handlers: the handler that brings the last barrier of
 phase opens the next one. The optimize blocks run on the thread of the `SendFetchBatch`
 that brings the last send barrier (it waits for them anyway: one thread hand-off less
 per round), else on `serve()`'s thread, woken by the last send barrier (a `SendBatch`,
-answered at once, as in Paddle). Fetch replies are encoded under the lock, so a sync
-round's optimize blocks may update params in place (`RunContext.update_in_place`): none
-starts while a reply is being built. The one-var RPCs
+answered at once, as in Paddle). Fetch replies are encoded outside the lock (one
+request's reply size is not the others' wait); a sync round's optimize blocks may update
+params in place (`RunContext.update_in_place`), so they wait for every reply being built
+and none is built outside the GET phase. The one-var RPCs
 (`SendVariable`, `GetVariable`, `SendBarrier`, `FetchBarrier`) are the same operations
 with one var or none. A request that arrives in the wrong phase (a fast trainer's next
 sends while a slow one still fetches; a get before the round's optimize ran) waits for
@@ -94,12 +95,16 @@ calling it gone. gRPC keepalive (`ops.rpc.service`) fails the calls to a frozen 
 naming it and tells the other pservers, whose error then names the frozen one.
 
 Received vars are checked before anything is stored (`ops.rpc.validate`); a trainer has
-at most `IN_FLIGHT_CAP` calls of a kind in flight here (more are refused at once).
+at most `IN_FLIGHT_CAP` calls of a kind in flight here (more are refused at once). No
+request may hold the lock or memory for time or bytes the sender chose (`ops.rpc.limits`,
+docs/request-limits.md): a fetch names each var once, replies are sized before encoding
+and refused past a limit from the program, small requests are refused from their size.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import sys
 import threading
 import time
@@ -107,6 +112,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import grpc
@@ -116,11 +122,12 @@ from ops.rpc.auth import Gate, ServerAuth
 from ops.rpc.bind import check_bindable
 from ops.rpc.checkpoint import CheckpointError, Checkpointer, CheckpointPathError, confine
 from ops.rpc.errors import BindError, PserverError
-from ops.rpc.malloc import keep_freed_memory
+from ops.rpc.limits import REASON_CHARS, Limited, Limits, Malformed, Oversized, guard_decoder
+from ops.rpc.malloc import bound_arenas, keep_freed_memory
 from ops.rpc.own_dirs import OwnDirRpc
 from ops.rpc.service import DEFAULT_TIMEOUT, LOST_GRACE, METHODS, SERVICE_NAME, server_options
 from ops.rpc.validate import Expected, Refused, max_message
-from ops.rpc.wire import WireBatch, WireVar, encode_batch, encode_var, var_parts
+from ops.rpc.wire import WireBatch, WireVar, decode_batch, encode_batch, encode_var, var_parts
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows
 from proto import rpc_pb2
@@ -186,14 +193,14 @@ class _Abort(Exception):
 # per pserver at a time; one more of a kind is refused at once (RESOURCE_EXHAUSTED)
 # instead of parking a server thread, so a flood of sends cannot starve the gets and
 # barriers the round waits for. The thread pool holds every trainer's quota.
-IN_FLIGHT_CAP = {"send": 2, "fetch": 2, "prefetch": 8}
+IN_FLIGHT_CAP = {"send": 2, "fetch": 2, "prefetch": 8, "checkpoint": 1}
 _KIND = {
     "SendBatch": "send", "SendVariable": "send", "SendBarrier": "send", "SendFetchBatch": "send",
     "FetchBatch": "fetch", "GetVariable": "fetch", "FetchBarrier": "fetch",
-    "PrefetchVariable": "prefetch",
+    "PrefetchVariable": "prefetch", "CheckpointNotify": "checkpoint",
 }
 SPARE_WORKERS = 16  # completes, checkpoint notices, refusals
-WATCHES_PER_TRAINER = 2  # one Watch held open, one more while the trainer re-calls
+WATCHES_PER_TRAINER = 4  # Watch calls a trainer id may hold open (one per client; a `fetch` pull as trainer 0 is a second); more are refused
 
 
 @dataclass
@@ -221,11 +228,13 @@ class PServer(OwnDirRpc):
         run_in: Callable[[int, Scope], None] | None = None,
     ) -> None:
         keep_freed_memory()  # a step's MB buffers reuse their pages (ops.rpc.malloc)
+        bound_arenas()  # and its many threads share a few arenas: freed pages do not pile up per thread
         self.config = config
         self.scope = scope
         self._run_block = run_block
         self._run_in = run_in  # run a block in a given scope (prefetch blocks)
         self._expected = Expected(config)
+        self._limits = Limits(config)  # bounded work per request (`ops.rpc.limits`)
         self._log = log or (lambda text: None)
         lock = threading.RLock()
         self._cond = threading.Condition(lock)  # the state; Watch calls wait on it for a stop, a failure, a completion
@@ -247,8 +256,12 @@ class PServer(OwnDirRpc):
         self._wake = threading.Event()  # for serve(): a round to run, every trainer completed, stop() or a failure
         self._optimizer_claimed = False  # the OPTIMIZE phase's blocks have a thread running them
         # Sync: the fetch replies of this GET phase by the names asked (every trainer asks
-        # the same params, and they stay put until the next round): encoded once.
-        self._replies: dict[tuple[str, ...], bytes] = {}
+        # the same params, and they stay put until the next round): encoded once, outside
+        # the lock; at most `Limits.reply_limit` bytes of them, dropped when the phase ends.
+        self._replies: dict[tuple[str, ...], _SharedReply] = {}
+        self._replies_bytes = 0
+        self._readers = 0  # sync: fetch replies being encoded outside the lock
+        self._readers_idle = threading.Condition(lock)  # the round's optimize waits on it for `_readers == 0`
         self._calls: dict[str, int] = {}  # RPCs handled per method
         self._server: grpc.Server | None = None
         self.port: int | None = None
@@ -307,10 +320,14 @@ class PServer(OwnDirRpc):
         workers = self.config.fanin * (sum(IN_FLIGHT_CAP.values()) + WATCHES_PER_TRAINER) + SPARE_WORKERS
         options = server_options(max_receive=max_message(self.config))
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options, interceptors=(gate,))
+        sizes = self._limits.request_limits()
+        fields = self._limits.batch_fields(self.config.sync_mode)
+        batch = partial(decode_batch, max_fields=fields) if fields is not None else decode_batch
+        decoders = {"SendBatch": batch, "SendFetchBatch": batch}  # a hand walk bounded by the program
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(
-                getattr(self, f"_rpc_{name}"),
-                request_deserializer=method.decode_request,
+                self._guarded(getattr(self, f"_rpc_{name}")),
+                request_deserializer=guard_decoder(name, sizes.get(name), decoders.get(name, method.decode_request)),
                 response_serializer=method.encode_response,
             )
             for name, method in METHODS.items()
@@ -368,6 +385,23 @@ class PServer(OwnDirRpc):
         if server is not None:
             server.stop(grace).wait()
 
+    def _guarded(self, handler: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        """`handler`, but a request its decoder would not parse (`Oversized`) is answered
+        RESOURCE_EXHAUSTED before anything reads it, and one it could not (`Malformed`)
+        INVALID_ARGUMENT."""
+
+        def guarded(request: Any, context: Any) -> Any:
+            if isinstance(request, Oversized):
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"pserver {self.config.endpoint}: a {request.method} request of {request.size} bytes; "
+                              f"the limit is {request.limit}")
+            if isinstance(request, Malformed):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"pserver {self.config.endpoint}: a malformed {request.method} request: {request.reason}")
+            return handler(request, context)
+
+        return guarded
+
     # ------------------------------------------------------------ the sync rounds
     def _arrive_locked(self, trainer_id: int, *, optimize_here: bool = False) -> bool:
         """Count `trainer_id`'s barrier of the current phase (lock held). True when it
@@ -387,7 +421,8 @@ class PServer(OwnDirRpc):
         if self._phase is Phase.GET:
             self._phase = Phase.SEND
             self._received.clear()
-            self._replies.clear()
+            self._replies.clear()  # the round's shared replies go (a reader still sending one holds it)
+            self._replies_bytes = 0
             self._phase_cond.notify_all()
         elif self._phase is Phase.SEND:
             self._phase = Phase.OPTIMIZE
@@ -398,8 +433,13 @@ class PServer(OwnDirRpc):
         return False
 
     def _optimize_round(self) -> None:
-        """Run the round's blocks, then answer its gets (the caller claimed the round)."""
+        """Run the round's blocks, then answer its gets (the caller claimed the round).
+        Fetch replies are encoded outside the lock: the blocks, which may update params in
+        place, wait for the last of them first."""
         try:
+            with self._cond:
+                while self._readers and self._failure is None and not self._stopping:
+                    self._readers_idle.wait(POLL)
             self._optimize()
         finally:
             with self._cond:
@@ -580,7 +620,7 @@ class PServer(OwnDirRpc):
         try:
             with self._visit(method, trainer_id, what):
                 return body()
-        except _Abort as exc:
+        except (_Abort, Limited) as exc:
             context.abort(exc.code, exc.details)
         except PserverError as exc:
             context.abort(grpc.StatusCode.ABORTED, str(exc))
@@ -588,29 +628,32 @@ class PServer(OwnDirRpc):
     # ------------------------------------------------------------ RPC handlers: vars
     def _rpc_SendBatch(self, request: WireBatch, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802 - gRPC's name
         what = "send barrier" if request.barrier else _send_label(request.vars)
-        return self._handle(context, "SendBatch", request.trainer_id, what, lambda: self._on_send(request, context))
+        return self._handle(context, "SendBatch", request.trainer_id, what, lambda: self._on_send(request, context, "SendBatch"))
 
     def _rpc_SendVariable(self, request: WireVar, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
         batch = WireBatch(request.trainer_id, False, (request,))
         return self._handle(context, "SendVariable", request.trainer_id, f"send of {request.name}",
-                            lambda: self._on_send(batch, context))
+                            lambda: self._on_send(batch, context, "SendVariable"))
 
     def _rpc_SendBarrier(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
         batch = WireBatch(request.trainer_id, True, ())
-        return self._handle(context, "SendBarrier", request.trainer_id, "send barrier", lambda: self._on_send(batch, context))
+        return self._handle(context, "SendBarrier", request.trainer_id, "send barrier", lambda: self._on_send(batch, context, "SendBarrier"))
 
-    def _on_send(self, batch: WireBatch, context: Any) -> rpc_pb2.VoidMessage:
-        self._store_batch(batch, context)
+    def _on_send(self, batch: WireBatch, context: Any, method: str) -> rpc_pb2.VoidMessage:
+        self._store_batch(batch, context, method=method)
         return rpc_pb2.VoidMessage()
 
-    def _store_batch(self, batch: WireBatch, context: Any, *, optimize_here: bool = False) -> bool:
-        """Store the batch's vars (checked first, all or none: `ops.rpc.validate`); with
-        its barrier, count the sender's send barrier. True when that barrier opened the
-        round's optimize and `optimize_here` claimed it for the caller (`_arrive_locked`)."""
+    def _store_batch(self, batch: WireBatch, context: Any, *, optimize_here: bool = False, method: str = "SendBatch") -> bool:
+        """Store the batch's vars (checked first, all or none: `ops.rpc.validate`; in sync
+        mode each var at most once, `ops.rpc.limits`); with its barrier, count the sender's
+        send barrier. True when that barrier opened the round's optimize and
+        `optimize_here` claimed it for the caller (`_arrive_locked`)."""
         try:
             self._expected.check(batch)
         except Refused as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        if self.config.sync_mode and len(batch.vars) > 1:
+            self._limits.check_sends((var.name for var in batch.vars), batch.trainer_id, method)
         if not self.config.sync_mode:
             with self._cond:
                 self._check_open()
@@ -660,76 +703,107 @@ class PServer(OwnDirRpc):
         """A `SendBatch` and a `FetchBatch` in one call: store the sends (and count the
         send barrier), then wait for the fetch's phase and answer it, as the two calls
         would one after the other. Its label is where it leaves the trainer: at its fetch
-        barrier, when it carries one."""
+        barrier, when it carries one. The names to fetch are checked before anything is
+        stored (`ops.rpc.limits`): a refused call changes nothing."""
         if request.fetch_barrier:
             what = "fetch barrier"
         else:
             what = "send barrier" if request.barrier else _send_label(request.vars)
 
         def body() -> bytes:
-            fetches = bool(request.fetch or request.fetch_barrier)
+            names = self._limits.fetch_names(request.fetch, request.trainer_id, "SendFetchBatch")
+            fetches = bool(names or request.fetch_barrier)
             # A call that will wait for the round's optimize runs it itself when its barrier is the last.
-            if self._store_batch(request, context, optimize_here=fetches):
+            if self._store_batch(request, context, optimize_here=fetches, method="SendFetchBatch"):
                 self._optimize_round()
             if not fetches:  # nothing to fetch: no waiting for the optimize
                 return encode_batch([])
-            return self._fetch_reply(request.trainer_id, request.fetch, request.fetch_barrier, context)
+            return self._fetch_reply(request.trainer_id, names, request.fetch_barrier, context, "SendFetchBatch")
 
         return self._handle(context, "SendFetchBatch", request.trainer_id, what, body)
 
     def _rpc_FetchBatch(self, request: Any, context: Any) -> bytes:  # noqa: N802
         what = "fetch barrier" if request.barrier else _get_label(request.varnames)
-        return self._handle(context, "FetchBatch", request.trainer_id, what,
-                            lambda: self._fetch_reply(request.trainer_id, request.varnames, request.barrier, context))
+
+        def body() -> bytes:
+            names = self._limits.fetch_names(request.varnames, request.trainer_id, "FetchBatch")
+            return self._fetch_reply(request.trainer_id, names, request.barrier, context, "FetchBatch")
+
+        return self._handle(context, "FetchBatch", request.trainer_id, what, body)
 
     def _rpc_GetVariable(self, request: WireVar, context: Any) -> bytes:  # noqa: N802
         def body() -> bytes:
-            return self._on_fetch(request.trainer_id, (request.name,), False, context,
-                                  lambda values: encode_var(*values[0]))
+            names = self._limits.fetch_names((request.name,), request.trainer_id, "GetVariable")
+            return self._on_fetch(request.trainer_id, names, False, context,
+                                  lambda values: encode_var(*values[0]), "GetVariable")
 
         return self._handle(context, "GetVariable", request.trainer_id, f"get of {request.name}", body)
 
     def _rpc_FetchBarrier(self, request: Any, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
         def body() -> rpc_pb2.VoidMessage:
-            self._on_fetch(request.trainer_id, (), True, context, lambda values: None)
+            self._on_fetch(request.trainer_id, (), True, context, lambda values: None, "FetchBarrier")
             return rpc_pb2.VoidMessage()
 
         return self._handle(context, "FetchBarrier", request.trainer_id, "fetch barrier", body)
 
-    def _fetch_reply(self, trainer_id: int, names: Any, barrier: bool, context: Any) -> bytes:
-        """The `VarBatch` reply to a fetch of `names` (with `barrier`, the fetch barrier is
-        counted). Sync: built once per round for the same names, shared by the trainers."""
-        names = tuple(names)
-        if not self.config.sync_mode:
-            return self._on_fetch(trainer_id, names, barrier, context, _encode_values)
+    def _fetch_reply(self, trainer_id: int, names: tuple[str, ...], barrier: bool, context: Any, method: str) -> bytes:
+        """The `VarBatch` reply to a fetch of `names` (checked by `Limits.fetch_names`;
+        with `barrier`, the fetch barrier is counted). Sync: built once per round for the
+        same names, shared by the trainers."""
+        return self._on_fetch(trainer_id, names, barrier, context, _encode_values, method,
+                              share=self.config.sync_mode)
 
-        def shared(values: list[tuple[str, Any]]) -> bytes:  # under the lock, in the GET phase
-            reply = self._replies.get(names)
-            if reply is None:
-                reply = self._replies[names] = _encode_values(values)
-            return reply
-
-        return self._on_fetch(trainer_id, names, barrier, context, shared)
-
-    def _on_fetch(self, trainer_id: int, names: Any, barrier: bool, context: Any,
-                  encode: Callable[[list[tuple[str, Any]]], Any]) -> Any:
+    def _on_fetch(self, trainer_id: int, names: tuple[str, ...], barrier: bool, context: Any,
+                  encode: Callable[[list[tuple[str, Any]]], Any], method: str, *, share: bool = False) -> Any:
         """`encode` of the current values of `names` (sync: once the round's optimize ran);
-        with `barrier`, the sender's fetch barrier is counted after them. Encoded under the
-        lock: a sync pserver's optimize blocks may update a param in place
-        (`RunContext.update_in_place`), and none starts while the lock is held."""
+        with `barrier`, the sender's fetch barrier is counted after them. Under the lock
+        only the values are looked up (at most one lookup per var the pserver holds: the
+        names were checked) and the reply sized (`Limits.reply_size`, refused past its
+        limit); the encoding runs outside it. A sync pserver's optimize blocks may update a
+        param in place (`RunContext.update_in_place`): they wait for every reader
+        (`_readers`) first, and no reader starts outside the GET phase. With `share`, the
+        reply is the one every trainer asking the same names this round gets."""
+        sync = self.config.sync_mode
         with self._cond:
-            if self.config.sync_mode:
+            if sync:
                 self._wait_phase(Phase.GET, context)
             else:
                 self._check_open()
-            values = [(name, self.scope.find_var(name)) for name in names]
-            missing = [name for name, value in values if value is None]
-            if missing:
-                raise _Abort(grpc.StatusCode.NOT_FOUND, f"pserver {self.config.endpoint} has no var {missing[0]!r}")
-            reply = encode(values)
-            if barrier and self.config.sync_mode:
-                self._arrive_locked(trainer_id)
+            values = []
+            for name in names:
+                value = self.scope.find_var(name)
+                if value is None:
+                    raise _Abort(grpc.StatusCode.NOT_FOUND, f"pserver {self.config.endpoint} has no var {name!r}")
+                values.append((name, value))
+            size = self._limits.reply_size(values, trainer_id, method) if names else 0
+            entry = self._shared_reply_locked(names, size) if share else None
+            if sync:
+                self._readers += 1
+        arrived = False
+        try:
+            reply = entry.get(encode, values) if entry is not None else encode(values)
+            arrived = barrier and sync
+        finally:
+            if sync:
+                with self._cond:
+                    self._readers -= 1
+                    if not self._readers:
+                        self._readers_idle.notify_all()
+                    if arrived:
+                        self._arrive_locked(trainer_id)
         return reply
+
+    def _shared_reply_locked(self, names: tuple[str, ...], size: int) -> _SharedReply | None:
+        """This round's shared reply for `names` (lock held); None when the round's shared
+        replies already hold `Limits.reply_limit` bytes (the caller encodes its own)."""
+        entry = self._replies.get(names)
+        if entry is None:
+            limit = self._limits.reply_limit
+            if limit is not None and self._replies_bytes + size > limit:
+                return None
+            entry = self._replies[names] = _SharedReply()
+            self._replies_bytes += size
+        return entry
 
     def _rpc_PrefetchVariable(self, request: WireVar, context: Any) -> bytes:  # noqa: N802
         what = f"prefetch from {request.table_name}" if request.table_name else f"prefetch of {request.name}"
@@ -743,18 +817,31 @@ class PServer(OwnDirRpc):
                 self._wait_not_optimizing(context)
             else:
                 self._check_open()
+        what = f"prefetch from {request.table_name or request.name}"
         if request.table_name:
             ids = request.value.array.reshape(-1).astype(np.int64, copy=False)
-            rows = self._rows_of(request.table_name, ids)
+            rows = self._rows_of(request.table_name, ids, request.trainer_id)
         else:
+            self._limits.check_prefetch(request.value.array.reshape(-1), None, 0, request.trainer_id, what)
             rows = self._run_prefetch_block(request.name, request.value)
+        self._limits.check_reply(rows.nbytes, request.trainer_id, what)  # before encoding
         return encode_var(request.name, LoDTensor(rows))
 
-    def _rows_of(self, name: str, ids: np.ndarray) -> np.ndarray:
-        """Rows `ids` of table `name`: an auto-grown table creates unseen ids' rows."""
+    def _rows_of(self, name: str, ids: np.ndarray, trainer_id: int = 0) -> np.ndarray:
+        """Rows `ids` of table `name`: an auto-grown table creates unseen ids' rows. At most
+        the table's height of ids, and a reply under the limit (`Limits.check_prefetch`),
+        before the table's lock is taken."""
         table = self.scope.find_var(name)
         if table is None:
             raise _Abort(grpc.StatusCode.NOT_FOUND, f"pserver {self.config.endpoint} has no table {name!r}")
+        what = f"prefetch from {name}"
+        if isinstance(table, SelectedRows):
+            row_bytes = math.prod(table.row_shape) * np.dtype(table.dtype).itemsize
+            self._limits.check_prefetch(ids, table.height, row_bytes, trainer_id, what)
+        elif isinstance(table, LoDTensor) and table.array.ndim >= 1 and ids.size > max(table.array.shape[0], 1):
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"pserver {self.config.endpoint}: trainer {trainer_id}'s {what} asks {ids.size} ids of a table "
+                         f"of {table.array.shape[0]} rows (prefetch ids are unique)")
         if isinstance(table, SelectedRows):
             with table.lock:
                 try:
@@ -805,6 +892,10 @@ class PServer(OwnDirRpc):
             if state is None:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"pserver {self.config.endpoint}: trainer id {tid} is out of range for Fanin {self.config.fanin}")
+            if state.watches >= WATCHES_PER_TRAINER:  # each holds a server thread: a bounded number
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"pserver {self.config.endpoint}: trainer {tid} already holds {state.watches} Watch calls "
+                              f"here (at most {WATCHES_PER_TRAINER}); refused")
             state.watches += 1
             state.lost_at = None
         until = time.monotonic() + max(0.0, min(request.seconds, WATCH_SECONDS_MAX))
@@ -844,7 +935,8 @@ class PServer(OwnDirRpc):
         once every trainer has, `serve()` returns."""
         tid = request.trainer_id
         if request.failed:
-            self._set_failure(f"pserver {self.config.endpoint}: trainer {tid} failed: {request.reason or 'no reason given'}")
+            reason = request.reason[:REASON_CHARS] + (" ..." if len(request.reason) > REASON_CHARS else "")
+            self._set_failure(f"pserver {self.config.endpoint}: trainer {tid} failed: {reason or 'no reason given'}")
         with self._cond:
             self._completed.add(tid)
             self._notify_all_locked()
@@ -907,6 +999,21 @@ class PServer(OwnDirRpc):
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 where = f"pserver {self.config.endpoint}: checkpoint block {idx} ({path})"
                 raise _Abort(grpc.StatusCode.INTERNAL, f"{where} failed: {reason}") from None
+
+
+class _SharedReply:
+    """One reply several trainers' fetches share in a round: the first encodes it (outside
+    the pserver's lock, under this one's), the others wait for it here."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data: Any = None
+
+    def get(self, encode: Callable[[list[tuple[str, Any]]], Any], values: list[tuple[str, Any]]) -> Any:
+        with self._lock:
+            if self._data is None:
+                self._data = encode(values)
+            return self._data
 
 
 def _encode_values(values: list[tuple[str, Any]]) -> bytes:

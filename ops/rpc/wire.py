@@ -45,6 +45,8 @@ PAD_FIELD = 14
 DATA_FIELD = 15
 ALIGN = 64
 COPY_BELOW = 64 * 1024  # bytes: a smaller message is parsed whole by protobuf (see above)
+MAX_VAR_FIELDS = 4096  # top-level fields of one VariableMessage walked by hand (a real one has < 20)
+MAX_BATCH_FIELDS = 1 << 20  # top-level fields of one VarBatch walked by hand, unless the caller bounds it
 _BIG_FIELDS = frozenset({ROWS_FIELD, DATA_FIELD})
 _WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
 _UINT64 = (1 << 64) - 1
@@ -255,9 +257,12 @@ def encode_batch(encoded: list[Parts], *, trainer_id: int = 0, barrier: bool = F
     return b"".join(parts)
 
 
-def decode_batch(data: bytes | memoryview) -> WireBatch:
+def decode_batch(data: bytes | memoryview, *, max_fields: int = MAX_BATCH_FIELDS) -> WireBatch:
     """Decode `VarBatch` bytes; every var's arrays are views of `data` (copies when
-    `data` is under `COPY_BELOW`)."""
+    `data` is under `COPY_BELOW`). A batch walked by hand with more than `max_fields`
+    top-level fields (vars, their pads, fetched names) is a `WireError` as soon as the
+    walk counts them: the walk is Python, its time must not be the sender's choice (a
+    pserver passes what its program allows, `ops.rpc.limits`)."""
     if len(data) < COPY_BELOW:
         try:
             batch = rpc_pb2.VarBatch.FromString(data)
@@ -266,14 +271,17 @@ def decode_batch(data: bytes | memoryview) -> WireBatch:
         else:
             return WireBatch(batch.trainer_id, batch.barrier, tuple(_from_message(v) for v in batch.vars),
                              tuple(batch.fetch), batch.fetch_barrier)
-    return _walk_batch(data)
+    return _walk_batch(data, max_fields)
 
 
-def _walk_batch(data: bytes | memoryview) -> WireBatch:
+def _walk_batch(data: bytes | memoryview, max_fields: int = MAX_BATCH_FIELDS) -> WireBatch:
     buf = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
     trainer_id, barrier, found, fetch, fetch_barrier = 0, False, [], [], False
-    pos, end = 0, len(buf)
+    pos, end, fields = 0, len(buf), 0
     while pos < end:
+        fields += 1
+        if fields > max_fields:
+            raise WireError(f"a VarBatch of more than {max_fields} fields (vars, pads and names to fetch)")
         key = buf[pos]
         key, pos = (key, pos + 1) if key < 0x80 else _read_varint(buf, pos)
         field, wire = key >> 3, key & 7
@@ -317,8 +325,11 @@ def _split_fields(buf: memoryview) -> tuple[bytes, dict[int, memoryview]]:
     """(the message without its big fields, big field number -> its bytes as a view)."""
     small: list[memoryview] = []
     big: dict[int, memoryview] = {}
-    pos, end = 0, len(buf)
+    pos, end, fields = 0, len(buf), 0
     while pos < end:
+        fields += 1
+        if fields > MAX_VAR_FIELDS:
+            raise WireError(f"malformed VariableMessage (more than {MAX_VAR_FIELDS} fields)")
         start = pos
         key = buf[pos]
         key, pos = (key, pos + 1) if key < 0x80 else _read_varint(buf, pos)
