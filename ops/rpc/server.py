@@ -193,11 +193,14 @@ class _Abort(Exception):
 # per pserver at a time; one more of a kind is refused at once (RESOURCE_EXHAUSTED)
 # instead of parking a server thread, so a flood of sends cannot starve the gets and
 # barriers the round waits for. The thread pool holds every trainer's quota.
-IN_FLIGHT_CAP = {"send": 2, "fetch": 2, "prefetch": 8, "checkpoint": 1}
+IN_FLIGHT_CAP = {"send": 2, "fetch": 2, "prefetch": 8, "checkpoint": 1, "checkpoint set": 2}
 _KIND = {
     "SendBatch": "send", "SendVariable": "send", "SendBarrier": "send", "SendFetchBatch": "send",
     "FetchBatch": "fetch", "GetVariable": "fetch", "FetchBarrier": "fetch",
     "PrefetchVariable": "prefetch", "CheckpointNotify": "checkpoint",
+    # per-pserver dirs (ops.rpc.own_dirs): a part, a list, a commit, a restore (a second restore wait is refused there)
+    "CheckpointPart": "checkpoint set", "CheckpointList": "checkpoint set", "CheckpointCommit": "checkpoint set",
+    "CheckpointRestore": "checkpoint set",
 }
 SPARE_WORKERS = 16  # completes, checkpoint notices, refusals
 WATCHES_PER_TRAINER = 4  # Watch calls a trainer id may hold open (one per client; a `fetch` pull as trainer 0 is a second); more are refused
