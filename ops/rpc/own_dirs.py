@@ -270,7 +270,9 @@ class OwnDirRpc:
                 if step and not self.config.sync_mode and self.config.lr_decay_block >= 0:
                     self._run(self.config.lr_decay_block, "the lr-decay block")  # as after a restore at startup
             except CheckpointError as exc:
-                context.abort(grpc.StatusCode.INTERNAL, f"pserver {self.config.endpoint}: restore {request.dir[:60]}: {exc}")
+                # (no such part here, another plan's, a part that does not read back: not the pserver's own fault)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"pserver {self.config.endpoint}: restore {request.dir[:60]}: {exc}")
             if name:
                 self._log(f"pserver {self.config.endpoint}: restored {len(restorer.layout)} var(s) from {name} "
                           f"in its own dir {restorer.root} (step {step}, agreed with trainer 0)")

@@ -105,6 +105,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 import sys
 import threading
 import time
@@ -113,6 +114,7 @@ from concurrent import futures
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -120,7 +122,7 @@ import numpy as np
 
 from ops.rpc.auth import Gate, ServerAuth
 from ops.rpc.bind import check_bindable
-from ops.rpc.checkpoint import CheckpointError, Checkpointer, CheckpointPathError, confine
+from ops.rpc.checkpoint import CheckpointError, Checkpointer, CheckpointPathError, confine, step_of
 from ops.rpc.errors import BindError, PserverError
 from ops.rpc.limits import REASON_CHARS, Limited, Limits, Malformed, Oversized, guard_decoder
 from ops.rpc.malloc import bound_arenas, keep_freed_memory
@@ -964,7 +966,7 @@ class PServer(OwnDirRpc):
                 self._check_open()
         try:
             if request.lookup_table and self.config.checkpoint_block >= 0:
-                self._run_checkpoint_block(str(confine(checkpointer.root, request.dir)))
+                self._run_checkpoint_block(str(self._table_path(checkpointer.root, request)))
             else:
                 with self._checkpoint_lock, self._quiesced():
                     with self._cond:
@@ -977,6 +979,26 @@ class PServer(OwnDirRpc):
         except (CheckpointError, OSError) as exc:
             raise _Abort(grpc.StatusCode.INTERNAL, f"pserver {self.config.endpoint}: checkpoint {request.dir}: {exc}") from None
         return rpc_pb2.VoidMessage()
+
+    def _table_path(self, root: Path, request: Any) -> Path:
+        """Where a lookup-table notice's checkpoint block saves: Paddle's `DIR/<table>_<i>`
+        of a table of the program, confined to the checkpoint dir, never inside this
+        pserver's own `ckpt-<step>` checkpoints, and not a directory (`_Abort` otherwise:
+        the sender's name, not the pserver's fault)."""
+        table, name = request.lookup_table, request.dir
+        known = self.config.known_vars
+        if (known is not None and table not in known) or not re.fullmatch(rf"{re.escape(table)}_\d{{1,9}}", name.rsplit("/", 1)[-1]):
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"pserver {self.config.endpoint}: a lookup-table checkpoint of {table[:60]!r} is saved at "
+                         f"DIR/<table>_<pserver>, a table of the program; not {name[:60]!r}")
+        if step_of(name.split("/", 1)[0]) is not None:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"pserver {self.config.endpoint}: {name[:60]!r} is inside a checkpoint (ckpt-<step>) of this pserver")
+        path = confine(root, name)
+        if path.is_dir() or any(parent.exists() and not parent.is_dir() for parent in path.parents):
+            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
+                         f"pserver {self.config.endpoint}: {name[:60]!r} is a directory, or under a file, here")
+        return path
 
     @contextmanager
     def _quiesced(self) -> Iterator[None]:
