@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -545,6 +546,8 @@ def test_a_trainer_with_the_token_cannot_stall_or_corrupt_a_pserver(tmp_path):
         rss_after = rss_mb(job.proc.pid)
         print(f"seed {SEED}: pending restore {PENDING} messages {counts_pending}, trainer 1's slowest list "
               f"{honest_pending.slowest:.3f} s")
+        sent = Counter(method for method, _ in (*phase_pending, *phase_get, *phase_send) if method.startswith("Checkpoint"))
+        print(f"seed {SEED}: checkpoint messages {dict(sorted(sent.items()))}")
         print(f"seed {SEED}: {2 * PER_PHASE} messages in {took:.1f} s; GET phase {counts_get}, SEND phase {counts_send}; "
               f"trainer 1: {honest_get.count + honest_send.count} calls, slowest "
               f"{honest_get.slowest:.3f} s ({honest_get.slowest_call}) / {honest_send.slowest:.3f} s ({honest_send.slowest_call}); RSS {rss_before:.0f} -> {rss_after:.0f} MB")
