@@ -10,7 +10,9 @@ for every method and what bounds it).
 * **Request size, before decoding.** The small protobuf requests (`FetchRequest`, a
   barrier, a complete notice, a checkpoint notice, a watch, a get's `VariableMessage`)
   have a byte limit of their own (`request_limits`): a `FetchRequest` may name every var
-  the pserver holds once, the others are a name or a flag. A bigger one is refused
+  the pserver holds once, the others are a name or a flag, but a `CheckpointCommit`'s or
+  `CheckpointRestore`'s job manifest (`manifest_limit`: 4 MB + 32 bytes per byte of the
+  plan, which it holds with an entry per var the plan's params are cut into). A bigger one is refused
   `RESOURCE_EXHAUSTED` from its length, unparsed (`guard_decoder`). The vars a trainer
   sends are bounded by `ops.rpc.validate.max_message` (gRPC refuses them from the length
   prefix).
