@@ -227,7 +227,8 @@ class Mutator:
                                            reason="r" * rng.choice([0, 10, 50000])).SerializeToString()
         if method == "CheckpointNotify":
             directory = rng.choice(["ckpt-1", "ckpt-2", "../ckpt-1", "/tmp/ckpt-1", "", "ckpt-x", "a/b", "ckpt-1\x00",
-                                    "x" * 3000, "..", "."])
+                                    "x" * 3000, "..", ".", f"ckpt-{rng.randrange(1 << 40)}", "ckpt-1/emb_0",
+                                    f"lt{rng.randrange(1 << 20)}/emb_0", "lt/emb_0", "lt/emb_0/emb_0"])
             return rpc_pb2.CheckpointMessage(trainer_id=self.trainer_id(), dir=directory,
                                              lookup_table=rng.choice(["", "", TABLE, "nope"])).SerializeToString()
         if method in ("CheckpointPart", "CheckpointList", "CheckpointCommit", "CheckpointRestore"):
@@ -559,6 +560,8 @@ def test_a_trainer_with_the_token_cannot_stall_or_corrupt_a_pserver(tmp_path):
         assert rss_after <= rss_before * 1.10, f"RSS {rss_before:.0f} MB before, {rss_after:.0f} MB after"
         held = sorted(p.name for p in job.own_dir.iterdir() if p.name.startswith("ckpt-"))
         assert len(held) <= DEFAULT_KEEP + INCOMPLETE_KEEP, held  # the notices' parts are capped
+        shards = [p for p in job.own_dir.rglob("emb_0") if not p.relative_to(job.own_dir).parts[0].startswith("ckpt-")]
+        assert len(shards) <= DEFAULT_KEEP, shards  # so are the lookup-table notices' shards
 
         # one honest round: trainer 0's grads and barrier first (the fuzzer may have sent its barrier), then trainer 1's
         grads = {tid: honest_grads(tid, rng) for tid in (0, 1)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -272,8 +273,14 @@ def test_a_lookup_table_checkpoint_path_is_a_table_shard_outside_the_pserver_s_c
     (tmp_path / "ckpt-3").mkdir()
     (tmp_path / "d" / "w_0").mkdir(parents=True)
     own = Checkpointer(tmp_path, "ps0", ("ps0",), {}, "{}")
-    with running_pserver(fanin=1, scope=scope, checkpointer=own, checkpoint_block=1,
-                         run_block=lambda idx: saved.append(str(scope.find_var("kLookupTablePath"))),
+
+    def block(idx):  # the checkpoint block: save the shard at the path bound to kLookupTablePath
+        path = Path(str(scope.find_var("kLookupTablePath")))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"shard")
+        saved.append(str(path))
+
+    with running_pserver(fanin=1, scope=scope, checkpointer=own, checkpoint_block=1, run_block=block,
                          **program_config()) as ps:
         with grpc.insecure_channel(ps.address, options=list(CHANNEL_OPTIONS)) as channel:
             call = stub(channel, "CheckpointNotify")
@@ -285,5 +292,16 @@ def test_a_lookup_table_checkpoint_path_is_a_table_shard_outside_the_pserver_s_c
                     call(rpc_pb2.CheckpointMessage(trainer_id=0, dir=name, lookup_table=table), timeout=10)
                 assert info.value.code().name == code, (name, info.value.details())
             assert not saved
-            call(rpc_pb2.CheckpointMessage(trainer_id=0, dir="d/e/w_1", lookup_table="w"), timeout=10)
-    assert saved == [str(tmp_path.resolve() / "d" / "e" / "w_1")]
+            def save(name):  # what the checkpoint block would write
+                call(rpc_pb2.CheckpointMessage(trainer_id=0, dir=name, lookup_table="w"), timeout=10)
+
+            save("d/e/w_1")
+            assert saved == [str(tmp_path.resolve() / "d" / "e" / "w_1")]
+            # only the `keep` (3) paths saved last are kept: notices at new paths cannot fill the disk
+            for step in range(2, 7):
+                save(f"s{step}/w_0")
+            save("s4/w_0")  # saved again: the newest
+    kept = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("w_*") if p.is_file())
+    assert kept == ["s4/w_0", "s5/w_0", "s6/w_0"]
+    assert not (tmp_path / "d" / "e").exists() and not (tmp_path / "s2").exists()  # emptied folders go too
+    assert (tmp_path / "d" / "w_0").is_dir() and (tmp_path / "ckpt-3").is_dir()  # nothing it did not write

@@ -105,7 +105,9 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 import re
+import shutil
 import sys
 import threading
 import time
@@ -258,6 +260,7 @@ class PServer(OwnDirRpc):
         self._block_locks = {idx: threading.Lock() for idx in set(config.grad_to_block.values())}
         self._lr_lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
+        self._table_saves: list[Path] = []  # lookup-table checkpoint paths this process wrote, oldest first
         self._wake = threading.Event()  # for serve(): a round to run, every trainer completed, stop() or a failure
         self._optimizer_claimed = False  # the OPTIMIZE phase's blocks have a thread running them
         # Sync: the fetch replies of this GET phase by the names asked (every trainer asks
@@ -966,7 +969,9 @@ class PServer(OwnDirRpc):
                 self._check_open()
         try:
             if request.lookup_table and self.config.checkpoint_block >= 0:
-                self._run_checkpoint_block(str(self._table_path(checkpointer.root, request)))
+                path = self._table_path(checkpointer.root, request)
+                self._run_checkpoint_block(str(path))
+                self._keep_table_saves(checkpointer, path)
             else:
                 with self._checkpoint_lock, self._quiesced():
                     with self._cond:
@@ -999,6 +1004,26 @@ class PServer(OwnDirRpc):
             raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
                          f"pserver {self.config.endpoint}: {name[:60]!r} is a directory, or under a file, here")
         return path
+
+    def _keep_table_saves(self, checkpointer: Checkpointer, path: Path) -> None:
+        """Keep the `keep` lookup-table checkpoints this process saved last: an older
+        path's shard (and the folders it left empty, inside the checkpoint dir) is
+        removed, so notices at new paths cannot fill the disk."""
+        with self._checkpoint_lock:
+            if path in self._table_saves:
+                self._table_saves.remove(path)
+            self._table_saves.append(path)
+            old, self._table_saves = self._table_saves[: -checkpointer.keep], self._table_saves[-checkpointer.keep:]
+        root = Path(os.path.realpath(checkpointer.root))
+        for stale in old:
+            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() and not stale.is_symlink() else stale.unlink(missing_ok=True)
+            for parent in stale.parents:
+                if parent == root or root not in parent.parents:
+                    break
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
 
     @contextmanager
     def _quiesced(self) -> Iterator[None]:
