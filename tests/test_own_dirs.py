@@ -258,3 +258,180 @@ def test_over_grpc_a_pserver_refuses_var_calls_until_trainer_0_agrees_its_restor
         waiter.join(20)
         assert learned == [2]
         assert zero.get(ps.address, "w").array.tolist() == [[2.5] * 3] * 2
+
+
+# ------------------------------------------------------------------ request limits (issue 23)
+
+
+def test_incomplete_checkpoints_are_capped_so_notices_cannot_fill_the_disk(tmp_path):
+    """Parts of steps no other pserver saves (a shared dir) or trainer 0 never commits (a
+    dir of its own) are kept only `INCOMPLETE_KEEP` at a time, the last written first;
+    the part just written is always kept, and a complete checkpoint prunes older ones."""
+    import numpy as np
+
+    from ops.rpc.checkpoint import INCOMPLETE_KEEP, Checkpointer, VarSlice
+
+    layout = {"w.block0": VarSlice("w", (6, 2), (0, 4)), "lr": VarSlice("lr", ())}
+    w = np.arange(12, dtype=np.float64).reshape(6, 2)
+    for shared in (True, False):
+        root = tmp_path / f"shared{shared}"
+        saver = Checkpointer(root, "ps0", ("ps0", "ps1"), layout, "{}", keep=2, shared=shared)
+        steps = [9, 3, 40, 7, 1 << 40, 5, 11]
+        for k, step in enumerate(steps):
+            saver.save(_scope(w, 0), f"ckpt-{step}")
+            left = sorted(int(p.name[5:]) for p in root.iterdir() if p.name.startswith("ckpt-"))
+            assert step in left  # the part just written
+            assert left == sorted(steps[max(0, k + 1 - INCOMPLETE_KEEP): k + 1]), (shared, left)
+    # a complete checkpoint (the other part in, shared) prunes the incomplete ones older than it
+    root = tmp_path / "complete"
+    layouts = [layout, {"w.block1": VarSlice("w", (6, 2), (4, 6)), "lr": VarSlice("lr", ())}]
+    savers = [Checkpointer(root, f"ps{i}", ("ps0", "ps1"), layouts[i], "{}", keep=2) for i in range(2)]
+    savers[0].save(_scope(w, 0), "ckpt-3")
+    savers[0].save(_scope(w, 0), "ckpt-8")
+    savers[1].save(_scope(w, 1), "ckpt-5")
+    savers[0].save(_scope(w, 0), "ckpt-5")
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("ckpt-")) == ["ckpt-5", "ckpt-8"]
+    assert (root / "ckpt-5" / "MANIFEST.json").is_file()
+
+
+def test_checkpoint_names_longer_than_a_file_name_are_refused_not_an_os_error(tmp_path):
+    from ops.rpc.checkpoint import CheckpointPathError, confine, step_of
+
+    assert step_of("ckpt-" + "9" * 60000) is None  # no 60,000-digit int (Python refuses past 4300: a ValueError)
+    assert step_of("ckpt-" + "9" * 18) == 10**18 - 1
+    for name in ("x" * 256, "a/" * 600, "ckpt-1/" + "é" * 200):
+        with pytest.raises(CheckpointPathError, match="longer than a name"):
+            confine(tmp_path, name)
+    assert confine(tmp_path, "x" * 255) == tmp_path.resolve() / ("x" * 255)
+
+
+def _own_dir_pserver(tmp_path, **extra):
+    import numpy as np
+
+    from ops.rpc.checkpoint import Checkpointer, VarSlice, part_root
+    from ops.scope import Scope
+    from ops.tensor import LoDTensor
+    from rpc_support import running_pserver
+
+    template = tmp_path / "disk{pserver}"
+    layout = {"w": VarSlice("w", (2, 3))}
+    scope = Scope()
+    scope.set_var("w", LoDTensor(np.full((2, 3), 2.5)))
+    own = Checkpointer(part_root(template, 0), "ps0", ("ps0",), layout, '{"plan": 1}', shared=False)
+    return template, layout, running_pserver(sync_mode=False, fanin=2, scope=scope, checkpointer=own,
+                                             known_vars=frozenset({"w"}), **extra)
+
+
+def _raw(ps, method, message, timeout=10.0):
+    import grpc
+
+    from ops.rpc.service import CHANNEL_OPTIONS, METHODS
+
+    with grpc.insecure_channel(ps.address, options=list(CHANNEL_OPTIONS)) as channel:
+        m = METHODS[method]
+        call = channel.unary_unary(m.path, request_serializer=m.encode_request, response_deserializer=m.decode_response)
+        try:
+            call(message, timeout=timeout)
+        except grpc.RpcError as exc:
+            return exc.code().name, exc.details()
+    return "OK", ""
+
+
+def test_checkpoint_set_requests_are_bounded_named_and_validated(tmp_path):
+    """`CheckpointPart`, `CheckpointCommit`: a manifest past the plan's bound is refused
+    unparsed; only `ckpt-<step>` names, confined to the dir; a manifest of the wrong form
+    (entries not objects, shapes not ints in range) is refused before anything walks it."""
+    import json
+
+    from ops.rpc.own_dirs import save
+    from proto import rpc_pb2
+
+    template, _, running = _own_dir_pserver(tmp_path)
+    with running as ps:
+        limit = ps.server._limits.request_limits()["CheckpointCommit"]  # noqa: SLF001
+        assert limit == (4 << 20) + 32 * len('{"plan": 1}')
+        folder = save(ps.client(0), [ps.address], template, "ckpt-2", '{"plan": 1}', 3)
+        good = json.loads((folder / "MANIFEST.json").read_text())
+        message = rpc_pb2.CheckpointMessage
+        code, details = _raw(ps, "CheckpointCommit", message(trainer_id=0, dir="ckpt-2", json=" " * limit))
+        assert code == "RESOURCE_EXHAUSTED" and "a CheckpointCommit request of" in details
+        for name in ("../ckpt-2", "ckpt-2/ps0", "latest", "", "ckpt-" + "9" * 3000):
+            assert _raw(ps, "CheckpointPart", message(trainer_id=0, dir=name))[0] == "INVALID_ARGUMENT", name
+            assert _raw(ps, "CheckpointCommit", message(trainer_id=0, dir=name, json="{}"))[0] == "INVALID_ARGUMENT", name
+        assert _raw(ps, "CheckpointNotify", message(trainer_id=0, dir="ckpt-" + "9" * 3000))[0] == "INVALID_ARGUMENT"
+        assert _raw(ps, "CheckpointPart", message(trainer_id=0, dir="ckpt-7"))[0] == "FAILED_PRECONDITION"
+        bad = [
+            [1, 2],
+            {**good, "parts": {"ps0": [good["parts"]["ps0"]]}},
+            {**good, "parts": {"ps0": {"w": {**good["parts"]["ps0"]["w"], "whole_shape": [10**30, 2]}}}},
+            {**good, "parts": {"ps0": {"w": {**good["parts"]["ps0"]["w"], "whole_shape": [2] * 5000}}}},
+            {**good, "parts": {"ps0": {"w": {**good["parts"]["ps0"]["w"], "rows": [5, 1]}}}},
+            {**good, "parts": {"ps0": {"w": {**good["parts"]["ps0"]["w"], "files": {"w": 7}}}}},
+            {**good, "parts": {"ps0": good["parts"]["ps0"], "ps9": {}}},
+        ]
+        for manifest in bad:
+            code, details = _raw(ps, "CheckpointCommit", message(trainer_id=0, dir="ckpt-2", json=json.dumps(manifest)))
+            assert code == "FAILED_PRECONDITION", (code, details)
+        assert _raw(ps, "CheckpointCommit", message(trainer_id=0, dir="ckpt-2", json=json.dumps(good)))[0] == "OK"
+        assert ps.server._failure is None  # noqa: SLF001
+
+
+def test_a_trainer_has_at_most_two_checkpoint_set_calls_in_flight(tmp_path, monkeypatch):
+    import threading
+
+    from ops.rpc.own_dirs import PartRestorer
+    from proto import rpc_pb2
+
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def slow_held(self):
+        entered.release()
+        release.wait(20)
+        return {"committed": [], "parts": [], "part": self.part}
+
+    monkeypatch.setattr(PartRestorer, "held", slow_held)
+    template, layout, _ = _own_dir_pserver(tmp_path)
+    restorer = PartRestorer(template, 0, "ps0", 1, layout, '{"plan": 1}')
+    _, _, running = _own_dir_pserver(tmp_path, restorer=restorer)
+    with running as ps:
+        results: list[str] = []
+        threads = [threading.Thread(target=lambda: results.append(_raw(ps, "CheckpointList", rpc_pb2.CheckpointMessage(
+            trainer_id=0))[0])) for _ in range(2)]
+        for t in threads:
+            t.start()
+        assert entered.acquire(timeout=10) and entered.acquire(timeout=10)
+        code, details = _raw(ps, "CheckpointList", rpc_pb2.CheckpointMessage(trainer_id=0), timeout=5)
+        assert code == "RESOURCE_EXHAUSTED" and "checkpoint set" in details
+        assert _raw(ps, "CheckpointList", rpc_pb2.CheckpointMessage(trainer_id=1, dir="x" * 2000))[0] == "RESOURCE_EXHAUSTED"
+        release.set()
+        for t in threads:
+            t.join(20)
+        assert results == ["OK", "OK"]
+
+
+def test_a_refused_restore_request_fails_no_waiter_and_a_later_valid_one_is_learned(tmp_path):
+    import json
+    import threading
+
+    from ops.rpc.own_dirs import PartRestorer, agree_restore, save
+    from proto import rpc_pb2
+
+    template, layout, running = _own_dir_pserver(tmp_path)
+    with running as ps:
+        folder = save(ps.client(0), [ps.address], template, "ckpt-2", '{"plan": 1}', 3)
+    good = (folder / "MANIFEST.json").read_text()
+    restorer = PartRestorer(template, 0, "ps0", 1, layout, '{"plan": 1}')
+    _, _, running = _own_dir_pserver(tmp_path, restorer=restorer)
+    with running as ps:
+        learned: list[int] = []
+        waiter = threading.Thread(target=lambda: learned.append(agree_restore(ps.client(1), [ps.address])))
+        waiter.start()
+        message = rpc_pb2.CheckpointMessage
+        for name, text in (("ckpt-2", "[]"), ("ckpt-2", json.dumps({**json.loads(good), "parts": {"ps0": 3}})),
+                           ("../ckpt-2", good), ("ckpt-2", "{" * 100000)):
+            assert _raw(ps, "CheckpointRestore", message(trainer_id=0, dir=name, json=text))[0] == "INVALID_ARGUMENT"
+        assert restorer.reason is None and restorer.pending
+        assert agree_restore(ps.client(0), [ps.address]) == 2
+        waiter.join(20)
+        assert learned == [2]

@@ -25,6 +25,7 @@ stall).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -50,6 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 CASE = REPO / "tests" / "fixtures" / "paddle_programs" / "ctr_v1_dist_sgd_2ps"
 SEED = int(os.environ.get("PSTRANSPILE_FUZZ_SEED", "23"))
 PER_PHASE = int(os.environ.get("PSTRANSPILE_FUZZ_MESSAGES", "1500"))
+PENDING = 300  # fuzz messages while the pserver waits for its agreed restore
 WARM_UP = 1500  # fuzz messages (another seed) before the memory baseline: see `test_...` below
 FUZZ_DEADLINE = 0.15  # seconds a fuzz call may take (a valid one in the wrong phase waits for it)
 FUZZ_THREADS = 4
@@ -112,12 +115,17 @@ class Mutator:
     METHOD_WEIGHTS = {
         "SendVariable": 12, "GetVariable": 10, "PrefetchVariable": 10, "SendBarrier": 4, "FetchBarrier": 4,
         "SendBatch": 14, "FetchBatch": 14, "SendFetchBatch": 14, "SendComplete": 4, "CheckpointNotify": 3,
-        "Watch": 5,
+        "Watch": 5, "CheckpointPart": 3, "CheckpointList": 2, "CheckpointCommit": 3, "CheckpointRestore": 3,
     }
+    # while the pserver waits for its agreed restore (every var call refused): mostly the methods it answers then
+    PENDING_WEIGHTS = {**dict.fromkeys(METHOD_WEIGHTS, 1), "CheckpointPart": 6, "CheckpointList": 4, "CheckpointRestore": 8,
+                       "CheckpointCommit": 3, "Watch": 3}
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, manifest: str = "{}", *, pending: bool = False) -> None:
         self.rng = random.Random(seed)
         self.np = np.random.default_rng(seed)
+        self.manifest = manifest  # a job manifest of this pserver's part (ckpt-1), to mutate
+        self.pending = pending
 
     # values -------------------------------------------------------------
     def trainer_id(self) -> int:
@@ -219,13 +227,64 @@ class Mutator:
                                            reason="r" * rng.choice([0, 10, 50000])).SerializeToString()
         if method == "CheckpointNotify":
             directory = rng.choice(["ckpt-1", "ckpt-2", "../ckpt-1", "/tmp/ckpt-1", "", "ckpt-x", "a/b", "ckpt-1\x00",
-                                    "x" * 3000, "..", "."])
+                                    "x" * 3000, "..", ".", f"ckpt-{rng.randrange(1 << 40)}", "ckpt-1/emb_0",
+                                    f"lt{rng.randrange(1 << 20)}/emb_0", "lt/emb_0", "lt/emb_0/emb_0"])
             return rpc_pb2.CheckpointMessage(trainer_id=self.trainer_id(), dir=directory,
                                              lookup_table=rng.choice(["", "", TABLE, "nope"])).SerializeToString()
+        if method in ("CheckpointPart", "CheckpointList", "CheckpointCommit", "CheckpointRestore"):
+            return self.checkpoint_set(method).SerializeToString()
         if method == "Watch":
             return rpc_pb2.WatchMessage(trainer_id=self.trainer_id(),
                                         seconds=rng.choice([0.0, 0.05, -1.0, math.nan, math.inf, 1e308])).SerializeToString()
         raise AssertionError(method)
+
+    def checkpoint_name(self) -> str:
+        return self.rng.choice(["ckpt-1", "ckpt-1", "ckpt-2", f"ckpt-{self.rng.randrange(1 << 40)}", "ckpt-" + "9" * 30,
+                                "ckpt-" + "9" * 5000, "", "../ckpt-1", "/tmp/ckpt-1", "ckpt-1/ps0", "latest", "x" * 3000,
+                                "ckpt-1\x00", ".."])
+
+    def mutated_manifest(self) -> str:
+        rng = self.rng
+        try:
+            manifest = json.loads(self.manifest)
+        except ValueError:
+            manifest = {}
+        op = rng.randrange(9)
+        if op == 0:
+            return self.manifest
+        if op == 1:
+            return self.manifest[: rng.randrange(len(self.manifest) + 1)]
+        if op == 2:  # past the bound (4 MB + 32 bytes a byte of the plan): refused unparsed
+            return " " * rng.choice([1 << 20, 5 << 20])
+        if op == 3:
+            return rng.choice(["", "[]", "null", "{" * 50000, '{"format": 1}', "1e999999"])
+        parts = manifest.get("parts") if isinstance(manifest, dict) else None
+        entries = [e for vars_ in (parts or {}).values() if isinstance(vars_, dict) for e in vars_.values()]
+        if op == 4 and entries:
+            entry = rng.choice(entries)
+            entry[rng.choice(["whole_shape", "shape", "rows", "cols", "files", "origin", "dtype"])] = rng.choice(
+                [None, [], [10**30], [2] * 5000, [-1, 3], [5, 1], "x", {"a": "b"}, 7, [1.5]])
+        elif op == 5 and isinstance(manifest, dict):
+            manifest["step"] = rng.choice([0, 2, -1, 10**40, "1", None])
+        elif op == 6 and parts:
+            part = rng.choice(list(parts))
+            parts[rng.choice([part, "ps7", "x" * 300])] = rng.choice([[], 3, {}, {f"v{i}": {} for i in range(2000)}])
+        elif op == 7 and isinstance(manifest, dict):
+            manifest["parts"] = rng.choice([None, [], {}, "ps0"])
+        else:
+            manifest = [manifest] * rng.choice([1, 50])
+        return json.dumps(manifest)
+
+    def checkpoint_set(self, method: str) -> rpc_pb2.CheckpointMessage:
+        rng = self.rng
+        message = rpc_pb2.CheckpointMessage(trainer_id=self.trainer_id(), dir=self.checkpoint_name())
+        if method == "CheckpointPart":
+            message.manifest = rng.random() < 0.5
+        if method in ("CheckpointCommit", "CheckpointRestore"):
+            message.json = self.mutated_manifest()
+        if rng.random() < 0.2:
+            message.lookup_table = rng.choice([TABLE, "x" * 100])
+        return message
 
     def bytes_mutation(self, data: bytes) -> bytes:
         """Damage the bytes themselves (1 in 4 messages)."""
@@ -247,13 +306,14 @@ class Mutator:
         return rng.randbytes(rng.choice([0, 1, 10, 1000]))
 
     def next(self) -> tuple[str, bytes]:
-        methods = list(self.METHOD_WEIGHTS)
+        weights = self.PENDING_WEIGHTS if self.pending else self.METHOD_WEIGHTS
+        methods = list(weights)
         while True:
-            method = self.rng.choices(methods, weights=[self.METHOD_WEIGHTS[m] for m in methods])[0]
+            method = self.rng.choices(methods, weights=[weights[m] for m in methods])[0]
             data = self.message(method)
             if self.rng.random() < 0.25:
                 data = self.bytes_mutation(data)
-            if not impersonates(method, data):
+            if not impersonates(method, data) and not (self.pending and agrees_restore(method, data)):
                 return method, data
 
 
@@ -276,6 +336,19 @@ def impersonates(method: str, data: bytes) -> bool:
     return getattr(message, "trainer_id", None) == 1
 
 
+def agrees_restore(method: str, data: bytes) -> bool:
+    """Whether `data` is trainer 0's `CheckpointRestore` of a checkpoint or from scratch
+    (the fuzz of the pending pserver never sends one: the honest trainer 0 agrees the
+    restore after it; one that fails would fail trainer 1's wait, as it should)."""
+    if method != "CheckpointRestore":
+        return False
+    try:
+        message = rpc_pb2.CheckpointMessage.FromString(data)
+    except Exception:  # noqa: BLE001
+        return False
+    return message.trainer_id == 0 and not message.dir
+
+
 # ------------------------------------------------------------------ the pserver
 
 
@@ -292,13 +365,14 @@ class Job:
                         str(CASE / "startup.pb"), "--pservers", endpoints, "--trainers", "2", "-o", str(tmp / "out")],
                        check=True, env=env, capture_output=True, timeout=120)
         self.endpoint = f"127.0.0.1:{ports[0]}"
+        self.own_dir = tmp / "ckpt0"  # pserver 0's own checkpoint dir (a {pserver} template)
         stem = tmp / "out" / f"pserver_127.0.0.1_{ports[0]}"
         self.log = tmp / "pserver.log"
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "transpiler", "serve", "--program", f"{stem}.pb", "--startup",
                  f"{stem}_startup.pb", "--timeout", "600", "--plan", str(tmp / "out" / "plan.json"),
-                 "--checkpoint-dir", str(tmp / "ckpt")],
+                 "--checkpoint-dir", str(tmp / "ckpt{pserver}"), "--restore", str(tmp / "ckpt{pserver}")],
                 env=env, stdout=log, stderr=subprocess.STDOUT)
         self.channel = grpc.insecure_channel(self.endpoint, options=list(CHANNEL_OPTIONS))
         self.stubs = {name: self.channel.unary_unary(m.path) for name, m in METHODS.items()}  # bytes both ways
@@ -312,7 +386,7 @@ class Job:
         while True:
             assert self.proc.poll() is None, self.log.read_text()
             try:
-                self.call("GetVariable", rpc_pb2.VariableMessage(varname="ctr_fc.b", trainer_id=1).SerializeToString(), 2)
+                self.call("CheckpointList", rpc_pb2.CheckpointMessage(trainer_id=1).SerializeToString(), 2)
                 return
             except grpc.RpcError:
                 assert time.monotonic() < deadline, "the pserver did not start"
@@ -381,6 +455,8 @@ def fuzz(job: Job, messages: list[tuple[str, bytes]]) -> dict[str, int]:
             code = "OK"
         except grpc.RpcError as exc:
             code = exc.code().name
+            if code in ("INTERNAL", "UNKNOWN"):
+                print(f"{method}: {code} {exc.details()[:300]}")
         with lock:
             counts[code] = counts.get(code, 0) + 1
 
@@ -394,11 +470,10 @@ def table_rows(value) -> dict[int, np.ndarray]:
 
 
 def test_a_trainer_with_the_token_cannot_stall_or_corrupt_a_pserver(tmp_path):
-    mutator = Mutator(SEED)
-    warm_up = Mutator(SEED + 1)
-    warm_up = [warm_up.next() for _ in range(WARM_UP)]
-    phase_get = [mutator.next() for _ in range(PER_PHASE)]
-    phase_send = [mutator.next() for _ in range(PER_PHASE)]
+    from ops.rpc.checkpoint import DEFAULT_KEEP, FORMAT, INCOMPLETE_KEEP, plan_fingerprint
+
+    pending = Mutator(SEED + 2, pending=True)
+    phase_pending = [pending.next() for _ in range(PENDING)]
     rng = np.random.default_rng(SEED)
     job = Job(tmp_path)
     watches = []
@@ -409,6 +484,35 @@ def test_a_trainer_with_the_token_cannot_stall_or_corrupt_a_pserver(tmp_path):
         for tid in (0, 1):
             watch.trainer_id = tid
             watches.append(job.stubs["Watch"].future(watch.SerializeToString(), metadata=job.metadata))
+        # The pserver was started to restore from its own dir ({pserver} template): every
+        # var call is refused until trainer 0 agrees the step. The fuzz meets that state
+        # first (never trainer 0's restore from scratch, which would agree it), while
+        # trainer 1 lists the checkpoints; then trainer 1 waits and trainer 0 agrees.
+        listing = [("CheckpointList", rpc_pb2.CheckpointMessage(trainer_id=1).SerializeToString())]
+        with Honest(job, listing) as honest_pending:
+            counts_pending = fuzz(job, phase_pending)
+        assert job.proc.poll() is None, job.log.read_text()[-2000:]
+        assert not honest_pending.failures, honest_pending.failures[:5]
+        assert honest_pending.slowest < 1.0, f"trainer 1's CheckpointList took {honest_pending.slowest:.3f} s"
+        waiting = job.stubs["CheckpointRestore"].future(rpc_pb2.CheckpointMessage(trainer_id=1).SerializeToString(),
+                                                        metadata=job.metadata, timeout=60)
+        time.sleep(0.2)
+        agreed = rpc_pb2.CheckpointMessage.FromString(job.call("CheckpointRestore", rpc_pb2.CheckpointMessage(
+            trainer_id=0).SerializeToString()))
+        assert json.loads(agreed.json) == {"step": 0}
+        assert json.loads(rpc_pb2.CheckpointMessage.FromString(waiting.result(60)).json) == {"step": 0}
+        # a manifest to mutate: pserver 0's part of ckpt-1 (an honest save), as trainer 0 builds it
+        job.call("CheckpointNotify", rpc_pb2.CheckpointMessage(trainer_id=0, dir="ckpt-1").SerializeToString(), 60)
+        part = json.loads(rpc_pb2.CheckpointMessage.FromString(job.call("CheckpointPart", rpc_pb2.CheckpointMessage(
+            trainer_id=0, dir="ckpt-1").SerializeToString())).json)
+        plan_text = (tmp_path / "out" / "plan.json").read_text()
+        manifest = json.dumps({"format": FORMAT, "step": 1, "plan": json.loads(plan_text),
+                               "plan_sha256": plan_fingerprint(plan_text), "parts": {"ps0": part["vars"], "ps1": {}}})
+        mutator = Mutator(SEED, manifest)
+        warm_up = Mutator(SEED + 1, manifest)
+        warm_up = [warm_up.next() for _ in range(WARM_UP)]
+        phase_get = [mutator.next() for _ in range(PER_PHASE)]
+        phase_send = [mutator.next() for _ in range(PER_PHASE)]
         ids = rpc_pb2.VariableMessage()
         ids.CopyFrom(var_message(IDS_VAR, (np.arange(10, dtype=np.int64) * 2).reshape(-1, 1), trainer_id=1))
         get_calls = [
@@ -441,6 +545,10 @@ def test_a_trainer_with_the_token_cannot_stall_or_corrupt_a_pserver(tmp_path):
         took = time.perf_counter() - started
         time.sleep(1.0)
         rss_after = rss_mb(job.proc.pid)
+        print(f"seed {SEED}: pending restore {PENDING} messages {counts_pending}, trainer 1's slowest list "
+              f"{honest_pending.slowest:.3f} s")
+        sent = Counter(method for method, _ in (*phase_pending, *phase_get, *phase_send) if method.startswith("Checkpoint"))
+        print(f"seed {SEED}: checkpoint messages {dict(sorted(sent.items()))}")
         print(f"seed {SEED}: {2 * PER_PHASE} messages in {took:.1f} s; GET phase {counts_get}, SEND phase {counts_send}; "
               f"trainer 1: {honest_get.count + honest_send.count} calls, slowest "
               f"{honest_get.slowest:.3f} s ({honest_get.slowest_call}) / {honest_send.slowest:.3f} s ({honest_send.slowest_call}); RSS {rss_before:.0f} -> {rss_after:.0f} MB")
@@ -450,6 +558,11 @@ def test_a_trainer_with_the_token_cannot_stall_or_corrupt_a_pserver(tmp_path):
         assert honest_get.slowest < 1.0, f"trainer 1's {honest_get.slowest_call} took {honest_get.slowest:.3f} s"
         assert honest_send.slowest < 1.0, f"trainer 1's {honest_send.slowest_call} took {honest_send.slowest:.3f} s"
         assert rss_after <= rss_before * 1.10, f"RSS {rss_before:.0f} MB before, {rss_after:.0f} MB after"
+        held = sorted(p.name for p in job.own_dir.iterdir() if p.name.startswith("ckpt-"))
+        assert len(held) <= DEFAULT_KEEP + INCOMPLETE_KEEP, held  # the notices' parts are capped
+        shards = [p for p in job.own_dir.rglob("emb_0")
+                  if p.is_file() and not p.relative_to(job.own_dir).parts[0].startswith("ckpt-")]
+        assert len(shards) <= DEFAULT_KEEP, shards  # so are the lookup-table notices' shards
 
         # one honest round: trainer 0's grads and barrier first (the fuzzer may have sent its barrier), then trainer 1's
         grads = {tid: honest_grads(tid, rng) for tid in (0, 1)}

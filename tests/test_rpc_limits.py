@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -259,3 +260,48 @@ def test_a_prefetch_asking_more_ids_than_the_table_has_rows_is_refused():
         assert client.prefetch(ps.address, "table", np.arange(10)).array.shape == (10, 2)
         with pytest.raises(Exception, match="asks 11 ids of a table of 10 rows"):
             client.prefetch(ps.address, "table", np.zeros(11, np.int64))
+
+
+def test_a_lookup_table_checkpoint_path_is_a_table_shard_outside_the_pserver_s_checkpoints(tmp_path):
+    """A lookup-table notice runs the checkpoint block at Paddle's `DIR/<table>_<i>`: the
+    table must be the program's, the name its shard's, not inside a `ckpt-<step>` of this
+    pserver, not a directory; each refusal is the sender's (never INTERNAL)."""
+    from ops.rpc.checkpoint import Checkpointer
+
+    saved: list[str] = []
+    scope = params_scope()
+    (tmp_path / "ckpt-3").mkdir()
+    (tmp_path / "d" / "w_0").mkdir(parents=True)
+    own = Checkpointer(tmp_path, "ps0", ("ps0",), {}, "{}")
+
+    def block(idx):  # the checkpoint block: save the shard at the path bound to kLookupTablePath
+        path = Path(str(scope.find_var("kLookupTablePath")))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"shard")
+        saved.append(str(path))
+
+    with running_pserver(fanin=1, scope=scope, checkpointer=own, checkpoint_block=1, run_block=block,
+                         **program_config()) as ps:
+        with grpc.insecure_channel(ps.address, options=list(CHANNEL_OPTIONS)) as channel:
+            call = stub(channel, "CheckpointNotify")
+            cases = [("w", "d/w_0", "FAILED_PRECONDITION"), ("nope", "d/nope_0", "INVALID_ARGUMENT"),
+                     ("w", "d/b_0", "INVALID_ARGUMENT"), ("w", "ckpt-3/w_0", "INVALID_ARGUMENT"),
+                     ("w", "../w_0", "INVALID_ARGUMENT"), ("w", "d/" + "x" * 300 + "/w_0", "INVALID_ARGUMENT")]
+            for table, name, code in cases:
+                with pytest.raises(grpc.RpcError) as info:
+                    call(rpc_pb2.CheckpointMessage(trainer_id=0, dir=name, lookup_table=table), timeout=10)
+                assert info.value.code().name == code, (name, info.value.details())
+            assert not saved
+            def save(name):  # what the checkpoint block would write
+                call(rpc_pb2.CheckpointMessage(trainer_id=0, dir=name, lookup_table="w"), timeout=10)
+
+            save("d/e/w_1")
+            assert saved == [str(tmp_path.resolve() / "d" / "e" / "w_1")]
+            # only the `keep` (3) paths saved last are kept: notices at new paths cannot fill the disk
+            for step in range(2, 7):
+                save(f"s{step}/w_0")
+            save("s4/w_0")  # saved again: the newest
+    kept = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("w_*") if p.is_file())
+    assert kept == ["s4/w_0", "s5/w_0", "s6/w_0"]
+    assert not (tmp_path / "d" / "e").exists() and not (tmp_path / "s2").exists()  # emptied folders go too
+    assert (tmp_path / "d" / "w_0").is_dir() and (tmp_path / "ckpt-3").is_dir()  # nothing it did not write

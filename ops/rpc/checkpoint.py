@@ -74,7 +74,7 @@ import re
 import shutil
 import struct
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,10 @@ PREFIX = "ckpt-"
 POOL_SUFFIX = "@POOL"
 TRAINER_STATE = "trainer0"  # trainer 0's own state beside the parts (see the layout above)
 DEFAULT_KEEP = 3
+INCOMPLETE_KEEP = 3  # incomplete checkpoints (a part, no manifest) newer than the newest complete one a root keeps
+NAME_MAX = 255  # bytes of one component of a checkpoint name (the filesystems' limit)
+PATH_CHARS = 1024  # characters of a whole checkpoint name
+STEP_DIGITS = 18  # a step fits an int64
 _COMPONENT = re.compile(r"^[A-Za-z0-9_.-]+$")
 _BLOCK_SUFFIX = re.compile(r"\.block\d+$")
 
@@ -140,7 +144,7 @@ def checkpoint_name(step: int) -> str:
 
 
 def step_of(name: str) -> int | None:
-    match = re.fullmatch(rf"{PREFIX}(\d+)", name)
+    match = re.fullmatch(rf"{PREFIX}(\d{{1,{STEP_DIGITS}}})", name)
     return int(match.group(1)) if match else None
 
 
@@ -148,6 +152,9 @@ def confine(root: Path, name: str) -> Path:
     """`root/name`, refusing anything but a plain relative name inside `root`."""
     if not name or name.startswith("/") or "\\" in name or "\x00" in name:
         raise CheckpointPathError(f"checkpoint name {name!r} is not a relative name inside the checkpoint dir")
+    if len(name) > PATH_CHARS or any(len(p.encode()) > NAME_MAX for p in name.split("/")):
+        raise CheckpointPathError(f"checkpoint name {name[:40]!r}... ({len(name)} characters) is longer than a name "
+                                  f"inside the checkpoint dir may be ({NAME_MAX} bytes a component, {PATH_CHARS} in all)")
     parts = name.split("/")
     for part in parts:
         if part in ("", ".", "..") or not _COMPONENT.match(part):
@@ -459,15 +466,17 @@ class Checkpointer:
         In a directory of its own the set is complete when trainer 0 sends the job
         manifest (`commit`)."""
         if not self.shared:
-            self.prune()
+            self.prune(protect=step)
             return
         parts, states = {}, {}
         for part in self.parts:
             try:
                 info = json.loads((folder / part / PART).read_text())
             except (OSError, ValueError):
-                return  # not all in yet: the last part's writer completes it
+                self.prune(protect=step)  # not all in yet: the last part's writer completes it
+                return
             if info.get("step") != step:
+                self.prune(protect=step)
                 return
             parts[part] = info["vars"]
             if "state" in info:
@@ -494,6 +503,7 @@ class Checkpointer:
             raise CheckpointPathError(f"checkpoint name {name!r} is not ckpt-<step>")
         folder = confine(self.root, name)
         where = f"checkpoint {name} part {self.part}"
+        check_manifest_form(manifest, self.parts)
         if manifest.get("format") != FORMAT or manifest.get("step") != step:
             raise CheckpointError(f"{where}: the job manifest sent is not a {FORMAT} manifest of step {step}")
         parts = manifest.get("parts")
@@ -516,19 +526,32 @@ class Checkpointer:
         self.prune()
         return folder
 
-    def prune(self) -> None:
+    def prune(self, protect: int | None = None) -> None:
         """Remove all but the newest `keep` complete checkpoints, and incomplete ones
         older than the newest complete one. (In a directory of its own a checkpoint is
         complete once the job manifest's copy is beside the part: a part newer than the
-        newest copy is kept, it may be the newest complete checkpoint of the job.)"""
+        newest copy is kept, it may be the newest complete checkpoint of the job.) Of the
+        incomplete ones newer than that, only the `INCOMPLETE_KEEP` written last are kept
+        (and step `protect`, the part just written): notices of steps no other pserver
+        saves, or trainer 0 never commits, cannot fill the disk."""
         found = sorted(((s, p) for p in self.root.iterdir() if (s := step_of(p.name)) is not None), reverse=True)
         complete = [s for s, p in found if (p / MANIFEST).is_file()]
-        if not complete:
-            return
         kept = set(complete[: self.keep])
+        newest = complete[0] if complete else -1
         for step, path in found:
-            if step not in kept and (step in complete or step < complete[0]):
+            if step not in kept and (step in complete or step < newest):
                 shutil.rmtree(path, ignore_errors=True)
+        pending = [(s, p) for s, p in found if s > newest and s != protect]
+
+        def written(item: tuple[int, Path]) -> int:
+            try:
+                return item[1].stat().st_mtime_ns
+            except OSError:
+                return 0
+
+        pending.sort(key=lambda item: (written(item), item[0]), reverse=True)
+        for _, path in pending[INCOMPLETE_KEEP - (protect is not None and protect > newest):]:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ reading
@@ -605,6 +628,46 @@ def write_job_manifest(template: Path | str, name: str, parts: int, plan_text: s
     for _, path in found[keep:]:
         shutil.rmtree(path, ignore_errors=True)
     return folder
+
+
+_DIM_MAX = 1 << 62  # a dim or a row bound of a manifest entry
+_NDIM_MAX = 16
+
+
+def _ints(value: Any, count: int | None, what: str) -> None:
+    if not isinstance(value, list) or (count is not None and len(value) != count) or len(value) > _NDIM_MAX or \
+            not all(type(v) is int and 0 <= v < _DIM_MAX for v in value):
+        raise CheckpointError(f"{what} is not {count or 'up to ' + str(_NDIM_MAX)} int(s) in [0, 2**62)")
+
+
+def check_manifest_form(manifest: Any, parts: Sequence[str]) -> None:
+    """A job manifest another process sent (`CheckpointCommit`, `CheckpointRestore`):
+    the fields a restore reads, of the types it reads them as (a part for each of
+    `parts`, each entry's origin, shapes and rows ints in [0, 2**62), its files sha256
+    hex), before anything walks or multiplies them. `CheckpointError` otherwise."""
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or type(manifest.get("step")) is not int:
+        raise CheckpointError(f"the job manifest sent is not a {FORMAT} manifest with a step")
+    found = manifest.get("parts")
+    if not isinstance(found, dict) or sorted(found) != sorted(parts):
+        raise CheckpointError(f"the job manifest sent does not hold the parts {list(parts)}")
+    for part, vars_ in found.items():
+        if not isinstance(vars_, dict):
+            raise CheckpointError(f"the job manifest's part {part} is not a JSON object of vars")
+        for var, entry in vars_.items():
+            where = f"the job manifest's entry {part}/{var[:100]}"
+            if not isinstance(entry, dict) or not isinstance(entry.get("origin"), str) or \
+                    not isinstance(entry.get("dtype"), str) or not isinstance(entry.get("files"), dict):
+                raise CheckpointError(f"{where} lacks an origin, a dtype or its files")
+            _ints(entry.get("whole_shape"), None, f"{where}: whole_shape")
+            _ints(entry.get("shape"), None, f"{where}: shape")
+            for key in ("rows", "cols"):
+                if entry.get(key) is not None:
+                    _ints(entry[key], 2, f"{where}: {key}")
+                    if entry[key][0] > entry[key][1]:
+                        raise CheckpointError(f"{where}: {key} {entry[key]} is not a range")
+            if not all(isinstance(f, str) and isinstance(h, str) and re.fullmatch(r"[0-9a-f]{64}", h)
+                       for f, h in entry["files"].items()):
+                raise CheckpointError(f"{where}: its files are not name -> sha256")
 
 
 def validate_manifest(manifest: Mapping[str, Any], folder: Path) -> None:
@@ -921,6 +984,7 @@ __all__ = [
     "LATEST",
     "MANIFEST",
     "CheckpointError",
+    "check_manifest_form",
     "CheckpointPathError",
     "CheckpointReader",
     "Checkpointer",

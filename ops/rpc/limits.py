@@ -10,7 +10,9 @@ for every method and what bounds it).
 * **Request size, before decoding.** The small protobuf requests (`FetchRequest`, a
   barrier, a complete notice, a checkpoint notice, a watch, a get's `VariableMessage`)
   have a byte limit of their own (`request_limits`): a `FetchRequest` may name every var
-  the pserver holds once, the others are a name or a flag. A bigger one is refused
+  the pserver holds once, the others are a name or a flag, but a `CheckpointCommit`'s or
+  `CheckpointRestore`'s job manifest (`manifest_limit`: 4 MB + 32 bytes per byte of the
+  plan, which it holds with an entry per var the plan's params are cut into). A bigger one is refused
   `RESOURCE_EXHAUSTED` from its length, unparsed (`guard_decoder`). The vars a trainer
   sends are bounded by `ops.rpc.validate.max_message` (gRPC refuses them from the length
   prefix).
@@ -50,6 +52,8 @@ NAME_OVERHEAD = 8  # bytes of a FetchRequest per name beyond its UTF-8 (key, len
 SMALL_REQUEST = 1024  # bytes: a barrier, a watch
 NAMED_REQUEST = 64 * 1024  # bytes: a get's VariableMessage (a name), a checkpoint notice (a dir name)
 COMPLETE_REQUEST = 64 * 1024  # bytes: a complete notice (its reason)
+MANIFEST_FLOOR = 4 << 20  # bytes: a job manifest sent (CheckpointCommit, CheckpointRestore) under this is never refused
+MANIFEST_PER_PLAN_BYTE = 32  # ... nor one under this many bytes per byte of the plan (it holds the plan, and an entry per var it cuts)
 ASYNC_REPEATS = 16  # times an async batch may carry one var (a trainer's sends queued over steps)
 
 
@@ -128,6 +132,10 @@ class Limits:
             if shape and int(shape[0]) >= 0:
                 self.heights[name] = int(shape[0])
         self.largest_height = max(self.heights.values(), default=None)
+        holder = getattr(config, "checkpointer", None) or getattr(config, "restorer", None)
+        plan_text = getattr(holder, "plan_text", None)
+        # a job manifest: the plan, and an entry (a few hundred bytes) per var the plan's params are cut into
+        self.manifest_limit = MANIFEST_FLOOR + MANIFEST_PER_PLAN_BYTE * len(plan_text.encode()) if plan_text else NAMED_REQUEST
 
     # -------------------------------------------------------- before decoding
     def request_limits(self) -> dict[str, int]:
@@ -139,6 +147,10 @@ class Limits:
             "Watch": SMALL_REQUEST,
             "SendComplete": COMPLETE_REQUEST,
             "CheckpointNotify": NAMED_REQUEST,
+            "CheckpointPart": NAMED_REQUEST,
+            "CheckpointList": SMALL_REQUEST,
+            "CheckpointCommit": self.manifest_limit,
+            "CheckpointRestore": self.manifest_limit,
             "GetVariable": NAMED_REQUEST,
         }
         if self.fetch_request_limit is not None:

@@ -51,8 +51,10 @@ from ops.rpc.checkpoint import (
     MANIFEST,
     PART,
     CheckpointError,
+    CheckpointPathError,
     CheckpointReader,
     VarSlice,
+    check_manifest_form,
     checkpoint_name,
     confine,
     part_fits,
@@ -120,7 +122,7 @@ class PartRestorer:
         except OSError as exc:
             raise CheckpointError(f"{folder}: no {MANIFEST} here ({exc.strerror})") from None
 
-    def restore(self, scope: Scope, name: str, manifest_text: str, commit: Any) -> int:
+    def restore(self, scope: Scope, name: str, manifest: Mapping[str, Any] | str | None, commit: Any) -> int:
         """Restore from checkpoint `name` of this dir (`name` empty: from scratch), once;
         `commit(name, manifest)` keeps the manifest's copy. The step."""
         with self._cond:
@@ -132,7 +134,8 @@ class PartRestorer:
             try:
                 step = 0
                 if name:
-                    manifest = json.loads(manifest_text)
+                    if isinstance(manifest, str):
+                        manifest = json.loads(manifest)
                     if not isinstance(manifest, dict):
                         raise CheckpointError(f"the manifest sent for {name} is not a JSON object")
                     folder = commit(name, manifest)
@@ -146,7 +149,7 @@ class PartRestorer:
             except (CheckpointError, OSError, ValueError) as exc:
                 self.reason = str(exc)
                 raise CheckpointError(str(exc)) from None
-            self.step = step
+            self.step, self.reason = step, None  # (a failed try before, then this one: the waiters learn the step)
             self._cond.notify_all()
             return step
 
@@ -183,32 +186,49 @@ class OwnDirRpc:
         return (f"pserver {self.config.endpoint} is waiting for trainer 0 to agree the checkpoint it restores "
                 f"(CheckpointRestore); {method} refused")
 
+    def _checkpoint_name(self, name: str, context: Any, *, empty_ok: bool = False) -> str:
+        """`name` if it is a `ckpt-<step>` name (or, with `empty_ok`, empty); refused
+        `INVALID_ARGUMENT` otherwise: these methods name nothing else."""
+        if (empty_ok and not name) or step_of(name) is not None:
+            return name
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"pserver {self.config.endpoint}: checkpoint name {name[:60]!r} is not ckpt-<step>")
+        return name  # (abort raises)
+
     def _rpc_CheckpointPart(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC's name
         def body() -> Any:
+            name = self._checkpoint_name(request.dir, context)
             try:
                 if request.manifest:
                     restorer = self.config.restorer
                     if restorer is None:
                         context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"pserver {self.config.endpoint} restores nothing")
-                    return rpc_pb2.CheckpointMessage(dir=request.dir, json=restorer.manifest_text(request.dir))
+                    return rpc_pb2.CheckpointMessage(dir=name, json=restorer.manifest_text(name))
                 checkpointer = self._own_checkpointer(context)
-                folder = confine(checkpointer.root, request.dir)
+                folder = confine(checkpointer.root, name)
                 try:
                     text = (folder / checkpointer.part / PART).read_text()
                 except OSError as exc:
                     raise CheckpointError(f"{folder}: no part {checkpointer.part} ({exc.strerror})") from None
-                return rpc_pb2.CheckpointMessage(dir=request.dir, json=text)
+                return rpc_pb2.CheckpointMessage(dir=name, json=text)
+            except CheckpointPathError as exc:
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, f"pserver {self.config.endpoint}: {exc}")
             except CheckpointError as exc:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"pserver {self.config.endpoint}: {exc}")
         return self._handle(context, "CheckpointPart", request.trainer_id, "checkpoint part", body)
 
     def _rpc_CheckpointCommit(self, request: Any, context: Any) -> Any:  # noqa: N802
         def body() -> Any:
+            name = self._checkpoint_name(request.dir, context)
             checkpointer = self._own_checkpointer(context)
             try:
-                checkpointer.commit(request.dir, _manifest_of(request.json))
-            except (CheckpointError, OSError) as exc:
-                context.abort(grpc.StatusCode.INTERNAL, f"pserver {self.config.endpoint}: commit {request.dir}: {exc}")
+                checkpointer.commit(name, _manifest_of(request.json))
+            except CheckpointPathError as exc:
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, f"pserver {self.config.endpoint}: commit {name}: {exc}")
+            except CheckpointError as exc:  # a manifest that does not fit the part on disk, or no such part
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"pserver {self.config.endpoint}: commit {name}: {exc}")
+            except OSError as exc:
+                context.abort(grpc.StatusCode.INTERNAL, f"pserver {self.config.endpoint}: commit {name}: {exc}")
             return rpc_pb2.VoidMessage()
         return self._handle(context, "CheckpointCommit", request.trainer_id, "checkpoint commit", body)
 
@@ -238,18 +258,28 @@ class OwnDirRpc:
                         context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                                       f"pserver {self.config.endpoint}: trainer 0 agreed no checkpoint to restore in time")
                     return rpc_pb2.CheckpointMessage(dir=checkpoint_name(step), json=json.dumps({"step": step}))
-                step = restorer.restore(self.scope, request.dir, request.json, self._commit_for_restore)
+                name = self._checkpoint_name(request.dir, context, empty_ok=True)
+                manifest = None
+                if name:  # the request itself, checked before the restore is tried (a refused one fails no waiter)
+                    try:
+                        manifest = _manifest_of(request.json)
+                        check_manifest_form(manifest, tuple(f"ps{i}" for i in range(restorer.parts)))
+                    except CheckpointError as exc:
+                        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"pserver {self.config.endpoint}: restore {name}: {exc}")
+                step = restorer.restore(self.scope, name, manifest, self._commit_for_restore)
                 if step and not self.config.sync_mode and self.config.lr_decay_block >= 0:
                     self._run(self.config.lr_decay_block, "the lr-decay block")  # as after a restore at startup
             except CheckpointError as exc:
-                context.abort(grpc.StatusCode.INTERNAL, f"pserver {self.config.endpoint}: restore {request.dir}: {exc}")
-            if request.dir:
-                self._log(f"pserver {self.config.endpoint}: restored {len(restorer.layout)} var(s) from {request.dir} "
+                # (no such part here, another plan's, a part that does not read back: not the pserver's own fault)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"pserver {self.config.endpoint}: restore {request.dir[:60]}: {exc}")
+            if name:
+                self._log(f"pserver {self.config.endpoint}: restored {len(restorer.layout)} var(s) from {name} "
                           f"in its own dir {restorer.root} (step {step}, agreed with trainer 0)")
             else:
                 self._log(f"pserver {self.config.endpoint}: starts from scratch (no checkpoint complete in every "
                           "pserver's dir; agreed with trainer 0)")
-            return rpc_pb2.CheckpointMessage(dir=request.dir, json=json.dumps({"step": step}))
+            return rpc_pb2.CheckpointMessage(dir=name, json=json.dumps({"step": step}))
         return self._handle(context, "CheckpointRestore", request.trainer_id, "checkpoint restore", body)
 
     def _own_checkpointer(self, context: Any) -> Any:

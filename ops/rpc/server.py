@@ -105,6 +105,9 @@ from __future__ import annotations
 
 import enum
 import math
+import os
+import re
+import shutil
 import sys
 import threading
 import time
@@ -113,6 +116,7 @@ from concurrent import futures
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -120,7 +124,7 @@ import numpy as np
 
 from ops.rpc.auth import Gate, ServerAuth
 from ops.rpc.bind import check_bindable
-from ops.rpc.checkpoint import CheckpointError, Checkpointer, CheckpointPathError, confine
+from ops.rpc.checkpoint import CheckpointError, Checkpointer, CheckpointPathError, confine, step_of
 from ops.rpc.errors import BindError, PserverError
 from ops.rpc.limits import REASON_CHARS, Limited, Limits, Malformed, Oversized, guard_decoder
 from ops.rpc.malloc import bound_arenas, keep_freed_memory
@@ -193,11 +197,14 @@ class _Abort(Exception):
 # per pserver at a time; one more of a kind is refused at once (RESOURCE_EXHAUSTED)
 # instead of parking a server thread, so a flood of sends cannot starve the gets and
 # barriers the round waits for. The thread pool holds every trainer's quota.
-IN_FLIGHT_CAP = {"send": 2, "fetch": 2, "prefetch": 8, "checkpoint": 1}
+IN_FLIGHT_CAP = {"send": 2, "fetch": 2, "prefetch": 8, "checkpoint": 1, "checkpoint set": 2}
 _KIND = {
     "SendBatch": "send", "SendVariable": "send", "SendBarrier": "send", "SendFetchBatch": "send",
     "FetchBatch": "fetch", "GetVariable": "fetch", "FetchBarrier": "fetch",
     "PrefetchVariable": "prefetch", "CheckpointNotify": "checkpoint",
+    # per-pserver dirs (ops.rpc.own_dirs): a part, a list, a commit, a restore (a second restore wait is refused there)
+    "CheckpointPart": "checkpoint set", "CheckpointList": "checkpoint set", "CheckpointCommit": "checkpoint set",
+    "CheckpointRestore": "checkpoint set",
 }
 SPARE_WORKERS = 16  # completes, checkpoint notices, refusals
 WATCHES_PER_TRAINER = 4  # Watch calls a trainer id may hold open (one per client; a `fetch` pull as trainer 0 is a second); more are refused
@@ -253,6 +260,7 @@ class PServer(OwnDirRpc):
         self._block_locks = {idx: threading.Lock() for idx in set(config.grad_to_block.values())}
         self._lr_lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
+        self._table_saves: list[Path] = []  # lookup-table checkpoint paths this process wrote, oldest first
         self._wake = threading.Event()  # for serve(): a round to run, every trainer completed, stop() or a failure
         self._optimizer_claimed = False  # the OPTIMIZE phase's blocks have a thread running them
         # Sync: the fetch replies of this GET phase by the names asked (every trainer asks
@@ -961,7 +969,9 @@ class PServer(OwnDirRpc):
                 self._check_open()
         try:
             if request.lookup_table and self.config.checkpoint_block >= 0:
-                self._run_checkpoint_block(str(confine(checkpointer.root, request.dir)))
+                path = self._table_path(checkpointer.root, request)
+                self._run_checkpoint_block(str(path))
+                self._keep_table_saves(checkpointer, path)
             else:
                 with self._checkpoint_lock, self._quiesced():
                     with self._cond:
@@ -974,6 +984,46 @@ class PServer(OwnDirRpc):
         except (CheckpointError, OSError) as exc:
             raise _Abort(grpc.StatusCode.INTERNAL, f"pserver {self.config.endpoint}: checkpoint {request.dir}: {exc}") from None
         return rpc_pb2.VoidMessage()
+
+    def _table_path(self, root: Path, request: Any) -> Path:
+        """Where a lookup-table notice's checkpoint block saves: Paddle's `DIR/<table>_<i>`
+        of a table of the program, confined to the checkpoint dir, never inside this
+        pserver's own `ckpt-<step>` checkpoints, and not a directory (`_Abort` otherwise:
+        the sender's name, not the pserver's fault)."""
+        table, name = request.lookup_table, request.dir
+        known = self.config.known_vars
+        if (known is not None and table not in known) or not re.fullmatch(rf"{re.escape(table)}_\d{{1,9}}", name.rsplit("/", 1)[-1]):
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"pserver {self.config.endpoint}: a lookup-table checkpoint of {table[:60]!r} is saved at "
+                         f"DIR/<table>_<pserver>, a table of the program; not {name[:60]!r}")
+        if step_of(name.split("/", 1)[0]) is not None:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"pserver {self.config.endpoint}: {name[:60]!r} is inside a checkpoint (ckpt-<step>) of this pserver")
+        path = confine(root, name)
+        if path.is_dir() or any(parent.exists() and not parent.is_dir() for parent in path.parents):
+            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
+                         f"pserver {self.config.endpoint}: {name[:60]!r} is a directory, or under a file, here")
+        return path
+
+    def _keep_table_saves(self, checkpointer: Checkpointer, path: Path) -> None:
+        """Keep the `keep` lookup-table checkpoints this process saved last: an older
+        path's shard (and the folders it left empty, inside the checkpoint dir) is
+        removed, so notices at new paths cannot fill the disk."""
+        with self._checkpoint_lock:
+            if path in self._table_saves:
+                self._table_saves.remove(path)
+            self._table_saves.append(path)
+            old, self._table_saves = self._table_saves[: -checkpointer.keep], self._table_saves[-checkpointer.keep:]
+        root = Path(os.path.realpath(checkpointer.root))
+        for stale in old:
+            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() and not stale.is_symlink() else stale.unlink(missing_ok=True)
+            for parent in stale.parents:
+                if parent == root or root not in parent.parents:
+                    break
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
 
     @contextmanager
     def _quiesced(self) -> Iterator[None]:
