@@ -50,6 +50,43 @@ OPS = (
         },
         role=_OPT,
     ),
+    # Paddle 2.x's AdamW (adamw_op / phi adamw kernel): Adam with decoupled weight decay.
+    # `apply_decay_param_fun` reaches the program as each op's `with_decay` (False: no
+    # decay for that param), `lr_ratio` as its attr.
+    op(
+        "adamw",
+        "Param Grad LearningRate Moment1 Moment2 Beta1Pow Beta2Pow MasterParam? SkipUpdate? Beta1Tensor? "
+        "Beta2Tensor? EpsilonTensor?",
+        "ParamOut Moment1Out Moment2Out Beta1PowOut Beta2PowOut MasterParamOut?",
+        {
+            "beta1": Float(0.9),
+            "beta2": Float(0.999),
+            "epsilon": Float(1e-8),
+            "lr_ratio": Float(1.0),
+            "coeff": Float(0.01),
+            "with_decay": Bool(False),
+            "lazy_mode": Bool(False),
+            "min_row_size_to_use_multithread": Long(1000),
+            "multi_precision": Bool(False),
+            "use_global_beta_pow": Bool(False),
+        },
+        role=_OPT,
+    ),
+    # Paddle 2.x's LAMB (lamb_op): Adam's moments, then a layer-wise trust ratio |p| / |r|.
+    op(
+        "lamb",
+        "Param Grad LearningRate Moment1 Moment2 Beta1Pow Beta2Pow MasterParam? SkipUpdate?",
+        "ParamOut Moment1Out Moment2Out Beta1PowOut? Beta2PowOut? MasterParamOut?",
+        {
+            "weight_decay": Float(),
+            "beta1": Float(0.9),
+            "beta2": Float(0.999),
+            "epsilon": Float(1e-6),
+            "always_adapt": Bool(False),
+            "multi_precision": Bool(False),
+        },
+        role=_OPT,
+    ),
     op(
         "adamax",
         "Param Grad LearningRate Moment InfNorm Beta1Pow",
@@ -140,6 +177,30 @@ OPTIMIZER_SLOTS: MappingProxyType[str, OptimizerSlots] = MappingProxyType(
             sparse=True,
             every_row=True,
             lazy="lazy_mode",
+        ),
+        "adamw": _slots(
+            ["Moment1", "Moment2"],
+            ["Beta1Pow", "Beta2Pow"],
+            outs=[
+                ("Moment1", "Moment1Out"),
+                ("Moment2", "Moment2Out"),
+                ("Beta1Pow", "Beta1PowOut"),
+                ("Beta2Pow", "Beta2PowOut"),
+            ],
+            sparse=True,
+            every_row=True,
+            lazy="lazy_mode",
+        ),
+        # LAMB's trust ratio needs the norms of the whole param and update: dense grads only.
+        "lamb": _slots(
+            ["Moment1", "Moment2"],
+            ["Beta1Pow", "Beta2Pow"],
+            outs=[
+                ("Moment1", "Moment1Out"),
+                ("Moment2", "Moment2Out"),
+                ("Beta1Pow", "Beta1PowOut"),
+                ("Beta2Pow", "Beta2PowOut"),
+            ],
         ),
         "adamax": _slots(["Moment", "InfNorm"], ["Beta1Pow"], outs=[("Moment", "MomentOut"), ("InfNorm", "InfNormOut")]),
         "adagrad": _slots(["Moment"], outs=[("Moment", "MomentOut")], sparse=True),
