@@ -432,6 +432,37 @@ CASES: list[Case] = [
 ]
 
 
+# -- transformer ops (matmul_v2, ...): issue 25
+
+
+def matmul_v2(x_shape: tuple[int, ...], y_shape: tuple[int, ...], trans_x: bool = False, trans_y: bool = False) -> Case:
+    attrs = {"trans_x": trans_x, "trans_y": trans_y}
+    return Case(
+        id=f"matmul_v2-{list(x_shape)}{'T' if trans_x else ''}x{list(y_shape)}{'T' if trans_y else ''}",
+        op="matmul_v2",
+        inputs={"X": [("X", rand(*x_shape))], "Y": [("Y", rand(*y_shape))]},
+        outputs={"Out": ["Out"]},
+        attrs=attrs,
+        grad_ops=[("matmul_v2_grad", {"X": ["X"], "Y": ["Y"], "Out@GRAD": ["Out@GRAD"]}, {"X@GRAD": ["X@GRAD"], "Y@GRAD": ["Y@GRAD"]}, attrs)],
+        wrt=["X", "Y"],
+        checked=["Out"],
+    )
+
+
+CASES += [
+    matmul_v2((3, 4), (4, 2)),
+    matmul_v2((4, 3), (4, 2), trans_x=True),
+    matmul_v2((3, 4), (2, 4), trans_y=True),
+    matmul_v2((2, 3, 4), (4, 5)),  # BERT's linear layers: batch of rows x weight
+    matmul_v2((2, 2, 3, 4), (2, 2, 5, 4), trans_y=True),  # attention scores q k^T
+    matmul_v2((2, 1, 3, 4), (3, 4, 2)),  # batch dims broadcast both ways
+    matmul_v2((3, 4, 2), (3, 4), trans_x=True, trans_y=True),
+    matmul_v2((4,), (4,)),  # dot product: a 0-d Out
+    matmul_v2((4,), (2, 4, 3), trans_x=True),  # a 1-D X ignores trans_x
+    matmul_v2((2, 3, 4), (4,), trans_y=True),
+]
+
+
 # ------------------------------------------------------------------ the harness
 
 

@@ -11,6 +11,7 @@ from types import MappingProxyType
 
 from ops.catalogue import control_flow_ops, distributed_ops, loss_ops, math_ops, optimizer_ops, sequence_ops, tensor_ops
 from ops.catalogue import recurrent_ops
+from ops.catalogue import transformer_ops
 from ops.catalogue.grad import GradSpec
 from ops.catalogue.opdef import OpDef
 
@@ -23,6 +24,7 @@ FAMILIES: dict[str, tuple[OpDef, ...]] = {
     "optimizer": optimizer_ops.OPS,
     "distributed": distributed_ops.OPS,
     "recurrent": recurrent_ops.OPS,
+    "transformer": transformer_ops.OPS,
 }
 GRAD_VAR_KINDS = {**sequence_ops.GRAD_VAR_KINDS}
 

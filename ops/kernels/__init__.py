@@ -16,12 +16,14 @@ registry from its own module.
 | `optimizers` | sgd, momentum, lars_momentum, adam, adamax, adagrad, decayed_adagrad, rmsprop, ftrl |
 | `sparse` | split_byref, split_selected_rows, split_ids, merge_ids, lookup_sparse_table, fake_init |
 | `initializers` | uniform_random, gaussian_random, truncated_gaussian_random |
+| `transformer` | matmul_v2 (BERT / GPT ops) |
 """
 
 from __future__ import annotations
 
 from ops.kernels import control, initializers, loss, math_ops, nn, optimizers, sparse, tensor_ops  # noqa: F401  (registers)
 from ops.kernels import recurrent  # noqa: F401  (registers)
+from ops.kernels import transformer  # noqa: F401  (registers)
 from ops.kernels.context import Frame, KernelError, OpContext, RunContext
 from ops.kernels.registry import (
     KernelSpec,
