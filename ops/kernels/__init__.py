@@ -16,7 +16,7 @@ registry from its own module.
 | `optimizers` | sgd, momentum, lars_momentum, adam, adamax, adagrad, decayed_adagrad, rmsprop, ftrl |
 | `sparse` | split_byref, split_selected_rows, split_ids, merge_ids, lookup_sparse_table, fake_init |
 | `initializers` | uniform_random, gaussian_random, truncated_gaussian_random |
-| `transformer` | matmul_v2 (BERT / GPT ops) |
+| `transformer` | matmul_v2, layer_norm, dropout, gelu, slice, range, tril_triu, unsqueeze2, squared_l2_norm |
 """
 
 from __future__ import annotations
