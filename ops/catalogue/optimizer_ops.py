@@ -142,6 +142,10 @@ class OptimizerSlots:
     sparse_grad: bool = False  # has an update rule for SelectedRows grads
     every_row: bool = False
     lazy: str | None = None
+    # The update reads the L2 norm of the whole param (LARS's local lr, LAMB's trust
+    # ratio): a block's norm is not the param's, so the transpiler keeps such a param whole
+    # on one pserver (`transpiler/passes/slice_vars.py`).
+    whole_norm: bool = False
 
     def updates_every_row(self, attr: Callable[[str], Any]) -> bool:
         """Whether a sparse grad updates every row of the param; `attr(name)` reads the op's attr."""
@@ -152,11 +156,12 @@ class OptimizerSlots:
         return self.sliced + self.unsliced
 
 
-def _slots(sliced=(), unsliced=(), outs=(), sparse=False, every_row=False, lazy=None) -> OptimizerSlots:
+def _slots(sliced=(), unsliced=(), outs=(), sparse=False, every_row=False, lazy=None,
+           whole_norm=False) -> OptimizerSlots:
     outputs = {"Param": "ParamOut", **dict(outs)}
     return OptimizerSlots(
         sliced=tuple(sliced), unsliced=tuple(unsliced), outputs=MappingProxyType(outputs), sparse_grad=sparse,
-        every_row=every_row, lazy=lazy,
+        every_row=every_row, lazy=lazy, whole_norm=whole_norm,
     )
 
 
@@ -164,7 +169,7 @@ OPTIMIZER_SLOTS: MappingProxyType[str, OptimizerSlots] = MappingProxyType(
     {
         "sgd": _slots(sparse=True),
         "momentum": _slots(["Velocity"], outs=[("Velocity", "VelocityOut")], sparse=True, every_row=True),
-        "lars_momentum": _slots(["Velocity"], outs=[("Velocity", "VelocityOut")]),
+        "lars_momentum": _slots(["Velocity"], outs=[("Velocity", "VelocityOut")], whole_norm=True),
         "adam": _slots(
             ["Moment1", "Moment2"],
             ["Beta1Pow", "Beta2Pow"],
@@ -201,6 +206,7 @@ OPTIMIZER_SLOTS: MappingProxyType[str, OptimizerSlots] = MappingProxyType(
                 ("Beta1Pow", "Beta1PowOut"),
                 ("Beta2Pow", "Beta2PowOut"),
             ],
+            whole_norm=True,
         ),
         "adamax": _slots(["Moment", "InfNorm"], ["Beta1Pow"], outs=[("Moment", "MomentOut"), ("InfNorm", "InfNormOut")]),
         "adagrad": _slots(["Moment"], outs=[("Moment", "MomentOut")], sparse=True),

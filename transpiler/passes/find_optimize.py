@@ -230,6 +230,13 @@ def _split_off_distributed_table(chains: list[ParamChain], tables: dict[str, Tab
             f"distributed table {table.table!r}: {chain.optimizer.type} with regularization_method={method!r} "
             "decays rows no trainer looked up; a sharded table cannot"
         )
+    optimizer = chain.optimizer
+    if optimizer.type == "adamw" and optimizer.attr("with_decay", False) and float(optimizer.attr("coeff", 0.01)):
+        raise TranspileError(
+            f"distributed table {table.table!r}: adamw with weight decay (with_decay, coeff="
+            f"{float(optimizer.attr('coeff', 0.01)):g}) decays every row, also rows no trainer looked up, which a "
+            "sharded table does not hold; exclude the table from decay (apply_decay_param_fun) to train it as Adam"
+        )
     slots = optimizer_slots(chain.optimizer.type)
     if slots.updates_every_row(lambda name: chain.optimizer.attr(name, False)):
         for name in (name for slot in slots.sliced for name in chain.optimizer.input(slot)):

@@ -5,6 +5,10 @@ with block i of the grad), so one slicing and one dispatch serve both: a param b
 and its grad block always share an endpoint. (Paddle dispatches grads and params
 separately; with `HashName` that would put them on different servers.)
 
+A param whose optimizer reads its whole norm (`lars_momentum`, `lamb`: the catalogue's
+`whole_norm`) is never cut: on one pserver its norm, and so its update, is local training's.
+(Paddle cuts it, and each block's update then uses the block's norm.)
+
 Unsliced round robin deals the params in Paddle's order: with `slice_var_up=False`
 Paddle 1.8 and 2.6 shuffle their grads (in optimizer order) with
 `np.random.seed(program.random_seed); np.random.shuffle(...)` before dispatching (PR
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ops.catalogue.optimizer_ops import optimizer_slots
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
 from transpiler.passes.bundle import Bundle
@@ -40,7 +45,9 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     for chain in bundle.analysis.chains:
         var = block.var(chain.param)
         shape = tuple(var.shape)
-        sizes = slice_sizes(shape, slice_count, options.min_block_size)
+        # LARS / LAMB read the whole param's norm: kept whole, the pserver's norm is exact.
+        whole = optimizer_slots(chain.optimizer.type).whole_norm
+        sizes = slice_sizes(shape, 1 if whole else slice_count, options.min_block_size)
         lookups = tables.get(chain.param)
         plan.params.append(
             ParamPlan(
