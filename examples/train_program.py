@@ -277,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--die-trainer", type=int, default=0)
     parser.add_argument("--warmup", type=int, help="untimed steps first; then print a `timing:` line for --steps")
     parser.add_argument("--float64", action="store_true", help="train float64 copies of the programs")
+    parser.add_argument("--clip-mode", choices=("trainer", "exact"),
+                        help="where gradient clips run in distributed training (transpile's clip_mode)")
     parser.add_argument("--permute", action="store_true", help="local runs: each batch's examples in another order")
     parser.add_argument("--checkpoint-dir", type=Path, help="the pservers checkpoint here (local training too)")
     parser.add_argument("--checkpoint-every", type=int, help="trainer 0 asks for a checkpoint every N steps")
@@ -314,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         (args.pid_dir / me).write_text(str(os.getpid()))
     options = {"checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
                "keep_checkpoints": args.keep_checkpoints, "restore": args.restore, "init": args.warm_start}
+    if args.clip_mode is not None and role.is_distributed:
+        options["clip_mode"] = args.clip_mode
     with Session(main_program, startup, role=role, **options) as session:
         if role.is_pserver:
             session.serve()

@@ -11,14 +11,21 @@ norm it computes is the param's."""
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
-from e2e_support import differences, launch_training, save, train_locally, trained_params
+from e2e_support import BATCH, SEED, STEPS, differences, launch_training, save, train_locally, trained_params
 
-from conftest import PADDLE_PROGRAMS
+from conftest import PADDLE_PROGRAMS, TESTS
+from ops.executor import Executor
+from ops.scope import Scope
+from ops.tensor import LoDTensor
 from transpiler.api import as_float64, transpile
 from transpiler.ir import Program
+
+sys.path.insert(0, str(TESTS.parent / "examples"))
+from train_program import synthetic_batch  # noqa: E402
 
 NORM_CASES = ["mlp_adamw_3ps", "mlp_lamb_3ps", "mlp_lars_3ps"]
 
@@ -65,3 +72,59 @@ def test_distributed_training_equals_local_training_in_float64(case, tmp_path):
         assert np.array_equal(final0[name], final1[name]), name
         assert np.abs(local[name] - init0[name]).max() > 0, f"{name} never changed: the comparison would prove nothing"
         np.testing.assert_allclose(final0[name], local[name], rtol=1e-9, atol=0, err_msg=f"{case}: {name}")
+
+
+# ------------------------------------------------------------------ clips on the pserver
+
+
+def local_values(main: Program, startup: Program, init: dict[str, np.ndarray], fetch: list[str]) -> list[list]:
+    """`fetch` at each of local training's steps (the e2e run's batches, from `init`)."""
+    scope = Scope()
+    exe = Executor(seed=0)
+    exe.run(startup, scope=scope)
+    for name, value in init.items():
+        scope.set_var(name, LoDTensor(np.array(value)))
+    out = []
+    for k in range(STEPS):
+        out.append([np.asarray(v) for v in exe.run(main, feed=synthetic_batch(main, BATCH, SEED, k),
+                                                     fetch_list=fetch, scope=scope)])
+    return out
+
+
+def test_clip_by_value_on_the_averaged_grad_equals_local_training_in_float64(tmp_path):
+    """clip_mode="exact": the `clip` ops run on the pservers after the grads are averaged
+    (fc_0.w_0 in 3 blocks on 3 pservers); every step some elements of both weights' grads
+    are clipped (of the biases', at some steps), and the result is local training's."""
+    main, startup, info = load("mlp_clip_value_sgd_3ps")
+    main, startup = as_float64(main), as_float64(startup)
+    result = transpile(main, startup, pservers=info["pservers"], trainers=2, clip_mode="exact")
+    assert "clip" not in [op.type for op in result.trainer.global_block().ops]
+    assert len(result.plan.param("fc_0.w_0").blocks) == 3
+    pserver_ops = [op.type for main_ps, _ in result.pservers.values() for b in main_ps.blocks for op in b.ops]
+    assert pserver_ops.count("clip") == 3 + 3  # fc_0.w_0's three blocks and the three other params
+    main_pb, startup_pb = save(tmp_path, main, startup)
+    launch_training(tmp_path, main_pb, startup_pb, pservers=3, trainers=2, loss=info["loss"],
+                    extra=("--clip-mode", "exact"))
+    init0, final0 = trained_params(tmp_path, 0)
+    _, final1 = trained_params(tmp_path, 1)
+    local = train_locally(tmp_path, main_pb, startup_pb, loss=info["loss"])
+    grads = [f"{name}@GRAD" for name in sorted(local)]
+    bites = dict.fromkeys(grads, 0)
+    for values in local_values(main, startup, init0, grads):
+        for name, grad in zip(grads, values):
+            bites[name] += bool(np.abs(grad).max() > 0.001)
+    print(f"steps (of {STEPS}) where the clip bites: {bites}")
+    assert bites["fc_0.w_0@GRAD"] == bites["fc_1.w_0@GRAD"] == STEPS
+    for name, (elementwise, _) in sorted(differences(final0, local).items()):
+        print(f"clip_value exact (float64): {name}: max rel diff element-wise {elementwise:.2e}")
+    for name in local:
+        assert np.array_equal(final0[name], final1[name]), name
+        np.testing.assert_allclose(final0[name], local[name], rtol=1e-9, atol=0, err_msg=name)
+    # The control: clipped on each trainer (clip_mode="trainer", Paddle 1.8's way), the same
+    # job does not train to local training's params.
+    launch_training(tmp_path / "trainer", main_pb, startup_pb, pservers=3, trainers=2, loss=info["loss"],
+                    extra=("--clip-mode", "trainer"))
+    _, per_trainer = trained_params(tmp_path / "trainer", 0)
+    worst = max(scaled for _, scaled in differences(per_trainer, local).values())
+    print(f"clip_value trainer (float64): max |difference| / max |local| {worst:.2e}")
+    assert worst > 1e-4

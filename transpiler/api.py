@@ -69,6 +69,7 @@ def transpile(
     split_method: str | type[PSDispatcher] | None = None,
     min_block_size: int | None = None,
     random_seed: int | None = None,
+    clip_mode: str | None = None,
     config: DistributeTranspilerConfig | None = None,
     verify: bool = False,
     dump_dir: str | os.PathLike | None = None,
@@ -83,6 +84,8 @@ def transpile(
     `random_seed` seeds the shuffle of unsliced round robin as Paddle's `program.random_seed`
     does; by default the config's, else the program's `random_seed` (a builder program's),
     else 0 (a loaded ProgramDesc does not carry it, and Paddle's default is 0).
+    `clip_mode` ("trainer" or "exact"; default the config's, "trainer") says where gradient
+    clips run (`transpiler.config.CLIP_MODES`).
     """
     if not isinstance(program, Program) or not isinstance(startup_program, Program):
         raise TranspileError("transpile needs the main and the startup Program")
@@ -98,6 +101,7 @@ def transpile(
         split_method=split_method,
         min_block_size=min_block_size,
         random_seed=random_seed,
+        clip_mode=clip_mode,
     )
     # A malformed input (a typo'd var, a STRING op_role) is the user's error, named here,
     # not a crash inside a pass that trusted it.

@@ -34,7 +34,10 @@ class DistributeTranspilerConfig:
     the seed of the unsliced round-robin shuffle, Paddle's `program.random_seed`; None
     takes the program's, 0 for a loaded one),
     `runtime_split_send_recv` (async only), `half_async`, `completely_not_async`
-    (treated as sync), `mode="pserver"`, `print_log`, `wait_port`.
+    (treated as sync), `mode="pserver"`, `print_log`, `wait_port`, and ours: `clip_mode`
+    ("trainer", the default: each trainer clips its own grad, Paddle 1.8's program op for
+    op; "exact": element-wise and per-param-norm clips run on the pserver, on the averaged
+    grad, as local training clips: see `CLIP_MODES`).
     Not supported (a `TranspileError` says so): `mode` "nccl2"/"collective",
     `enable_dc_asgd`, `geo_sgd_mode`.
     """
@@ -53,6 +56,7 @@ class DistributeTranspilerConfig:
         self.print_log = False
         self.wait_port = False
         self.random_seed: int | None = None
+        self.clip_mode = "trainer"
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class TranspileOptions:
     runtime_split_send_recv: bool = False
     half_async: bool = False
     random_seed: int = 0  # Paddle's `program.random_seed`: it shuffles the unsliced round-robin order
+    clip_mode: str = "trainer"  # where gradient clips run: CLIP_MODES
 
     @property
     def distributed_mode(self) -> DistributedMode:
@@ -154,6 +159,15 @@ def _is_canonical_ipv4(host: str) -> bool:
     return len(parts) == 4 and all(p.isdigit() and p.isascii() and str(int(p)) == p and int(p) < 256 for p in parts)
 
 
+# Where gradient-clip ops run (transpiler/passes/keep_clip_on_trainer.py):
+# "trainer": on each trainer, on its own grad (Paddle 1.8's programs, op for op);
+# "exact": sync mode only; `clip` (ClipGradByValue) and `clip_by_norm` (ClipGradByNorm) run
+#   on the pserver after the grads are averaged (a clipped-by-norm param is kept whole), as
+#   local training clips. A global-norm clip needs the norm of grads on every pserver, which
+#   is not built: refused with a TranspileError.
+CLIP_MODES = ("trainer", "exact")
+
+
 def make_options(
     config: DistributeTranspilerConfig | None,
     *,
@@ -165,6 +179,7 @@ def make_options(
     split_method=None,
     min_block_size: int | None = None,
     random_seed: int | None = None,
+    clip_mode: str | None = None,
 ) -> TranspileOptions:
     """Merge explicit arguments over `config` and validate the result."""
     config = config or DistributeTranspilerConfig()
@@ -192,6 +207,12 @@ def make_options(
     seed = 0 if seed is None else seed
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise TranspileError(f"random_seed must be an integer in [0, 2**32), got {seed!r}")
+    clip = getattr(config, "clip_mode", "trainer") if clip_mode is None else clip_mode
+    if clip not in CLIP_MODES:
+        raise TranspileError(f"clip_mode must be one of {', '.join(CLIP_MODES)}, got {clip!r}")
+    if clip == "exact" and not sync:
+        raise TranspileError("clip_mode='exact' needs sync mode: an async pserver applies each trainer's grad "
+                             "alone, so there is no averaged grad to clip (use clip_mode='trainer')")
     return TranspileOptions(
         endpoints=parse_endpoints(pservers),
         trainers=trainers,
@@ -203,4 +224,5 @@ def make_options(
         runtime_split_send_recv=runtime_split,
         half_async=bool(config.half_async) and not sync,
         random_seed=seed,
+        clip_mode=clip,
     )

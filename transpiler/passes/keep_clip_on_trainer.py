@@ -15,6 +15,14 @@ wrote (a var no trainer op computes), and Paddle 2.6 clips on the pservers, a gl
 from one pserver's grads. Paddle's own `_correct_clip_op_role_var` knows clip ops by
 `gradient_clip` in the scope; so do we, and both kinds stay on the trainer.
 
+With `clip_mode="exact"` (sync mode; `transpiler.config.CLIP_MODES`) a per-param clip,
+`clip` (ClipGradByValue, GradientClipByValue) or `clip_by_norm` (ClipGradByNorm,
+GradientClipByNorm), keeps its Optimize role instead: it moves with its param's optimizer
+to the pserver, which runs it on the averaged grad, as local training does (slice_vars
+keeps a clipped-by-norm param whole, so the norm is the param's). A clip reading several
+grads (a global norm) needs the norm over every pserver's grads, which is not built: a
+`TranspileError` says so, and `clip_mode="trainer"` keeps it on the trainers.
+
 It runs before the analysis and rewrites the bundle's private copy of the original (the
 user's program keeps its roles), so find_optimize's data flow sees the clip ops as
 trainer ops: the grad the optimize ops read that a trainer op writes is the clipped one.
@@ -23,6 +31,7 @@ trainer ops: the grad the optimize ops read that a trainer op writes is the clip
 from __future__ import annotations
 
 from transpiler.config import TranspileOptions
+from transpiler.errors import TranspileError
 from transpiler.ir import Op, OpRole
 from transpiler.ir.types import OP_NAMESCOPE_ATTR, OP_ROLE_ATTR
 from transpiler.passes.bundle import Bundle
@@ -40,14 +49,32 @@ def is_clip_op(op: Op) -> bool:
     return any(mark in scope for mark in CLIP_NAME_SCOPES)
 
 
+# Clip ops that read one grad and write its clipped value: exact on the pserver.
+PER_PARAM_CLIPS = ("clip", "clip_by_norm")
+
+
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
-    if not any(is_clip_op(op) for op in bundle.origin.global_block().ops):
+    clips = [op for op in bundle.origin.global_block().ops if is_clip_op(op)]
+    if not clips:
         return bundle
+    if options.clip_mode == "exact":
+        _check_exact(clips)
+        return bundle  # they keep their Optimize role: find_optimize ties them to their params
     bundle = bundle.own_origins()
     for op in bundle.origin.global_block().ops:
         if is_clip_op(op):
             op.set_attr(OP_ROLE_ATTR, int(OpRole.Backward))  # as Paddle: the op stays, its role_var too
     return bundle
+
+
+def _check_exact(clips: list[Op]) -> None:
+    for op in clips:
+        if op.type not in PER_PARAM_CLIPS:
+            raise TranspileError(
+                f"clip_mode='exact': op {op.index} ({op.type}) is part of a clip over several grads (a global "
+                "norm), which needs the norm of the grads on every pserver; that reduction is not built. "
+                "Use clip_mode='trainer' (each trainer clips its own grad)"
+            )
 
 
 PASS = Pass("keep_clip_on_trainer", run, requires=("origin",), produces=("origin",))

@@ -6,7 +6,8 @@ and its grad block always share an endpoint. (Paddle dispatches grads and params
 separately; with `HashName` that would put them on different servers.)
 
 A param whose optimizer reads its whole norm (`lars_momentum`, `lamb`: the catalogue's
-`whole_norm`) is never cut: on one pserver its norm, and so its update, is local training's.
+`whole_norm`) is never cut: on one pserver its norm, and so its update, is local training's; nor is a
+param whose `clip_by_norm` moved to the pserver (`clip_mode="exact"`).
 (Paddle cuts it, and each block's update then uses the block's norm.)
 
 Unsliced round robin deals the params in Paddle's order: with `slice_var_up=False`
@@ -46,7 +47,8 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         var = block.var(chain.param)
         shape = tuple(var.shape)
         # LARS / LAMB read the whole param's norm: kept whole, the pserver's norm is exact.
-        whole = optimizer_slots(chain.optimizer.type).whole_norm
+        # So is a param clipped by its norm on the pserver (clip_mode="exact").
+        whole = optimizer_slots(chain.optimizer.type).whole_norm or any(op.type == "clip_by_norm" for op in chain.ops)
         sizes = slice_sizes(shape, 1 if whole else slice_count, options.min_block_size)
         lookups = tables.get(chain.param)
         plan.params.append(
