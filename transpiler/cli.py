@@ -523,6 +523,9 @@ TRANSPILE_ARGS = (
         help="Paddle's program.random_seed, which shuffles unsliced round-robin placement (default 0, "
              "Paddle's default; a saved program does not carry it)"),
     arg("--float64", action="store_true", help="transpile a float64 copy of the programs (see `cast`)"),
+    arg("--clip-mode", choices=("trainer", "exact"), default="trainer",
+        help="where gradient clips run: trainer (default: each trainer clips its own grad, Paddle 1.8's way) or "
+             "exact (sync: value and by-norm clips on the pserver, on the averaged grad)"),
 )
 
 
@@ -597,6 +600,7 @@ def _transpile(args: argparse.Namespace, inputs: tuple[Program, Program] | None 
         split_method=args.split_method,
         min_block_size=args.min_block_size,
         random_seed=args.random_seed,
+        clip_mode=args.clip_mode,
         config=config,
         **extra,
     )
