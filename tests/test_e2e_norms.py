@@ -128,3 +128,42 @@ def test_clip_by_value_on_the_averaged_grad_equals_local_training_in_float64(tmp
     worst = max(scaled for _, scaled in differences(per_trainer, local).values())
     print(f"clip_value trainer (float64): max |difference| / max |local| {worst:.2e}")
     assert worst > 1e-4
+
+
+# ------------------------------------------------------------------ what clip_mode refuses
+
+
+def test_clip_mode_exact_refuses_a_global_norm_clip_and_async_mode_and_unknown_modes():
+    from transpiler.config import DistributeTranspilerConfig
+    from transpiler.errors import TranspileError
+
+    main, startup, info = load("mlp_clip_global_sgd_3ps")
+    with pytest.raises(TranspileError, match=r"cannot place a global-norm clip.*use clip_mode='trainer'"):
+        transpile(main, startup, pservers=info["pservers"], trainers=2, clip_mode="exact")
+    trainer_mode = transpile(main, startup, pservers=info["pservers"], trainers=2)  # the default keeps them
+    assert "squared_l2_norm" in [op.type for op in trainer_mode.trainer.global_block().ops]
+    main, startup, info = load("mlp_clip_value_sgd_3ps")
+    with pytest.raises(TranspileError, match="needs sync mode"):
+        transpile(main, startup, pservers=info["pservers"], trainers=2, sync_mode=False, clip_mode="exact")
+    with pytest.raises(TranspileError, match="clip_mode must be one of trainer, exact"):
+        transpile(main, startup, pservers=info["pservers"], trainers=2, clip_mode="pserver")
+    config = DistributeTranspilerConfig()
+    config.clip_mode = "exact"
+    result = transpile(main, startup, pservers=info["pservers"], trainers=2, config=config)
+    assert "clip" not in [op.type for op in result.trainer.global_block().ops]
+
+
+def test_cli_clip_mode(tmp_path, capsys):
+    from transpiler.cli import main as cli_main
+
+    folder = PADDLE_PROGRAMS / "mlp_clip_global_sgd_3ps"
+    pservers = "127.0.0.1:6170,127.0.0.1:6171,127.0.0.1:6172"
+    assert cli_main(["plan", str(folder / "main.pb"), "--pservers", pservers, "--trainers", "2",
+                     "--clip-mode", "exact"]) == 2
+    err = capsys.readouterr().err
+    assert "global-norm clip" in err and "clip_mode='trainer'" in err and len(err.strip().splitlines()) == 1
+    folder = PADDLE_PROGRAMS / "mlp_clip_value_sgd_3ps"
+    assert cli_main(["transpile", str(folder / "main.pb"), "--pservers", pservers, "--trainers", "2",
+                     "--clip-mode", "exact", "-o", str(tmp_path / "out"), "-q"]) == 0
+    trainer = Program.load(tmp_path / "out" / "trainer.pb")
+    assert "clip" not in [op.type for op in trainer.global_block().ops]

@@ -71,9 +71,8 @@ def _check_exact(clips: list[Op]) -> None:
     for op in clips:
         if op.type not in PER_PARAM_CLIPS:
             raise TranspileError(
-                f"clip_mode='exact': op {op.index} ({op.type}) is part of a clip over several grads (a global "
-                "norm), which needs the norm of the grads on every pserver; that reduction is not built. "
-                "Use clip_mode='trainer' (each trainer clips its own grad)"
+                f"clip_mode='exact' cannot place a global-norm clip (op {op.index}, {op.type}, reads several "
+                "grads): the norm over every pserver's grads is not built; use clip_mode='trainer'"
             )
 
 
