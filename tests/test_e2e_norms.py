@@ -199,3 +199,38 @@ def test_fluid18_clip_by_norm_on_the_averaged_grad_equals_local_training_in_floa
     for name in local:
         assert np.array_equal(final0[name], final1[name]), name
         np.testing.assert_allclose(final0[name], local[name], rtol=1e-9, atol=0, err_msg=name)
+
+
+# ------------------------------------------------------------------ the global norm across pservers
+
+
+def test_global_norm_clip_across_pservers_equals_local_training_in_float64(tmp_path):
+    """ClipGradByGlobalNorm(0.01), clip_mode="exact", fc_0.w_0 in 3 blocks on 3 pservers:
+    the trainers send unclipped grads; each pserver averages, sums the squares of its
+    blocks, exchanges the partial sum with the other two (pserver_allreduce_sum) and
+    scales by the exact global norm. The norm is above 0.01 at every step (the clip
+    bites), and the result is local training's; clipped per trainer, it is not."""
+    main, startup, info = load("mlp_clip_global_sgd_3ps")
+    main, startup = as_float64(main), as_float64(startup)
+    result = transpile(main, startup, pservers=info["pservers"], trainers=2, clip_mode="exact")
+    trainer_ops = [op.type for op in result.trainer.global_block().ops]
+    assert "squared_l2_norm" not in trainer_ops and "elementwise_mul" not in trainer_ops
+    for endpoint, (ps_main, _) in result.pservers.items():
+        listen = ps_main.global_block().ops[0]
+        first = ps_main.block(int(listen.attr("optimize_blocks")[0]))
+        assert "pserver_allreduce_sum" in [op.type for op in first.ops], endpoint  # run first, every round
+    main_pb, startup_pb = save(tmp_path, main, startup)
+    launch_training(tmp_path, main_pb, startup_pb, pservers=3, trainers=2, loss=info["loss"],
+                    extra=("--clip-mode", "exact"))
+    init0, final0 = trained_params(tmp_path, 0)
+    _, final1 = trained_params(tmp_path, 1)
+    local = train_locally(tmp_path, main_pb, startup_pb, loss=info["loss"])
+    norms = [float(values[0].reshape(-1)[0]) for values in local_values(main, startup, init0, ["sqrt_0.tmp_0"])]
+    print(f"global norms (clip 0.01) over {STEPS} steps: min {min(norms):.3g}, max {max(norms):.3g}")
+    assert min(norms) > 0.01
+    for name, (elementwise, _) in sorted(differences(final0, local).items()):
+        print(f"global norm exact (float64): {name}: max rel diff element-wise {elementwise:.2e}")
+    for name in local:
+        assert np.array_equal(final0[name], final1[name]), name
+        assert np.abs(local[name] - init0[name]).max() > 0, name
+        np.testing.assert_allclose(final0[name], local[name], rtol=1e-9, atol=0, err_msg=name)

@@ -35,6 +35,7 @@ from typing import Any
 
 from ops.kernels.context import KernelError, OpContext
 from ops.kernels.registry import register
+from ops.rpc import reduce
 from ops.rpc.auth import ServerAuth
 from ops.rpc.server import PServer, ServeConfig, print_log
 from ops.rpc.service import LOST_GRACE, default_timeout, refuse_nonfinite_default
@@ -167,4 +168,13 @@ def listen_and_serv(ctx: OpContext) -> None:
         log=log,
         run_in=lambda idx, own: ctx.run.run_block(idx, own, None),
     )
-    server.serve(on_ready=ctx.env.get("pserver_ready"))
+    peers = reduce.needs_peers(ctx.run.program)  # a cross-pserver sum in the blocks (ops.rpc.reduce)
+    if peers is not None:
+        server.peer_reduce = reduce.PeerReduce(config.endpoint, peers, config.timeout)
+        ctx.env[reduce.ENV_KEY] = server.peer_reduce
+        ctx.env[reduce.STEP_KEY] = lambda: server.rounds + 1
+    try:
+        server.serve(on_ready=ctx.env.get("pserver_ready"))
+    finally:
+        if server.peer_reduce is not None:
+            server.peer_reduce.close()

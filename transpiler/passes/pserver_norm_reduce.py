@@ -1,0 +1,111 @@
+"""Pass: a global-norm gradient clip computed exactly across the pservers (`clip_mode="exact"`).
+
+keep_clip_on_trainer took the clip out of the program (`Bundle.norm_groups`): the
+trainers send unclipped grads. Each pserver gets one more optimize block, run first in
+every sync round (`optimize_blocks[0]`), which
+
+1. averages the trainers' grads of the group's blocks placed here (the `sum` / `scale` the
+   param blocks started with move here),
+2. sums their squares: `squared_l2_norm` per grad block, `sum` into the partial
+   `<group>@PARTIAL` (a `fill_constant` 0 on a pserver holding none of them),
+3. `pserver_allreduce_sum`: sends the partial to every other pserver and adds all of them,
+   in pserver order (the same bits on every pserver), into `<group>@SQUARED`
+   (`ops/rpc/reduce.py`: authenticated like every RPC; a peer that does not answer fails
+   the step with its name, within the RPC timeout),
+4. scales its grad blocks as Paddle's ClipGradByGlobalNorm does: `sqrt`, `clip_norm /
+   max(clip_norm, norm)`, `elementwise_mul` in place.
+
+The param blocks then run L2 decay and the optimizer on the clipped average, as local
+training does on the clipped grad. The names in the block are the group's
+(`clip_global_norm_<i>@...`); the dump shows the whole reduction.
+"""
+
+from __future__ import annotations
+
+from ops.catalogue import make_op
+from transpiler.config import TranspileOptions
+from transpiler.errors import TranspileError
+from transpiler.ir import Block, Op, OpRole, VarKind
+from transpiler.passes.bundle import Bundle, NormGroup, PserverPrograms
+from transpiler.passes.contract import Pass
+
+ALLREDUCE_OP = "pserver_allreduce_sum"
+
+
+def group_prefix(index: int) -> str:
+    return f"clip_global_norm_{index}"
+
+
+def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
+    if not bundle.norm_groups:
+        return bundle
+    if not options.sync_mode:  # make_options refuses it first; a pipeline run by hand might not
+        raise TranspileError("a global-norm clip on the pservers needs sync mode")
+    placed_on = bundle.plan.by_endpoint()
+    endpoints = list(options.endpoints)
+    origin = bundle.origin.global_block()
+    for endpoint, progs in bundle.pservers.items():
+        reduce = progs.main.create_block(progs.optimize_parent)
+        progs.optimize_blocks.insert(0, reduce.idx)
+        block_of = dict(progs.grad_to_block)
+        for index, group in enumerate(bundle.norm_groups):
+            in_group = {param for param, _ in group.grads}
+            merged = [param.grad_block_name(var_block.index) for param, var_block in placed_on.get(endpoint, [])
+                      if param.param in in_group]
+            dtype = origin.find_var(group.grads[0][1]).dtype
+            for name in merged:
+                _move_average(progs.main.block(block_of[name]), reduce, name)
+            _reduce_ops(progs, reduce, group_prefix(index), group, merged, dtype, endpoints, endpoint)
+    return bundle
+
+
+def _move_average(block: Block, reduce: Block, grad: str) -> None:
+    """The `sum` / `scale` that open a param block and write `grad`: moved into `reduce`."""
+    moved: list[Op] = []
+    for op in block.ops:
+        if op.type in ("sum", "scale") and grad in op.output_names:
+            moved.append(op)
+        else:
+            break
+    for op in moved:
+        block.remove_op(op)
+    reduce.add_ops(moved)
+
+
+def _reduce_ops(progs: PserverPrograms, reduce: Block, prefix: str, group: NormGroup, grads: list[str], dtype,
+                endpoints: list[str], endpoint: str) -> None:
+    main = progs.main.global_block()
+
+    def var(suffix: str) -> str:
+        name = f"{prefix}@{suffix}"
+        if not main.has_var(name):
+            main.create_var(name, VarKind.LOD_TENSOR, dtype=dtype, shape=(1,))
+        return name
+
+    def add(op_type: str, inputs: dict, outputs: dict, attrs: dict | None = None) -> None:
+        reduce.add_op(make_op(op_type, inputs, outputs, attrs or {}, role=OpRole.Optimize))
+
+    squares = []
+    for i, grad in enumerate(grads):
+        squares.append(var(f"SQUARE{i}"))
+        add("squared_l2_norm", {"X": [grad]}, {"Out": [squares[-1]]})
+    partial = var("PARTIAL")
+    if squares:
+        add("sum", {"X": squares}, {"Out": [partial]})
+    else:
+        add("fill_constant", {}, {"Out": [partial]}, {"shape": [1], "dtype": int(dtype), "value": 0.0})
+    total = var("SQUARED")
+    add(ALLREDUCE_OP, {"X": [partial]}, {"Out": [total]}, {"endpoints": endpoints, "endpoint": endpoint})
+    if not grads:
+        return
+    norm, clip, bound, factor = var("NORM"), var("CLIP_NORM"), var("MAX"), var("FACTOR")
+    add("sqrt", {"X": [total]}, {"Out": [norm]})
+    add("fill_constant", {}, {"Out": [clip]},
+        {"shape": [1], "dtype": int(dtype), "value": group.clip_norm, "str_value": repr(group.clip_norm)})
+    add("elementwise_max", {"X": [clip], "Y": [norm]}, {"Out": [bound]})
+    add("elementwise_div", {"X": [clip], "Y": [bound]}, {"Out": [factor]})
+    for grad in grads:
+        add("elementwise_mul", {"X": [grad], "Y": [factor]}, {"Out": [grad]})
+
+
+PASS = Pass("pserver_norm_reduce", run, requires=("plan", "pservers"), produces=("pservers",))
