@@ -377,8 +377,8 @@ def test_an_op_the_catalogue_does_not_know_passes_through_untouched(sync_mode):
 
 PASS_FOLDERS = ["01_lower_async_lr_decay", "02_keep_clip_on_trainer", "03_find_optimize", "04_slice_vars",
                 "05_drop_optimize", "06_distribute_lookups", "07_insert_sends", "08_insert_recvs", "09_drop_unused_vars",
-                "10_trainer_startup", "11_pserver_lr_decay", "12_pserver_optimize_blocks", "13_pserver_table_blocks",
-                "14_pserver_serve", "15_pserver_startup"]
+                "10_trainer_startup", "11_pserver_lr_decay", "12_pserver_optimize_blocks", "13_pserver_norm_reduce",
+                "14_pserver_table_blocks", "15_pserver_serve", "16_pserver_startup"]
 
 
 def test_dump_dir_has_every_program_after_every_pass(tmp_path):

@@ -133,20 +133,20 @@ def test_clip_by_value_on_the_averaged_grad_equals_local_training_in_float64(tmp
 # ------------------------------------------------------------------ what clip_mode refuses
 
 
-def test_clip_mode_exact_refuses_a_global_norm_clip_and_async_mode_and_unknown_modes():
+def test_clip_mode_exact_refuses_async_mode_and_unknown_modes_and_trainer_mode_keeps_clips():
     from transpiler.config import DistributeTranspilerConfig
     from transpiler.errors import TranspileError
 
     main, startup, info = load("mlp_clip_global_sgd_3ps")
-    with pytest.raises(TranspileError, match=r"cannot place a global-norm clip.*use clip_mode='trainer'"):
-        transpile(main, startup, pservers=info["pservers"], trainers=2, clip_mode="exact")
     trainer_mode = transpile(main, startup, pservers=info["pservers"], trainers=2)  # the default keeps them
     assert "squared_l2_norm" in [op.type for op in trainer_mode.trainer.global_block().ops]
-    main, startup, info = load("mlp_clip_value_sgd_3ps")
+    assert all("pserver_allreduce_sum" not in [op.type for b in ps.blocks for op in b.ops]
+               for ps, _ in trainer_mode.pservers.values())
     with pytest.raises(TranspileError, match="needs sync mode"):
         transpile(main, startup, pservers=info["pservers"], trainers=2, sync_mode=False, clip_mode="exact")
     with pytest.raises(TranspileError, match="clip_mode must be one of trainer, exact"):
         transpile(main, startup, pservers=info["pservers"], trainers=2, clip_mode="pserver")
+    main, startup, info = load("mlp_clip_value_sgd_3ps")
     config = DistributeTranspilerConfig()
     config.clip_mode = "exact"
     result = transpile(main, startup, pservers=info["pservers"], trainers=2, config=config)
@@ -158,47 +158,16 @@ def test_cli_clip_mode(tmp_path, capsys):
 
     folder = PADDLE_PROGRAMS / "mlp_clip_global_sgd_3ps"
     pservers = "127.0.0.1:6170,127.0.0.1:6171,127.0.0.1:6172"
-    assert cli_main(["plan", str(folder / "main.pb"), "--pservers", pservers, "--trainers", "2",
-                     "--clip-mode", "exact"]) == 2
-    err = capsys.readouterr().err
-    assert "global-norm clip" in err and "clip_mode='trainer'" in err and len(err.strip().splitlines()) == 1
-    folder = PADDLE_PROGRAMS / "mlp_clip_value_sgd_3ps"
     assert cli_main(["transpile", str(folder / "main.pb"), "--pservers", pservers, "--trainers", "2",
                      "--clip-mode", "exact", "-o", str(tmp_path / "out"), "-q"]) == 0
     trainer = Program.load(tmp_path / "out" / "trainer.pb")
-    assert "clip" not in [op.type for op in trainer.global_block().ops]
-
-
-def test_fluid18_clip_by_norm_on_the_averaged_grad_equals_local_training_in_float64(tmp_path):
-    """Fluid 1.8.5's set_gradient_clip(GradientClipByNorm(0.01)) with L2 decay, clip_mode
-    "exact": each `clip_by_norm` runs on the pserver after averaging, its param kept whole
-    (fc_0.w_0, cut in 2 under clip_mode="trainer", is one block); the grad's norm is
-    above 0.01 at every step for both weights (the biases' at some steps: the clip bites),
-    and the result is local training's."""
-    main, startup, info = load("fluid18_clip_norm_momentum_2ps")
-    main, startup = as_float64(main), as_float64(startup)
-    exact = transpile(main, startup, pservers=info["pservers"], trainers=2, clip_mode="exact")
-    assert len(exact.plan.param("fc_0.w_0").blocks) == 1
-    assert len(transpile(main, startup, pservers=info["pservers"], trainers=2).plan.param("fc_0.w_0").blocks) == 2
-    assert "clip_by_norm" not in [op.type for op in exact.trainer.global_block().ops]
-    main_pb, startup_pb = save(tmp_path, main, startup)
-    launch_training(tmp_path, main_pb, startup_pb, pservers=2, trainers=2, loss=info["loss"],
-                    extra=("--clip-mode", "exact"))
-    init0, final0 = trained_params(tmp_path, 0)
-    _, final1 = trained_params(tmp_path, 1)
-    local = train_locally(tmp_path, main_pb, startup_pb, loss=info["loss"])
-    grads = [f"{name}@GRAD" for name in sorted(local)]
-    bites = dict.fromkeys(grads, 0)
-    for values in local_values(main, startup, init0, grads):
-        for name, grad in zip(grads, values):
-            bites[name] += bool(np.sqrt(np.sum(grad * grad)) > 0.01)
-    print(f"steps (of {STEPS}) where the clip bites: {bites}")
-    assert bites["fc_0.w_0@GRAD"] == bites["fc_1.w_0@GRAD"] == STEPS
-    for name, (elementwise, _) in sorted(differences(final0, local).items()):
-        print(f"fluid18 clip_by_norm exact (float64): {name}: max rel diff element-wise {elementwise:.2e}")
-    for name in local:
-        assert np.array_equal(final0[name], final1[name]), name
-        np.testing.assert_allclose(final0[name], local[name], rtol=1e-9, atol=0, err_msg=name)
+    assert "squared_l2_norm" not in [op.type for op in trainer.global_block().ops]
+    capsys.readouterr()
+    assert cli_main(["dump", str(tmp_path / "out" / "pserver_127.0.0.1_6171.pb")]) == 0
+    assert "pserver_allreduce_sum X=[clip_global_norm_0@PARTIAL]" in capsys.readouterr().out
+    assert cli_main(["plan", str(folder / "main.pb"), "--pservers", pservers, "--trainers", "2", "--async",
+                     "--clip-mode", "exact"]) == 2
+    assert "needs sync mode" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ the global norm across pservers

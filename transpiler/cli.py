@@ -525,7 +525,7 @@ TRANSPILE_ARGS = (
     arg("--float64", action="store_true", help="transpile a float64 copy of the programs (see `cast`)"),
     arg("--clip-mode", choices=("trainer", "exact"), default="trainer",
         help="where gradient clips run: trainer (default: each trainer clips its own grad, Paddle 1.8's way) or "
-             "exact (sync: value and by-norm clips on the pserver, on the averaged grad)"),
+             "exact (sync: on the pservers, on the averaged grad; a global norm summed across them)"),
 )
 
 

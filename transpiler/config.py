@@ -36,8 +36,8 @@ class DistributeTranspilerConfig:
     `runtime_split_send_recv` (async only), `half_async`, `completely_not_async`
     (treated as sync), `mode="pserver"`, `print_log`, `wait_port`, and ours: `clip_mode`
     ("trainer", the default: each trainer clips its own grad, Paddle 1.8's program op for
-    op; "exact": element-wise and per-param-norm clips run on the pserver, on the averaged
-    grad, as local training clips: see `CLIP_MODES`).
+    op; "exact": clips run on the pservers, on the averaged grad, as local training clips,
+    a global norm summed across the pservers: see `CLIP_MODES`).
     Not supported (a `TranspileError` says so): `mode` "nccl2"/"collective",
     `enable_dc_asgd`, `geo_sgd_mode`.
     """
@@ -163,8 +163,8 @@ def _is_canonical_ipv4(host: str) -> bool:
 # "trainer": on each trainer, on its own grad (Paddle 1.8's programs, op for op);
 # "exact": sync mode only; `clip` (ClipGradByValue) and `clip_by_norm` (ClipGradByNorm) run
 #   on the pserver after the grads are averaged (a clipped-by-norm param is kept whole), as
-#   local training clips. A global-norm clip needs the norm of grads on every pserver, which
-#   is not built: refused with a TranspileError.
+#   local training clips; a global-norm clip too, its norm summed across the pservers
+#   (transpiler/passes/pserver_norm_reduce.py, ops/rpc/reduce.py).
 CLIP_MODES = ("trainer", "exact")
 
 
