@@ -194,6 +194,10 @@ def test_global_norm_clip_across_pservers_equals_local_training_in_float64(tmp_p
     init0, final0 = trained_params(tmp_path, 0)
     _, final1 = trained_params(tmp_path, 1)
     local = train_locally(tmp_path, main_pb, startup_pb, loss=info["loss"])
+    costs = [line for log in sorted((tmp_path / "logs").glob("*")) if log.is_file()
+             for line in log.read_text(errors="replace").splitlines() if "cross-pserver sum(s)" in line]
+    print("\n".join(costs))
+    assert len(costs) == 3 and all(f"{STEPS} cross-pserver sum(s)" in line for line in costs)
     norms = [float(values[0].reshape(-1)[0]) for values in local_values(main, startup, init0, ["sqrt_0.tmp_0"])]
     print(f"global norms (clip 0.01) over {STEPS} steps: min {min(norms):.3g}, max {max(norms):.3g}")
     assert min(norms) > 0.01

@@ -176,5 +176,10 @@ def listen_and_serv(ctx: OpContext) -> None:
     try:
         server.serve(on_ready=ctx.env.get("pserver_ready"))
     finally:
-        if server.peer_reduce is not None:
-            server.peer_reduce.close()
+        reducer = server.peer_reduce
+        if reducer is not None:
+            reducer.close()
+            if reducer.calls and log is not None:
+                log(f"pserver {config.endpoint}: {reducer.calls} cross-pserver sum(s), "
+                    f"{1000 * reducer.seconds / reducer.calls:.2f} ms and "
+                    f"{reducer.bytes_sent / reducer.calls:.0f} bytes sent each")
