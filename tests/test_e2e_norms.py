@@ -4,9 +4,10 @@ trainers, float64, element-wise (tests/fixtures/paddle_programs/mlp_*_3ps, made 
 tools/make_paddle_fixtures.py).
 
 AdamW is element-wise: its param fc_0.w_0 is cut into 3 blocks, one per pserver, and each
-block's update is local training's. LARS and LAMB read the whole param's norm: the
-transpiler keeps such a param whole on one pserver (`OptimizerSlots.whole_norm`), so the
-norm it computes is the param's."""
+block's update is local training's. LARS reads the whole param's norms: cut into 3 blocks
+too, the 3 pservers sum [|p|^2, |g|^2] of their blocks among themselves each step
+(pserver_allreduce_sum). LAMB's trust ratio needs the norm of its update as well: the
+transpiler keeps its param whole on one pserver (`OptimizerSlots.whole_norm`)."""
 
 from __future__ import annotations
 
@@ -36,18 +37,27 @@ def load(case: str) -> tuple[Program, Program, dict]:
             json.loads((folder / "case.json").read_text()))
 
 
-def plan_of(case: str):
+def exchange_lines(tmp_path) -> list[str]:
+    """The pservers' exit lines about their cross-pserver sums: one sum per step each."""
+    lines = [line for log in sorted((tmp_path / "logs").glob("*")) if log.is_file()
+             for line in log.read_text(errors="replace").splitlines() if "cross-pserver sum(s)" in line]
+    assert all(f": {STEPS} cross-pserver sum(s)" in line for line in lines), lines
+    return lines
+
+
+def plan_of(case: str, **options):
     main, startup, info = load(case)
-    return transpile(main, startup, pservers=info["pservers"], trainers=info["trainers"], trainer_id=0).plan
+    return transpile(main, startup, pservers=info["pservers"], trainers=info["trainers"], trainer_id=0,
+                     **options).plan
 
 
-def test_adamw_slices_its_weight_and_lars_lamb_keep_theirs_whole():
+def test_adamw_and_lars_slice_their_weight_and_lamb_keeps_its_whole():
     assert len(plan_of("mlp_adamw_3ps").param("fc_0.w_0").blocks) == 3
-    for case in ("mlp_lamb_3ps", "mlp_lars_3ps"):
-        plan = plan_of(case)
-        assert len(plan.param("fc_0.w_0").blocks) == 1, case
-        # every pserver still gets work: the whole params are dealt round robin
-        assert len({ep for p in plan.params for ep in p.endpoints}) == 3, case
+    assert len(plan_of("mlp_lars_3ps").param("fc_0.w_0").blocks) == 3  # its norms summed across the pservers
+    assert len(plan_of("mlp_lars_3ps", sync_mode=False).param("fc_0.w_0").blocks) == 1  # async: no sum, kept whole
+    plan = plan_of("mlp_lamb_3ps")
+    assert len(plan.param("fc_0.w_0").blocks) == 1
+    assert len({ep for p in plan.params for ep in p.endpoints}) == 3  # whole params dealt round robin
 
 
 def test_the_adamw_fixture_decays_weights_only():
@@ -65,6 +75,8 @@ def test_distributed_training_equals_local_training_in_float64(case, tmp_path):
     _, final1 = trained_params(tmp_path, 1)
     local = train_locally(tmp_path, main_pb, startup_pb, loss=info["loss"])
     assert local.keys() == final0.keys() == final1.keys() and local
+    if case == "mlp_lars_3ps":  # each of the 3 pservers summed fc_0.w_0's norms with the other two, every step
+        assert len(exchange_lines(tmp_path)) == 3
     for name, (elementwise, _) in sorted(differences(final0, local).items()):
         print(f"{case} (float64): {name}: max rel diff element-wise {elementwise:.2e}")
     for name in local:
@@ -194,10 +206,9 @@ def test_global_norm_clip_across_pservers_equals_local_training_in_float64(tmp_p
     init0, final0 = trained_params(tmp_path, 0)
     _, final1 = trained_params(tmp_path, 1)
     local = train_locally(tmp_path, main_pb, startup_pb, loss=info["loss"])
-    costs = [line for log in sorted((tmp_path / "logs").glob("*")) if log.is_file()
-             for line in log.read_text(errors="replace").splitlines() if "cross-pserver sum(s)" in line]
+    costs = exchange_lines(tmp_path)
     print("\n".join(costs))
-    assert len(costs) == 3 and all(f"{STEPS} cross-pserver sum(s)" in line for line in costs)
+    assert len(costs) == 3
     norms = [float(values[0].reshape(-1)[0]) for values in local_values(main, startup, init0, ["sqrt_0.tmp_0"])]
     print(f"global norms (clip 0.01) over {STEPS} steps: min {min(norms):.3g}, max {max(norms):.3g}")
     assert min(norms) > 0.01

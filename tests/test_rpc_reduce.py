@@ -36,7 +36,7 @@ def run_all(reducers, values, step, var="g@PARTIAL"):
 
     def one(ep):
         try:
-            out[ep] = reducers[ep].allreduce(var, values[ep], step)
+            out[ep] = reducers[ep].allreduce(var, values[ep], step, EPS)
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
 
@@ -66,7 +66,7 @@ def test_a_peer_ahead_by_a_step_does_not_mix_steps():
     a, b, c = (reducers[ep] for ep in EPS)
     # c is already at step 2 and sends its partial before a and b finished step 1
     for peer in EPS[:2]:
-        reducers[peer].receive(WireVar(partial_name(2, 2, "v"), LoDTensor(np.array([100.0]))))
+        reducers[peer].receive(WireVar(partial_name(2, EPS[2], "v"), LoDTensor(np.array([100.0]))))
     out = run_all(reducers, {EPS[0]: np.array([1.0]), EPS[1]: np.array([2.0]), EPS[2]: np.array([4.0])}, 1, "v")
     assert {ep: float(v[0]) for ep, v in out.items()} == dict.fromkeys(EPS, 7.0)
     assert (2, "v") in a._mail and (2, "v") in b._mail  # kept for step 2
@@ -79,7 +79,7 @@ def test_a_silent_peer_fails_the_step_naming_it_within_the_timeout():
 
     def one(ep):
         try:
-            out[ep] = reducers[ep].allreduce("v", np.array([1.0]), 1)
+            out[ep] = reducers[ep].allreduce("v", np.array([1.0]), 1, EPS)
         except KernelError as exc:
             errors.append(str(exc))
 
@@ -101,21 +101,38 @@ def test_an_unreachable_peer_fails_the_send_naming_it():
     reducer = PeerReduce(eps[0], eps, 1.0)
     start = time.monotonic()
     with pytest.raises(KernelError, match=f"sending the partial sum 'v' to peer pserver 127.0.0.1:{port} failed"):
-        reducer.allreduce("v", np.array([1.0]), 1)
+        reducer.allreduce("v", np.array([1.0]), 1, eps)
     assert time.monotonic() - start < 10
     reducer.close()
 
 
 def test_malformed_partials_are_refused():
     reducer = wired()[EPS[0]]
-    with pytest.raises(ValueError, match="not another pserver's"):
-        reducer.receive(WireVar(partial_name(1, 0, "v"), LoDTensor(np.array([1.0]))))  # its own rank
-    with pytest.raises(ValueError, match="not another pserver's"):
-        reducer.receive(WireVar(partial_name(1, 7, "v"), LoDTensor(np.array([1.0]))))
-    reducer.receive(WireVar(partial_name(1, 1, "v"), LoDTensor(np.array([1.0]))))
+    with pytest.raises(ValueError, match="is not a peer pserver"):
+        reducer.receive(WireVar(partial_name(1, EPS[0], "v"), LoDTensor(np.array([1.0]))))  # itself
+    with pytest.raises(ValueError, match="is not a peer pserver"):
+        reducer.receive(WireVar(partial_name(1, "127.0.0.1:9", "v"), LoDTensor(np.array([1.0]))))
+    reducer.receive(WireVar(partial_name(1, EPS[1], "v"), LoDTensor(np.array([1.0]))))
     with pytest.raises(ValueError, match="arrived twice"):
-        reducer.receive(WireVar(partial_name(1, 1, "v"), LoDTensor(np.array([1.0]))))
+        reducer.receive(WireVar(partial_name(1, EPS[1], "v"), LoDTensor(np.array([1.0]))))
     with pytest.raises(ValueError, match="is not a peer partial"):
         reducer.receive(WireVar("fc_0.w_0@GRAD", LoDTensor(np.array([1.0]))))
     with pytest.raises(KernelError, match="is not among its endpoints"):
-        PeerReduce("127.0.0.1:9", EPS, 1.0)
+        reducer.allreduce("v", np.array([1.0]), 1, EPS[1:])
+
+
+def test_a_sum_over_some_pservers_only():
+    """LARS's norms: the pservers holding blocks of one param sum among themselves."""
+    reducers = wired()
+    some = [EPS[2], EPS[0]]  # the op's order is the summing order
+    out, errors = {}, []
+
+    def one(ep):
+        out[ep] = reducers[ep].allreduce("n", np.array([1e16 if ep == EPS[2] else 1.0]), 1, some)
+
+    threads = [threading.Thread(target=one, args=(ep,)) for ep in some]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert out[EPS[0]].tobytes() == out[EPS[2]].tobytes() == (np.array([1e16]) + np.array([1.0])).tobytes()

@@ -32,7 +32,9 @@ OPS = (
     ),
     op(
         "lars_momentum",
-        "Param Grad Velocity LearningRate",
+        # SquaredNorms (ours, optional): [|p|^2, |g|^2] of the whole param when a pserver
+        # holds a block of it (transpiler/passes/pserver_norm_reduce.py); else the kernel's own.
+        "Param Grad Velocity LearningRate SquaredNorms?",
         "ParamOut VelocityOut",
         {"mu": Float(), "lars_coeff": Float(0.001), "lars_weight_decay": Float(0.0005)},
         role=_OPT,
@@ -146,6 +148,9 @@ class OptimizerSlots:
     # ratio): a block's norm is not the param's, so the transpiler keeps such a param whole
     # on one pserver (`transpiler/passes/slice_vars.py`).
     whole_norm: bool = False
+    # ...unless the pservers sum its norms across them (sync mode, the optimizer alone on
+    # its grad): the param is cut like any other, its update reads the exchanged norms.
+    exchanged_norms: bool = False
 
     def updates_every_row(self, attr: Callable[[str], Any]) -> bool:
         """Whether a sparse grad updates every row of the param; `attr(name)` reads the op's attr."""
@@ -157,11 +162,11 @@ class OptimizerSlots:
 
 
 def _slots(sliced=(), unsliced=(), outs=(), sparse=False, every_row=False, lazy=None,
-           whole_norm=False) -> OptimizerSlots:
+           whole_norm=False, exchanged_norms=False) -> OptimizerSlots:
     outputs = {"Param": "ParamOut", **dict(outs)}
     return OptimizerSlots(
         sliced=tuple(sliced), unsliced=tuple(unsliced), outputs=MappingProxyType(outputs), sparse_grad=sparse,
-        every_row=every_row, lazy=lazy, whole_norm=whole_norm,
+        every_row=every_row, lazy=lazy, whole_norm=whole_norm, exchanged_norms=exchanged_norms,
     )
 
 
@@ -169,7 +174,8 @@ OPTIMIZER_SLOTS: MappingProxyType[str, OptimizerSlots] = MappingProxyType(
     {
         "sgd": _slots(sparse=True),
         "momentum": _slots(["Velocity"], outs=[("Velocity", "VelocityOut")], sparse=True, every_row=True),
-        "lars_momentum": _slots(["Velocity"], outs=[("Velocity", "VelocityOut")], whole_norm=True),
+        "lars_momentum": _slots(["Velocity"], outs=[("Velocity", "VelocityOut")], whole_norm=True,
+                                exchanged_norms=True),
         "adam": _slots(
             ["Moment1", "Moment2"],
             ["Beta1Pow", "Beta2Pow"],

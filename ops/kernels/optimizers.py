@@ -174,8 +174,13 @@ def _lars_momentum_one(ctx: OpContext, i: int, decay: float, *, keep_lr_without_
     dt = param.dtype.type
     lr, mu, wd = dt(lr_array.reshape(-1)[0]), dt(ctx.attr("mu")), dt(decay)
     coeff, eps = dt(ctx.attr("lars_coeff")), dt(ctx.attr("epsilon"))
-    g = grad * dt(ctx.attr("rescale_grad"))
-    p_norm, g_norm = np.sqrt(np.sum(param * param)), np.sqrt(np.sum(g * g))
+    rescale = dt(ctx.attr("rescale_grad"))
+    g = grad * rescale
+    if ctx.has_input("SquaredNorms"):  # a block of the param: its whole norms, summed across the pservers
+        squared = ctx.input("SquaredNorms", i).reshape(-1)
+        p_norm, g_norm = np.sqrt(dt(squared[0])), np.sqrt(dt(squared[1])) * np.abs(rescale)
+    else:
+        p_norm, g_norm = np.sqrt(np.sum(param * param)), np.sqrt(np.sum(g * g))
     local_lr = lr
     if p_norm > 0 and g_norm > 0 and (wd > 0 or not keep_lr_without_decay):
         local_lr = lr * coeff * p_norm / (g_norm + wd * p_norm + eps)

@@ -3,10 +3,12 @@
 In a sync round, after the pservers averaged the trainers' grads, each one computes a
 partial sum (of the squares of the grad blocks it holds: transpiler/passes/
 pserver_norm_reduce.py) and every pserver needs the total. Pserver to pserver: each sends
-its partial to every other pserver (`SendVariable`, named `@PEER_PARTIAL@<step>@<rank>@<var>`,
-with the job token like every RPC; the receiving `PServer` hands it here before its
-trainer bookkeeping), then waits for the others' and adds all of them in pserver order,
-own included: every pserver computes the same bits. A peer that does not answer (its
+its partial to every other pserver of the op's `endpoints` (`SendVariable`, named
+`@PEER_PARTIAL@<step>@<sender endpoint>@<var>`, with the job token like every RPC; the
+receiving `PServer` hands it here before its trainer bookkeeping), then waits for the
+others' and adds all of them in the order of `endpoints`, own included: every pserver
+computes the same bits. A sum may involve some pservers only (those holding blocks of one
+param: LARS's norms). A peer that does not answer (its
 process gone, or not sending) fails the step within the RPC timeout, naming the peer.
 
 Cost per step and pserver: P - 1 messages of one [1] tensor each way (a few hundred bytes).
@@ -33,35 +35,35 @@ ENV_KEY = "peer_reduce"  # the executor env's PeerReduce (set by the listen_and_
 STEP_KEY = "pserver_step"  # a callable: the sync round being run (1, 2, ...)
 
 
-def partial_name(step: int, rank: int, var: str) -> str:
-    return f"{PREFIX}{step}@{rank}@{var}"
+def partial_name(step: int, sender: str, var: str) -> str:
+    return f"{PREFIX}{step}@{sender}@{var}"
 
 
-def parse_partial_name(name: str) -> tuple[int, int, str]:
+def parse_partial_name(name: str) -> tuple[int, str, str]:
     if not name.startswith(PREFIX):
         raise ValueError(f"{name!r} is not a peer partial")
-    step, rank, var = name[len(PREFIX):].split("@", 2)
-    return int(step), int(rank), var
+    try:
+        step, sender, var = name[len(PREFIX):].split("@", 2)
+        return int(step), sender, var
+    except ValueError:
+        raise ValueError(f"{name!r} is not a peer partial (@PEER_PARTIAL@<step>@<endpoint>@<var>)") from None
 
 
 Send = Callable[[str, str, np.ndarray, float], None]  # (peer endpoint, message name, value, timeout)
 
 
 class PeerReduce:
-    """This pserver's side of the sums: its rank among `endpoints`, what peers sent."""
+    """This pserver's side of the sums: what its peers sent, by step, var and sender."""
 
-    def __init__(self, endpoint: str, endpoints: Sequence[str], timeout: float, *,
+    def __init__(self, endpoint: str, peers: Sequence[str], timeout: float, *,
                  auth: ClientAuth | None = None, send: Send | None = None) -> None:
-        self.endpoints = tuple(endpoints)
-        if endpoint not in self.endpoints:
-            raise KernelError(f"pserver_allreduce_sum: {endpoint} is not among its endpoints {list(self.endpoints)}")
         self.endpoint = endpoint
-        self.rank = self.endpoints.index(endpoint)
+        self.peers = frozenset(peers) - {endpoint}  # every pserver this one sums with
         self.timeout = float(timeout)
         self._auth = auth
         self._send = send or self._grpc_send
         self._channels: dict[str, Any] = {}
-        self._mail: dict[tuple[int, str], dict[int, np.ndarray]] = {}
+        self._mail: dict[tuple[int, str], dict[str, np.ndarray]] = {}
         self._cond = threading.Condition()
         self.bytes_sent = 0
         self.seconds = 0.0  # spent in `allreduce` (sending, then waiting for the peers)
@@ -70,25 +72,28 @@ class PeerReduce:
     # ---------------------------------------------------------------- receiving
     def receive(self, var: WireVar) -> None:
         """A peer's partial (called by the PServer's SendVariable handler)."""
-        step, rank, name = parse_partial_name(var.name)
-        if not 0 <= rank < len(self.endpoints) or rank == self.rank:
-            raise ValueError(f"peer partial {var.name!r}: rank {rank} is not another pserver's")
+        step, sender, name = parse_partial_name(var.name)
+        if sender not in self.peers:
+            raise ValueError(f"peer partial {var.name!r}: {sender} is not a peer pserver of {self.endpoint}")
         if not isinstance(var.value, LoDTensor):
             raise ValueError(f"peer partial {var.name!r} carries no dense tensor")
         with self._cond:
             got = self._mail.setdefault((step, name), {})
-            if rank in got:
+            if sender in got:
                 raise ValueError(f"peer partial {var.name!r} arrived twice")
-            got[rank] = np.array(var.value.array)
+            got[sender] = np.array(var.value.array)
             self._cond.notify_all()
 
     # ---------------------------------------------------------------- the sum
-    def allreduce(self, var: str, value: np.ndarray, step: int) -> np.ndarray:
+    def allreduce(self, var: str, value: np.ndarray, step: int, endpoints: Sequence[str]) -> np.ndarray:
+        """The sum of `value` over `endpoints` (this pserver among them), in their order."""
+        if self.endpoint not in endpoints:
+            raise KernelError(f"pserver_allreduce_sum {var!r}: {self.endpoint} is not among its endpoints {list(endpoints)}")
         start = time.perf_counter()
-        for rank, peer in enumerate(self.endpoints):
-            if rank != self.rank:
+        for peer in endpoints:
+            if peer != self.endpoint:
                 try:
-                    self._send(peer, partial_name(step, self.rank, var), value, self.timeout)
+                    self._send(peer, partial_name(step, self.endpoint, var), value, self.timeout)
                 except Exception as exc:  # noqa: BLE001  (a gRPC error or a refused call: the step cannot go on)
                     reason = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
                     raise KernelError(f"pserver {self.endpoint}: step {step}: sending the partial sum {var!r} to "
@@ -97,7 +102,7 @@ class PeerReduce:
         with self._cond:
             while True:
                 got = self._mail.get((step, var), {})
-                missing = [self.endpoints[r] for r in range(len(self.endpoints)) if r != self.rank and r not in got]
+                missing = [ep for ep in endpoints if ep != self.endpoint and ep not in got]
                 if not missing:
                     break
                 left = deadline - time.monotonic()
@@ -106,10 +111,10 @@ class PeerReduce:
                                       f"pserver(s) {', '.join(missing)} within {self.timeout:g} s (lost or stalled)")
                 self._cond.wait(min(left, 1.0))
             parts = self._mail.pop((step, var))
-        parts[self.rank] = np.asarray(value)
-        total = parts[0].copy()
-        for rank in range(1, len(self.endpoints)):
-            total = total + parts[rank]
+        parts[self.endpoint] = np.asarray(value)
+        total = parts[endpoints[0]].copy()
+        for ep in endpoints[1:]:
+            total = total + parts[ep]
         self.seconds += time.perf_counter() - start
         self.calls += 1
         return total
@@ -141,13 +146,15 @@ def pserver_allreduce_sum(ctx: OpContext) -> None:
         raise KernelError("pserver_allreduce_sum runs in a sync pserver's optimize blocks (listen_and_serv), "
                           "where it reaches the other pservers")
     value = np.asarray(ctx.input("X"))
-    ctx.set_output("Out", reducer.allreduce(ctx.output_names("Out")[0], value, int(step())))
+    endpoints = [str(e) for e in ctx.attr("endpoints")]
+    ctx.set_output("Out", reducer.allreduce(ctx.output_names("Out")[0], value, int(step()), endpoints))
 
 
 def needs_peers(program: Any) -> list[str] | None:
-    """The endpoints of the program's first `pserver_allreduce_sum`, None without one."""
+    """Every pserver the program's `pserver_allreduce_sum` ops sum with, None without one."""
+    peers: dict[str, None] = {}
     for block in program.blocks:
         for op in block.ops:
             if op.type == "pserver_allreduce_sum":
-                return [str(e) for e in op.attr("endpoints")]
-    return None
+                peers.update(dict.fromkeys(str(e) for e in op.attr("endpoints")))
+    return list(peers) if peers else None

@@ -18,6 +18,13 @@ every sync round (`optimize_blocks[0]`), which
 The param blocks then run L2 decay and the optimizer on the clipped average, as local
 training does on the clipped grad. The names in the block are the group's
 (`clip_global_norm_<i>@...`); the dump shows the whole reduction.
+
+The same block serves a LARS param cut into blocks (sync mode, its optimizer alone on its
+grad: slice_vars cuts it then): the pservers holding its blocks average their grad blocks,
+`concat` [|p block|^2, |g block|^2] and sum them among themselves
+(`pserver_allreduce_sum` over those pservers, `<param>@LARS_NORMS`); each block's
+`lars_momentum` reads the sums through its `SquaredNorms` input, so its local lr is the
+whole param's.
 """
 
 from __future__ import annotations
@@ -37,7 +44,9 @@ def group_prefix(index: int) -> str:
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
-    if not bundle.norm_groups:
+    lars = [param for param in bundle.plan.params
+            if param.optimizer == "lars_momentum" and param.sliced] if options.sync_mode else []
+    if not bundle.norm_groups and not lars:
         return bundle
     if not options.sync_mode:  # make_options refuses it first; a pipeline run by hand might not
         raise TranspileError("a global-norm clip on the pservers needs sync mode")
@@ -56,7 +65,49 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
             for name in merged:
                 _move_average(progs.main.block(block_of[name]), reduce, name)
             _reduce_ops(progs, reduce, group_prefix(index), group, merged, dtype, endpoints, endpoint)
+        for param in lars:
+            here = [vb for plan_param, vb in placed_on.get(endpoint, []) if plan_param is param]
+            if here:
+                _lars_norms(progs, reduce, param, here, block_of, origin.find_var(param.param).dtype, endpoint)
     return bundle
+
+
+def _lars_norms(progs: PserverPrograms, reduce: Block, param, here, block_of: dict[str, int], dtype,
+                endpoint: str) -> None:
+    """A sliced LARS param: the pservers holding its blocks sum [|p|^2, |g|^2] of them
+    (after averaging the grads), and each block's `lars_momentum` reads the sums."""
+    main = progs.main.global_block()
+    holders = list(dict.fromkeys(param.endpoints))  # in block order: every holder sums alike
+
+    def var(name: str, shape=(1,)) -> str:
+        if not main.has_var(name):
+            main.create_var(name, VarKind.LOD_TENSOR, dtype=dtype, shape=shape)
+        return name
+
+    def add(op_type: str, inputs: dict, outputs: dict, attrs: dict | None = None) -> None:
+        reduce.add_op(make_op(op_type, inputs, outputs, attrs or {}, role=OpRole.Optimize))
+
+    p_squares, g_squares = [], []
+    for vb in here:
+        grad = param.grad_block_name(vb.index)
+        _move_average(progs.main.block(block_of[grad]), reduce, grad)
+        p_squares.append(var(f"{vb.name}@SQUARE"))
+        add("squared_l2_norm", {"X": [vb.name]}, {"Out": [p_squares[-1]]})
+        g_squares.append(var(f"{grad}@SQUARE"))
+        add("squared_l2_norm", {"X": [grad]}, {"Out": [g_squares[-1]]})
+    partial, total = var(f"{param.param}@LARS_NORMS@PARTIAL", (2,)), var(f"{param.param}@LARS_NORMS", (2,))
+    if len(here) > 1:  # two blocks of it here (hash placement): add them first
+        p_sum, g_sum = var(f"{param.param}@SQUARE@{endpoint}"), var(f"{param.param}@GRAD@SQUARE@{endpoint}")
+        add("sum", {"X": p_squares}, {"Out": [p_sum]})
+        add("sum", {"X": g_squares}, {"Out": [g_sum]})
+        p_squares, g_squares = [p_sum], [g_sum]
+    add("concat", {"X": [p_squares[0], g_squares[0]]}, {"Out": [partial]}, {"axis": 0})
+    add(ALLREDUCE_OP, {"X": [partial]}, {"Out": [total]}, {"endpoints": holders, "endpoint": endpoint})
+    for vb in here:
+        block = progs.main.block(block_of[param.grad_block_name(vb.index)])
+        for op in block.ops:
+            if op.type == "lars_momentum":
+                op.set_input("SquaredNorms", [total])
 
 
 def _move_average(block: Block, reduce: Block, grad: str) -> None:

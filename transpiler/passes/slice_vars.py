@@ -7,7 +7,9 @@ separately; with `HashName` that would put them on different servers.)
 
 A param whose optimizer reads its whole norm (`lars_momentum`, `lamb`: the catalogue's
 `whole_norm`) is never cut: on one pserver its norm, and so its update, is local training's; nor is a
-param whose `clip_by_norm` moved to the pserver (`clip_mode="exact"`).
+param whose `clip_by_norm` moved to the pserver (`clip_mode="exact"`). In sync mode a LARS
+param updated by its optimizer alone (`exchanged_norms`) is cut: the pservers holding its
+blocks sum their norms (transpiler/passes/pserver_norm_reduce.py).
 (Paddle cuts it, and each block's update then uses the block's norm.)
 
 Unsliced round robin deals the params in Paddle's order: with `slice_var_up=False`
@@ -48,7 +50,9 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         shape = tuple(var.shape)
         # LARS / LAMB read the whole param's norm: kept whole, the pserver's norm is exact.
         # So is a param clipped by its norm on the pserver (clip_mode="exact").
-        whole = optimizer_slots(chain.optimizer.type).whole_norm or any(op.type == "clip_by_norm" for op in chain.ops)
+        slots = optimizer_slots(chain.optimizer.type)
+        exchanged = slots.exchanged_norms and options.sync_mode and len(chain.ops) == 1
+        whole = (slots.whole_norm and not exchanged) or any(op.type == "clip_by_norm" for op in chain.ops)
         sizes = slice_sizes(shape, 1 if whole else slice_count, options.min_block_size)
         lookups = tables.get(chain.param)
         plan.params.append(
