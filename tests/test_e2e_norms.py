@@ -4,10 +4,10 @@ trainers, float64, element-wise (tests/fixtures/paddle_programs/mlp_*_3ps, made 
 tools/make_paddle_fixtures.py).
 
 AdamW is element-wise: its param fc_0.w_0 is cut into 3 blocks, one per pserver, and each
-block's update is local training's. LARS reads the whole param's norms: cut into 3 blocks
-too, the 3 pservers sum [|p|^2, |g|^2] of their blocks among themselves each step
-(pserver_allreduce_sum). LAMB's trust ratio needs the norm of its update as well: the
-transpiler keeps its param whole on one pserver (`OptimizerSlots.whole_norm`)."""
+block's update is local training's. LARS and LAMB read the whole param's norms: cut into
+3 blocks too, the 3 pservers sum [|p|^2, |g|^2] (LARS) or [|p|^2, |r|^2] (LAMB, r its
+update direction) of their blocks among themselves each step (pserver_allreduce_sum). In
+async mode there is no such sum: the param is kept whole on one pserver."""
 
 from __future__ import annotations
 
@@ -51,13 +51,13 @@ def plan_of(case: str, **options):
                      **options).plan
 
 
-def test_adamw_and_lars_slice_their_weight_and_lamb_keeps_its_whole():
-    assert len(plan_of("mlp_adamw_3ps").param("fc_0.w_0").blocks) == 3
-    assert len(plan_of("mlp_lars_3ps").param("fc_0.w_0").blocks) == 3  # its norms summed across the pservers
-    assert len(plan_of("mlp_lars_3ps", sync_mode=False).param("fc_0.w_0").blocks) == 1  # async: no sum, kept whole
-    plan = plan_of("mlp_lamb_3ps")
-    assert len(plan.param("fc_0.w_0").blocks) == 1
-    assert len({ep for p in plan.params for ep in p.endpoints}) == 3  # whole params dealt round robin
+def test_adamw_lars_and_lamb_slice_their_weight_in_sync_mode():
+    for case in NORM_CASES:
+        assert len(plan_of(case).param("fc_0.w_0").blocks) == 3, case
+    for case in ("mlp_lars_3ps", "mlp_lamb_3ps"):  # async: no sum across the pservers, kept whole
+        plan = plan_of(case, sync_mode=False)
+        assert len(plan.param("fc_0.w_0").blocks) == 1, case
+        assert len({ep for p in plan.params for ep in p.endpoints}) == 3  # whole params dealt round robin
 
 
 def test_the_adamw_fixture_decays_weights_only():
@@ -75,7 +75,7 @@ def test_distributed_training_equals_local_training_in_float64(case, tmp_path):
     _, final1 = trained_params(tmp_path, 1)
     local = train_locally(tmp_path, main_pb, startup_pb, loss=info["loss"])
     assert local.keys() == final0.keys() == final1.keys() and local
-    if case == "mlp_lars_3ps":  # each of the 3 pservers summed fc_0.w_0's norms with the other two, every step
+    if case != "mlp_adamw_3ps":  # each of the 3 pservers summed fc_0.w_0's norms with the other two, every step
         assert len(exchange_lines(tmp_path)) == 3
     for name, (elementwise, _) in sorted(differences(final0, local).items()):
         print(f"{case} (float64): {name}: max rel diff element-wise {elementwise:.2e}")

@@ -753,3 +753,37 @@ def test_lamb_trust_ratio_is_one_on_a_zero_norm_and_refuses_sparse_grads():
     np.testing.assert_allclose(out["ParamOut"], -0.1 * update, rtol=1e-13)  # |p| = 0: ratio 1
     with pytest.raises(ExecutionError, match="dense Grad"):
         run_op("lamb", {**ins, "Grad": sparse_grad64(3)}, ADAM_OUTS, attrs={"weight_decay": 0.01})
+
+
+# ------------------------------------------------- lars / lamb on blocks, with the whole norms
+
+
+def test_lamb_and_lars_on_blocks_with_the_summed_squared_norms_equal_the_whole_param():
+    """What two pservers holding a param's two blocks compute: [|p|^2, |r|^2] per block
+    (lamb_squared_norms; LARS: |p|^2, |g|^2), summed, fed back as SquaredNorms."""
+    p, g = f64(6, 4), f64(6, 4)
+    m1, m2 = f64(6, 4) * 0.1, np.abs(f64(6, 4)) * 0.01
+    b1p, b2p = np.array([0.81]), np.array([0.998])
+    lamb_attrs = {"weight_decay": 0.01, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-6}
+    whole = run_op("lamb", {"Param": p, "Grad": g, "LearningRate": LR64, "Moment1": m1, "Moment2": m2,
+                            "Beta1Pow": b1p, "Beta2Pow": b2p}, ADAM_OUTS, attrs=lamb_attrs)
+    rows = (slice(0, 4), slice(4, 6))
+    state = [{"Param": p[r], "Grad": g[r], "Moment1": m1[r], "Moment2": m2[r], "Beta1Pow": b1p, "Beta2Pow": b2p}
+             for r in rows]
+    partials = [run_op("lamb_squared_norms", s, ["Out"], attrs=lamb_attrs)["Out"] for s in state]
+    total = partials[0] + partials[1]
+    blocks = [run_op("lamb", {**s, "LearningRate": LR64, "SquaredNorms": total}, ADAM_OUTS, attrs=lamb_attrs)
+              for s in state]
+    np.testing.assert_allclose(np.concatenate([b["ParamOut"] for b in blocks]), whole["ParamOut"], rtol=1e-13)
+    alone = run_op("lamb", {**state[0], "LearningRate": LR64}, ADAM_OUTS, attrs=lamb_attrs)["ParamOut"]
+    assert np.abs(alone - whole["ParamOut"][rows[0]]).max() > 1e-6  # a block's own norms would not do
+
+    v = f64(6, 4) * 0.1
+    lars_attrs = {"mu": 0.9, "lars_coeff": 0.001, "lars_weight_decay": 0.0005}
+    whole = run_op("lars_momentum", {"Param": p, "Grad": g, "Velocity": v, "LearningRate": LR64},
+                   ["ParamOut", "VelocityOut"], attrs=lars_attrs)
+    squared = np.array([np.sum(p * p), np.sum(g * g)])
+    blocks = [run_op("lars_momentum", {"Param": p[r], "Grad": g[r], "Velocity": v[r], "LearningRate": LR64,
+                                       "SquaredNorms": squared}, ["ParamOut", "VelocityOut"], attrs=lars_attrs)
+              for r in rows]
+    np.testing.assert_allclose(np.concatenate([b["ParamOut"] for b in blocks]), whole["ParamOut"], rtol=1e-13)

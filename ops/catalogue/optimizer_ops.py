@@ -75,9 +75,20 @@ OPS = (
         role=_OPT,
     ),
     # Paddle 2.x's LAMB (lamb_op): Adam's moments, then a layer-wise trust ratio |p| / |r|.
+    # Ours: [|p|^2, |r|^2] of a block of a LAMB param, r its update direction (what `lamb`
+    # computes before the trust ratio), for the pservers to sum (pserver_norm_reduce.py).
+    op(
+        "lamb_squared_norms",
+        "Param Grad Moment1 Moment2 Beta1Pow Beta2Pow",
+        "Out",
+        {"weight_decay": Float(), "beta1": Float(0.9), "beta2": Float(0.999), "epsilon": Float(1e-6)},
+        role=_OPT,
+    ),
     op(
         "lamb",
-        "Param Grad LearningRate Moment1 Moment2 Beta1Pow Beta2Pow MasterParam? SkipUpdate?",
+        # SquaredNorms (ours, optional): [|p|^2, |r|^2] of the whole param (lamb_squared_norms
+        # summed across the pservers holding its blocks); else the kernel's own.
+        "Param Grad LearningRate Moment1 Moment2 Beta1Pow Beta2Pow MasterParam? SkipUpdate? SquaredNorms?",
         "ParamOut Moment1Out Moment2Out Beta1PowOut? Beta2PowOut? MasterParamOut?",
         {
             "weight_decay": Float(),
@@ -213,6 +224,7 @@ OPTIMIZER_SLOTS: MappingProxyType[str, OptimizerSlots] = MappingProxyType(
                 ("Beta2Pow", "Beta2PowOut"),
             ],
             whole_norm=True,
+            exchanged_norms=True,
         ),
         "adamax": _slots(["Moment", "InfNorm"], ["Beta1Pow"], outs=[("Moment", "MomentOut"), ("InfNorm", "InfNormOut")]),
         "adagrad": _slots(["Moment"], outs=[("Moment", "MomentOut")], sparse=True),

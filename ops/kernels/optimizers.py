@@ -303,11 +303,12 @@ def lamb(ctx: OpContext) -> None:
     `r = (m1 / (1 - b1^t)) / (sqrt(m2 / (1 - b2^t)) + eps) + weight_decay * p`, then
     `p -= lr * (|p| / |r|) * r` (the ratio 1 when either norm is 0, or when `weight_decay`
     is 0 and not `always_adapt`); the beta powers advance. The norms are of the whole
-    param: a pserver holding a block of it must not run this on the block alone."""
+    param: on a block of it, `SquaredNorms` brings the whole param's (summed across the
+    pservers holding its blocks from their `lamb_squared_norms`)."""
     param = _dense_param(ctx)
     grad = _dense_grad(ctx)
     dt = param.dtype.type
-    beta1, beta2, eps = dt(ctx.attr("beta1")), dt(ctx.attr("beta2")), dt(ctx.attr("epsilon"))
+    beta1, beta2 = dt(ctx.attr("beta1")), dt(ctx.attr("beta2"))
     decay = dt(ctx.attr("weight_decay"))
     m1, m2 = ctx.input("Moment1"), ctx.input("Moment2")
     b1p_arr, b2p_arr = ctx.input("Beta1Pow"), ctx.input("Beta2Pow")
@@ -315,13 +316,13 @@ def lamb(ctx: OpContext) -> None:
         for slot, value in (("ParamOut", param), ("Moment1Out", m1), ("Moment2Out", m2)):
             ctx.set_output(slot, value)
         return
-    b1p, b2p = dt(b1p_arr.reshape(-1)[0]), dt(b2p_arr.reshape(-1)[0])
-    one = dt(1)
-    m1_out = beta1 * m1 + (one - beta1) * grad
-    m2_out = beta2 * m2 + (one - beta2) * grad * grad
-    update = (m1_out / (one - b1p)) / (np.sqrt(m2_out / (one - b2p)) + eps) + decay * param
+    m1_out, m2_out, update = _lamb_direction(ctx, param, grad, m1, m2)
     lr = _learning_rate(ctx, param.dtype)
-    p_norm, r_norm = lamb_norms(param, update)
+    if ctx.has_input("SquaredNorms"):  # a block of the param: its whole norms, summed across the pservers
+        squared = ctx.input("SquaredNorms").reshape(-1)
+        p_norm, r_norm = np.sqrt(dt(squared[0])), np.sqrt(dt(squared[1]))
+    else:
+        p_norm, r_norm = lamb_norms(param, update)
     ratio = lamb_trust_ratio(p_norm, r_norm, decay, bool(ctx.attr("always_adapt")))
     ctx.set_output("ParamOut", (param - (lr * ratio) * update).astype(param.dtype, copy=False))
     ctx.set_output("Moment1Out", m1_out.astype(param.dtype, copy=False))
@@ -330,6 +331,28 @@ def lamb(ctx: OpContext) -> None:
         ctx.set_output("Beta1PowOut", (b1p_arr * beta1).astype(b1p_arr.dtype, copy=False))
     if ctx.has_output("Beta2PowOut"):
         ctx.set_output("Beta2PowOut", (b2p_arr * beta2).astype(b2p_arr.dtype, copy=False))
+
+
+def _lamb_direction(ctx: OpContext, param, grad, m1, m2):
+    """(Moment1Out, Moment2Out, r): LAMB's moments and update direction, before the ratio."""
+    dt = param.dtype.type
+    beta1, beta2, eps = dt(ctx.attr("beta1")), dt(ctx.attr("beta2")), dt(ctx.attr("epsilon"))
+    decay = dt(ctx.attr("weight_decay"))
+    b1p, b2p = dt(ctx.input("Beta1Pow").reshape(-1)[0]), dt(ctx.input("Beta2Pow").reshape(-1)[0])
+    one = dt(1)
+    m1_out = beta1 * m1 + (one - beta1) * grad
+    m2_out = beta2 * m2 + (one - beta2) * grad * grad
+    update = (m1_out / (one - b1p)) / (np.sqrt(m2_out / (one - b2p)) + eps) + decay * param
+    return m1_out, m2_out, update
+
+
+@register("lamb_squared_norms")
+def lamb_squared_norms(ctx: OpContext) -> None:
+    """[|p|^2, |r|^2] of this block, r what `lamb` computes from the same inputs: the
+    partial sums the pservers holding a LAMB param's blocks add up."""
+    param = _dense_param(ctx)
+    _, _, update = _lamb_direction(ctx, param, _dense_grad(ctx), ctx.input("Moment1"), ctx.input("Moment2"))
+    ctx.set_output("Out", np.array([np.sum(param * param), np.sum(update * update)], dtype=param.dtype))
 
 
 def lamb_norms(param: np.ndarray, update: np.ndarray) -> tuple[np.generic, np.generic]:

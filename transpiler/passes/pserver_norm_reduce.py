@@ -19,12 +19,13 @@ The param blocks then run L2 decay and the optimizer on the clipped average, as 
 training does on the clipped grad. The names in the block are the group's
 (`clip_global_norm_<i>@...`); the dump shows the whole reduction.
 
-The same block serves a LARS param cut into blocks (sync mode, its optimizer alone on its
-grad: slice_vars cuts it then): the pservers holding its blocks average their grad blocks,
-`concat` [|p block|^2, |g block|^2] and sum them among themselves
-(`pserver_allreduce_sum` over those pservers, `<param>@LARS_NORMS`); each block's
-`lars_momentum` reads the sums through its `SquaredNorms` input, so its local lr is the
-whole param's.
+The same block serves a LARS or LAMB param cut into blocks (sync mode, its optimizer alone
+on its grad: slice_vars cuts it then): the pservers holding its blocks average their grad
+blocks, compute [|p block|^2, |g block|^2] (LARS: `squared_l2_norm`s, `concat`) or
+[|p block|^2, |r block|^2] (LAMB: `lamb_squared_norms`, r its update direction) and sum
+them among themselves (`pserver_allreduce_sum` over those pservers,
+`<param>@LARS_NORMS` / `@LAMB_NORMS`); each block's optimizer reads the sums through its
+`SquaredNorms` input, so its local lr / trust ratio is the whole param's.
 """
 
 from __future__ import annotations
@@ -44,9 +45,9 @@ def group_prefix(index: int) -> str:
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
-    lars = [param for param in bundle.plan.params
-            if param.optimizer == "lars_momentum" and param.sliced] if options.sync_mode else []
-    if not bundle.norm_groups and not lars:
+    normed = [param for param in bundle.plan.params
+              if param.optimizer in NORM_OPTIMIZERS and param.sliced] if options.sync_mode else []
+    if not bundle.norm_groups and not normed:
         return bundle
     if not options.sync_mode:  # make_options refuses it first; a pipeline run by hand might not
         raise TranspileError("a global-norm clip on the pservers needs sync mode")
@@ -65,17 +66,21 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
             for name in merged:
                 _move_average(progs.main.block(block_of[name]), reduce, name)
             _reduce_ops(progs, reduce, group_prefix(index), group, merged, dtype, endpoints, endpoint)
-        for param in lars:
+        for param in normed:
             here = [vb for plan_param, vb in placed_on.get(endpoint, []) if plan_param is param]
             if here:
-                _lars_norms(progs, reduce, param, here, block_of, origin.find_var(param.param).dtype, endpoint)
+                _param_norms(progs, reduce, param, here, block_of, origin.find_var(param.param).dtype, endpoint)
     return bundle
 
 
-def _lars_norms(progs: PserverPrograms, reduce: Block, param, here, block_of: dict[str, int], dtype,
-                endpoint: str) -> None:
-    """A sliced LARS param: the pservers holding its blocks sum [|p|^2, |g|^2] of them
-    (after averaging the grads), and each block's `lars_momentum` reads the sums."""
+NORM_OPTIMIZERS = ("lars_momentum", "lamb")  # their update reads the whole param's norms
+
+
+def _param_norms(progs: PserverPrograms, reduce: Block, param, here, block_of: dict[str, int], dtype,
+                 endpoint: str) -> None:
+    """A sliced LARS / LAMB param: the pservers holding its blocks sum [|p|^2, |g|^2]
+    (LARS) or [|p|^2, |r|^2] (LAMB, `lamb_squared_norms`: r its update direction) of them,
+    after averaging the grads, and each block's optimizer reads the sums (`SquaredNorms`)."""
     main = progs.main.global_block()
     holders = list(dict.fromkeys(param.endpoints))  # in block order: every holder sums alike
 
@@ -87,27 +92,32 @@ def _lars_norms(progs: PserverPrograms, reduce: Block, param, here, block_of: di
     def add(op_type: str, inputs: dict, outputs: dict, attrs: dict | None = None) -> None:
         reduce.add_op(make_op(op_type, inputs, outputs, attrs or {}, role=OpRole.Optimize))
 
-    p_squares, g_squares = [], []
+    prefix = f"{param.param}@{'LARS' if param.optimizer == 'lars_momentum' else 'LAMB'}_NORMS"
+    partials, optimizers = [], []
     for vb in here:
         grad = param.grad_block_name(vb.index)
-        _move_average(progs.main.block(block_of[grad]), reduce, grad)
-        p_squares.append(var(f"{vb.name}@SQUARE"))
-        add("squared_l2_norm", {"X": [vb.name]}, {"Out": [p_squares[-1]]})
-        g_squares.append(var(f"{grad}@SQUARE"))
-        add("squared_l2_norm", {"X": [grad]}, {"Out": [g_squares[-1]]})
-    partial, total = var(f"{param.param}@LARS_NORMS@PARTIAL", (2,)), var(f"{param.param}@LARS_NORMS", (2,))
-    if len(here) > 1:  # two blocks of it here (hash placement): add them first
-        p_sum, g_sum = var(f"{param.param}@SQUARE@{endpoint}"), var(f"{param.param}@GRAD@SQUARE@{endpoint}")
-        add("sum", {"X": p_squares}, {"Out": [p_sum]})
-        add("sum", {"X": g_squares}, {"Out": [g_sum]})
-        p_squares, g_squares = [p_sum], [g_sum]
-    add("concat", {"X": [p_squares[0], g_squares[0]]}, {"Out": [partial]}, {"axis": 0})
+        block = progs.main.block(block_of[grad])
+        _move_average(block, reduce, grad)
+        optimizer = next(op for op in block.ops if op.type == param.optimizer)
+        optimizers.append(optimizer)
+        partials.append(var(f"{prefix}@{vb.name}", (2,)))
+        if param.optimizer == "lamb":
+            slots = ("Param", "Grad", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow")
+            attrs = {name: optimizer.attr(name) for name in ("weight_decay", "beta1", "beta2", "epsilon")}
+            add("lamb_squared_norms", {slot: list(optimizer.input(slot)) for slot in slots}, {"Out": [partials[-1]]},
+                attrs)
+        else:
+            p_square, g_square = var(f"{vb.name}@SQUARE"), var(f"{grad}@SQUARE")
+            add("squared_l2_norm", {"X": [vb.name]}, {"Out": [p_square]})
+            add("squared_l2_norm", {"X": [grad]}, {"Out": [g_square]})
+            add("concat", {"X": [p_square, g_square]}, {"Out": [partials[-1]]}, {"axis": 0})
+    partial, total = partials[0], var(prefix, (2,))
+    if len(partials) > 1:  # two blocks of it here (hash placement): added first
+        partial = var(f"{prefix}@PARTIAL", (2,))
+        add("sum", {"X": partials}, {"Out": [partial]})
     add(ALLREDUCE_OP, {"X": [partial]}, {"Out": [total]}, {"endpoints": holders, "endpoint": endpoint})
-    for vb in here:
-        block = progs.main.block(block_of[param.grad_block_name(vb.index)])
-        for op in block.ops:
-            if op.type == "lars_momentum":
-                op.set_input("SquaredNorms", [total])
+    for optimizer in optimizers:
+        optimizer.set_input("SquaredNorms", [total])
 
 
 def _move_average(block: Block, reduce: Block, grad: str) -> None:
