@@ -157,7 +157,7 @@ class OptimizerSlots:
     lazy: str | None = None
     # The update reads the L2 norm of the whole param (LARS's local lr, LAMB's trust
     # ratio): a block's norm is not the param's, so the transpiler keeps such a param whole
-    # on one pserver (`transpiler/passes/slice_vars.py`).
+    # on one pserver (`transpiler/passes/slice_vars.py`)...
     whole_norm: bool = False
     # ...unless the pservers sum its norms across them (sync mode, the optimizer alone on
     # its grad): the param is cut like any other, its update reads the exchanged norms.
