@@ -218,3 +218,30 @@ def test_global_norm_clip_across_pservers_equals_local_training_in_float64(tmp_p
         assert np.array_equal(final0[name], final1[name]), name
         assert np.abs(local[name] - init0[name]).max() > 0, name
         np.testing.assert_allclose(final0[name], local[name], rtol=1e-9, atol=0, err_msg=name)
+
+
+def test_a_pserver_lost_mid_run_fails_the_exchange_quickly(tmp_path):
+    """Pserver 1 SIGKILLed before step 5 of the global-norm job: the job fails within
+    seconds (no pserver waits forever for its partial sum); where the exchange saw it
+    first, the error names the op and the peer."""
+    import time
+
+    from transpiler.runtime.launch import LaunchConfig, launch
+
+    folder = PADDLE_PROGRAMS / "mlp_clip_global_sgd_3ps"
+    info = json.loads((folder / "case.json").read_text())
+    command = (sys.executable, str(TESTS.parent / "examples" / "train_program.py"), "--main", str(folder / "main.pb"),
+               "--startup", str(folder / "startup.pb"), "--loss", info["loss"], "--steps", "50",
+               "--clip-mode", "exact", "--kill-at-step", "5", "--kill", "pserver:1", "--pid-dir", str(tmp_path / "pids"))
+    config = LaunchConfig(command=command, pservers=3, trainers=2, sync_mode=True, env={"OPENBLAS_NUM_THREADS": "1"},
+                          log_dir=tmp_path / "logs", rpc_timeout=10.0, status_every=600.0, exit_grace=10.0)
+    start = time.monotonic()
+    with open(tmp_path / "launch.txt", "w") as out:
+        result = launch(config, out=out)
+    elapsed = time.monotonic() - start
+    assert not result.ok and "pserver.1" in str(result.failure)
+    assert elapsed < 60, elapsed
+    seen = [line for log in sorted((tmp_path / "logs").glob("*")) if log.is_file()
+            for line in log.read_text(errors="replace").splitlines() if "partial sum" in line]
+    print(f"failed after {elapsed:.1f} s: {result.failure}\n" + "\n".join(line[:300] for line in seen))
+    assert all("pserver_allreduce_sum" in line or "peer pserver" in line for line in seen)
