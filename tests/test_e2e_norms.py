@@ -245,3 +245,35 @@ def test_a_pserver_lost_mid_run_fails_the_exchange_quickly(tmp_path):
             for line in log.read_text(errors="replace").splitlines() if "partial sum" in line]
     print(f"failed after {elapsed:.1f} s: {result.failure}\n" + "\n".join(line[:300] for line in seen))
     assert all("pserver_allreduce_sum" in line or "peer pserver" in line for line in seen)
+
+
+def test_fluid18_clip_by_norm_on_the_averaged_grad_equals_local_training_in_float64(tmp_path):
+    """Fluid 1.8.5's set_gradient_clip(GradientClipByNorm(0.01)) with L2 decay, clip_mode
+    "exact": each `clip_by_norm` runs on the pserver after averaging; fc_0.w_0 stays cut in
+    2 blocks, the two pservers sum |g block|^2 to clip by the whole grad's norm; the norm is
+    above 0.01 at every step for both weights (the biases' at some steps: the clip bites),
+    and the result is local training's."""
+    main, startup, info = load("fluid18_clip_norm_momentum_2ps")
+    main, startup = as_float64(main), as_float64(startup)
+    exact = transpile(main, startup, pservers=info["pservers"], trainers=2, clip_mode="exact")
+    assert len(exact.plan.param("fc_0.w_0").blocks) == 2
+    assert "clip_by_norm" not in [op.type for op in exact.trainer.global_block().ops]
+    main_pb, startup_pb = save(tmp_path, main, startup)
+    launch_training(tmp_path, main_pb, startup_pb, pservers=2, trainers=2, loss=info["loss"],
+                    extra=("--clip-mode", "exact"))
+    init0, final0 = trained_params(tmp_path, 0)
+    _, final1 = trained_params(tmp_path, 1)
+    local = train_locally(tmp_path, main_pb, startup_pb, loss=info["loss"])
+    assert len(exchange_lines(tmp_path)) == 2  # both pservers summed fc_0.w_0's |g|^2, every step
+    grads = [f"{name}@GRAD" for name in sorted(local)]
+    bites = dict.fromkeys(grads, 0)
+    for values in local_values(main, startup, init0, grads):
+        for name, grad in zip(grads, values):
+            bites[name] += bool(np.sqrt(np.sum(grad * grad)) > 0.01)
+    print(f"steps (of {STEPS}) where the clip bites: {bites}")
+    assert bites["fc_0.w_0@GRAD"] == bites["fc_1.w_0@GRAD"] == STEPS
+    for name, (elementwise, _) in sorted(differences(final0, local).items()):
+        print(f"fluid18 clip_by_norm exact (float64): {name}: max rel diff element-wise {elementwise:.2e}")
+    for name in local:
+        assert np.array_equal(final0[name], final1[name]), name
+        np.testing.assert_allclose(final0[name], local[name], rtol=1e-9, atol=0, err_msg=name)

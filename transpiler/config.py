@@ -162,8 +162,8 @@ def _is_canonical_ipv4(host: str) -> bool:
 # Where gradient-clip ops run (transpiler/passes/keep_clip_on_trainer.py):
 # "trainer": on each trainer, on its own grad (Paddle 1.8's programs, op for op);
 # "exact": sync mode only; `clip` (ClipGradByValue) and `clip_by_norm` (ClipGradByNorm) run
-#   on the pserver after the grads are averaged (a clipped-by-norm param is kept whole), as
-#   local training clips; a global-norm clip too, its norm summed across the pservers
+#   on the pserver after the grads are averaged, as local training clips (a sliced param's
+#   norm summed across the pservers holding it); a global-norm clip too, its norm summed across the pservers
 #   (transpiler/passes/pserver_norm_reduce.py, ops/rpc/reduce.py).
 CLIP_MODES = ("trainer", "exact")
 

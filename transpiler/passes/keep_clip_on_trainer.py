@@ -18,8 +18,8 @@ from one pserver's grads. Paddle's own `_correct_clip_op_role_var` knows clip op
 With `clip_mode="exact"` (sync mode; `transpiler.config.CLIP_MODES`) a per-param clip,
 `clip` (ClipGradByValue, GradientClipByValue) or `clip_by_norm` (ClipGradByNorm,
 GradientClipByNorm), keeps its Optimize role instead: it moves with its param's optimizer
-to the pserver, which runs it on the averaged grad, as local training does (slice_vars
-keeps a clipped-by-norm param whole, so the norm is the param's). A global-norm clip
+to the pserver, which runs it on the averaged grad, as local training does (for a sliced
+param the pservers holding it sum its squared norm: pserver_norm_reduce.py). A global-norm clip
 (ClipGradByGlobalNorm, GradientClipByGlobalNorm) is taken out of the program and recorded
 as a `NormGroup`: the trainers send unclipped grads, and each pserver computes its
 grads' partial sum of squares, exchanges it with the other pservers and scales its grads

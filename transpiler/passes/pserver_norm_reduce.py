@@ -25,7 +25,9 @@ blocks, compute [|p block|^2, |g block|^2] (LARS: `squared_l2_norm`s, `concat`) 
 [|p block|^2, |r block|^2] (LAMB: `lamb_squared_norms`, r its update direction) and sum
 them among themselves (`pserver_allreduce_sum` over those pservers,
 `<param>@LARS_NORMS` / `@LAMB_NORMS`); each block's optimizer reads the sums through its
-`SquaredNorms` input, so its local lr / trust ratio is the whole param's.
+`SquaredNorms` input, so its local lr / trust ratio is the whole param's. And a sliced param
+whose `clip_by_norm` runs on the pservers (`clip_mode="exact"`): its holders sum |g block|^2
+of the averaged grad, `clip_by_norm` reads the sum (`SquaredNorm`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,11 @@ def group_prefix(index: int) -> str:
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     normed = [param for param in bundle.plan.params
               if param.optimizer in NORM_OPTIMIZERS and param.sliced] if options.sync_mode else []
-    if not bundle.norm_groups and not normed:
+    chains = {chain.param: chain for chain in bundle.analysis.chains}
+    clipped = [param for param in bundle.plan.params  # clip_by_norm on the pserver (clip_mode="exact")
+               if param.sliced and param.param in chains
+               and any(op.type == "clip_by_norm" for op in chains[param.param].ops)]
+    if not bundle.norm_groups and not normed and not clipped:
         return bundle
     if not options.sync_mode:  # make_options refuses it first; a pipeline run by hand might not
         raise TranspileError("a global-norm clip on the pservers needs sync mode")
@@ -66,11 +72,47 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
             for name in merged:
                 _move_average(progs.main.block(block_of[name]), reduce, name)
             _reduce_ops(progs, reduce, group_prefix(index), group, merged, dtype, endpoints, endpoint)
+        for param in clipped:
+            here = [vb for plan_param, vb in placed_on.get(endpoint, []) if plan_param is param]
+            if here:
+                _clip_norm(progs, reduce, param, here, block_of, origin.find_var(param.param).dtype, endpoint)
         for param in normed:
             here = [vb for plan_param, vb in placed_on.get(endpoint, []) if plan_param is param]
             if here:
                 _param_norms(progs, reduce, param, here, block_of, origin.find_var(param.param).dtype, endpoint)
     return bundle
+
+
+def _clip_norm(progs: PserverPrograms, reduce: Block, param, here, block_of: dict[str, int], dtype,
+               endpoint: str) -> None:
+    """A sliced param clipped by its norm on the pservers: they sum |g block|^2 of the
+    averaged grad among the holders, and each block's `clip_by_norm` reads the sum."""
+    main = progs.main.global_block()
+    holders = list(dict.fromkeys(param.endpoints))
+
+    def var(name: str) -> str:
+        if not main.has_var(name):
+            main.create_var(name, VarKind.LOD_TENSOR, dtype=dtype, shape=(1,))
+        return name
+
+    squares, clips = [], []
+    for vb in here:
+        grad = param.grad_block_name(vb.index)
+        block = progs.main.block(block_of[grad])
+        _move_average(block, reduce, grad)
+        clip = next(op for op in block.ops if op.type == "clip_by_norm")
+        clips.append(clip)
+        squares.append(var(f"{grad}@CLIP_SQUARE"))
+        reduce.add_op(make_op("squared_l2_norm", {"X": list(clip.input("X"))}, {"Out": [squares[-1]]},
+                              role=OpRole.Optimize))
+    partial, total = squares[0], var(f"{param.grad}@CLIP_SQUARED")
+    if len(squares) > 1:
+        partial = var(f"{param.grad}@CLIP_SQUARE@{endpoint}")
+        reduce.add_op(make_op("sum", {"X": squares}, {"Out": [partial]}, role=OpRole.Optimize))
+    reduce.add_op(make_op(ALLREDUCE_OP, {"X": [partial]}, {"Out": [total]}, {"endpoints": holders, "endpoint": endpoint},
+                          role=OpRole.Optimize))
+    for clip in clips:
+        clip.set_input("SquaredNorm", [total])
 
 
 NORM_OPTIMIZERS = ("lars_momentum", "lamb")  # their update reads the whole param's norms

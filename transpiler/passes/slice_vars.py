@@ -6,8 +6,7 @@ and its grad block always share an endpoint. (Paddle dispatches grads and params
 separately; with `HashName` that would put them on different servers.)
 
 A param whose optimizer reads its whole norm (`lars_momentum`, `lamb`: the catalogue's
-`whole_norm`) is never cut: on one pserver its norm, and so its update, is local training's; nor is a
-param whose `clip_by_norm` moved to the pserver (`clip_mode="exact"`). In sync mode a LARS
+`whole_norm`) is never cut: on one pserver its norm, and so its update, is local training's. In sync mode a LARS
 param updated by its optimizer alone (`exchanged_norms`) is cut: the pservers holding its
 blocks sum their norms (transpiler/passes/pserver_norm_reduce.py).
 (Paddle cuts it, and each block's update then uses the block's norm.)
@@ -52,7 +51,7 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         # So is a param clipped by its norm on the pserver (clip_mode="exact").
         slots = optimizer_slots(chain.optimizer.type)
         exchanged = slots.exchanged_norms and options.sync_mode and len(chain.ops) == 1
-        whole = (slots.whole_norm and not exchanged) or any(op.type == "clip_by_norm" for op in chain.ops)
+        whole = slots.whole_norm and not exchanged
         sizes = slice_sizes(shape, 1 if whole else slice_count, options.min_block_size)
         lookups = tables.get(chain.param)
         plan.params.append(
