@@ -522,7 +522,7 @@ def test_the_callers_programs_are_lent_never_changed_nor_frozen(case):
     main, startup = clipped(GradientClipByValue(1.0)) if case == "clip" else tiny(lr_decay=case == "async_lr_decay")
     before = (main.to_bytes(), startup.to_bytes())
     roles = [op.attr("op_role") for op in main.global_block().ops]
-    result = transpile(main, startup, pservers=EPS, trainers=2, sync_mode=case != "async_lr_decay")
+    result = transpile(main, startup, pservers=EPS, trainers=2, sync_mode=case != "async_lr_decay", clip_mode="trainer")
     assert (main.to_bytes(), startup.to_bytes()) == before
     assert [op.attr("op_role") for op in main.global_block().ops] == roles
     assert not main.frozen and not startup.frozen

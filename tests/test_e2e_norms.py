@@ -145,17 +145,21 @@ def test_clip_by_value_on_the_averaged_grad_equals_local_training_in_float64(tmp
 # ------------------------------------------------------------------ what clip_mode refuses
 
 
-def test_clip_mode_exact_refuses_async_mode_and_unknown_modes_and_trainer_mode_keeps_clips():
+def test_clip_mode_defaults_and_refusals():
     from transpiler.config import DistributeTranspilerConfig
     from transpiler.errors import TranspileError
 
     main, startup, info = load("mlp_clip_global_sgd_3ps")
-    trainer_mode = transpile(main, startup, pservers=info["pservers"], trainers=2)  # the default keeps them
+    exact = transpile(main, startup, pservers=info["pservers"], trainers=2)  # the default in sync mode
+    assert "squared_l2_norm" not in [op.type for op in exact.trainer.global_block().ops]
+    trainer_mode = transpile(main, startup, pservers=info["pservers"], trainers=2, clip_mode="trainer")
     assert "squared_l2_norm" in [op.type for op in trainer_mode.trainer.global_block().ops]
     assert all("pserver_allreduce_sum" not in [op.type for b in ps.blocks for op in b.ops]
                for ps, _ in trainer_mode.pservers.values())
     with pytest.raises(TranspileError, match="needs sync mode"):
         transpile(main, startup, pservers=info["pservers"], trainers=2, sync_mode=False, clip_mode="exact")
+    async_default = transpile(main, startup, pservers=info["pservers"], trainers=2, sync_mode=False)
+    assert "squared_l2_norm" in [op.type for op in async_default.trainer.global_block().ops]  # async: per trainer
     with pytest.raises(TranspileError, match="clip_mode must be one of trainer, exact"):
         transpile(main, startup, pservers=info["pservers"], trainers=2, clip_mode="pserver")
     main, startup, info = load("mlp_clip_value_sgd_3ps")

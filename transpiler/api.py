@@ -84,8 +84,8 @@ def transpile(
     `random_seed` seeds the shuffle of unsliced round robin as Paddle's `program.random_seed`
     does; by default the config's, else the program's `random_seed` (a builder program's),
     else 0 (a loaded ProgramDesc does not carry it, and Paddle's default is 0).
-    `clip_mode` ("trainer" or "exact"; default the config's, "trainer") says where gradient
-    clips run (`transpiler.config.CLIP_MODES`).
+    `clip_mode` ("exact" or "trainer"; default the config's, else "exact" in sync mode and
+    "trainer" in async) says where gradient clips run (`transpiler.config.CLIP_MODES`).
     """
     if not isinstance(program, Program) or not isinstance(startup_program, Program):
         raise TranspileError("transpile needs the main and the startup Program")

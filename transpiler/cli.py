@@ -523,9 +523,10 @@ TRANSPILE_ARGS = (
         help="Paddle's program.random_seed, which shuffles unsliced round-robin placement (default 0, "
              "Paddle's default; a saved program does not carry it)"),
     arg("--float64", action="store_true", help="transpile a float64 copy of the programs (see `cast`)"),
-    arg("--clip-mode", choices=("trainer", "exact"), default="trainer",
-        help="where gradient clips run: trainer (default: each trainer clips its own grad, Paddle 1.8's way) or "
-             "exact (sync: on the pservers, on the averaged grad; a global norm summed across them)"),
+    arg("--clip-mode", choices=("trainer", "exact"),
+        help="where gradient clips run: exact (the default in sync mode: on the pservers, on the averaged grad, a "
+             "global norm summed across them) or trainer (each trainer clips its own grad, Paddle 1.8's way; "
+             "the default with --async)"),
 )
 
 

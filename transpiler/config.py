@@ -35,9 +35,10 @@ class DistributeTranspilerConfig:
     takes the program's, 0 for a loaded one),
     `runtime_split_send_recv` (async only), `half_async`, `completely_not_async`
     (treated as sync), `mode="pserver"`, `print_log`, `wait_port`, and ours: `clip_mode`
-    ("trainer", the default: each trainer clips its own grad, Paddle 1.8's program op for
-    op; "exact": clips run on the pservers, on the averaged grad, as local training clips,
-    a global norm summed across the pservers: see `CLIP_MODES`).
+    ("exact", the default in sync mode: clips run on the pservers, on the averaged grad, as
+    local training clips, a global norm summed across the pservers; "trainer", the default
+    in async mode: each trainer clips its own grad, Paddle 1.8's program op for op: see
+    `CLIP_MODES`).
     Not supported (a `TranspileError` says so): `mode` "nccl2"/"collective",
     `enable_dc_asgd`, `geo_sgd_mode`.
     """
@@ -56,7 +57,7 @@ class DistributeTranspilerConfig:
         self.print_log = False
         self.wait_port = False
         self.random_seed: int | None = None
-        self.clip_mode = "trainer"
+        self.clip_mode: str | None = None  # None: "exact" in sync mode, "trainer" in async (CLIP_MODES)
 
 
 @dataclass(frozen=True)
@@ -160,8 +161,9 @@ def _is_canonical_ipv4(host: str) -> bool:
 
 
 # Where gradient-clip ops run (transpiler/passes/keep_clip_on_trainer.py):
-# "trainer": on each trainer, on its own grad (Paddle 1.8's programs, op for op);
-# "exact": sync mode only; `clip` (ClipGradByValue) and `clip_by_norm` (ClipGradByNorm) run
+# "trainer": on each trainer, on its own grad (Paddle 1.8's programs, op for op; the
+#   default in async mode);
+# "exact": sync mode only, its default; `clip` (ClipGradByValue) and `clip_by_norm` (ClipGradByNorm) run
 #   on the pserver after the grads are averaged, as local training clips (a sliced param's
 #   norm summed across the pservers holding it); a global-norm clip too, its norm summed across the pservers
 #   (transpiler/passes/pserver_norm_reduce.py, ops/rpc/reduce.py).
@@ -207,7 +209,9 @@ def make_options(
     seed = 0 if seed is None else seed
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise TranspileError(f"random_seed must be an integer in [0, 2**32), got {seed!r}")
-    clip = getattr(config, "clip_mode", "trainer") if clip_mode is None else clip_mode
+    clip = getattr(config, "clip_mode", None) if clip_mode is None else clip_mode
+    if clip is None:  # the default: local training's clip where there is an averaged grad
+        clip = "exact" if sync else "trainer"
     if clip not in CLIP_MODES:
         raise TranspileError(f"clip_mode must be one of {', '.join(CLIP_MODES)}, got {clip!r}")
     if clip == "exact" and not sync:
