@@ -330,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--die-trainer", type=int, default=0)
     parser.add_argument("--warmup", type=int, help="untimed steps first; then print a `timing:` line for --steps")
     parser.add_argument("--float64", action="store_true", help="train float64 copies of the programs")
+    parser.add_argument("--clip-mode", choices=("trainer", "exact"),
+                        help="where gradient clips run in distributed training (transpile's clip_mode)")
     parser.add_argument("--permute", action="store_true", help="local runs: each batch's examples in another order")
     parser.add_argument("--as-trainers", type=int, help="local runs: train as N sync trainers would (AsTrainers)")
     parser.add_argument("--min-block-size", type=int, help="the transpiler's min_block_size (every process)")
@@ -374,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
                "keep_checkpoints": args.keep_checkpoints, "restore": args.restore, "init": args.warm_start}
     if args.min_block_size is not None:
         options["min_block_size"] = args.min_block_size
+    if args.clip_mode is not None and role.is_distributed:
+        options["clip_mode"] = args.clip_mode
     with Session(main_program, startup, role=role, **options) as session:
         if role.is_pserver:
             session.serve()

@@ -18,7 +18,8 @@ RPC_KINDS = ("recv", "send", "split_byref", "split_selected_rows", "split_ids", 
 
 
 def run_case(name: str) -> tuple[TranspileResult, dict, dict]:
-    """Our transpile of case `name` (verified), Paddle's expected.json, and case.json."""
+    """Our transpile of case `name` (verified), Paddle's expected.json, and case.json;
+    gradient clips on the trainers (`clip_mode="trainer"`), as Paddle's transpiler keeps them."""
     case_dir = PADDLE_PROGRAMS / name
     case, expected = load_case_json(case_dir)
     result = transpile(
@@ -31,6 +32,7 @@ def run_case(name: str) -> tuple[TranspileResult, dict, dict]:
         slice_var_up=case["slice_var_up"],
         split_method=case["split_method"],
         min_block_size=case["min_block_size"],
+        clip_mode="trainer",
         verify=True,
     )
     return result, expected, case

@@ -377,8 +377,8 @@ def test_an_op_the_catalogue_does_not_know_passes_through_untouched(sync_mode):
 
 PASS_FOLDERS = ["01_lower_async_lr_decay", "02_keep_clip_on_trainer", "03_find_optimize", "04_slice_vars",
                 "05_drop_optimize", "06_distribute_lookups", "07_insert_sends", "08_insert_recvs", "09_drop_unused_vars",
-                "10_trainer_startup", "11_pserver_lr_decay", "12_pserver_optimize_blocks", "13_pserver_table_blocks",
-                "14_pserver_serve", "15_pserver_startup"]
+                "10_trainer_startup", "11_pserver_lr_decay", "12_pserver_optimize_blocks", "13_pserver_norm_reduce",
+                "14_pserver_table_blocks", "15_pserver_serve", "16_pserver_startup"]
 
 
 def test_dump_dir_has_every_program_after_every_pass(tmp_path):
@@ -522,7 +522,7 @@ def test_the_callers_programs_are_lent_never_changed_nor_frozen(case):
     main, startup = clipped(GradientClipByValue(1.0)) if case == "clip" else tiny(lr_decay=case == "async_lr_decay")
     before = (main.to_bytes(), startup.to_bytes())
     roles = [op.attr("op_role") for op in main.global_block().ops]
-    result = transpile(main, startup, pservers=EPS, trainers=2, sync_mode=case != "async_lr_decay")
+    result = transpile(main, startup, pservers=EPS, trainers=2, sync_mode=case != "async_lr_decay", clip_mode="trainer")
     assert (main.to_bytes(), startup.to_bytes()) == before
     assert [op.attr("op_role") for op in main.global_block().ops] == roles
     assert not main.frozen and not startup.frozen

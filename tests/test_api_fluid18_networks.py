@@ -86,7 +86,7 @@ def test_lr_decay_conditional():  # TestLRDecayConditional
 def test_l2_decay_with_clip_on_every_param():  # TestL2Decay (clip on both params)
     """The test expects `clip` in the pserver blocks (older Fluid, before clip ops stayed on
     the trainer in 1.7); the clip stays on the trainer, which sends the clipped grads."""
-    result = run(lambda: nets.l2_decay_model(clip_all=True))
+    result = run(lambda: nets.l2_decay_model(clip_all=True), clip_mode="trainer")
     main1, _ = result.pservers[EP1]
     assert main1.num_blocks == 3
     assert types(main1, 1) == ["sum", "scale", "sgd"]
@@ -100,7 +100,7 @@ def test_l2_decay_with_clip_on_every_param():  # TestL2Decay (clip on both param
 def test_l2_decay_and_clip_on_a_sliced_param_get_block_shaped_temporaries():
     """1.8.5 fails here (`get_pserver_program`: SumOp shape mismatch, facts §10.7); the L2
     decay's param-shaped temporaries on the pservers get the block's shape."""
-    result = run(lambda: nets.l2_decay_model(clip_all=True))
+    result = run(lambda: nets.l2_decay_model(clip_all=True), clip_mode="trainer")
     for main, _ in result.pservers.values():
         for blk in main.blocks[1:]:
             sgd = blk.ops[-1]

@@ -53,6 +53,7 @@ CASES = [
     "ctr_v1_dist_sgd_2ps",
     "ctr_v1_sparse_sgd_2ps",
     "fluid18_basic_sgd_2ps",
+    "fluid18_clip_norm_momentum_2ps",
     "fluid18_ctr_dist_sgd_2ps",
     "fluid18_lr_exp_decay_2ps",
     "fluid18_lr_piecewise_2ps",
@@ -63,7 +64,12 @@ CASES = [
     "while_loop_sgd_3ps",
 ]
 # Cases Paddle's own transpiler fails on (expected.json holds its error).
-PADDLE_TRANSPILER_FAILS = {"lstm_sgd_2ps"}
+PADDLE_TRANSPILER_FAILS = {"lstm_sgd_2ps", "mlp_adamw_3ps", "mlp_lamb_3ps"}
+# Cases where we differ from Paddle 2.6's transpiler on purpose (docs/interop.md, "clipping and
+# norms"): its `grad_clip=` ops run on the pservers (ours on the trainers, or with
+# clip_mode="exact" on the averaged grad), and it slices a LARS param (we keep it whole).
+# tests/test_e2e_norms.py trains them.
+DIFFERENT_ON_PURPOSE = {"mlp_clip_global_sgd_3ps", "mlp_clip_value_sgd_3ps", "mlp_lars_3ps"}
 # Cases where one op writes the grads of several params (their sends: Paddle's reversed).
 SENDS_OF_ONE_OP = {"cond_in_while_sgd_2ps"}
 # Cases whose trainer startup deliberately differs (see the module docstring).
@@ -163,5 +169,5 @@ def test_a_sparse_table_that_is_not_prefetched_is_received():
 
 def test_every_fixture_case_is_covered():
     """The real-model cases (ResNet-50, BERT) are test_paddle_real_models.py's."""
-    assert set(CASES) | PADDLE_TRANSPILER_FAILS == set(PADDLE_CASES)
+    assert set(CASES) | PADDLE_TRANSPILER_FAILS | DIFFERENT_ON_PURPOSE == set(PADDLE_CASES)
     assert all(json.loads((PADDLE_PROGRAMS / n / "case.json").read_text())["sync_mode"] for n in CASES)

@@ -56,11 +56,12 @@ def test_dump_dir_and_progress(capsys, tmp_path):
     assert [line.split(":")[1].strip() for line in err.splitlines()] == [
         "pass lower_async_lr_decay", "pass keep_clip_on_trainer", "pass find_optimize", "pass slice_vars", "pass drop_optimize",
         "pass distribute_lookups", "pass insert_sends", "pass insert_recvs", "pass drop_unused_vars",
-        "pass trainer_startup", "pass pserver_lr_decay", "pass pserver_optimize_blocks", "pass pserver_table_blocks",
+        "pass trainer_startup", "pass pserver_lr_decay", "pass pserver_optimize_blocks", "pass pserver_norm_reduce",
+        "pass pserver_table_blocks",
         "pass pserver_serve", "pass pserver_startup"]
     assert (tmp_path / "dumps" / "05_drop_optimize" / "trainer.txt").read_text().startswith("# ps-transpiler dump")
     folders = sorted((tmp_path / "dumps").iterdir())
-    assert len(folders) == 15 and all(sorted(f.iterdir()) for f in folders)  # no pass folder is empty
+    assert len(folders) == 16 and all(sorted(f.iterdir()) for f in folders)  # no pass folder is empty
     assert sorted(p.name for p in folders[1].iterdir()) == ["origin.txt", "origin_startup.txt"]
     assert sorted(p.name for p in folders[2].iterdir()) == ["analysis.txt", "origin.txt", "origin_startup.txt"]
 

@@ -689,6 +689,151 @@ CASES += [
 ]
 
 
+# -- transformer ops (matmul_v2, ...): issue 25
+
+
+def matmul_v2(x_shape: tuple[int, ...], y_shape: tuple[int, ...], trans_x: bool = False, trans_y: bool = False) -> Case:
+    attrs = {"trans_x": trans_x, "trans_y": trans_y}
+    return Case(
+        id=f"matmul_v2-{list(x_shape)}{'T' if trans_x else ''}x{list(y_shape)}{'T' if trans_y else ''}",
+        op="matmul_v2",
+        inputs={"X": [("X", rand(*x_shape))], "Y": [("Y", rand(*y_shape))]},
+        outputs={"Out": ["Out"]},
+        attrs=attrs,
+        grad_ops=[("matmul_v2_grad", {"X": ["X"], "Y": ["Y"], "Out@GRAD": ["Out@GRAD"]}, {"X@GRAD": ["X@GRAD"], "Y@GRAD": ["Y@GRAD"]}, attrs)],
+        wrt=["X", "Y"],
+        checked=["Out"],
+    )
+
+
+CASES += [
+    matmul_v2((3, 4), (4, 2)),
+    matmul_v2((4, 3), (4, 2), trans_x=True),
+    matmul_v2((3, 4), (2, 4), trans_y=True),
+    matmul_v2((2, 3, 4), (4, 5)),  # BERT's linear layers: batch of rows x weight
+    matmul_v2((2, 2, 3, 4), (2, 2, 5, 4), trans_y=True),  # attention scores q k^T
+    matmul_v2((2, 1, 3, 4), (3, 4, 2)),  # batch dims broadcast both ways
+    matmul_v2((3, 4, 2), (3, 4), trans_x=True, trans_y=True),
+    matmul_v2((4,), (4,)),  # dot product: a 0-d Out
+    matmul_v2((4,), (2, 4, 3), trans_x=True),  # a 1-D X ignores trans_x
+    matmul_v2((2, 3, 4), (4,), trans_y=True),
+]
+
+
+def layer_norm(shape: tuple[int, ...], axis: int, affine: bool = True) -> Case:
+    attrs = {"begin_norm_axis": axis, "epsilon": 1e-5}
+    right = int(np.prod(shape[axis:]))
+    inputs = {"X": [("X", rand(*shape))]}
+    grad_in: dict[str, list[str]] = {"X": ["X"], "Mean": ["Mean"], "Variance": ["Variance"], "Y@GRAD": ["Y@GRAD"]}
+    grad_out = {"X@GRAD": ["X@GRAD"]}
+    if affine:
+        inputs.update({"Scale": [("Scale", rand(right, low=0.5, high=1.5))], "Bias": [("Bias", rand(right))]})
+        grad_in.update({"Scale": ["Scale"], "Bias": ["Bias"]})
+        grad_out.update({"Scale@GRAD": ["Scale@GRAD"], "Bias@GRAD": ["Bias@GRAD"]})
+    return Case(
+        id=f"layer_norm-{list(shape)}-axis{axis}{'' if affine else '-no-affine'}",
+        op="layer_norm",
+        inputs=inputs,
+        outputs={"Y": ["Y"], "Mean": ["Mean"], "Variance": ["Variance"]},
+        attrs=attrs,
+        grad_ops=[("layer_norm_grad", grad_in, grad_out, attrs)],
+        wrt=list(inputs),
+        checked=["Y"],
+    )
+
+
+def dropout(impl: str, is_test: bool = False, seed_input: bool = False) -> Case:
+    """Seeded (fix_seed / a Seed input), so every forward run of the check drops the same elements."""
+    attrs = {"dropout_prob": 0.35, "dropout_implementation": impl, "is_test": is_test, "fix_seed": not seed_input, "seed": 7}
+    inputs = {"X": [("X", rand(4, 5, 3))]}
+    if seed_input:
+        inputs["Seed"] = [("Seed", np.array([11], dtype=np.int32))]
+    return Case(
+        id=f"dropout-{impl}{'-test' if is_test else ''}{'-seed-input' if seed_input else ''}",
+        op="dropout",
+        inputs=inputs,
+        outputs={"Out": ["Out"], "Mask": ["Mask"]},
+        attrs=attrs,
+        grad_ops=[("dropout_grad", {"Mask": ["Mask"], "Out@GRAD": ["Out@GRAD"]}, {"X@GRAD": ["X@GRAD"]}, attrs)],
+        wrt=["X"],
+        checked=["Out"],
+    )
+
+
+def slice_case(case_id: str, shape: tuple[int, ...], tensors: dict[str, list[np.ndarray]] | None = None, **attrs: Any) -> Case:
+    inputs = {"Input": [("Input", rand(*shape))]}
+    inputs.update({slot: [(f"{slot}{i}", v) for i, v in enumerate(vs)] for slot, vs in (tensors or {}).items()})
+    return Case(
+        id=f"slice-{case_id}",
+        op="slice",
+        inputs=inputs,
+        outputs={"Out": ["Out"]},
+        attrs=attrs,
+        grad_ops=[("slice_grad", {**{s: [n for n, _ in args] for s, args in inputs.items()}, "Out@GRAD": ["Out@GRAD"]}, {"Input@GRAD": ["Input@GRAD"]}, attrs)],
+        wrt=["Input"],
+        checked=["Out"],
+    )
+
+
+CASES += [
+    layer_norm((2, 3, 4), 2),  # BERT's: one row per token
+    layer_norm((2, 3, 4), 1),
+    layer_norm((5, 6), 1, affine=False),
+    dropout("upscale_in_train"),
+    dropout("downgrade_in_infer"),
+    dropout("upscale_in_train", seed_input=True),
+    dropout("upscale_in_train", is_test=True),
+    dropout("downgrade_in_infer", is_test=True),
+    unary("gelu", rand(3, 4, low=-3, high=3), "X", {"approximate": False}, case_id="gelu-erf"),
+    unary("gelu", rand(3, 4, low=-3, high=3), "X", {"approximate": True}, case_id="gelu-tanh"),
+    slice_case("bert-cls", (2, 5, 3), axes=[1], starts=[0], ends=[1], decrease_axis=[1], infer_flags=[1]),
+    slice_case("negative-bounds", (4, 6), axes=[0, 1], starts=[-3, 1], ends=[100, -1]),
+    slice_case(
+        "tensors", (4, 6, 2), {"StartsTensor": [np.array([1, 2], dtype=np.int64)], "EndsTensorList": [np.array([3]), np.array([-1])]},
+        axes=[0, 1], starts=[-1, -1], ends=[3, 5], infer_flags=[-1, -1],
+    ),
+    Case(
+        id="tril_triu-lower",
+        op="tril_triu",
+        inputs={"X": [("X", rand(2, 4, 4))]},
+        outputs={"Out": ["Out"]},
+        attrs={"lower": True, "diagonal": -1},
+        grad_ops=[("tril_triu_grad", {"Out@GRAD": ["Out@GRAD"]}, {"X@GRAD": ["X@GRAD"]}, {"lower": True, "diagonal": -1})],
+        wrt=["X"],
+        checked=["Out"],
+    ),
+    Case(
+        id="tril_triu-upper",
+        op="tril_triu",
+        inputs={"X": [("X", rand(3, 5))]},
+        outputs={"Out": ["Out"]},
+        attrs={"lower": False, "diagonal": 1},
+        grad_ops=[("tril_triu_grad", {"Out@GRAD": ["Out@GRAD"]}, {"X@GRAD": ["X@GRAD"]}, {"lower": False, "diagonal": 1})],
+        wrt=["X"],
+        checked=["Out"],
+    ),
+    Case(
+        id="unsqueeze2",
+        op="unsqueeze2",
+        inputs={"X": [("X", rand(2, 3))]},
+        outputs={"Out": ["Out"], "XShape": ["XShape"]},
+        attrs={"axes": [-1, 0, -2]},
+        grad_ops=[("unsqueeze2_grad", {"XShape": ["XShape"], "Out@GRAD": ["Out@GRAD"]}, {"X@GRAD": ["X@GRAD"]}, {"axes": [-1, 0, -2]})],
+        wrt=["X"],
+        checked=["Out"],
+    ),
+    Case(
+        id="squared_l2_norm",
+        op="squared_l2_norm",
+        inputs={"X": [("X", rand(3, 4))]},
+        outputs={"Out": ["Out"]},
+        grad_ops=[("squared_l2_norm_grad", {"X": ["X"], "Out@GRAD": ["Out@GRAD"]}, {"X@GRAD": ["X@GRAD"]}, {})],
+        wrt=["X"],
+        checked=["Out"],
+    ),
+]
+
+
 # ------------------------------------------------------------------ the harness
 
 

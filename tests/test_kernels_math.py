@@ -236,3 +236,20 @@ def test_clip_by_norm_scales_down_only_above_the_norm():
     assert np.allclose(run_op("clip_by_norm", {"X": x}, attrs={"max_norm": 1.0})["Out"], [[0.6, 0.8]])
     out = run_op("clip_by_norm", {"X": x}, attrs={"max_norm": 5.0})["Out"]
     assert np.array_equal(out, x) and out.dtype == np.float32
+
+
+def test_clip_by_norm_of_a_block_with_the_whole_grads_squared_norm():
+    """A pserver's block of a grad clips by the whole grad's norm (SquaredNorm, summed
+    across the pservers): the blocks, concatenated, are the whole grad clipped."""
+    rng = np.random.default_rng(2)
+    g = rng.standard_normal((6, 3))
+    whole = run_op("clip_by_norm", {"X": g}, ["Out"], attrs={"max_norm": 0.5})["Out"]
+    squared = np.array([np.sum(g * g)])
+    blocks = [run_op("clip_by_norm", {"X": g[r], "SquaredNorm": squared}, ["Out"], attrs={"max_norm": 0.5})["Out"]
+              for r in (slice(0, 2), slice(2, 6))]
+    np.testing.assert_allclose(np.concatenate(blocks), whole, rtol=1e-14)
+    own = run_op("clip_by_norm", {"X": g[:2]}, ["Out"], attrs={"max_norm": 0.5})["Out"]
+    assert np.abs(own - whole[:2]).max() > 1e-3  # the block's own norm would not do
+    unclipped = run_op("clip_by_norm", {"X": g[:2], "SquaredNorm": np.array([0.01])}, ["Out"],
+                       attrs={"max_norm": 0.5})["Out"]
+    np.testing.assert_array_equal(unclipped, g[:2])  # the whole norm 0.1 is below max_norm

@@ -631,3 +631,159 @@ def test_dense_adam_in_place_gives_the_same_numbers_in_the_same_arrays():
             assert np.shares_memory(in_place[name], inputs[name]) and not np.shares_memory(copied[name], before[name])
     finally:
         unregister("test_allow_in_place_adam")
+
+
+# -------------------------------------------------------------- adamw, lamb vs Paddle 2.6
+
+PADDLE_STEPS = 3
+# (name, op, attrs): every branch of the two kernels (decay on / off with lr_ratio, LAMB's
+# ratio with and without weight decay, always_adapt).
+# Paddle's float attrs are float32: the cases use float32 values so both sides see the same.
+# Paddle's CPU kernel ignores `lr_ratio` (its Python API refuses it off GPU); ours applies
+# it as the GPU kernel does (test_adamw_without_decay_is_adam_at_the_scaled_lr).
+PADDLE_CASES = [
+    (name, op, {k: float(np.float32(v)) if isinstance(v, float) else v for k, v in attrs.items()})
+    for name, op, attrs in [
+        ("adamw_decay", "adamw", {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "coeff": 0.01, "with_decay": True}),
+        ("adamw_decay_strong", "adamw", {"beta1": 0.8, "beta2": 0.99, "epsilon": 1e-6, "coeff": 0.3,
+                                         "with_decay": True}),
+        ("adamw_no_decay", "adamw", {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "coeff": 0.3,
+                                     "with_decay": False}),
+        ("lamb_decay", "lamb", {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-6, "weight_decay": 0.01}),
+        ("lamb_no_decay", "lamb", {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-6, "weight_decay": 0.0}),
+        ("lamb_no_decay_always_adapt", "lamb", {"beta1": 0.85, "beta2": 0.98, "epsilon": 1e-6, "weight_decay": 0.0,
+                                                "always_adapt": True}),
+    ]
+]
+STATE_SLOTS = ("Param", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow")
+
+
+def paddle_case_inputs(name: str, attrs: dict) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(sum(map(ord, name)))
+    shape = (6, 5)
+    given = {
+        "Param": rng.standard_normal(shape),
+        "Moment1": np.zeros(shape),
+        "Moment2": np.zeros(shape),
+        "Beta1Pow": np.array([attrs["beta1"]], np.float64),
+        "Beta2Pow": np.array([attrs["beta2"]], np.float64),  # float32 values: see PADDLE_CASES
+        "LearningRate": np.array([0.05], np.float64),
+    }
+    for k in range(PADDLE_STEPS):
+        given[f"Grad{k}"] = rng.standard_normal(shape)
+    return given
+
+
+def ours_after_steps(op: str, attrs: dict, given: dict) -> dict[str, np.ndarray]:
+    state = {slot: given[slot] for slot in STATE_SLOTS}
+    for k in range(PADDLE_STEPS):
+        out = run_op(op, {**state, "LearningRate": given["LearningRate"], "Grad": given[f"Grad{k}"]},
+                     [f"{slot}Out" for slot in STATE_SLOTS], attrs=attrs)
+        state = {slot: np.asarray(out[f"{slot}Out"]) for slot in STATE_SLOTS}
+    return state
+
+
+@pytest.fixture(scope="module")
+def paddle_optimizer_results(tmp_path_factory):
+    """Paddle 2.6.2's adamw / lamb kernels on every case, in one Paddle subprocess."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tools.paddle_env import installed
+
+    python = installed("2.6.2")
+    if python is None:
+        pytest.skip("Paddle 2.6.2's venv is not on this machine (python tools/paddle_env.py 2.6.2 makes it)")
+    folder = tmp_path_factory.mktemp("paddle_optimizers")
+    given = {}
+    for name, _, attrs in PADDLE_CASES:
+        given.update({f"{name}/{k}": v for k, v in paddle_case_inputs(name, attrs).items()})
+    np.savez(folder / "in.npz", **given)
+    cases = [{"name": name, "type": op, "attrs": attrs, "steps": PADDLE_STEPS} for name, op, attrs in PADDLE_CASES]
+    (folder / "cases.json").write_text(json.dumps(cases))
+    done = subprocess.run(
+        [str(python), str(Path(__file__).with_name("paddle_optimizer_steps.py")), str(folder / "cases.json"),
+         str(folder / "in.npz"), str(folder / "out.npz")],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "GLOG_minloglevel": "2"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(np.load(folder / "out.npz"))
+
+
+@pytest.mark.parametrize("name, op, attrs", PADDLE_CASES, ids=[c[0] for c in PADDLE_CASES])
+def test_adamw_and_lamb_match_paddle_2_6_kernels(name, op, attrs, paddle_optimizer_results):
+    """Three float64 steps of our kernel and of Paddle 2.6.2's, state fed back: equal to 1e-14."""
+    given = paddle_case_inputs(name, attrs)
+    ours = ours_after_steps(op, attrs, given)
+    assert np.abs(ours["Param"] - given["Param"]).max() > 1e-3  # the steps moved the param
+    for slot in STATE_SLOTS:
+        theirs = paddle_optimizer_results[f"{name}/{slot}Out"]
+        np.testing.assert_allclose(ours[slot], theirs.reshape(ours[slot].shape), rtol=1e-14, atol=0,
+                                   err_msg=f"{name}: {slot}")
+
+
+def test_adamw_without_decay_is_adam_at_the_scaled_lr():
+    p, g = f64(4, 3), f64(4, 3)
+    z = np.zeros((4, 3))
+    b1p, b2p = np.array([0.9]), np.array([0.999])
+    ins = {"Param": p, "Grad": g, "LearningRate": np.array([0.2]), "Moment1": z, "Moment2": z, "Beta1Pow": b1p,
+           "Beta2Pow": b2p}
+    ours = run_op("adamw", ins, ADAM_OUTS, attrs={"with_decay": False, "lr_ratio": 0.5, "coeff": 0.5})
+    expected = adam_reference(p, g, z, z, 0.9, 0.999, lr=0.1)
+    np.testing.assert_allclose(ours["ParamOut"], expected[0], rtol=1e-13)
+    decayed = run_op("adamw", ins, ADAM_OUTS, attrs={"with_decay": True, "lr_ratio": 0.5, "coeff": 0.5})
+    expected = adam_reference(p * (1 - 0.1 * 0.5), g, z, z, 0.9, 0.999, lr=0.1)
+    np.testing.assert_allclose(decayed["ParamOut"], expected[0], rtol=1e-13)
+    np.testing.assert_array_equal(decayed["Beta1PowOut"], b1p * 0.9)
+
+
+def test_lamb_trust_ratio_is_one_on_a_zero_norm_and_refuses_sparse_grads():
+    z = np.zeros((3, 2))
+    ins = {"Param": z, "Grad": f64(3, 2), "LearningRate": np.array([0.1]), "Moment1": z, "Moment2": z,
+           "Beta1Pow": np.array([0.9]), "Beta2Pow": np.array([0.999])}
+    out = run_op("lamb", ins, ADAM_OUTS, attrs={"weight_decay": 0.01})
+    m1 = 0.1 * ins["Grad"]
+    m2 = 0.001 * ins["Grad"] ** 2
+    update = (m1 / 0.1) / (np.sqrt(m2 / 0.001) + 1e-6)
+    np.testing.assert_allclose(out["ParamOut"], -0.1 * update, rtol=1e-13)  # |p| = 0: ratio 1
+    with pytest.raises(ExecutionError, match="dense Grad"):
+        run_op("lamb", {**ins, "Grad": sparse_grad64(3)}, ADAM_OUTS, attrs={"weight_decay": 0.01})
+
+
+# ------------------------------------------------- lars / lamb on blocks, with the whole norms
+
+
+def test_lamb_and_lars_on_blocks_with_the_summed_squared_norms_equal_the_whole_param():
+    """What two pservers holding a param's two blocks compute: [|p|^2, |r|^2] per block
+    (lamb_squared_norms; LARS: |p|^2, |g|^2), summed, fed back as SquaredNorms."""
+    p, g = f64(6, 4), f64(6, 4)
+    m1, m2 = f64(6, 4) * 0.1, np.abs(f64(6, 4)) * 0.01
+    b1p, b2p = np.array([0.81]), np.array([0.998])
+    lamb_attrs = {"weight_decay": 0.01, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-6}
+    whole = run_op("lamb", {"Param": p, "Grad": g, "LearningRate": LR64, "Moment1": m1, "Moment2": m2,
+                            "Beta1Pow": b1p, "Beta2Pow": b2p}, ADAM_OUTS, attrs=lamb_attrs)
+    rows = (slice(0, 4), slice(4, 6))
+    state = [{"Param": p[r], "Grad": g[r], "Moment1": m1[r], "Moment2": m2[r], "Beta1Pow": b1p, "Beta2Pow": b2p}
+             for r in rows]
+    partials = [run_op("lamb_squared_norms", s, ["Out"], attrs=lamb_attrs)["Out"] for s in state]
+    total = partials[0] + partials[1]
+    blocks = [run_op("lamb", {**s, "LearningRate": LR64, "SquaredNorms": total}, ADAM_OUTS, attrs=lamb_attrs)
+              for s in state]
+    np.testing.assert_allclose(np.concatenate([b["ParamOut"] for b in blocks]), whole["ParamOut"], rtol=1e-13)
+    alone = run_op("lamb", {**state[0], "LearningRate": LR64}, ADAM_OUTS, attrs=lamb_attrs)["ParamOut"]
+    assert np.abs(alone - whole["ParamOut"][rows[0]]).max() > 1e-6  # a block's own norms would not do
+
+    v = f64(6, 4) * 0.1
+    lars_attrs = {"mu": 0.9, "lars_coeff": 0.001, "lars_weight_decay": 0.0005}
+    whole = run_op("lars_momentum", {"Param": p, "Grad": g, "Velocity": v, "LearningRate": LR64},
+                   ["ParamOut", "VelocityOut"], attrs=lars_attrs)
+    squared = np.array([np.sum(p * p), np.sum(g * g)])
+    blocks = [run_op("lars_momentum", {"Param": p[r], "Grad": g[r], "Velocity": v[r], "LearningRate": LR64,
+                                       "SquaredNorms": squared}, ["ParamOut", "VelocityOut"], attrs=lars_attrs)
+              for r in rows]
+    np.testing.assert_allclose(np.concatenate([b["ParamOut"] for b in blocks]), whole["ParamOut"], rtol=1e-13)

@@ -30,6 +30,10 @@ CASES = {
              {"Beta1Pow": ("Beta1PowOut", 0.9), "Beta2Pow": ("Beta2PowOut", 0.999)}, {"lazy_mode": False}),
     "lazy adam": ({"Moment1": ("Moment1Out", 0.0), "Moment2": ("Moment2Out", 0.0)},
                   {"Beta1Pow": ("Beta1PowOut", 0.9), "Beta2Pow": ("Beta2PowOut", 0.999)}, {"lazy_mode": True}),
+    # AdamW on a table: Adam's rule at lr * lr_ratio (the transpiler refuses a table that decays)
+    "adamw": ({"Moment1": ("Moment1Out", 0.0), "Moment2": ("Moment2Out", 0.0)},
+              {"Beta1Pow": ("Beta1PowOut", 0.9), "Beta2Pow": ("Beta2PowOut", 0.999)},
+              {"with_decay": False, "lr_ratio": 0.5, "coeff": 0.3}),
 }
 
 

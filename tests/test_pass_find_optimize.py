@@ -82,3 +82,22 @@ def test_a_table_whose_every_row_optimizer_starts_from_non_zero_state_is_refused
         run_until("find_optimize", main, startup)
     init.set_attr("value", 0.0)
     assert run_until("find_optimize", main, startup).analysis.distributed_table.optimizer.type == "momentum"
+
+
+def test_adamw_on_a_distributed_table_trains_as_adam_and_refuses_a_decay():
+    """A table AdamW decays would lose rows no shard holds; one it does not decay is Adam
+    at lr * lr_ratio, row by row (test_kernels_table_optimizers.py), and LAMB / LARS, which
+    need the whole table's norm and a dense grad, are refused by name."""
+    main, startup = tiny(embedding="distributed", table_optimizer="adam")
+    adam = next(op for op in main.global_block().ops if op.type == "adam" and op.input("Param") == ("emb",))
+    adam.type = "adamw"
+    adam.set_attr("with_decay", True)
+    adam.set_attr("coeff", 0.01)
+    with pytest.raises(TranspileError, match=r"distributed table 'emb': adamw with weight decay \(with_decay, "
+                                             r"coeff=0.01\) decays every row"):
+        run_until("find_optimize", main, startup)
+    adam.set_attr("with_decay", False)
+    assert run_until("find_optimize", main, startup).analysis.distributed_table.optimizer.type == "adamw"
+    adam.type = "lamb"
+    with pytest.raises(TranspileError, match="lamb cannot apply the sparse grad 'emb@GRAD'"):
+        run_until("find_optimize", main, startup)

@@ -55,7 +55,7 @@ def test_global_norm_clip_ops_become_backward_ops():
 18 sgd optimize 
 19 sgd optimize 
 """
-    bundle = run_until("keep_clip_on_trainer", main, startup)
+    bundle = run_until("keep_clip_on_trainer", main, startup, clip_mode="trainer")
     assert roles(bundle.origin, 7) == before.replace("optimize /", "backward /")
     assert roles(main, 7) == before  # the user's program keeps its roles
     assert ops(bundle.origin) == ops(main)  # only roles change
@@ -63,7 +63,7 @@ def test_global_norm_clip_ops_become_backward_ops():
 
 def test_the_trainer_sends_the_clipped_grads_and_the_pservers_have_no_clip():
     main, startup = clipped(GradientClipByGlobalNorm(1.0))
-    bundle = run_until("pserver_optimize_blocks", main, startup)
+    bundle = run_until("pserver_optimize_blocks", main, startup, clip_mode="trainer")
     assert ops(bundle.trainer).splitlines()[15:20] == [
         "op 15 elementwise_div X=[fill_constant_0.tmp_0] Y=[elementwise_max_0.tmp_0] -> Out=[elementwise_div_0.tmp_0]",
         "op 16 elementwise_mul X=[b@GRAD] Y=[elementwise_div_0.tmp_0] -> Out=[elementwise_mul_0.tmp_0.trainer_0]",
@@ -90,7 +90,7 @@ def test_every_clip_kind_either_way_stays_on_the_trainer(clip, via):
     assert scopes == ({"gradient_clip"} if via == "grad_clip" else
                       {"gradient_clip_@CLIP", "graident_clip_@CLIP"} if clip.__class__ is GradientClipByGlobalNorm
                       else {"graident_clip_@CLIP"})  # Fluid 1.8's scope names, its spelling
-    bundle = run_until("pserver_startup", main, startup)
+    bundle = run_until("pserver_startup", main, startup, clip_mode="trainer")
     trainer_types = [op.type for op in bundle.trainer.global_block().ops]
     assert [op.type for op in clip_ops] == [t for t in trainer_types if t in {op.type for op in clip_ops}][-len(clip_ops):]
     for progs in bundle.pservers.values():
@@ -99,7 +99,7 @@ def test_every_clip_kind_either_way_stays_on_the_trainer(clip, via):
 
 def test_l2_decay_stays_on_the_pservers_after_a_clip_on_the_trainer():
     main, startup = clipped(GradientClipByNorm(1.0), l2=True)
-    bundle = run_until("pserver_optimize_blocks", main, startup)
+    bundle = run_until("pserver_optimize_blocks", main, startup, clip_mode="trainer")
     assert [op.type for op in bundle.trainer.global_block().ops].count("clip_by_norm") == 2
     for progs in bundle.pservers.values():
         assert [op.type for op in progs.main.block(1).ops] == ["sum", "scale", "scale", "sum", "sgd"]
@@ -107,5 +107,5 @@ def test_l2_decay_stays_on_the_pservers_after_a_clip_on_the_trainer():
 
 def test_programs_without_clip_are_left_alone():
     main, startup = clipped(GradientClipByValue(1.0, need_clip=lambda p: False))  # it clips nothing
-    bundle = run_until("keep_clip_on_trainer", main, startup)
+    bundle = run_until("keep_clip_on_trainer", main, startup, clip_mode="trainer")
     assert roles(bundle.origin, 0) == roles(main, 0)

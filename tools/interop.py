@@ -202,7 +202,7 @@ def transpile_ours(case_dir: Path, progs: Path, spec: dict, eps: list[str], part
     for tid in range(spec["trainers"]):
         args = ["transpile", str(case_dir / "main.pb"), "--startup", str(case_dir / "startup.pb"),
                 "--pservers", ",".join(eps), "--trainers", str(spec["trainers"]), "--trainer-id", str(tid),
-                "-o", str(progs / f"t{tid}")]
+                "-o", str(progs / f"t{tid}"), "--clip-mode", "trainer"]  # Fluid's runtime has no cross-pserver sum
         if not spec["sync"]:
             args.append("--async")
         if partitioner:

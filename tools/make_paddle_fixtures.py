@@ -283,6 +283,41 @@ def gpt(vocab=1000, hidden=64, heads=4, layers=2, ffn=256, seq=16) -> str:
 
 SMALL_BERT = {"vocab": 1000, "hidden": 64, "heads": 4, "layers": 2, "ffn": 256, "max_len": 64, "seq": 32}
 
+# ------------------------------------------------------- optimizers and clips that need norms
+# x[64] -> fc 512 relu -> fc 1, square error: fc_0.w_0 (64 x 512 = 32768 elements) is cut
+# into 3 blocks over 3 pservers at min_block_size 8192.
+
+
+def norm_mlp(optimizer) -> str:
+    x = paddle.static.data("x", [-1, 64], "float32")
+    y = paddle.static.data("y", [-1, 1], "float32")
+    h = paddle.static.nn.fc(x, 512, activation="relu")
+    loss = paddle.mean(paddle.square(paddle.static.nn.fc(h, 1) - y))
+    optimizer().minimize(loss)
+    return loss.name
+
+
+def _decayed(name: str) -> bool:
+    return name.endswith(".w_0")  # AdamW's apply_decay_param_fun: weights decay, biases do not
+
+
+NORM_NETS = {
+    "mlp_clip_global": ("x[64] -> fc 512 relu -> fc 1, square error; grad_clip=ClipGradByGlobalNorm(0.01)",
+                        "SGD (lr 0.1)", lambda: norm_mlp(lambda: paddle.optimizer.SGD(
+                            0.1, grad_clip=paddle.nn.ClipGradByGlobalNorm(0.01)))),
+    "mlp_clip_value": ("x[64] -> fc 512 relu -> fc 1, square error; grad_clip=ClipGradByValue(0.001)",
+                       "SGD (lr 0.1)", lambda: norm_mlp(lambda: paddle.optimizer.SGD(
+                           0.1, grad_clip=paddle.nn.ClipGradByValue(0.001)))),
+    "mlp_adamw": ("x[64] -> fc 512 relu -> fc 1, square error", "AdamW (lr 0.01, weight_decay 0.1, weights only)",
+                  lambda: norm_mlp(lambda: paddle.optimizer.AdamW(0.01, weight_decay=0.1,
+                                                                  apply_decay_param_fun=_decayed))),
+    "mlp_lamb": ("x[64] -> fc 512 relu -> fc 1, square error", "Lamb (lr 0.01, lamb_weight_decay 0.01)",
+                 lambda: norm_mlp(lambda: paddle.optimizer.Lamb(0.01, lamb_weight_decay=0.01))),
+    "mlp_lars": ("x[64] -> fc 512 relu -> fc 1, square error", "LarsMomentum (lr 0.1, momentum 0.9)",
+                 lambda: norm_mlp(lambda: paddle.incubate.optimizer.LarsMomentumOptimizer(0.1, 0.9))),
+}
+
+
 NETS = {
     "resnet50": ("ResNet-50 (paddle.vision.models.resnet50, 1000 classes), image [N,3,224,224]", "Momentum",
                  resnet50),
@@ -313,10 +348,11 @@ NETS = {
     "gpt": ("a GPT-2-style decoder: 1000x64 word (tied LM head) + 16x64 position embeddings, 2 pre-LN layers, "
             "4 heads, FFN 256, tanh gelu, dropout 0.1, causal mask from range/tril_triu/unsqueeze2, seq 16, "
             "next-token cross entropy", "Adam (lr 1e-3)", gpt),
+    **NORM_NETS,
 }
 # The small control-flow networks: trained on the numpy kernels by the per-case tests
 # (tests/conftest.py tells them from the real models by `"real_model": false`).
-SMALL_NETS = {"cond", "switch_case", "while_loop", "cond_in_while", "while_array", "lstm"}
+SMALL_NETS = {"cond", "switch_case", "while_loop", "cond_in_while", "while_array", "lstm", *NORM_NETS}
 
 # case -> (network, pservers, trainers, sync_mode, slice_var_up)
 CASES = {
@@ -334,6 +370,11 @@ CASES = {
     "lstm_sgd_2ps": ("lstm", 2, 2, True, True),
     "bert_small_adam_3ps_sync": ("bert_small", 3, 2, True, True),
     "gpt_adam_3ps_sync": ("gpt", 3, 2, True, True),
+    "mlp_clip_global_sgd_3ps": ("mlp_clip_global", 3, 2, True, True),
+    "mlp_clip_value_sgd_3ps": ("mlp_clip_value", 3, 2, True, True),
+    "mlp_adamw_3ps": ("mlp_adamw", 3, 2, True, True),
+    "mlp_lamb_3ps": ("mlp_lamb", 3, 2, True, True),
+    "mlp_lars_3ps": ("mlp_lars", 3, 2, True, True),
 }
 
 

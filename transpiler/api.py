@@ -70,6 +70,7 @@ def transpile(
     min_block_size: int | None = None,
     random_seed: int | None = None,
     partitioner=None,
+    clip_mode: str | None = None,
     config: DistributeTranspilerConfig | None = None,
     verify: bool = False,
     dump_dir: str | os.PathLike | None = None,
@@ -87,6 +88,8 @@ def transpile(
     `partitioner` cuts the params into row x column partitions and places them
     (`transpiler.partition`: `paddle`, the default, `angel`, `column`, `module:Class`, a
     `Partitioner` class or instance); it overrides the config's.
+    `clip_mode` ("exact" or "trainer"; default the config's, else "exact" in sync mode and
+    "trainer" in async) says where gradient clips run (`transpiler.config.CLIP_MODES`).
     """
     if not isinstance(program, Program) or not isinstance(startup_program, Program):
         raise TranspileError("transpile needs the main and the startup Program")
@@ -103,6 +106,7 @@ def transpile(
         min_block_size=min_block_size,
         random_seed=random_seed,
         partitioner=partitioner,
+        clip_mode=clip_mode,
     )
     # A malformed input (a typo'd var, a STRING op_role) is the user's error, named here,
     # not a crash inside a pass that trusted it.

@@ -526,6 +526,10 @@ TRANSPILE_ARGS = (
         help="Paddle's program.random_seed, which shuffles unsliced round-robin placement (default 0, "
              "Paddle's default; a saved program does not carry it)"),
     arg("--float64", action="store_true", help="transpile a float64 copy of the programs (see `cast`)"),
+    arg("--clip-mode", choices=("trainer", "exact"),
+        help="where gradient clips run: exact (the default in sync mode: on the pservers, on the averaged grad, a "
+             "global norm summed across them) or trainer (each trainer clips its own grad, Paddle 1.8's way; "
+             "the default with --async)"),
 )
 
 
@@ -601,6 +605,7 @@ def _transpile(args: argparse.Namespace, inputs: tuple[Program, Program] | None 
         min_block_size=args.min_block_size,
         random_seed=args.random_seed,
         partitioner=args.partitioner,
+        clip_mode=args.clip_mode,
         config=config,
         **extra,
     )

@@ -35,7 +35,11 @@ class DistributeTranspilerConfig:
     the seed of the unsliced round-robin shuffle, Paddle's `program.random_seed`; None
     takes the program's, 0 for a loaded one),
     `runtime_split_send_recv` (async only), `half_async`, `completely_not_async`
-    (treated as sync), `mode="pserver"`, `print_log`, `wait_port`.
+    (treated as sync), `mode="pserver"`, `print_log`, `wait_port`, and ours: `clip_mode`
+    ("exact", the default in sync mode: clips run on the pservers, on the averaged grad, as
+    local training clips, a global norm summed across the pservers; "trainer", the default
+    in async mode: each trainer clips its own grad, Paddle 1.8's program op for op: see
+    `CLIP_MODES`).
     Not supported (a `TranspileError` says so): `mode` "nccl2"/"collective",
     `enable_dc_asgd`, `geo_sgd_mode`.
     """
@@ -57,6 +61,7 @@ class DistributeTranspilerConfig:
         # ours: how params are cut into partitions (`transpiler.partition`): a name
         # (`paddle`, `angel`, `column`), `module:Class`, a Partitioner class or instance
         self.partitioner: str | type[Partitioner] | Partitioner | None = None
+        self.clip_mode: str | None = None  # None: "exact" in sync mode, "trainer" in async (CLIP_MODES)
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class TranspileOptions:
     @property
     def partitioner_name(self) -> str:
         return "paddle" if self.partitioner is None else partitioner_name(self.partitioner)
+    clip_mode: str = "trainer"  # where gradient clips run: CLIP_MODES
 
     @property
     def distributed_mode(self) -> DistributedMode:
@@ -163,6 +169,16 @@ def _is_canonical_ipv4(host: str) -> bool:
     return len(parts) == 4 and all(p.isdigit() and p.isascii() and str(int(p)) == p and int(p) < 256 for p in parts)
 
 
+# Where gradient-clip ops run (transpiler/passes/keep_clip_on_trainer.py):
+# "trainer": on each trainer, on its own grad (Paddle 1.8's programs, op for op; the
+#   default in async mode);
+# "exact": sync mode only, its default; `clip` (ClipGradByValue) and `clip_by_norm` (ClipGradByNorm) run
+#   on the pserver after the grads are averaged, as local training clips (a sliced param's
+#   norm summed across the pservers holding it); a global-norm clip too, its norm summed across the pservers
+#   (transpiler/passes/pserver_norm_reduce.py, ops/rpc/reduce.py).
+CLIP_MODES = ("trainer", "exact")
+
+
 def make_options(
     config: DistributeTranspilerConfig | None,
     *,
@@ -175,6 +191,7 @@ def make_options(
     min_block_size: int | None = None,
     random_seed: int | None = None,
     partitioner=None,
+    clip_mode: str | None = None,
 ) -> TranspileOptions:
     """Merge explicit arguments over `config` and validate the result."""
     config = config or DistributeTranspilerConfig()
@@ -208,6 +225,14 @@ def make_options(
     elif runtime_split:
         raise TranspileError(f"partitioner {partitioner_name(chosen)} needs the trainer to split grads itself; "
                              "runtime_split_send_recv splits by rows at run time")
+    clip = getattr(config, "clip_mode", None) if clip_mode is None else clip_mode
+    if clip is None:  # the default: local training's clip where there is an averaged grad
+        clip = "exact" if sync else "trainer"
+    if clip not in CLIP_MODES:
+        raise TranspileError(f"clip_mode must be one of {', '.join(CLIP_MODES)}, got {clip!r}")
+    if clip == "exact" and not sync:
+        raise TranspileError("clip_mode='exact' needs sync mode: an async pserver applies each trainer's grad "
+                             "alone, so there is no averaged grad to clip (use clip_mode='trainer')")
     return TranspileOptions(
         partitioner=chosen,
         endpoints=parse_endpoints(pservers),
@@ -220,4 +245,5 @@ def make_options(
         runtime_split_send_recv=runtime_split,
         half_async=bool(config.half_async) and not sync,
         random_seed=seed,
+        clip_mode=clip,
     )

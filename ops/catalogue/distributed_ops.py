@@ -9,6 +9,7 @@ the trainer-side splits; pserver-side ops keep Forward.
 
 from __future__ import annotations
 
+from ops.catalogue import shapes
 from ops.catalogue.opdef import BlocksAttr, Bool, Int, Ints, Long, Longs, Str, Strs, op
 from transpiler.ir.types import OpRole
 
@@ -109,4 +110,15 @@ OPS = (
     op("checkpoint_notify", "", "", {"epmap": Strs([]), "dir": Str(""), "lookup_table": Str(""), "trainer_id": Int(0)}, role=_RPC),
     op("ref_by_trainer_id", "X* TrainerId", "Out"),
     op("save", "X", "", {"overwrite": Bool(True), "save_as_fp16": Bool(False), "file_path": Str()}),
+    # Ours: a pserver's partial sum (a [1] tensor) added with every other pserver's, in
+    # pserver order (ops/rpc/reduce.py); the exact global norm of a clip
+    # (transpiler/passes/pserver_norm_reduce.py).
+    op(
+        "pserver_allreduce_sum",
+        "X",
+        "Out",
+        {"endpoints": Strs([]), "endpoint": Str("")},
+        role=OpRole.Optimize,
+        infer=shapes.unary,
+    ),
 )

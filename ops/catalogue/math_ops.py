@@ -107,7 +107,9 @@ OPS = (
     op("cast", "X", "Out", {"in_dtype": Int(), "out_dtype": Int()}, grad=cast_grad, infer=shapes.cast),
     op("clip", "X", "Out", {"min": Float(), "max": Float()}, grad=GradSpec("clip_grad", inputs=("X",)), infer=shapes.keep_kind),
     # Paddle's clip_by_norm: X * max_norm / ||X||_2 when the norm exceeds max_norm (gradient clipping; no grad).
-    op("clip_by_norm", "X", "Out", {"max_norm": Float()}, infer=shapes.unary),
+    # SquaredNorm (ours, optional): ||whole grad||^2 when X is a block of it on a pserver
+    # (summed across the pservers: transpiler/passes/pserver_norm_reduce.py).
+    op("clip_by_norm", "X SquaredNorm?", "Out", {"max_norm": Float()}, infer=shapes.unary),
     op("assign", "X", "Out", grad=assign_grad, infer=shapes.keep_kind, var_kind=same_kind_var_kind),
     op("increment", "X", "Out", {"step": Float(1.0)}, infer=shapes.unary),
     op("fill_zeros_like", "X", "Out", infer=shapes.unary),

@@ -32,7 +32,9 @@ OPS = (
     ),
     op(
         "lars_momentum",
-        "Param Grad Velocity LearningRate",
+        # SquaredNorms (ours, optional): [|p|^2, |g|^2] of the whole param when a pserver
+        # holds a block of it (transpiler/passes/pserver_norm_reduce.py); else the kernel's own.
+        "Param Grad Velocity LearningRate SquaredNorms?",
         "ParamOut VelocityOut",
         {"mu": Float(), "lars_coeff": Float(0.001), "lars_weight_decay": Float(0.0005)},
         role=_OPT,
@@ -47,6 +49,54 @@ OPS = (
             "epsilon": Float(1e-8),
             "lazy_mode": Bool(False),
             "min_row_size_to_use_multithread": Long(1000),
+        },
+        role=_OPT,
+    ),
+    # Paddle 2.x's AdamW (adamw_op / phi adamw kernel): Adam with decoupled weight decay.
+    # `apply_decay_param_fun` reaches the program as each op's `with_decay` (False: no
+    # decay for that param), `lr_ratio` as its attr.
+    op(
+        "adamw",
+        "Param Grad LearningRate Moment1 Moment2 Beta1Pow Beta2Pow MasterParam? SkipUpdate? Beta1Tensor? "
+        "Beta2Tensor? EpsilonTensor?",
+        "ParamOut Moment1Out Moment2Out Beta1PowOut Beta2PowOut MasterParamOut?",
+        {
+            "beta1": Float(0.9),
+            "beta2": Float(0.999),
+            "epsilon": Float(1e-8),
+            "lr_ratio": Float(1.0),
+            "coeff": Float(0.01),
+            "with_decay": Bool(False),
+            "lazy_mode": Bool(False),
+            "min_row_size_to_use_multithread": Long(1000),
+            "multi_precision": Bool(False),
+            "use_global_beta_pow": Bool(False),
+        },
+        role=_OPT,
+    ),
+    # Paddle 2.x's LAMB (lamb_op): Adam's moments, then a layer-wise trust ratio |p| / |r|.
+    # Ours: [|p|^2, |r|^2] of a block of a LAMB param, r its update direction (what `lamb`
+    # computes before the trust ratio), for the pservers to sum (pserver_norm_reduce.py).
+    op(
+        "lamb_squared_norms",
+        "Param Grad Moment1 Moment2 Beta1Pow Beta2Pow",
+        "Out",
+        {"weight_decay": Float(), "beta1": Float(0.9), "beta2": Float(0.999), "epsilon": Float(1e-6)},
+        role=_OPT,
+    ),
+    op(
+        "lamb",
+        # SquaredNorms (ours, optional): [|p|^2, |r|^2] of the whole param (lamb_squared_norms
+        # summed across the pservers holding its blocks); else the kernel's own.
+        "Param Grad LearningRate Moment1 Moment2 Beta1Pow Beta2Pow MasterParam? SkipUpdate? SquaredNorms?",
+        "ParamOut Moment1Out Moment2Out Beta1PowOut? Beta2PowOut? MasterParamOut?",
+        {
+            "weight_decay": Float(),
+            "beta1": Float(0.9),
+            "beta2": Float(0.999),
+            "epsilon": Float(1e-6),
+            "always_adapt": Bool(False),
+            "multi_precision": Bool(False),
         },
         role=_OPT,
     ),
@@ -105,6 +155,13 @@ class OptimizerSlots:
     sparse_grad: bool = False  # has an update rule for SelectedRows grads
     every_row: bool = False
     lazy: str | None = None
+    # The update reads the L2 norm of the whole param (LARS's local lr, LAMB's trust
+    # ratio): a block's norm is not the param's, so the transpiler keeps such a param whole
+    # on one pserver (`transpiler/passes/slice_vars.py`)...
+    whole_norm: bool = False
+    # ...unless the pservers sum its norms across them (sync mode, the optimizer alone on
+    # its grad): the param is cut like any other, its update reads the exchanged norms.
+    exchanged_norms: bool = False
 
     def updates_every_row(self, attr: Callable[[str], Any]) -> bool:
         """Whether a sparse grad updates every row of the param; `attr(name)` reads the op's attr."""
@@ -115,11 +172,12 @@ class OptimizerSlots:
         return self.sliced + self.unsliced
 
 
-def _slots(sliced=(), unsliced=(), outs=(), sparse=False, every_row=False, lazy=None) -> OptimizerSlots:
+def _slots(sliced=(), unsliced=(), outs=(), sparse=False, every_row=False, lazy=None,
+           whole_norm=False, exchanged_norms=False) -> OptimizerSlots:
     outputs = {"Param": "ParamOut", **dict(outs)}
     return OptimizerSlots(
         sliced=tuple(sliced), unsliced=tuple(unsliced), outputs=MappingProxyType(outputs), sparse_grad=sparse,
-        every_row=every_row, lazy=lazy,
+        every_row=every_row, lazy=lazy, whole_norm=whole_norm, exchanged_norms=exchanged_norms,
     )
 
 
@@ -127,7 +185,8 @@ OPTIMIZER_SLOTS: MappingProxyType[str, OptimizerSlots] = MappingProxyType(
     {
         "sgd": _slots(sparse=True),
         "momentum": _slots(["Velocity"], outs=[("Velocity", "VelocityOut")], sparse=True, every_row=True),
-        "lars_momentum": _slots(["Velocity"], outs=[("Velocity", "VelocityOut")]),
+        "lars_momentum": _slots(["Velocity"], outs=[("Velocity", "VelocityOut")], whole_norm=True,
+                                exchanged_norms=True),
         "adam": _slots(
             ["Moment1", "Moment2"],
             ["Beta1Pow", "Beta2Pow"],
@@ -140,6 +199,32 @@ OPTIMIZER_SLOTS: MappingProxyType[str, OptimizerSlots] = MappingProxyType(
             sparse=True,
             every_row=True,
             lazy="lazy_mode",
+        ),
+        "adamw": _slots(
+            ["Moment1", "Moment2"],
+            ["Beta1Pow", "Beta2Pow"],
+            outs=[
+                ("Moment1", "Moment1Out"),
+                ("Moment2", "Moment2Out"),
+                ("Beta1Pow", "Beta1PowOut"),
+                ("Beta2Pow", "Beta2PowOut"),
+            ],
+            sparse=True,
+            every_row=True,
+            lazy="lazy_mode",
+        ),
+        # LAMB's trust ratio needs the norms of the whole param and update: dense grads only.
+        "lamb": _slots(
+            ["Moment1", "Moment2"],
+            ["Beta1Pow", "Beta2Pow"],
+            outs=[
+                ("Moment1", "Moment1Out"),
+                ("Moment2", "Moment2Out"),
+                ("Beta1Pow", "Beta1PowOut"),
+                ("Beta2Pow", "Beta2PowOut"),
+            ],
+            whole_norm=True,
+            exchanged_norms=True,
         ),
         "adamax": _slots(["Moment", "InfNorm"], ["Beta1Pow"], outs=[("Moment", "MomentOut"), ("InfNorm", "InfNormOut")]),
         "adagrad": _slots(["Moment"], outs=[("Moment", "MomentOut")], sparse=True),

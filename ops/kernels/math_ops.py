@@ -373,10 +373,14 @@ def clip(ctx: OpContext) -> None:
 
 @register("clip_by_norm")
 def clip_by_norm(ctx: OpContext) -> None:
-    """Paddle's: the L2 norm of the whole tensor, scaled down to `max_norm` when above it."""
+    """Paddle's: the L2 norm of the whole tensor, scaled down to `max_norm` when above it.
+    With `SquaredNorm` (a pserver's block of a grad), the norm is that of the whole grad."""
     x = ctx.input("X")
     max_norm = float(ctx.attr("max_norm"))
-    norm = float(np.sqrt(np.sum(np.square(x, dtype=np.float64))))
+    if ctx.has_input("SquaredNorm"):
+        norm = float(np.sqrt(float(np.asarray(ctx.input("SquaredNorm")).reshape(-1)[0])))
+    else:
+        norm = float(np.sqrt(np.sum(np.square(x, dtype=np.float64))))
     out = x * x.dtype.type(max_norm / norm) if norm > max_norm else x
     ctx.set_output("Out", out.astype(x.dtype, copy=False), lod=ctx.lod("X"))
 

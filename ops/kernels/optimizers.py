@@ -1,5 +1,5 @@
 """Optimizer kernels for dense and SelectedRows grads (Paddle 1.8 / 2.6 update rules):
-`sgd`, `momentum`, `lars_momentum`, `adam`, `adamax`, `adagrad`, `decayed_adagrad`,
+`sgd`, `momentum`, `lars_momentum`, `adam`, `adamw`, `lamb`, `adamax`, `adagrad`, `decayed_adagrad`,
 `rmsprop`, `ftrl`.
 
 A SelectedRows grad is first merged (duplicate rows summed). What it updates follows
@@ -174,8 +174,13 @@ def _lars_momentum_one(ctx: OpContext, i: int, decay: float, *, keep_lr_without_
     dt = param.dtype.type
     lr, mu, wd = dt(lr_array.reshape(-1)[0]), dt(ctx.attr("mu")), dt(decay)
     coeff, eps = dt(ctx.attr("lars_coeff")), dt(ctx.attr("epsilon"))
-    g = grad * dt(ctx.attr("rescale_grad"))
-    p_norm, g_norm = np.sqrt(np.sum(param * param)), np.sqrt(np.sum(g * g))
+    rescale = dt(ctx.attr("rescale_grad"))
+    g = grad * rescale
+    if ctx.has_input("SquaredNorms"):  # a block of the param: its whole norms, summed across the pservers
+        squared = ctx.input("SquaredNorms", i).reshape(-1)
+        p_norm, g_norm = np.sqrt(dt(squared[0])), np.sqrt(dt(squared[1])) * np.abs(rescale)
+    else:
+        p_norm, g_norm = np.sqrt(np.sum(param * param)), np.sqrt(np.sum(g * g))
     local_lr = lr
     if p_norm > 0 and g_norm > 0 and (wd > 0 or not keep_lr_without_decay):
         local_lr = lr * coeff * p_norm / (g_norm + wd * p_norm + eps)
@@ -243,6 +248,122 @@ def adam(ctx: OpContext) -> None:
         return
     ctx.set_output("Beta1PowOut", (b1p_arr * beta1).astype(b1p_arr.dtype, copy=False))
     ctx.set_output("Beta2PowOut", (b2p_arr * beta2).astype(b2p_arr.dtype, copy=False))
+
+
+# ------------------------------------------------------------------------ adamw
+
+
+@register("adamw")
+@on_table
+def adamw(ctx: OpContext) -> None:
+    """AdamW as Paddle 2.6's CPU kernel computes it (phi adamw_kernel.cc, `CPUAdamW`):
+    `lr = LearningRate * lr_ratio`; with `with_decay`, first `p = p * (1 - lr * coeff)`
+    (decoupled decay); then Adam's update with that `lr`, and the beta powers advance.
+    `with_decay=False` (a param `apply_decay_param_fun` excludes) is Adam at `lr`."""
+    param = _dense_param(ctx)
+    dt = param.dtype.type
+    beta1 = _attr_or_tensor(ctx, "beta1", "Beta1Tensor", dt)
+    beta2 = _attr_or_tensor(ctx, "beta2", "Beta2Tensor", dt)
+    eps = _attr_or_tensor(ctx, "epsilon", "EpsilonTensor", dt)
+    m1, m2 = ctx.input("Moment1"), ctx.input("Moment2")
+    b1p_arr, b2p_arr = ctx.input("Beta1Pow"), ctx.input("Beta2Pow")
+    if ctx.has_input("SkipUpdate") and bool(ctx.scalar("SkipUpdate")):
+        for slot, value in (("ParamOut", param), ("Moment1Out", m1), ("Moment2Out", m2),
+                            ("Beta1PowOut", b1p_arr), ("Beta2PowOut", b2p_arr)):
+            ctx.set_output(slot, value)
+        return
+    b1p, b2p = dt(b1p_arr.reshape(-1)[0]), dt(b2p_arr.reshape(-1)[0])
+    lr = _learning_rate(ctx, param.dtype) * dt(ctx.attr("lr_ratio"))
+    if ctx.attr("with_decay"):
+        param = param * (dt(1) - lr * dt(ctx.attr("coeff")))
+    lr_t = lr * (np.sqrt(dt(1) - b2p) / (dt(1) - b1p))
+    eps_t = eps * np.sqrt(dt(1) - b2p)
+    grad = _grad(ctx)
+    if isinstance(grad, SelectedRows) and ctx.attr("lazy_mode"):
+        raise KernelError("adamw: lazy_mode with a sparse grad is not supported (use adam, or a dense grad)")
+    if isinstance(grad, SelectedRows):
+        _check_rows(ctx, grad, param)
+        grad = grad.to_dense()
+    p_out, m1_out, m2_out = _adam_dense(param, grad, m1, m2, beta1, beta2, lr_t, eps_t)
+    ctx.set_output("ParamOut", p_out.astype(param.dtype, copy=False))
+    ctx.set_output("Moment1Out", m1_out.astype(param.dtype, copy=False))
+    ctx.set_output("Moment2Out", m2_out.astype(param.dtype, copy=False))
+    if ctx.attr("use_global_beta_pow"):
+        return
+    ctx.set_output("Beta1PowOut", (b1p_arr * beta1).astype(b1p_arr.dtype, copy=False))
+    ctx.set_output("Beta2PowOut", (b2p_arr * beta2).astype(b2p_arr.dtype, copy=False))
+
+
+# ------------------------------------------------------------------------- lamb
+
+
+@register("lamb")
+def lamb(ctx: OpContext) -> None:
+    """LAMB as Paddle 2.6 computes it (lamb_kernel_impl.h): Adam's moments, the update
+    `r = (m1 / (1 - b1^t)) / (sqrt(m2 / (1 - b2^t)) + eps) + weight_decay * p`, then
+    `p -= lr * (|p| / |r|) * r` (the ratio 1 when either norm is 0, or when `weight_decay`
+    is 0 and not `always_adapt`); the beta powers advance. The norms are of the whole
+    param: on a block of it, `SquaredNorms` brings the whole param's (summed across the
+    pservers holding its blocks from their `lamb_squared_norms`)."""
+    param = _dense_param(ctx)
+    grad = _dense_grad(ctx)
+    dt = param.dtype.type
+    beta1, beta2 = dt(ctx.attr("beta1")), dt(ctx.attr("beta2"))
+    decay = dt(ctx.attr("weight_decay"))
+    m1, m2 = ctx.input("Moment1"), ctx.input("Moment2")
+    b1p_arr, b2p_arr = ctx.input("Beta1Pow"), ctx.input("Beta2Pow")
+    if ctx.has_input("SkipUpdate") and bool(ctx.scalar("SkipUpdate")):
+        for slot, value in (("ParamOut", param), ("Moment1Out", m1), ("Moment2Out", m2)):
+            ctx.set_output(slot, value)
+        return
+    m1_out, m2_out, update = _lamb_direction(ctx, param, grad, m1, m2)
+    lr = _learning_rate(ctx, param.dtype)
+    if ctx.has_input("SquaredNorms"):  # a block of the param: its whole norms, summed across the pservers
+        squared = ctx.input("SquaredNorms").reshape(-1)
+        p_norm, r_norm = np.sqrt(dt(squared[0])), np.sqrt(dt(squared[1]))
+    else:
+        p_norm, r_norm = lamb_norms(param, update)
+    ratio = lamb_trust_ratio(p_norm, r_norm, decay, bool(ctx.attr("always_adapt")))
+    ctx.set_output("ParamOut", (param - (lr * ratio) * update).astype(param.dtype, copy=False))
+    ctx.set_output("Moment1Out", m1_out.astype(param.dtype, copy=False))
+    ctx.set_output("Moment2Out", m2_out.astype(param.dtype, copy=False))
+    if ctx.has_output("Beta1PowOut"):
+        ctx.set_output("Beta1PowOut", (b1p_arr * beta1).astype(b1p_arr.dtype, copy=False))
+    if ctx.has_output("Beta2PowOut"):
+        ctx.set_output("Beta2PowOut", (b2p_arr * beta2).astype(b2p_arr.dtype, copy=False))
+
+
+def _lamb_direction(ctx: OpContext, param, grad, m1, m2):
+    """(Moment1Out, Moment2Out, r): LAMB's moments and update direction, before the ratio."""
+    dt = param.dtype.type
+    beta1, beta2, eps = dt(ctx.attr("beta1")), dt(ctx.attr("beta2")), dt(ctx.attr("epsilon"))
+    decay = dt(ctx.attr("weight_decay"))
+    b1p, b2p = dt(ctx.input("Beta1Pow").reshape(-1)[0]), dt(ctx.input("Beta2Pow").reshape(-1)[0])
+    one = dt(1)
+    m1_out = beta1 * m1 + (one - beta1) * grad
+    m2_out = beta2 * m2 + (one - beta2) * grad * grad
+    update = (m1_out / (one - b1p)) / (np.sqrt(m2_out / (one - b2p)) + eps) + decay * param
+    return m1_out, m2_out, update
+
+
+@register("lamb_squared_norms")
+def lamb_squared_norms(ctx: OpContext) -> None:
+    """[|p|^2, |r|^2] of this block, r what `lamb` computes from the same inputs: the
+    partial sums the pservers holding a LAMB param's blocks add up."""
+    param = _dense_param(ctx)
+    _, _, update = _lamb_direction(ctx, param, _dense_grad(ctx), ctx.input("Moment1"), ctx.input("Moment2"))
+    ctx.set_output("Out", np.array([np.sum(param * param), np.sum(update * update)], dtype=param.dtype))
+
+
+def lamb_norms(param: np.ndarray, update: np.ndarray) -> tuple[np.generic, np.generic]:
+    """(|p|, |r|), the L2 norms LAMB's trust ratio divides."""
+    return np.sqrt(np.sum(param * param)), np.sqrt(np.sum(update * update))
+
+
+def lamb_trust_ratio(p_norm, r_norm, decay, always_adapt: bool):
+    if (decay == 0 and not always_adapt) or not (p_norm > 0 and r_norm > 0):
+        return type(p_norm)(1)
+    return p_norm / r_norm
 
 
 # Below this many elements a new array costs less than recycling one: malloc hands small

@@ -31,7 +31,7 @@ from ops.rpc.engine import prefer_poller
 prefer_poller()  # PSTRANSPILE_GRPC_ENGINE, before anything below imports gRPC (it reads its engine once)
 
 from ops import kernels as _kernels  # noqa: F401  (the registry, and the local kernels first)
-from ops.rpc import kernels, listen_and_serv, prefetch, table_io  # noqa: F401  (registers)
+from ops.rpc import kernels, listen_and_serv, prefetch, reduce, table_io  # noqa: F401  (registers)
 from ops.rpc.client import PrefetchRequest, RpcClient, RpcStats, close_clients, get_client
 from ops.rpc.errors import PserverError, RpcError
 from ops.rpc.server import PServer, ServeConfig

@@ -36,6 +36,7 @@ from typing import Any
 
 from ops.kernels.context import KernelError, OpContext
 from ops.kernels.registry import register
+from ops.rpc import reduce
 from ops.rpc.auth import ServerAuth
 from ops.rpc.server import PServer, ServeConfig, print_log
 from ops.rpc.service import LOST_GRACE, default_timeout, refuse_nonfinite_default
@@ -169,4 +170,18 @@ def listen_and_serv(ctx: OpContext) -> None:
         log=log,
         run_in=lambda idx, own: ctx.run.run_block(idx, own, None),
     )
-    server.serve(on_ready=ctx.env.get("pserver_ready"))
+    peers = reduce.needs_peers(ctx.run.program)  # a cross-pserver sum in the blocks (ops.rpc.reduce)
+    if peers is not None:
+        server.peer_reduce = reduce.PeerReduce(config.endpoint, peers, config.timeout)
+        ctx.env[reduce.ENV_KEY] = server.peer_reduce
+        ctx.env[reduce.STEP_KEY] = lambda: server.rounds + 1
+    try:
+        server.serve(on_ready=ctx.env.get("pserver_ready"))
+    finally:
+        reducer = server.peer_reduce
+        if reducer is not None:
+            reducer.close()
+            if reducer.calls and log is not None:
+                log(f"pserver {config.endpoint}: {reducer.calls} cross-pserver sum(s), "
+                    f"{1000 * reducer.seconds / reducer.calls:.2f} ms and "
+                    f"{reducer.bytes_sent / reducer.calls:.0f} bytes sent each")

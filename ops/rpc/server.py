@@ -272,6 +272,8 @@ class PServer(OwnDirRpc):
         self._readers_idle = threading.Condition(lock)  # the round's optimize waits on it for `_readers == 0`
         self._calls: dict[str, int] = {}  # RPCs handled per method
         self._server: grpc.Server | None = None
+        # Cross-pserver sums (ops.rpc.reduce.PeerReduce): peers' partials go to it, not to the rounds.
+        self.peer_reduce: Any = None
         self.port: int | None = None
         self.started_at = now
 
@@ -639,6 +641,12 @@ class PServer(OwnDirRpc):
         return self._handle(context, "SendBatch", request.trainer_id, what, lambda: self._on_send(request, context, "SendBatch"))
 
     def _rpc_SendVariable(self, request: WireVar, context: Any) -> rpc_pb2.VoidMessage:  # noqa: N802
+        if self.peer_reduce is not None and request.name.startswith("@PEER_PARTIAL@"):  # another pserver's
+            try:
+                self.peer_reduce.receive(request)
+            except ValueError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"pserver {self.config.endpoint}: {exc}")
+            return rpc_pb2.VoidMessage()
         batch = WireBatch(request.trainer_id, False, (request,))
         return self._handle(context, "SendVariable", request.trainer_id, f"send of {request.name}",
                             lambda: self._on_send(batch, context, "SendVariable"))

@@ -116,6 +116,16 @@ class PserverPrograms:
         return self.lr_block if self.lr_block >= 0 else 0
 
 
+@dataclass(frozen=True)
+class NormGroup:
+    """A global-norm gradient clip moved to the pservers (`clip_mode="exact"`): the grads
+    it scales by `clip_norm / max(clip_norm, |all grads|)`, as (param, grad) pairs, and
+    the grads' dtype. transpiler/passes/pserver_norm_reduce.py builds its reduction."""
+
+    clip_norm: float
+    grads: tuple[tuple[str, str], ...]
+
+
 @dataclass
 class Bundle:
     """Programs under construction. `origin` / `origin_startup` are the user's programs as
@@ -136,6 +146,7 @@ class Bundle:
     control_vars: int = 0
     lowered_lr_counter: str | None = None  # the step counter the async lr-decay lowering split per trainer
     lent: bool = False  # origin / origin_startup are the caller's programs, not copies
+    norm_groups: tuple[NormGroup, ...] = ()  # global-norm clips the pservers compute (clip_mode="exact")
 
     def own_origins(self) -> Bundle:
         """This bundle with copies of lent originals, for a pass about to rewrite them

@@ -29,8 +29,10 @@ from ops.catalogue.optimizer_ops import optimizer_slots
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
 from transpiler.ir import Block, Op, OpRole, VarKind
+from transpiler.ir.types import OP_NAMESCOPE_ATTR
 from transpiler.passes.bundle import Analysis, Bundle, ParamChain, TableLookups
 from transpiler.passes.contract import Pass
+from transpiler.passes.keep_clip_on_trainer import CLIP_NAME_SCOPES
 from transpiler.passes.lr_ops import counter_increment, is_lr_op
 
 LOOKUP_TABLE_OPS = ("lookup_table", "lookup_table_v2")
@@ -75,11 +77,15 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     tables = _find_tables(block, set(optimizers))
     kept_writers = _kept_writers(block, moved, {name for op in optimize for name in op.input_names})
     chains = []
+    kept_before: list[Op | None] | None = None
     for param, optimizer in optimizers.items():  # in program order: the dict was filled walking the ops
         chain_ops = tied[param]
         grad = _sent_grad(chain_ops, param, kept_writers)
         _check_param_and_grad(block, param, grad)
         producer = _last_kept_writer(grad, kept_writers)
+        if _is_trainer_clip(producer):
+            kept_before = kept_before if kept_before is not None else _last_kept_before(block, moved)
+            producer = _paddle18_clip_anchor(block, grad, producer, moved, kept_before)
         sparse = block.find_var(grad).kind == VarKind.SELECTED_ROWS
         if sparse and not optimizer_slots(optimizer.type).sparse_grad:
             raise TranspileError(f"{optimizer.type} cannot apply the sparse grad {grad!r} of {param!r}")
@@ -156,6 +162,37 @@ def _check_param_and_grad(block: Block, param: str, grad: str) -> None:
             raise TranspileError(f"{what} {name!r} has no static shape ({var.shape}); parameters must")
 
 
+def _is_trainer_clip(op: Op) -> bool:
+    """A gradient-clip op the trainer keeps (keep_clip_on_trainer re-tagged it Backward)."""
+    if not op.has_role(OpRole.Backward):
+        return False
+    scope = op.attr(OP_NAMESCOPE_ATTR, "") or ""
+    return any(mark in scope for mark in CLIP_NAME_SCOPES)
+
+
+def _last_kept_before(block: Block, moved: set[Op]) -> list[Op | None]:
+    """Per op position, the last op before it that the trainer keeps (one pass)."""
+    out: list[Op | None] = []
+    last = None
+    for op in block.ops:
+        out.append(last)
+        if op not in moved:
+            last = op
+    return out
+
+
+def _paddle18_clip_anchor(block: Block, grad: str, producer: Op, moved: set[Op], kept_before: list[Op | None]) -> Op:
+    """Where Paddle 1.8 sends a grad a trainer clip wrote: after the grad's last writer in
+    the whole program (`find_op_by_output_arg(reverse=True)`), an optimize op that then
+    leaves the trainer (L2 decay's `sum` into the clipped grad) included; so the send sits
+    after the last op the trainer keeps before that writer, after every clip op, as
+    Paddle's trainer program has it. Without such a writer, after the clip itself."""
+    last = block.writers(grad)[-1]
+    if last not in moved:
+        return producer
+    return kept_before[last.index] or producer
+
+
 def _last_kept_writer(grad: str, kept_writers: dict[str, list[Op]]) -> Op:
     kept = kept_writers.get(grad)
     if not kept:
@@ -229,6 +266,13 @@ def _split_off_distributed_table(chains: list[ParamChain], tables: dict[str, Tab
         raise TranspileError(
             f"distributed table {table.table!r}: {chain.optimizer.type} with regularization_method={method!r} "
             "decays rows no trainer looked up; a sharded table cannot"
+        )
+    optimizer = chain.optimizer
+    if optimizer.type == "adamw" and optimizer.attr("with_decay", False) and float(optimizer.attr("coeff", 0.01)):
+        raise TranspileError(
+            f"distributed table {table.table!r}: adamw with weight decay (with_decay, coeff="
+            f"{float(optimizer.attr('coeff', 0.01)):g}) decays every row, also rows no trainer looked up, which a "
+            "sharded table does not hold; exclude the table from decay (apply_decay_param_fun) to train it as Adam"
         )
     slots = optimizer_slots(chain.optimizer.type)
     if slots.updates_every_row(lambda name: chain.optimizer.attr(name, False)):

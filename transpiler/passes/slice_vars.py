@@ -5,6 +5,12 @@ with block i of the grad), so one slicing and one dispatch serve both: a param b
 and its grad block always share an endpoint. (Paddle dispatches grads and params
 separately; with `HashName` that would put them on different servers.)
 
+A param whose optimizer reads its whole norm (`lars_momentum`, `lamb`: the catalogue's
+`whole_norm`) is never cut: on one pserver its norm, and so its update, is local training's. In sync mode a LARS
+param updated by its optimizer alone (`exchanged_norms`) is cut: the pservers holding its
+blocks sum their norms (transpiler/passes/pserver_norm_reduce.py).
+(Paddle cuts it, and each block's update then uses the block's norm.)
+
 Unsliced round robin deals the params in Paddle's order: with `slice_var_up=False`
 Paddle 1.8 and 2.6 shuffle their grads (in optimizer order) with
 `np.random.seed(program.random_seed); np.random.shuffle(...)` before dispatching (PR
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ops.catalogue.optimizer_ops import optimizer_slots
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
 from transpiler.naming import band_name
@@ -48,7 +55,12 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     for chain in bundle.analysis.chains:
         var = block.var(chain.param)
         shape = tuple(var.shape)
-        sizes = slice_sizes(shape, slice_count, options.min_block_size)
+        # LARS / LAMB read the whole param's norm: kept whole, the pserver's norm is exact.
+        # So is a param clipped by its norm on the pserver (clip_mode="exact").
+        slots = optimizer_slots(chain.optimizer.type)
+        exchanged = slots.exchanged_norms and options.sync_mode and len(chain.ops) == 1
+        whole = slots.whole_norm and not exchanged
+        sizes = slice_sizes(shape, 1 if whole else slice_count, options.min_block_size)
         lookups = tables.get(chain.param)
         plan.params.append(
             ParamPlan(
