@@ -383,3 +383,15 @@ def test_the_live_status_line_of_many_trainers_stays_short():
     line = _status_line(many, 9.25, "ray")
     assert len(line) <= STATUS_WIDTH
     assert line == "[launch ray 9.2s] 16 trainers: step 40..54, loss 0.5..0.64, 450 steps/s in all, 1 starting"
+
+
+def test_the_summary_names_the_logs_folder_once_so_rows_stay_short(tmp_path):
+    from transpiler.runtime.job import LaunchResult, ProcessStatus
+
+    deep = tmp_path / ("a-very-long-folder-name-" * 6) / "logs"
+    processes = [ProcessStatus("pserver", 0, "127.0.0.1:6170", deep / "pserver.0.log"),
+                 ProcessStatus("trainer", 0, None, deep / "trainer.0.log")]
+    text = LaunchResult(ok=True, failure=None, processes=processes, seconds=1.0).summary()
+    assert f"  logs in {deep}/" in text.splitlines()
+    rows = text.splitlines()[2:]
+    assert rows[1].rstrip().endswith("pserver.0.log") and str(deep) not in "".join(rows)

@@ -230,6 +230,11 @@ class LaunchResult:
         if not self.processes:
             return "\n".join(lines)
         with_node = any(p.node for p in self.processes)
+        # the logs' folder once, and each log by name: the rows stay short however deep the folder is
+        folders = {Path(p.log).parent for p in self.processes}
+        shared = folders.pop() if len(folders) == 1 else None
+        if shared is not None:
+            lines.append(f"  logs in {shared}/")
         header = ("process", "endpoint", *(("node",) if with_node else ()), "exit", "steps", "loss", "steps/s", "time", "log")
         rows = [header]
         for p in self.processes:
@@ -244,7 +249,7 @@ class LaunchResult:
                     f"{prog.loss:.6g}" if prog and prog.loss is not None else "-",
                     f"{prog.steps_per_s:.3g}" if prog and prog.steps_per_s is not None else "-",
                     f"{p.seconds:.1f}s",
-                    str(p.log),
+                    Path(p.log).name if shared is not None else str(p.log),
                 )
             )
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
