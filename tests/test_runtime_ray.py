@@ -222,7 +222,8 @@ def test_cli_launch_backend_ray_starts_a_loopback_ray_instance_of_its_own(tmp_pa
     assert "starting a local Ray instance (127.0.0.1 only" in done.stderr
     summary = done.stderr[done.stderr.index("launch: 2 pserver(s) x 2 trainer(s) on ray, sync"):]
     assert ": ok" in summary.splitlines()[0]
-    rows = [line.split() for line in summary.splitlines()[2:]]
+    assert summary.splitlines()[1].startswith("  logs in ")  # the logs' folder once, then the table
+    rows = [line.split() for line in summary.splitlines()[3:]]
     assert [row[0] for row in rows] == ["pserver.0", "pserver.1", "trainer.0", "trainer.1"]
     assert all(row[1].startswith("127.0.0.1:") for row in rows[:2]) and all(row[2].startswith("127.0.0.1/") for row in rows)
     records = {p.name: json.loads(p.read_text()) for p in (tmp_path / "out").iterdir()}
