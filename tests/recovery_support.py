@@ -55,6 +55,13 @@ RECOVERABLE = (
     Recoverable("fluid18_ctr_dist_sgd_2ps", 1, "Fluid 1.8, distributed lookup table, SGD"),
     Recoverable("fluid18_lr_exp_decay_2ps", 2, "Fluid 1.8, exponential lr decay on the pservers"),
     Recoverable("fluid18_lr_piecewise_2ps", 2, "Fluid 1.8, piecewise lr decay on the pservers"),
+    Recoverable("gpt_adam_3ps_sync", 2, "Paddle 2.6, GPT decoder: dropout, layer_norm, matmul_v2, Adam"),
+    Recoverable("mlp_clip_global_sgd_3ps", 2, "Paddle 2.6, global-norm clip: the pservers' norm exchange"),
+    Recoverable("resnet_small_momentum_3ps_sync", 2, "Paddle 2.6, small ResNet: conv2d, batch norm (trainer 0's moving stats)"),
+    Recoverable("mlp_lamb_3ps", 2, "Paddle 2.6, LAMB on sliced params (exact norms)"),
+    Recoverable("cond_sgd_2ps", 2, "Paddle 2.6, paddle.static.nn.cond"),
+    Recoverable("lstm_sgd_2ps", 2, "Paddle 2.6, paddle.nn.LSTM: the rnn op, coalesced weights"),
+    Recoverable("bert_small_adam_3ps_sync", 2, "Paddle 2.6, small BERT encoder: dropout, gelu, layer_norm, Adam"),
 )
 BY_NAME = {r.case: r for r in RECOVERABLE}
 

@@ -19,7 +19,7 @@ from recovery_support import BY_NAME, RECOVERABLE, differing, final_state, log_o
 STEPS, EVERY, KILL_AT = 6, 2, 3
 # float64 everywhere (the chaos test's dtype); float32 on the Paddle 2.6 programs (0-d
 # learning rate, Adam's accumulators, both table kinds) and one Fluid 1.8 program.
-FLOAT32 = ("mlp_adam_2ps", "ctr_v1_sparse_sgd_2ps", "ctr_v1_dist_sgd_2ps", "fluid18_lr_exp_decay_2ps")
+FLOAT32 = ("mlp_adam_2ps", "ctr_v1_sparse_sgd_2ps", "ctr_v1_dist_sgd_2ps", "fluid18_lr_exp_decay_2ps", "gpt_adam_3ps_sync")
 CASES = [(r.case, True) for r in RECOVERABLE] + [(name, False) for name in FLOAT32]
 
 
