@@ -39,15 +39,16 @@ def test_merge_rebuilds_the_table_and_says_where_rows_came_from(capsys, shards, 
     assert table.shape == (10, 2) and table.dtype == np.float32
     assert table[:, 0].tolist() == [0, 0, 0, 3, 4, 0, 0, 0, 8, 0]
     lines = out.splitlines()
-    assert lines[0] == f"{out_path}: 10 x 2 float32 (npy) from 2 shard(s) ({shards[0]}: 3, {shards[1]}: 1)"
-    assert lines[1] == "4 rows from the shards, 6 never touched (written as 0)"
+    assert lines[0] == f"{out_path}: 10 x 2 float32 (npy) from 2 shard(s):"
+    assert lines[1:3] == [f"  {shards[0]}: 3 rows", f"  {shards[1]}: 1 rows"]
+    assert lines[3] == "4 rows from the shards, 6 never touched (written as 0)"
 
 
 def test_merge_without_height_stops_at_the_largest_id_and_fill_marks_untouched_rows(capsys, shards, tmp_path):
     code, out, _ = run(capsys, "merge-table", *shards, "--fill", "nan", "-o", tmp_path / "t.npy")
     table = np.load(tmp_path / "t.npy")
     assert code == 0 and table.shape == (9, 2) and np.isnan(table[[1, 2, 5, 6, 7]]).all()
-    assert out.splitlines()[1] == "4 rows from the shards, 5 never touched (written as nan); height = the largest id + 1"
+    assert out.splitlines()[-1] == "4 rows from the shards, 5 never touched (written as nan); height = the largest id + 1"
 
 
 @pytest.mark.parametrize(

@@ -1076,9 +1076,10 @@ def merge_table_command(args: argparse.Namespace) -> int:
         raise CliError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     table = merged.table
     rows = table.shape[0]
-    per = ", ".join(f"{path}: {n:,}" for path, n in zip(args.shards, merged.per_shard, strict=True))
-    print(f"{args.output}: {rows:,} x {' x '.join(str(d) for d in table.shape[1:]) or '1'} {table.dtype} ({form}) from "
-          f"{len(args.shards)} shard(s) ({per})")
+    print(fit_line(f"{args.output}: {rows:,} x {' x '.join(str(d) for d in table.shape[1:]) or '1'} {table.dtype} "
+                   f"({form}) from {len(args.shards)} shard(s):"))
+    for path, n in zip(args.shards, merged.per_shard, strict=True):  # a line per shard: short however many
+        print(fit_line(f"  {path}: {n:,} rows"))
     print(f"{merged.from_shards:,} rows from the shards, {rows - merged.from_shards:,} never touched "
           f"(written as {args.fill:g}){'' if height is not None else '; height = the largest id + 1'}")
     return EXIT_OK
