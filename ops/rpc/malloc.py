@@ -96,17 +96,10 @@ def _mallopt_one(param: int, value: int) -> bool:
 
 
 def _mallopt() -> bool:
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    # mallopt returns 1 on success; the mmap threshold first, as setting either one stops
-    # glibc's own adjustment of both (a trim threshold alone left the mmap threshold at
-    # 128 kB: every MB buffer mapped and unmapped, measured 1.5x the CPU).
-    return mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+    # the mmap threshold first, as setting either one stops glibc's own adjustment of both
+    # (a trim threshold alone left the mmap threshold at 128 kB: every MB buffer mapped and
+    # unmapped, measured 1.5x the CPU).
+    return _mallopt_one(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and _mallopt_one(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
 __all__ = ["CHOICES", "MALLOC_ENV", "PSERVER_ARENAS", "MallocChoiceError", "bound_arenas", "keep_freed_memory", "malloc_choice", "user_tuned"]
