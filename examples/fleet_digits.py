@@ -41,24 +41,25 @@ import transpiler.fluid as fluid  # noqa: E402
 from transpiler.fleet import StrategyFactory, fleet, role_maker  # noqa: E402
 
 
-def digits(seed: int = 0):
+def digits(seed: int = 0, dtype: str = "float32"):
     from sklearn.datasets import load_digits
 
     data = load_digits()
     order = np.random.default_rng(seed).permutation(len(data.target))
-    images = (data.data[order] / 16.0).astype("float32")
+    images = (data.data[order] / 16.0).astype(dtype)
     labels = data.target[order].astype("int64").reshape(-1, 1)
     return images, labels
 
 
-def net(sparse=False):
+def net(sparse=False, distributed=False, dtype="float32"):
     label = fluid.layers.data(name="label", shape=[1], dtype="int64")
-    if sparse:  # each pixel's (position, intensity) an id of a sparse embedding table
+    if sparse or distributed:  # each pixel's (position, intensity) an id of an embedding table
         ids = fluid.layers.data(name="ids", shape=[64, 1], dtype="int64")
-        emb = fluid.layers.embedding(input=ids, size=[64 * 17, 4], is_sparse=True)
+        emb = fluid.layers.embedding(input=ids, size=[64 * 17, 4], is_sparse=True, is_distributed=distributed,
+                                     dtype=dtype)
         hidden = fluid.layers.fc(input=emb, size=64, act="relu")
     else:
-        img = fluid.layers.data(name="img", shape=[64], dtype="float32")
+        img = fluid.layers.data(name="img", shape=[64], dtype=dtype)
         hidden = fluid.layers.fc(input=img, size=64, act="relu")
     predict = fluid.layers.fc(input=hidden, size=10, act="softmax")
     cost = fluid.layers.cross_entropy(input=predict, label=label)
@@ -84,8 +85,13 @@ def make_role(kind: str):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("sync", "async", "half_async", "geo"), default="sync")
+    parser.add_argument("--mode", choices=("sync", "async", "half_async", "geo", "local"), default="sync",
+                        help="a fleet strategy, or local: plain fluid training in this process, no fleet")
     parser.add_argument("--sparse", action="store_true", help="the pixels through a sparse embedding table")
+    parser.add_argument("--distributed", action="store_true",
+                        help="the pixels through a distributed lookup table (is_distributed=True)")
+    parser.add_argument("--decay", action="store_true", help="exponential lr decay (x0.7 every 3 steps, staircase)")
+    parser.add_argument("--float64", action="store_true", help="the net in float64")
     parser.add_argument("--geo-every", type=int, default=5, help="GEO-SGD's update_frequency (--mode geo)")
     parser.add_argument("--role-maker", choices=("user", "cloud"), default="user")
     parser.add_argument("--steps", type=int, default=30)
@@ -96,13 +102,26 @@ def main(argv=None) -> int:
     parser.add_argument("--init", type=Path, help="a folder of persistables the servers start from")
     args = parser.parse_args(argv)
 
-    avg_cost = net(args.sparse)
+    dtype = "float64" if args.float64 else "float32"
+    sparse = args.sparse or args.distributed
+    avg_cost = net(args.sparse, args.distributed, dtype)
+    learning_rate = args.lr
+    if args.decay:
+        learning_rate = fluid.layers.exponential_decay(args.lr, decay_steps=3, decay_rate=0.7, staircase=True)
+    optimizer = fluid.optimizer.SGD(learning_rate=learning_rate)
+    if args.mode == "local":  # the reference: the same net and batches, no fleet (one worker's share)
+        optimizer.minimize(avg_cost)
+        exe = fluid.Executor(fluid.CPUPlace())
+        exe.run(fluid.default_startup_program())
+        if args.init is not None:
+            fluid.io.load_persistables(exe, str(args.init), fluid.default_main_program())
+        return train(args, exe, avg_cost, sparse, dtype, 0, 1, lambda: True)
+
     role = make_role(args.role_maker)
     fleet.init(role)
     strategy = {"sync": StrategyFactory.create_sync_strategy, "async": StrategyFactory.create_async_strategy,
                 "half_async": StrategyFactory.create_half_async_strategy,
                 "geo": lambda: StrategyFactory.create_geo_strategy(args.geo_every)}[args.mode]()
-    optimizer = fluid.optimizer.SGD(learning_rate=args.lr)
     optimizer = fleet.distributed_optimizer(optimizer, strategy)
     optimizer.minimize(avg_cost)
 
@@ -113,26 +132,34 @@ def main(argv=None) -> int:
         fleet.init_worker()
         exe = fluid.Executor(fluid.CPUPlace())
         exe.run(fluid.default_startup_program())
-        images, labels = digits()
-        n, i, losses = fleet.worker_num(), fleet.worker_index(), []
-        for step in range(args.steps):
-            lo = step * args.batch % (len(labels) - args.batch)
-            rows = slice(lo + args.batch * i // n, lo + args.batch * (i + 1) // n)
-            feed = {"label": labels[rows]}
-            if args.sparse:
-                feed["ids"] = (np.arange(64) * 17 + np.rint(images[rows] * 16)).astype("int64").reshape(-1, 64, 1)
-            else:
-                feed["img"] = images[rows]
-            cost_val = exe.run(program=fluid.default_main_program(), feed=feed,
-                               fetch_list=[avg_cost.name])
-            losses.append(float(np.mean(cost_val[0])))
-            print("worker_index: %d, step%d cost = %f" % (fleet.worker_index(), step, losses[-1]), flush=True)
-        if args.save is not None and fleet.is_first_worker():
-            fleet.save_persistables(exe, args.save)
-        if args.out is not None:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / ("losses_%d.json" % i)).write_text(json.dumps(losses))
+        train(args, exe, avg_cost, sparse, dtype, fleet.worker_index(), fleet.worker_num(), fleet.is_first_worker)
         fleet.stop_worker()
+    return 0
+
+
+def train(args, exe, avg_cost, sparse, dtype, i, n, is_first_worker) -> int:
+    images, labels = digits(dtype=dtype)
+    losses = []
+    for step in range(args.steps):
+        lo = step * args.batch % (len(labels) - args.batch)
+        rows = slice(lo + args.batch * i // n, lo + args.batch * (i + 1) // n)
+        feed = {"label": labels[rows]}
+        if sparse:
+            feed["ids"] = (np.arange(64) * 17 + np.rint(images[rows] * 16)).astype("int64").reshape(-1, 64, 1)
+        else:
+            feed["img"] = images[rows]
+        cost_val = exe.run(program=fluid.default_main_program(), feed=feed,
+                           fetch_list=[avg_cost.name])
+        losses.append(float(np.mean(cost_val[0])))
+        print("worker_index: %d, step%d cost = %f" % (i, step, losses[-1]), flush=True)
+    if args.save is not None and is_first_worker():
+        if args.mode == "local":
+            fluid.io.save_persistables(exe, str(args.save), fluid.default_main_program())
+        else:
+            fleet.save_persistables(exe, args.save)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / ("losses_%d.json" % i)).write_text(json.dumps(losses))
     return 0
 
 

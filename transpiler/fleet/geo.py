@@ -15,11 +15,17 @@ the async transpile's programs, with no pserver protocol of its own:
   With one trainer and `update_frequency=1` this is local training (the pserver's value
   is `y + (x - y)`, `x` up to rounding).
 
-A sparse embedding table (`is_sparse=True`) syncs only the rows its lookups touched since
-the last sync, as Fluid's GEO does: the delta goes as `SelectedRows` (the pserver adds them
-with an `sgd` of learning rate -1), and only those rows take the pservers' merged values.
-A distributed lookup table (`is_distributed=True`) or a learning-rate decay is refused
-(`NotImplementedError`).
+A sparse embedding table (`is_sparse=True`) and a distributed lookup table
+(`is_distributed=True`) sync only the rows the trainer's lookups touched since the last
+sync, as Fluid's GEO does: the delta goes as `SelectedRows` (the pserver adds them with an
+`sgd` of learning rate -1; a distributed table's delta is split by id to its shards as the
+async trainer splits its grad), and only those rows take the pservers' merged values. As
+in Fluid 1.8's `GeoSgdTranspiler` (whose trainer program is the origin program and whose
+lookups do not prefetch), the trainer holds the whole table and looks its rows up locally.
+
+A learning-rate decay runs where Fluid's GEO runs it: in the trainer's own (origin)
+program, each trainer stepping its own schedule; the pservers only add deltas, so their
+lr-decay block is left alone and no trainer sends it its step counter.
 """
 
 from __future__ import annotations
@@ -37,14 +43,18 @@ from transpiler.runtime.session import Session
 
 OLD, LOCAL, DIFF = "@GEO_OLD", "@GEO_LOCAL", "@GEO_DIFF"
 NEG_ONE = "@GEO_NEG_ONE"  # the pservers' learning rate for adding a sparse delta with `sgd`
-RPC_OPS = frozenset({"split_byref", "split_selected_rows", "send", "recv", "concat", "fetch_barrier", "send_barrier"})
+RPC_OPS = frozenset({"split_byref", "split_selected_rows", "split_ids", "send", "recv", "concat", "fetch_barrier",
+                     "send_barrier"})
+SPLIT_OPS = frozenset({"split_byref", "split_selected_rows", "split_ids"})
 
 
 def sparse_tables(program: Program) -> dict[str, list[str]]:
-    """Each `is_sparse` (not distributed) embedding table of `program` → its lookups' id vars."""
+    """Each embedding table of `program` synced by rows (`is_sparse` or `is_distributed`) →
+    its lookups' id vars."""
     out: dict[str, list[str]] = {}
     for op in program.global_block().ops:
-        if op.type in ("lookup_table", "lookup_table_v2") and op.attr("is_sparse", False):
+        if op.type in ("lookup_table", "lookup_table_v2") and (
+                op.attr("is_sparse", False) or op.attr("is_distributed", False)):
             out.setdefault(op.input("W")[0], []).extend(op.input("Ids"))
     return out
 
@@ -59,13 +69,13 @@ def optimize_pairs(program: Program) -> list[tuple[str, str]]:
 
 
 def check_supported(session: Session) -> None:
+    """GEO's trainer looks a distributed table up locally, so it must fit the trainer's
+    memory as it does under Fluid's GEO; refused: a table no lookup reads by rows."""
     plan = session.result.plan.to_json()
-    if plan.get("table"):
-        raise NotImplementedError("GeoStrategy with a distributed lookup table (is_distributed=True) is not "
-                                  "implemented by this runtime; a sparse embedding (is_sparse=True) is")
-    for op in session.main.global_block().ops:
-        if op.has_role(OpRole.LRSched):
-            raise NotImplementedError("GeoStrategy with a learning-rate decay is not implemented by this runtime")
+    table = plan.get("table")
+    if table and table["table"] not in sparse_tables(session.main):
+        raise NotImplementedError(f"GeoStrategy: the distributed table {table['table']} is not read by a "
+                                  "lookup_table op of the trainer program")
 
 
 def pserver_program(main: Program, startup: Program) -> Program:
@@ -74,7 +84,10 @@ def pserver_program(main: Program, startup: Program) -> Program:
     programs and set by `startup`)."""
     block0 = main.global_block()
     (serve,) = [op for op in block0.ops if op.type == "listen_and_serv"]
+    lr_block = int(serve.attr("lr_decay_block_id", -1))
     for block in serve.blocks_attr("optimize_blocks"):
+        if block.idx == lr_block:
+            continue  # the trainers run their own decay (see the module docstring)
         optimizers = [op for op in block.ops if op.input("Param") and op.input("Grad")]
         if len(optimizers) != 1:
             raise NotImplementedError(f"GeoStrategy: pserver optimize block {block.idx} has {len(optimizers)} "
@@ -104,13 +117,20 @@ def _declare(block, name: str, like) -> None:
         block.create_var(name, like.kind, dtype=like.dtype, shape=like.shape, persistable=True)
 
 
-def sync_program(trainer: Program, pairs: list[tuple[str, str]], trainers: int) -> Program:
-    """The async trainer program's RPC ops (split, send, recv, concat), wrapped in the GEO
-    delta computation before and the merge after (see the module docstring)."""
+def sync_program(trainer: Program, pairs: list[tuple[str, str]], trainers: int,
+                 table_grads: tuple[str, ...] = ()) -> Program:
+    """The async trainer program's RPC ops (split, send, recv, concat) for the grads of
+    `pairs` and `table_grads` (not the lr-decay counter's send), wrapped in the GEO delta
+    computation before and the merge after (see the module docstring)."""
     sync = trainer.clone()
     block = sync.global_block()
     rpc = OpRole.RPC | OpRole.Dist
     block.remove_ops([op for op in block.ops if not (op.role & rpc and op.type in RPC_OPS)])
+    sent = {grad for _, grad in pairs} | set(table_grads)  # and what the split ops cut them into
+    for op in block.ops:
+        if op.type in SPLIT_OPS and set(op.input_names) & sent:
+            sent.update(op.output_names)
+    block.remove_ops([op for op in block.ops if op.type == "send" and not set(op.input("X")) <= sent])
     head = block.ops[0] if block.ops else None
     before, after = [], []
     for param, grad in pairs:
@@ -150,6 +170,24 @@ def snapshot_program(trainer: Program, pairs: list[tuple[str, str]]) -> Program:
     return snap
 
 
+def rows_program(trainer: Program, table: str) -> tuple[Program, str, str]:
+    """(program, ids var, rows var): the async trainer's prefetch of the distributed
+    `table` (`split_ids` → `prefetch` → `merge_ids`) alone, so that setting the ids var to
+    some ids and running it gives their rows as the pservers hold them (an unseen row is
+    created there from the table's initializer, as a lookup would)."""
+    program = trainer.clone()
+    block = program.global_block()
+    ops = list(block.ops)
+    prefetch = next((op for op in ops if op.type == "prefetch"), None)
+    if prefetch is None:
+        raise NotImplementedError(f"GeoStrategy: the trainer program has no prefetch of the distributed table {table}")
+    sent = set(prefetch.input("X"))
+    split = next(op for op in ops if op.type == "split_ids" and sent <= set(op.output("Out")))
+    merge = next(op for op in ops if op.type == "merge_ids" and set(prefetch.output("Out")) <= set(op.input("X")))
+    block.remove_ops([op for op in ops if op not in (split, prefetch, merge)])
+    return program, split.input("Ids")[0], merge.output("Out")[0]
+
+
 class GeoWorker:
     """A GEO trainer's programs and its step count: `fleet` hangs `after_startup` on the
     startup program and `after_step` on the main program (`fluid.Executor` calls them)."""
@@ -163,9 +201,13 @@ class GeoWorker:
         pairs = optimize_pairs(session.main)
         self.table_grads = {param: grad for param, grad in pairs if param in self.tables}
         self.pairs = [(param, grad) for param, grad in pairs if param not in self.tables]
-        self.sync = sync_program(session.result.trainer, self.pairs, session.role.trainers)
+        self.sync = sync_program(session.result.trainer, self.pairs, session.role.trainers,
+                                 tuple(self.table_grads.values()))
         self.snapshot = snapshot_program(session.result.trainer, self.pairs)
         self.plan = session.result.plan.to_json()
+        self.distributed = (self.plan.get("table") or {}).get("table")
+        if self.distributed is not None:
+            self.rows = rows_program(session.result.trainer, self.distributed)
         self.old: dict[str, np.ndarray] = {}  # each table's rows at the last sync
         self.touched: dict[str, set[int]] = {table: set() for table in self.tables}
         self.steps = 0
@@ -173,14 +215,29 @@ class GeoWorker:
     def _run(self, program: Program, scope: Any, executor: Executor) -> None:
         executor.run(program, scope=scope, env={"rpc": self.session.client})
 
-    def _pull_tables(self) -> dict[str, np.ndarray]:
-        return pull(self.session.client, self.plan, list(self.tables)) if self.tables else {}
+    def _pull_tables(self, scope: Any, executor: Executor, rows_of: dict[str, np.ndarray] | None = None
+                     ) -> dict[str, np.ndarray]:
+        """Each table's pservers' values: a sparse table whole; the distributed table's rows
+        `rows_of[table]` (all rows when None) through its prefetch (the rest left zero)."""
+        tables = [t for t in self.tables if t != self.distributed]
+        out = pull(self.session.client, self.plan, tables) if tables else {}
+        if self.distributed is not None:
+            program, ids_var, rows_var = self.rows
+            height = scope.find_var(self.distributed).array.shape[0]
+            rows = np.arange(height, dtype=np.int64) if rows_of is None else rows_of[self.distributed]
+            whole = np.zeros_like(scope.find_var(self.distributed).array)
+            if rows.size:
+                scope.set_var(ids_var, LoDTensor(rows.reshape(-1, 1)))
+                self._run(program, scope, executor)
+                whole[rows] = scope.find_var(rows_var).array.reshape(rows.size, -1)
+            out[self.distributed] = whole
+        return out
 
     def after_startup(self, scope: Any, executor: Executor) -> None:
         """Take the pservers' initial params (the async trainer startup; the tables whole),
         then snapshot them."""
         self._run(self.session.result.trainer_startup, scope, executor)
-        for table, value in self._pull_tables().items():
+        for table, value in self._pull_tables(scope, executor).items():
             scope.set_var(table, LoDTensor(np.array(value)))
             self.old[table] = np.array(value)
         self._run(self.snapshot, scope, executor)
@@ -203,7 +260,7 @@ class GeoWorker:
             scope.set_var(grad, SelectedRows(rows, delta.astype(local.dtype), local.shape[0]))
             rows_of[table] = rows
         self._run(self.sync, scope, executor)
-        for table, merged in self._pull_tables().items():
+        for table, merged in self._pull_tables(scope, executor, rows_of).items():
             rows, old = rows_of[table], self.old[table]
             local = np.array(scope.find_var(table).array)
             local[rows] += merged[rows] - old[rows]
