@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from e2e_support import EXAMPLES, launch_ok, launch_script
+from e2e_support import EXAMPLES, launch_ok, launch_script, run_script_locally
 
 from ops.rpc.tensor_file import read_tensor
 from transpiler.config import DistributeTranspilerConfig
@@ -240,27 +240,40 @@ def test_half_async_applies_each_trainers_grad_and_converges(tmp_path):
         assert np.mean(worker[-3:]) < 0.85 * np.mean(worker[:3]), worker
 
 
-def test_geo_refuses_a_distributed_table_clearly():
-    import transpiler.fluid as fluid
+@pytest.mark.parametrize("variant", ["--distributed", "--decay"])
+def test_geo_with_a_distributed_table_or_lr_decay_equals_local_training_float64(tmp_path, variant):
+    """GEO with one trainer syncing every step, float64: a distributed lookup table (the
+    trainer holds it whole, its rows prefetched from the pservers once; the touched rows'
+    deltas go to their shards) or an lr decay (each trainer runs its own schedule, as
+    Fluid's GeoSgdTranspiler leaves it in the trainer program) ends with exactly the params
+    and losses of local training from the same initial values."""
+    geo, local = tmp_path / "geo", tmp_path / "local"
+    launch_script(geo, (SCRIPT, "--mode", "geo", "--geo-every", "1", variant, "--float64", "--steps", "7",
+                        "--save-init", str(geo / "init"), "--save", str(geo / "model"), "--out", str(geo / "out")),
+                  pservers=2, trainers=1)
+    run_script_locally((SCRIPT, "--mode", "local", variant, "--float64", "--steps", "7", "--init", str(geo / "init"),
+                        "--save", str(local / "model"), "--out", str(local / "out")))
+    start, ours, reference = saved(geo / "init"), saved(geo / "model"), saved(local / "model")
+    params = ["fc_0.b_0", "fc_0.w_0", "fc_1.b_0", "fc_1.w_0"] + (["embedding_0.w_0"] if variant == "--distributed" else [])
+    assert set(params) <= set(ours) and set(params) <= set(reference)
+    for name in params:
+        assert ours[name].dtype == np.float64, name
+        np.testing.assert_array_equal(ours[name], reference[name], err_msg=name)
+        assert not np.array_equal(ours[name], start[name]), name  # it trained
+    if variant == "--decay":
+        assert int(ours["@LR_DECAY_COUNTER@"].reshape(-1)[0]) == int(reference["@LR_DECAY_COUNTER@"].reshape(-1)[0]) > 5
+    else:  # the table's rows came from the pservers (their lazily grown shards), not the trainer's own init
+        assert np.abs(start["embedding_0.w_0"]).max() > 0
+    np.testing.assert_array_equal(json.loads((geo / "out" / "losses_0.json").read_text()),
+                                  json.loads((local / "out" / "losses_0.json").read_text()))
 
-    fleet = Fleet()
-    fleet.init(role_maker.UserDefinedRoleMaker(current_id=0, role=role_maker.Role.WORKER, worker_num=1,
-                                               server_endpoints=EPS))
-    main, startup = fluid.Program(), fluid.Program()
-    with fluid.unique_name.guard(), fluid.program_guard(main, startup):
-        ids = fluid.layers.data(name="ids", shape=[1], dtype="int64")
-        emb = fluid.layers.embedding(input=ids, size=[100, 8], is_sparse=True)
-        loss = fluid.layers.mean(fluid.layers.fc(input=emb, size=1))
-        opt = fleet.distributed_optimizer(fluid.optimizer.SGD(learning_rate=0.1), StrategyFactory.create_geo_strategy(2))
-        opt.minimize(loss)  # a sparse table is supported; a distributed one is not
-    main, startup = fluid.Program(), fluid.Program()
-    with fluid.unique_name.guard(), fluid.program_guard(main, startup):
-        ids = fluid.layers.data(name="ids", shape=[1], dtype="int64")
-        emb = fluid.layers.embedding(input=ids, size=[100, 8], is_sparse=True, is_distributed=True)
-        loss = fluid.layers.mean(fluid.layers.fc(input=emb, size=1))
-        opt = fleet.distributed_optimizer(fluid.optimizer.SGD(learning_rate=0.1), StrategyFactory.create_geo_strategy(2))
-        with pytest.raises(NotImplementedError, match="GeoStrategy with a distributed lookup table"):
-            opt.minimize(loss)
+
+def test_geo_with_a_distributed_table_and_lr_decay_converges_with_two_trainers(tmp_path):
+    out = tmp_path / "out"
+    launch_script(tmp_path, (SCRIPT, "--mode", "geo", "--geo-every", "5", "--distributed", "--decay", "--lr", "1.0",
+                             "--steps", "30", "--out", str(out)), pservers=2, trainers=2)
+    for worker in losses(out):
+        assert np.mean(worker[-5:]) < 0.7 * np.mean(worker[:5]), worker
 
 
 @pytest.mark.parametrize("case", ["mlp_adam_2ps", "fluid18_basic_sgd_2ps", "bert_adam_2ps_noslice_sync"])
