@@ -308,3 +308,55 @@ def test_half_async_and_geo_rewrite_paddle_built_pserver_programs(case):
             assert [op.type for op in block.ops] in (["elementwise_add"], ["sgd"])
         verify(main_geo)
         verify(startup_geo)
+
+
+@pytest.mark.parametrize("case", ["fluid18_lr_exp_decay_2ps", "fluid18_ctr_dist_sgd_2ps", "ctr_v1_dist_sgd_2ps"])
+def test_geo_programs_for_lr_decay_and_a_distributed_table_on_paddle_built_programs(case):
+    """GEO on Paddle-built programs with an lr decay or a distributed table: the pservers'
+    lr-decay block stays as it is (the trainers run their own schedule) and every param
+    block adds the delta; the trainer's sync program sends the params' deltas and no
+    lr-decay counter; a distributed table's rows come through its prefetch alone."""
+    from conftest import PADDLE_PROGRAMS
+    from transpiler.api import transpile
+    from transpiler.fleet import geo
+    from transpiler.ir import Program
+    from transpiler.ir.verifier import verify
+
+    folder = PADDLE_PROGRAMS / case
+    main, startup = Program.load(folder / "main.pb"), Program.load(folder / "startup.pb")
+    result = transpile(main, startup, pservers=EPS, trainers=2, trainer_id=0, sync_mode=False)
+    lr_blocks = 0
+    for endpoint in EPS:
+        program, start = (p.clone() for p in result.pservers[endpoint])
+        before = {b.idx: [op.type for op in b.ops] for b in program.blocks}
+        geo.pserver_program(program, start)
+        (serve,) = [op for op in program.global_block().ops if op.type == "listen_and_serv"]
+        lr = int(serve.attr("lr_decay_block_id", -1))
+        for block in serve.blocks_attr("optimize_blocks"):
+            if block.idx == lr:
+                lr_blocks += 1
+                assert [op.type for op in block.ops] == before[lr]
+            else:
+                assert [op.type for op in block.ops] in (["elementwise_add"], ["sgd"])
+        verify(program)
+        verify(start)
+    assert lr_blocks == (2 if "decay" in case else 0)
+    tables = geo.sparse_tables(main)
+    pairs = geo.optimize_pairs(main)
+    table_grads = tuple(grad for param, grad in pairs if param in tables)
+    dense = [(param, grad) for param, grad in pairs if param not in tables]
+    sync = geo.sync_program(result.trainer, dense, 2, table_grads)
+    sent = [name for op in sync.global_block().ops if op.type == "send" for name in op.input("X")]
+    assert sent and not any("LR_DECAY_COUNTER" in name for name in sent), sent
+    counters = [n for op in result.trainer.global_block().ops if op.type == "send" for n in op.input("X")
+                if "LR_DECAY_COUNTER" in n]
+    assert bool(counters) == ("decay" in case)  # the async trainer sends it; GEO's does not
+    verify(sync)
+    table = (result.plan.to_json().get("table") or {}).get("table")
+    assert (table is not None) == ("dist" in case)
+    if table is not None:
+        assert table in tables and table_grads
+        rows, ids, out = geo.rows_program(result.trainer, table)
+        assert [op.type for op in rows.global_block().ops] == ["split_ids", "prefetch", "merge_ids"]
+        assert ids in rows.global_block().ops[0].input("Ids") and out == rows.global_block().ops[-1].output("Out")[0]
+        assert any(op.type == "split_ids" for op in sync.global_block().ops)  # the delta goes to the shards by id
