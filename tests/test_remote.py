@@ -208,3 +208,63 @@ def test_ray_backend_equals_local_with_job_desc_resources(tmp_path):
     check_equal(losses, final, local_losses, local_final)
     trainer, pserver = {"CPU": 0.5, "memory": 50.0 * 2**20}, {"CPU": 0.25}
     assert sorted(seen["bundles"], key=str) == sorted([pserver] * 2 + [trainer] * 2, key=str)
+
+
+@pytest.mark.parametrize("victim", ["trainer 1", "pserver"])
+def test_a_killed_process_restarts_from_a_checkpoint_and_ends_as_an_uninterrupted_run(tmp_path, victim):
+    """`max_restarts` as `launch` has it: a process killed (SIGKILL) after step 3 of 6, with a
+    checkpoint every 2 steps: `launch` restarts every process from ckpt-2, the driver resends
+    step 3's batch and retries step 4, and the loop ends with the losses and params (float64,
+    element by element) of local training on the same global batches."""
+    main, startup = programs()
+    steps, losses = 6, []
+    with RemoteExecutor(JobDesc("restart", 2, 2), startup_program=startup, log_dir=tmp_path / "logs", env=ONE_THREAD,
+                        checkpoint_dir=tmp_path / "ckpt", checkpoint_every=2, max_restarts=1) as exe:
+        exe.start(main)
+        init = exe.pull()
+        for step in range(steps):
+            if step == 3:
+                (pid,) = [pid for who, pid in exe.pids.items() if who.startswith(victim)][:1]
+                os.kill(pid, signal.SIGKILL)
+            losses.append(float(exe.run(main, feed=batch(step), fetch_list=[LOSS])[0].reshape(-1)[0]))
+        assert exe.steps == steps and len(exe.restarts) == 1, exe.restarts
+        final = exe.pull()
+        result = exe.close()
+    assert result.ok and len(result.restarts) == 1 and "SIGKILL" in result.restarts[0], result.summary()
+    assert "restart 1 of 1, from checkpoint ckpt-2" in (tmp_path / "logs" / "launch.txt").read_text()
+    scope, local = Scope(), Executor(seed=0)
+    local.run(startup, scope=scope)
+    for name, value in init.items():
+        scope.set_var(name, LoDTensor(np.array(value)))
+    expected = [float(local.run(main, feed=batch(s), fetch_list=[LOSS], scope=scope)[0].reshape(-1)[0])
+                for s in range(steps)]
+    np.testing.assert_allclose(losses, expected, rtol=RTOL, atol=ATOL)
+    for name in init:
+        np.testing.assert_allclose(final[name], scope.find_var(name).array, rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+def test_restart_options_are_checked(tmp_path):
+    with pytest.raises(PsTranspilerError, match="max_restarts resumes from a checkpoint"):
+        RemoteExecutor(JobDesc(), max_restarts=1, log_dir=tmp_path)
+    with pytest.raises(PsTranspilerError, match="max_restarts resumes from a checkpoint"):
+        RemoteExecutor(JobDesc(), max_restarts=1, checkpoint_dir=tmp_path / "c", log_dir=tmp_path)
+    with pytest.raises(PsTranspilerError, match="max_restarts must be an integer >= 0"):
+        RemoteExecutor(JobDesc(), max_restarts=-1, log_dir=tmp_path)
+
+
+def test_a_step_that_fails_again_after_its_restart_ends_the_job(tmp_path):
+    """A step that raises is restarted like a lost process (launch cannot tell them
+    apart); raising again with no restart left fails the call and `launch` restarts no more."""
+    main, startup = programs()
+    exe = RemoteExecutor(JobDesc("bad", 2, 1), startup_program=startup, log_dir=tmp_path / "logs", env=ONE_THREAD,
+                         checkpoint_dir=tmp_path / "ckpt", checkpoint_every=1, max_restarts=1)
+    try:
+        exe.run(main, feed=batch(0))
+        bad = {"x": np.zeros((8, 999)), "y": np.zeros((8, 1))}
+        with pytest.raises(RemoteJobError, match=r"step 2: trainer \d raised \w+Error: .*"):
+            exe.run(main, feed=bad, fetch_list=[LOSS])
+        assert len(exe.restarts) == 1 and "raised" in exe.restarts[0]
+    finally:
+        result = exe.close()
+    assert result is not None and not result.ok and len(result.restarts) == 1
+    assert not (tmp_path / "logs" / "restart-2").exists()

@@ -21,6 +21,16 @@ whole batch), or with `feed=None` each trainer calls `reader(trainer_id, trainer
 the trainers (the mean loss of the global batch, when the shares are equal), or
 per trainer with `per_trainer=True`. A process that dies, or a step that raises, fails
 the call with `RemoteJobError` naming the process; the job is then stopped.
+
+Checkpoints and restarts as `launch` has them: `checkpoint_dir` + `checkpoint_every` N
+(trainer 0 asks the pservers for a checkpoint every N steps), `keep_checkpoints`,
+`restore` (a checkpoint dir: the job starts from its newest complete checkpoint and
+`steps` is that checkpoint's), `init` (Fluid LoDTensor files) and `max_restarts` K: a
+failed job (a process lost, a step raising) is restarted by `launch`, every process, from
+the newest complete checkpoint, up to K times; the driver then resends the global batches
+of the steps after that checkpoint (it keeps those of the last two checkpoint periods; a
+reader is simply called again with those step numbers) and retries the failed call, so
+the loop goes on as if nothing happened (`restarts` lists the failures).
 """
 
 from __future__ import annotations
@@ -54,6 +64,11 @@ POLL = 0.2  # seconds between looks at the job while waiting for the trainers
 
 class RemoteJobError(PsTranspilerError):
     """The job failed: a process died or a step raised (the message names it)."""
+
+
+class _Lost(Exception):
+    """A trainer's answer did not come (its process or another died, or a step raised)
+    while `launch` may still restart the job."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +136,8 @@ def _is_startup(program: Program) -> bool:
 class RemoteExecutor:
     """See the module docstring. `transpile_options` (e.g. `sync_mode`, `config`,
     `split_method`, `min_block_size`, `seed`) go to every process's `Session`;
-    `checkpoint_dir`/`checkpoint_every`/`restore`/`init` as `Session` and `launch` take them."""
+    `checkpoint_dir`/`checkpoint_every`/`keep_checkpoints`/`restore`/`init`/`max_restarts`
+    as `Session` and `launch` take them."""
 
     def __init__(
         self,
@@ -139,6 +155,7 @@ class RemoteExecutor:
         checkpoint_every: int = 0,
         restore: str | Path | None = None,
         init: str | Path | None = None,
+        max_restarts: int = 0,
         env: Mapping[str, str] | None = None,
         **transpile_options: Any,
     ) -> None:
@@ -160,6 +177,15 @@ class RemoteExecutor:
         self.driver_host, self.rpc_timeout = driver_host, float(rpc_timeout)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.checkpoint_every = int(checkpoint_every)
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+            raise PsTranspilerError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
+        if max_restarts and (self.checkpoint_dir is None or self.checkpoint_every < 1):
+            raise PsTranspilerError("max_restarts resumes from a checkpoint: give checkpoint_dir and "
+                                    "checkpoint_every (the driver resends the batches since the last one)")
+        self.max_restarts = max_restarts
+        self.restarts: list[str] = []  # why each restart happened
+        self._history: list[tuple[int, list[Any], list[str]]] = []  # (step, shares, fetches) to resend
+        self._job: bytes | None = None
         self.restore, self.init = restore, init
         self.env = dict(env or {})
         self.transpile_options = transpile_options
@@ -194,8 +220,13 @@ class RemoteExecutor:
             trainers=self.trainers, sync_mode=self.sync_mode, log_dir=self.log_dir, rpc_timeout=self.rpc_timeout,
             env=env, status_every=3600.0, exit_grace=30.0, backend=self.backend, address=self.address,
             cpus_per_process=float(self.job_desc.cpu_per_trainer), checkpoint_dir=self.checkpoint_dir,
-            checkpoint_every=self.checkpoint_every, resources=resources,
+            checkpoint_every=self.checkpoint_every, resources=resources, max_restarts=self.max_restarts,
+            restart_while=self._wants_restart,
         )
+
+    def _wants_restart(self) -> bool:
+        """`launch` asks before each restart: not once this driver gave up or closed."""
+        return self._failed is None and not self._closed
 
     def start(self, program: Program) -> None:
         """Transpile `program` (with the startup program) and start the job; the first
@@ -219,6 +250,7 @@ class RemoteExecutor:
         self.program = program
         self._thread = threading.Thread(target=self._launch, args=(config,), name="remote-job", daemon=True)
         self._thread.start()
+        self._job = job
         self._accept(job)
         self.steps = self._ask_all({0: ("steps",)}, "report its step")[0]  # restored: the checkpoint's
 
@@ -239,7 +271,7 @@ class RemoteExecutor:
             return self._result.failure or "the job failed"
         return "the job ended"
 
-    def _accept(self, job: bytes) -> None:
+    def _accept(self, job: bytes, restartable: bool = False) -> None:
         """Take every process's connection: give each the job; keep the trainers'."""
         accepted: list[Any] = []
         done = threading.Event()
@@ -279,14 +311,14 @@ class RemoteExecutor:
             time.sleep(0.05)
         done.set()
         for trainer in sorted(self._trainers):
-            self._reply(trainer, "start the job")
+            self._reply(trainer, "start the job", restartable)
 
     def _fail(self, message: str) -> None:
         self._failed = message
         self._stop()
         raise RemoteJobError(message)
 
-    def _reply(self, trainer: int, what: str) -> Any:
+    def _reply(self, trainer: int, what: str, restartable: bool = False) -> Any:
         """Trainer `trainer`'s answer; a dead process or a raised step is `RemoteJobError`."""
         conn = self._trainers[trainer]
         while True:
@@ -301,14 +333,61 @@ class RemoteExecutor:
             if failure is not None:
                 self._fail(f"{what}: the job failed: {failure}")
         if answer is None:
+            if restartable and self._can_restart():
+                raise _Lost(f"{what}: trainer {trainer} lost its connection")
             if self._thread is not None:
                 self._thread.join(timeout=15.0)  # let launch name the process that died
             self._fail(f"{what}: the job failed: {self._job_failure() or f'trainer {trainer} lost its connection'}")
         if answer[0] == "error":
+            if restartable and self._can_restart():
+                raise _Lost(f"{what}: trainer {trainer} raised {answer[1]}")
             self._fail(f"{what}: trainer {trainer} raised {answer[1]}")
         return answer[1]
 
-    def _ask_all(self, messages: Mapping[int, tuple], what: str) -> dict[int, Any]:
+    def _can_restart(self) -> bool:
+        return len(self.restarts) < self.max_restarts and self._failed is None and (
+            self._thread is not None and self._thread.is_alive())
+
+    def _recover(self, lost: _Lost) -> None:
+        """`launch` restarts the job from its newest complete checkpoint: take the new
+        processes' connections, then resend the steps after that checkpoint."""
+        self.restarts.append(str(lost))
+        for conn in self._trainers.values():
+            try:
+                conn.close()
+            except OSError:
+                pass
+        self._trainers, self.pids = {}, {}
+        self._accept(self._job, restartable=True)
+        restored = self._ask_all({0: ("steps",)}, "report its step after the restart", True)[0]
+        replay = [entry for entry in self._history if restored < entry[0] <= self.steps]
+        if restored > self.steps or len(replay) != self.steps - restored:
+            self._fail(f"restart {len(self.restarts)}: the job restored step {restored}, but this driver keeps the "
+                       f"batches of steps {self._history[0][0] if self._history else self.steps + 1}..{self.steps} "
+                       "only; it cannot go on")
+        for step, shares, fetches in replay:
+            self._ask_all({i: ("run", shares[i], fetches) for i in range(self.trainers)}, f"resend step {step}", True)
+
+    def _step(self, shares: list[Any], fetches: list[str]) -> dict[int, Any]:
+        """One step on every trainer; after a restart (`max_restarts`), the resent steps, then this."""
+        step, lost = self.steps + 1, None
+        while True:
+            try:
+                if lost is not None:
+                    self._recover(lost)
+                values = self._ask_all({i: ("run", shares[i], fetches) for i in range(self.trainers)},
+                                       f"step {step}", restartable=True)
+                break
+            except _Lost as again:
+                lost = again
+        if self.max_restarts:  # the batches since the checkpoint before the newest one
+            self._history.append((step, shares, fetches))
+            every = self.checkpoint_every
+            oldest = (step // every) * every - every
+            self._history = [entry for entry in self._history if entry[0] > oldest]
+        return values
+
+    def _ask_all(self, messages: Mapping[int, tuple], what: str, restartable: bool = False) -> dict[int, Any]:
         if self._failed is not None:
             raise RemoteJobError(f"the job failed earlier: {self._failed}")
         for trainer in sorted(messages):
@@ -316,7 +395,7 @@ class RemoteExecutor:
                 self._trainers[trainer].send(messages[trainer])
             except (OSError, EOFError):
                 pass  # the reply wait reports it
-        return {trainer: self._reply(trainer, what) for trainer in sorted(messages)}
+        return {trainer: self._reply(trainer, what, restartable) for trainer in sorted(messages)}
 
     # ------------------------------------------------------------ running
     def shard(self, feed: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -362,8 +441,7 @@ class RemoteExecutor:
             fetch_list = [fetch_list]
         fetches = [_name(item) for item in (fetch_list or ())]
         shares = self.shard(feed) if feed is not None else [None] * self.trainers
-        values = self._ask_all({i: ("run", shares[i], fetches) for i in range(self.trainers)},
-                               f"step {self.steps + 1}")
+        values = self._step(shares, fetches)
         self.steps += 1
         per = [values[i] for i in range(self.trainers)]
         if per_trainer:

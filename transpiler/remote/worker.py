@@ -55,7 +55,7 @@ def _serve_commands(conn, session, role, reader) -> None:
 
 def main() -> int:
     from transpiler.ir import Program
-    from transpiler.runtime.role import Role
+    from transpiler.runtime.role import RESTORE_ENV, Role
     from transpiler.runtime.session import Session
 
     role = Role.from_env()
@@ -66,7 +66,11 @@ def main() -> int:
     conn.send(("hello", *who, os.getpid()))
     job: dict[str, Any] = pickle.loads(conn.recv_bytes())
     main_program, startup = Program.from_bytes(job["main"]), Program.from_bytes(job["startup"])
-    session = Session(main_program, startup, role=role, **job["session"])
+    options = dict(job["session"])
+    if os.environ.get(RESTORE_ENV):  # `launch` restarted the job: from its newest checkpoint, not the first start's
+        options.pop("restore", None)
+        options.pop("init", None)
+    session = Session(main_program, startup, role=role, **options)
     if role.is_pserver:
         conn.close()
         session.serve()

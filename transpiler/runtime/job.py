@@ -145,6 +145,9 @@ class LaunchConfig:
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 0
     max_restarts: int = 0
+    # Asked before each restart (None: always restart): False ends the job instead, e.g. a
+    # `RemoteExecutor` whose driver gave up on it.
+    restart_while: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
     # Where the processes run: `local`, or `ray` (`transpiler.runtime.ray`): a Ray cluster at
     # `address` (None: a local, loopback-only Ray instance), one placement-group bundle of
     # `cpus_per_process` CPUs per process, bundles spread over nodes or packed.
@@ -299,7 +302,8 @@ def _run_attempts(config: LaunchConfig, make_backend: Callable[[], Backend], out
                                   f"(not restarting again): {result.failure}")
                 _report(result, out)
                 return result
-        if result.ok or result.interrupted or len(restarts) >= config.max_restarts or result.failure is None:
+        if result.ok or result.interrupted or len(restarts) >= config.max_restarts or result.failure is None or (
+                config.restart_while is not None and not config.restart_while()):
             _report(result, out)
             return result
         restarts.append(result.failure)
