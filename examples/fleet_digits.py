@@ -46,13 +46,20 @@ import transpiler.fluid as fluid  # noqa: E402
 from transpiler.fleet import StrategyFactory, fleet, role_maker  # noqa: E402
 
 
-def digits(seed: int = 0, dtype: str = "float32"):
-    from sklearn.datasets import load_digits
+def digits(seed: int = 0, dtype: str = "float32", data: Path | None = None):
+    """The digits, shuffled: from scikit-learn, or from `data` (an .npz of its `data` and
+    `target`, for an interpreter without scikit-learn)."""
+    if data is not None:
+        with np.load(str(data)) as saved:
+            pixels, target = saved["data"], saved["target"]
+    else:
+        from sklearn.datasets import load_digits
 
-    data = load_digits()
-    order = np.random.default_rng(seed).permutation(len(data.target))
-    images = (data.data[order] / 16.0).astype(dtype)
-    labels = data.target[order].astype("int64").reshape(-1, 1)
+        loaded = load_digits()
+        pixels, target = loaded.data, loaded.target
+    order = np.random.default_rng(seed).permutation(len(target))
+    images = (pixels[order] / 16.0).astype(dtype)
+    labels = target[order].astype("int64").reshape(-1, 1)
     return images, labels
 
 
@@ -97,6 +104,7 @@ def main(argv=None) -> int:
                         help="the pixels through a distributed lookup table (is_distributed=True)")
     parser.add_argument("--decay", action="store_true", help="exponential lr decay (x0.8 every 5 steps, staircase)")
     parser.add_argument("--float64", action="store_true", help="the net in float64")
+    parser.add_argument("--data", type=Path, help="the digits as an .npz (data, target) instead of scikit-learn's")
     parser.add_argument("--geo-every", type=int, default=5, help="GEO-SGD's update_frequency (--mode geo)")
     parser.add_argument("--role-maker", choices=("user", "cloud"), default="user")
     parser.add_argument("--steps", type=int, default=30)
@@ -153,7 +161,7 @@ def save(args, exe, folder, is_first_worker) -> None:
 
 
 def train(args, exe, avg_cost, sparse, dtype, i, n, is_first_worker) -> int:
-    images, labels = digits(dtype=dtype)
+    images, labels = digits(dtype=dtype, data=args.data)
     save(args, exe, args.save_init, is_first_worker)
     losses = []
     for step in range(args.steps):

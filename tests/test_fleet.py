@@ -360,3 +360,54 @@ def test_geo_programs_for_lr_decay_and_a_distributed_table_on_paddle_built_progr
         assert [op.type for op in rows.global_block().ops] == ["split_ids", "prefetch", "merge_ids"]
         assert ids in rows.global_block().ops[0].input("Ids") and out == rows.global_block().ops[-1].output("Out")[0]
         assert any(op.type == "split_ids" for op in sync.global_block().ops)  # the delta goes to the shards by id
+
+
+PADDLE_IMPORTS = ("import paddle.fluid as fluid  # noqa: E402\n"
+                  "from paddle.fluid.incubate.fleet.parameter_server.distribute_transpiler import fleet, "
+                  "StrategyFactory  # noqa: E402\n"
+                  "from paddle.fluid.incubate.fleet.base import role_maker  # noqa: E402\n")
+OUR_IMPORTS = ("import transpiler.fluid as fluid  # noqa: E402\n"
+               "from transpiler.fleet import StrategyFactory, fleet, role_maker  # noqa: E402\n")
+
+
+def test_the_seed_script_is_a_fluid_script_paddle_1_8_5_and_ours_give_the_same_losses(tmp_path):
+    """examples/fleet_digits.py with Paddle's import lines instead of ours runs under real
+    Fluid 1.8.5 (`launch` gives it Paddle's variables), sync, 1 pserver x 2 trainers, from
+    the params our job started from (`fleet.init_server(model_dir)` reads the Fluid files our
+    `fleet.save_persistables` wrote); each worker's losses equal ours, step by step, up to
+    float32 rounding (measured: 1.3e-7 relative). Skips without the Fluid 1.8.5 venv."""
+    import sys
+
+    sys.path.insert(0, str(EXAMPLES.parent / "tools"))
+    import paddle_env
+    from sklearn.datasets import load_digits
+
+    from transpiler.runtime.job import LaunchConfig
+    from transpiler.runtime.launch import launch
+
+    python = paddle_env.installed("1.8.5")
+    if python is None:
+        pytest.skip("no Fluid 1.8.5 venv (python tools/paddle_env.py 1.8.5 makes it)")
+    source = (EXAMPLES / "fleet_digits.py").read_text()
+    assert source.count(OUR_IMPORTS) == 1
+    script = tmp_path / "fleet_digits_paddle.py"
+    script.write_text(source.replace(OUR_IMPORTS, PADDLE_IMPORTS))  # only the import lines differ
+    digits = load_digits()
+    np.savez(tmp_path / "digits.npz", data=digits.data, target=digits.target)  # no scikit-learn in that venv
+    init = tmp_path / "ours" / "init"
+    launch_script(tmp_path / "ours", (SCRIPT, "--mode", "sync", "--steps", "8", "--save-init", str(init), "--out",
+                                      str(tmp_path / "ours" / "out")), pservers=1)
+    command = (str(python), str(script), "--mode", "sync", "--steps", "8", "--data", str(tmp_path / "digits.npz"),
+               "--init", str(init), "--out", str(tmp_path / "paddle" / "out"))
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CPU_NUM": "1", "PYTHONPATH": ""}
+    with open(tmp_path / "paddle.txt", "w") as out:
+        result = launch(LaunchConfig(command=command, pservers=1, trainers=2, log_dir=tmp_path / "paddle" / "logs",
+                                     env=env, exit_grace=3.0, status_every=60.0), out=out)
+    trainers = [p for p in result.processes if p.role == "trainer"]
+    # Fluid 1.8.5's sync pservers do not always exit after the workers stopped: launch stops them
+    assert len(trainers) == 2 and all(p.returncode == 0 for p in trainers), (tmp_path / "paddle.txt").read_text()
+    ours, paddle = losses(tmp_path / "ours" / "out"), losses(tmp_path / "paddle" / "out")
+    for mine, theirs in zip(ours, paddle):
+        assert len(mine) == len(theirs) == 8
+        np.testing.assert_allclose(mine, theirs, rtol=2e-6)
+    assert ours[0] != ours[1]
