@@ -19,7 +19,8 @@ contiguous share. The role comes from Paddle's variables (`TRAINING_ROLE`,
 seed does (`--role-maker user`) or read by `PaddleCloudRoleMaker` (`--role-maker cloud`).
 Each worker prints `worker_index: I, stepS cost = C` and, with `--out DIR`, writes its
 losses to `DIR/losses_<I>.json`; with `--save DIR` the first worker saves the trained
-persistables (Fluid's LoDTensor files) there (`--save-init DIR`: those it starts from).
+persistables (Fluid's LoDTensor files) there (`--save-init DIR`: those it starts from;
+`--save-inference DIR`: the inference model, `__model__` and its params).
 `--sparse` / `--distributed` read the pixels through an `is_sparse` / `is_distributed`
 embedding table, `--decay` decays the learning rate, `--float64` builds the net in float64.
 `--mode local` trains the same net on the same batches in this process without fleet
@@ -75,7 +76,7 @@ def net(sparse=False, distributed=False, dtype="float32"):
         hidden = fluid.layers.fc(input=img, size=64, act="relu")
     predict = fluid.layers.fc(input=hidden, size=10, act="softmax")
     cost = fluid.layers.cross_entropy(input=predict, label=label)
-    return fluid.layers.mean(cost)
+    return fluid.layers.mean(cost), predict
 
 
 def make_role(kind: str):
@@ -115,11 +116,12 @@ def main(argv=None) -> int:
     parser.add_argument("--init", type=Path, help="a folder of persistables the servers (--mode local: the "
                         "trainer) start from")
     parser.add_argument("--save-init", type=Path, help="the first worker saves the persistables it starts from here")
+    parser.add_argument("--save-inference", type=Path, help="the first worker saves the inference model here")
     args = parser.parse_args(argv)
 
     dtype = "float64" if args.float64 else "float32"
     sparse = args.sparse or args.distributed
-    avg_cost = net(args.sparse, args.distributed, dtype)
+    avg_cost, predict = net(args.sparse, args.distributed, dtype)
     learning_rate = args.lr
     if args.decay:
         learning_rate = fluid.layers.exponential_decay(args.lr, decay_steps=5, decay_rate=0.8, staircase=True)
@@ -130,7 +132,7 @@ def main(argv=None) -> int:
         exe.run(fluid.default_startup_program())
         if args.init is not None:
             fluid.io.load_persistables(exe, str(args.init), fluid.default_main_program())
-        return train(args, exe, avg_cost, sparse, dtype, 0, 1, lambda: True)
+        return train(args, exe, avg_cost, predict, sparse, dtype, 0, 1, lambda: True)
 
     role = make_role(args.role_maker)
     fleet.init(role)
@@ -147,7 +149,8 @@ def main(argv=None) -> int:
         fleet.init_worker()
         exe = fluid.Executor(fluid.CPUPlace())
         exe.run(fluid.default_startup_program())
-        train(args, exe, avg_cost, sparse, dtype, fleet.worker_index(), fleet.worker_num(), fleet.is_first_worker)
+        train(args, exe, avg_cost, predict, sparse, dtype, fleet.worker_index(), fleet.worker_num(),
+              fleet.is_first_worker)
         fleet.stop_worker()
     return 0
 
@@ -160,7 +163,7 @@ def save(args, exe, folder, is_first_worker) -> None:
             fleet.save_persistables(exe, folder)
 
 
-def train(args, exe, avg_cost, sparse, dtype, i, n, is_first_worker) -> int:
+def train(args, exe, avg_cost, predict, sparse, dtype, i, n, is_first_worker) -> int:
     images, labels = digits(dtype=dtype, data=args.data)
     save(args, exe, args.save_init, is_first_worker)
     losses = []
@@ -177,6 +180,12 @@ def train(args, exe, avg_cost, sparse, dtype, i, n, is_first_worker) -> int:
         losses.append(float(np.mean(cost_val[0])))
         print("worker_index: %d, step%d cost = %f" % (i, step, losses[-1]), flush=True)
     save(args, exe, args.save, is_first_worker)
+    if args.save_inference is not None and is_first_worker():
+        feeds = ["ids"] if sparse else ["img"]
+        if args.mode == "local":
+            fluid.io.save_inference_model(str(args.save_inference), feeds, [predict], exe)
+        else:
+            fleet.save_inference_model(exe, str(args.save_inference), feeds, [predict])
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / ("losses_%d.json" % i)).write_text(json.dumps(losses))

@@ -27,6 +27,7 @@ from transpiler.fleet import (
 )
 from transpiler.fleet.strategy import DistributedMode, geo_update_frequency, strategy_for, training_options
 from transpiler.frontend import optimizer
+from transpiler.ir import Program
 
 EPS = ["127.0.0.1:6170", "127.0.0.1:6171"]
 
@@ -154,14 +155,22 @@ def losses(out):
 
 def test_the_seed_script_trains_sync_saves_and_warm_starts(tmp_path):
     out, model = tmp_path / "out", tmp_path / "model"
-    launch_script(tmp_path / "a", (SCRIPT, "--mode", "sync", "--steps", "12", "--out", str(out), "--save", str(model)),
-                  pservers=2, trainers=2)
+    launch_script(tmp_path / "a", (SCRIPT, "--mode", "sync", "--steps", "12", "--out", str(out), "--save", str(model),
+                                   "--save-inference", str(tmp_path / "inference")), pservers=2, trainers=2)
     first, second = losses(out)
     assert len(first) == len(second) == 12 and first != second  # each worker's own share
     assert np.mean(first[-3:] + second[-3:]) < np.mean(first[:3] + second[:3])
     saved = {p.name: read_tensor(p) for p in model.iterdir()}
     assert sorted(saved) == ["fc_0.b_0", "fc_0.w_0", "fc_1.b_0", "fc_1.w_0"]
     assert saved["fc_0.w_0"].shape == (64, 64) and saved["fc_1.w_0"].shape == (64, 10)
+    # fleet.save_inference_model: the net pruned to the prediction, with the params gathered from the pservers
+    inference = tmp_path / "inference"
+    assert sorted(p.name for p in inference.iterdir()) == ["__model__", *sorted(saved)]
+    for name, value in saved.items():
+        np.testing.assert_array_equal(read_tensor(inference / name), value)
+    program = Program.from_bytes((inference / "__model__").read_bytes())
+    assert [op.type for op in program.global_block().ops] == ["feed", "mul", "elementwise_add", "relu", "mul",
+                                                              "elementwise_add", "softmax", "fetch"]
     # the servers start from those files (init_server(model_dir)); 0 steps: the workers save what they received
     again = tmp_path / "again"
     launch_script(tmp_path / "b", (SCRIPT, "--mode", "sync", "--steps", "0", "--init", str(model), "--save",
