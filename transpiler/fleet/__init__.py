@@ -26,8 +26,8 @@ transpiled programs (a worker's trainer programs, a server's pserver programs) a
 worker's default main/startup programs are switched to them, so a script that runs
 `fluid.default_main_program()` trains distributed, as under Fluid.
 Strategies (`transpiler.fleet.strategy`): sync, async, half-async
-(`transpiler.fleet.half_async`) and GEO-SGD (`transpiler.fleet.geo`; dense params and sparse
-tables) train.
+(`transpiler.fleet.half_async`) and GEO-SGD (`transpiler.fleet.geo`; dense params, sparse
+and distributed tables, lr decay) train.
 """
 
 from __future__ import annotations
