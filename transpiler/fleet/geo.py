@@ -182,8 +182,12 @@ def rows_program(trainer: Program, table: str) -> tuple[Program, str, str]:
     if prefetch is None:
         raise NotImplementedError(f"GeoStrategy: the trainer program has no prefetch of the distributed table {table}")
     sent = set(prefetch.input("X"))
-    split = next(op for op in ops if op.type == "split_ids" and sent <= set(op.output("Out")))
-    merge = next(op for op in ops if op.type == "merge_ids" and set(prefetch.output("Out")) <= set(op.input("X")))
+    split = next((op for op in ops if op.type == "split_ids" and sent <= set(op.output("Out"))), None)
+    merge = next((op for op in ops if op.type == "merge_ids" and set(prefetch.output("Out")) <= set(op.input("X"))),
+                 None)
+    if split is None or merge is None:
+        raise NotImplementedError(f"GeoStrategy: the prefetch of the distributed table {table} is not "
+                                  "split_ids → prefetch → merge_ids")
     block.remove_ops([op for op in ops if op not in (split, prefetch, merge)])
     return program, split.input("Ids")[0], merge.output("Out")[0]
 
