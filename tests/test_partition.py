@@ -252,6 +252,71 @@ def test_float64_prefetched_table_cut_by_columns_equals_local(partitioner, tmp_p
         np.testing.assert_allclose(dist[key], local[key], rtol=1e-5, atol=0, err_msg=f"{partitioner}: {key}")
 
 
+DIST_ROWS = 2000
+
+
+def _train_distributed_table(tmp_path, partitioner, *flags):
+    """examples/train_ctr.py's distributed table (`is_distributed`, Adam on the pservers)
+    cut by `partitioner`, 2 trainers x 3 pservers, and local training from trainer 0's
+    start: (trainer 0's, trainer 1's, local) saved arrays."""
+    from e2e_support import launch_ok, run_script_locally
+
+    common = (str(EXAMPLES / "train_ctr.py"), "--variant", "distributed", "--table-optimizer", "adam", "--rows",
+              str(DIST_ROWS), "--steps", "8", "--batch", "32", "--quiet", *flags)
+    launch_ok(tmp_path, (sys.executable, *common, "--save", str(tmp_path / "params")), pservers=3, trainers=2,
+              sync_mode=True, timeout=60.0,
+              env={"PSTRANSPILE_PARTITIONER": partitioner, "PYTHONPATH": f"{EXAMPLES.parent}{os.pathsep}{EXAMPLES}"})
+    run_script_locally((*common, "--init", str(tmp_path / "params" / "trainer_0.npz"), "--save", str(tmp_path / "local")))
+    load = lambda path: dict(np.load(path))  # noqa: E731
+    return load(tmp_path / "params" / "trainer_0.npz"), load(tmp_path / "params" / "trainer_1.npz"), \
+        load(tmp_path / "local" / "local.npz")
+
+
+def _distributed_table_plan(partitioner):
+    import ctr
+
+    main, startup = ctr.build(is_sparse=True, is_distributed=True, table=(DIST_ROWS, 16), table_optimizer="adam")
+    spec = ThreeBands if ":" in partitioner else partitioner
+    return transpile(main, startup, pservers=EPS3, trainers=2, partitioner=spec)
+
+
+@pytest.mark.parametrize(("partitioner", "grid"), [
+    ("column", [3]),  # all rows, 3 column pieces
+    ("angel", [1, 1, 1, 1]),  # rows >= 3: bands of 666 rows (and a short 4th), whole width
+    ("angel_custom_partitioner:ThreeBands", [4, 2, 2]),  # uneven: 3 row bands in 4, 2, 2 column pieces
+])
+def test_float64_distributed_table_by_adam_cut_by_partitioners_equals_local(partitioner, grid, tmp_path):
+    """The distributed table (auto-grown pieces, Adam's moments following their rows) cut
+    by rows, by columns or both: each lookup asks every column piece of its row's band and
+    joins them, the SelectedRows grads are cut the same way; 2 trainers x 3 pservers,
+    float64, every dense param and every touched row equal to local training."""
+    result = _distributed_table_plan(partitioner)
+    emb = result.plan.param("emb")
+    assert result.plan.table is None and emb.distributed and [len(b) for b in emb.bands()] == grid
+    assert len(set(emb.endpoints)) == 3
+    for endpoint, (program, _) in result.pservers.items():
+        for block in emb.blocks_on(endpoint):
+            assert program.global_block().var(block.name).kind.name == "SELECTED_ROWS"
+    t0, t1, local = _train_distributed_table(tmp_path, partitioner, "--float64")
+    finals = [k for k in local if k.startswith(("final/", "final_rows/"))]
+    assert "final_rows/emb" in finals
+    for key in finals:
+        start = key.replace("final", "init", 1)
+        assert t0[key].dtype == np.float64 and np.abs(local[key] - local[start]).max() > 0, key
+        assert np.array_equal(t0[key], t1[key]), key
+        np.testing.assert_allclose(t0[key], local[key], rtol=1e-5, atol=0, err_msg=f"{partitioner}: {key}")
+
+
+def test_float32_distributed_table_cut_by_columns_equals_local(tmp_path):
+    """Once in float32, within the bound of the uncut table's float32 proof (1e-4 of the
+    table's scale: Adam divides by sqrt(v); test_e2e_sparse.py says why)."""
+    t0, _, local = _train_distributed_table(tmp_path, "angel_custom_partitioner:ThreeBands")
+    for key in [k for k in local if k.startswith(("final/", "final_rows/"))]:
+        assert t0[key].dtype == np.float32, key
+        bound = (1e-4 if key.startswith("final_rows/") else 1e-5) * float(np.abs(local[key]).max())
+        np.testing.assert_allclose(t0[key], local[key], rtol=1e-5, atol=bound, err_msg=key)
+
+
 # ------------------------------------------------------------------ goldens
 
 

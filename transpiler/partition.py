@@ -48,7 +48,8 @@ class ParamInfo:
     dtype: DType
     optimizer: str
     sparse: bool = False  # an is_sparse embedding (SelectedRows grads)
-    table: bool = False  # trainers prefetch its rows (a remote-prefetch sparse table)
+    table: bool = False  # trainers prefetch its rows (a remote-prefetch sparse table, or the distributed one)
+    distributed: bool = False  # the distributed lookup table (`is_distributed`: auto-grown pieces)
 
     @property
     def rows(self) -> int:
