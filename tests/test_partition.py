@@ -380,6 +380,82 @@ def test_checkpoints_of_2d_partitions_merge_and_reshard_onto_other_partitioners(
                 assert np.array_equal(scope.find_var(name).array, where.cut(wholes[where.origin])), (spec, name)
 
 
+def test_checkpoints_of_a_partitioned_distributed_table_merge_and_reshard(tmp_path):
+    """Save the pservers of the distributed table cut by three_bands (auto-grown pieces and
+    Adam moments following their rows, ids re-based to their band), read the table and its
+    moments back whole (touched rows only), and restore onto 2 pservers `id % M`, 2 cut by
+    column and 4 by angel: every piece holds its band's touched rows and its columns, the
+    moments in the table's slots, the rest of the pool as this pserver drew it."""
+    from ops.rpc.checkpoint import Checkpointer, CheckpointReader
+    from ops.rpc.fetch import pull  # noqa: F401 - imported: the module's piece join is used by fetch
+    from ops.scope import Scope
+    from ops.tensor import LoDTensor, SelectedRows
+
+    result = _distributed_table_plan("angel_custom_partitioner:ThreeBands")
+    layouts = _layouts(result)
+    rng = np.random.default_rng(0)
+    touched = np.sort(rng.choice(DIST_ROWS, 300, replace=False))
+    wholes: dict[str, np.ndarray] = {}
+    parts = tuple(f"ps{i}" for i in range(3))
+    pieces = 0
+    for i, layout in enumerate(layouts.values()):
+        scope = Scope()
+        for name, where in layout.items():
+            if where.origin not in wholes:
+                wholes[where.origin] = rng.standard_normal(where.whole_shape).astype(np.float32)
+            whole = wholes[where.origin]
+            if where.table:
+                assert where.rows is not None
+                pieces += 1
+                (r0, r1), (c0, c1) = where.rows, where.cols or (0, 16)
+                ids = touched[(touched >= r0) & (touched < r1)]
+                order = rng.permutation(ids.size) if where.follows is None else None
+                ids = ids[order] if order is not None else ids
+                pool = np.full((r1 - r0, c1 - c0), 7.0, np.float32)
+                pool[: ids.size] = whole[ids, c0:c1]
+                scope.set_var(name, SelectedRows(ids - r0, pool, r1 - r0))
+            else:
+                scope.set_var(name, LoDTensor(np.array(where.cut(whole))))
+        Checkpointer(tmp_path, parts[i], parts, layout, result.plan.to_json_text(), 3).save(scope, "ckpt-5")
+    assert pieces == 8 * 3  # the table and its two moments, 8 pieces each
+    reader = CheckpointReader(tmp_path)
+    for origin in ("emb", "emb_moment1_0", "emb_moment2_0"):
+        ids, values = reader.table_rows(origin)
+        assert np.array_equal(ids, touched) and np.array_equal(values, wholes[origin][touched]), origin
+        dense = reader.whole(origin)
+        assert np.array_equal(dense[touched], wholes[origin][touched]) and np.count_nonzero(dense.any(axis=1)) == 300
+    import ctr
+
+    main, startup = ctr.build(is_sparse=True, is_distributed=True, table=(DIST_ROWS, 16), table_optimizer="adam")
+    for spec, count in (("paddle", 2), ("column", 2), ("angel", 4)):
+        eps = ",".join(f"127.0.0.1:{7000 + i}" for i in range(count))
+        other = transpile(main, startup, pservers=eps, trainers=2, partitioner=None if spec == "paddle" else spec)
+        for i, layout in enumerate(_layouts(other).values()):
+            scope = Scope()
+            for name, where in layout.items():
+                if where.table:
+                    rows = (where.rows[1] - where.rows[0]) if where.rows else other.plan.table.shard_rows
+                    width = (where.cols[1] - where.cols[0]) if where.cols else 16
+                    scope.set_var(name, SelectedRows(np.zeros(0, np.int64), np.full((rows, width), 7.0, np.float32),
+                                                     rows))
+            reader.restore(scope, layout, f"ps{i}", count)
+            for name, where in layout.items():
+                value = scope.find_var(name)
+                if not where.table:
+                    assert np.array_equal(value.array, where.cut(wholes[where.origin])), (spec, name)
+                    continue
+                if where.rows is None:  # id % M
+                    ids = touched[touched % count == i]
+                    assert np.array_equal(value.rows, ids), (spec, name)
+                    assert np.array_equal(value.active_value(), wholes[where.origin][ids]), (spec, name)
+                    continue
+                (r0, r1), (c0, c1) = where.rows, where.cols or (0, 16)
+                ids = touched[(touched >= r0) & (touched < r1)]
+                assert np.array_equal(value.rows, ids - r0), (spec, name)
+                assert np.array_equal(value.active_value(), wholes[where.origin][ids, c0:c1]), (spec, name)
+                assert (value.value[ids.size :] == 7.0).all(), (spec, name)
+
+
 def test_fetch_joins_2d_blocks_into_whole_params():
     from ops.rpc.fetch import _join_2d
 
