@@ -121,6 +121,18 @@ def test_bad_partitions_are_one_error_naming_the_param(parts, servers, problem):
     assert problem in str(caught.value)
 
 
+def test_a_column_cut_of_a_rank_3_param_is_refused_with_the_reason_its_rows_are_not():
+    from transpiler.partition import checked_partitions
+
+    conv = ParamInfo("conv.w", (8, 3, 5), DType.FP32, "sgd")  # 8 rows x 15 columns
+    rows = checked_partitions(conv, [Partition(0, 4, 0, 15), Partition(4, 8, 0, 15)], "test")
+    assert [(p.start_row, p.end_row) for p in rows] == [(0, 4), (4, 8)]
+    with pytest.raises(TranspileError, match=r"'conv.w' \[8, 3, 5\].*rank-3 param.*cut its rows only"):
+        checked_partitions(conv, [Partition(0, 8, 0, 5), Partition(0, 8, 5, 15)], "test")
+    assert len(AngelPartitioner(max_elements=20).partitions(conv)) == 8  # whole-width bands of one row
+    assert ColumnPartitioner().partitions(conv) == [Partition(0, 8, 0, 15)]
+
+
 def test_unknown_partitioner_and_runtime_split_are_refused():
     with pytest.raises(TranspileError, match="unknown partitioner 'nope'"):
         transpile(*mlp(), pservers=EPS3, trainers=2, partitioner="nope")
@@ -454,6 +466,41 @@ def test_checkpoints_of_a_partitioned_distributed_table_merge_and_reshard(tmp_pa
                 assert np.array_equal(value.rows, ids - r0), (spec, name)
                 assert np.array_equal(value.active_value(), wholes[where.origin][ids, c0:c1]), (spec, name)
                 assert (value.value[ids.size :] == 7.0).all(), (spec, name)
+
+
+def test_fetch_pulls_a_partitioned_distributed_table_whole():
+    """`pull` (fetch from running pservers): each auto-grown piece answers its touched rows
+    (ids re-based to its band); the table comes back dense, untouched rows 0."""
+    from ops.rpc.fetch import FetchError, pull
+    from ops.tensor import SelectedRows
+
+    plan = _distributed_table_plan("angel_custom_partitioner:ThreeBands").plan.to_json()
+    emb = next(p for p in plan["params"] if p["param"] == "emb")
+    assert emb["distributed"] and emb["grid"] == [4, 2, 2]
+    rng = np.random.default_rng(1)
+    whole = rng.standard_normal((DIST_ROWS, 16))
+    touched = np.sort(rng.choice(DIST_ROWS, 50, replace=False))
+    answers = {}
+    for b in emb["blocks"]:
+        r0, r1, c0, c1 = b["row_offset"], b["row_offset"] + b["rows"], b["col_offset"], b["col_offset"] + b["cols"]
+        ids = touched[(touched >= r0) & (touched < r1)][::-1]  # first-touch order, not sorted
+        value = np.full((b["rows"], b["cols"]), 9.0)
+        value[: ids.size] = whole[ids, c0:c1]
+        answers[(b["endpoint"], b["name"])] = SelectedRows(ids - r0, value, b["rows"])
+
+    class Client:
+        def get_many(self, requests):
+            return [answers[r] for r in requests]
+
+    got = pull(Client(), plan, ["emb"])["emb"]
+    expected = np.zeros_like(whole)
+    expected[touched] = whole[touched]
+    assert np.array_equal(got, expected)
+    first = emb["blocks"][0]
+    answers[(first["endpoint"], first["name"])] = SelectedRows(np.array([first["rows"]]), np.zeros((1, first["cols"])),
+                                                                first["rows"])
+    with pytest.raises(FetchError, match="outside its"):
+        pull(Client(), plan, ["emb"])
 
 
 def test_fetch_joins_2d_blocks_into_whole_params():

@@ -24,8 +24,10 @@ Trainers cut a grad by row bands (`split_byref`) and each band by columns (`spli
 partitions must form row bands: the partitions with the same row range cover all its
 columns. Column ranges are supported on params of rank <= 2, dense or `is_sparse` (whose
 SelectedRows grads are cut by column ranges of their values: `split_selected_rows_by_columns`;
-a prefetched table's rows are fetched from every column piece and joined); a rank-3+ param
-is cut by rows only, and the distributed table (`id % M`) is not cut by partitioners.
+a prefetched table's rows are fetched from every column piece and joined). The distributed
+table (`is_distributed`) is cut like any param by every partitioner but `paddle` (which keeps
+`id % M`): its pieces are auto-grown tables (`ParamInfo.distributed`). A rank-3+ param is
+cut by rows only (see `checked_partitions`).
 """
 
 from __future__ import annotations
@@ -275,7 +277,9 @@ def checked_partitions(param: ParamInfo, partitions: Sequence[Partition], who: s
     cut_columns = any(p.cols != cols for p in ordered)
     if cut_columns and len(param.shape) > 2:
         raise TranspileError(f"{where}: cuts columns of a rank-{len(param.shape)} param; only params of rank <= 2 "
-                             "can be cut by columns so far")
+                             "can be cut by columns (a rank-3+ param's pieces would be [rows, columns] matrices of "
+                             "a param its initializer and optimize ops see in its own rank; not built): cut its "
+                             "rows only")
     return [replace(p, param=param) for p in ordered]
 
 
