@@ -911,7 +911,7 @@ class CheckpointReader:
                     _set_table(table, rows, value)
                 continue
             saved = self._read(part, name, entry)
-            want = where.whole_shape if where.rows is None else (where.rows[1] - where.rows[0], *where.whole_shape[1:])
+            want = where.piece_shape()  # a 2-D partition's [rows, cols] too
             array = conform_scalar(saved, want)
             if array is None:
                 raise CheckpointError(f"{self.folder}: {name} has shape {list(saved.shape)}, this program's is {list(want)}")
