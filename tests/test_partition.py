@@ -267,14 +267,16 @@ def test_float64_prefetched_table_cut_by_columns_equals_local(partitioner, tmp_p
 DIST_ROWS = 2000
 
 
-def _train_distributed_table(tmp_path, partitioner, *flags):
-    """examples/train_ctr.py's distributed table (`is_distributed`, Adam on the pservers)
-    cut by `partitioner`, 2 trainers x 3 pservers, and local training from trainer 0's
-    start: (trainer 0's, trainer 1's, local) saved arrays."""
+def _train_distributed_table(tmp_path, partitioner, *flags, program=None):
+    """examples/train_ctr.py's distributed table (`is_distributed`, Adam on the pservers),
+    or a Paddle fixture's (`program`: its main.pb), cut by `partitioner`, 2 trainers x 3
+    pservers, and local training from trainer 0's start: (trainer 0's, trainer 1's, local)
+    saved arrays."""
     from e2e_support import launch_ok, run_script_locally
 
-    common = (str(EXAMPLES / "train_ctr.py"), "--variant", "distributed", "--table-optimizer", "adam", "--rows",
-              str(DIST_ROWS), "--steps", "8", "--batch", "32", "--quiet", *flags)
+    model = ("--main", str(program)) if program is not None else \
+        ("--variant", "distributed", "--table-optimizer", "adam", "--rows", str(DIST_ROWS))
+    common = (str(EXAMPLES / "train_ctr.py"), *model, "--steps", "8", "--batch", "32", "--quiet", *flags)
     launch_ok(tmp_path, (sys.executable, *common, "--save", str(tmp_path / "params")), pservers=3, trainers=2,
               sync_mode=True, timeout=60.0,
               env={"PSTRANSPILE_PARTITIONER": partitioner, "PYTHONPATH": f"{EXAMPLES.parent}{os.pathsep}{EXAMPLES}"})
@@ -319,6 +321,25 @@ def test_float64_distributed_table_by_adam_cut_by_partitioners_equals_local(part
         np.testing.assert_allclose(t0[key], local[key], rtol=1e-5, atol=0, err_msg=f"{partitioner}: {key}")
 
 
+def test_float64_paddle_built_distributed_table_cut_in_2d_equals_local(tmp_path):
+    """Paddle 2.6's ctr_v1_dist_sgd_2ps (an `is_distributed` [100000, 16] table, SGD) cut by
+    the three bands (8 auto-grown pieces): float64, every dense param and touched row equal."""
+    program = PADDLE_PROGRAMS / "ctr_v1_dist_sgd_2ps" / "main.pb"
+    main, startup = Program.load(program), Program.load(program.with_name("startup.pb"))
+    emb = transpile(main, startup, pservers=EPS3, trainers=2, partitioner=ThreeBands).plan
+    table = next(p for p in emb.params if p.distributed)
+    assert emb.table is None and [len(b) for b in table.bands()] == [4, 2, 2]
+    t0, t1, local = _train_distributed_table(tmp_path, "angel_custom_partitioner:ThreeBands", "--float64",
+                                             program=program)
+    finals = [k for k in local if k.startswith(("final/", "final_rows/"))]
+    assert any(k.startswith("final_rows/") for k in finals)
+    for key in finals:
+        start = key.replace("final", "init", 1)
+        assert t0[key].dtype == np.float64 and np.abs(local[key] - local[start]).max() > 0, key
+        assert np.array_equal(t0[key], t1[key]), key
+        np.testing.assert_allclose(t0[key], local[key], rtol=1e-5, atol=0, err_msg=key)
+
+
 def test_float32_distributed_table_cut_by_columns_equals_local(tmp_path):
     """Once in float32, within the bound of the uncut table's float32 proof (1e-4 of the
     table's scale: Adam divides by sqrt(v); test_e2e_sparse.py says why)."""
@@ -341,6 +362,19 @@ def test_2d_golden(golden, partitioner):
     spec = ThreeBands if partitioner == "three_bands" else partitioner
     result = transpile(*mlp(), pservers=EPS3, trainers=2, partitioner=spec, verify=True)
     golden.check(f"transpile/partition-mlp_adam_2ps-{partitioner}-3ps.txt", render(result))
+
+
+@pytest.mark.parametrize("partitioner", ["column", "three_bands"])
+def test_2d_golden_of_a_distributed_table(golden, partitioner):
+    """Paddle's ctr_v1_dist_sgd_2ps (the `is_distributed` table) cut by each partitioner on
+    3 pservers: its auto-grown pieces, the trainer's distributed_lookup_table and split ops."""
+    from test_api_golden import render
+
+    folder = PADDLE_PROGRAMS / "ctr_v1_dist_sgd_2ps"
+    main, startup = Program.load(folder / "main.pb"), Program.load(folder / "startup.pb")
+    spec = ThreeBands if partitioner == "three_bands" else partitioner
+    result = transpile(main, startup, pservers=EPS3, trainers=2, partitioner=spec, verify=True)
+    golden.check(f"transpile/partition-ctr_v1_dist_sgd_2ps-{partitioner}-3ps.txt", render(result))
 
 
 # ------------------------------------------------------------------ checkpoints and fetch
