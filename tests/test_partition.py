@@ -340,6 +340,39 @@ def test_float64_paddle_built_distributed_table_cut_in_2d_equals_local(tmp_path)
         np.testing.assert_allclose(t0[key], local[key], rtol=1e-5, atol=0, err_msg=key)
 
 
+@pytest.mark.parametrize("partitioner", ["column", "angel_custom_partitioner:ThreeBands"])
+def test_float64_conv_filters_cut_by_columns_equal_local(partitioner, tmp_path):
+    """Paddle 2.6's small ResNet (rank-4 conv filters, batch norm, Momentum) with every
+    filter cut by columns of its [out, in * kh * kw] matrix: the trainer `reshape2`s each
+    filter's grad to that matrix before cutting it, and joins the filter as that matrix
+    before `reshape2`ing it back (Fluid ops). 2 trainers x 3 pservers, 4 steps, float64:
+    every trained param equals local training as the trainers train (batch norm: see
+    test_e2e_resnet.py) element-wise."""
+    from e2e_support import launch_ok, run_script_locally
+
+    folder = PADDLE_PROGRAMS / "resnet_small_momentum_3ps_sync"
+    main, startup = Program.load(folder / "main.pb"), Program.load(folder / "startup.pb")
+    spec = ThreeBands if ":" in partitioner else partitioner
+    result = transpile(main, startup, pservers=EPS3, trainers=2, partitioner=spec, verify=True)
+    filters = [p for p in result.plan.params if len(p.shape) == 4]
+    assert filters and all(p.cuts_columns and all(len(b.shape) == 2 for b in p.blocks) for p in filters)
+    reshapes = [op for op in result.trainer.global_block().ops if op.type == "reshape2"]
+    assert len(reshapes) == 2 * len(filters)  # each filter's grad to a matrix, its param back
+    common = (str(EXAMPLES / "train_program.py"), "--main", str(folder / "main.pb"), "--startup",
+              str(folder / "startup.pb"), "--loss", "mean_0.tmp_0", "--steps", "3", "--batch", "8", "--float64")
+    launch_ok(tmp_path, (sys.executable, *common, "--save", str(tmp_path / "params")), pservers=3, trainers=2,
+              sync_mode=True, timeout=120.0,
+              env={"PSTRANSPILE_PARTITIONER": partitioner, "PYTHONPATH": f"{EXAMPLES.parent}{os.pathsep}{EXAMPLES}"})
+    run_script_locally((*common, "--as-trainers", "2", "--init", str(tmp_path / "params" / "trainer_0.npz"),
+                        "--save", str(tmp_path / "local")))
+    dist, local = np.load(tmp_path / "params" / "trainer_0.npz"), np.load(tmp_path / "local" / "local.npz")
+    trained = [p.param for p in result.plan.params]
+    for name in trained:
+        got, want = dist[f"final/{name}"], local[f"final.trainer_0/{name}"]
+        assert got.dtype == np.float64 and np.abs(want - dist[f"init/{name}"]).max() > 0, name
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=0, err_msg=f"{partitioner}: {name}")
+
+
 def test_float32_distributed_table_cut_by_columns_equals_local(tmp_path):
     """Once in float32, within the bound of the uncut table's float32 proof (1e-4 of the
     table's scale: Adam divides by sqrt(v); test_e2e_sparse.py says why)."""

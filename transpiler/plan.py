@@ -315,10 +315,13 @@ def make_partition_blocks(name: str, shape: tuple[int, ...], partitions) -> list
     row-major order): whole-row partitions as `make_blocks` makes them, a column range as a
     `[rows, cols]` block with `cols` set. One partition keeps the var's own name."""
     width = math.prod(shape[1:]) if len(shape) >= 2 else 1
+    # A rank-3+ param cut by columns is a [rows, cols] matrix in every block (the trainer
+    # reshapes its grad and param: `naming.flat_name`), whole-width blocks included.
+    flat = len(shape) > 2 and any(p.start_col != 0 or p.end_col != width for p in partitions)
     blocks = []
     for index, part in enumerate(partitions):
         block_name = naming.block_name(name, index) if len(partitions) > 1 else name
-        if part.start_col == 0 and part.end_col == width:
+        if part.start_col == 0 and part.end_col == width and not flat:
             block_shape = (part.end_row - part.start_row, *shape[1:]) if shape else ()
             blocks.append(VarBlock(name, index, part.start_row, part.end_row - part.start_row, block_shape, block_name))
         else:

@@ -236,7 +236,8 @@ def pserver_layout(program: Program, plan: Mapping[str, Any], endpoint: str, ski
         for blk in param["blocks"]:
             if blk["endpoint"] == endpoint:
                 cols = None
-                if "cols" in blk and (int(blk["col_offset"]), int(blk["cols"])) != (0, width):
+                flat = len(param["shape"]) > 2 and len(blk.get("shape", ())) == 2  # a rank-3+ param's 2-D piece
+                if "cols" in blk and ((int(blk["col_offset"]), int(blk["cols"])) != (0, width) or flat):
                     cols = (int(blk["col_offset"]), int(blk["col_offset"]) + int(blk["cols"]))
                 blocks[blk["name"]] = (tuple(param["shape"]), int(blk["row_offset"]), int(blk["rows"]), sliced, cols)
     layout: dict[str, VarSlice] = {}

@@ -27,7 +27,7 @@ from dataclasses import replace
 from ops.catalogue.optimizer_ops import optimizer_slots
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
-from transpiler.naming import band_name
+from transpiler.naming import band_name, flat_name
 from transpiler.passes.bundle import Bundle
 from transpiler.passes.contract import Pass
 from transpiler.partition import ParamInfo, checked_assignment, checked_partitions
@@ -154,10 +154,12 @@ def _check_names_free(block, plan: Plan) -> None:
                 if block.has_var(name):
                     raise TranspileError(f"cannot slice {param.param!r}: the program already declares {name!r}")
         if param.cuts_columns:  # the trainer's row bands of a 2-D cut (`naming.band_name`)
-            for j in range(len(param.bands())):
-                for name in (band_name(param.param, j), band_name(param.grad, j)):
-                    if block.has_var(name):
-                        raise TranspileError(f"cannot cut {param.param!r}: the program already declares {name!r}")
+            names = [n for j in range(len(param.bands())) for n in (band_name(param.param, j), band_name(param.grad, j))]
+            if len(param.shape) > 2:  # the trainer's [rows, cols] views of a rank-3+ param (`naming.flat_name`)
+                names += [n for v in (param.param, param.grad) for n in (flat_name(v), flat_name(v) + "@XShape")]
+            for name in names:
+                if block.has_var(name):
+                    raise TranspileError(f"cannot cut {param.param!r}: the program already declares {name!r}")
 
 
 PASS = Pass("slice_vars", run, requires=("analysis",), produces=("plan",))
