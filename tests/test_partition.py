@@ -67,7 +67,9 @@ def test_column_cuts_columns_of_rank_2_dense_sparse_and_prefetched():
     column.servers = 3
     assert rects(column.partitions(info((4, 10)))) == [(0, 4, 0, 4), (0, 4, 4, 7), (0, 4, 7, 10)]
     assert rects(column.partitions(info((7,)))) == [(0, 7, 0, 1)]
-    assert rects(column.partitions(info((2, 3, 4)))) == [(0, 2, 0, 12)]
+    # a dense rank-3 param: columns of its [2, 12] matrix; a rank-3 sparse table stays whole
+    assert rects(column.partitions(info((2, 3, 4)))) == [(0, 2, 0, 4), (0, 2, 4, 8), (0, 2, 8, 12)]
+    assert rects(column.partitions(ParamInfo("t", (2, 3, 4), DType.FP32, "sgd", sparse=True))) == [(0, 2, 0, 12)]
     sparse = ParamInfo("emb", (100, 16), DType.FP32, "sgd", sparse=True)
     assert rects(column.partitions(sparse)) == [(0, 100, 0, 6), (0, 100, 6, 11), (0, 100, 11, 16)]
     table = ParamInfo("emb", (100, 16), DType.FP32, "sgd", sparse=True, table=True)
@@ -121,16 +123,21 @@ def test_bad_partitions_are_one_error_naming_the_param(parts, servers, problem):
     assert problem in str(caught.value)
 
 
-def test_a_column_cut_of_a_rank_3_param_is_refused_with_the_reason_its_rows_are_not():
+def test_a_rank_3_param_is_cut_as_its_matrix_a_rank_3_table_by_rows_only():
     from transpiler.partition import checked_partitions
+    from transpiler.plan import make_partition_blocks
 
     conv = ParamInfo("conv.w", (8, 3, 5), DType.FP32, "sgd")  # 8 rows x 15 columns
-    rows = checked_partitions(conv, [Partition(0, 4, 0, 15), Partition(4, 8, 0, 15)], "test")
-    assert [(p.start_row, p.end_row) for p in rows] == [(0, 4), (4, 8)]
-    with pytest.raises(TranspileError, match=r"'conv.w' \[8, 3, 5\].*rank-3 param.*cut its rows only"):
-        checked_partitions(conv, [Partition(0, 8, 0, 5), Partition(0, 8, 5, 15)], "test")
-    assert len(AngelPartitioner(max_elements=20).partitions(conv)) == 8  # whole-width bands of one row
-    assert ColumnPartitioner().partitions(conv) == [Partition(0, 8, 0, 15)]
+    parts = checked_partitions(conv, [Partition(0, 4, 0, 15), Partition(4, 8, 0, 5), Partition(4, 8, 5, 15)], "test")
+    blocks = make_partition_blocks("conv.w", conv.shape, parts)
+    # every block of a rank-3 param cut by columns is a [rows, cols] matrix, whole-width ones too
+    assert [(b.shape, b.col_offset, b.cols) for b in blocks] == [((4, 15), 0, 15), ((4, 5), 0, 5), ((4, 10), 5, 10)]
+    rows_only = make_partition_blocks("conv.w", conv.shape, checked_partitions(
+        conv, [Partition(0, 4, 0, 15), Partition(4, 8, 0, 15)], "test"))
+    assert [b.shape for b in rows_only] == [(4, 3, 5), (4, 3, 5)]  # Paddle's row blocks, as ever
+    table = ParamInfo("t", (8, 3, 5), DType.FP32, "sgd", sparse=True)
+    with pytest.raises(TranspileError, match=r"'t' \[8, 3, 5\].*rank-3 sparse table.*cut its rows only"):
+        checked_partitions(table, [Partition(0, 8, 0, 5), Partition(0, 8, 5, 15)], "test")
 
 
 def test_unknown_partitioner_and_runtime_split_are_refused():
@@ -533,6 +540,46 @@ def test_checkpoints_of_a_partitioned_distributed_table_merge_and_reshard(tmp_pa
                 assert np.array_equal(value.rows, ids - r0), (spec, name)
                 assert np.array_equal(value.active_value(), wholes[where.origin][ids, c0:c1]), (spec, name)
                 assert (value.value[ids.size :] == 7.0).all(), (spec, name)
+
+
+def test_checkpoints_of_conv_filters_cut_by_columns_merge_and_reshard(tmp_path):
+    """The small ResNet's rank-4 filters cut by the three bands ([rows, cols] pieces, and
+    their Momentum velocities): saved, read back whole in their own shape, restored onto
+    `paddle` row blocks and `column` pieces of 2 pservers."""
+    from ops.rpc.checkpoint import Checkpointer, CheckpointReader
+    from ops.scope import Scope
+    from ops.tensor import LoDTensor
+
+    folder = PADDLE_PROGRAMS / "resnet_small_momentum_3ps_sync"
+    main, startup = Program.load(folder / "main.pb"), Program.load(folder / "startup.pb")
+    result = transpile(main, startup, pservers=EPS3, trainers=2, partitioner=ThreeBands)
+    layouts = _layouts(result)
+    rng = np.random.default_rng(2)
+    wholes: dict[str, np.ndarray] = {}
+    parts = tuple(f"ps{i}" for i in range(3))
+    flat = 0
+    for i, layout in enumerate(layouts.values()):
+        scope = Scope()
+        for name, where in layout.items():
+            if where.origin not in wholes:
+                wholes[where.origin] = rng.standard_normal(where.whole_shape).astype(np.float32)
+            piece = where.cut(wholes[where.origin])
+            flat += len(where.whole_shape) == 4 and piece.ndim == 2
+            scope.set_var(name, LoDTensor(np.array(piece)))
+        Checkpointer(tmp_path, parts[i], parts, layout, result.plan.to_json_text(), 3).save(scope, "ckpt-5")
+    assert flat > 24  # filters and velocities, pieces of their [out, in * kh * kw] matrices
+    reader = CheckpointReader(tmp_path)
+    for origin, whole in wholes.items():
+        assert np.array_equal(reader.whole(origin), whole), origin
+    eps = "127.0.0.1:7000,127.0.0.1:7001"
+    for spec in ("paddle", "column"):
+        other = transpile(main, startup, pservers=eps, trainers=2, partitioner=None if spec == "paddle" else spec,
+                          min_block_size=64)
+        for i, layout in enumerate(_layouts(other).values()):
+            scope = Scope()
+            reader.restore(scope, layout, f"ps{i}", 2)
+            for name, where in layout.items():
+                assert np.array_equal(scope.find_var(name).array, where.cut(wholes[where.origin])), (spec, name)
 
 
 def test_fetch_pulls_a_partitioned_distributed_table_whole():
