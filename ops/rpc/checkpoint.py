@@ -741,6 +741,7 @@ class CheckpointReader:
             if bad_file or not re.fullmatch(r"ps\d+|local", part):
                 raise CheckpointError(f"{self.folder}: {MANIFEST} names a part or file outside the checkpoint")
         self._wholes: dict[str, np.ndarray] = {}
+        self._pieces: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # a partitioned table's rows (`table_rows`)
         self._found: dict[str, Path] = {}  # each part's folder, found when first read
 
     @property
@@ -843,7 +844,9 @@ class CheckpointReader:
         of the row): a row must be held by every column piece of its band."""
         pieces = [(name, e) for part, name, e in self.entries() if e["origin"] == origin and e.get("table")]
         if any(e.get("rows") is not None for _, e in pieces):
-            return self._piece_rows(origin, [e for _, e in pieces])
+            if origin not in self._pieces:  # every piece of the table restores from the same rows
+                self._pieces[origin] = self._piece_rows(origin, [e for _, e in pieces])
+            return self._pieces[origin]
         parts = self.table_parts(origin)
         if not parts:
             raise CheckpointError(f"{self.folder}: the checkpoint holds no table {origin!r}")
@@ -937,7 +940,6 @@ class CheckpointReader:
             return
         ids, values = self.table_rows(where.origin)
         set_table_rows(table, ids, values, parts, _index_of(part))
-
 
     def _restore_piece(self, table: SelectedRows, where: VarSlice) -> None:
         """A piece of a partitioned distributed table (rows `where.rows`, columns
