@@ -347,7 +347,9 @@ def test_float64_paddle_built_distributed_table_cut_in_2d_equals_local(tmp_path)
         np.testing.assert_allclose(t0[key], local[key], rtol=1e-5, atol=0, err_msg=key)
 
 
-@pytest.mark.parametrize("partitioner", ["column", "angel_custom_partitioner:ThreeBands"])
+# (one case: the three bands cut every filter unevenly, whole-width pieces included; `make
+# interop`'s conv_column case runs a `column` cut of a filter on Fluid 1.8.5's runtime)
+@pytest.mark.parametrize("partitioner", ["angel_custom_partitioner:ThreeBands"])
 def test_float64_conv_filters_cut_by_columns_equal_local(partitioner, tmp_path):
     """Paddle 2.6's small ResNet (rank-4 conv filters, batch norm, Momentum) with every
     filter cut by columns of its [out, in * kh * kw] matrix: the trainer `reshape2`s each
@@ -715,9 +717,9 @@ def test_a_checkpoint_of_column_partitions_restores_onto_paddle_blocks_and_anoth
 
 def test_a_checkpoint_of_a_partitioned_distributed_table_restores_onto_other_cuts_and_trains_on(tmp_path):
     """train_program.py on a distributed CTR table of 64 rows (Adam) cut by the three bands on
-    3 pservers checkpoints at step 6 (every row touched by then). Restored by `paddle` (`id % 2`
-    shards), the table the pservers hold (pulled whole) is the checkpoint's, row for row. Restored by the same plan and by `column` on 2 pservers and
-    trained to step 12, both jobs end bit-identical (params, table): the pieces' rows and
+    3 pservers checkpoints at step 6 (every row touched by then): read whole, it is the
+    table the pservers held (pulled). Restored by the same plan and by `column` on 2
+    pservers and trained to step 12, both jobs end bit-identical (params, table): the pieces' rows and
     the Adam moments following them were resharded into the right slots and columns.
     (Not against an uninterrupted run: an auto-grown row takes the next pool row in the
     order the trainers' concurrent prefetches arrive, so two runs start rows differently.)"""
@@ -734,6 +736,7 @@ def test_a_checkpoint_of_a_partitioned_distributed_table_restores_onto_other_cut
              "PYTHONPATH": f"{EXAMPLES.parent}{os.pathsep}{EXAMPLES}"}
     saved = tmp_path / "first" / "ckpt"
     restore = ("--restore", str(saved))
+    # (onto `id % M` shards: test_checkpoints_of_a_partitioned_distributed_table_merge_and_reshard)
 
     def job(name, steps, pservers, env, *extra):
         # every job checkpoints into a dir of its own: a sync trainer's pull reads the
@@ -752,11 +755,6 @@ def test_a_checkpoint_of_a_partitioned_distributed_table_restores_onto_other_cut
     assert first_emb.any(axis=1).all()  # every row touched: no pool row is drawn after the restore
     assert np.array_equal(CheckpointReader(saved).whole("emb"), first_emb)
     assert CheckpointReader(saved).whole("emb_moment2_0").any(axis=1).all()
-
-    restored, emb = job("paddle", 6, 2, {"PSTRANSPILE_PARTITIONER": "paddle"}, *restore)  # id % 2 shards
-    assert np.array_equal(emb, first_emb)
-    for param, value in first.items():
-        assert np.array_equal(restored[param], value), param
 
     same, same_emb = job("same", 12, 3, bands, *restore)
     other, other_emb = job("other", 12, 2, {"PSTRANSPILE_PARTITIONER": "column"}, *restore)
