@@ -475,7 +475,6 @@ def test_checkpoints_of_a_partitioned_distributed_table_merge_and_reshard(tmp_pa
     column and 4 by angel: every piece holds its band's touched rows and its columns, the
     moments in the table's slots, the rest of the pool as this pserver drew it."""
     from ops.rpc.checkpoint import Checkpointer, CheckpointReader
-    from ops.rpc.fetch import pull  # noqa: F401 - imported: the module's piece join is used by fetch
     from ops.scope import Scope
     from ops.tensor import LoDTensor, SelectedRows
 
