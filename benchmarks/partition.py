@@ -16,6 +16,8 @@
 2. `--measure`: sync training of `examples/train_ctr.py --variant local-table --rows 1000000
    --width 64` (its rows prefetched from the table's blocks; ids Zipf-like, scattered over
    the table), 2 trainers x 4 pservers, per partitioner: steady steps/s of trainer 0.
+   `--variant distributed` measures the distributed table instead (`is_distributed`:
+   `id % 4` under `paddle`, auto-grown pieces cut by the partitioner otherwise).
 """
 
 from __future__ import annotations
@@ -102,13 +104,13 @@ def load(name: str, info: ParamInfo, servers: int, batches: list[np.ndarray] | N
             "served_bytes_per_step": stat(served), "rows_served_per_step": stat(rows_served)}
 
 
-def measure(name: str, steps: int) -> float:
+def measure(name: str, steps: int, variant: str = "local-table") -> float:
     """Steady steps/s of trainer 0 in a 2 x 4 sync job of train_ctr's prefetched table."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
         command = [sys.executable, "-m", "transpiler", "launch", "--pservers", "4", "--trainers", "2",
                    "--partitioner", name, "--log-dir", f"{tmp}/logs", "-q", "--timeout", "300", "--",
-                   sys.executable, str(REPO / "examples" / "train_ctr.py"), "--variant", "local-table",
+                   sys.executable, str(REPO / "examples" / "train_ctr.py"), "--variant", variant,
                    "--rows", "1000000", "--width", "64", "--steps", str(steps), "--batch", "256"]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, check=False)
         if done.returncode != 0:
@@ -128,6 +130,8 @@ def main() -> int:
     parser.add_argument("--measure", action="store_true", help="also run the sync jobs (2 trainers x 4 pservers)")
     parser.add_argument("--steps", type=int, default=40, help="steps of each measured job (default 40)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--variant", choices=("local-table", "distributed"), default="local-table",
+                        help="--measure: train_ctr.py's table (default local-table: prefetched blocks)")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     matrix = ParamInfo("w", (3, 10_000_000), DType.FP32, "sgd")
@@ -138,7 +142,7 @@ def main() -> int:
         figures["matrix"][name] = load(name, matrix, SERVERS, None)
         figures["table"][name] = load(name, table, SERVERS, batches)
     if args.measure:
-        figures["steps_per_s"] = {name: round(measure(name, args.steps), 2) for name in ("paddle", "angel", "column")}
+        figures["steps_per_s"] = {name: round(measure(name, args.steps, args.variant), 2) for name in ("paddle", "angel", "column")}
     if args.json:
         print(json.dumps(figures, indent=1))
         return 0
@@ -152,7 +156,7 @@ def main() -> int:
                   f"{held['max_over_mean']:>8} {served['max'] / 1e6:>18.3f} {served['max_over_mean']:>8} "
                   f"{rows['max']:>13,} {rows['max_over_mean']:>8}")
     if args.measure:
-        print("sync job, train_ctr.py local-table [1M, 64], 2 trainers x 4 pservers, steps/s (trainer 0):")
+        print(f"sync job, train_ctr.py {args.variant} [1M, 64], 2 trainers x 4 pservers, steps/s (trainer 0):")
         for name, value in figures["steps_per_s"].items():
             print(f"  {name:<8} {value:.2f}")
     return 0

@@ -46,10 +46,10 @@ class ThreeBands(Partitioner):
 
     def partitions(self, param):
         rows, cols = param.rows, param.cols
-        if len(param.shape) > 2:
-            cols_parts = (1, 1, 1)  # column cuts are for params of rank <= 2
+        if len(param.shape) > 2 and (param.sparse or param.table):
+            cols_parts = (1, 1, 1)  # a rank-3+ table is cut by rows only
         else:
-            cols_parts = self.COLUMN_PARTS
+            cols_parts = self.COLUMN_PARTS  # a rank-3+ dense param: columns of [d0, d1 * d2 * ...]
         edges = sorted({0, math.ceil(rows / 3), math.ceil(2 * rows / 3), rows})
         out = []
         for band, (start, end) in enumerate(zip(edges, edges[1:])):

@@ -330,7 +330,9 @@ def checkpoint(session: Session) -> None:
     `checkpoint_notify`, the names relative: pserver `i` writes `<its dir>/<table>_<i>`)."""
     plan = session.result.plan if session.result is not None else None
     if plan is None or plan.table is None:
-        raise SystemExit("train_ctr.py: --checkpoint needs a distributed table (--variant distributed) and pservers")
+        raise SystemExit("train_ctr.py: --checkpoint needs a distributed table sharded id % M (--variant distributed, "
+                         "the paddle partitioner) and pservers; a table cut by another partitioner is saved in the "
+                         "job's checkpoints (Session(checkpoint_dir=...))")
     targets = [(ep, f"{plan.table.table}_{i}") for i, ep in enumerate(plan.table.endpoints)]
     session.client.checkpoint_notify_each(targets, plan.table.table)
 

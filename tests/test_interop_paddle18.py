@@ -4,7 +4,8 @@ Runs tools/interop.py on the dense sync case only (10-30 s): Fluid 1.8.5 builds 
 MLP; Paddle's DistributeTranspiler and `pstranspile transpile` each turn it into 2 pserver
 and 2 trainer programs; both sets run on Fluid 1.8.5's runtime from the same initial values
 on the same batches; every loss and final param must be bit-equal. `make interop` runs all
-ten cases (a Paddle fixture, column-cut partitions (`dense_column`), dense async, two lr decays, remote-prefetch tables sync and
+eleven cases (a Paddle fixture, column-cut partitions (`dense_column`, and `conv_column`: a conv
+filter cut as its matrix), dense async, two lr decays, remote-prefetch tables sync and
 async, a distributed table sync and async).
 
 Skipped, saying why, where Fluid 1.8.5 cannot be had: its wheels need CPython 3.5-3.8. The

@@ -67,7 +67,9 @@ def test_column_cuts_columns_of_rank_2_dense_sparse_and_prefetched():
     column.servers = 3
     assert rects(column.partitions(info((4, 10)))) == [(0, 4, 0, 4), (0, 4, 4, 7), (0, 4, 7, 10)]
     assert rects(column.partitions(info((7,)))) == [(0, 7, 0, 1)]
-    assert rects(column.partitions(info((2, 3, 4)))) == [(0, 2, 0, 12)]
+    # a dense rank-3 param: columns of its [2, 12] matrix; a rank-3 sparse table stays whole
+    assert rects(column.partitions(info((2, 3, 4)))) == [(0, 2, 0, 4), (0, 2, 4, 8), (0, 2, 8, 12)]
+    assert rects(column.partitions(ParamInfo("t", (2, 3, 4), DType.FP32, "sgd", sparse=True))) == [(0, 2, 0, 12)]
     sparse = ParamInfo("emb", (100, 16), DType.FP32, "sgd", sparse=True)
     assert rects(column.partitions(sparse)) == [(0, 100, 0, 6), (0, 100, 6, 11), (0, 100, 11, 16)]
     table = ParamInfo("emb", (100, 16), DType.FP32, "sgd", sparse=True, table=True)
@@ -119,6 +121,23 @@ def test_bad_partitions_are_one_error_naming_the_param(parts, servers, problem):
     with pytest.raises(TranspileError, match="h2.w") as caught:
         transpile(*mlp(), pservers=EPS3, trainers=2, partitioner=Fixed(parts, servers))
     assert problem in str(caught.value)
+
+
+def test_a_rank_3_param_is_cut_as_its_matrix_a_rank_3_table_by_rows_only():
+    from transpiler.partition import checked_partitions
+    from transpiler.plan import make_partition_blocks
+
+    conv = ParamInfo("conv.w", (8, 3, 5), DType.FP32, "sgd")  # 8 rows x 15 columns
+    parts = checked_partitions(conv, [Partition(0, 4, 0, 15), Partition(4, 8, 0, 5), Partition(4, 8, 5, 15)], "test")
+    blocks = make_partition_blocks("conv.w", conv.shape, parts)
+    # every block of a rank-3 param cut by columns is a [rows, cols] matrix, whole-width ones too
+    assert [(b.shape, b.col_offset, b.cols) for b in blocks] == [((4, 15), 0, 15), ((4, 5), 0, 5), ((4, 10), 5, 10)]
+    rows_only = make_partition_blocks("conv.w", conv.shape, checked_partitions(
+        conv, [Partition(0, 4, 0, 15), Partition(4, 8, 0, 15)], "test"))
+    assert [b.shape for b in rows_only] == [(4, 3, 5), (4, 3, 5)]  # Paddle's row blocks, as ever
+    table = ParamInfo("t", (8, 3, 5), DType.FP32, "sgd", sparse=True)
+    with pytest.raises(TranspileError, match=r"'t' \[8, 3, 5\].*rank-3 sparse table.*cut its rows only"):
+        checked_partitions(table, [Partition(0, 8, 0, 5), Partition(0, 8, 5, 15)], "test")
 
 
 def test_unknown_partitioner_and_runtime_split_are_refused():
@@ -252,6 +271,127 @@ def test_float64_prefetched_table_cut_by_columns_equals_local(partitioner, tmp_p
         np.testing.assert_allclose(dist[key], local[key], rtol=1e-5, atol=0, err_msg=f"{partitioner}: {key}")
 
 
+DIST_ROWS = 2000
+
+
+def _train_distributed_table(tmp_path, partitioner, *flags, program=None):
+    """examples/train_ctr.py's distributed table (`is_distributed`, Adam on the pservers),
+    or a Paddle fixture's (`program`: its main.pb), cut by `partitioner`, 2 trainers x 3
+    pservers, and local training from trainer 0's start: (trainer 0's, trainer 1's, local)
+    saved arrays."""
+    from e2e_support import launch_ok, run_script_locally
+
+    model = ("--main", str(program)) if program is not None else \
+        ("--variant", "distributed", "--table-optimizer", "adam", "--rows", str(DIST_ROWS))
+    common = (str(EXAMPLES / "train_ctr.py"), *model, "--steps", "8", "--batch", "32", "--quiet", *flags)
+    launch_ok(tmp_path, (sys.executable, *common, "--save", str(tmp_path / "params")), pservers=3, trainers=2,
+              sync_mode=True, timeout=60.0,
+              env={"PSTRANSPILE_PARTITIONER": partitioner, "PYTHONPATH": f"{EXAMPLES.parent}{os.pathsep}{EXAMPLES}"})
+    run_script_locally((*common, "--init", str(tmp_path / "params" / "trainer_0.npz"), "--save", str(tmp_path / "local")))
+    load = lambda path: dict(np.load(path))  # noqa: E731
+    return load(tmp_path / "params" / "trainer_0.npz"), load(tmp_path / "params" / "trainer_1.npz"), \
+        load(tmp_path / "local" / "local.npz")
+
+
+def _distributed_table_plan(partitioner):
+    import ctr
+
+    main, startup = ctr.build(is_sparse=True, is_distributed=True, table=(DIST_ROWS, 16), table_optimizer="adam")
+    spec = ThreeBands if ":" in partitioner else partitioner
+    return transpile(main, startup, pservers=EPS3, trainers=2, partitioner=spec)
+
+
+@pytest.mark.parametrize(("partitioner", "grid"), [
+    ("column", [3]),  # all rows, 3 column pieces
+    ("angel", [1, 1, 1, 1]),  # rows >= 3: bands of 666 rows (and a short 4th), whole width
+    ("angel_custom_partitioner:ThreeBands", [4, 2, 2]),  # uneven: 3 row bands in 4, 2, 2 column pieces
+])
+def test_float64_distributed_table_by_adam_cut_by_partitioners_equals_local(partitioner, grid, tmp_path):
+    """The distributed table (auto-grown pieces, Adam's moments following their rows) cut
+    by rows, by columns or both: each lookup asks every column piece of its row's band and
+    joins them, the SelectedRows grads are cut the same way; 2 trainers x 3 pservers,
+    float64, every dense param and every touched row equal to local training."""
+    result = _distributed_table_plan(partitioner)
+    emb = result.plan.param("emb")
+    assert result.plan.table is None and emb.distributed and [len(b) for b in emb.bands()] == grid
+    assert len(set(emb.endpoints)) == 3
+    for endpoint, (program, _) in result.pservers.items():
+        for block in emb.blocks_on(endpoint):
+            assert program.global_block().var(block.name).kind.name == "SELECTED_ROWS"
+    t0, t1, local = _train_distributed_table(tmp_path, partitioner, "--float64")
+    finals = [k for k in local if k.startswith(("final/", "final_rows/"))]
+    assert "final_rows/emb" in finals
+    for key in finals:
+        start = key.replace("final", "init", 1)
+        assert t0[key].dtype == np.float64 and np.abs(local[key] - local[start]).max() > 0, key
+        assert np.array_equal(t0[key], t1[key]), key
+        np.testing.assert_allclose(t0[key], local[key], rtol=1e-5, atol=0, err_msg=f"{partitioner}: {key}")
+
+
+def test_float64_paddle_built_distributed_table_cut_in_2d_equals_local(tmp_path):
+    """Paddle 2.6's ctr_v1_dist_sgd_2ps (an `is_distributed` [100000, 16] table, SGD) cut by
+    the three bands (8 auto-grown pieces): float64, every dense param and touched row equal."""
+    program = PADDLE_PROGRAMS / "ctr_v1_dist_sgd_2ps" / "main.pb"
+    main, startup = Program.load(program), Program.load(program.with_name("startup.pb"))
+    emb = transpile(main, startup, pservers=EPS3, trainers=2, partitioner=ThreeBands).plan
+    table = next(p for p in emb.params if p.distributed)
+    assert emb.table is None and [len(b) for b in table.bands()] == [4, 2, 2]
+    t0, t1, local = _train_distributed_table(tmp_path, "angel_custom_partitioner:ThreeBands", "--float64",
+                                             program=program)
+    finals = [k for k in local if k.startswith(("final/", "final_rows/"))]
+    assert any(k.startswith("final_rows/") for k in finals)
+    for key in finals:
+        start = key.replace("final", "init", 1)
+        assert t0[key].dtype == np.float64 and np.abs(local[key] - local[start]).max() > 0, key
+        assert np.array_equal(t0[key], t1[key]), key
+        np.testing.assert_allclose(t0[key], local[key], rtol=1e-5, atol=0, err_msg=key)
+
+
+# (one case: the three bands cut every filter unevenly, whole-width pieces included; `make
+# interop`'s conv_column case runs a `column` cut of a filter on Fluid 1.8.5's runtime)
+@pytest.mark.parametrize("partitioner", ["angel_custom_partitioner:ThreeBands"])
+def test_float64_conv_filters_cut_by_columns_equal_local(partitioner, tmp_path):
+    """Paddle 2.6's small ResNet (rank-4 conv filters, batch norm, Momentum) with every
+    filter cut by columns of its [out, in * kh * kw] matrix: the trainer `reshape2`s each
+    filter's grad to that matrix before cutting it, and joins the filter as that matrix
+    before `reshape2`ing it back (Fluid ops). 2 trainers x 3 pservers, 4 steps, float64:
+    every trained param equals local training as the trainers train (batch norm: see
+    test_e2e_resnet.py) element-wise."""
+    from e2e_support import launch_ok, run_script_locally
+
+    folder = PADDLE_PROGRAMS / "resnet_small_momentum_3ps_sync"
+    main, startup = Program.load(folder / "main.pb"), Program.load(folder / "startup.pb")
+    spec = ThreeBands if ":" in partitioner else partitioner
+    result = transpile(main, startup, pservers=EPS3, trainers=2, partitioner=spec, verify=True)
+    filters = [p for p in result.plan.params if len(p.shape) == 4]
+    assert filters and all(p.cuts_columns and all(len(b.shape) == 2 for b in p.blocks) for p in filters)
+    reshapes = [op for op in result.trainer.global_block().ops if op.type == "reshape2"]
+    assert len(reshapes) == 2 * len(filters)  # each filter's grad to a matrix, its param back
+    common = (str(EXAMPLES / "train_program.py"), "--main", str(folder / "main.pb"), "--startup",
+              str(folder / "startup.pb"), "--loss", "mean_0.tmp_0", "--steps", "3", "--batch", "8", "--float64")
+    launch_ok(tmp_path, (sys.executable, *common, "--save", str(tmp_path / "params")), pservers=3, trainers=2,
+              sync_mode=True, timeout=120.0,
+              env={"PSTRANSPILE_PARTITIONER": partitioner, "PYTHONPATH": f"{EXAMPLES.parent}{os.pathsep}{EXAMPLES}"})
+    run_script_locally((*common, "--as-trainers", "2", "--init", str(tmp_path / "params" / "trainer_0.npz"),
+                        "--save", str(tmp_path / "local")))
+    dist, local = np.load(tmp_path / "params" / "trainer_0.npz"), np.load(tmp_path / "local" / "local.npz")
+    trained = [p.param for p in result.plan.params]
+    for name in trained:
+        got, want = dist[f"final/{name}"], local[f"final.trainer_0/{name}"]
+        assert got.dtype == np.float64 and np.abs(want - dist[f"init/{name}"]).max() > 0, name
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=0, err_msg=f"{partitioner}: {name}")
+
+
+def test_float32_distributed_table_cut_by_columns_equals_local(tmp_path):
+    """Once in float32, within the bound of the uncut table's float32 proof (1e-4 of the
+    table's scale: Adam divides by sqrt(v); test_e2e_sparse.py says why)."""
+    t0, _, local = _train_distributed_table(tmp_path, "angel_custom_partitioner:ThreeBands")
+    for key in [k for k in local if k.startswith(("final/", "final_rows/"))]:
+        assert t0[key].dtype == np.float32, key
+        bound = (1e-4 if key.startswith("final_rows/") else 1e-5) * float(np.abs(local[key]).max())
+        np.testing.assert_allclose(t0[key], local[key], rtol=1e-5, atol=bound, err_msg=key)
+
+
 # ------------------------------------------------------------------ goldens
 
 
@@ -264,6 +404,19 @@ def test_2d_golden(golden, partitioner):
     spec = ThreeBands if partitioner == "three_bands" else partitioner
     result = transpile(*mlp(), pservers=EPS3, trainers=2, partitioner=spec, verify=True)
     golden.check(f"transpile/partition-mlp_adam_2ps-{partitioner}-3ps.txt", render(result))
+
+
+@pytest.mark.parametrize("partitioner", ["column", "three_bands"])
+def test_2d_golden_of_a_distributed_table(golden, partitioner):
+    """Paddle's ctr_v1_dist_sgd_2ps (the `is_distributed` table) cut by each partitioner on
+    3 pservers: its auto-grown pieces, the trainer's distributed_lookup_table and split ops."""
+    from test_api_golden import render
+
+    folder = PADDLE_PROGRAMS / "ctr_v1_dist_sgd_2ps"
+    main, startup = Program.load(folder / "main.pb"), Program.load(folder / "startup.pb")
+    spec = ThreeBands if partitioner == "three_bands" else partitioner
+    result = transpile(main, startup, pservers=EPS3, trainers=2, partitioner=spec, verify=True)
+    golden.check(f"transpile/partition-ctr_v1_dist_sgd_2ps-{partitioner}-3ps.txt", render(result))
 
 
 # ------------------------------------------------------------------ checkpoints and fetch
@@ -313,6 +466,156 @@ def test_checkpoints_of_2d_partitions_merge_and_reshard_onto_other_partitioners(
             reader.restore(scope, layout, f"ps{i}", count)
             for name, where in layout.items():
                 assert np.array_equal(scope.find_var(name).array, where.cut(wholes[where.origin])), (spec, name)
+
+
+def test_checkpoints_of_a_partitioned_distributed_table_merge_and_reshard(tmp_path):
+    """Save the pservers of the distributed table cut by three_bands (auto-grown pieces and
+    Adam moments following their rows, ids re-based to their band), read the table and its
+    moments back whole (touched rows only), and restore onto 2 pservers `id % M`, 2 cut by
+    column and 4 by angel: every piece holds its band's touched rows and its columns, the
+    moments in the table's slots, the rest of the pool as this pserver drew it."""
+    from ops.rpc.checkpoint import Checkpointer, CheckpointReader
+    from ops.scope import Scope
+    from ops.tensor import LoDTensor, SelectedRows
+
+    result = _distributed_table_plan("angel_custom_partitioner:ThreeBands")
+    layouts = _layouts(result)
+    rng = np.random.default_rng(0)
+    touched = np.sort(rng.choice(DIST_ROWS, 300, replace=False))
+    wholes: dict[str, np.ndarray] = {}
+    parts = tuple(f"ps{i}" for i in range(3))
+    pieces = 0
+    for i, layout in enumerate(layouts.values()):
+        scope = Scope()
+        for name, where in layout.items():
+            if where.origin not in wholes:
+                wholes[where.origin] = rng.standard_normal(where.whole_shape).astype(np.float32)
+            whole = wholes[where.origin]
+            if where.table:
+                assert where.rows is not None
+                pieces += 1
+                (r0, r1), (c0, c1) = where.rows, where.cols or (0, 16)
+                ids = touched[(touched >= r0) & (touched < r1)]
+                order = rng.permutation(ids.size) if where.follows is None else None
+                ids = ids[order] if order is not None else ids
+                pool = np.full((r1 - r0, c1 - c0), 7.0, np.float32)
+                pool[: ids.size] = whole[ids, c0:c1]
+                scope.set_var(name, SelectedRows(ids - r0, pool, r1 - r0))
+            else:
+                scope.set_var(name, LoDTensor(np.array(where.cut(whole))))
+        Checkpointer(tmp_path, parts[i], parts, layout, result.plan.to_json_text(), 3).save(scope, "ckpt-5")
+    assert pieces == 8 * 3  # the table and its two moments, 8 pieces each
+    reader = CheckpointReader(tmp_path)
+    for origin in ("emb", "emb_moment1_0", "emb_moment2_0"):
+        ids, values = reader.table_rows(origin)
+        assert np.array_equal(ids, touched) and np.array_equal(values, wholes[origin][touched]), origin
+        dense = reader.whole(origin)
+        assert np.array_equal(dense[touched], wholes[origin][touched]) and np.count_nonzero(dense.any(axis=1)) == 300
+    import ctr
+
+    main, startup = ctr.build(is_sparse=True, is_distributed=True, table=(DIST_ROWS, 16), table_optimizer="adam")
+    for spec, count in (("paddle", 2), ("column", 2), ("angel", 4)):
+        eps = ",".join(f"127.0.0.1:{7000 + i}" for i in range(count))
+        other = transpile(main, startup, pservers=eps, trainers=2, partitioner=None if spec == "paddle" else spec)
+        for i, layout in enumerate(_layouts(other).values()):
+            scope = Scope()
+            for name, where in layout.items():
+                if where.table:
+                    rows = (where.rows[1] - where.rows[0]) if where.rows else other.plan.table.shard_rows
+                    width = (where.cols[1] - where.cols[0]) if where.cols else 16
+                    scope.set_var(name, SelectedRows(np.zeros(0, np.int64), np.full((rows, width), 7.0, np.float32),
+                                                     rows))
+            reader.restore(scope, layout, f"ps{i}", count)
+            for name, where in layout.items():
+                value = scope.find_var(name)
+                if not where.table:
+                    assert np.array_equal(value.array, where.cut(wholes[where.origin])), (spec, name)
+                    continue
+                if where.rows is None:  # id % M
+                    ids = touched[touched % count == i]
+                    assert np.array_equal(value.rows, ids), (spec, name)
+                    assert np.array_equal(value.active_value(), wholes[where.origin][ids]), (spec, name)
+                    continue
+                (r0, r1), (c0, c1) = where.rows, where.cols or (0, 16)
+                ids = touched[(touched >= r0) & (touched < r1)]
+                assert np.array_equal(value.rows, ids - r0), (spec, name)
+                assert np.array_equal(value.active_value(), wholes[where.origin][ids, c0:c1]), (spec, name)
+                assert (value.value[ids.size :] == 7.0).all(), (spec, name)
+
+
+def test_checkpoints_of_conv_filters_cut_by_columns_merge_and_reshard(tmp_path):
+    """The small ResNet's rank-4 filters cut by the three bands ([rows, cols] pieces, and
+    their Momentum velocities): saved, read back whole in their own shape, restored onto
+    `paddle` row blocks and `column` pieces of 2 pservers."""
+    from ops.rpc.checkpoint import Checkpointer, CheckpointReader
+    from ops.scope import Scope
+    from ops.tensor import LoDTensor
+
+    folder = PADDLE_PROGRAMS / "resnet_small_momentum_3ps_sync"
+    main, startup = Program.load(folder / "main.pb"), Program.load(folder / "startup.pb")
+    result = transpile(main, startup, pservers=EPS3, trainers=2, partitioner=ThreeBands)
+    layouts = _layouts(result)
+    rng = np.random.default_rng(2)
+    wholes: dict[str, np.ndarray] = {}
+    parts = tuple(f"ps{i}" for i in range(3))
+    flat = 0
+    for i, layout in enumerate(layouts.values()):
+        scope = Scope()
+        for name, where in layout.items():
+            if where.origin not in wholes:
+                wholes[where.origin] = rng.standard_normal(where.whole_shape).astype(np.float32)
+            piece = where.cut(wholes[where.origin])
+            flat += len(where.whole_shape) == 4 and piece.ndim == 2
+            scope.set_var(name, LoDTensor(np.array(piece)))
+        Checkpointer(tmp_path, parts[i], parts, layout, result.plan.to_json_text(), 3).save(scope, "ckpt-5")
+    assert flat > 24  # filters and velocities, pieces of their [out, in * kh * kw] matrices
+    reader = CheckpointReader(tmp_path)
+    for origin, whole in wholes.items():
+        assert np.array_equal(reader.whole(origin), whole), origin
+    eps = "127.0.0.1:7000,127.0.0.1:7001"
+    for spec in ("paddle", "column"):
+        other = transpile(main, startup, pservers=eps, trainers=2, partitioner=None if spec == "paddle" else spec,
+                          min_block_size=64)
+        for i, layout in enumerate(_layouts(other).values()):
+            scope = Scope()
+            reader.restore(scope, layout, f"ps{i}", 2)
+            for name, where in layout.items():
+                assert np.array_equal(scope.find_var(name).array, where.cut(wholes[where.origin])), (spec, name)
+
+
+def test_fetch_pulls_a_partitioned_distributed_table_whole():
+    """`pull` (fetch from running pservers): each auto-grown piece answers its touched rows
+    (ids re-based to its band); the table comes back dense, untouched rows 0."""
+    from ops.rpc.fetch import FetchError, pull
+    from ops.tensor import SelectedRows
+
+    plan = _distributed_table_plan("angel_custom_partitioner:ThreeBands").plan.to_json()
+    emb = next(p for p in plan["params"] if p["param"] == "emb")
+    assert emb["distributed"] and emb["grid"] == [4, 2, 2]
+    rng = np.random.default_rng(1)
+    whole = rng.standard_normal((DIST_ROWS, 16))
+    touched = np.sort(rng.choice(DIST_ROWS, 50, replace=False))
+    answers = {}
+    for b in emb["blocks"]:
+        r0, r1, c0, c1 = b["row_offset"], b["row_offset"] + b["rows"], b["col_offset"], b["col_offset"] + b["cols"]
+        ids = touched[(touched >= r0) & (touched < r1)][::-1]  # first-touch order, not sorted
+        value = np.full((b["rows"], b["cols"]), 9.0)
+        value[: ids.size] = whole[ids, c0:c1]
+        answers[(b["endpoint"], b["name"])] = SelectedRows(ids - r0, value, b["rows"])
+
+    class Client:
+        def get_many(self, requests):
+            return [answers[r] for r in requests]
+
+    got = pull(Client(), plan, ["emb"])["emb"]
+    expected = np.zeros_like(whole)
+    expected[touched] = whole[touched]
+    assert np.array_equal(got, expected)
+    first = emb["blocks"][0]
+    answers[(first["endpoint"], first["name"])] = SelectedRows(np.array([first["rows"]]), np.zeros((1, first["cols"])),
+                                                                first["rows"])
+    with pytest.raises(FetchError, match="outside its"):
+        pull(Client(), plan, ["emb"])
 
 
 def test_fetch_joins_2d_blocks_into_whole_params():
@@ -409,6 +712,56 @@ def test_a_checkpoint_of_column_partitions_restores_onto_paddle_blocks_and_anoth
     assert reference.keys() == restored.keys() and reference
     for name, value in reference.items():
         assert np.array_equal(restored[name], value), (name, np.abs(restored[name] - value).max())
+
+
+def test_a_checkpoint_of_a_partitioned_distributed_table_restores_onto_other_cuts_and_trains_on(tmp_path):
+    """train_program.py on a distributed CTR table of 64 rows (Adam) cut by the three bands on
+    3 pservers checkpoints at step 6 (every row touched by then): read whole, it is the
+    table the pservers held (pulled). Restored by the same plan and by `column` on 2
+    pservers and trained to step 12, both jobs end bit-identical (params, table): the pieces' rows and
+    the Adam moments following them were resharded into the right slots and columns.
+    (Not against an uninterrupted run: an auto-grown row takes the next pool row in the
+    order the trainers' concurrent prefetches arrive, so two runs start rows differently.)"""
+    import ctr
+    from e2e_support import launch_ok
+    from ops.rpc.checkpoint import CheckpointReader
+    from ops.rpc.tensor_file import read_tensor
+    from test_e2e_recovery import finals
+
+    rows = 64
+    main, startup = ctr.build(is_sparse=True, is_distributed=True, table=(rows, 16), table_optimizer="adam")
+    main_pb, startup_pb = save(tmp_path, main, startup)
+    bands = {"PSTRANSPILE_PARTITIONER": "angel_custom_partitioner:ThreeBands",
+             "PYTHONPATH": f"{EXAMPLES.parent}{os.pathsep}{EXAMPLES}"}
+    saved = tmp_path / "first" / "ckpt"
+    restore = ("--restore", str(saved))
+    # (onto `id % M` shards: test_checkpoints_of_a_partitioned_distributed_table_merge_and_reshard)
+
+    def job(name, steps, pservers, env, *extra):
+        # every job checkpoints into a dir of its own: a sync trainer's pull reads the
+        # pservers' table through a checkpoint of its last step (Session.pull)
+        command = (sys.executable, str(EXAMPLES / "train_program.py"), "--main", str(main_pb), "--startup",
+                   str(startup_pb), "--loss", "mean_0.tmp_0", "--steps", str(steps), "--batch", "16", "--save",
+                   str(tmp_path / name / "params"), "--pull-to", str(tmp_path / name / "pulled"),
+                   "--checkpoint-dir", str(tmp_path / name / "ckpt"), *extra)
+        launch_ok(tmp_path / name, command, pservers=pservers, trainers=2, sync_mode=True, timeout=60.0, env=env)
+        return finals(tmp_path / name / "params"), read_tensor(tmp_path / name / "pulled" / "emb")
+
+    first, first_emb = job("first", 6, 3, bands, "--checkpoint-every", "6")
+    manifest = json.loads((saved / "ckpt-6" / "MANIFEST.json").read_text())
+    pieces = [e for part in manifest["parts"].values() for e in part.values() if e.get("table")]
+    assert {e["origin"] for e in pieces} == {"emb", "emb_moment1_0", "emb_moment2_0"} and len(pieces) == 3 * 8
+    assert first_emb.any(axis=1).all()  # every row touched: no pool row is drawn after the restore
+    assert np.array_equal(CheckpointReader(saved).whole("emb"), first_emb)
+    assert CheckpointReader(saved).whole("emb_moment2_0").any(axis=1).all()
+
+    same, same_emb = job("same", 12, 3, bands, *restore)
+    other, other_emb = job("other", 12, 2, {"PSTRANSPILE_PARTITIONER": "column"}, *restore)
+    assert not np.array_equal(same_emb, first_emb)
+    assert same.keys() == other.keys() == first.keys() and same
+    for name, value in same.items():
+        assert not np.array_equal(value, first[name]) and np.array_equal(other[name], value), name
+    assert np.array_equal(other_emb, same_emb)
 
 
 def test_a_column_cut_of_a_param_lars_updates_is_refused_rows_are_not():

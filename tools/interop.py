@@ -60,6 +60,8 @@ CASES = [
     # the weights by columns (split axis 1 / concat axis 1 on the trainer), on 3 pservers
     Case("dense_column", "MLP 64-256-10, Adam, weights cut by columns (--partitioner column), sync",
          partitioner="column"),
+    Case("conv_column", "conv2d 8x1x3x3 -> fc 10, Adam, every weight cut by columns (--partitioner column; "
+         "the rank-4 filter as its [8, 9] matrix: reshape2 around split / concat), sync", partitioner="column"),
     Case("dense_async", "MLP, SGD, async, 1 trainer"),
     Case("lr_decay", "MLP, SGD on exponential_decay (lr-decay block on the pservers), sync"),
     Case("lr_piecewise_l2", "MLP, Momentum on piecewise_decay (conditional sub-blocks on the pservers), L2Decay, sync"),

@@ -38,6 +38,12 @@ def band_name(var: str, band: int) -> str:
     return f"{var}.band{band}"
 
 
+def flat_name(var: str) -> str:
+    """A rank-3+ var cut into column ranges, on the trainer, seen as the matrix
+    `[d0, d1 * d2 * ...]` (`reshape2`): what its grad is cut from and its param joined into."""
+    return f"{var}.flat"
+
+
 def trainer_name(var: str, trainer: int) -> str:
     """Trainer `trainer`'s own copy of `var`: its grad on a pserver in sync mode with
     several trainers, or its async lr-decay step counter."""

@@ -22,10 +22,14 @@ TorchRec's column-wise sharding).
 Trainers cut a grad by row bands (`split_byref`) and each band by columns (`split`, axis
 1), and join the param back the other way (`concat` axis 1, then axis 0), so a param's
 partitions must form row bands: the partitions with the same row range cover all its
-columns. Column ranges are supported on params of rank <= 2, dense or `is_sparse` (whose
+columns. Column ranges are supported on dense params of any rank and `is_sparse` ones (whose
 SelectedRows grads are cut by column ranges of their values: `split_selected_rows_by_columns`;
-a prefetched table's rows are fetched from every column piece and joined); a rank-3+ param
-is cut by rows only, and the distributed table (`id % M`) is not cut by partitioners.
+a prefetched table's rows are fetched from every column piece and joined). The distributed
+table (`is_distributed`) is cut like any param by every partitioner but `paddle` (which keeps
+`id % M`): its pieces are auto-grown tables (`ParamInfo.distributed`). A dense rank-3+
+param cut by columns is a `[d0, d1 * d2 * ...]` matrix in every block: the trainer
+`reshape2`s its grad to that before cutting it and joins its param as that before
+`reshape2`ing it back (`<var>.flat`); a rank-3+ sparse table is cut by rows only.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ class ParamInfo:
     dtype: DType
     optimizer: str
     sparse: bool = False  # an is_sparse embedding (SelectedRows grads)
-    table: bool = False  # trainers prefetch its rows (a remote-prefetch sparse table)
+    table: bool = False  # trainers prefetch its rows (a remote-prefetch sparse table, or the distributed one)
+    distributed: bool = False  # the distributed lookup table (`is_distributed`: auto-grown pieces)
 
     @property
     def rows(self) -> int:
@@ -124,7 +129,8 @@ class PaddlePartitioner(Partitioner):
 class ColumnPartitioner(Partitioner):
     """Every partition holds all rows and a column range: `min(servers, cols)` ranges of
     near-equal width (the first `cols % n` one wider). A param with one column (rank 1)
-    or of rank 3+ stays whole."""
+    stays whole; a rank-3+ param is cut as its `[d0, d1 * d2 * ...]` matrix (a sparse one
+    stays whole)."""
 
     name = "column"
 
@@ -134,7 +140,7 @@ class ColumnPartitioner(Partitioner):
 
     def partitions(self, param: ParamInfo) -> list[Partition]:
         rows, cols = param.rows, param.cols
-        if len(param.shape) > 2:
+        if len(param.shape) > 2 and (param.sparse or param.table):
             return [Partition(0, rows, 0, cols)]
         count = max(1, min(self.parts or self.servers, cols))
         base, extra = divmod(cols, count)
@@ -153,8 +159,8 @@ class AngelPartitioner(Partitioner):
     rows >= S: `blockRow = min(rows / S, max(1, P / cols))`, `blockCol = min(P / blockRow, cols)`;
     rows <  S: `blockRow = rows`, `blockCol = min(P / rows, max(100, cols / S))`;
     (integer divisions) partitions laid out row-major, the last row and column ranges
-    shorter, partition i of a param on server `i % S`. A rank-3+ param, which cannot be
-    cut by columns here, gets `blockCol = cols`.
+    shorter, partition i of a param on server `i % S`. A rank-3+ sparse table, which cannot
+    be cut by columns, gets `blockCol = cols`.
     """
 
     name = "angel"
@@ -173,7 +179,7 @@ class AngelPartitioner(Partitioner):
         else:
             block_row = max(rows, 1)
             block_col = max(1, min(p // block_row, max(100, cols // s)))
-        if len(param.shape) > 2:
+        if len(param.shape) > 2 and (param.sparse or param.table):
             block_col = cols
         out = []
         for r in range(0, rows, block_row):
@@ -272,9 +278,9 @@ def checked_partitions(param: ParamInfo, partitions: Sequence[Partition], who: s
     if expected_row != rows:
         raise TranspileError(f"{where}: rows [{expected_row}, {rows}) are in no partition (a gap)")
     cut_columns = any(p.cols != cols for p in ordered)
-    if cut_columns and len(param.shape) > 2:
-        raise TranspileError(f"{where}: cuts columns of a rank-{len(param.shape)} param; only params of rank <= 2 "
-                             "can be cut by columns so far")
+    if cut_columns and len(param.shape) > 2 and (param.sparse or param.table):
+        raise TranspileError(f"{where}: cuts columns of a rank-{len(param.shape)} sparse table; a table's rows are "
+                             "cut by columns only when they are vectors (rank 2): cut its rows only")
     return [replace(p, param=param) for p in ordered]
 
 

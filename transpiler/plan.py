@@ -83,6 +83,10 @@ class ParamPlan:
     endpoints: list[str] = field(default_factory=list)  # one per block
     sparse: bool = False  # SELECTED_ROWS grads (an is_sparse embedding table)
     remote_prefetch: bool = False  # trainers fetch rows from the blocks instead of receiving the table
+    # The distributed lookup table (`is_distributed`) cut by a partitioner: each block is an
+    # auto-grown SELECTED_ROWS piece on its pserver (rows created on first touch, addressed
+    # by `id - row_offset`), prefetched like a `remote_prefetch` table.
+    distributed: bool = False
 
     @property
     def sliced(self) -> bool:
@@ -238,6 +242,8 @@ class Plan:
                 for block, blk in zip(param.blocks, entry["blocks"], strict=True):
                     blk["col_offset"] = block.col_offset
                     blk["cols"] = block.cols if block.cols is not None else math.prod(param.shape[1:])
+                if param.distributed:
+                    entry["distributed"] = True
         return out
 
     def _to_json(self) -> dict[str, Any]:
@@ -309,10 +315,13 @@ def make_partition_blocks(name: str, shape: tuple[int, ...], partitions) -> list
     row-major order): whole-row partitions as `make_blocks` makes them, a column range as a
     `[rows, cols]` block with `cols` set. One partition keeps the var's own name."""
     width = math.prod(shape[1:]) if len(shape) >= 2 else 1
+    # A rank-3+ param cut by columns is a [rows, cols] matrix in every block (the trainer
+    # reshapes its grad and param: `naming.flat_name`), whole-width blocks included.
+    flat = len(shape) > 2 and any(p.start_col != 0 or p.end_col != width for p in partitions)
     blocks = []
     for index, part in enumerate(partitions):
         block_name = naming.block_name(name, index) if len(partitions) > 1 else name
-        if part.start_col == 0 and part.end_col == width:
+        if part.start_col == 0 and part.end_col == width and not flat:
             block_shape = (part.end_row - part.start_row, *shape[1:]) if shape else ()
             blocks.append(VarBlock(name, index, part.start_row, part.end_row - part.start_row, block_shape, block_name))
         else:
@@ -343,6 +352,9 @@ def format_plan(plan: Plan) -> str:
     lines.append(f"{'var / block':<40} {'endpoint':<24} {'rows,cols' if two_d else 'rows':>14} {'shape':<16}")
     for param in plan.params:
         kind = ", sparse" + (" prefetched" if param.remote_prefetch else "") if param.sparse else ""
+        if param.distributed:
+            kind = ", distributed table, auto-grown"
+
         grid = ""
         if two_d:
             widths = [len(band) for band in param.bands()]

@@ -120,6 +120,23 @@ def unsqueeze_dims(in_dims, axes) -> list[int]:
     return [next(it) if d == 0 else d for d in out]
 
 
+def reshape2_shape(ctx: ShapeContext) -> Result:
+    """Paddle's reshape2 with a `shape` attr: a 0 copies the input's dim, one -1 is
+    inferred from the element count."""
+    x = ctx.x("X")
+    if ctx.has("Shape") or ctx.has("ShapeTensor"):
+        return {}
+    shape = [x.shape[i] if d == 0 else d for i, d in enumerate(ctx.attr("shape"))]
+    if shape.count(-1) > 1:
+        raise ShapeError(f"reshape2: more than one -1 in {list(ctx.attr('shape'))}")
+    if -1 in shape and all(d >= 0 for d in x.shape):
+        known = math.prod(d for d in shape if d != -1)
+        shape[shape.index(-1)] = math.prod(x.shape) // known if known else -1
+    if all(d >= 0 for d in shape) and all(d >= 0 for d in x.shape) and math.prod(shape) != math.prod(x.shape):
+        raise ShapeError(f"reshape2: {list(x.shape)} cannot be reshaped to {list(ctx.attr('shape'))}")
+    return {"Out": [TensorInfo(x.dtype, tuple(shape))], "XShape": [TensorInfo(x.dtype, (0, *x.shape))]}
+
+
 def unsqueeze2_shape(ctx: ShapeContext) -> Result:
     x = ctx.x("X")
     if ctx.has("AxesTensor") or ctx.has("AxesTensorList"):
@@ -182,6 +199,15 @@ OPS = (
         {"diagonal": Int(0), "lower": Bool()},
         grad=GradSpec("tril_triu_grad", inputs=()),
         infer=shapes.unary,
+    ),
+    # (here for the trainer's column cut of a rank-3+ param: its grad seen as [rows, cols])
+    op(
+        "reshape2",
+        "X Shape? ShapeTensor*?",
+        "Out XShape!?",
+        {"shape": Ints([])},
+        grad=GradSpec("reshape2_grad", outputs=("XShape",)),
+        infer=reshape2_shape,
     ),
     op(
         "unsqueeze2",

@@ -178,8 +178,11 @@ class VarSlice:
     origin: str
     whole_shape: tuple[int, ...]
     rows: tuple[int, int] | None = None
-    table: bool = False  # the distributed table's shard (SelectedRows, ids % M)
+    table: bool = False  # the distributed table's shard (SelectedRows, ids % M), or a piece of it (`rows` set)
     cols: tuple[int, int] | None = None
+    # A piece of an accumulator of a partitioned distributed table: the table's origin,
+    # whose rows it follows (`SelectedRows.follow`). Not saved: restore-time knowledge.
+    follows: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {"origin": self.origin, "whole_shape": list(self.whole_shape),
@@ -224,18 +227,25 @@ def pserver_layout(program: Program, plan: Mapping[str, Any], endpoint: str, ski
     skip = set(skip)
     # block var -> (param shape, start, rows, sliced, column range or None)
     blocks: dict[str, tuple[tuple[int, ...], int, int, bool, tuple[int, int] | None]] = {}
+    pieces: dict[str, str] = {}  # block var of a partitioned distributed table -> the table
     for param in plan.get("params", []):
         sliced = len(param["blocks"]) > 1
+        if param.get("distributed"):
+            pieces.update({blk["name"]: param["param"] for blk in param["blocks"] if blk["endpoint"] == endpoint})
         width = math.prod(param["shape"][1:]) if len(param["shape"]) >= 2 else 1
         for blk in param["blocks"]:
             if blk["endpoint"] == endpoint:
                 cols = None
-                if "cols" in blk and (int(blk["col_offset"]), int(blk["cols"])) != (0, width):
+                flat = len(param["shape"]) > 2 and len(blk.get("shape", ())) == 2  # a rank-3+ param's 2-D piece
+                if "cols" in blk and ((int(blk["col_offset"]), int(blk["cols"])) != (0, width) or flat):
                     cols = (int(blk["col_offset"]), int(blk["col_offset"]) + int(blk["cols"]))
                 blocks[blk["name"]] = (tuple(param["shape"]), int(blk["row_offset"]), int(blk["rows"]), sliced, cols)
     layout: dict[str, VarSlice] = {}
     for name, (shape, start, rows, sliced, cols) in blocks.items():
         origin = _BLOCK_SUFFIX.sub("", name) if sliced else name
+        if name in pieces:  # an auto-grown piece: its rows are ids re-based to `start`
+            layout[name] = VarSlice(pieces[name], shape, (start, start + rows), table=True, cols=cols)
+            continue
         layout[name] = VarSlice(origin, shape, (start, start + rows) if sliced else None, cols=cols)
     for blk in program.blocks[1:]:
         for op in blk.ops:
@@ -249,7 +259,10 @@ def pserver_layout(program: Program, plan: Mapping[str, Any], endpoint: str, ski
                     continue
                 for arg in op.input(slot):
                     var = block0.find_var(arg)
-                    if sliced and var is not None and var.shape is not None and tuple(var.shape) == piece:
+                    if params[0] in pieces and var is not None and var.kind == VarKind.SELECTED_ROWS:
+                        layout[arg] = VarSlice(_BLOCK_SUFFIX.sub("", arg) if sliced else arg, shape, (start, start + rows),
+                                               table=True, cols=cols, follows=pieces[params[0]])
+                    elif sliced and var is not None and var.shape is not None and tuple(var.shape) == piece:
                         layout[arg] = VarSlice(_BLOCK_SUFFIX.sub("", arg), (shape[0], *shape[1:]), (start, start + rows),
                                                cols=cols)
                     elif sliced and var is not None and var.shape is not None and var.persistable \
@@ -442,7 +455,7 @@ class Checkpointer:
                     rows, value, _ = decode_table(blobs[file], blobs[_file_name(var + POOL_SUFFIX)], f"{where_part}: {file}")
                     # (a table's entry records the SelectedRows' own shape: its height, not its value's rows)
                     shape = list(entry["shape"])
-                    fits = rows.size <= value.shape[0] and tuple(value.shape[1:]) == tuple(where.whole_shape[1:])
+                    fits = rows.size <= value.shape[0] and tuple(value.shape[1:]) == tuple(where.piece_shape()[1:])
                 else:
                     array = decode_tensor(blobs[file], f"{where_part}: {file}").array
                     shape = list(array.shape)
@@ -728,6 +741,7 @@ class CheckpointReader:
             if bad_file or not re.fullmatch(r"ps\d+|local", part):
                 raise CheckpointError(f"{self.folder}: {MANIFEST} names a part or file outside the checkpoint")
         self._wholes: dict[str, np.ndarray] = {}
+        self._pieces: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # a partitioned table's rows (`table_rows`)
         self._found: dict[str, Path] = {}  # each part's folder, found when first read
 
     @property
@@ -825,12 +839,42 @@ class CheckpointReader:
         return out
 
     def table_rows(self, origin: str) -> tuple[np.ndarray, np.ndarray]:
-        """Every touched row of the table: (ids, values), ids ascending."""
+        """Every touched row of the table: (ids, values), ids ascending. A table cut by a
+        partitioner is joined from its pieces (ids re-based to their rows, columns ranges
+        of the row): a row must be held by every column piece of its band."""
+        pieces = [(name, e) for part, name, e in self.entries() if e["origin"] == origin and e.get("table")]
+        if any(e.get("rows") is not None for _, e in pieces):
+            if origin not in self._pieces:  # every piece of the table restores from the same rows
+                self._pieces[origin] = self._piece_rows(origin, [e for _, e in pieces])
+            return self._pieces[origin]
         parts = self.table_parts(origin)
+        if not parts:
+            raise CheckpointError(f"{self.folder}: the checkpoint holds no table {origin!r}")
         rows = np.concatenate([r for _, r, _, _ in parts])
         values = np.concatenate([v[: r.size] for _, r, v, _ in parts])
         order = np.argsort(rows, kind="stable")
         return rows[order], values[order]
+
+    def _piece_rows(self, origin: str, entries: list[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+        shape = tuple(entries[0]["whole_shape"])
+        width = math.prod(shape[1:]) if len(shape) >= 2 else 1
+        pieces = []
+        for (part, rows, value, _), entry in zip(self.table_parts(origin), entries, strict=True):
+            (r0, r1), (c0, c1) = entry["rows"], entry.get("cols") or (0, width)
+            if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= r1 - r0):
+                raise CheckpointError(f"{self.folder}: a piece of {origin} in {part} holds a row outside its {r1 - r0}")
+            pieces.append((rows + r0, value[: rows.size].reshape(rows.size, -1), c0, c1))
+        ids = np.unique(np.concatenate([g for g, _, _, _ in pieces]))
+        values = np.zeros((ids.size, width), pieces[0][1].dtype)
+        held = np.zeros((ids.size, width), bool)
+        for gids, value, c0, c1 in pieces:
+            at = np.searchsorted(ids, gids)
+            values[at, c0:c1] = value
+            held[at, c0:c1] = True
+        if not held.all():
+            bad = int(ids[~held.all(axis=1)][0])
+            raise CheckpointError(f"{self.folder}: row {bad} of {origin} is held by only some of its column pieces")
+        return ids, values.reshape(ids.size, *shape[1:])
 
     def own_part_fits(self, layout: Mapping[str, VarSlice], part: str, parts: int) -> bool:
         """True when `part` of this checkpoint holds exactly what `layout` wants (the same
@@ -871,7 +915,7 @@ class CheckpointReader:
                     _set_table(table, rows, value)
                 continue
             saved = self._read(part, name, entry)
-            want = where.whole_shape if where.rows is None else (where.rows[1] - where.rows[0], *where.whole_shape[1:])
+            want = where.piece_shape()  # a 2-D partition's [rows, cols] too
             array = conform_scalar(saved, want)
             if array is None:
                 raise CheckpointError(f"{self.folder}: {name} has shape {list(saved.shape)}, this program's is {list(want)}")
@@ -883,15 +927,45 @@ class CheckpointReader:
         table = scope.find_var(name)
         if not isinstance(table, SelectedRows):
             raise CheckpointError(f"restore: {name} is not a sparse table in this scope")
+        if where.rows is not None:
+            self._restore_piece(table, where)
+            return
         saved = self.table_parts(where.origin)
         mine = [s for s in saved if s[0] == part]
-        if len(saved) == parts and mine:
+        old_style = all(e.get("rows") is None for _, _, e in self.entries() if e["origin"] == where.origin)
+        if len(saved) == parts and mine and old_style:
             _, rows, value, _ = mine[0]
             with table.lock:
                 _set_table(table, rows, value)
             return
         ids, values = self.table_rows(where.origin)
         set_table_rows(table, ids, values, parts, _index_of(part))
+
+    def _restore_piece(self, table: SelectedRows, where: VarSlice) -> None:
+        """A piece of a partitioned distributed table (rows `where.rows`, columns
+        `where.cols`) from whatever the checkpoint holds of its table: pieces of any
+        partitioner or `id % M` shards. An accumulator gets its table's rows, in the same
+        slots (it follows them); a row it never held keeps this pserver's initial value."""
+        r0, r1 = where.rows
+        width = math.prod(where.whole_shape[1:]) if len(where.whole_shape) >= 2 else 1
+        c0, c1 = where.cols or (0, width)
+        ids = self.table_rows(where.follows or where.origin)[0]
+        ids = ids[(ids >= r0) & (ids < r1)]
+        has = any(e["origin"] == where.origin for _, _, e in self.entries())
+        own_ids, own_values = self.table_rows(where.origin) if has else (np.zeros(0, np.int64), None)
+        with table.lock:
+            value = np.array(table.value)
+            if value.shape[0] < ids.size:
+                raise CheckpointError(f"restore: {where.origin} rows [{r0}, {r1}): {ids.size} saved rows do not fit "
+                                      f"a piece of {value.shape[0]}")
+            if own_values is not None:
+                at = np.searchsorted(own_ids, ids)
+                found = (at < own_ids.size) & (own_ids[np.minimum(at, max(own_ids.size - 1, 0))] == ids) \
+                    if own_ids.size else np.zeros(ids.size, bool)
+                flat = own_values.reshape(own_ids.size, -1)[:, c0:c1]
+                rows = np.flatnonzero(found)
+                value.reshape(value.shape[0], -1)[rows] = flat[at[found]].astype(value.dtype)
+            _set_table(table, ids - r0, value)
 
 
 def part_fits(entries: Any, layout: Mapping[str, VarSlice]) -> bool:
@@ -902,6 +976,7 @@ def part_fits(entries: Any, layout: Mapping[str, VarSlice]) -> bool:
     return all(isinstance(e := entries[name], dict) and e.get("origin") == where.origin
                and tuple(e.get("whole_shape", ())) == where.whole_shape
                and e.get("rows") == (list(where.rows) if where.rows is not None else None)
+               and e.get("cols") == (list(where.cols) if where.cols is not None else None)
                and bool(e.get("table")) == where.table for name, where in layout.items())
 
 
@@ -969,7 +1044,13 @@ def warm_start(scope: Scope, layout: Mapping[str, VarSlice], folder: Path, parts
             table = scope.find_var(name)
             if not isinstance(table, SelectedRows):
                 raise CheckpointError(f"warm start: {name} is not a sparse table in this scope")
-            set_table_rows(table, np.arange(whole.shape[0], dtype=np.int64), whole, parts, index)
+            if where.rows is not None:  # a piece: every row of its band, its columns
+                (r0, r1), flat = where.rows, whole.reshape(whole.shape[0], -1)
+                c0, c1 = where.cols or (0, flat.shape[1])
+                with table.lock:
+                    _set_table(table, np.arange(r1 - r0, dtype=np.int64), np.array(flat[r0:r1, c0:c1], table.dtype))
+            else:
+                set_table_rows(table, np.arange(whole.shape[0], dtype=np.int64), whole, parts, index)
         else:
             value = scope.find_var(name)
             array = where.cut(whole)

@@ -3,7 +3,9 @@
 what `fluid.io.load_persistables` reads, and what `serve --init` warm starts from).
 
 `pull` asks each pserver for its blocks of every param by the plan and concatenates
-them by their row ranges; the distributed table comes back from every pserver as its
+them by their row ranges (and column ranges: 2-D partitions; a distributed table cut by
+a partitioner answers its auto-grown pieces, dense-ified, rows never touched 0); the
+distributed table (`id % M`) comes back from every pserver as its
 touched rows (global ids) and is assembled dense, rows never touched 0. In sync mode a
 get waits for the pservers' get phase, so a pull between steps sees one step's params.
 The pull's RPCs go as trainer 0's (a pserver knows only its trainers' ids).
@@ -56,7 +58,8 @@ def pull(client: RpcClient, plan: Mapping[str, Any], names: Iterable[str] | None
     for name in wanted:
         if name in params:
             param = params[name]
-            blocks = [_array(next(values), b["name"]) for b in param["blocks"]]
+            blocks = [_piece(next(values), b, param) if param.get("distributed") else _array(next(values), b["name"])
+                      for b in param["blocks"]]
             if any("cols" in b for b in param["blocks"]):
                 whole = _join_2d(param, blocks)
             else:
@@ -94,6 +97,21 @@ def _join_2d(param: dict[str, Any], blocks: list[np.ndarray]) -> np.ndarray:
     if covered != flat.size:
         raise FetchError(f"{param['param']}: the pservers' blocks hold {covered} of its {flat.size} elements")
     return flat.reshape(shape)
+
+
+def _piece(value: Any, block: Mapping[str, Any], param: Mapping[str, Any]) -> np.ndarray:
+    """A piece of a distributed table cut by a partitioner (an auto-grown SelectedRows,
+    ids re-based to its rows) as its dense block: rows never touched 0."""
+    if not isinstance(value, SelectedRows):
+        raise FetchError(f"{block['name']}: a pserver answered a {type(value).__name__}, not a table piece")
+    shape = [int(d) for d in param["shape"]]
+    cols = int(block["cols"]) if "cols" in block else math.prod(shape[1:])
+    rows = value.rows
+    if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= int(block["rows"])):
+        raise FetchError(f"{block['name']}: a row id outside its {block['rows']} rows")
+    dense = np.zeros((int(block["rows"]), cols), value.dtype)
+    dense[rows] = value.active_value().reshape(rows.size, cols)
+    return dense if "cols" in block else dense.reshape(int(block["rows"]), *shape[1:])
 
 
 def _array(value: Any, name: str) -> np.ndarray:

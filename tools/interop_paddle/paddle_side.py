@@ -50,6 +50,20 @@ def _mlp(optimizer, x_dim=64):
     return loss, feeds, []
 
 
+def _conv_net(optimizer, x_dim=64):
+    """x[64] seen as a 1x8x8 image -> conv2d 8 filters 3x3 (an [8, 1, 3, 3] filter: ours
+    cuts it by columns of its [8, 9] matrix, reshape2 around the split and concat) -> fc 10."""
+    x = fluid.data(name="x", shape=[None, x_dim], dtype="float32")
+    label = fluid.data(name="label", shape=[None, 1], dtype="int64")
+    image = fluid.layers.reshape(x, [-1, 1, 8, 8])
+    conv = fluid.layers.conv2d(image, num_filters=8, filter_size=3, act="relu")
+    out = fluid.layers.fc(conv, size=10, act="softmax")
+    loss = fluid.layers.mean(fluid.layers.cross_entropy(out, label))
+    optimizer.minimize(loss)
+    feeds = [{"name": "x", "kind": "dense", "dim": x_dim}, {"name": "label", "kind": "label", "classes": 10}]
+    return loss, feeds, []
+
+
 def _embedding_net(optimizer, distributed):
     ids = fluid.data(name="ids", shape=[None, 1], dtype="int64")
     label = fluid.data(name="label", shape=[None, 1], dtype="int64")
@@ -69,6 +83,8 @@ CASES = {
     "dense_sync": (lambda: _mlp(fluid.optimizer.Adam(learning_rate=0.01)), 2, 2, True, 5),
     # the harness transpiles ours with `--partitioner column`: 64x256 cut into 3 column ranges
     "dense_column": (lambda: _mlp(fluid.optimizer.Adam(learning_rate=0.01)), 3, 2, True, 5),
+    # ours with `--partitioner column`: the rank-4 conv filter cut by columns of its matrix
+    "conv_column": (lambda: _conv_net(fluid.optimizer.Adam(learning_rate=0.01)), 3, 2, True, 5),
     "dense_async": (lambda: _mlp(fluid.optimizer.SGD(learning_rate=0.1)), 2, 1, False, 5),
     "lr_decay": (lambda: _mlp(fluid.optimizer.SGD(learning_rate=fluid.layers.exponential_decay(
         learning_rate=0.5, decay_steps=2, decay_rate=0.5, staircase=True))), 2, 2, True, 5),

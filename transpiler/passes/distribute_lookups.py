@@ -6,7 +6,9 @@ of their ids, by:
 * a `remote_prefetch` sparse table: one `distributed_lookup_table` that fetches each row
   from the block holding it (by row range, `height_sections`);
 * the distributed table: `split_ids` (shard ids by `id % #pservers`) → `prefetch` →
-  `merge_ids` back into the lookups' outputs.
+  `merge_ids` back into the lookups' outputs; cut by a partitioner other than `paddle` it
+  is a `remote_prefetch` param of the plan (`ParamPlan.distributed`) and gets the
+  `distributed_lookup_table` above, its pieces auto-grown on the pservers.
 
 Tables are handled in param order, the distributed table last.
 """

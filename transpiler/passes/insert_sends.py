@@ -16,12 +16,13 @@ several grads share a producer.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ops.catalogue import make_op
 from transpiler.config import TranspileOptions
 from transpiler.ir import Block, Op, OpRole, Program
-from transpiler.naming import band_name, trainer_name
+from transpiler.naming import band_name, flat_name, trainer_name
 from transpiler.passes.bundle import Bundle, TrainerSends
 from transpiler.passes.contract import Pass
 from transpiler.plan import ParamPlan, Plan
@@ -116,22 +117,33 @@ def _split_2d(block: Block, param: ParamPlan, names: list[str]) -> list[Op]:
     role = {"role": OpRole.Dist, "role_vars": (param.param, param.grad)}
     bands = param.bands()
     grad = block.var(param.grad)
+    ops = []
+    source, row_shape = param.grad, tuple(grad.shape[1:])
+    if len(param.shape) > 2 and not param.sparse:  # a rank-3+ grad is cut as its [rows, cols] matrix
+        source, row_shape = flat_name(param.grad), (math.prod(param.shape[1:]),)
+        xshape = f"{source}@XShape"
+        for name, shape in ((source, (param.shape[0], *row_shape)), (xshape, (0, *param.shape))):
+            if not block.has_var(name):
+                copy = grad.copy(name)
+                copy.shape, copy.persistable = shape, False
+                block.add_var(copy)
+        ops.append(make_op("reshape2", {"X": [param.grad]}, {"Out": [source], "XShape": [xshape]},
+                           {"shape": [param.shape[0], row_shape[0]]}, **role))
     out_of = dict(zip((b.index for b in param.blocks), names, strict=True))
     band_vars = []
     for j, band in enumerate(bands):
         if len(band) == 1:
             band_vars.append(out_of[band[0].index])
             continue
-        name = band_name(param.grad, j) if len(bands) > 1 else param.grad
+        name = band_name(param.grad, j) if len(bands) > 1 else source
         if len(bands) > 1 and not block.has_var(name):
             copy = grad.copy(name)
-            copy.shape = (band[0].rows, *grad.shape[1:])
+            copy.shape = (band[0].rows, *row_shape)
             copy.persistable = False
             block.add_var(copy)
         band_vars.append(name)
-    ops = []
     if len(bands) > 1:
-        ops.append(make_op(by_rows, {"X": [param.grad]}, {"Out": band_vars},
+        ops.append(make_op(by_rows, {"X": [source]}, {"Out": band_vars},
                            {rows_attr: [band[0].rows for band in bands]}, **role))
     for band, name in zip(bands, band_vars, strict=True):
         if len(band) > 1:

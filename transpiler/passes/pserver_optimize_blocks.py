@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections import Counter
 
 from ops.catalogue import make_op
-from ops.catalogue.optimizer_ops import OptimizerSlots, optimizer_slots
+from ops.catalogue.optimizer_ops import OptimizerSlots, is_optimizer, optimizer_slots
 from transpiler.config import TranspileOptions
-from transpiler.ir import Attr, AttrType, Block, OpRole, Program
+from transpiler.ir import Attr, AttrType, Block, OpRole, Program, VarKind
 from transpiler.ir.attrs import sound_on_its_own
 from transpiler.ir.types import EMPTY_VAR_NAME, OP_ROLE_VAR_ATTR
 from transpiler.naming import block_name
@@ -30,6 +30,9 @@ from transpiler.plan import ParamPlan, Plan, VarBlock
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     chains = {chain.param: chain for chain in bundle.analysis.chains}
+    table = bundle.analysis.distributed_table
+    if table is not None:
+        chains[table.param] = table  # in plan.params when a partitioner cuts it (ParamPlan.distributed)
     placed_on = bundle.plan.by_endpoint()
     kinds: dict[tuple, str] = {}  # `_BlockFiller._map_arg`'s, the same on every pserver
     for endpoint, progs in bundle.pservers.items():
@@ -41,11 +44,29 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
             shared = blocks_here[param.param] > 1
             merged = param.grad_block_name(var_block.index)
             progs.received.extend(filler.fill(block, chains[param.param], param, var_block, merged, shared))
+            if param.distributed:
+                _auto_grown(progs.main, block, var_block)
             progs.optimize_blocks.append(block.idx)
             progs.grad_to_block.append((merged, block.idx))
             if param.sparse:
                 progs.sparse_grad_to_param.append((merged, var_block.name))
     return bundle
+
+
+def _auto_grown(program: Program, block: Block, var_block: VarBlock) -> None:
+    """A piece of the distributed table is an auto-grown table (SELECTED_ROWS, rows created
+    on first touch, `ops.kernels.table_update` updates it), and so is each accumulator cut
+    like it (Adam's moments: they follow the piece's rows); scalar state stays whole."""
+    globals_ = program.global_block()
+    globals_.var(var_block.name).kind = VarKind.SELECTED_ROWS
+    for op in block.ops:
+        slots = optimizer_slots(op.type) if is_optimizer(op.type) else None
+        if slots is None:
+            continue
+        for slot in slots.sliced:
+            for name in op.input(slot):
+                if name != EMPTY_VAR_NAME:
+                    globals_.var(name).kind = VarKind.SELECTED_ROWS
 
 
 class _BlockFiller:

@@ -1,6 +1,7 @@
 """Pass: each pserver's shard of the distributed lookup table.
 
-Pserver `i` holds the table rows with `id % M == i` (a SELECTED_ROWS var). It gets an
+Pserver `i` holds the table rows with `id % M == i` (a SELECTED_ROWS var). (A table cut by
+a partitioner is a param of the plan instead: pserver_optimize_blocks makes its pieces.) It gets an
 update block (a child of the lr-decay block when there is one): sync mode with several
 trainers `sum` of the trainers' shard grads → `scale` 1/trainers → the table's own
 optimizer op. Its param-shaped accumulators (the catalogue's `sliced` slots: Adam's

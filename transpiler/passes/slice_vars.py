@@ -27,7 +27,7 @@ from dataclasses import replace
 from ops.catalogue.optimizer_ops import optimizer_slots
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
-from transpiler.naming import band_name
+from transpiler.naming import band_name, flat_name
 from transpiler.passes.bundle import Bundle
 from transpiler.passes.contract import Pass
 from transpiler.partition import ParamInfo, checked_assignment, checked_partitions
@@ -75,12 +75,19 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
             )
         )
     table = bundle.analysis.distributed_table
-    if table is not None:
+    if table is not None and options.partitioner is not None:
+        # Cut by the partitioner like any param: auto-grown pieces, prefetched from every
+        # column piece of a row's band (`distributed_lookup_table`), grads split the same way.
+        var = block.var(table.param)
+        plan.params.append(ParamPlan(param=table.param, grad=table.grad, shape=tuple(var.shape), dtype=var.dtype,
+                                     optimizer=table.optimizer.type, sparse=True, remote_prefetch=True,
+                                     distributed=True))
+    elif table is not None:
         var = block.var(table.param)
         plan.table = TablePlan(table.param, table.grad, tuple(var.shape), var.dtype, options.endpoints,
                                tables[table.param].padding_idx)
     if options.partitioner is not None:
-        _partition(plan, options, bundle.analysis.chains)
+        _partition(plan, options, [*bundle.analysis.chains, *([table] if table is not None else [])])
         _check_names_free(block, plan)
         return replace(bundle, plan=plan)
     _check_names_free(block, plan)
@@ -111,7 +118,8 @@ def _partition(plan: Plan, options: TranspileOptions, chains) -> None:
     partitioner.servers = len(options.endpoints)
     partitioner.reset()
     for param in plan.params:
-        info = ParamInfo(param.param, param.shape, param.dtype, param.optimizer, param.sparse, param.remote_prefetch)
+        info = ParamInfo(param.param, param.shape, param.dtype, param.optimizer, param.sparse,
+                         param.remote_prefetch, param.distributed)
         parts = checked_partitions(info, partitioner.partitions(info), who)
         servers = checked_assignment(info, parts, partitioner.assign(parts), who, len(options.endpoints))
         param.blocks = make_partition_blocks(param.param, param.shape, parts)
@@ -146,10 +154,12 @@ def _check_names_free(block, plan: Plan) -> None:
                 if block.has_var(name):
                     raise TranspileError(f"cannot slice {param.param!r}: the program already declares {name!r}")
         if param.cuts_columns:  # the trainer's row bands of a 2-D cut (`naming.band_name`)
-            for j in range(len(param.bands())):
-                for name in (band_name(param.param, j), band_name(param.grad, j)):
-                    if block.has_var(name):
-                        raise TranspileError(f"cannot cut {param.param!r}: the program already declares {name!r}")
+            names = [n for j in range(len(param.bands())) for n in (band_name(param.param, j), band_name(param.grad, j))]
+            if len(param.shape) > 2:  # the trainer's [rows, cols] views of a rank-3+ param (`naming.flat_name`)
+                names += [n for v in (param.param, param.grad) for n in (flat_name(v), flat_name(v) + "@XShape")]
+            for name in names:
+                if block.has_var(name):
+                    raise TranspileError(f"cannot cut {param.param!r}: the program already declares {name!r}")
 
 
 PASS = Pass("slice_vars", run, requires=("analysis",), produces=("plan",))
