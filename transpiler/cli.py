@@ -777,6 +777,28 @@ def plan_command(args: argparse.Namespace) -> int:
 
 
 @command(
+    "calibrate",
+    "measure this machine for the cost model (loopback gRPC bandwidth and per-call time, us per element of "
+    "each optimizer op) and write the rates as JSON for `plan --rates` (well under a minute)",
+    arg("-o", "--output", required=True, metavar="RATES.json", help="where to write the rates"),
+)
+def calibrate_command(args: argparse.Namespace) -> int:
+    import json
+
+    from transpiler.calibrate import calibrate
+
+    def say(text: str) -> None:
+        if not _OUTPUT["quiet"]:
+            print(f"{PROG}: {text}", file=sys.stderr)
+
+    rates = calibrate(say)
+    write_output(args.output, (json.dumps(rates.to_json(), indent=1) + "\n").encode())
+    print(f"{args.output}: {rates.bandwidth / 1e6:,.0f} MB/s, {rates.rpc_us:.0f} us per RPC, adam "
+          f"{rates.op('adam'):.4f} us per element ({rates.source})")
+    return EXIT_OK
+
+
+@command(
     "serve",
     "run one pserver: its startup program, then its main program, until every trainer completed "
     "(exit 1 if a trainer vanished or failed)",
@@ -1215,8 +1237,8 @@ def report_command(args: argparse.Namespace) -> int:
 
 # The one place subcommands are registered, in the order `--help` lists them.
 COMMANDS: tuple[Command, ...] = (
-    dump_command, diff_command, graph_command, cast_command, transpile_command, plan_command, serve_command,
-    launch_command, fetch_command, merge_table_command, report_command,
+    dump_command, diff_command, graph_command, cast_command, transpile_command, plan_command, calibrate_command,
+    serve_command, launch_command, fetch_command, merge_table_command, report_command,
 )
 
 

@@ -47,12 +47,12 @@ MEMORY_KINDS = ("params", "optimizer_state", "grad_buffers", "merged_grads", "ta
 ID_BYTES = 8  # an int64 row id on the wire
 RATES_SCHEMA = "pstranspile.rates/1"
 
-# Defaults measured on the project's shared 2-core VM with `pstranspile calibrate` (2026-11-26,
-# median of 3); every figure is per element of float32 unless said otherwise.
+# Defaults measured on the project's shared 2-core VM with `pstranspile calibrate`
+# (2026-11-26): µs per float32 element, the executor's kernels.
 DEFAULT_OP_US = {
-    "sum": 0.0011, "scale": 0.0010, "sgd": 0.0012, "momentum": 0.0030, "adam": 0.0078, "adamw": 0.0085,
-    "adagrad": 0.0040, "rmsprop": 0.0060, "adamax": 0.0060, "adadelta": 0.0070, "ftrl": 0.0100,
-    "decayed_adagrad": 0.0045, "lars_momentum": 0.0045, "lamb": 0.0110, "dgc_momentum": 0.0040,
+    "sum": 0.0002, "scale": 0.00016, "sgd": 0.00025, "momentum": 0.0017, "adam": 0.0093, "adamw": 0.0021,
+    "adagrad": 0.0020, "rmsprop": 0.017, "adamax": 0.019, "ftrl": 0.036, "decayed_adagrad": 0.0082,
+    "lars_momentum": 0.0024, "lamb": 0.0098,
 }
 
 
@@ -63,10 +63,10 @@ class Rates:
     element per op type (`sum`, `scale` and the optimizers), `row_us` µs per row a sparse
     update or lookup touches (the per-row bookkeeping beside the per-element work)."""
 
-    bandwidth: float = 1.2e9
-    rpc_us: float = 250.0
+    bandwidth: float = 1.5e8  # loopback gRPC from Python on the 2-core VM (calibrate)
+    rpc_us: float = 475.0
     op_us: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_US))
-    row_us: float = 0.15
+    row_us: float = 0.004
     source: str = "defaults"
 
     def op(self, op_type: str) -> float:
@@ -104,7 +104,7 @@ def load_rates(path: str | Path | None) -> Rates:
     try:
         ops = dict(DEFAULT_OP_US)
         ops.update({str(k): float(v) for k, v in data.get("op_us", {}).items()})
-        rates = Rates(float(data["bandwidth"]), float(data["rpc_us"]), ops, float(data.get("row_us", 0.15)), str(path))
+        rates = Rates(float(data["bandwidth"]), float(data["rpc_us"]), ops, float(data.get("row_us", Rates.row_us)), str(path))
     except (KeyError, TypeError, ValueError) as exc:
         raise TranspileError(f"rates {path}: bad field ({exc})") from None
     if rates.bandwidth <= 0 or rates.rpc_us < 0 or any(v < 0 for v in ops.values()):
