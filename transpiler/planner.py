@@ -15,7 +15,9 @@ placer, greedy and deterministic:
    of the slowest pserver's time and the mean time once the params still to place are
    added whole; then the unit's added time; then its part count);
 3. the best candidate is kept; if no candidate fits the cap, one `TranspileError` names
-   the cap, the param and by how much the best placement is over.
+   the cap, the param and by how much the best placement is over;
+4. a local search then moves a part off the slowest pserver, or swaps it with a smaller
+   one, while that lowers the slowest time (`improve`).
 
 The result depends only on the params, the pserver and trainer counts and the options (the
 rates, the id sample, the cap): every trainer computes the same plan.
@@ -219,6 +221,7 @@ class PlanPartitioner(Partitioner):
         whole = Candidate("whole", (1, 1))
         order = sorted(units, key=lambda u: (-sum(p.time_us for p in parts_of(u, whole)), u[0].name))
         remaining = sum(p.time_us for u in order for p in parts_of(u, whole))
+        chosen: list[tuple[list[ParamInfo], list[_Part], list[int]]] = []
         for unit in order:
             remaining -= sum(p.time_us for p in parts_of(unit, whole))
             allowed = set(KINDS)
@@ -250,7 +253,64 @@ class PlanPartitioner(Partitioner):
             for part in parts:
                 loads[where[part.index]] += part.time_us
                 memory[where[part.index]] += part.memory
+            chosen.append((unit, parts, where))
+        improve(chosen, loads, memory, cap)
+        for unit, parts, where in chosen:
             for member_index, param in enumerate(unit):
                 result[param.name] = ([part.partitions[member_index][1] for part in parts], list(where))
         self.loads, self.memory = loads, memory
         return result
+
+
+def improve(chosen, loads: list[float], memory: list[int], cap: int | None, rounds: int = 1000) -> None:
+    """Local search after the greedy placement: move a part off the slowest pserver, or swap
+    it with a smaller part of another pserver, whenever that lowers the larger of the two
+    pservers' times below the slowest's (first such move in a fixed order; at most `rounds`).
+    Fixes greedy's classic misses (sizes 3,3,2,2,2 on two pservers: 7|5 -> 6|6)."""
+    placed = [(u, i) for u, (_, parts, _) in enumerate(chosen) for i in range(len(parts))]
+
+    def fits(server: int, delta: int) -> bool:
+        return cap is None or memory[server] + delta <= cap
+
+    for _ in range(rounds):
+        slowest = max(range(len(loads)), key=lambda s: (loads[s], -s))
+        top = loads[slowest]
+        moved = False
+        mine = [(u, i) for u, i in placed if chosen[u][2][i] == slowest]
+        for u, i in sorted(mine, key=lambda k: (-chosen[k[0]][1][k[1]].time_us, k)):
+            part = chosen[u][1][i]
+            for other in range(len(loads)):
+                if other == slowest:
+                    continue
+                if loads[other] + part.time_us < top - 1e-9 and fits(other, part.memory):
+                    _move(chosen, loads, memory, u, i, other)
+                    moved = True
+                    break
+                for v, j in placed:
+                    if chosen[v][2][j] != other:
+                        continue
+                    twin = chosen[v][1][j]
+                    gain = part.time_us - twin.time_us
+                    if gain <= 1e-9 or loads[other] + gain >= top - 1e-9:
+                        continue
+                    if fits(other, part.memory - twin.memory) and fits(slowest, twin.memory - part.memory):
+                        _move(chosen, loads, memory, u, i, other)
+                        _move(chosen, loads, memory, v, j, slowest)
+                        moved = True
+                        break
+                if moved:
+                    break
+            if moved:
+                break
+        if not moved:
+            return
+
+
+def _move(chosen, loads, memory, u: int, i: int, to: int) -> None:
+    _, parts, where = chosen[u]
+    part, frm = parts[i], where[i]
+    loads[frm] -= part.time_us
+    memory[frm] -= part.memory
+    loads[to] += part.time_us
+    memory[to] += part.memory
+    where[i] = to
