@@ -108,7 +108,7 @@ def programs():
 
 
 def partitioner_spec(name: str):
-    return {"paddle": None, "balanced": "planner:Balanced", "plan": "planner:ZipfPlan"}[name]
+    return {"paddle": None, "balanced": "benchmarks.planner:Balanced", "plan": "benchmarks.planner:ZipfPlan"}[name]
 
 
 def model(name: str, sample: np.ndarray, per_step: int, rates_path: str | None) -> dict:
@@ -140,7 +140,7 @@ def run_job(name: str, steps: int, batch: int, env: dict) -> dict:
             command += ["--partitioner", spec]
         command += ["--", sys.executable, str(REPO / "examples" / "train_ctr.py"), "--variant", "local-table",
                     "--rows", str(ROWS), "--width", str(WIDTH), "--zipf", str(ZIPF), "--hot-first",
-                    "--steps", str(steps), "--batch", str(batch), "--quiet"]
+                    "--steps", str(steps), "--batch", str(batch)]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600, check=False)
         if done.returncode != 0:
             raise SystemExit(f"{name}: the job failed\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
@@ -187,7 +187,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         sample = id_sample(200_000)
         np.save(f"{tmp}/ids.npy", sample)
-        env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'benchmarks'}", "OMP_NUM_THREADS": "1",
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
                "OPENBLAS_NUM_THREADS": "1", IDS_ENV: f"{tmp}/ids.npy", BATCH_ENV: str(per_step)}
         if args.rates:
             env[RATES_ENV] = str(Path(args.rates).resolve())

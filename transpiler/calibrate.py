@@ -1,9 +1,11 @@
 """`pstranspile calibrate`: measure this machine's rates for the cost model (`transpiler/cost.py`).
 
 - `rpc_us`: the median wall time of a small unary gRPC call over loopback, to a gRPC
-  server in another process built with the pserver's server options (a thread pool);
-- `bandwidth`: bytes per second of 8 MiB requests to that server, the fixed per-call time
-  taken off;
+  server in another process built with the pserver's server options (a thread pool), or
+  the server's CPU time per call if that is larger (from /proc: a pserver's load is its
+  CPU);
+- `bandwidth`: bytes per second of 8 MiB requests to that server (wall or server CPU,
+  the larger), the fixed per-call time taken off;
 - `op_us`: µs per element of each optimizer op (and `sum`, `scale`) run by the executor on
   float32 params of 2^20 and 2^16 elements: the slope between the two sizes, so the
   fixed cost of running an op is not counted per element (the best of `repeat` runs);
@@ -43,8 +45,20 @@ server.stop(0)
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (Linux /proc; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def measure_transport(calls: int = 400, big_calls: int = 12, big_bytes: int = 8 << 20) -> tuple[float, float]:
-    """(rpc_us, bandwidth bytes/s) over loopback to a gRPC server in a child process."""
+    """(rpc_us, bandwidth bytes/s) over loopback to a gRPC server in a child process: per
+    call the larger of the median wall time and the server's CPU time (a pserver's load is
+    its CPU), per byte likewise."""
     import grpc
 
     child = subprocess.Popen([sys.executable, "-c", _SERVER, str(ROOT)], stdin=subprocess.PIPE,
@@ -58,17 +72,19 @@ def measure_transport(calls: int = 400, big_calls: int = 12, big_bytes: int = 8 
             for _ in range(50):
                 call(small)
             times = []
+            cpu0 = _cpu_seconds(child.pid)
             for _ in range(calls):
                 start = time.perf_counter()
                 call(small)
                 times.append(time.perf_counter() - start)
-            rpc = statistics.median(times)
+            rpc = max(statistics.median(times), (_cpu_seconds(child.pid) - cpu0) / calls)
             payload = b"x" * big_bytes
             call(payload)
+            cpu0 = _cpu_seconds(child.pid)
             start = time.perf_counter()
             for _ in range(big_calls):
                 call(payload)
-            seconds = time.perf_counter() - start - big_calls * rpc
+            seconds = max(time.perf_counter() - start, _cpu_seconds(child.pid) - cpu0) - big_calls * rpc
         return rpc * 1e6, big_calls * big_bytes / max(seconds, 1e-9)
     finally:
         child.stdin.close()
