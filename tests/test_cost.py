@@ -84,15 +84,16 @@ def test_issue_mlp_adam_figure():
 
 
 def test_dense_block_traffic_and_compute():
-    rates = Rates(bandwidth=1e9, rpc_us=100.0, op_us={"sum": 0.001, "scale": 0.002, "sgd": 0.003, "adam": 0.01})
+    rates = Rates(bandwidth=1e9, rpc_us=100.0, op_us={"sum": 0.001, "scale": 0.002, "sgd": 0.003, "adam": 0.01},
+                  var_us=10.0)
     cost = block_cost("adam", DType.FP32, 0, 100, 10, Job(trainers=4), rates)
     n = 1000
     assert cost.memory == {"params": 4 * n, "optimizer_state": 4 * (2 * n + 2), "grad_buffers": 4 * 4 * n,
                            "merged_grads": 4 * n, "table": 0, "other": 0}
     assert cost.bytes_in == cost.bytes_out == 4 * 4 * n
-    assert cost.rpcs == 8
+    assert cost.rpcs == 0 and cost.vars == 8  # in the send and fetch batches, a grad in and a param out a trainer
     assert cost.compute_us == pytest.approx(3 * n * 0.001 + n * 0.002 + n * 0.01)
-    assert cost.time_us(rates) == pytest.approx(cost.compute_us + 2 * 16000 / 1e9 * 1e6 + 800)
+    assert cost.time_us(rates) == pytest.approx(cost.compute_us + 2 * 16000 / 1e9 * 1e6 + 80)
     one = block_cost("sgd", DType.FP64, 0, 10, 1, Job(trainers=1), rates)
     assert one.memory["grad_buffers"] == 0 and one.memory["params"] == 80
     async_cost = block_cost("sgd", DType.FP32, 0, 100, 10, Job(trainers=3, sync_mode=False), rates)
@@ -111,6 +112,17 @@ def test_sparse_block_rows_follow_the_id_distribution():
     distinct = 1 + sum(1 - (1 - 0.01) ** 50 for _ in range(10))
     assert hot.rows == pytest.approx(2 * distinct)
     assert hot.bytes_out == pytest.approx(2 * distinct * 8 * 4)
+    assert hot.rpcs == cold.rpcs == 2  # a prefetch call per trainer
+
+
+def test_pserver_rpcs_are_one_send_and_one_fetch_batch_per_trainer():
+    folder = PADDLE_PROGRAMS / "mlp_adam_2ps"
+    result = transpile(Program.load(folder / "main.pb"), Program.load(folder / "startup.pb"),
+                       pservers="127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", trainers=3, slice_var_up=False)
+    rows = plan_costs(result.plan)
+    for row in rows:
+        assert row.cost.rpcs == (6 if row.partitions else 0)
+        assert row.cost.vars == 6 * len(row.partitions)
 
 
 def test_id_stats_uniform_and_residues():

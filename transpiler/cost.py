@@ -23,11 +23,13 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
 - traffic (dense): in `T·n·s` (grads), out `T·n·s` (params trainers receive); a sparse
   grad carries `r` rows per trainer (`r` from `IdStats`): in `T·r·(cols·s + 8)`; a
   prefetched table sends `r` rows: out `T·r·cols·s`, ids in `T·r·8`;
-- RPCs: one send and one recv of each block per trainer, plus per pserver the two barriers
-  of each trainer (sync);
+- RPCs: per trainer a send batch and a fetch batch to each pserver holding a partition
+  (in sync mode carrying the barriers), and a prefetch call per prefetched partition;
+  each var a batch carries costs `var_us`;
 - compute: `(T-1)·n·sum + n·scale + n·<optimizer>` µs-per-element rates (`Rates`); sparse
   grads touch `r` rows instead of `n / cols` (unless the optimizer updates every row).
-Estimated pserver time per step = compute + (bytes in + out) / bandwidth + RPCs × rpc_us.
+Estimated pserver time per step = compute + (bytes in + out) / bandwidth + RPCs × rpc_us
++ vars × var_us.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class Rates:
     rpc_us: float = 475.0
     op_us: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_US))
     row_us: float = 0.004
+    var_us: float = 40.0  # handling one var of a batch (decode, lock, store / encode); not measured
     source: str = "defaults"
 
     def op(self, op_type: str) -> float:
@@ -82,10 +85,11 @@ class Rates:
             "schema": RATES_SCHEMA,
             "source": self.source,
             "units": {"bandwidth": "bytes/s", "rpc_us": "us per RPC", "op_us": "us per element",
-                      "row_us": "us per sparse row"},
+                      "row_us": "us per sparse row", "var_us": "us per var in a batch"},
             "bandwidth": self.bandwidth,
             "rpc_us": self.rpc_us,
             "row_us": self.row_us,
+            "var_us": self.var_us,
             "op_us": dict(sorted(self.op_us.items())),
         }
 
@@ -104,7 +108,8 @@ def load_rates(path: str | Path | None) -> Rates:
     try:
         ops = dict(DEFAULT_OP_US)
         ops.update({str(k): float(v) for k, v in data.get("op_us", {}).items()})
-        rates = Rates(float(data["bandwidth"]), float(data["rpc_us"]), ops, float(data.get("row_us", Rates.row_us)), str(path))
+        rates = Rates(float(data["bandwidth"]), float(data["rpc_us"]), ops, float(data.get("row_us", Rates.row_us)),
+                      float(data.get("var_us", Rates.var_us)), str(path))
     except (KeyError, TypeError, ValueError) as exc:
         raise TranspileError(f"rates {path}: bad field ({exc})") from None
     if rates.bandwidth <= 0 or rates.rpc_us < 0 or any(v < 0 for v in ops.values()):
@@ -222,6 +227,7 @@ class Cost:
     bytes_in: float = 0.0
     bytes_out: float = 0.0
     rpcs: float = 0.0
+    vars: float = 0.0  # vars carried in the send and fetch batches
     compute_us: float = 0.0
     lookups: float = 0.0  # ids looked up (or sent as grad rows) per step
     rows: float = 0.0  # distinct rows touched per step
@@ -232,6 +238,7 @@ class Cost:
         self.bytes_in += other.bytes_in
         self.bytes_out += other.bytes_out
         self.rpcs += other.rpcs
+        self.vars += other.vars
         self.compute_us += other.compute_us
         self.lookups += other.lookups
         self.rows += other.rows
@@ -241,7 +248,8 @@ class Cost:
         return sum(self.memory.values())
 
     def time_us(self, rates: Rates) -> float:
-        return self.compute_us + (self.bytes_in + self.bytes_out) / rates.bandwidth * 1e6 + self.rpcs * rates.rpc_us
+        return (self.compute_us + (self.bytes_in + self.bytes_out) / rates.bandwidth * 1e6 + self.rpcs * rates.rpc_us
+                + self.vars * rates.var_us)
 
 
 @dataclass(frozen=True)
@@ -270,7 +278,7 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
     cost.memory["merged_grads"] = n * size
     cost.memory["grad_buffers"] = t * n * size if job.per_trainer_grads else 0
     cost.memory["optimizer_state"] = (len(slots.sliced) * n + len(slots.unsliced)) * size
-    rpc_per_trainer = 2
+    cost.vars = 2 * t  # its grad in and its param (or rows) out, per trainer
     if sparse:
         stats = ids or IdStats.uniform_rows(start_row + rows, 1)
         lookups, touched_one = stats.rows(start_row, start_row + rows, 1)
@@ -280,7 +288,7 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
         if prefetch:  # rows asked for and sent, the param itself never received whole
             cost.bytes_in += t * touched_one * ID_BYTES
             cost.bytes_out = t * touched_one * cols * size
-            rpc_per_trainer = 2
+            cost.rpcs = t  # a prefetch call per trainer per step (its own RPC, not in the batches)
         else:
             cost.bytes_out = t * n * size
         every = slots.updates_every_row((optimizer_attrs or {}).get) if optimizer_attrs is not None else slots.every_row
@@ -297,7 +305,6 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
             cost.compute_us = (t - 1) * n * rates.op("sum") + n * rates.op("scale") + n * rates.op(optimizer)
         else:
             cost.compute_us = t * n * rates.op(optimizer)
-    cost.rpcs = rpc_per_trainer * t
     return cost
 
 
@@ -320,7 +327,8 @@ def table_shard_cost(table, shard: int, job: Job, rates: Rates, ids: IdStats | N
     cost.lookups, cost.rows = lookups * t, one * t
     cost.bytes_in = t * one * ID_BYTES + t * one * (width * size + ID_BYTES)
     cost.bytes_out = t * one * width * size
-    cost.rpcs = 2 * t
+    cost.rpcs = t  # the prefetch (the grads travel in the batches)
+    cost.vars = 2 * t
     cost.compute_us = (one * t * width * rates.op("sum") + merged * width * rates.op("sgd")
                        + (one * t * 2 + merged) * rates.row_us)
     return cost
@@ -357,9 +365,9 @@ def plan_costs(plan, rates: Rates | None = None, ids: Mapping[str, IdStats] | No
         for shard, endpoint in enumerate(plan.table.endpoints):
             out[endpoint].cost.add(table_shard_cost(plan.table, shard, job, rates, ids.get(plan.table.table)))
             out[endpoint].partitions.append(f"{plan.table.table} shard {shard}")
-    if job.sync_mode:
-        for row in out.values():
-            row.cost.rpcs += 2 * job.trainers  # the send and fetch barriers
+    for row in out.values():
+        if row.partitions:  # a send batch and a fetch batch per trainer (sync: with the barriers)
+            row.cost.rpcs += 2 * job.trainers
     for row in out.values():
         row.time_us = row.cost.time_us(rates)
     return list(out.values())

@@ -175,7 +175,8 @@ class PlanPartitioner(Partitioner):
         job = Job(self.trainers, self.sync_mode)
         stats = self._stats(params)
         units = self._units(params)
-        loads = [0.0] * servers
+        # a send batch and a fetch batch per trainer to every pserver (all are expected to hold a part)
+        loads = [2 * job.trainers * self.rates.rpc_us] * servers
         memory = [0] * servers
         cap = self.memory_cap
         cache: dict[tuple[str, Candidate], list[_Part]] = {}
