@@ -521,7 +521,8 @@ TRANSPILE_ARGS = (
     arg("--min-block-size", type=int, default=8192, metavar="N", help="smallest block, in elements (default 8192)"),
     arg("--partitioner", default=None, metavar="NAME|module:Class",
         help="how params are cut into row x column partitions: paddle (default: slicing + --split-method), "
-             "angel, column, or a Partitioner subclass module:Class (docs/partitioners.md)"),
+             "angel, column, plan (the cost model's search: docs/planner.md), or a Partitioner subclass module:Class "
+             "(docs/partitioners.md)"),
     arg("--pserver-memory", metavar="SIZE",
         help="--partitioner plan: each pserver's memory cap, e.g. 8GiB, 512MiB (params, optimizer state, grad "
              "buffers; docs/planner.md)"),
@@ -876,7 +877,7 @@ def serve_command(args: argparse.Namespace) -> int:
     arg("--trainers", required=True, type=int, metavar="N", help="how many trainers"),
     arg("--async", dest="async_mode", action="store_true", help="asynchronous training (PSTRANSPILE_SYNC_MODE=0)"),
     arg("--partitioner", metavar="NAME|module:Class",
-        help="every process's partitioner (PSTRANSPILE_PARTITIONER): paddle, angel, column or module:Class"),
+        help="every process's partitioner (PSTRANSPILE_PARTITIONER): paddle, angel, column, plan or module:Class"),
     arg("--host", default="127.0.0.1", help="where the pservers listen (default 127.0.0.1)"),
     arg("--endpoints", metavar="EP,EP..", help="the pservers' endpoints (default: free ports on --host)"),
     arg("--log-dir", default="logs", metavar="DIR", help="one log per process, DIR/<role>.<i>.log (default ./logs)"),
