@@ -114,7 +114,6 @@ def partitioner_spec(name: str):
 def model(name: str, sample: np.ndarray, per_step: int, rates_path: str | None) -> dict:
     from transpiler.api import transpile
     from transpiler.cost import IdStats, load_rates, plan_costs
-    from transpiler.partition import resolve_partitioner
 
     main, startup = programs()
     eps = ",".join(f"127.0.0.1:{7100 + i}" for i in range(PSERVERS))
@@ -125,7 +124,6 @@ def model(name: str, sample: np.ndarray, per_step: int, rates_path: str | None) 
     stats = {"emb": IdStats.from_sample(sample, ROWS, per_step)}
     costs = plan_costs(result.plan, rates, stats)
     emb = result.plan.param("emb")
-    del resolve_partitioner
     return {"est_ms": [round(c.time_us / 1e3, 3) for c in costs], "memory": [c.cost.memory_bytes for c in costs],
             "lookups": [round(c.cost.lookups, 1) for c in costs],
             "emb_grid": [len(band) for band in emb.bands()]}

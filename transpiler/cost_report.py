@@ -4,14 +4,13 @@ and per param its partition kind and grid; as text, JSON (`cost_json`) and SVG b
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from transpiler.cost import (
-    MEMORY_KINDS, DeclaredMemory, IdStats, PserverCost, Rates, declared_memory, format_bytes, imbalance, plan_costs,
-    summarize,
+    MEMORY_KINDS, IdStats, Rates, declared_memory, format_bytes, imbalance, ids_per_sample, plan_costs, summarize,
 )
+from transpiler.errors import TranspileError
 
 MEMORY_HEADS = {"params": "params", "optimizer_state": "optimizer", "grad_buffers": "buffers",
                 "merged_grads": "merged", "table": "table", "other": "other"}
@@ -136,9 +135,9 @@ def cost_svg(data: Mapping[str, Any], *, top: int = 0, width: int = 480) -> tupl
 
 def plan_and_cost_svg(plan_svg_text: str, data: Mapping[str, Any]) -> str:
     """The plan's SVG (`transpiler.plan.plan_svg`) with the cost bars below it."""
-    head, _, rest = plan_svg_text.partition("\n")
     import re
 
+    head, _, rest = plan_svg_text.partition("\n")
     height = int(re.search(r'height="(\d+)"', head).group(1))
     width = int(re.search(r'width="(\d+)"', head).group(1))
     group, used = cost_svg(data, top=height)
@@ -154,8 +153,6 @@ def _xml(text: str) -> str:
 
 def id_stats_for(plan, sample, ids_per_step: int | None, batch_size: int, name: str | None) -> dict[str, IdStats]:
     """The `IdStats` of `--id-sample` for the plan's one sparse param or table (or `name`)."""
-    from transpiler.errors import TranspileError
-
     candidates = {p.param: p.shape[0] for p in plan.params if p.sparse}
     if plan.table is not None:
         candidates[plan.table.table] = plan.table.shape[0]
@@ -168,8 +165,6 @@ def id_stats_for(plan, sample, ids_per_step: int | None, batch_size: int, name: 
     if name not in candidates:
         raise TranspileError(f"--id-sample {name}=...: {name!r} is not a sparse param or table of the program "
                              f"(known: {', '.join(sorted(candidates)) or 'none'})")
-    from transpiler.cost import ids_per_sample
-
     per_step = ids_per_step or batch_size * ids_per_sample(sample)
     return {name: IdStats.from_sample(sample, candidates[name], per_step)}
 
@@ -181,6 +176,3 @@ def uniform_stats(plan, batch_size: int) -> dict[str, IdStats]:
         out[plan.table.table] = IdStats.uniform_rows(plan.table.shape[0], batch_size)
     return out
 
-
-__all__ = ["plan_cost_data", "format_costs", "cost_svg", "plan_and_cost_svg", "partition_kind", "grid_text",
-           "id_stats_for", "uniform_stats", "DeclaredMemory", "PserverCost", "Sequence", "math"]
