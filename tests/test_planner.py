@@ -252,3 +252,33 @@ def test_cli_plan_errors_are_one_line(capsys, tmp_path):
     assert code == 0, err
     params = {p["param"]: p for p in json.loads(out)["params"]}
     assert [b["endpoint"] for b in params["h1.w"]["blocks"]] == [b["endpoint"] for b in params["h1.b"]["blocks"]]
+
+
+# ------------------------------------------------------------------ distributed equals local
+
+
+def test_float64_sync_training_with_the_plan_equals_local(tmp_path):
+    """`PSTRANSPILE_PARTITIONER=plan` (as `launch --partitioner plan` sets it): every process
+    plans alike, and 2 trainers x 3 pservers train the MLP (Adam) as local training does."""
+    from e2e_support import launch_training, save, trained_params, train_locally
+    from transpiler.ir.precision import as_float64
+
+    main, startup = (as_float64(Program.load(MLP / f)) for f in ("main.pb", "startup.pb"))
+    plan = transpile(main, startup, pservers="127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", trainers=2,
+                     partitioner="plan").plan
+    assert any(len(p.blocks) > 1 for p in plan.params)  # something is cut
+    main_pb, startup_pb = save(tmp_path, main, startup)
+    launch_training(tmp_path, main_pb, startup_pb, pservers=3, env={"PSTRANSPILE_PARTITIONER": "plan"})
+    held = 0
+    for i in range(3):
+        log = (tmp_path / "logs" / f"pserver.{i}.log").read_text()
+        found = re.search(r"(\d+) partition\(s\) of \d+ param\(s\), partitioner plan\n", log)
+        assert found, log
+        held += int(found[1])
+    assert held == sum(len(p.blocks) for p in plan.params)
+    init0, final0 = trained_params(tmp_path, 0)
+    local = train_locally(tmp_path, main_pb, startup_pb)
+    assert local.keys() == final0.keys() and local
+    for name in local:
+        assert final0[name].dtype == np.float64 and np.abs(local[name] - init0[name]).max() > 0, name
+        np.testing.assert_allclose(final0[name], local[name], rtol=1e-5, atol=0, err_msg=name)
