@@ -19,7 +19,9 @@ Zipf-like distribution over the table (rank `r` has weight ~ r^-1.3; rank `r` is
 the click is 1 when the sum of the example's hidden id weights (a fixed pseudo-random
 value in [-0.5, 0.5) per id) plus a little noise is positive. The embedding can learn
 those weights, so the loss drops. `--unique-ids K` draws every batch's ids from the K
-most popular ids instead (a knob for the bytes-per-step measurement).
+most popular ids instead (a knob for the bytes-per-step measurement); `--zipf A` sets the
+exponent and `--hot-first` makes rank `r` id `r` (the hot ids the first rows, what
+`benchmarks/planner.py` trains).
 
 Every trainer makes the same global batch and trains on its share of the examples (the
 sequences of an LoD slot with them), so in sync mode the trainers together see what
