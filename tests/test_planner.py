@@ -282,3 +282,14 @@ def test_float64_sync_training_with_the_plan_equals_local(tmp_path):
     for name in local:
         assert final0[name].dtype == np.float64 and np.abs(local[name] - init0[name]).max() > 0, name
         np.testing.assert_allclose(final0[name], local[name], rtol=1e-5, atol=0, err_msg=name)
+
+
+def test_cli_transpile_with_the_plan(capsys, tmp_path):
+    out_dir = tmp_path / "out"
+    code, _, err = cli(capsys, "transpile", MLP / "main.pb", "--pservers", EPS, "--trainers", "2", "--partitioner",
+                       "plan", "--pserver-memory", "8GiB", "-o", out_dir)
+    assert code == 0, err
+    assert json.loads((out_dir / "plan.json").read_text())["partitioner"] == "plan"
+    code, _, err = cli(capsys, "transpile", MLP / "main.pb", "--pservers", EPS, "--trainers", "2", "--rates",
+                       tmp_path / "r.json", "-o", tmp_path / "o2")
+    assert code == 2 and "--id-sample and --rates feed the cost model" in err

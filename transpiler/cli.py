@@ -697,6 +697,8 @@ def transpile_command(args: argparse.Namespace) -> int:
     def progress(name: str, seconds: float) -> None:
         print(f"{PROG}: pass {name}: {seconds:.2f}s", file=sys.stderr)
 
+    if (args.id_sample or args.rates) and (args.partitioner or "").strip().lower() != "plan":
+        raise UsageError("--id-sample and --rates feed the cost model: give them to `plan`, or with --partitioner plan")
     if args.all_trainers and args.dump_dir:
         raise UsageError("--dump-dir shows one trainer's passes: give --trainer-id instead of --all-trainers")
     inputs = _load_inputs(args)
