@@ -19,7 +19,9 @@ Zipf-like distribution over the table (rank `r` has weight ~ r^-1.3; rank `r` is
 the click is 1 when the sum of the example's hidden id weights (a fixed pseudo-random
 value in [-0.5, 0.5) per id) plus a little noise is positive. The embedding can learn
 those weights, so the loss drops. `--unique-ids K` draws every batch's ids from the K
-most popular ids instead (a knob for the bytes-per-step measurement).
+most popular ids instead (a knob for the bytes-per-step measurement); `--zipf A` sets the
+exponent and `--hot-first` makes rank `r` id `r` (the hot ids the first rows, what
+`benchmarks/planner.py` trains).
 
 Every trainer makes the same global batch and trains on its share of the examples (the
 sequences of an LoD slot with them), so in sync mode the trainers together see what
@@ -91,7 +93,9 @@ def loss_name(program: Program) -> str:
 class ClickData:
     """The synthetic click data set for a CTR program (see the module docstring)."""
 
-    def __init__(self, program: Program, seed: int, unique_ids: int | None = None) -> None:
+    def __init__(self, program: Program, seed: int, unique_ids: int | None = None, zipf: float = ZIPF,
+                 spread: bool = True) -> None:
+        self.zipf, self.spread = zipf, spread
         block = program.global_block()
         self.seed = seed
         self.unique_ids = unique_ids
@@ -122,8 +126,8 @@ class ClickData:
         if self.unique_ids:
             rank = rng.integers(0, min(self.unique_ids, rows), count)
         else:
-            rank = (rng.zipf(ZIPF, count) - 1) % rows
-        return (rank.astype(np.int64) * SPREAD) % rows
+            rank = (rng.zipf(self.zipf, count) - 1) % rows
+        return (rank.astype(np.int64) * (SPREAD if self.spread else 1)) % rows
 
     def batch(self, step: int, size: int) -> dict[str, Any]:
         """Global batch `step`: `size` examples (a dict of feeds)."""
@@ -242,6 +246,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=64, help="the global batch (all trainers together)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--unique-ids", type=int, help="draw every batch's ids from the K most popular ids")
+    parser.add_argument("--zipf", type=float, default=ZIPF, help=f"the ids' Zipf exponent (default {ZIPF})")
+    parser.add_argument("--hot-first", action="store_true",
+                        help="id = popularity rank (the hot ids are the first rows) instead of spread over the table")
     parser.add_argument("--save", type=Path, help="write params, touched rows, losses, traffic and memory here")
     parser.add_argument("--init", type=Path, help="local runs: start from the params and rows of this .npz")
     parser.add_argument("--checkpoint", type=Path, help="at the end, have the pservers save their table shards here")
@@ -269,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     main_program, startup = programs(args)
     role = Role.from_env()
-    data = ClickData(main_program, args.seed, args.unique_ids)
+    data = ClickData(main_program, args.seed, args.unique_ids, args.zipf, not args.hot_first)
     loss = loss_name(main_program)
     tables = sorted(set(data.slots.values()))
     dense = [name for name in parameter_names(main_program) if name not in tables]

@@ -644,7 +644,8 @@ def test_cli_plan_shows_the_grid_json_and_svg(tmp_path, capsys):
     import xml.etree.ElementTree as ET
 
     assert ET.fromstring(svg).tag == "{http://www.w3.org/2000/svg}svg"  # well-formed
-    assert svg.startswith("<svg") and svg.count("<rect") == 3 + 3 * 3 + 3  # legend + 3 weights x 3 + 3 biases
+    grid = svg.split('<g id="cost">')[0]  # the cost bars follow the grids (tests/test_cost_report.py)
+    assert svg.startswith("<svg") and grid.count("<rect") == 3 + 3 * 3 + 3  # legend + 3 weights x 3 + 3 biases
     assert "h1.w.block1 rows 0:784 cols 86:171 on 127.0.0.1:6172" in svg
     assert cli_main([*args, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)

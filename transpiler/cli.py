@@ -521,7 +521,22 @@ TRANSPILE_ARGS = (
     arg("--min-block-size", type=int, default=8192, metavar="N", help="smallest block, in elements (default 8192)"),
     arg("--partitioner", default=None, metavar="NAME|module:Class",
         help="how params are cut into row x column partitions: paddle (default: slicing + --split-method), "
-             "angel, column, or a Partitioner subclass module:Class (docs/partitioners.md)"),
+             "angel, column, plan (the cost model's search: docs/planner.md), or a Partitioner subclass module:Class "
+             "(docs/partitioners.md)"),
+    arg("--pserver-memory", metavar="SIZE",
+        help="--partitioner plan: each pserver's memory cap, e.g. 8GiB, 512MiB (params, optimizer state, grad "
+             "buffers; docs/planner.md)"),
+    arg("--colocate", action="append", default=[], metavar="A,B..",
+        help="--partitioner plan: keep these params together (cut alike, partition i of each on one pserver); "
+             "repeatable"),
+    arg("--id-sample", metavar="[NAME=]FILE",
+        help="ids a sparse param or table is looked up with (.npy, or text: integers, a line per sample): its "
+             "access frequencies for the cost report and --partitioner plan"),
+    arg("--batch-size", type=int, default=128, metavar="N",
+        help="samples per trainer step, for the ids looked up per step (default 128; times the ids per sample of "
+             "a 2-D --id-sample)"),
+    arg("--rates", metavar="RATES.json",
+        help="the machine's rates from `pstranspile calibrate` (default: built-in rates, docs/planner.md)"),
     arg("--random-seed", type=int, default=0, metavar="S",
         help="Paddle's program.random_seed, which shuffles unsliced round-robin placement (default 0, "
              "Paddle's default; a saved program does not carry it)"),
@@ -604,11 +619,54 @@ def _transpile(args: argparse.Namespace, inputs: tuple[Program, Program] | None 
         split_method=args.split_method,
         min_block_size=args.min_block_size,
         random_seed=args.random_seed,
-        partitioner=args.partitioner,
+        partitioner=_partitioner(args),
         clip_mode=args.clip_mode,
         config=config,
         **extra,
     )
+
+
+def _cost_inputs(args: argparse.Namespace):
+    """(rates, the id sample or None, its param name or None) of `--rates` / `--id-sample`,
+    read once per run."""
+    cached = getattr(args, "_cost_inputs", None)
+    if cached is not None:
+        return cached
+    from transpiler.cost import load_rates, read_id_sample
+
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
+    sample, name = None, None
+    if args.id_sample:
+        spec = args.id_sample
+        if "=" in spec and not Path(spec).exists():
+            name, _, spec = spec.partition("=")
+        sample = read_id_sample(spec)
+    args._cost_inputs = (load_rates(args.rates), sample, name)
+    return args._cost_inputs
+
+
+def _partitioner(args: argparse.Namespace):
+    """`--partitioner` as given, or for `plan` a `PlanPartitioner` with the cap, the
+    colocation groups, the rates and the id sample."""
+    planned = (args.partitioner or "").strip().lower() == "plan"
+    if not planned:
+        if args.pserver_memory or args.colocate:
+            raise UsageError("--pserver-memory and --colocate belong to --partitioner plan")
+        return args.partitioner
+    from transpiler.cost import parse_bytes
+    from transpiler.planner import PlanPartitioner
+
+    rates, sample, name = _cost_inputs(args)
+    groups = []
+    for text in args.colocate:
+        group = [n.strip() for n in text.split(",") if n.strip()]
+        if len(group) < 2:
+            raise UsageError(f"--colocate {text!r}: name two params or more, comma-separated")
+        groups.append(group)
+    return PlanPartitioner(memory_cap=parse_bytes(args.pserver_memory) if args.pserver_memory else None,
+                           colocate=groups, rates=rates, id_samples={name: sample} if sample is not None else None,
+                           batch_size=args.batch_size)
 
 
 @command(
@@ -639,6 +697,8 @@ def transpile_command(args: argparse.Namespace) -> int:
     def progress(name: str, seconds: float) -> None:
         print(f"{PROG}: pass {name}: {seconds:.2f}s", file=sys.stderr)
 
+    if (args.id_sample or args.rates) and (args.partitioner or "").strip().lower() != "plan":
+        raise UsageError("--id-sample and --rates feed the cost model: give them to `plan`, or with --partitioner plan")
     if args.all_trainers and args.dump_dir:
         raise UsageError("--dump-dir shows one trainer's passes: give --trainer-id instead of --all-trainers")
     inputs = _load_inputs(args)
@@ -689,19 +749,55 @@ TRANSPILE_SCHEMA = "pstranspile.transpile/1"
     "plan",
     "print where every block would live: per pserver blocks, elements, bytes, share; per var its blocks",
     *TRANSPILE_ARGS,
-    arg("--json", action="store_true", help="print plan.json instead"),
-    arg("--svg", metavar="FILE", help="also draw the plan: each large param's grid of partitions, coloured by pserver"),
+    arg("--json", action="store_true",
+        help="print plan.json instead, with a `cost` key holding every figure of the cost report"),
+    arg("--svg", metavar="FILE",
+        help="also draw the plan: each large param's grid of partitions, coloured by pserver, and per pserver "
+             "bars of its memory by kind and its estimated time per step"),
 )
 def plan_command(args: argparse.Namespace) -> int:
+    import json
+
+    from transpiler.cost_report import format_costs, id_stats_for, plan_and_cost_svg, plan_cost_data, uniform_stats
     from transpiler.plan import format_plan, plan_svg
 
-    plan = _transpile(args).plan
+    result = _transpile(args)
+    plan = result.plan
+    rates, sample, name = _cost_inputs(args)
+    ids = uniform_stats(plan, args.batch_size)
+    if sample is not None:
+        ids.update(id_stats_for(plan, sample, None, args.batch_size, name))
+    data = plan_cost_data(result, rates, ids)
     if args.svg:
-        write_output(args.svg, plan_svg(plan).encode())
+        write_output(args.svg, plan_and_cost_svg(plan_svg(plan), data).encode())
     if args.json:
-        sys.stdout.write(plan.to_json_text())
+        out = plan.to_json()
+        out["cost"] = data
+        sys.stdout.write(json.dumps(out, indent=1) + "\n")
     else:
-        _print_lines(format_plan(plan).splitlines())
+        _print_lines((format_plan(plan) + format_costs(data)).splitlines())
+    return EXIT_OK
+
+
+@command(
+    "calibrate",
+    "measure this machine for the cost model (loopback gRPC bandwidth and per-call time, us per element of "
+    "each optimizer op) and write the rates as JSON for `plan --rates` (well under a minute)",
+    arg("-o", "--output", required=True, metavar="RATES.json", help="where to write the rates"),
+)
+def calibrate_command(args: argparse.Namespace) -> int:
+    import json
+
+    from transpiler.calibrate import calibrate
+
+    def say(text: str) -> None:
+        if not _OUTPUT["quiet"]:
+            print(f"{PROG}: {text}", file=sys.stderr)
+
+    rates = calibrate(say)
+    write_output(args.output, (json.dumps(rates.to_json(), indent=1) + "\n").encode())
+    print(f"{args.output}: {rates.bandwidth / 1e6:,.0f} MB/s, {rates.rpc_us:.0f} us per RPC, adam "
+          f"{rates.op('adam'):.4f} us per element ({rates.source})")
     return EXIT_OK
 
 
@@ -783,7 +879,7 @@ def serve_command(args: argparse.Namespace) -> int:
     arg("--trainers", required=True, type=int, metavar="N", help="how many trainers"),
     arg("--async", dest="async_mode", action="store_true", help="asynchronous training (PSTRANSPILE_SYNC_MODE=0)"),
     arg("--partitioner", metavar="NAME|module:Class",
-        help="every process's partitioner (PSTRANSPILE_PARTITIONER): paddle, angel, column or module:Class"),
+        help="every process's partitioner (PSTRANSPILE_PARTITIONER): paddle, angel, column, plan or module:Class"),
     arg("--host", default="127.0.0.1", help="where the pservers listen (default 127.0.0.1)"),
     arg("--endpoints", metavar="EP,EP..", help="the pservers' endpoints (default: free ports on --host)"),
     arg("--log-dir", default="logs", metavar="DIR", help="one log per process, DIR/<role>.<i>.log (default ./logs)"),
@@ -1144,8 +1240,8 @@ def report_command(args: argparse.Namespace) -> int:
 
 # The one place subcommands are registered, in the order `--help` lists them.
 COMMANDS: tuple[Command, ...] = (
-    dump_command, diff_command, graph_command, cast_command, transpile_command, plan_command, serve_command,
-    launch_command, fetch_command, merge_table_command, report_command,
+    dump_command, diff_command, graph_command, cast_command, transpile_command, plan_command, calibrate_command,
+    serve_command, launch_command, fetch_command, merge_table_command, report_command,
 )
 
 

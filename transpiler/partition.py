@@ -54,6 +54,7 @@ class ParamInfo:
     sparse: bool = False  # an is_sparse embedding (SelectedRows grads)
     table: bool = False  # trainers prefetch its rows (a remote-prefetch sparse table, or the distributed one)
     distributed: bool = False  # the distributed lookup table (`is_distributed`: auto-grown pieces)
+    row_cuts_only: bool = False  # a pserver op needs its whole rows (a norm): no column cut
 
     @property
     def rows(self) -> int:
@@ -99,10 +100,16 @@ class Partitioner:
 
     def __init__(self) -> None:
         self.servers = 1
+        self.trainers = 1  # set by the transpiler, as `servers`
+        self.sync_mode = True
         self._next = 0
 
     def reset(self) -> None:
         self._next = 0
+
+    def prepare(self, params: Sequence[ParamInfo]) -> None:
+        """Called once with every param (program order) after `reset`, before the first
+        `partitions`: a partitioner that plans globally (`plan`) searches here."""
 
     def partitions(self, param: ParamInfo) -> list[Partition]:
         raise NotImplementedError
@@ -198,6 +205,12 @@ PARTITIONERS: dict[str, type[Partitioner]] = {
 }
 
 
+def _plan_partitioner() -> Partitioner:
+    from transpiler.planner import PlanPartitioner  # the cost model imports numpy: only when asked for
+
+    return PlanPartitioner()
+
+
 def resolve_partitioner(spec: str | type[Partitioner] | Partitioner | None) -> Partitioner:
     """A partitioner instance from an instance, a class, a built-in name or
     `module:Class` (imported); None is `paddle`."""
@@ -211,6 +224,8 @@ def resolve_partitioner(spec: str | type[Partitioner] | Partitioner | None) -> P
         key = spec.strip()
         if key.lower() in PARTITIONERS:
             return PARTITIONERS[key.lower()]()
+        if key.lower() == "plan":
+            return _plan_partitioner()
         if ":" in key:
             module_name, _, attr = key.partition(":")
             try:
@@ -221,7 +236,7 @@ def resolve_partitioner(spec: str | type[Partitioner] | Partitioner | None) -> P
             if isinstance(found, type) and issubclass(found, Partitioner):
                 return found()
             raise TranspileError(f"partitioner {spec!r}: {module_name}.{attr} is not a Partitioner subclass")
-        raise TranspileError(f"unknown partitioner {spec!r} (known: {', '.join(PARTITIONERS)}, or module:Class)")
+        raise TranspileError(f"unknown partitioner {spec!r} (known: {', '.join(PARTITIONERS)}, plan, or module:Class)")
     raise TranspileError(f"partitioner must be a Partitioner (class or instance), a name or module:Class, got {spec!r}")
 
 

@@ -277,10 +277,11 @@ class ClientAuth:
 
 def plan_fingerprint(plan_json: Mapping[str, Any]) -> str:
     """16 hex digits of sha256 over a plan's JSON (`Plan.to_json()` or a loaded plan.json)
-    without `trainers` and `sync_mode`, which the handshake compares on their own: the
+    without `trainers` and `sync_mode`, which the handshake compares on their own (nor the
+    `cost` report `plan --json` adds): the
     endpoints, slicing options and where every block lives. Every process of a job
     transpiles the same plan (the determinism contract), so they all agree."""
-    placement = {k: v for k, v in plan_json.items() if k not in ("trainers", "sync_mode")}
+    placement = {k: v for k, v in plan_json.items() if k not in ("trainers", "sync_mode", "cost")}
     text = json.dumps(placement, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 

@@ -116,10 +116,14 @@ def _partition(plan: Plan, options: TranspileOptions, chains) -> None:
     partitioner = options.partitioner
     who = options.partitioner_name
     partitioner.servers = len(options.endpoints)
+    partitioner.trainers = options.trainers
+    partitioner.sync_mode = options.sync_mode
     partitioner.reset()
-    for param in plan.params:
-        info = ParamInfo(param.param, param.shape, param.dtype, param.optimizer, param.sparse,
-                         param.remote_prefetch, param.distributed)
+    whole_rows = {chain.param for chain in chains if any(op.type in NEEDS_WHOLE_PARAM for op in chain.ops)}
+    infos = [ParamInfo(param.param, param.shape, param.dtype, param.optimizer, param.sparse, param.remote_prefetch,
+                       param.distributed, row_cuts_only=param.param in whole_rows) for param in plan.params]
+    partitioner.prepare(infos)
+    for param, info in zip(plan.params, infos, strict=True):
         parts = checked_partitions(info, partitioner.partitions(info), who)
         servers = checked_assignment(info, parts, partitioner.assign(parts), who, len(options.endpoints))
         param.blocks = make_partition_blocks(param.param, param.shape, parts)

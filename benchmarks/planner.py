@@ -1,0 +1,235 @@
+"""The cost model and the planner against real sync jobs (docs/planner.md).
+
+    python3 benchmarks/planner.py [--steps 60] [--batch 512] [--rounds 1] [--rates RATES.json] [--json]
+
+Workload: `examples/train_ctr.py --variant local-table --rows 1000000 --width 64 --zipf 1.1
+--hot-first` (a `[1M, 64]` fp32 table prefetched from its blocks, ids Zipf(1.1) with the hot
+ids the first rows; 3 slots of 1-4 ids per example), 2 trainers x 4 pservers, sync, under
+three partitioners, interleaved (`--rounds` times):
+
+- `paddle`: Paddle's slicing and round robin (the default);
+- `balanced`: Paddle's slicing, blocks placed largest first on the least-loaded pserver
+  (the `balanced` split method, as a partitioner: `Balanced` below);
+- `plan`: `--partitioner plan` with an id sample drawn as the job draws its ids
+  (`ZipfPlan` below reads it from `PLANNER_BENCH_IDS`).
+
+Per job: steady steps/s of trainer 0 (after the warm-up steps) and each pserver's CPU
+seconds per step (the difference of two of its usage records, divided by the steps
+trainer 0 made between them); beside them the model's estimate per pserver (`plan_costs`
+with the same id statistics) and whether its ranking of the pservers matches the measured
+one. The model is per pserver: its estimated step is the slowest pserver's time, which
+the measured step (1 / steps/s, trainers' own compute included) bounds from above.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from transpiler.partition import Partition, Partitioner  # noqa: E402
+from transpiler.plan import slice_sizes  # noqa: E402
+from transpiler.planner import PlanPartitioner  # noqa: E402
+
+ROWS, WIDTH, ZIPF, TRAINERS, PSERVERS, SLOTS = 1_000_000, 64, 1.1, 2, 4, 3
+IDS_ENV, BATCH_ENV, RATES_ENV = "PLANNER_BENCH_IDS", "PLANNER_BENCH_IDS_PER_STEP", "PLANNER_BENCH_RATES"
+
+
+class Balanced(Partitioner):
+    """Paddle's slicing (min_block_size 8192), every block of every param placed largest
+    first on the pserver with the fewest elements (the `balanced` split method)."""
+
+    name = "balanced"
+
+    def prepare(self, params) -> None:
+        blocks = []
+        for param in params:
+            sizes = slice_sizes(param.shape, self.servers, 8192)
+            row = 0
+            for size in sizes:
+                rows = size // param.cols
+                blocks.append((param.name, Partition(row, row + rows, 0, param.cols)))
+                row += rows
+        load = [0] * self.servers
+        self._placed: dict[str, tuple[list[Partition], list[int]]] = {}
+        for index in sorted(range(len(blocks)), key=lambda i: -blocks[i][1].numel):
+            name, part = blocks[index]
+            server = min(range(self.servers), key=lambda s: (load[s], s))
+            load[server] += part.numel
+            parts, where = self._placed.setdefault(name, ([], []))
+            parts.append(part)
+            where.append(server)
+        for name, (parts, where) in self._placed.items():
+            order = sorted(range(len(parts)), key=lambda i: parts[i].start_row)
+            self._placed[name] = ([parts[i] for i in order], [where[i] for i in order])
+
+    def partitions(self, param):
+        return self._placed[param.name][0]
+
+    def assign(self, partitions):
+        return self._placed[partitions[0].param.name][1]
+
+
+class ZipfPlan(PlanPartitioner):
+    """`PlanPartitioner` with the id sample of `PLANNER_BENCH_IDS` (a .npy) for the table."""
+
+    def __init__(self) -> None:
+        from transpiler.cost import load_rates
+
+        sample = np.load(os.environ[IDS_ENV])
+        super().__init__(id_samples={"emb": sample}, batch_size=int(os.environ[BATCH_ENV]),
+                         rates=load_rates(os.environ.get(RATES_ENV) or None))
+
+
+def id_sample(count: int, seed: int = 7) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return ((rng.zipf(ZIPF, count) - 1) % ROWS).astype(np.int64)
+
+
+def ids_per_trainer_step(batch: int) -> int:
+    return round(batch / TRAINERS * SLOTS * 2.5)  # 3 slots of 1-4 ids (2.5 on average) per example
+
+
+def programs():
+    sys.path.insert(0, str(REPO / "examples"))
+    from train_ctr import build_ctr
+
+    return build_ctr("local-table", ROWS, WIDTH)
+
+
+def partitioner_spec(name: str):
+    return {"paddle": None, "balanced": "benchmarks.planner:Balanced", "plan": "benchmarks.planner:ZipfPlan"}[name]
+
+
+def model(name: str, sample: np.ndarray, per_step: int, rates_path: str | None) -> dict:
+    from transpiler.api import transpile
+    from transpiler.cost import IdStats, load_rates, plan_costs
+
+    main, startup = programs()
+    eps = ",".join(f"127.0.0.1:{7100 + i}" for i in range(PSERVERS))
+    spec = partitioner_spec(name)
+    partitioner = None if spec is None else (ZipfPlan() if name == "plan" else Balanced())
+    result = transpile(main, startup, pservers=eps, trainers=TRAINERS, partitioner=partitioner)
+    rates = load_rates(rates_path)
+    stats = {"emb": IdStats.from_sample(sample, ROWS, per_step)}
+    costs = plan_costs(result.plan, rates, stats)
+    emb = result.plan.param("emb")
+    return {"est_ms": [round(c.time_us / 1e3, 3) for c in costs], "memory": [c.cost.memory_bytes for c in costs],
+            "lookups": [round(c.cost.lookups, 1) for c in costs],
+            "emb_grid": [len(band) for band in emb.bands()]}
+
+
+def run_job(name: str, steps: int, batch: int, env: dict) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, "-m", "transpiler", "launch", "--pservers", str(PSERVERS), "--trainers",
+                   str(TRAINERS), "--log-dir", f"{tmp}/logs", "-q", "--timeout", "600"]
+        spec = partitioner_spec(name)
+        if spec is not None:
+            command += ["--partitioner", spec]
+        command += ["--", sys.executable, str(REPO / "examples" / "train_ctr.py"), "--variant", "local-table",
+                    "--rows", str(ROWS), "--width", str(WIDTH), "--zipf", str(ZIPF), "--hot-first",
+                    "--steps", str(steps), "--batch", str(batch)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"{name}: the job failed\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        records = [json.loads(line) for line in Path(f"{tmp}/logs/metrics.jsonl").read_text().splitlines()]
+    mine = sorted((r for r in records if r.get("role") == "trainer" and r.get("trainer") == 0 and r.get("step")),
+                  key=lambda r: r["time"])
+    warm = min(5, steps // 4)
+    first = next(r for r in mine if r["step"] >= warm)
+    last = mine[-1]
+    steps_per_s = (last["step"] - first["step"]) / (last["elapsed"] - first["elapsed"])
+
+    def step_at(t: float) -> float:
+        times = [r["time"] for r in mine]
+        return float(np.interp(t, times, [r["step"] for r in mine]))
+
+    cpu = []
+    for p in range(PSERVERS):
+        usage = sorted((r for r in records if r.get("role") == "pserver" and r.get("pserver") == p),
+                       key=lambda r: r["time"])
+        usable = [r for r in usage if step_at(r["time"]) >= warm]
+        if len(usable) < 2:
+            cpu.append(None)
+            continue
+        a, b = usable[0], usable[-1]
+        made = step_at(b["time"]) - step_at(a["time"])
+        cpu.append(round((b["cpu_seconds"] - a["cpu_seconds"]) / made * 1e3, 3) if made > 0 else None)
+    return {"steps_per_s": round(steps_per_s, 3), "step_ms": round(1e3 / steps_per_s, 3), "pserver_cpu_ms": cpu}
+
+
+def ranking(values) -> list[int]:
+    return sorted(range(len(values)), key=lambda i: -values[i])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--batch", type=int, default=512, help="the global batch (default 512)")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rates", help="rates from `pstranspile calibrate` (default: the built-in ones)")
+    parser.add_argument("--only", nargs="*", default=["paddle", "balanced", "plan"])
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    per_step = ids_per_trainer_step(args.batch)
+    with tempfile.TemporaryDirectory() as tmp:
+        sample = id_sample(200_000)
+        np.save(f"{tmp}/ids.npy", sample)
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+               "OPENBLAS_NUM_THREADS": "1", IDS_ENV: f"{tmp}/ids.npy", BATCH_ENV: str(per_step)}
+        if args.rates:
+            env[RATES_ENV] = str(Path(args.rates).resolve())
+        os.environ.update({IDS_ENV: env[IDS_ENV], BATCH_ENV: env[BATCH_ENV], RATES_ENV: env.get(RATES_ENV, "")})
+        results: dict[str, dict] = {}
+        for name in args.only:
+            results[name] = {"model": model(name, sample, per_step, args.rates), "runs": []}
+        for _ in range(args.rounds):
+            for name in args.only:
+                run = run_job(name, args.steps, args.batch, env)
+                results[name]["runs"].append(run)
+                print(f"{name}: {run}", file=sys.stderr, flush=True)
+    rows = []
+    for name, found in results.items():
+        runs = found["runs"]
+        steps_per_s = statistics.median(r["steps_per_s"] for r in runs)
+        cpu = [statistics.median(r["pserver_cpu_ms"][p] for r in runs if r["pserver_cpu_ms"][p] is not None)
+               for p in range(PSERVERS)]
+        est = found["model"]["est_ms"]
+        rows.append({"partitioner": name, "emb_grid": found["model"]["emb_grid"], "steps_per_s": steps_per_s,
+                     "step_ms": round(1e3 / steps_per_s, 3), "pserver_cpu_ms": cpu, "slowest_cpu_ms": max(cpu),
+                     "est_ms": est, "est_step_ms": max(est), "est_lookups": found["model"]["lookups"],
+                     "ranking_matches": ranking(cpu) == ranking(est),
+                     "slowest_matches": ranking(cpu)[0] == ranking(est)[0],
+                     "est_vs_slowest_cpu": round(max(est) / max(cpu), 3)})
+    base = {r["partitioner"]: r for r in rows}
+    if "plan" in base:
+        for r in rows:
+            r["plan_speedup"] = round(base["plan"]["steps_per_s"] / r["steps_per_s"], 3)
+            r["plan_slowest_cpu_ratio"] = round(r["slowest_cpu_ms"] / base["plan"]["slowest_cpu_ms"], 3)
+    if args.json:
+        print(json.dumps({"batch": args.batch, "steps": args.steps, "ids_per_trainer_step": per_step, "rows": rows},
+                         indent=1))
+        return 0
+    print(f"[1M, 64] table, Zipf({ZIPF}) hot-first, {TRAINERS} trainers x {PSERVERS} pservers, batch {args.batch}, "
+          f"{args.steps} steps, {args.rounds} round(s)")
+    print(f"{'partitioner':<10} {'grid':<12} {'steps/s':>8} {'slowest cpu ms':>15} {'est step ms':>12} "
+          f"{'rank ok':>8} {'plan x':>7}  per-pserver cpu ms (measured) | est ms (model)")
+    for r in rows:
+        print(f"{r['partitioner']:<10} {str(r['emb_grid']):<12} {r['steps_per_s']:>8.2f} {r['slowest_cpu_ms']:>15.2f} "
+              f"{r['est_step_ms']:>12.2f} {str(r['ranking_matches']):>8} {r.get('plan_speedup', 1.0):>7.2f}  "
+              f"{r['pserver_cpu_ms']} | {r['est_ms']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,500 @@
+"""The cost model: what each pserver holds, sends, receives and computes per training step.
+
+Two halves, one vocabulary (`MEMORY_KINDS`):
+
+- `declared_memory(plan, endpoint, program)` reads a pserver's main program: every var of
+  its global block, classified by role from the plan and the optimize blocks (params,
+  optimizer state = accumulator inputs of the optimizer ops, per-trainer grad buffers,
+  merged grads, table rows, other), bytes = elements × itemsize of the declared shape. A
+  dimension of -1 (a batch-sized temporary) counts 0 bytes; `runtime_sized` names them.
+- `block_cost(...)` predicts the same memory figures for one partition from the param
+  alone (shape, dtype, optimizer slots, trainers), and its traffic and compute per step;
+  `plan_costs(plan, ...)` sums them per pserver. The planner (`transpiler/planner.py`)
+  searches with `block_cost`; tests check it equals `declared_memory` on the fixtures.
+
+Units, everywhere: bytes; microseconds (µs); a step is one step of every trainer (in sync
+mode the pservers' round; in async mode each trainer's grads are applied one by one).
+
+Per partition of `n = rows × cols` elements, itemsize `s`, T trainers (sync, T > 1: a
+buffer per trainer; otherwise the grad arrives in the merged var itself):
+- memory: param `n·s`; optimizer state `(sliced accumulators)·n·s + (unsliced)·s` (the
+  unsliced ones are `[1]` scalars, a copy per partition); merged grad `n·s`; grad
+  buffers `T·n·s` (sync, T > 1);
+- traffic (dense): in `T·n·s` (grads), out `T·n·s` (params trainers receive); a sparse
+  grad carries `r` rows per trainer (`r` from `IdStats`): in `T·r·(cols·s + 8)`; a
+  prefetched table sends `r` rows: out `T·r·cols·s`, ids in `T·r·8`;
+- RPCs: per trainer a send batch and a fetch batch to each pserver holding a partition
+  (in sync mode carrying the barriers), and a prefetch call per prefetched partition;
+  each var a batch carries costs `var_us`;
+- compute: `(T-1)·n·sum + n·scale + n·<optimizer>` µs-per-element rates (`Rates`); sparse
+  grads touch `r` rows instead of `n / cols` (unless the optimizer updates every row).
+Estimated pserver time per step = compute + (bytes in + out) / bandwidth + RPCs × rpc_us
++ vars × var_us.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ops.catalogue.optimizer_ops import OPTIMIZER_SLOTS, optimizer_slots
+from transpiler.errors import TranspileError
+from transpiler.ir.types import DType
+
+MEMORY_KINDS = ("params", "optimizer_state", "grad_buffers", "merged_grads", "table", "other")
+ID_BYTES = 8  # an int64 row id on the wire
+RATES_SCHEMA = "pstranspile.rates/1"
+
+# Defaults measured on the project's shared 2-core VM with `pstranspile calibrate`
+# (2026-11-26): µs per float32 element, the executor's kernels.
+DEFAULT_OP_US = {
+    "sum": 0.0002, "scale": 0.00016, "sgd": 0.00025, "momentum": 0.0017, "adam": 0.0093, "adamw": 0.0021,
+    "adagrad": 0.0020, "rmsprop": 0.017, "adamax": 0.019, "ftrl": 0.036, "decayed_adagrad": 0.0082,
+    "lars_momentum": 0.0024, "lamb": 0.0098,
+}
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The machine's rates: `bandwidth` bytes/s of payload over the transport, `rpc_us` µs
+    of fixed cost per RPC (request + response handling on the pserver), `op_us` µs per
+    element per op type (`sum`, `scale` and the optimizers), `row_us` µs per row a sparse
+    update or lookup touches (the per-row bookkeeping beside the per-element work)."""
+
+    bandwidth: float = 1.5e8  # loopback gRPC from Python on the 2-core VM (calibrate)
+    rpc_us: float = 475.0
+    op_us: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_US))
+    row_us: float = 0.004
+    var_us: float = 40.0  # handling one var of a batch (decode, lock, store / encode); not measured
+    source: str = "defaults"
+
+    def op(self, op_type: str) -> float:
+        if op_type in self.op_us:
+            return float(self.op_us[op_type])
+        if op_type in OPTIMIZER_SLOTS:  # an optimizer without its own rate: priced by its state
+            slots = optimizer_slots(op_type)
+            return float(self.op_us["sgd"]) + len(slots.sliced) * float(self.op_us["momentum"] - self.op_us["sgd"])
+        raise TranspileError(f"no rate for op {op_type!r} in the rate table (known: {', '.join(sorted(self.op_us))})")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": RATES_SCHEMA,
+            "source": self.source,
+            "units": {"bandwidth": "bytes/s", "rpc_us": "us per RPC", "op_us": "us per element",
+                      "row_us": "us per sparse row", "var_us": "us per var in a batch"},
+            "bandwidth": self.bandwidth,
+            "rpc_us": self.rpc_us,
+            "row_us": self.row_us,
+            "var_us": self.var_us,
+            "op_us": dict(sorted(self.op_us.items())),
+        }
+
+
+def load_rates(path: str | Path | None) -> Rates:
+    """Rates from `pstranspile calibrate`'s JSON (missing op rates keep their defaults), or
+    the defaults for None."""
+    if path is None:
+        return Rates()
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise TranspileError(f"rates {path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+    if not isinstance(data, dict) or data.get("schema") != RATES_SCHEMA:
+        raise TranspileError(f"rates {path}: not a `pstranspile calibrate` file (schema {RATES_SCHEMA})")
+    try:
+        ops = dict(DEFAULT_OP_US)
+        ops.update({str(k): float(v) for k, v in data.get("op_us", {}).items()})
+        rates = Rates(float(data["bandwidth"]), float(data["rpc_us"]), ops, float(data.get("row_us", Rates.row_us)),
+                      float(data.get("var_us", Rates.var_us)), str(path))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TranspileError(f"rates {path}: bad field ({exc})") from None
+    if rates.bandwidth <= 0 or rates.rpc_us < 0 or any(v < 0 for v in ops.values()):
+        raise TranspileError(f"rates {path}: rates must be positive")
+    return rates
+
+
+# -- id statistics ---------------------------------------------------------------------------
+
+class IdStats:
+    """Access frequencies of a table's rows and the ids a trainer looks up per step.
+
+    From a sample of ids (`from_sample`) or uniform over the rows (`uniform`). Per step each
+    trainer draws `ids_per_step` ids independently with the sample's frequencies; the rows
+    it sends (or prefetches) are the distinct ones: `E[distinct in S] = Σ_{i∈S} 1-(1-p_i)^n`.
+    Range and residue-class queries are O(log n) / O(n) over the distinct sampled ids."""
+
+    def __init__(self, ids, probs, height: int, ids_per_step: int, uniform: bool = False) -> None:
+        import numpy as np
+
+        self.height = int(height)
+        self.ids_per_step = int(ids_per_step)
+        self.uniform = uniform
+        self.ids = np.asarray(ids, dtype=np.int64)
+        self.probs = np.asarray(probs, dtype=np.float64)
+        self._cum_p = np.concatenate([[0.0], np.cumsum(self.probs)])
+        self._cum_u: dict[int, Any] = {}
+
+    @classmethod
+    def uniform_rows(cls, height: int, ids_per_step: int) -> IdStats:
+        return cls([], [], height, ids_per_step, uniform=True)
+
+    @classmethod
+    def from_sample(cls, sample, height: int, ids_per_step: int) -> IdStats:
+        import numpy as np
+
+        flat = np.asarray(sample).reshape(-1).astype(np.int64)
+        if flat.size == 0:
+            raise TranspileError("the id sample is empty")
+        if flat.min() < 0 or flat.max() >= height:
+            bad = int(flat.min()) if flat.min() < 0 else int(flat.max())
+            raise TranspileError(f"the id sample holds id {bad}, outside the table's {height} rows")
+        ids, counts = np.unique(flat, return_counts=True)
+        return cls(ids, counts / counts.sum(), height, ids_per_step)
+
+    def _distinct_cum(self, draws: int):
+        import numpy as np
+
+        if draws not in self._cum_u:
+            self._cum_u[draws] = np.concatenate([[0.0], np.cumsum(-np.expm1(draws * np.log1p(-np.minimum(self.probs, 1 - 1e-16))))])
+        return self._cum_u[draws]
+
+    def rows(self, start: int, end: int, trainers: int = 1) -> tuple[float, float]:
+        """(lookups, distinct rows) per step among rows `[start, end)`, for `trainers`
+        trainers' draws together."""
+        draws = self.ids_per_step * trainers
+        if self.uniform:
+            count = max(0, min(end, self.height) - max(start, 0))
+            p = 1.0 / self.height
+            return draws * count * p, count * -math.expm1(draws * math.log1p(-p)) if p < 1 else float(count > 0)
+        import numpy as np
+
+        lo, hi = np.searchsorted(self.ids, [start, end])
+        mass = float(self._cum_p[hi] - self._cum_p[lo])
+        cum = self._distinct_cum(draws)
+        return draws * mass, float(cum[hi] - cum[lo])
+
+    def residue_rows(self, shard: int, shards: int, trainers: int = 1) -> tuple[float, float]:
+        """(lookups, distinct rows) per step among ids with `id % shards == shard`."""
+        draws = self.ids_per_step * trainers
+        if self.uniform:
+            count = len(range(shard, self.height, shards))
+            p = 1.0 / self.height
+            return draws * count * p, count * -math.expm1(draws * math.log1p(-p))
+        mask = self.ids % shards == shard
+        probs = self.probs[mask]
+        import numpy as np
+
+        return draws * float(probs.sum()), float(np.sum(-np.expm1(draws * np.log1p(-np.minimum(probs, 1 - 1e-16)))))
+
+
+def read_id_sample(path: str | Path):
+    """Ids from a `.npy` file (any integer shape; a 2-D `[samples, k]` array means k ids per
+    sample) or a text file (whitespace- or comma-separated integers, a line per sample)."""
+    import numpy as np
+
+    path = Path(path)
+    try:
+        if path.suffix == ".npy":
+            data = np.load(path, allow_pickle=False)
+        else:
+            lines = [line.replace(",", " ").split() for line in path.read_text().splitlines() if line.strip()]
+            widths = {len(line) for line in lines}
+            data = np.array(lines, dtype=np.int64) if len(widths) == 1 else np.array([v for line in lines for v in line], dtype=np.int64)
+    except (OSError, ValueError) as exc:
+        raise TranspileError(f"--id-sample {path}: cannot read ids ({getattr(exc, 'strerror', None) or exc})") from None
+    if not np.issubdtype(data.dtype, np.integer):
+        raise TranspileError(f"--id-sample {path}: ids must be integers, not {data.dtype}")
+    if data.size == 0:
+        raise TranspileError(f"--id-sample {path}: no ids")
+    return data
+
+
+def ids_per_sample(sample) -> int:
+    return int(sample.shape[1]) if getattr(sample, "ndim", 1) == 2 else 1
+
+
+# -- per-partition estimate ------------------------------------------------------------------
+
+@dataclass
+class Cost:
+    """One partition's (or one pserver's) figures per step. Memory in bytes by kind."""
+
+    memory: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MEMORY_KINDS, 0))
+    bytes_in: float = 0.0
+    bytes_out: float = 0.0
+    rpcs: float = 0.0
+    vars: float = 0.0  # vars carried in the send and fetch batches
+    compute_us: float = 0.0
+    lookups: float = 0.0  # ids looked up (or sent as grad rows) per step
+    rows: float = 0.0  # distinct rows touched per step
+
+    def add(self, other: Cost) -> None:
+        for kind, value in other.memory.items():
+            self.memory[kind] += value
+        self.bytes_in += other.bytes_in
+        self.bytes_out += other.bytes_out
+        self.rpcs += other.rpcs
+        self.vars += other.vars
+        self.compute_us += other.compute_us
+        self.lookups += other.lookups
+        self.rows += other.rows
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(self.memory.values())
+
+    def time_us(self, rates: Rates) -> float:
+        return (self.compute_us + (self.bytes_in + self.bytes_out) / rates.bandwidth * 1e6 + self.rpcs * rates.rpc_us
+                + self.vars * rates.var_us)
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the estimate needs of the job besides the param."""
+
+    trainers: int
+    sync_mode: bool = True
+
+    @property
+    def per_trainer_grads(self) -> bool:
+        return self.sync_mode and self.trainers > 1
+
+
+def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: int, job: Job, rates: Rates, *,
+               sparse: bool = False, prefetch: bool = False, ids: IdStats | None = None,
+               optimizer_attrs: Mapping[str, Any] | None = None) -> Cost:
+    """One partition's cost (see the module docstring). Each partition has its own copy of
+    the optimizer's `[1]` scalars (beta powers)."""
+    slots = optimizer_slots(optimizer)
+    size = dtype.itemsize
+    n = rows * cols
+    t = job.trainers
+    cost = Cost()
+    cost.memory["params"] = n * size
+    cost.memory["merged_grads"] = n * size
+    cost.memory["grad_buffers"] = t * n * size if job.per_trainer_grads else 0
+    cost.memory["optimizer_state"] = (len(slots.sliced) * n + len(slots.unsliced)) * size
+    cost.vars = 2 * t  # its grad in and its param (or rows) out, per trainer
+    if sparse:
+        stats = ids or IdStats.uniform_rows(start_row + rows, 1)
+        lookups, touched_one = stats.rows(start_row, start_row + rows, 1)
+        _, touched_all = stats.rows(start_row, start_row + rows, t)
+        cost.lookups, cost.rows = lookups * t, touched_one * t
+        cost.bytes_in = t * touched_one * (cols * size + ID_BYTES)
+        if prefetch:  # rows asked for and sent, the param itself never received whole
+            cost.bytes_in += t * touched_one * ID_BYTES
+            cost.bytes_out = t * touched_one * cols * size
+            cost.rpcs = t  # a prefetch call per trainer per step (its own RPC, not in the batches)
+        else:
+            cost.bytes_out = t * n * size
+        every = slots.updates_every_row((optimizer_attrs or {}).get) if optimizer_attrs is not None else slots.every_row
+        updated = rows if every else (touched_all if job.sync_mode else touched_one * t)
+        merge_rows = touched_one * t
+        cost.compute_us = (merge_rows * cols * rates.op("sum") + updated * cols * rates.op("scale")
+                           + updated * cols * rates.op(optimizer) + (merge_rows + updated) * rates.row_us)
+        if not job.sync_mode:
+            cost.compute_us += (t - 1) * updated * cols * rates.op(optimizer) if every else 0.0
+    else:
+        cost.bytes_in = t * n * size
+        cost.bytes_out = t * n * size
+        if job.sync_mode:
+            cost.compute_us = (t - 1) * n * rates.op("sum") + n * rates.op("scale") + n * rates.op(optimizer)
+        else:
+            cost.compute_us = t * n * rates.op(optimizer)
+    return cost
+
+
+def table_shard_cost(table, shard: int, job: Job, rates: Rates, ids: IdStats | None) -> Cost:
+    """The distributed table's shard `shard` (`id % M`): its rows, its lookups and grad rows
+    per step, its `sgd` on the rows touched."""
+    shards = len(table.endpoints)
+    size = table.dtype.itemsize
+    width = math.prod(table.shape[1:])
+    cost = Cost()
+    cost.memory["table"] = math.prod(table.shard_shape) * size
+    # The table's grads are SelectedRows declared at the table's full height (as Paddle
+    # declares them): counted so, though at run time they hold one step's rows.
+    cost.memory["merged_grads"] = math.prod(table.shape) * size
+    cost.memory["grad_buffers"] = job.trainers * math.prod(table.shape) * size if job.per_trainer_grads else 0
+    stats = ids or IdStats.uniform_rows(table.shape[0], 1)
+    lookups, one = stats.residue_rows(shard, shards, 1)
+    _, merged = stats.residue_rows(shard, shards, job.trainers)
+    t = job.trainers
+    cost.lookups, cost.rows = lookups * t, one * t
+    cost.bytes_in = t * one * ID_BYTES + t * one * (width * size + ID_BYTES)
+    cost.bytes_out = t * one * width * size
+    cost.rpcs = t  # the prefetch (the grads travel in the batches)
+    cost.vars = 2 * t
+    cost.compute_us = (one * t * width * rates.op("sum") + merged * width * rates.op("sgd")
+                       + (one * t * 2 + merged) * rates.row_us)
+    return cost
+
+
+# -- per pserver -----------------------------------------------------------------------------
+
+@dataclass
+class PserverCost:
+    endpoint: str
+    cost: Cost
+    partitions: list[str]
+    time_us: float = 0.0
+
+
+def plan_costs(plan, rates: Rates | None = None, ids: Mapping[str, IdStats] | None = None) -> list[PserverCost]:
+    """Every pserver's predicted cost per step under `plan` (in endpoint order). `ids` maps
+    a sparse param's (or the distributed table's) name to its id statistics; others are
+    uniform with `ids_per_step` 1."""
+    rates = rates or Rates()
+    ids = ids or {}
+    job = Job(plan.trainers, plan.sync_mode)
+    out = {ep: PserverCost(ep, Cost(), []) for ep in plan.endpoints}
+    for param in plan.params:
+        width = math.prod(param.shape[1:]) if len(param.shape) >= 2 else 1
+        for block, endpoint in zip(param.blocks, param.endpoints, strict=True):
+            cols = block.cols if block.cols is not None else width
+            rows = block.rows if param.shape else 1
+            cost = block_cost(param.optimizer, param.dtype, block.row_offset, rows, cols, job, rates,
+                              sparse=param.sparse, prefetch=param.remote_prefetch, ids=ids.get(param.param))
+            out[endpoint].cost.add(cost)
+            out[endpoint].partitions.append(block.name)
+    if plan.table is not None:
+        for shard, endpoint in enumerate(plan.table.endpoints):
+            out[endpoint].cost.add(table_shard_cost(plan.table, shard, job, rates, ids.get(plan.table.table)))
+            out[endpoint].partitions.append(f"{plan.table.table} shard {shard}")
+    for row in out.values():
+        if row.partitions:  # a send batch and a fetch batch per trainer (sync: with the barriers)
+            row.cost.rpcs += 2 * job.trainers
+    for row in out.values():
+        row.time_us = row.cost.time_us(rates)
+    return list(out.values())
+
+
+# -- what the pserver programs declare -------------------------------------------------------
+
+def var_bytes(var) -> int:
+    """Bytes of a var's declared shape (0 for no shape or a -1 dimension)."""
+    if var.shape is None or var.dtype is None:
+        return 0
+    if any(int(d) < 0 for d in var.shape):
+        return 0
+    return math.prod(int(d) for d in var.shape) * DType(var.dtype).itemsize
+
+
+@dataclass
+class DeclaredMemory:
+    endpoint: str
+    memory: dict[str, int]
+    kinds: dict[str, str]  # var name -> kind
+    runtime_sized: list[str]  # vars with a -1 dimension (batch-sized: 0 bytes here)
+
+    @property
+    def total(self) -> int:
+        return sum(self.memory.values())
+
+
+def declared_memory(plan, endpoint: str, program) -> DeclaredMemory:
+    """The pserver program's global-block vars by kind (`MEMORY_KINDS`), bytes of their
+    declared shapes. The kinds come from the plan (param blocks, merged grads, per-trainer
+    grads, the table and its grads) and from the optimize blocks (an optimizer op's
+    accumulator inputs are optimizer state); the rest is `other` (learning rate, ...)."""
+    kinds: dict[str, str] = {}
+    for param in plan.params:
+        for block in param.blocks_on(endpoint):
+            kinds[block.name] = "params"
+            kinds[param.grad_block_name(block.index)] = "merged_grads"
+            if plan.per_trainer_grads:
+                for name in plan.trainer_grad_names(param, block.index):
+                    kinds[name] = "grad_buffers"
+    table = plan.table
+    if table is not None and endpoint in table.endpoints:
+        shard = table.endpoints.index(endpoint)
+        kinds[table.table] = "table"
+        kinds[table.grad] = "merged_grads"
+        for trainer in range(plan.trainers):
+            kinds[table.shard_grad_name(shard, trainer)] = "grad_buffers"
+        kinds[table.shard_grad_name(shard, None)] = "merged_grads"  # what arrives without per-trainer copies
+        kinds[table.prefetch_in(shard)] = "grad_buffers"
+        kinds[table.prefetch_out(shard)] = "grad_buffers"
+    for block in program.blocks:
+        for op in block.ops:
+            if op.type not in OPTIMIZER_SLOTS:
+                continue
+            for slot in optimizer_slots(op.type).accumulators:
+                for name in op.inputs.get(slot, ()):
+                    kinds.setdefault(name, "optimizer_state")
+    memory = dict.fromkeys(MEMORY_KINDS, 0)
+    found: dict[str, str] = {}
+    runtime = []
+    for name, var in program.global_block().vars.items():
+        kind = kinds.get(name, "other")
+        found[name] = kind
+        memory[kind] += var_bytes(var)
+        if var.shape is not None and any(int(d) < 0 for d in var.shape):
+            runtime.append(name)
+    return DeclaredMemory(endpoint, memory, found, runtime)
+
+
+def format_bytes(value: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{int(value)} B"
+
+
+def parse_bytes(text: str) -> int:
+    """`8GiB`, `512MiB`, `1.5G`, `100000` -> bytes (K/M/G/T are powers of 1024 too, KB/MB/GB of 1000)."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?B?)\s*", text, re.IGNORECASE)
+    if not match:
+        raise TranspileError(f"{text!r} is not a size (e.g. 8GiB, 512MiB, 1000000)")
+    number, prefix, suffix = float(match.group(1)), match.group(2).upper(), match.group(3).lower()
+    power = "KMGT".index(prefix) + 1 if prefix else 0
+    base = 1000 if suffix == "b" and prefix else 1024
+    return int(number * base ** power)
+
+
+def imbalance(values: Iterable[float]) -> float:
+    values = list(values)
+    mean = sum(values) / len(values) if values else 0.0
+    return max(values) / mean if mean else 1.0
+
+
+def summarize(plan, costs: Sequence[PserverCost], rates: Rates, declared: Mapping[str, DeclaredMemory] | None = None
+              ) -> dict[str, Any]:
+    """Every figure of the report as JSON-able data."""
+    rows = []
+    for row in costs:
+        entry = {
+            "endpoint": row.endpoint,
+            "memory": dict(row.cost.memory),
+            "memory_bytes": row.cost.memory_bytes,
+            "bytes_in": round(row.cost.bytes_in),
+            "bytes_out": round(row.cost.bytes_out),
+            "rpcs": round(row.cost.rpcs, 3),
+            "compute_ms": round(row.cost.compute_us / 1e3, 6),
+            "est_ms": round(row.time_us / 1e3, 6),
+            "lookups": round(row.cost.lookups, 3),
+            "rows": round(row.cost.rows, 3),
+            "partitions": list(row.partitions),
+        }
+        if declared is not None and row.endpoint in declared:
+            found = declared[row.endpoint]
+            entry["declared"] = dict(found.memory)
+            entry["declared_bytes"] = found.total
+            entry["runtime_sized"] = list(found.runtime_sized)
+        rows.append(entry)
+    columns = ["memory_bytes", "bytes_in", "bytes_out", "rpcs", "compute_ms", "est_ms", "lookups"]
+    return {
+        "units": {"memory": "bytes", "bytes_in": "bytes per step", "bytes_out": "bytes per step",
+                  "rpcs": "per step", "compute_ms": "ms per step", "est_ms": "ms per step",
+                  "lookups": "ids per step", "rows": "distinct rows per step (summed over trainers)"},
+        "rates": rates.to_json(),
+        "pservers": rows,
+        "imbalance": {c: round(imbalance(r[c] for r in rows), 6) for c in columns},
+        "est_step_ms": round(max((r["est_ms"] for r in rows), default=0.0), 6),
+    }

@@ -1,0 +1,317 @@
+"""The `plan` partitioner: cut and place every param to minimise the slowest pserver's
+estimated time per step (the cost model, `transpiler/cost.py`), under a memory cap.
+
+TorchRec's planner in small: an estimator (`block_cost`: memory by kind, bytes in and out,
+RPCs and optimizer compute of one partition, with a table's id statistics), a proposer
+(per param the candidate cuts: whole; `k` row bands; `k` column ranges; `r x c` grids,
+`k, r·c <= pservers`; a param whose pserver op needs whole rows gets no column cut) and a
+placer, greedy and deterministic:
+
+1. the params go largest estimated time first (ties by name); `--colocate a,b` makes one
+   unit of its params (cut the same way, partition i of each on the same pserver);
+2. for each unit, every candidate cut is placed part by part (largest first) on the
+   pserver with the least estimated time that has memory left (ties: the lower index,
+   preferring a pserver not yet holding a part of this unit), and scored by (the larger
+   of the slowest pserver's time and the mean time once the params still to place are
+   added whole; then the unit's added time; then its part count);
+3. the best candidate is kept; if no candidate fits the cap, one `TranspileError` names
+   the cap, the param and by how much the best placement is over;
+4. a local search then moves a part off the slowest pserver, or swaps it with a smaller
+   one, while that lowers the slowest time (`improve`).
+
+The result depends only on the params, the pserver and trainer counts and the options (the
+rates, the id sample, the cap): every trainer computes the same plan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from transpiler.cost import Cost, IdStats, Job, Rates, block_cost, format_bytes
+from transpiler.errors import TranspileError
+from transpiler.partition import Partition, Partitioner, ParamInfo
+
+KINDS = ("whole", "row", "column", "2-D")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    kind: str
+    grid: tuple[int, int]  # row bands x column ranges
+
+
+@dataclass
+class _Part:
+    index: int
+    partitions: list[tuple[ParamInfo, Partition]]  # one per member of the unit
+    time_us: float
+    memory: int
+
+
+def even_cuts(total: int, count: int) -> list[tuple[int, int]]:
+    """`count` near-equal ranges of `[0, total)` (the first `total % count` one longer)."""
+    base, extra = divmod(total, count)
+    out, start = [], 0
+    for i in range(count):
+        size = base + (1 if i < extra else 0)
+        out.append((start, start + size))
+        start += size
+    return out
+
+
+def grid_partitions(param: ParamInfo, grid: tuple[int, int]) -> list[Partition]:
+    rows, cols = grid
+    return [Partition(r0, r1, c0, c1) for r0, r1 in even_cuts(param.rows, rows) for c0, c1 in even_cuts(param.cols, cols)]
+
+
+def candidates(params: Sequence[ParamInfo], servers: int, allowed: Iterable[str] = KINDS) -> list[Candidate]:
+    """The cuts every param of a unit can take, in a fixed order."""
+    allowed = set(allowed)
+    rows = min(p.rows for p in params)
+    cols = min(p.cols for p in params)
+    column_ok = all(len(p.shape) <= 2 and not p.row_cuts_only for p in params)
+    out = [Candidate("whole", (1, 1))] if "whole" in allowed else []
+    if "row" in allowed:
+        out += [Candidate("row", (k, 1)) for k in range(2, min(servers, rows) + 1)]
+    if column_ok and "column" in allowed:
+        out += [Candidate("column", (1, k)) for k in range(2, min(servers, cols) + 1)]
+    if column_ok and "2-D" in allowed:
+        out += [Candidate("2-D", (r, c)) for r in range(2, min(servers, rows) + 1)
+                for c in range(2, min(servers // r, cols) + 1)]
+    return out
+
+
+class PlanPartitioner(Partitioner):
+    """`partitioner="plan"`: see the module docstring. `memory_cap` bytes per pserver (None:
+    no cap), `colocate` groups of param names, `kinds` per param the cuts allowed (`KINDS`),
+    `rates` (`transpiler.cost.Rates`), `ids` a table's `IdStats` by param name, `batch_size`
+    the ids per trainer step of a sparse param without a sample (uniform ids)."""
+
+    name = "plan"
+
+    def __init__(self, *, memory_cap: int | None = None, colocate: Sequence[Sequence[str]] = (),
+                 kinds: Mapping[str, Iterable[str]] | None = None, rates: Rates | None = None,
+                 ids: Mapping[str, IdStats] | None = None, id_samples: Mapping[str | None, object] | None = None,
+                 batch_size: int = 128) -> None:
+        super().__init__()
+        if memory_cap is not None and memory_cap <= 0:
+            raise TranspileError(f"plan: the pserver memory cap must be positive, got {memory_cap}")
+        if batch_size < 1:
+            raise TranspileError(f"plan: batch_size must be >= 1, got {batch_size}")
+        self.memory_cap = memory_cap
+        self.colocate = [tuple(group) for group in colocate]
+        self.kinds = {name: tuple(k) for name, k in (kinds or {}).items()}
+        for name, allowed in self.kinds.items():
+            bad = [k for k in allowed if k not in KINDS]
+            if bad or not allowed:
+                raise TranspileError(f"plan: param {name!r}: unknown partition kind {bad[0] if bad else '(none)'!r} "
+                                     f"(known: {', '.join(KINDS)})")
+        self.rates = rates or Rates()
+        self.ids = dict(ids or {})
+        self.id_samples = dict(id_samples or {})
+        self.batch_size = batch_size
+        self._result: dict[str, tuple[list[Partition], list[int]]] = {}
+        self.loads: list[float] = []  # estimated µs per step per pserver, after `prepare`
+        self.memory: list[int] = []
+
+    # -- the Partitioner protocol
+    def prepare(self, params: Sequence[ParamInfo]) -> None:
+        self._result = self.search(params)
+
+    def partitions(self, param: ParamInfo) -> list[Partition]:
+        if param.name not in self._result:  # called without prepare (one param at a time)
+            self._result.update(self.search([param]))
+        return list(self._result[param.name][0])
+
+    def assign(self, partitions: Sequence[Partition]) -> list[int]:
+        return list(self._result[partitions[0].param.name][1])
+
+    # -- the search
+    def _stats(self, params: Sequence[ParamInfo]) -> dict[str, IdStats]:
+        from transpiler.cost import ids_per_sample
+
+        stats = dict(self.ids)
+        sparse = [p for p in params if p.sparse]
+        for name, sample in self.id_samples.items():
+            if name is None:
+                if len(sparse) != 1:
+                    raise TranspileError(f"plan: an id sample without a param name needs exactly one sparse param, "
+                                         f"the program has {len(sparse)} ({', '.join(p.name for p in sparse) or 'none'})")
+                name = sparse[0].name
+            param = next((p for p in params if p.name == name and p.sparse), None)
+            if param is None:
+                raise TranspileError(f"plan: id sample for {name!r}, which is not a sparse param of the program")
+            stats[name] = IdStats.from_sample(sample, param.rows, self.batch_size * ids_per_sample(sample))
+        for param in sparse:
+            stats.setdefault(param.name, IdStats.uniform_rows(param.rows, self.batch_size))
+        return stats
+
+    def _units(self, params: Sequence[ParamInfo]) -> list[list[ParamInfo]]:
+        by_name = {p.name: p for p in params}
+        taken: dict[str, int] = {}
+        units: list[list[ParamInfo]] = []
+        for group in self.colocate:
+            missing = [n for n in group if n not in by_name]
+            if missing:
+                raise TranspileError(f"plan: --colocate names {missing[0]!r}, not a param of the program "
+                                     f"(params: {', '.join(sorted(by_name)[:8])}{', ...' if len(by_name) > 8 else ''})")
+            again = [n for n in group if n in taken]
+            if again:
+                raise TranspileError(f"plan: param {again[0]!r} is in two --colocate groups")
+            for n in group:
+                taken[n] = len(units)
+            units.append([by_name[n] for n in dict.fromkeys(group)])
+        units += [[p] for p in params if p.name not in taken]
+        return units
+
+    def part_cost(self, param: ParamInfo, part: Partition, job: Job, stats: Mapping[str, IdStats]) -> Cost:
+        return block_cost(param.optimizer, param.dtype, part.start_row, part.rows, part.cols, job, self.rates,
+                          sparse=param.sparse, prefetch=param.table, ids=stats.get(param.name))
+
+    def search(self, params: Sequence[ParamInfo]) -> dict[str, tuple[list[Partition], list[int]]]:
+        servers = max(1, self.servers)
+        job = Job(self.trainers, self.sync_mode)
+        stats = self._stats(params)
+        units = self._units(params)
+        # a send batch and a fetch batch per trainer to every pserver (all are expected to hold a part)
+        loads = [2 * job.trainers * self.rates.rpc_us] * servers
+        memory = [0] * servers
+        cap = self.memory_cap
+        cache: dict[tuple[str, Candidate], list[_Part]] = {}
+
+        def parts_of(unit: list[ParamInfo], cand: Candidate) -> list[_Part]:
+            key = ("\0".join(p.name for p in unit), cand)
+            if key not in cache:
+                cut = [grid_partitions(p, cand.grid) for p in unit]
+                out = []
+                for i, pieces in enumerate(zip(*cut, strict=True)):
+                    costs = [self.part_cost(p, piece, job, stats) for p, piece in zip(unit, pieces, strict=True)]
+                    out.append(_Part(i, list(zip(unit, pieces, strict=True)), sum(c.time_us(self.rates) for c in costs),
+                                     sum(c.memory_bytes for c in costs)))
+                cache[key] = out
+            return cache[key]
+
+        if cap is not None:
+            need = sum(p.memory for unit in units for p in parts_of(unit, Candidate("whole", (1, 1))))
+            if need > servers * cap:
+                raise TranspileError(f"no plan fits --pserver-memory {format_bytes(cap)}: the params with their "
+                                     f"optimizer state and grad buffers need {format_bytes(need)}, {servers} pserver(s) "
+                                     f"hold {format_bytes(servers * cap)} ({format_bytes(need - servers * cap)} over)")
+
+        def place(parts: list[_Part]) -> tuple[list[int], float] | None | float:
+            """Greedy placement of one candidate's parts; the servers per part, or the least
+            overflow (bytes over the cap) when a part fits nowhere."""
+            trial_loads, trial_mem = list(loads), list(memory)
+            used: set[int] = set()
+            where = [0] * len(parts)
+            for part in sorted(parts, key=lambda p: (-p.time_us, -p.memory, p.index)):
+                fits = [s for s in range(servers) if cap is None or trial_mem[s] + part.memory <= cap]
+                if not fits:
+                    return min(trial_mem[s] + part.memory - cap for s in range(servers)) + 0.0
+                fresh = [s for s in fits if s not in used] or fits
+                best = min(fresh, key=lambda s: (trial_loads[s] + part.time_us, trial_mem[s], s))
+                where[part.index] = best
+                used.add(best)
+                trial_loads[best] += part.time_us
+                trial_mem[best] += part.memory
+            return where, max(trial_loads), sum(trial_loads)
+
+        result: dict[str, tuple[list[Partition], list[int]]] = {}
+        whole = Candidate("whole", (1, 1))
+        order = sorted(units, key=lambda u: (-sum(p.time_us for p in parts_of(u, whole)), u[0].name))
+        remaining = sum(p.time_us for u in order for p in parts_of(u, whole))
+        chosen: list[tuple[list[ParamInfo], list[_Part], list[int]]] = []
+        for unit in order:
+            remaining -= sum(p.time_us for p in parts_of(unit, whole))
+            allowed = set(KINDS)
+            for p in unit:
+                allowed &= set(self.kinds.get(p.name, KINDS))
+            options = candidates(unit, servers, allowed)
+            if not options:
+                raise TranspileError(f"plan: no partition kind is allowed for {' and '.join(p.name for p in unit)!r}")
+            best = None
+            overflow = math.inf
+            for cand in options:
+                parts = parts_of(unit, cand)
+                placed = place(parts)
+                if isinstance(placed, float):
+                    overflow = min(overflow, placed)
+                    continue
+                where, slowest, total = placed
+                # the slowest pserver, or the mean load once the rest is placed whole if that is
+                # higher: a cut's extra RPCs then count against it even while pservers are idle
+                bound = max(slowest, (total + remaining) / servers)
+                score = (round(bound, 6), round(sum(p.time_us for p in parts), 6), len(parts))
+                if best is None or score < best[0]:
+                    best = (score, cand, parts, where)
+            if best is None:
+                names = " and ".join(f"{p.name!r} {list(p.shape)}" for p in unit)
+                raise TranspileError(f"no plan fits --pserver-memory {format_bytes(cap)}: param {names} fits on no "
+                                     f"pserver in any cut, the best is {format_bytes(overflow)} over the cap")
+            _, cand, parts, where = best
+            for part in parts:
+                loads[where[part.index]] += part.time_us
+                memory[where[part.index]] += part.memory
+            chosen.append((unit, parts, where))
+        improve(chosen, loads, memory, cap)
+        for unit, parts, where in chosen:
+            for member_index, param in enumerate(unit):
+                result[param.name] = ([part.partitions[member_index][1] for part in parts], list(where))
+        self.loads, self.memory = loads, memory
+        return result
+
+
+def improve(chosen, loads: list[float], memory: list[int], cap: int | None, rounds: int = 1000) -> None:
+    """Local search after the greedy placement: move a part off the slowest pserver, or swap
+    it with a smaller part of another pserver, whenever that lowers the larger of the two
+    pservers' times below the slowest's (first such move in a fixed order; at most `rounds`).
+    Fixes greedy's classic misses (sizes 3,3,2,2,2 on two pservers: 7|5 -> 6|6)."""
+    placed = [(u, i) for u, (_, parts, _) in enumerate(chosen) for i in range(len(parts))]
+
+    def fits(server: int, delta: int) -> bool:
+        return cap is None or memory[server] + delta <= cap
+
+    for _ in range(rounds):
+        slowest = max(range(len(loads)), key=lambda s: (loads[s], -s))
+        top = loads[slowest]
+        moved = False
+        mine = [(u, i) for u, i in placed if chosen[u][2][i] == slowest]
+        for u, i in sorted(mine, key=lambda k: (-chosen[k[0]][1][k[1]].time_us, k)):
+            part = chosen[u][1][i]
+            for other in range(len(loads)):
+                if other == slowest:
+                    continue
+                if loads[other] + part.time_us < top - 1e-9 and fits(other, part.memory):
+                    _move(chosen, loads, memory, u, i, other)
+                    moved = True
+                    break
+                for v, j in placed:
+                    if chosen[v][2][j] != other:
+                        continue
+                    twin = chosen[v][1][j]
+                    gain = part.time_us - twin.time_us
+                    if gain <= 1e-9 or loads[other] + gain >= top - 1e-9:
+                        continue
+                    if fits(other, part.memory - twin.memory) and fits(slowest, twin.memory - part.memory):
+                        _move(chosen, loads, memory, u, i, other)
+                        _move(chosen, loads, memory, v, j, slowest)
+                        moved = True
+                        break
+                if moved:
+                    break
+            if moved:
+                break
+        if not moved:
+            return
+
+
+def _move(chosen, loads, memory, u: int, i: int, to: int) -> None:
+    _, parts, where = chosen[u]
+    part, frm = parts[i], where[i]
+    loads[frm] -= part.time_us
+    memory[frm] -= part.memory
+    loads[to] += part.time_us
+    memory[to] += part.memory
+    where[i] = to
