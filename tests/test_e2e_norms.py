@@ -28,7 +28,7 @@ from transpiler.ir import Program
 sys.path.insert(0, str(TESTS.parent / "examples"))
 from train_program import synthetic_batch  # noqa: E402
 
-NORM_CASES = ["mlp_adamw_3ps", "mlp_lamb_3ps", "mlp_lars_3ps"]
+NORM_CASES = ["mlp_adamw_3ps", "mlp_lamb_3ps", "mlp_lars_3ps", "mlp_lars_l2_3ps"]
 
 
 def load(case: str) -> tuple[Program, Program, dict]:
@@ -54,10 +54,26 @@ def plan_of(case: str, **options):
 def test_adamw_lars_and_lamb_slice_their_weight_in_sync_mode():
     for case in NORM_CASES:
         assert len(plan_of(case).param("fc_0.w_0").blocks) == 3, case
-    for case in ("mlp_lars_3ps", "mlp_lamb_3ps"):  # async: no sum across the pservers, kept whole
+    for case in ("mlp_lars_3ps", "mlp_lamb_3ps", "mlp_lars_l2_3ps"):  # async: no sum across the pservers, kept whole
         plan = plan_of(case, sync_mode=False)
         assert len(plan.param("fc_0.w_0").blocks) == 1, case
         assert len({ep for p in plan.params for ep in p.endpoints}) == 3  # whole params dealt round robin
+
+
+def test_l2_decay_ahead_of_a_sliced_lars_runs_before_the_norms():
+    """LARS with L2 decay (`scale` + `sum` ahead of each `lars_momentum`): fc_0.w_0 is cut
+    in 3 all the same, and each pserver's first optimize block decays its grad block before
+    summing its squares, so the norms are of the decayed grad, as local training's."""
+    main, startup, info = load("mlp_lars_l2_3ps")
+    result = transpile(main, startup, pservers=info["pservers"], trainers=2)
+    assert len(result.plan.param("fc_0.w_0").blocks) == 3
+    for endpoint, (ps_main, _) in result.pservers.items():
+        listen = ps_main.global_block().ops[0]
+        first = ps_main.block(int(listen.attr("optimize_blocks")[0]))
+        types = [op.type for op in first.ops]
+        decay = next(i for i, op in enumerate(first.ops) if op.type == "scale" and op.input("X")[0].startswith("fc_0.w_0.block"))
+        assert types[decay + 1] == "sum" and types.index("squared_l2_norm") > decay + 1, (endpoint, types)
+        assert types[-1] == "pserver_allreduce_sum", endpoint
 
 
 def test_the_adamw_fixture_decays_weights_only():

@@ -337,6 +337,11 @@ NORM_NETS = {
                  lambda: norm_mlp(lambda: paddle.optimizer.Lamb(0.01, lamb_weight_decay=0.01))),
     "mlp_lars": ("x[64] -> fc 512 relu -> fc 1, square error", "LarsMomentum (lr 0.1, momentum 0.9)",
                  lambda: norm_mlp(lambda: paddle.incubate.optimizer.LarsMomentumOptimizer(0.1, 0.9))),
+    "mlp_lars_l2": ("x[64] -> fc 512 relu -> fc 1, square error",
+                    "LarsMomentum (lr 0.1, momentum 0.9) with regularization=L2Decay(0.01) (scale + sum ahead of "
+                    "each lars_momentum)",
+                    lambda: norm_mlp(lambda: paddle.incubate.optimizer.LarsMomentumOptimizer(
+                        0.1, 0.9, regularization=paddle.regularizer.L2Decay(0.01)))),
 }
 
 
@@ -398,6 +403,7 @@ CASES = {
     "mlp_adamw_3ps": ("mlp_adamw", 3, 2, True, True),
     "mlp_lamb_3ps": ("mlp_lamb", 3, 2, True, True),
     "mlp_lars_3ps": ("mlp_lars", 3, 2, True, True),
+    "mlp_lars_l2_3ps": ("mlp_lars_l2", 3, 2, True, True),
 }
 
 

@@ -23,7 +23,8 @@ The same block serves a LARS or LAMB param cut into blocks (sync mode, its optim
 on its grad: slice_vars cuts it then): the pservers holding its blocks average their grad
 blocks, compute [|p block|^2, |g block|^2] (LARS: `squared_l2_norm`s, `concat`) or
 [|p block|^2, |r block|^2] (LAMB: `lamb_squared_norms`, r its update direction) and sum
-them among themselves (`pserver_allreduce_sum` over those pservers,
+them among themselves (element-wise ops between the averaged grad and the optimizer, L2
+decay's `scale` + `sum` or a by-value `clip`, move here ahead of the norms) (`pserver_allreduce_sum` over those pservers,
 `<param>@LARS_NORMS` / `@LAMB_NORMS`); each block's optimizer reads the sums through its
 `SquaredNorms` input, so its local lr / trust ratio is the whole param's. And a sliced param
 whose `clip_by_norm` runs on the pservers (`clip_mode="exact"`): its holders sum |g block|^2
@@ -141,6 +142,12 @@ def _param_norms(progs: PserverPrograms, reduce: Block, param, here, block_of: d
         block = progs.main.block(block_of[grad])
         _move_average(block, reduce, grad)
         optimizer = next(op for op in block.ops if op.type == param.optimizer)
+        # L2 decay / a by-value clip ahead of the optimizer (element-wise, slice_vars'
+        # ELEMENTWISE_BEFORE_NORM): run here first, so the norms are of the grad it reads
+        ahead = list(block.ops[:block.index_of(optimizer)])
+        for op in ahead:
+            block.remove_op(op)
+        reduce.add_ops(ahead)
         optimizers.append(optimizer)
         partials.append(var(f"{prefix}@{vb.name}", (2,)))
         if param.optimizer == "lamb":
@@ -151,7 +158,7 @@ def _param_norms(progs: PserverPrograms, reduce: Block, param, here, block_of: d
         else:
             p_square, g_square = var(f"{vb.name}@SQUARE"), var(f"{grad}@SQUARE")
             add("squared_l2_norm", {"X": [vb.name]}, {"Out": [p_square]})
-            add("squared_l2_norm", {"X": [grad]}, {"Out": [g_square]})
+            add("squared_l2_norm", {"X": list(optimizer.input("Grad"))}, {"Out": [g_square]})
             add("concat", {"X": [p_square, g_square]}, {"Out": [partials[-1]]}, {"axis": 0})
     partial, total = partials[0], var(prefix, (2,))
     if len(partials) > 1:  # two blocks of it here (hash placement): added first
