@@ -19,12 +19,12 @@ The param blocks then run L2 decay and the optimizer on the clipped average, as 
 training does on the clipped grad. The names in the block are the group's
 (`clip_global_norm_<i>@...`); the dump shows the whole reduction.
 
-The same block serves a LARS or LAMB param cut into blocks (sync mode, its optimizer alone
-on its grad: slice_vars cuts it then): the pservers holding its blocks average their grad
-blocks, compute [|p block|^2, |g block|^2] (LARS: `squared_l2_norm`s, `concat`) or
-[|p block|^2, |r block|^2] (LAMB: `lamb_squared_norms`, r its update direction) and sum
-them among themselves (element-wise ops between the averaged grad and the optimizer, L2
-decay's `scale` + `sum` or a by-value `clip`, move here ahead of the norms) (`pserver_allreduce_sum` over those pservers,
+The same block serves a LARS or LAMB param cut into blocks (sync mode, with only
+element-wise ops ahead of its optimizer: slice_vars cuts it then): the pservers holding its
+blocks average their grad blocks, run those ops here (L2 decay's `scale` + `sum`, a
+by-value `clip`), compute [|p block|^2, |g block|^2] (LARS: `squared_l2_norm`s, `concat`)
+or [|p block|^2, |r block|^2] (LAMB: `lamb_squared_norms`, r its update direction) of what
+the optimizer reads, and sum them among themselves (`pserver_allreduce_sum` over those pservers,
 `<param>@LARS_NORMS` / `@LAMB_NORMS`); each block's optimizer reads the sums through its
 `SquaredNorms` input, so its local lr / trust ratio is the whole param's. And a sliced param
 whose `clip_by_norm` runs on the pservers (`clip_mode="exact"`): its holders sum |g block|^2
