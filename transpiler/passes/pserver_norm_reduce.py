@@ -1,8 +1,8 @@
 """Pass: a global-norm gradient clip computed exactly across the pservers (`clip_mode="exact"`).
 
-keep_clip_on_trainer took the clip out of the program (`Bundle.norm_groups`): the
-trainers send unclipped grads. Each pserver gets one more optimize block, run first in
-every sync round (`optimize_blocks[0]`), which
+keep_clip_on_trainer took the clip out of the program (`Bundle.norm_groups`, one per
+group): the trainers send unclipped grads. Each pserver gets one more optimize block, run
+first in every sync round (`optimize_blocks[0]`), which, group after group,
 
 1. averages the trainers' grads of the group's blocks placed here (the `sum` / `scale` the
    param blocks started with move here),
