@@ -10,8 +10,8 @@ table's blocks, with the endpoint, `Fanin` (the trainer count) and the mode.
 1.8.5's `listen_and_serv` starts that many gRPC handler threads per kind. With one, a sync
 pserver stalled when a trainer's step-0 grads arrived before another trainer's startup
 fetch: the one send thread waits in `RequestSendHandler` for the send phase, and the late
-trainer's `GetRPC` went unanswered (gRPC error 14 after about 25 s) in 1 run of 4; with 12,
-in none of 62 (docs/interop.md). Our runtime does not read them.
+trainer's `GetRPC` went unanswered (gRPC error 14 after about 25 s) in 6 runs of 24; with
+12, in none of 62 (docs/interop.md). Our runtime does not read them.
 """
 
 from __future__ import annotations
