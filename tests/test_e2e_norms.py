@@ -71,7 +71,8 @@ def test_l2_decay_ahead_of_a_sliced_lars_runs_before_the_norms():
         listen = ps_main.global_block().ops[0]
         first = ps_main.block(int(listen.attr("optimize_blocks")[0]))
         types = [op.type for op in first.ops]
-        decay = next(i for i, op in enumerate(first.ops) if op.type == "scale" and op.input("X")[0].startswith("fc_0.w_0.block"))
+        decay = next(i for i, op in enumerate(first.ops)
+                     if op.type == "scale" and op.input("X")[0].startswith("fc_0.w_0.block"))
         assert types[decay + 1] == "sum" and types.index("squared_l2_norm") > decay + 1, (endpoint, types)
         assert types[-1] == "pserver_allreduce_sum", endpoint
 

@@ -68,7 +68,8 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
             return bundle
         bundle = bundle.own_origins()
         block = bundle.origin.global_block()
-        groups = _take_global_norms(block, [op for op in block.ops if is_clip_op(op) and op.type not in PER_PARAM_CLIPS])
+        clips = [op for op in block.ops if is_clip_op(op) and op.type not in PER_PARAM_CLIPS]
+        groups = _take_global_norms(block, clips)
         return replace(bundle, norm_groups=groups)
     bundle = bundle.own_origins()
     for op in bundle.origin.global_block().ops:

@@ -33,6 +33,8 @@ of the averaged grad, `clip_by_norm` reads the sum (`SquaredNorm`).
 
 from __future__ import annotations
 
+from itertools import takewhile
+
 from ops.catalogue import make_op
 from transpiler.config import TranspileOptions
 from transpiler.errors import TranspileError
@@ -144,7 +146,7 @@ def _param_norms(progs: PserverPrograms, reduce: Block, param, here, block_of: d
         optimizer = next(op for op in block.ops if op.type == param.optimizer)
         # L2 decay / a by-value clip ahead of the optimizer (element-wise, slice_vars'
         # ELEMENTWISE_BEFORE_NORM): run here first, so the norms are of the grad it reads
-        ahead = list(block.ops[:block.index_of(optimizer)])
+        ahead = list(takewhile(lambda op: op is not optimizer, block.ops))
         for op in ahead:
             block.remove_op(op)
         reduce.add_ops(ahead)
