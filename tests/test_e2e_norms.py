@@ -28,7 +28,7 @@ from transpiler.ir import Program
 sys.path.insert(0, str(TESTS.parent / "examples"))
 from train_program import synthetic_batch  # noqa: E402
 
-NORM_CASES = ["mlp_adamw_3ps", "mlp_lamb_3ps", "mlp_lars_3ps", "mlp_lars_l2_3ps"]
+NORM_CASES = ["mlp_adamw_3ps", "mlp_lamb_3ps", "mlp_lars_3ps", "mlp_lars_l2_3ps", "mlp_lars_clip_value_3ps"]
 
 
 def load(case: str) -> tuple[Program, Program, dict]:
@@ -52,9 +52,10 @@ def plan_of(case: str, **options):
 
 
 def test_adamw_lars_and_lamb_slice_their_weight_in_sync_mode():
-    for case in NORM_CASES:
+    for case in NORM_CASES[:-1]:  # not mlp_lars_clip_value_3ps (kept whole, below)
         assert len(plan_of(case).param("fc_0.w_0").blocks) == 3, case
-    for case in ("mlp_lars_3ps", "mlp_lamb_3ps", "mlp_lars_l2_3ps"):  # async: no sum across the pservers, kept whole
+    # async: no sum across the pservers, kept whole
+    for case in ("mlp_lars_3ps", "mlp_lamb_3ps", "mlp_lars_l2_3ps", "mlp_lars_clip_value_3ps"):
         plan = plan_of(case, sync_mode=False)
         assert len(plan.param("fc_0.w_0").blocks) == 1, case
         assert len({ep for p in plan.params for ep in p.endpoints}) == 3  # whole params dealt round robin
@@ -63,7 +64,8 @@ def test_adamw_lars_and_lamb_slice_their_weight_in_sync_mode():
 def test_l2_decay_ahead_of_a_sliced_lars_runs_before_the_norms():
     """LARS with L2 decay (`scale` + `sum` ahead of each `lars_momentum`): fc_0.w_0 is cut
     in 3 all the same, and each pserver's first optimize block decays its grad block before
-    summing its squares, so the norms are of the decayed grad, as local training's."""
+    summing its squares, so the norms are of the decayed grad, as local training's. With a
+    by-value clip ahead instead (it writes a new var), the param is kept whole."""
     main, startup, info = load("mlp_lars_l2_3ps")
     result = transpile(main, startup, pservers=info["pservers"], trainers=2)
     assert len(result.plan.param("fc_0.w_0").blocks) == 3
@@ -75,6 +77,7 @@ def test_l2_decay_ahead_of_a_sliced_lars_runs_before_the_norms():
                      if op.type == "scale" and op.input("X")[0].startswith("fc_0.w_0.block"))
         assert types[decay + 1] == "sum" and types.index("squared_l2_norm") > decay + 1, (endpoint, types)
         assert types[-1] == "pserver_allreduce_sum", endpoint
+    assert len(plan_of("mlp_lars_clip_value_3ps").param("fc_0.w_0").blocks) == 1
 
 
 def test_the_adamw_fixture_decays_weights_only():
@@ -92,7 +95,9 @@ def test_distributed_training_equals_local_training_in_float64(case, tmp_path):
     _, final1 = trained_params(tmp_path, 1)
     local = train_locally(tmp_path, main_pb, startup_pb, loss=info["loss"])
     assert local.keys() == final0.keys() == final1.keys() and local
-    if case != "mlp_adamw_3ps":  # each of the 3 pservers summed fc_0.w_0's norms with the other two, every step
+    # each of the 3 pservers summed fc_0.w_0's norms with the other two, every step (AdamW
+    # needs no norm; LARS after a by-value clip keeps fc_0.w_0 whole on one pserver)
+    if case not in ("mlp_adamw_3ps", "mlp_lars_clip_value_3ps"):
         assert len(exchange_lines(tmp_path)) == 3
     for name, (elementwise, _) in sorted(differences(final0, local).items()):
         print(f"{case} (float64): {name}: max rel diff element-wise {elementwise:.2e}")

@@ -342,6 +342,10 @@ NORM_NETS = {
                     "each lars_momentum)",
                     lambda: norm_mlp(lambda: paddle.incubate.optimizer.LarsMomentumOptimizer(
                         0.1, 0.9, regularization=paddle.regularizer.L2Decay(0.01)))),
+    "mlp_lars_clip_value": ("x[64] -> fc 512 relu -> fc 1, square error; grad_clip=ClipGradByValue(0.001)",
+                            "LarsMomentum (lr 0.1, momentum 0.9)",
+                            lambda: norm_mlp(lambda: paddle.incubate.optimizer.LarsMomentumOptimizer(
+                                0.1, 0.9, grad_clip=paddle.nn.ClipGradByValue(0.001)))),
 }
 
 
@@ -404,6 +408,7 @@ CASES = {
     "mlp_lamb_3ps": ("mlp_lamb", 3, 2, True, True),
     "mlp_lars_3ps": ("mlp_lars", 3, 2, True, True),
     "mlp_lars_l2_3ps": ("mlp_lars_l2", 3, 2, True, True),
+    "mlp_lars_clip_value_3ps": ("mlp_lars_clip_value", 3, 2, True, True),
 }
 
 

@@ -21,8 +21,7 @@ training does on the clipped grad. The names in the block are the group's
 
 The same block serves a LARS or LAMB param cut into blocks (sync mode, with only
 element-wise ops ahead of its optimizer: slice_vars cuts it then): the pservers holding its
-blocks average their grad blocks, run those ops here (L2 decay's `scale` + `sum`, a
-by-value `clip`), compute [|p block|^2, |g block|^2] (LARS: `squared_l2_norm`s, `concat`)
+blocks average their grad blocks, run those ops here (L2 decay's `scale` + `sum`), compute [|p block|^2, |g block|^2] (LARS: `squared_l2_norm`s, `concat`)
 or [|p block|^2, |r block|^2] (LAMB: `lamb_squared_norms`, r its update direction) of what
 the optimizer reads, and sum them among themselves (`pserver_allreduce_sum` over those pservers,
 `<param>@LARS_NORMS` / `@LAMB_NORMS`); each block's optimizer reads the sums through its
@@ -144,8 +143,8 @@ def _param_norms(progs: PserverPrograms, reduce: Block, param, here, block_of: d
         block = progs.main.block(block_of[grad])
         _move_average(block, reduce, grad)
         optimizer = next(op for op in block.ops if op.type == param.optimizer)
-        # L2 decay / a by-value clip ahead of the optimizer (element-wise, slice_vars'
-        # ELEMENTWISE_BEFORE_NORM): run here first, so the norms are of the grad it reads
+        # L2 decay ahead of the optimizer (element-wise, slice_vars' ELEMENTWISE_BEFORE_NORM):
+        # run here first, so the norms are of the grad it reads
         ahead = list(takewhile(lambda op: op is not optimizer, block.ops))
         for op in ahead:
             block.remove_op(op)

@@ -7,8 +7,8 @@ separately; with `HashName` that would put them on different servers.)
 
 A param whose optimizer reads its whole norm (`lars_momentum`, `lamb`: the catalogue's
 `whole_norm`) is never cut: on one pserver its norm, and so its update, is local training's. In sync mode a LARS
-or LAMB param (`exchanged_norms`) updated by its optimizer alone, or after element-wise ops
-only (L2 decay, a by-value clip: `ELEMENTWISE_BEFORE_NORM`), is cut: the pservers holding
+or LAMB param (`exchanged_norms`) updated by its optimizer alone, or after L2 decay only
+(`ELEMENTWISE_BEFORE_NORM`), is cut: the pservers holding
 its blocks run those ops and sum their norms (transpiler/passes/pserver_norm_reduce.py).
 (Paddle cuts it, and each block's update then uses the block's norm.)
 
@@ -41,9 +41,11 @@ NEEDS_WHOLE_PARAM = frozenset({"lars_momentum", "lamb", "dgc_momentum", "clip_by
 
 
 # Ops that may stand between the grad and a LARS / LAMB optimizer of a param cut into
-# blocks (L2 decay's `scale` + `sum`, a by-value `clip`): element-wise, so each pserver runs
-# them on its blocks ahead of the norms it sums (pserver_norm_reduce moves them there).
-ELEMENTWISE_BEFORE_NORM = frozenset({"scale", "sum", "clip"})
+# blocks (L2 decay's `scale` + `sum`, in place on the grad): element-wise, so each pserver
+# runs them on its blocks ahead of the norms it sums (pserver_norm_reduce moves them
+# there). Not a by-value `clip`: it writes a new var, and the param block would no longer
+# read the grad its `grad_to_block_id` names; such a param is kept whole.
+ELEMENTWISE_BEFORE_NORM = frozenset({"scale", "sum"})
 
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
