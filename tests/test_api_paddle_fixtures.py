@@ -64,12 +64,14 @@ CASES = [
     "while_loop_sgd_3ps",
 ]
 # Cases Paddle's own transpiler fails on (expected.json holds its error).
-PADDLE_TRANSPILER_FAILS = {"lstm_sgd_2ps", "mlp_adamw_3ps", "mlp_lamb_3ps"}
+PADDLE_TRANSPILER_FAILS = {"lstm_sgd_2ps", "mlp_adamw_3ps", "mlp_lamb_3ps", "mlp_lars_clip_value_3ps"}
 # Cases where we differ from Paddle 2.6's transpiler on purpose (docs/interop.md, "clipping and
 # norms"): its `grad_clip=` ops run on the pservers (ours on the trainers, or with
-# clip_mode="exact" on the averaged grad), and it slices a LARS param (we keep it whole).
-# tests/test_e2e_norms.py trains them.
-DIFFERENT_ON_PURPOSE = {"mlp_clip_global_sgd_3ps", "mlp_clip_value_sgd_3ps", "mlp_lars_3ps"}
+# clip_mode="exact" on the averaged grad), and each block of a sliced LARS param uses its
+# own norm (ours the whole param's, summed across the pservers). tests/test_e2e_norms.py
+# trains them.
+DIFFERENT_ON_PURPOSE = {"mlp_clip_global_sgd_3ps", "mlp_clip_value_sgd_3ps", "mlp_clip_two_groups_sgd_3ps",
+                        "mlp_lars_3ps", "mlp_lars_l2_3ps"}
 # Cases where one op writes the grads of several params (their sends: Paddle's reversed).
 SENDS_OF_ONE_OP = {"cond_in_while_sgd_2ps"}
 # Cases whose trainer startup deliberately differs (see the module docstring).

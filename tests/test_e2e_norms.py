@@ -28,7 +28,7 @@ from transpiler.ir import Program
 sys.path.insert(0, str(TESTS.parent / "examples"))
 from train_program import synthetic_batch  # noqa: E402
 
-NORM_CASES = ["mlp_adamw_3ps", "mlp_lamb_3ps", "mlp_lars_3ps"]
+NORM_CASES = ["mlp_adamw_3ps", "mlp_lamb_3ps", "mlp_lars_3ps", "mlp_lars_l2_3ps", "mlp_lars_clip_value_3ps"]
 
 
 def load(case: str) -> tuple[Program, Program, dict]:
@@ -52,12 +52,32 @@ def plan_of(case: str, **options):
 
 
 def test_adamw_lars_and_lamb_slice_their_weight_in_sync_mode():
-    for case in NORM_CASES:
+    for case in NORM_CASES[:-1]:  # not mlp_lars_clip_value_3ps (kept whole, below)
         assert len(plan_of(case).param("fc_0.w_0").blocks) == 3, case
-    for case in ("mlp_lars_3ps", "mlp_lamb_3ps"):  # async: no sum across the pservers, kept whole
+    # async: no sum across the pservers, kept whole
+    for case in ("mlp_lars_3ps", "mlp_lamb_3ps", "mlp_lars_l2_3ps", "mlp_lars_clip_value_3ps"):
         plan = plan_of(case, sync_mode=False)
         assert len(plan.param("fc_0.w_0").blocks) == 1, case
         assert len({ep for p in plan.params for ep in p.endpoints}) == 3  # whole params dealt round robin
+
+
+def test_l2_decay_ahead_of_a_sliced_lars_runs_before_the_norms():
+    """LARS with L2 decay (`scale` + `sum` ahead of each `lars_momentum`): fc_0.w_0 is cut
+    in 3 all the same, and each pserver's first optimize block decays its grad block before
+    summing its squares, so the norms are of the decayed grad, as local training's. With a
+    by-value clip ahead instead (it writes a new var), the param is kept whole."""
+    main, startup, info = load("mlp_lars_l2_3ps")
+    result = transpile(main, startup, pservers=info["pservers"], trainers=2)
+    assert len(result.plan.param("fc_0.w_0").blocks) == 3
+    for endpoint, (ps_main, _) in result.pservers.items():
+        listen = ps_main.global_block().ops[0]
+        first = ps_main.block(int(listen.attr("optimize_blocks")[0]))
+        types = [op.type for op in first.ops]
+        decay = next(i for i, op in enumerate(first.ops)
+                     if op.type == "scale" and op.input("X")[0].startswith("fc_0.w_0.block"))
+        assert types[decay + 1] == "sum" and types.index("squared_l2_norm") > decay + 1, (endpoint, types)
+        assert types[-1] == "pserver_allreduce_sum", endpoint
+    assert len(plan_of("mlp_lars_clip_value_3ps").param("fc_0.w_0").blocks) == 1
 
 
 def test_the_adamw_fixture_decays_weights_only():
@@ -75,7 +95,9 @@ def test_distributed_training_equals_local_training_in_float64(case, tmp_path):
     _, final1 = trained_params(tmp_path, 1)
     local = train_locally(tmp_path, main_pb, startup_pb, loss=info["loss"])
     assert local.keys() == final0.keys() == final1.keys() and local
-    if case != "mlp_adamw_3ps":  # each of the 3 pservers summed fc_0.w_0's norms with the other two, every step
+    # each of the 3 pservers summed fc_0.w_0's norms with the other two, every step (AdamW
+    # needs no norm; LARS after a by-value clip keeps fc_0.w_0 whole on one pserver)
+    if case not in ("mlp_adamw_3ps", "mlp_lars_clip_value_3ps"):
         assert len(exchange_lines(tmp_path)) == 3
     for name, (elementwise, _) in sorted(differences(final0, local).items()):
         print(f"{case} (float64): {name}: max rel diff element-wise {elementwise:.2e}")
@@ -281,3 +303,61 @@ def test_fluid18_clip_by_norm_on_the_averaged_grad_equals_local_training_in_floa
     for name in local:
         assert np.array_equal(final0[name], final1[name]), name
         np.testing.assert_allclose(final0[name], local[name], rtol=1e-9, atol=0, err_msg=name)
+
+
+def test_two_global_norm_groups_across_pservers_equal_local_training_in_float64(tmp_path):
+    """Two ClipGradByGlobalNorm groups (two SGDs, each with its own grad_clip, Paddle 2.6):
+    fc_0's grads clipped by their norm at 0.01, fc_1's by theirs at 0.005, fc_0.w_0 in 3
+    blocks on 3 pservers. Each pserver exchanges one partial sum per group (both groups on
+    all 3, a zero where it holds none of a group's grads) and scales each group's grads by
+    that group's exact norm. Both norms are above their clip at every step (both clips
+    bite), and the result is local training's."""
+    main, startup, info = load("mlp_clip_two_groups_sgd_3ps")
+    main, startup = as_float64(main), as_float64(startup)
+    result = transpile(main, startup, pservers=info["pservers"], trainers=2, clip_mode="exact")
+    trainer_ops = [op.type for op in result.trainer.global_block().ops]
+    assert "squared_l2_norm" not in trainer_ops and "elementwise_mul" not in trainer_ops
+    assert len(result.plan.param("fc_0.w_0").blocks) == 3
+    for endpoint, (ps_main, _) in result.pservers.items():
+        reduced = [op.input("X")[0] for b in ps_main.blocks for op in b.ops if op.type == "pserver_allreduce_sum"]
+        assert reduced == ["clip_global_norm_0@PARTIAL", "clip_global_norm_1@PARTIAL"], endpoint
+    clip_norms = {op.attr("str_value") for ps_main, _ in result.pservers.values() for b in ps_main.blocks
+                        for op in b.ops if op.type == "fill_constant" and "@CLIP_NORM" in op.output("Out")[0]}
+    assert clip_norms == {"0.005", "0.01"}
+    main_pb, startup_pb = save(tmp_path, main, startup)
+    launch_training(tmp_path, main_pb, startup_pb, pservers=3, trainers=2, loss=info["loss"],
+                    extra=("--clip-mode", "exact"))
+    init0, final0 = trained_params(tmp_path, 0)
+    _, final1 = trained_params(tmp_path, 1)
+    local = train_locally(tmp_path, main_pb, startup_pb, loss=info["loss"])
+    lines = [line for log in sorted((tmp_path / "logs").glob("*")) if log.is_file()
+             for line in log.read_text(errors="replace").splitlines() if "cross-pserver sum(s)" in line]
+    assert len(lines) == 3 and all(f": {2 * STEPS} cross-pserver sum(s)" in line for line in lines), lines
+    norms = local_values(main, startup, init0, ["sqrt_0.tmp_0", "sqrt_1.tmp_0"])
+    hidden = [float(v[0].reshape(-1)[0]) for v in norms]
+    output = [float(v[1].reshape(-1)[0]) for v in norms]
+    print(f"group norms over {STEPS} steps: hidden (clip 0.01) min {min(hidden):.3g}, "
+          f"output (clip 0.005) min {min(output):.3g}")
+    assert min(hidden) > 0.01 and min(output) > 0.005
+    for name, (elementwise, _) in sorted(differences(final0, local).items()):
+        print(f"two global-norm groups exact (float64): {name}: max rel diff element-wise {elementwise:.2e}")
+    for name in local:
+        assert np.array_equal(final0[name], final1[name]), name
+        assert np.abs(local[name] - init0[name]).max() > 0, name
+        np.testing.assert_allclose(final0[name], local[name], rtol=1e-9, atol=0, err_msg=name)
+
+
+def test_a_factor_scaling_grads_it_is_not_the_norm_of_is_refused():
+    """The shape Paddle's append_gradient_clip_ops gives groups set by set_gradient_clip
+    (every grad scaled by the last group's factor, the norm of that group's grads only):
+    not a global-norm clip the pservers can compute, so refused, naming the grads."""
+    from transpiler.errors import TranspileError
+
+    main, startup, info = load("mlp_clip_two_groups_sgd_3ps")
+    factors = [op.input("Y")[0] for op in main.global_block().ops if op.type == "elementwise_mul"]
+    for op in main.global_block().ops:
+        if op.type == "elementwise_mul":
+            op.set_input("Y", [factors[-1]])
+    with pytest.raises(TranspileError, match=r"is the norm of \['fc_1\.b_0@GRAD', 'fc_1\.w_0@GRAD'\] but scales"):
+        transpile(main, startup, pservers=info["pservers"], trainers=2, clip_mode="exact")
+    assert transpile(main, startup, pservers=info["pservers"], trainers=2, clip_mode="trainer").trainer is not None

@@ -109,3 +109,23 @@ def test_programs_without_clip_are_left_alone():
     main, startup = clipped(GradientClipByValue(1.0, need_clip=lambda p: False))  # it clips nothing
     bundle = run_until("keep_clip_on_trainer", main, startup, clip_mode="trainer")
     assert roles(bundle.origin, 0) == roles(main, 0)
+
+
+def test_two_global_norm_groups_become_two_norm_groups():
+    """Fluid's set_gradient_clip with two GradientClipByGlobalNorm groups (`w` in "a" at 1.0,
+    `b` in "b" at 2.0; our builder clips each param with its own clip, where Fluid 1.8
+    applied the last one to all): clip_mode="exact" takes both out, one NormGroup each, in
+    the order of their first scaled grad, and the optimizer reads the grads themselves."""
+    main, startup = Program(), Program()
+    with unique_name.guard(), program_guard(main, startup):
+        x = data(name="x", shape=[None, 4], dtype="float32")
+        out = layers.fc(input=x, size=2, param_attr=ParamAttr(name="w"), bias_attr=ParamAttr(name="b"))
+        set_gradient_clip(GradientClipByGlobalNorm(1.0, group_name="a"), param_list=["w"])
+        set_gradient_clip(GradientClipByGlobalNorm(2.0, group_name="b"), param_list=["b"])
+        optimizer.SGD(0.1).minimize(layers.mean(out))
+    bundle = run_until("keep_clip_on_trainer", main, startup, clip_mode="exact")
+    groups = {(group.clip_norm, group.grads) for group in bundle.norm_groups}
+    assert groups == {(1.0, (("w", "w@GRAD"),)), (2.0, (("b", "b@GRAD"),))}
+    assert not [op for op in bundle.origin.global_block().ops if is_clip_op(op)]
+    sgd_grads = {op.input("Grad")[0] for op in bundle.origin.global_block().ops if op.type == "sgd"}
+    assert sgd_grads == {"w@GRAD", "b@GRAD"}

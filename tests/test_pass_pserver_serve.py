@@ -22,3 +22,12 @@ def test_a_pserver_with_nothing_placed_on_it_still_gets_an_optimize_block():
     idle = bundle.pservers["127.0.0.1:3"].main
     assert idle.num_blocks == 2 and len(idle.block(1)) == 0
     assert idle.global_block().ops[0].attr("optimize_blocks") == (1,)
+
+
+def test_rpc_thread_nums_are_paddles_twelve():
+    """Paddle's transpiler writes rpc_{get,send,prefetch}_thread_num 12; with the op's
+    default 1, Fluid 1.8.5's sync pserver stalled a trainer that started late (docs/interop.md)."""
+    main, startup = tiny()
+    for progs in run_until("pserver_serve", main, startup).pservers.values():
+        serve = progs.main.global_block().ops[0]
+        assert [serve.attr(f"rpc_{kind}_thread_num") for kind in ("get", "send", "prefetch")] == [12, 12, 12]

@@ -1,7 +1,7 @@
 """Interop: the programs pstranspile writes train on Fluid 1.8.5's own C++ runtime exactly as
 the programs Fluid 1.8.5's DistributeTranspiler writes (issue 12).
 
-    python tools/interop.py [--case NAME ...] [--work DIR] [--keep]
+    python tools/interop.py [--case NAME ...] [--work DIR] [--stagger SECONDS] [--start-barrier] [--repeat N]
 
 Per case: Fluid 1.8.5 builds the program (tools/interop_paddle/paddle_side.py, run by the
 Paddle venv's Python 3.7, made on demand by tools/paddle_env.py); (a) Paddle's transpiler and
@@ -146,8 +146,10 @@ def stop(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_programs(py: Path, case_dir: Path, progs: Path, spec: dict, eps: list[str], out: Path) -> list[Path]:
-    """The pservers, then the trainers, on Paddle's runtime; each trainer's result file."""
+def run_programs(py: Path, case_dir: Path, progs: Path, spec: dict, eps: list[str], out: Path,
+                 stagger: float = 0.0, start_barrier: bool = False) -> list[Path]:
+    """The pservers, then the trainers (trainer i launched i * `stagger` seconds after trainer
+    0), on Paddle's runtime; each trainer's result file."""
     env = paddle_env_vars()
     out.mkdir(parents=True, exist_ok=True)
     procs: list[tuple[str, subprocess.Popen, Path]] = []
@@ -161,10 +163,13 @@ def run_programs(py: Path, case_dir: Path, progs: Path, spec: dict, eps: list[st
                     stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True), log_path))
         trainers = []
         for i in range(spec["trainers"]):
+            if i and stagger:
+                time.sleep(stagger)
             log_path = out / f"trainer{i}.log"
             with open(log_path, "w") as log_file:
                 proc = subprocess.Popen(
-                    [str(py), str(PADDLE_SIDE), "trainer", str(case_dir), str(progs), str(i), str(results[i])],
+                    [str(py), str(PADDLE_SIDE), "trainer", str(case_dir), str(progs), str(i), str(results[i])]
+                    + (["--start-barrier"] if start_barrier else []),
                     stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             procs.append((f"trainer {i}", proc, log_path))
             trainers.append((f"trainer {i}", proc, log_path))
@@ -268,7 +273,19 @@ def compare_startups(ref_run: Path, got_run: Path) -> str:
     return f"the pserver startups' own initial values differ for {', '.join(differ)} (set to one array in both runs)"
 
 
-def run_case(case: Case, py: Path, work: Path) -> tuple[bool, str]:
+@dataclass(frozen=True)
+class RunOptions:
+    """How the programs are started: trainer i `stagger` * i seconds after trainer 0; with
+    `start_barrier`, no trainer starts step 0 before every trainer ran its startup (the
+    harness's old default, no longer needed, see docs/interop.md); our programs `repeat`
+    times against the one reference run, each run compared."""
+
+    stagger: float = 0.0
+    start_barrier: bool = False
+    repeat: int = 1
+
+
+def run_case(case: Case, py: Path, work: Path, opts: RunOptions = RunOptions()) -> tuple[bool, str]:
     case_dir = work / case.name
     shutil.rmtree(case_dir, ignore_errors=True)
     fixture = ["--fixture", str(FIXTURES / case.fixture)] if case.fixture else []
@@ -284,20 +301,40 @@ def run_case(case: Case, py: Path, work: Path) -> tuple[bool, str]:
                      "--pservers", ",".join(eps_a), "--trainers", str(spec["trainers"])]
                     + ([] if spec["sync"] else ["--async"]), "Fluid 1.8.5's DistributeTranspiler",
                     env=paddle_env_vars())
-        ref = run_programs(py, case_dir, case_dir / "paddle", spec, eps_a, case_dir / "run_paddle")
+        ref = run_programs(py, case_dir, case_dir / "paddle", spec, eps_a, case_dir / "run_paddle",
+                           opts.stagger, opts.start_barrier)
         against = "Paddle's transpiler's programs"
     else:
         ref = run_local(py, case_dir, case_dir / "run_local")
         against = "Paddle training locally"
     transpile_ours(case_dir, case_dir / "ours", spec, eps_b, case.partitioner)
-    got = run_programs(py, case_dir, case_dir / "ours", spec, eps_b, case_dir / "run_ours")
-    problems, count, worst = compare(case, spec, ref, got)
-    if problems:
-        return False, f"{case.name}: DIFFERENT from {against} ({mode}): {problems}"
+    if opts.stagger:
+        mode += f", trainers started {opts.stagger:g} s apart"
+    failures = []
+    for run in range(opts.repeat):
+        out = case_dir / ("run_ours" if opts.repeat == 1 else f"run_ours_{run}")
+        try:
+            got = run_programs(py, case_dir, case_dir / "ours", spec, eps_b, out, opts.stagger, opts.start_barrier)
+        except CaseFailed as error:
+            if opts.repeat == 1:
+                raise
+            failures.append(f"run {run}: {error}")
+            log(f"{case.name}: run {run}: FAILED: {error}")
+            continue
+        problems, count, worst = compare(case, spec, ref, got)
+        if problems:
+            failures.append(f"run {run}: DIFFERENT: {problems}")
+        if opts.repeat > 1:
+            log(f"{case.name}: run {run}: {'DIFFERENT' if problems else 'equal'}")
+    if opts.repeat > 1:
+        mode += f"; our programs run {opts.repeat} times, {opts.repeat - len(failures)} equal"
+    if failures:
+        return False, f"{case.name}: DIFFERENT from {against} ({mode}): {'; '.join(failures[:3])}"
     how = "bit-equal" if case.rtol == 0.0 else f"equal within {case.rtol:g} of each value's scale (worst {worst:.2g})"
     note = ""
     if case.reference == "paddle":
-        note = "; " + compare_startups(case_dir / "run_paddle", case_dir / "run_ours")
+        note = "; " + compare_startups(case_dir / "run_paddle",
+                                       case_dir / ("run_ours" if opts.repeat == 1 else "run_ours_0"))
     return True, f"{case.name}: equal to {against} ({mode}; losses and params, {count} arrays {how}){note}"
 
 
@@ -306,7 +343,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", action="append", choices=[c.name for c in CASES],
                         help="run only this case (repeatable; default all)")
     parser.add_argument("--work", help="keep the programs, logs and results in this directory")
+    parser.add_argument("--stagger", type=float, default=0.0, metavar="SECONDS",
+                        help="start trainer i SECONDS * i after trainer 0 (default 0)")
+    parser.add_argument("--start-barrier", action="store_true",
+                        help="trainers start step 0 together, after every trainer's startup (off by default)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="run our programs N times against the one reference run (default 1)")
     args = parser.parse_args(argv)
+    if args.repeat < 1 or args.stagger < 0:
+        parser.error("--repeat must be >= 1 and --stagger >= 0")
+    opts = RunOptions(args.stagger, args.start_barrier, args.repeat)
     cases = [c for c in CASES if not args.case or c.name in args.case]
     try:
         py = paddle_env.ensure("1.8.5", log=log)
@@ -320,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         for case in cases:
             started = time.monotonic()
             try:
-                ok, line = run_case(case, py, work)
+                ok, line = run_case(case, py, work, opts)
             except CaseFailed as error:
                 ok, line = False, f"{case.name}: FAILED: {error}"
             equal += ok

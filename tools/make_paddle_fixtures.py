@@ -297,6 +297,24 @@ def norm_mlp(optimizer) -> str:
     return loss.name
 
 
+def two_clip_groups_mlp() -> str:
+    """The norm MLP trained by two SGDs, each with its own ClipGradByGlobalNorm: the hidden
+    layer's grads (group "hidden", 0.01) and the output layer's ("output", 0.005) are
+    clipped by their own group's norm."""
+    x = paddle.static.data("x", [-1, 64], "float32")
+    y = paddle.static.data("y", [-1, 1], "float32")
+    h = paddle.static.nn.fc(x, 512, activation="relu")
+    loss = paddle.mean(paddle.square(paddle.static.nn.fc(h, 1) - y))
+    params_grads = paddle.static.append_backward(loss)
+    hidden = [(p, g) for p, g in params_grads if p.name.startswith("fc_0.")]
+    output = [(p, g) for p, g in params_grads if not p.name.startswith("fc_0.")]
+    paddle.optimizer.SGD(0.1, grad_clip=paddle.nn.ClipGradByGlobalNorm(0.01, group_name="hidden")).apply_gradients(
+        hidden)
+    paddle.optimizer.SGD(0.1, grad_clip=paddle.nn.ClipGradByGlobalNorm(0.005, group_name="output")).apply_gradients(
+        output)
+    return loss.name
+
+
 def _decayed(name: str) -> bool:
     return name.endswith(".w_0")  # AdamW's apply_decay_param_fun: weights decay, biases do not
 
@@ -305,6 +323,10 @@ NORM_NETS = {
     "mlp_clip_global": ("x[64] -> fc 512 relu -> fc 1, square error; grad_clip=ClipGradByGlobalNorm(0.01)",
                         "SGD (lr 0.1)", lambda: norm_mlp(lambda: paddle.optimizer.SGD(
                             0.1, grad_clip=paddle.nn.ClipGradByGlobalNorm(0.01)))),
+    "mlp_clip_two_groups": ("x[64] -> fc 512 relu -> fc 1, square error; two ClipGradByGlobalNorm groups: "
+                            "fc_0's grads (\"hidden\", 0.01) and fc_1's (\"output\", 0.005)",
+                            "two SGDs (lr 0.1), one per group (append_backward, apply_gradients)",
+                            two_clip_groups_mlp),
     "mlp_clip_value": ("x[64] -> fc 512 relu -> fc 1, square error; grad_clip=ClipGradByValue(0.001)",
                        "SGD (lr 0.1)", lambda: norm_mlp(lambda: paddle.optimizer.SGD(
                            0.1, grad_clip=paddle.nn.ClipGradByValue(0.001)))),
@@ -315,6 +337,15 @@ NORM_NETS = {
                  lambda: norm_mlp(lambda: paddle.optimizer.Lamb(0.01, lamb_weight_decay=0.01))),
     "mlp_lars": ("x[64] -> fc 512 relu -> fc 1, square error", "LarsMomentum (lr 0.1, momentum 0.9)",
                  lambda: norm_mlp(lambda: paddle.incubate.optimizer.LarsMomentumOptimizer(0.1, 0.9))),
+    "mlp_lars_l2": ("x[64] -> fc 512 relu -> fc 1, square error",
+                    "LarsMomentum (lr 0.1, momentum 0.9) with regularization=L2Decay(0.01) (scale + sum ahead of "
+                    "each lars_momentum)",
+                    lambda: norm_mlp(lambda: paddle.incubate.optimizer.LarsMomentumOptimizer(
+                        0.1, 0.9, regularization=paddle.regularizer.L2Decay(0.01)))),
+    "mlp_lars_clip_value": ("x[64] -> fc 512 relu -> fc 1, square error; grad_clip=ClipGradByValue(0.001)",
+                            "LarsMomentum (lr 0.1, momentum 0.9)",
+                            lambda: norm_mlp(lambda: paddle.incubate.optimizer.LarsMomentumOptimizer(
+                                0.1, 0.9, grad_clip=paddle.nn.ClipGradByValue(0.001)))),
 }
 
 
@@ -372,9 +403,12 @@ CASES = {
     "gpt_adam_3ps_sync": ("gpt", 3, 2, True, True),
     "mlp_clip_global_sgd_3ps": ("mlp_clip_global", 3, 2, True, True),
     "mlp_clip_value_sgd_3ps": ("mlp_clip_value", 3, 2, True, True),
+    "mlp_clip_two_groups_sgd_3ps": ("mlp_clip_two_groups", 3, 2, True, True),
     "mlp_adamw_3ps": ("mlp_adamw", 3, 2, True, True),
     "mlp_lamb_3ps": ("mlp_lamb", 3, 2, True, True),
     "mlp_lars_3ps": ("mlp_lars", 3, 2, True, True),
+    "mlp_lars_l2_3ps": ("mlp_lars_l2", 3, 2, True, True),
+    "mlp_lars_clip_value_3ps": ("mlp_lars_clip_value", 3, 2, True, True),
 }
 
 

@@ -159,8 +159,9 @@ class OptimizerSlots:
     # ratio): a block's norm is not the param's, so the transpiler keeps such a param whole
     # on one pserver (`transpiler/passes/slice_vars.py`)...
     whole_norm: bool = False
-    # ...unless the pservers sum its norms across them (sync mode, the optimizer alone on
-    # its grad): the param is cut like any other, its update reads the exchanged norms.
+    # ...unless the pservers sum its norms across them (sync mode, nothing but L2 decay
+    # ahead of the optimizer): the param is cut like any other, its update
+    # reads the exchanged norms.
     exchanged_norms: bool = False
 
     def updates_every_row(self, attr: Callable[[str], Any]) -> bool:

@@ -367,7 +367,7 @@ def _start_barrier(run_dir, trainer_id, trainers, seconds=60.0):
         time.sleep(0.05)
 
 
-def train(case_dir, progs_dir, trainer_id, out_path):
+def train(case_dir, progs_dir, trainer_id, out_path, start_barrier=False):
     spec = _spec(case_dir)
     sub = os.path.join(progs_dir, "t%d" % trainer_id)
     prog = _load(os.path.join(sub, "trainer.pb"))
@@ -378,7 +378,8 @@ def train(case_dir, progs_dir, trainer_id, out_path):
     place = fluid.CPUPlace()
     exe = fluid.Executor(place)
     exe.run(startup)
-    _start_barrier(os.path.dirname(os.path.abspath(out_path)), trainer_id, spec["trainers"])
+    if start_barrier:
+        _start_barrier(os.path.dirname(os.path.abspath(out_path)), trainer_id, spec["trainers"])
     print("interop: trainer %d started" % trainer_id, flush=True)
     losses = []
     for step in range(spec["steps"]):
@@ -431,7 +432,7 @@ def main(argv):
     elif cmd == "pserver":
         serve(args[0], args[1], args[2], args[3])
     elif cmd == "trainer":
-        train(args[0], args[1], int(args[2]), args[3])
+        train(args[0], args[1], int(args[2]), args[3], "--start-barrier" in args)
     elif cmd == "local":
         local(args[0], args[1])
     else:

@@ -21,9 +21,10 @@ GradientClipByNorm), keeps its Optimize role instead: it moves with its param's 
 to the pserver, which runs it on the averaged grad, as local training does (for a sliced
 param the pservers holding it sum its squared norm: pserver_norm_reduce.py). A global-norm clip
 (ClipGradByGlobalNorm, GradientClipByGlobalNorm) is taken out of the program and recorded
-as a `NormGroup`: the trainers send unclipped grads, and each pserver computes its
-grads' partial sum of squares, exchanges it with the other pservers and scales its grads
-by the exact global norm (transpiler/passes/pserver_norm_reduce.py).
+as a `NormGroup` per group (per scale factor): the trainers send unclipped grads, and
+each pserver computes its grads' partial sum of squares per group, exchanges it with the
+other pservers and scales its grads by their group's exact norm
+(transpiler/passes/pserver_norm_reduce.py).
 
 It runs before the analysis and rewrites the bundle's private copy of the original (the
 user's program keeps its roles), so find_optimize's data flow sees the clip ops as
@@ -67,8 +68,9 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
             return bundle
         bundle = bundle.own_origins()
         block = bundle.origin.global_block()
-        group = _take_global_norm(block, [op for op in block.ops if is_clip_op(op) and op.type not in PER_PARAM_CLIPS])
-        return replace(bundle, norm_groups=(group,))
+        clips = [op for op in block.ops if is_clip_op(op) and op.type not in PER_PARAM_CLIPS]
+        groups = _take_global_norms(block, clips)
+        return replace(bundle, norm_groups=groups)
     bundle = bundle.own_origins()
     for op in bundle.origin.global_block().ops:
         if is_clip_op(op):
@@ -76,27 +78,63 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     return bundle
 
 
-def _take_global_norm(block, ops: list[Op]) -> NormGroup:
-    """Remove a global-norm clip's ops from `block` and describe them: the `elementwise_mul`s
-    scaling each grad by one factor, and the `fill_constant` holding `clip_norm`. Readers of
-    a clipped grad written to a new var (Fluid 1.8) read the grad itself afterwards."""
+def _take_global_norms(block, ops: list[Op]) -> tuple[NormGroup, ...]:
+    """Remove the global-norm clips' ops from `block` and describe each group: the
+    `elementwise_mul`s scaling grads by one factor, the grads whose squares that factor is
+    computed from (they must be the grads it scales) and the `fill_constant` holding its
+    `clip_norm`. Several groups (two optimizers' `grad_clip=`, Fluid's `group_name`) are
+    told apart by their factor, in the order of their first `elementwise_mul`. Readers of a
+    clipped grad written to a new var (Fluid 1.8) read the grad itself afterwards."""
+    first = ops[0]
+
+    def refuse(why: str) -> TranspileError:
+        return TranspileError(f"clip_mode='exact': the global-norm clip at op {first.index} ({first.type}): {why}; "
+                              f"use clip_mode='trainer'")
+
     muls = [op for op in ops if op.type == "elementwise_mul"]
-    factors = {op.input("Y")[0] for op in muls}
-    fills = [op for op in ops if op.type == "fill_constant"]
-    if not muls or len(factors) != 1 or len(fills) != 1:
-        first = ops[0]
-        raise TranspileError(
-            f"clip_mode='exact': the global-norm clip at op {first.index} ({first.type}) is not one group "
-            f"scaling grads by one factor ({len(factors)} factors, {len(fills)} clip norms); use clip_mode='trainer'"
-        )
-    text = str(fills[0].attr("str_value", "") or "")
-    clip_norm = float(text) if text else float(fills[0].attr("value", 0.0))
-    grads, renames = [], {}
-    for op in muls:
-        grad, out = op.input("X")[0], op.output("Out")[0]
-        grads.append((op.role_vars[0] if op.role_vars else grad, grad))
-        if out != grad:
-            renames[out] = grad
+    if not muls:
+        raise refuse("no elementwise_mul scales a grad")
+    writer = {name: op for op in ops if op.type != "elementwise_mul" for name in op.output_names}
+    factors = list(dict.fromkeys(op.input("Y")[0] for op in muls))
+    groups, claimed, scaled_anywhere = [], set(), set()
+    for factor in factors:
+        if factor not in writer:
+            raise refuse(f"its factor {factor} is not computed by the clip")
+        ancestors, stack = {}, [writer[factor]]
+        while stack:  # the ops the factor is computed from, within the clip
+            op = stack.pop()
+            if id(op) in ancestors:
+                continue
+            ancestors[id(op)] = op
+            stack.extend(writer[name] for name in op.input_names if name in writer)
+        if claimed & ancestors.keys():
+            raise refuse(f"the factors {', '.join(factors)} share ops")
+        claimed |= ancestors.keys()
+        fills = [op for op in ancestors.values() if op.type == "fill_constant"]
+        if len(fills) != 1:
+            raise refuse(f"the factor {factor} is computed from {len(fills)} clip norms (fill_constant), not 1")
+        normed = {name for op in ancestors.values() for name in op.input_names if name not in writer}
+        scaling = [op for op in muls if op.input("Y")[0] == factor]
+        scaled = [op.input("X")[0] for op in scaling]
+        if set(scaled) != normed or len(scaled) != len(normed) or scaled_anywhere & normed:
+            raise refuse(f"the factor {factor} is the norm of {sorted(normed)} but scales {scaled}")
+        scaled_anywhere |= normed
+        text = str(fills[0].attr("str_value", "") or "")
+        clip_norm = float(text) if text else float(fills[0].attr("value", 0.0))
+        groups.append((clip_norm, scaling))
+    dead = [op for op in ops if op.type != "elementwise_mul" and id(op) not in claimed]
+    if dead:
+        raise refuse(f"op {dead[0].index} ({dead[0].type}) feeds no group's scale")
+    renames = {}
+    norm_groups = []
+    for clip_norm, scaling in groups:
+        grads = []
+        for op in scaling:
+            grad, out = op.input("X")[0], op.output("Out")[0]
+            grads.append((op.role_vars[0] if op.role_vars else grad, grad))
+            if out != grad:
+                renames[out] = grad
+        norm_groups.append(NormGroup(clip_norm=clip_norm, grads=tuple(grads)))
     block.remove_ops(ops)
     if renames:
         for op in block.ops:
@@ -107,7 +145,7 @@ def _take_global_norm(block, ops: list[Op]) -> NormGroup:
             role_vars = op.role_vars
             if any(n in renames for n in role_vars):
                 op.set_attr(OP_ROLE_VAR_ATTR, [renames.get(n, n) for n in role_vars])
-    return NormGroup(clip_norm=clip_norm, grads=tuple(grads))
+    return tuple(norm_groups)
 
 
 PASS = Pass("keep_clip_on_trainer", run, requires=("origin",), produces=("origin",))

@@ -1,8 +1,8 @@
 """Pass: a global-norm gradient clip computed exactly across the pservers (`clip_mode="exact"`).
 
-keep_clip_on_trainer took the clip out of the program (`Bundle.norm_groups`): the
-trainers send unclipped grads. Each pserver gets one more optimize block, run first in
-every sync round (`optimize_blocks[0]`), which
+keep_clip_on_trainer took the clip out of the program (`Bundle.norm_groups`, one per
+group): the trainers send unclipped grads. Each pserver gets one more optimize block, run
+first in every sync round (`optimize_blocks[0]`), which, group after group,
 
 1. averages the trainers' grads of the group's blocks placed here (the `sum` / `scale` the
    param blocks started with move here),
@@ -19,11 +19,11 @@ The param blocks then run L2 decay and the optimizer on the clipped average, as 
 training does on the clipped grad. The names in the block are the group's
 (`clip_global_norm_<i>@...`); the dump shows the whole reduction.
 
-The same block serves a LARS or LAMB param cut into blocks (sync mode, its optimizer alone
-on its grad: slice_vars cuts it then): the pservers holding its blocks average their grad
-blocks, compute [|p block|^2, |g block|^2] (LARS: `squared_l2_norm`s, `concat`) or
-[|p block|^2, |r block|^2] (LAMB: `lamb_squared_norms`, r its update direction) and sum
-them among themselves (`pserver_allreduce_sum` over those pservers,
+The same block serves a LARS or LAMB param cut into blocks (sync mode, with only
+element-wise ops ahead of its optimizer: slice_vars cuts it then): the pservers holding its
+blocks average their grad blocks, run those ops here (L2 decay's `scale` + `sum`), compute [|p block|^2, |g block|^2] (LARS: `squared_l2_norm`s, `concat`)
+or [|p block|^2, |r block|^2] (LAMB: `lamb_squared_norms`, r its update direction) of what
+the optimizer reads, and sum them among themselves (`pserver_allreduce_sum` over those pservers,
 `<param>@LARS_NORMS` / `@LAMB_NORMS`); each block's optimizer reads the sums through its
 `SquaredNorms` input, so its local lr / trust ratio is the whole param's. And a sliced param
 whose `clip_by_norm` runs on the pservers (`clip_mode="exact"`): its holders sum |g block|^2
@@ -31,6 +31,8 @@ of the averaged grad, `clip_by_norm` reads the sum (`SquaredNorm`).
 """
 
 from __future__ import annotations
+
+from itertools import takewhile
 
 from ops.catalogue import make_op
 from transpiler.config import TranspileOptions
@@ -141,6 +143,12 @@ def _param_norms(progs: PserverPrograms, reduce: Block, param, here, block_of: d
         block = progs.main.block(block_of[grad])
         _move_average(block, reduce, grad)
         optimizer = next(op for op in block.ops if op.type == param.optimizer)
+        # L2 decay ahead of the optimizer (element-wise, slice_vars' ELEMENTWISE_BEFORE_NORM):
+        # run here first, so the norms are of the grad it reads
+        ahead = list(takewhile(lambda op: op is not optimizer, block.ops))
+        for op in ahead:
+            block.remove_op(op)
+        reduce.add_ops(ahead)
         optimizers.append(optimizer)
         partials.append(var(f"{prefix}@{vb.name}", (2,)))
         if param.optimizer == "lamb":
@@ -151,7 +159,7 @@ def _param_norms(progs: PserverPrograms, reduce: Block, param, here, block_of: d
         else:
             p_square, g_square = var(f"{vb.name}@SQUARE"), var(f"{grad}@SQUARE")
             add("squared_l2_norm", {"X": [vb.name]}, {"Out": [p_square]})
-            add("squared_l2_norm", {"X": [grad]}, {"Out": [g_square]})
+            add("squared_l2_norm", {"X": list(optimizer.input("Grad"))}, {"Out": [g_square]})
             add("concat", {"X": [p_square, g_square]}, {"Out": [partials[-1]]}, {"axis": 0})
     partial, total = partials[0], var(prefix, (2,))
     if len(partials) > 1:  # two blocks of it here (hash placement): added first

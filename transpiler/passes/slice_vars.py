@@ -7,8 +7,9 @@ separately; with `HashName` that would put them on different servers.)
 
 A param whose optimizer reads its whole norm (`lars_momentum`, `lamb`: the catalogue's
 `whole_norm`) is never cut: on one pserver its norm, and so its update, is local training's. In sync mode a LARS
-param updated by its optimizer alone (`exchanged_norms`) is cut: the pservers holding its
-blocks sum their norms (transpiler/passes/pserver_norm_reduce.py).
+or LAMB param (`exchanged_norms`) updated by its optimizer alone, or after L2 decay only
+(`ELEMENTWISE_BEFORE_NORM`), is cut: the pservers holding
+its blocks run those ops and sum their norms (transpiler/passes/pserver_norm_reduce.py).
 (Paddle cuts it, and each block's update then uses the block's norm.)
 
 Unsliced round robin deals the params in Paddle's order: with `slice_var_up=False`
@@ -39,6 +40,14 @@ NEEDS_WHOLE_PARAM = frozenset({"lars_momentum", "lamb", "dgc_momentum", "clip_by
                                "p_norm"})
 
 
+# Ops that may stand between the grad and a LARS / LAMB optimizer of a param cut into
+# blocks (L2 decay's `scale` + `sum`, in place on the grad): element-wise, so each pserver
+# runs them on its blocks ahead of the norms it sums (pserver_norm_reduce moves them
+# there). Not a by-value `clip`: it writes a new var, and the param block would no longer
+# read the grad its `grad_to_block_id` names; such a param is kept whole.
+ELEMENTWISE_BEFORE_NORM = frozenset({"scale", "sum"})
+
+
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     block = bundle.origin.global_block()
     plan = Plan(
@@ -58,7 +67,8 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         # LARS / LAMB read the whole param's norm: kept whole, the pserver's norm is exact.
         # So is a param clipped by its norm on the pserver (clip_mode="exact").
         slots = optimizer_slots(chain.optimizer.type)
-        exchanged = slots.exchanged_norms and options.sync_mode and len(chain.ops) == 1
+        exchanged = slots.exchanged_norms and options.sync_mode and all(
+            op is chain.optimizer or op.type in ELEMENTWISE_BEFORE_NORM for op in chain.ops)
         whole = slots.whole_norm and not exchanged
         sizes = slice_sizes(shape, 1 if whole else slice_count, options.min_block_size)
         lookups = tables.get(chain.param)
