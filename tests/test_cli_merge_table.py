@@ -233,3 +233,10 @@ def test_bad_pieces_are_one_line_and_exit_2(capsys, pieces, tmp_path, case, frag
     assert code == 2 and out == "" and len(err.splitlines()) == 1 and err.startswith(ERROR), err
     assert fragment in err, err
     assert not (tmp_path / "t.npy").exists()
+
+
+def test_a_malformed_plan_entry_is_one_line(capsys, pieces, tmp_path):
+    _, files = pieces
+    code, _, err = run(capsys, "merge-table", *files, "--plan", _bad_plan(tmp_path, lambda b: b[2].pop("cols")),
+                       "-o", tmp_path / "t.npy")
+    assert code == 2 and len(err.splitlines()) == 1 and "the plan's entry of emb is malformed" in err, err

@@ -218,6 +218,10 @@ def _check_tiling(param: str, height: int, width: int, blocks: Sequence[dict]) -
             raise TableFileError(f"the plan's pieces of {param} leave rows [{r0}, {r1}) columns [{end}, {width}) uncovered")
 
 
+def _band_holds(block: dict, row: int) -> bool:
+    return int(block["row_offset"]) <= row < int(block["row_offset"]) + int(block["rows"])
+
+
 def merge_pieces(pieces: Sequence[Piece], plan: dict, *, fill: float = 0.0) -> tuple[str, MergedTable]:
     """One dense table from every piece file of a partitioned distributed table: (its
     name, the table). The plan says which rectangle each piece is; every piece of the
@@ -233,12 +237,19 @@ def merge_pieces(pieces: Sequence[Piece], plan: dict, *, fill: float = 0.0) -> t
     for piece in pieces:
         if piece.name not in owners:
             known = sorted(owners)
-            hint = f" (its pieces are named like {known[0]})" if known else " (it has no distributed table cut by a partitioner)"
+            hint = (f" (its pieces are named like {known[0]})" if known
+                    else " (it has no distributed table cut by a partitioner)")
             raise TableFileError(f"{piece.path}: {piece.name} is not a piece of a partitioned table in the plan{hint}")
         if piece.name in given:
             raise TableFileError(f"{given[piece.name].path} and {piece.path} are the same piece {piece.name}")
         given[piece.name] = piece
     param = owners[pieces[0].name][0]
+    fields = ("row_offset", "rows", "col_offset", "cols")
+    shape_ok = isinstance(param.get("shape"), list) and all(isinstance(d, int) and d > 0 for d in param["shape"])
+    if not shape_ok or not all(isinstance(b, dict) and all(isinstance(b.get(k), int) and b[k] >= 0 for k in fields)
+                               for b in param["blocks"]):
+        raise TableFileError(f"the plan's entry of {param.get('param')} is malformed (a shape, and each block's "
+                             f"{', '.join(fields)})")
     other = next((p for p in pieces if owners[p.name][0] is not param), None)
     if other is not None:
         raise TableFileError(f"{pieces[0].path} is a piece of {param['param']}, {other.path} of "
@@ -282,9 +293,7 @@ def merge_pieces(pieces: Sequence[Piece], plan: dict, *, fill: float = 0.0) -> t
     if not held.all():
         k = int(np.flatnonzero(~held.all(axis=1))[0])
         row, column = int(ids[k]), int(np.flatnonzero(~held[k])[0])
-        lacking = next(p for p, _, _, c0, c1 in flat if c0 <= column < c1
-                       and (lambda blk: int(blk["row_offset"]) <= row < int(blk["row_offset"]) + int(blk["rows"]))(
-                           owners[p.name][1]))
+        lacking = next(p for p, _, _, c0, c1 in flat if c0 <= column < c1 and _band_holds(owners[p.name][1], row))
         raise TableFileError(f"row {row} of {param['param']} is in some of its column pieces but not in "
                              f"{lacking.path} (a checkpoint taken mid-update?)")
     table = np.full((height, width), fill, first.value.dtype)
