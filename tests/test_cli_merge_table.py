@@ -190,6 +190,7 @@ def _bad_plan(tmp_path, edit):
         ("only_pool", "a piece's unused preallocated rows (@POOL)"),
         ("overlap", "the plan's pieces of emb overlap at rows [0, 3), column 1"),
         ("gap", "leave rows [0, 3) columns [3, 4) uncovered"),
+        ("dense", "dense.w.block0 is a block of dense.w, not a piece of a partitioned table"),
         ("unknown", "other.block0 is not a piece of a partitioned table in the plan (its pieces are named like"),
         ("other_plan", "a piece of 3 rows x 2 columns, the plan's emb.block0 is 2 x 2 (a checkpoint of another plan?)"),
         ("out_of_piece", "row 3 is outside the piece's 3 rows"),
@@ -197,6 +198,8 @@ def _bad_plan(tmp_path, edit):
     ],
 )
 def test_bad_pieces_are_one_line_and_exit_2(capsys, pieces, tmp_path, case, fragment):
+    import json
+
     whole, files = pieces
     zeros = lambda n, width: np.zeros((n, width), whole.dtype)  # noqa: E731
     plan = tmp_path / "plan.json"
@@ -222,6 +225,13 @@ def test_bad_pieces_are_one_line_and_exit_2(capsys, pieces, tmp_path, case, frag
         args = [*files, "--plan", _bad_plan(tmp_path, lambda b: b[1].update(cols=1))]
     elif case == "unknown":
         args = [*files, write_piece(tmp_path / "other.block0", [0], zeros(1, 4), 3), "--plan", plan]
+    elif case == "dense":
+        plan = _bad_plan(tmp_path, lambda b: None)
+        doc = json.loads(plan.read_text())
+        doc["params"].append({"param": "dense.w", "shape": [3, 3], "blocks": [{"name": "dense.w.block0"}]})
+        plan.write_text(json.dumps(doc))
+        (tmp_path / "dense.w.block0").write_bytes(bytes(40))  # a LoDTensor file starts with version 0 too
+        args = [*files, tmp_path / "dense.w.block0", "--plan", plan]
     elif case == "other_plan":
         args = [*files, "--plan", _bad_plan(tmp_path, lambda b: (b[0].update(rows=2), b[1].update(rows=2),
                                                                 b[2].update(row_offset=2, rows=4)))]

@@ -345,7 +345,8 @@ def test_float64_paddle_built_distributed_table_cut_in_2d_equals_local(tmp_path)
     table = next(p for p in emb.params if p.distributed)
     assert emb.table is None and [len(b) for b in table.bands()] == [4, 2, 2]
     t0, t1, local = _train_distributed_table(tmp_path, "angel_custom_partitioner:ThreeBands", "--float64",
-                                             program=program)
+                                             program=program, checkpoint=True)
+    _merge_table_of_the_checkpoint(tmp_path, t0, local, rtol=1e-5, atol=0.0, table=table.param, rows=table.shape[0])
     finals = [k for k in local if k.startswith(("final/", "final_rows/"))]
     assert any(k.startswith("final_rows/") for k in finals)
     for key in finals:
@@ -403,8 +404,8 @@ def test_float32_distributed_table_cut_by_columns_equals_local(tmp_path):
         np.testing.assert_allclose(t0[key], local[key], rtol=1e-5, atol=bound, err_msg=key)
 
 
-def _merge_table_of_the_checkpoint(tmp_path, t0, local, *, rtol, atol):
-    """`pstranspile merge-table` of every piece file of `emb` in the job's last checkpoint
+def _merge_table_of_the_checkpoint(tmp_path, t0, local, *, rtol, atol, table="emb", rows=DIST_ROWS):
+    """`pstranspile merge-table` of every piece file of `table` in the job's last checkpoint
     (their @POOL files too: skipped) with the checkpoint's MANIFEST.json as the plan: the
     table `fetch --checkpoint` reads, the rows trainer 0 read from the pservers after its
     last step exactly, local training's within (rtol, atol), every other row never touched
@@ -414,18 +415,18 @@ def _merge_table_of_the_checkpoint(tmp_path, t0, local, *, rtol, atol):
 
     folder = tmp_path / "ckpt" / (tmp_path / "ckpt" / "latest").read_text().strip()
     assert folder.name == "ckpt-8"
-    files = sorted(folder.glob("ps*/emb.block*"))
+    files = sorted(folder.glob(f"ps*/{table}.block*"))
     assert len([f for f in files if not f.name.endswith("@POOL")]) == 8, files
-    merged_path = tmp_path / "emb.npy"
+    merged_path = tmp_path / "table.npy"
     assert cli_main(["merge-table", *map(str, files), "--plan", str(folder / "MANIFEST.json"), "-o", str(merged_path)]) == 0
-    assert cli_main(["fetch", "--checkpoint", str(tmp_path / "ckpt"), "--vars", "emb", "-o", str(tmp_path / "fetched")]) == 0
+    assert cli_main(["fetch", "--checkpoint", str(tmp_path / "ckpt"), "--vars", table, "-o", str(tmp_path / "fetched")]) == 0
     merged = np.load(merged_path)
-    ids = t0["ids/emb"]
-    assert merged.shape == (DIST_ROWS, 16) and merged.dtype == t0["final_rows/emb"].dtype
-    assert np.array_equal(merged, read_tensor(tmp_path / "fetched" / "emb"))
-    assert np.array_equal(merged[ids], t0["final_rows/emb"])
-    np.testing.assert_allclose(merged[ids], local["final_rows/emb"], rtol=rtol, atol=atol)
-    untouched = np.setdiff1d(np.arange(DIST_ROWS), ids)
+    ids = t0[f"ids/{table}"]
+    assert merged.shape == (rows, 16) and merged.dtype == t0[f"final_rows/{table}"].dtype
+    assert np.array_equal(merged, read_tensor(tmp_path / "fetched" / table))
+    assert np.array_equal(merged[ids], t0[f"final_rows/{table}"])
+    np.testing.assert_allclose(merged[ids], local[f"final_rows/{table}"], rtol=rtol, atol=atol)
+    untouched = np.setdiff1d(np.arange(rows), ids)
     assert untouched.size and not merged[untouched].any()
 
 

@@ -1052,7 +1052,7 @@ def merge_table_command(args: argparse.Namespace) -> int:
     import json
 
     from ops.rpc.table_io import (
-        TableFileError, is_piece_file, merge_pieces, merge_shards, plan_of, read_piece, read_shard, write_table,
+        TableFileError, is_piece_file, merge_pieces, merge_shards, plan_of, read_shard, write_table,
     )
     from ops.rpc.tensor_file import write_tensor
 
@@ -1079,7 +1079,7 @@ def merge_table_command(args: argparse.Namespace) -> int:
             if plan is None:
                 raise CliError(f"{pieces[0]} is a piece of a table cut by a partitioner: pass --plan PLAN.json (the "
                                "job's plan, or the checkpoint's MANIFEST.json) to say where each piece goes")
-            name, merged = merge_pieces([read_piece(Path(p)) for p in files], plan, fill=args.fill)
+            name, merged = merge_pieces([Path(p) for p in files], plan, fill=args.fill)
             height = merged.table.shape[0]
             if args.height is not None and args.height != height:
                 raise CliError(f"--height {args.height}, but {name} in {args.plan} has {height} rows")

@@ -187,8 +187,12 @@ def read_piece(path: Path) -> Piece:
         raise TableFileError(f"{path}: not a table piece ({exc})") from None
     if value.shape[0] != rows.size:
         raise TableFileError(f"{path}: malformed table piece ({rows.size} ids, {value.shape[0]} value rows)")
-    name = Path(path).name.replace("%2F", "/").replace("%25", "%")  # checkpoint file name -> var
-    return Piece(Path(path), name, rows, value, height)
+    return Piece(Path(path), _var_of_file(Path(path).name), rows, value, height)
+
+
+def _var_of_file(file: str) -> str:
+    """The var a checkpoint file is of (`checkpoint._file_name` undone)."""
+    return file.replace("%2F", "/").replace("%25", "%")
 
 
 def plan_of(document: object, where: str) -> dict:
@@ -222,27 +226,40 @@ def _band_holds(block: dict, row: int) -> bool:
     return int(block["row_offset"]) <= row < int(block["row_offset"]) + int(block["rows"])
 
 
-def merge_pieces(pieces: Sequence[Piece], plan: dict, *, fill: float = 0.0) -> tuple[str, MergedTable]:
+def merge_pieces(paths: Sequence[Path], plan: dict, *, fill: float = 0.0) -> tuple[str, MergedTable]:
     """One dense table from every piece file of a partitioned distributed table: (its
     name, the table). The plan says which rectangle each piece is; every piece of the
     table must be given once, and every row a piece holds must be held by every column
-    piece of its row band (as a sync checkpoint always has it)."""
-    if not pieces:
+    piece of its row band (as a sync checkpoint always has it). The files' names are
+    checked against the plan before any is read."""
+    if not paths:
         raise TableFileError("no pieces to merge")
     owners: dict[str, tuple[dict, dict]] = {}
+    dense: dict[str, str] = {}  # a block of a param that is not a partitioned table -> the param
     for param in plan.get("params", []):
-        if isinstance(param, dict) and param.get("distributed"):
-            owners.update({blk["name"]: (param, blk) for blk in param["blocks"]})
-    given: dict[str, Piece] = {}
-    for piece in pieces:
-        if piece.name not in owners:
+        if not isinstance(param, dict) or not isinstance(param.get("blocks"), list):
+            raise TableFileError("the plan's params are malformed (each a dict with `blocks`)")
+        for blk in param["blocks"]:
+            if isinstance(blk, dict):
+                if param.get("distributed"):
+                    owners[blk.get("name")] = (param, blk)
+                else:
+                    dense[blk.get("name")] = param.get("param")
+    seen: dict[str, Path] = {}
+    for path in map(Path, paths):
+        name = _var_of_file(path.name)
+        if name in dense:
+            raise TableFileError(f"{path}: {name} is a block of {dense[name]}, not a piece of a partitioned table")
+        if name not in owners:
             known = sorted(owners)
             hint = (f" (its pieces are named like {known[0]})" if known
                     else " (it has no distributed table cut by a partitioner)")
-            raise TableFileError(f"{piece.path}: {piece.name} is not a piece of a partitioned table in the plan{hint}")
-        if piece.name in given:
-            raise TableFileError(f"{given[piece.name].path} and {piece.path} are the same piece {piece.name}")
-        given[piece.name] = piece
+            raise TableFileError(f"{path}: {name} is not a piece of a partitioned table in the plan{hint}")
+        if name in seen:
+            raise TableFileError(f"{seen[name]} and {path} are the same piece {name}")
+        seen[name] = path
+    pieces = [read_piece(path) for path in seen.values()]
+    given = {piece.name: piece for piece in pieces}
     param = owners[pieces[0].name][0]
     fields = ("row_offset", "rows", "col_offset", "cols")
     shape_ok = isinstance(param.get("shape"), list) and all(isinstance(d, int) and d > 0 for d in param["shape"])
