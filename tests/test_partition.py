@@ -260,7 +260,9 @@ def test_float64_prefetched_table_cut_by_columns_equals_local(partitioner, tmp_p
               "--batch", "32", "--quiet", "--float64")
     launch_ok(tmp_path, (sys.executable, *common, "--save", str(tmp_path / "params")), pservers=3, trainers=2,
               sync_mode=True, timeout=60.0,
-              env={"PSTRANSPILE_PARTITIONER": partitioner, "PYTHONPATH": f"{EXAMPLES.parent}{os.pathsep}{EXAMPLES}"})
+              env={"PSTRANSPILE_PARTITIONER": partitioner, "PYTHONPATH": f"{EXAMPLES.parent}{os.pathsep}{EXAMPLES}",
+                   **({"PSTRANSPILE_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "PSTRANSPILE_CHECKPOINT_EVERY": "8"}
+                      if checkpoint else {})})
     run_script_locally((*common, "--init", str(tmp_path / "params" / "trainer_0.npz"), "--save", str(tmp_path / "local")))
     dist, local = np.load(tmp_path / "params" / "trainer_0.npz"), np.load(tmp_path / "local" / "local.npz")
     finals = [k for k in local.files if k.startswith(("final/", "final_rows/"))]
@@ -274,11 +276,12 @@ def test_float64_prefetched_table_cut_by_columns_equals_local(partitioner, tmp_p
 DIST_ROWS = 2000
 
 
-def _train_distributed_table(tmp_path, partitioner, *flags, program=None):
+def _train_distributed_table(tmp_path, partitioner, *flags, program=None, checkpoint=False):
     """examples/train_ctr.py's distributed table (`is_distributed`, Adam on the pservers),
     or a Paddle fixture's (`program`: its main.pb), cut by `partitioner`, 2 trainers x 3
     pservers, and local training from trainer 0's start: (trainer 0's, trainer 1's, local)
-    saved arrays."""
+    saved arrays. `checkpoint`: the job also checkpoints after its last step into
+    `tmp_path/ckpt`."""
     from e2e_support import launch_ok, run_script_locally
 
     model = ("--main", str(program)) if program is not None else \
@@ -286,7 +289,9 @@ def _train_distributed_table(tmp_path, partitioner, *flags, program=None):
     common = (str(EXAMPLES / "train_ctr.py"), *model, "--steps", "8", "--batch", "32", "--quiet", *flags)
     launch_ok(tmp_path, (sys.executable, *common, "--save", str(tmp_path / "params")), pservers=3, trainers=2,
               sync_mode=True, timeout=60.0,
-              env={"PSTRANSPILE_PARTITIONER": partitioner, "PYTHONPATH": f"{EXAMPLES.parent}{os.pathsep}{EXAMPLES}"})
+              env={"PSTRANSPILE_PARTITIONER": partitioner, "PYTHONPATH": f"{EXAMPLES.parent}{os.pathsep}{EXAMPLES}",
+                   **({"PSTRANSPILE_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "PSTRANSPILE_CHECKPOINT_EVERY": "8"}
+                      if checkpoint else {})})
     run_script_locally((*common, "--init", str(tmp_path / "params" / "trainer_0.npz"), "--save", str(tmp_path / "local")))
     load = lambda path: dict(np.load(path))  # noqa: E731
     return load(tmp_path / "params" / "trainer_0.npz"), load(tmp_path / "params" / "trainer_1.npz"), \
@@ -318,7 +323,10 @@ def test_float64_distributed_table_by_adam_cut_by_partitioners_equals_local(part
     for endpoint, (program, _) in result.pservers.items():
         for block in emb.blocks_on(endpoint):
             assert program.global_block().var(block.name).kind.name == "SELECTED_ROWS"
-    t0, t1, local = _train_distributed_table(tmp_path, partitioner, "--float64")
+    bands = ":" in partitioner
+    t0, t1, local = _train_distributed_table(tmp_path, partitioner, "--float64", checkpoint=bands)
+    if bands:  # the pieces the job's checkpoint holds, merged whole (rows in 4, 2, 2 column pieces)
+        _merge_table_of_the_checkpoint(tmp_path, t0, local, rtol=1e-5, atol=0.0)
     finals = [k for k in local if k.startswith(("final/", "final_rows/"))]
     assert "final_rows/emb" in finals
     for key in finals:
@@ -337,7 +345,8 @@ def test_float64_paddle_built_distributed_table_cut_in_2d_equals_local(tmp_path)
     table = next(p for p in emb.params if p.distributed)
     assert emb.table is None and [len(b) for b in table.bands()] == [4, 2, 2]
     t0, t1, local = _train_distributed_table(tmp_path, "angel_custom_partitioner:ThreeBands", "--float64",
-                                             program=program)
+                                             program=program, checkpoint=True)
+    _merge_table_of_the_checkpoint(tmp_path, t0, local, rtol=1e-5, atol=0.0, table=table.param, rows=table.shape[0])
     finals = [k for k in local if k.startswith(("final/", "final_rows/"))]
     assert any(k.startswith("final_rows/") for k in finals)
     for key in finals:
@@ -371,7 +380,9 @@ def test_float64_conv_filters_cut_by_columns_equal_local(partitioner, tmp_path):
               str(folder / "startup.pb"), "--loss", "mean_0.tmp_0", "--steps", "3", "--batch", "8", "--float64")
     launch_ok(tmp_path, (sys.executable, *common, "--save", str(tmp_path / "params")), pservers=3, trainers=2,
               sync_mode=True, timeout=120.0,
-              env={"PSTRANSPILE_PARTITIONER": partitioner, "PYTHONPATH": f"{EXAMPLES.parent}{os.pathsep}{EXAMPLES}"})
+              env={"PSTRANSPILE_PARTITIONER": partitioner, "PYTHONPATH": f"{EXAMPLES.parent}{os.pathsep}{EXAMPLES}",
+                   **({"PSTRANSPILE_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "PSTRANSPILE_CHECKPOINT_EVERY": "8"}
+                      if checkpoint else {})})
     run_script_locally((*common, "--as-trainers", "2", "--init", str(tmp_path / "params" / "trainer_0.npz"),
                         "--save", str(tmp_path / "local")))
     dist, local = np.load(tmp_path / "params" / "trainer_0.npz"), np.load(tmp_path / "local" / "local.npz")
@@ -385,11 +396,38 @@ def test_float64_conv_filters_cut_by_columns_equal_local(partitioner, tmp_path):
 def test_float32_distributed_table_cut_by_columns_equals_local(tmp_path):
     """Once in float32, within the bound of the uncut table's float32 proof (1e-4 of the
     table's scale: Adam divides by sqrt(v); test_e2e_sparse.py says why)."""
-    t0, _, local = _train_distributed_table(tmp_path, "angel_custom_partitioner:ThreeBands")
+    t0, _, local = _train_distributed_table(tmp_path, "angel_custom_partitioner:ThreeBands", checkpoint=True)
+    _merge_table_of_the_checkpoint(tmp_path, t0, local, rtol=1e-5, atol=1e-4 * float(np.abs(local["final_rows/emb"]).max()))
     for key in [k for k in local if k.startswith(("final/", "final_rows/"))]:
         assert t0[key].dtype == np.float32, key
         bound = (1e-4 if key.startswith("final_rows/") else 1e-5) * float(np.abs(local[key]).max())
         np.testing.assert_allclose(t0[key], local[key], rtol=1e-5, atol=bound, err_msg=key)
+
+
+def _merge_table_of_the_checkpoint(tmp_path, t0, local, *, rtol, atol, table="emb", rows=DIST_ROWS):
+    """`pstranspile merge-table` of every piece file of `table` in the job's last checkpoint
+    (their @POOL files too: skipped) with the checkpoint's MANIFEST.json as the plan: the
+    table `fetch --checkpoint` reads, the rows trainer 0 read from the pservers after its
+    last step exactly, local training's within (rtol, atol), every other row never touched
+    (0)."""
+    from ops.rpc.tensor_file import read_tensor
+    from transpiler.cli import main as cli_main
+
+    folder = tmp_path / "ckpt" / (tmp_path / "ckpt" / "latest").read_text().strip()
+    assert folder.name == "ckpt-8"
+    files = sorted(folder.glob(f"ps*/{table}.block*"))
+    assert len([f for f in files if not f.name.endswith("@POOL")]) == 8, files
+    merged_path = tmp_path / "table.npy"
+    assert cli_main(["merge-table", *map(str, files), "--plan", str(folder / "MANIFEST.json"), "-o", str(merged_path)]) == 0
+    assert cli_main(["fetch", "--checkpoint", str(tmp_path / "ckpt"), "--vars", table, "-o", str(tmp_path / "fetched")]) == 0
+    merged = np.load(merged_path)
+    ids = t0[f"ids/{table}"]
+    assert merged.shape == (rows, 16) and merged.dtype == t0[f"final_rows/{table}"].dtype
+    assert np.array_equal(merged, read_tensor(tmp_path / "fetched" / table))
+    assert np.array_equal(merged[ids], t0[f"final_rows/{table}"])
+    np.testing.assert_allclose(merged[ids], local[f"final_rows/{table}"], rtol=rtol, atol=atol)
+    untouched = np.setdiff1d(np.arange(rows), ids)
+    assert untouched.size and not merged[untouched].any()
 
 
 # ------------------------------------------------------------------ goldens

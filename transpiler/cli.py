@@ -1131,35 +1131,63 @@ def _move_endpoints(plan: dict[str, Any], moved: dict[str, str]) -> None:
 
 @command(
     "merge-table",
-    "rebuild one dense table from the shards the pservers saved (checkpoint_notify); rows no "
-    "shard holds were never touched and are written as --fill",
-    arg("shards", nargs="+", metavar="SHARD", help="shard files (DIR/<table>_<i>), one per pserver"),
+    "rebuild one dense table from the shards the pservers saved (checkpoint_notify), or from the piece files "
+    "a checkpoint holds of a table cut by a partitioner (with --plan); rows no file holds were never touched "
+    "and are written as --fill",
+    arg("shards", nargs="+", metavar="SHARD", help="shard files (DIR/<table>_<i>), one per pserver; or every piece "
+        "file of a partitioned table (ckpt-<step>/ps<i>/<table>.block<k>; <piece>@POOL files are skipped)"),
     arg("-o", "--output", required=True, metavar="TABLE", help="where to write the table"),
     arg("--format", choices=("lodtensor", "npy"), help="Fluid's LoDTensor file (what load_persistables reads; the "
         "default) or numpy .npy (the default when TABLE ends in .npy)"),
     arg("--height", type=int, metavar="N", help="the table's rows (default: --plan's, else the largest id + 1)"),
-    arg("--plan", metavar="PLAN.json", help="take the height from the distributed table of this plan.json"),
+    arg("--plan", metavar="PLAN.json", help="the job's plan.json (or a checkpoint's MANIFEST.json): the table's "
+        "height, and each piece's rows x columns (needed for pieces)"),
     arg("--fill", type=float, default=0.0, metavar="X", help="value of rows no shard holds (default 0)"),
 )
 def merge_table_command(args: argparse.Namespace) -> int:
     import json
 
-    from ops.rpc.table_io import TableFileError, merge_shards, read_shard, write_table
+    from ops.rpc.table_io import (
+        TableFileError, is_piece_file, merge_pieces, merge_shards, plan_of, read_shard, write_table,
+    )
     from ops.rpc.tensor_file import write_tensor
 
     if args.height is not None and args.height < 1:
         raise UsageError(f"--height must be >= 1, got {args.height}")
-    height = args.height
-    if height is None and args.plan is not None:
+    plan = None
+    if args.plan is not None:
         try:
-            planned = json.loads(Path(args.plan).read_text()).get("table")
-        except (OSError, ValueError, AttributeError) as exc:
+            plan = plan_of(json.loads(Path(args.plan).read_text()), args.plan)
+        except (OSError, ValueError) as exc:
             raise CliError(f"{args.plan}: not a plan.json ({getattr(exc, 'strerror', None) or exc})") from None
-        if not isinstance(planned, dict) or not planned.get("shape"):
-            raise CliError(f"{args.plan}: the plan has no distributed table")
-        height = int(planned["shape"][0])
+        except TableFileError as exc:
+            raise CliError(str(exc)) from None
+    pools = [p for p in args.shards if Path(p).name.endswith("@POOL")]
+    files = [p for p in args.shards if p not in pools]
+    pieces = [p for p in files if is_piece_file(Path(p))]
+    if pools and not pieces:
+        raise CliError(f"{pools[0]}: a piece's unused preallocated rows (@POOL), not a table shard or piece")
     try:
-        merged = merge_shards([read_shard(Path(p)) for p in args.shards], height=height, fill=args.fill)
+        if pieces:
+            if len(pieces) != len(files):
+                shard = next(p for p in files if p not in pieces)
+                raise CliError(f"{shard} is not a piece of a partitioned table like {pieces[0]}: merge one kind at a time")
+            if plan is None:
+                raise CliError(f"{pieces[0]} is a piece of a table cut by a partitioner: pass --plan PLAN.json (the "
+                               "job's plan, or the checkpoint's MANIFEST.json) to say where each piece goes")
+            name, merged = merge_pieces([Path(p) for p in files], plan, fill=args.fill)
+            height = merged.table.shape[0]
+            if args.height is not None and args.height != height:
+                raise CliError(f"--height {args.height}, but {name} in {args.plan} has {height} rows")
+        else:
+            height = args.height
+            if height is None and plan is not None:
+                planned = plan.get("table")
+                if not isinstance(planned, dict) or not planned.get("shape"):
+                    raise CliError(f"{args.plan}: the plan has no distributed table sharded id % M (a table cut by a "
+                                   "partitioner: pass its piece files)")
+                height = int(planned["shape"][0])
+            merged = merge_shards([read_shard(Path(p)) for p in files], height=height, fill=args.fill)
     except TableFileError as exc:
         raise CliError(str(exc)) from None
     form = args.format or ("npy" if args.output.endswith(".npy") else "lodtensor")
@@ -1172,12 +1200,15 @@ def merge_table_command(args: argparse.Namespace) -> int:
         raise CliError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     table = merged.table
     rows = table.shape[0]
+    source = f"{len(files)} piece(s) of {name}" if pieces else f"{len(files)} shard(s)"
     print(fit_line(f"{args.output}: {rows:,} x {' x '.join(str(d) for d in table.shape[1:]) or '1'} {table.dtype} "
-                   f"({form}) from {len(args.shards)} shard(s):"))
-    for path, n in zip(args.shards, merged.per_shard, strict=True):  # a line per shard: short however many
+                   f"({form}) from {source}:"))
+    for path, n in zip(files, merged.per_shard, strict=True):  # a line per file: short however many
         print(fit_line(f"  {path}: {n:,} rows"))
-    print(f"{merged.from_shards:,} rows from the shards, {rows - merged.from_shards:,} never touched "
-          f"(written as {args.fill:g}){'' if height is not None else '; height = the largest id + 1'}")
+    if pools:
+        print(f"skipped {len(pools)} @POOL file(s) (the pieces' unused preallocated rows)")
+    print(f"{merged.from_shards:,} rows from the {'pieces' if pieces else 'shards'}, {rows - merged.from_shards:,} "
+          f"never touched (written as {args.fill:g}){'' if height is not None else '; height = the largest id + 1'}")
     return EXIT_OK
 
 

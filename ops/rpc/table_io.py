@@ -18,11 +18,18 @@ the string bound to `kLookupTablePath` (what the checkpoint notice carried; Padd
 written as a `.npy` array. Every write goes to a temp file in the target directory,
 fsynced, then renamed over the target: a reader never sees half a shard, and a failed
 save leaves the previous one in place.
+
+A distributed table cut by a partitioner other than `paddle` has no such shards: each
+piece (a `[rows, cols]` rectangle of the plan, ids re-based to its first row) is saved in
+the job's checkpoints as a Fluid SelectedRows file (`ckpt-<step>/ps<i>/<table>.block<k>`).
+`merge_pieces` joins every piece file of one table back into the whole table, the plan
+saying which rectangle each piece is.
 """
 
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,6 +144,178 @@ def merge_shards(shards: Sequence[Shard], *, height: int | None = None, fill: fl
     for shard in shards:
         table[shard.rows] = shard.value
     return MergedTable(table, int(rows.size), tuple(int(s.rows.size) for s in shards))
+
+
+# ------------------------------------------------------------------ pieces of a partitioned table
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A checkpoint's file of one piece of a partitioned distributed table."""
+
+    path: Path
+    name: str  # the piece's var (the file's name, unescaped): a block name of the plan
+    rows: np.ndarray  # ids re-based to the piece's first row
+    value: np.ndarray  # `[n, ...]`: row k is the value of id rows[k]
+    height: int
+
+
+def is_piece_file(path: Path) -> bool:
+    """True when `path` starts as a Fluid SelectedRows file (uint32 version 0), which a
+    shard (`.npz`) never does."""
+    try:
+        with open(path, "rb") as head:
+            magic = head.read(4)
+    except OSError:
+        return False  # read_shard says why
+    return magic == b"\x00\x00\x00\x00"
+
+
+def read_piece(path: Path) -> Piece:
+    """Load a piece file (Fluid SelectedRows, what a checkpoint holds); `TableFileError`
+    when it is not one."""
+    from ops.rpc.checkpoint import decode_table  # checkpoint's file format, loaded only for pieces
+    from ops.rpc.tensor_file import TensorFileError
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise TableFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        rows, value, height = decode_table(data, None, str(path))
+    except TensorFileError as exc:
+        raise TableFileError(f"{path}: not a table piece ({exc})") from None
+    if value.shape[0] != rows.size:
+        raise TableFileError(f"{path}: malformed table piece ({rows.size} ids, {value.shape[0]} value rows)")
+    return Piece(Path(path), _var_of_file(Path(path).name), rows, value, height)
+
+
+def _var_of_file(file: str) -> str:
+    """The var a checkpoint file is of (`checkpoint._file_name` undone)."""
+    return file.replace("%2F", "/").replace("%25", "%")
+
+
+def plan_of(document: object, where: str) -> dict:
+    """The plan of a `plan.json`, or of a checkpoint's `MANIFEST.json` (its `plan`)."""
+    if isinstance(document, dict) and isinstance(document.get("plan"), dict) and "parts" in document:
+        document = document["plan"]
+    if not isinstance(document, dict) or not isinstance(document.get("params", []), list):
+        raise TableFileError(f"{where}: not a plan.json (nor a checkpoint's MANIFEST.json)")
+    return document
+
+
+def _check_tiling(param: str, height: int, width: int, blocks: Sequence[dict]) -> None:
+    """The plan's rectangles tile `[height, width]` exactly: every elementary row range
+    between two piece edges is covered by column ranges that meet end to end."""
+    edges = sorted({0, height, *(int(b["row_offset"]) for b in blocks),
+                    *(int(b["row_offset"]) + int(b["rows"]) for b in blocks)})
+    for r0, r1 in zip(edges, edges[1:], strict=False):
+        cols = sorted((int(b["col_offset"]), int(b["col_offset"]) + int(b["cols"])) for b in blocks
+                      if int(b["row_offset"]) <= r0 and r1 <= int(b["row_offset"]) + int(b["rows"]))
+        end = 0
+        for c0, c1 in cols:
+            if c0 != end:
+                what = "overlap" if c0 < end else "leave a gap"
+                raise TableFileError(f"the plan's pieces of {param} {what} at rows [{r0}, {r1}), column {min(c0, end)}")
+            end = c1
+        if end != width:
+            raise TableFileError(f"the plan's pieces of {param} leave rows [{r0}, {r1}) columns [{end}, {width}) uncovered")
+
+
+def _band_holds(block: dict, row: int) -> bool:
+    return int(block["row_offset"]) <= row < int(block["row_offset"]) + int(block["rows"])
+
+
+def merge_pieces(paths: Sequence[Path], plan: dict, *, fill: float = 0.0) -> tuple[str, MergedTable]:
+    """One dense table from every piece file of a partitioned distributed table: (its
+    name, the table). The plan says which rectangle each piece is; every piece of the
+    table must be given once, and every row a piece holds must be held by every column
+    piece of its row band (as a sync checkpoint always has it). The files' names are
+    checked against the plan before any is read."""
+    if not paths:
+        raise TableFileError("no pieces to merge")
+    owners: dict[str, tuple[dict, dict]] = {}
+    dense: dict[str, str] = {}  # a block of a param that is not a partitioned table -> the param
+    for param in plan.get("params", []):
+        if not isinstance(param, dict) or not isinstance(param.get("blocks"), list):
+            raise TableFileError("the plan's params are malformed (each a dict with `blocks`)")
+        for blk in param["blocks"]:
+            if isinstance(blk, dict):
+                if param.get("distributed"):
+                    owners[blk.get("name")] = (param, blk)
+                else:
+                    dense[blk.get("name")] = param.get("param")
+    seen: dict[str, Path] = {}
+    for path in map(Path, paths):
+        name = _var_of_file(path.name)
+        if name in dense:
+            raise TableFileError(f"{path}: {name} is a block of {dense[name]}, not a piece of a partitioned table")
+        if name not in owners:
+            known = sorted(owners)
+            hint = (f" (its pieces are named like {known[0]})" if known
+                    else " (it has no distributed table cut by a partitioner)")
+            raise TableFileError(f"{path}: {name} is not a piece of a partitioned table in the plan{hint}")
+        if name in seen:
+            raise TableFileError(f"{seen[name]} and {path} are the same piece {name}")
+        seen[name] = path
+    pieces = [read_piece(path) for path in seen.values()]
+    given = {piece.name: piece for piece in pieces}
+    param = owners[pieces[0].name][0]
+    fields = ("row_offset", "rows", "col_offset", "cols")
+    shape_ok = isinstance(param.get("shape"), list) and all(isinstance(d, int) and d > 0 for d in param["shape"])
+    if not shape_ok or not all(isinstance(b, dict) and all(isinstance(b.get(k), int) and b[k] >= 0 for k in fields)
+                               for b in param["blocks"]):
+        raise TableFileError(f"the plan's entry of {param.get('param')} is malformed (a shape, and each block's "
+                             f"{', '.join(fields)})")
+    other = next((p for p in pieces if owners[p.name][0] is not param), None)
+    if other is not None:
+        raise TableFileError(f"{pieces[0].path} is a piece of {param['param']}, {other.path} of "
+                             f"{owners[other.name][0]['param']}: merge one table at a time")
+    shape = tuple(int(d) for d in param["shape"])
+    height, width = shape[0], math.prod(shape[1:]) if len(shape) >= 2 else 1
+    blocks = param["blocks"]
+    missing = [blk for blk in blocks if blk["name"] not in given]
+    if missing:
+        blk = missing[0]
+        raise TableFileError(
+            f"{len(missing)} of {param['param']}'s {len(blocks)} pieces missing, e.g. {blk['name']} (rows "
+            f"[{blk['row_offset']}, {int(blk['row_offset']) + int(blk['rows'])}), columns [{blk['col_offset']}, "
+            f"{int(blk['col_offset']) + int(blk['cols'])}), on {blk['endpoint']}): pass every piece file"
+        )
+    _check_tiling(param["param"], height, width, blocks)
+    first = pieces[0]
+    flat: list[tuple[Piece, np.ndarray, np.ndarray, int, int]] = []  # piece, global ids, [n, cols] values, c0, c1
+    for piece in pieces:
+        blk = owners[piece.name][1]
+        r0, rows, c0, cols = (int(blk[k]) for k in ("row_offset", "rows", "col_offset", "cols"))
+        if piece.value.dtype != first.value.dtype:
+            raise TableFileError(f"{piece.path}: rows of {piece.value.dtype}, {first.path}'s are {first.value.dtype}")
+        if piece.height != rows or math.prod(piece.value.shape[1:]) != cols:
+            raise TableFileError(
+                f"{piece.path}: a piece of {piece.height} rows x {math.prod(piece.value.shape[1:])} columns, the plan's "
+                f"{piece.name} is {rows} x {cols} (a checkpoint of another plan?)")
+        if piece.rows.size and (int(piece.rows.min()) < 0 or int(piece.rows.max()) >= rows):
+            bad = int(piece.rows.min()) if int(piece.rows.min()) < 0 else int(piece.rows.max())
+            raise TableFileError(f"{piece.path}: row {bad} is outside the piece's {rows} rows")
+        if np.unique(piece.rows).size != piece.rows.size:
+            raise TableFileError(f"{piece.path}: holds a row twice")
+        flat.append((piece, piece.rows + r0, piece.value.reshape(piece.rows.size, cols), c0, c0 + cols))
+    ids = np.unique(np.concatenate([g for _, g, _, _, _ in flat]))
+    values = np.full((ids.size, width), fill, first.value.dtype)
+    held = np.zeros((ids.size, width), bool)
+    for _, gids, value, c0, c1 in flat:
+        at = np.searchsorted(ids, gids)
+        values[at, c0:c1] = value
+        held[at, c0:c1] = True
+    if not held.all():
+        k = int(np.flatnonzero(~held.all(axis=1))[0])
+        row, column = int(ids[k]), int(np.flatnonzero(~held[k])[0])
+        lacking = next(p for p, _, _, c0, c1 in flat if c0 <= column < c1 and _band_holds(owners[p.name][1], row))
+        raise TableFileError(f"row {row} of {param['param']} is in some of its column pieces but not in "
+                             f"{lacking.path} (a checkpoint taken mid-update?)")
+    table = np.full((height, width), fill, first.value.dtype)
+    table[ids] = values
+    return param["param"], MergedTable(table.reshape(shape), int(ids.size), tuple(int(p.rows.size) for p in pieces))
 
 
 def write_table(path: Path, table: np.ndarray) -> None:
