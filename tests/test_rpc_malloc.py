@@ -91,6 +91,31 @@ def test_the_rpc_client_and_the_pserver_apply_it_unless_told_not_to():
     assert fresh_python("import ops.rpc.malloc as m; import ops.rpc; print(m._applied)") == "None"  # not on import
 
 
+# Issue 30's big params: 2 x 96 MB buffers (a 256 MB weight's grad and reply blocks are
+# 128 MB), allocated and freed 5 times in a thread (gRPC's) and in the main thread.
+BIG_FAULTS = FAULTS.replace("bytearray(1 << 20) for _ in range(8)", "bytearray(96 << 20) for _ in range(2)").replace(
+    "rounds(3)", "rounds(2)").replace("rounds(50)", "rounds(5)")
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+def test_buffers_bigger_than_a_thread_arena_s_heap_are_reused_too():
+    """A thread's own arena cannot hold a chunk over its 64 MB heaps: glibc maps it fresh
+    (zeroed) and unmaps it every time. One arena and the 1 GB mmap threshold reuse it."""
+    glibc = list(map(int, fresh_python(BIG_FAULTS.format(setup="")).split()))
+    kept = list(map(int, fresh_python(BIG_FAULTS.format(
+        setup="from ops.rpc.malloc import keep_freed_memory, bound_arenas; assert keep_freed_memory() and bound_arenas()")
+    ).split()))
+    print(f"minor page faults over 5 rounds of 2 x 96 MB (thread, main): glibc's default {glibc}, kept {kept}")
+    assert min(glibc) > 5 * 2 * 20000  # 24,576 pages per buffer and round
+    assert max(kept) < 2000
+
+
+def test_the_rpc_client_bounds_its_malloc_arenas_too():
+    code = APPLIED.replace("print(m._applied)", "print(m._arenas)")
+    assert fresh_python(code) == str(GLIBC)
+    assert fresh_python(code, MALLOC_ARENA_MAX="4") == "False"
+
+
 def test_a_pserver_bounds_its_malloc_arenas_unless_told_not_to():
     """A pserver's ~50 gRPC threads share `PSERVER_ARENAS` arenas (the RSS under the RPC
     fuzz, tests/test_rpc_fuzz.py, no longer creeps); the same opt-outs as keeping freed memory."""
