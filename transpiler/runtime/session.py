@@ -70,6 +70,7 @@ from ops.rpc.checkpoint import (
 from ops.rpc import own_dirs
 from ops.rpc.client import RpcClient  # importing ops.rpc registers the RPC kernels
 from ops.rpc.fetch import pull, write_vars
+from ops.rpc.malloc import bound_arenas, keep_freed_memory
 from ops.rpc.serve import serve_program
 from ops.scope import Scope
 from ops.tensor import LoDTensor
@@ -108,6 +109,12 @@ class Session:
         **transpile_options: Any,
     ) -> None:
         self.role = role if role is not None else Role.from_env()
+        if self.role.is_distributed:
+            # Before this process starts a thread (a pserver's usage reports, the RPC threads):
+            # a thread that got an arena of its own keeps it, and such an arena maps a big
+            # param's buffers fresh every step (ops.rpc.malloc).
+            keep_freed_memory()
+            bound_arenas()
         self.main, self.startup = main, startup
         self.sync_mode = self.role.sync_mode if sync_mode is None else bool(sync_mode)
         self.out = out
