@@ -7,7 +7,9 @@ Fluid 1.8.5, in its own venv (`tools/paddle_env.py`), builds the workloads and s
 main/startup programs (`benchmarks/paddle18_workloads.py`): the MLP 784-512-512-10 with
 Adam, at batch 64 and 512 per trainer (the 512 row runs a quarter of `--steps`), and a
 100k x 64 `is_sparse` embedding (remote prefetch) + fc 64 + fc 10 with SGD, batch 64 per
-trainer. Each workload then trains on those same .pb files, 127.0.0.1 only, free ports:
+trainer, and (issue 30) x[8, S] -> fc S (relu) -> fc 10 with SGD at S = 4096 and 8192 (a 64 MB
+and a 256 MB weight: the step is moving params; a quarter and a tenth of `--steps`). Each
+workload then trains on those same .pb files, 127.0.0.1 only, free ports:
 
 * Paddle: the harness starts 2 pservers and 2 trainers of `paddle18_workloads.py run`
   (`DistributeTranspiler`, `use_program_cache=True`, `PADDLE_SPEED_ENV`) and, once the
@@ -33,6 +35,10 @@ figure's median. A last row trains the MLP locally (no pservers) on both (`--loc
   (`GLOG_vmodule=grpc_server=4`): the sends, gets and prefetches it logged (barriers are
   sends and gets of marker vars; complete notices are left out) within trainer 0's timed
   window, per step.
+
+Under the table, for the big-weight workloads: the MB a step moves per second on each side,
+as a share of one raw Python TCP loopback stream measured right then (`raw_stream`), and
+the CPU per MB moved.
 
 Exits 0 with one line when Paddle 1.8.5 cannot be installed here.
 """

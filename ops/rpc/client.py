@@ -53,7 +53,7 @@ import numpy as np
 
 from ops.rpc.auth import ClientAuth, Handshake
 from ops.rpc.errors import RpcError
-from ops.rpc.malloc import bound_arenas, keep_freed_memory
+from ops.rpc.malloc import keep_freed_memory
 from ops.rpc.service import CHANNEL_OPTIONS, METHODS, WATCH_SECONDS, call_deadline, default_timeout
 from ops.rpc.wire import Parts, WireVar, encode_batch, encode_var, var_parts
 from ops.tensor import LoDTensor
@@ -171,7 +171,6 @@ class RpcClient:
         handshake: Handshake | None = None,
     ) -> None:
         keep_freed_memory()  # a step's MB buffers reuse their pages (ops.rpc.malloc)
-        bound_arenas()  # one arena, before the client's threads: a big param's buffers come from its heap
         self.trainer_id = int(trainer_id)
         self.auth = auth if auth is not None else ClientAuth.from_env()
         self._metadata = self.auth.metadata(handshake)
