@@ -18,7 +18,7 @@ of all CPU in page faults). So the mmap threshold is 1 GB, the trim threshold 2 
 process of a program with a param of `BIG_PARAM` bytes or more uses ONE arena (`bound_arenas`,
 `arenas_for`; `Session` applies it before the process starts a thread), the main one,
 whose heap grows with `brk` to any size: x[8, 8192] -> fc 8192 -> fc 10, 2 × 2
-sync, went from 3.8 to 1.2 CPU s/step (`benchmarks/vs_paddle18.py`, `wide256`).
+sync, went from 3.8 to 1.3–1.5 CPU s/step (Fluid 1.8.5: 1.0) (`benchmarks/vs_paddle18.py`, `wide256`).
 
 The cost: a process's resident memory stays near its peak instead of shrinking between
 steps (at most the trim threshold above what it uses; the peak itself is unchanged). `mallopt` applies it from
