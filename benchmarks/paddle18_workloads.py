@@ -8,7 +8,8 @@ imports nothing of this package: Paddle must see its own programs, run its own w
 
 `build` writes `OUT/<workload>/main.pb`, `startup.pb` and `workload.json` (the loss var and
 the feeds) for `mlp` (784-512-512-10, softmax cross-entropy, Adam) and `emb` (a 100k x 64
-`is_sparse` embedding, which Fluid 1.8 marks `remote_prefetch`, + fc 64 + fc 10, SGD).
+`is_sparse` embedding, which Fluid 1.8 marks `remote_prefetch`, + fc 64 + fc 10, SGD), and
+`wide4096` / `wide8192` (x -> fc S relu -> fc 10, SGD: a 64 MB / 256 MB weight, issue 30).
 
 `run` trains one workload in the role Paddle's environment variables give (`TRAINING_ROLE`,
 `PADDLE_PSERVER_ENDPOINTS`, `PADDLE_TRAINERS_NUM`, `PADDLE_TRAINER_ID`,
@@ -64,7 +65,21 @@ def emb():
     return loss, [("ids", [1], "int64", ROWS), LABEL]
 
 
-WORKLOADS = {"mlp": mlp, "emb": emb}
+def wide(size: int):
+    """x[batch, size] -> fc size (relu) -> fc 10, SGD: a step that mostly moves the size x size
+    weight (64 MB at 4096, 256 MB at 8192 in float32) to and from the pservers."""
+
+    def body():
+        x = fluid.data(name="x", shape=[-1, size], dtype="float32")
+        hidden = fluid.layers.fc(x, size, act="relu")
+        loss = classify(hidden, fluid.optimizer.SGD(learning_rate=0.01))
+        return loss, [("x", [size], "float32", None), LABEL]
+
+    body.__doc__ = f"x[batch, {size}] -> fc {size} (relu) -> fc 10, SGD."
+    return body
+
+
+WORKLOADS = {"mlp": mlp, "emb": emb, "wide4096": wide(4096), "wide8192": wide(8192)}
 
 
 def build(out: str) -> None:

@@ -7,7 +7,9 @@ Fluid 1.8.5, in its own venv (`tools/paddle_env.py`), builds the workloads and s
 main/startup programs (`benchmarks/paddle18_workloads.py`): the MLP 784-512-512-10 with
 Adam, at batch 64 and 512 per trainer (the 512 row runs a quarter of `--steps`), and a
 100k x 64 `is_sparse` embedding (remote prefetch) + fc 64 + fc 10 with SGD, batch 64 per
-trainer. Each workload then trains on those same .pb files, 127.0.0.1 only, free ports:
+trainer, and (issue 30) x[8, S] -> fc S (relu) -> fc 10 with SGD at S = 4096 and 8192 (a 64 MB
+and a 256 MB weight: the step is moving params; a quarter and a tenth of `--steps`). Each
+workload then trains on those same .pb files, 127.0.0.1 only, free ports:
 
 * Paddle: the harness starts 2 pservers and 2 trainers of `paddle18_workloads.py run`
   (`DistributeTranspiler`, `use_program_cache=True`, `PADDLE_SPEED_ENV`) and, once the
@@ -33,6 +35,10 @@ figure's median. A last row trains the MLP locally (no pservers) on both (`--loc
   (`GLOG_vmodule=grpc_server=4`): the sends, gets and prefetches it logged (barriers are
   sends and gets of marker vars; complete notices are left out) within trainer 0's timed
   window, per step.
+
+Under the table, for the big-weight workloads: the MB a step moves per second on each side,
+as a share of one raw Python TCP loopback stream measured right then (`raw_stream`), and
+the CPU per MB moved.
 
 Exits 0 with one line when Paddle 1.8.5 cannot be installed here.
 """
@@ -90,6 +96,7 @@ class Case:
     steps_share: float = 1.0  # of --steps
     local: bool = False
     ours_settings: tuple[tuple[str, str], ...] = ()  # environment of our processes (printed under the table)
+    moved_mb: float = 0.0  # MB a step moves over loopback (grads up, params down, every trainer): rates under the table
 
 
 CASES = (
@@ -98,6 +105,11 @@ CASES = (
     # Its messages are a few kB to 16 kB: gRPC's poller beats its EventEngine there (ops/rpc/engine.py).
     Case("emb", "embedding 100k x 64 sparse + fc 64 + fc 10, SGD, batch 64", "emb", 64,
          ours_settings=(("PSTRANSPILE_GRPC_ENGINE", "poller"),)),
+    # Big dense params (issue 30): the step is moving a 64 MB / 256 MB weight to and from the pservers.
+    Case("wide64", "x[8, 4096] -> fc 4096 -> fc 10, SGD (64 MB weight), batch 4", "wide4096", 4, steps_share=0.25,
+         moved_mb=2 * TRAINERS * 4096 * 4096 * 4 / 2**20),
+    Case("wide256", "x[8, 8192] -> fc 8192 -> fc 10, SGD (256 MB weight), batch 4", "wide8192", 4, steps_share=0.1,
+         moved_mb=2 * TRAINERS * 8192 * 8192 * 4 / 2**20),
     Case("local", "local step: the MLP, batch 64, no pservers", "mlp", 64, local=True),
 )
 
@@ -458,9 +470,46 @@ def print_table(results: list[tuple[Case, Measurement, Measurement]], args: argp
     print()
     print("CPU: all 4 processes (1 when local), user + system. Local row: ms per step, ratio ours/Paddle in time. "
           "Other load: cores the rest of the machine kept busy during the runs (Paddle's / ours).")
+    moving = [(case, paddle, ours) for case, paddle, ours in results if case.moved_mb]
+    if moving:
+        rate, core_ms = raw_stream()
+        print(f"One raw Python TCP loopback stream (sendall of a memoryview, recv_into a kept buffer), measured now: "
+              f"{rate:,.0f} MB/s at {core_ms:.2f} core-ms/MB.")
+        for case, paddle, ours in moving:
+            cells = [f"{who} {m.steps_per_s * case.moved_mb:,.0f} MB/s ({m.steps_per_s * case.moved_mb / rate:.0%} of it), "
+                     f"{m.cpu_ms / case.moved_mb:.2f} core-ms/MB" for who, m in (("Paddle", paddle), ("ours", ours))]
+            print(f"{case.label}: {case.moved_mb:,.0f} MB moved per step: " + "; ".join(cells) + ".")
     for case, _, _ in results:
         if case.ours_settings:
             print(f"{case.label}: ours with " + " ".join(f"{k}={v}" for k, v in case.ours_settings) + ".")
+
+
+def raw_stream(total_mb: int = 2048, chunk_mb: int = 32) -> tuple[float, float]:
+    """(MB/s, core-ms per MB of both ends) of one TCP loopback stream in Python: the
+    ceiling a transport over one connection can reach on this machine right now."""
+    chunk = np.ones(chunk_mb << 20, np.uint8)
+    with socket.create_server((HOST, 0)) as server:
+        port = server.getsockname()[1]
+
+        def receive() -> None:
+            connection, _ = server.accept()
+            with connection:
+                buffer, got = memoryview(bytearray(chunk_mb << 20)), 0
+                while got < total_mb << 20:
+                    n = connection.recv_into(buffer)
+                    if not n:
+                        break
+                    got += n
+
+        receiver = threading.Thread(target=receive)
+        receiver.start()
+        cpu, start = time.process_time(), time.perf_counter()
+        with socket.create_connection((HOST, port)) as sender:
+            for _ in range(total_mb // chunk_mb):
+                sender.sendall(memoryview(chunk))
+            receiver.join()
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return total_mb / seconds, cpu * 1000 / total_mb
 
 
 # ------------------------------------------------------------------ main

@@ -11,8 +11,17 @@ unmap paths, by `perf`). With the mmap threshold at 64 MB and the trim threshold
 64, 2 × 2 sync, went from 47–57 to 65–74 steps/s and from 30–35 to 24–27 CPU ms/step (the
 pservers' share 12–15 → 8–9 ms); the embedding from 114–164 to 165–208 steps/s.
 
+Big params (issue 30) needed more: a 256 MB weight's blocks (128 MB per pserver) were over
+that 64 MB mmap threshold, and a thread's own malloc arena cannot hold a chunk bigger than
+its 64 MB heaps at all, so every such buffer was mapped fresh and zeroed every step (45–50%
+of all CPU in page faults). So the mmap threshold is 1 GB, the trim threshold 2 GB, and a
+process of a program with a param of `BIG_PARAM` bytes or more uses ONE arena (`bound_arenas`,
+`arenas_for`; `Session` applies it before the process starts a thread), the main one,
+whose heap grows with `brk` to any size: x[8, 8192] -> fc 8192 -> fc 10, 2 × 2
+sync, went from 3.8 to 1.3–1.5 CPU s/step (Fluid 1.8.5: 1.0) (`benchmarks/vs_paddle18.py`, `wide256`).
+
 The cost: a process's resident memory stays near its peak instead of shrinking between
-steps (at most the trim threshold per heap above what it uses). `mallopt` applies it from
+steps (at most the trim threshold above what it uses; the peak itself is unchanged). `mallopt` applies it from
 inside the process at any time, so it holds wherever the runtime runs (`launch`, Ray
 actors, `serve`, a script started by hand): `RpcClient` and `PServer` call `keep_freed_memory`.
 It does nothing where the user tuned malloc themselves (`MALLOC_MMAP_THRESHOLD_`,
@@ -32,10 +41,12 @@ from ops.rpc.env_choice import EnvChoiceError, env_choice
 
 MALLOC_ENV = "PSTRANSPILE_MALLOC"
 CHOICES = ("keep", "default")
-MMAP_THRESHOLD = 64 << 20  # bytes: allocations below come from the heap, so their pages are reused
-TRIM_THRESHOLD = 128 << 20  # bytes free at a heap's top before glibc returns them to the kernel
+MMAP_THRESHOLD = 1 << 30  # bytes: allocations below come from the heap, so their pages are reused
+TRIM_THRESHOLD = (2 << 30) - 1  # bytes free at a heap's top before glibc returns them (mallopt takes an int)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8  # mallopt's parameter numbers (malloc.h)
 PSERVER_ARENAS = 2  # malloc arenas a pserver process uses (`bound_arenas`)
+BIG_ARENAS = 1  # ... in a process of a program with a big param: the main one, whose heap has no size cap
+BIG_PARAM = 32 << 20  # bytes: a param this big makes its program's processes use `BIG_ARENAS`
 USER_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX")
 
 _lock = threading.Lock()
@@ -69,13 +80,26 @@ def keep_freed_memory(environ: Mapping[str, str] | None = None) -> bool:
         return _applied
 
 
+def arenas_for(largest_param: int) -> int | None:
+    """The arenas a process of a program whose largest param is `largest_param` bytes should
+    use: `BIG_ARENAS` from `BIG_PARAM` up, else None (the process's own default: a
+    pserver's `PSERVER_ARENAS`, a trainer's glibc default). One arena costs small messages
+    some steps/s where gRPC's threads allocate at once (measured on the MLP and the
+    embedding of `benchmarks/vs_paddle18.py`), so only big params pay it."""
+    return BIG_ARENAS if largest_param >= BIG_PARAM else None
+
+
 def bound_arenas(environ: Mapping[str, str] | None = None, count: int = PSERVER_ARENAS) -> bool:
-    """At most `count` malloc arenas in this process, once; whether it is bound. A pserver
-    answers on ~50 gRPC threads, and glibc gives threads arenas of their own (up to 8 per
-    core), each keeping the pages it freed: under a stream of requests of every size (the
-    RPC fuzz, tests/test_rpc_fuzz.py) the pserver's resident memory crept on, 279 → 346 MB
-    over 4 × 1500 messages, where with 2 arenas it stays at 155–162 MB. Same opt-outs as
-    `keep_freed_memory` (`MALLOC_ARENA_MAX` set by the user included)."""
+    """At most `count` malloc arenas in this process, once; whether it is bound. Called
+    before the process starts its RPC threads (an arena, once a thread's, stays its). A
+    pserver answers on ~50 gRPC threads, and glibc gives threads arenas of their own (up to
+    8 per core), each keeping the pages it freed: under a stream of requests of every size
+    (the RPC fuzz, tests/test_rpc_fuzz.py) the pserver's resident memory crept on, 279 → 346
+    MB over 4 × 1500 messages, where with 2 arenas it stays at 155–162 MB. And a thread's
+    own arena lives in heaps of at most 64 MB: a bigger chunk is always mapped fresh (and
+    zeroed) and unmapped when freed, every step for a big param's grad or reply; the one
+    main arena takes any size from its heap. Same opt-outs as `keep_freed_memory`
+    (`MALLOC_ARENA_MAX` set by the user included)."""
     global _arenas
     choice = malloc_choice(environ)
     with _lock:
@@ -102,4 +126,4 @@ def _mallopt() -> bool:
     return _mallopt_one(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and _mallopt_one(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
-__all__ = ["CHOICES", "MALLOC_ENV", "PSERVER_ARENAS", "MallocChoiceError", "bound_arenas", "keep_freed_memory", "malloc_choice", "user_tuned"]
+__all__ = ["BIG_ARENAS", "BIG_PARAM", "CHOICES", "MALLOC_ENV", "PSERVER_ARENAS", "arenas_for", "MallocChoiceError", "bound_arenas", "keep_freed_memory", "malloc_choice", "user_tuned"]

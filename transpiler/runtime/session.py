@@ -70,6 +70,7 @@ from ops.rpc.checkpoint import (
 from ops.rpc import own_dirs
 from ops.rpc.client import RpcClient  # importing ops.rpc registers the RPC kernels
 from ops.rpc.fetch import pull, write_vars
+from ops.rpc.malloc import arenas_for, bound_arenas, keep_freed_memory
 from ops.rpc.serve import serve_program
 from ops.scope import Scope
 from ops.tensor import LoDTensor
@@ -83,6 +84,22 @@ from transpiler.runtime.role import CHECKPOINT_DIR_ENV, CHECKPOINT_EVERY_ENV, PA
 
 FAILURE_NOTICE_DEADLINE = 5.0  # seconds to tell the pservers a trainer failed
 USAGE_EVERY = 0.5  # seconds between a pserver's CPU reports
+
+
+def largest_param(program: Program) -> int:
+    """Bytes of the program's largest persistable var of known shape and dtype (0: none)."""
+    largest = 0
+    for block in program.blocks:
+        for var in block.vars.values():
+            if var.persistable and var.dtype is not None and var.shape and min(var.shape) > 0:
+                try:
+                    size = var.dtype.itemsize
+                except KeyError:  # a dtype without a fixed size (none of a param's)
+                    continue
+                for dim in var.shape:
+                    size *= dim
+                largest = max(largest, size)
+    return largest
 
 
 class Session:
@@ -108,6 +125,14 @@ class Session:
         **transpile_options: Any,
     ) -> None:
         self.role = role if role is not None else Role.from_env()
+        if self.role.is_distributed:
+            # Before this process starts a thread (a pserver's usage reports, the RPC threads):
+            # a thread that got an arena of its own keeps it, and such an arena maps a big
+            # param's buffers fresh every step (ops.rpc.malloc).
+            keep_freed_memory()
+            arenas = arenas_for(largest_param(main))
+            if arenas is not None:
+                bound_arenas(count=arenas)
         self.main, self.startup = main, startup
         self.sync_mode = self.role.sync_mode if sync_mode is None else bool(sync_mode)
         self.out = out
