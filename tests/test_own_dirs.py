@@ -223,9 +223,11 @@ def test_over_grpc_a_pserver_refuses_var_calls_until_trainer_0_agrees_its_restor
 
     from ops.rpc.checkpoint import Checkpointer, VarSlice, part_root
     from ops.rpc.errors import RpcError
-    from ops.rpc.own_dirs import PartRestorer, agree_restore, save
+    from ops.rpc.own_dirs import PartRestorer, agree_restore, agreed_restore, save
+    from ops.rpc.tensor_file import encode_tensor
     from ops.scope import Scope
     from ops.tensor import LoDTensor
+    from proto import rpc_pb2
     from rpc_support import running_pserver
 
     template = tmp_path / "disk{pserver}"
@@ -246,17 +248,26 @@ def test_over_grpc_a_pserver_refuses_var_calls_until_trainer_0_agrees_its_restor
         zero, one = ps.client(0), ps.client(1)
         with pytest.raises(RpcError, match="FAILED_PRECONDITION.*waiting for trainer 0 to agree"):
             zero.get(ps.address, "w")
-        learned: list[int] = []
-        waiter = threading.Thread(target=lambda: learned.append(agree_restore(one, [ps.address])))
+        learned: list[tuple[int, dict[str, bytes]]] = []
+        waiter = threading.Thread(target=lambda: learned.append(agreed_restore(one, [ps.address])))
         waiter.start()
         deadline = time.monotonic() + 10  # trainer 1's wait is in: a second one of trainer 1 is refused at once
         while not restorer._waiting and time.monotonic() < deadline:  # noqa: SLF001
             time.sleep(0.01)
         with pytest.raises(RpcError, match="RESOURCE_EXHAUSTED.*trainer 1 already waits"):
             agree_restore(ps.client(1), [ps.address])
-        assert agree_restore(zero, [ps.address]) == 2
+        bad = rpc_pb2.CheckpointMessage(trainer_id=0, dir="ckpt-2", json=(folder / "MANIFEST.json").read_text(),
+                                        trainer_state={"../w": b"x"})
+        with pytest.raises(RpcError, match="INVALID_ARGUMENT.*not a var's file name"):  # refused, no waiter fails
+            zero.checkpoint_call("CheckpointRestore", [ps.address], bad)
+        # trainer 0's own state (its own dir's trainer0/) goes with its restore to the waiting trainers
+        state = {"bn.w_1": encode_tensor(np.arange(3.0)), "bn%2Fw_2": encode_tensor(np.ones(2))}
+        (folder / "trainer0").mkdir()
+        for name, data in state.items():
+            (folder / "trainer0" / name).write_bytes(data)
+        assert agreed_restore(zero, [ps.address], job_dir=tmp_path / "diskjob") == (2, state)
         waiter.join(20)
-        assert learned == [2]
+        assert learned == [(2, state)]
         assert zero.get(ps.address, "w").array.tolist() == [[2.5] * 3] * 2
 
 

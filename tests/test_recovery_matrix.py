@@ -87,6 +87,39 @@ def test_per_pserver_dirs_recover_reshard_and_fetch_bit_identical(tmp_path):
         assert fetched.shape == value.shape and fetched.tobytes() == value.tobytes(), name
 
 
+def test_per_pserver_dirs_restore_trainer_0s_moving_stats_bit_identical(tmp_path):
+    """A `{pserver}` template restores trainer 0's own state (batch norm's moving mean and
+    variance, which no pserver holds) as a shared dir does: trainer 0 reads it from its own
+    job dir at the agreed step and relays it through the pservers to the other trainers.
+    The small ResNet killed (trainer 1) and restored ends with trainer 0's moving stats,
+    params and every pserver var bit-identical to an uninterrupted run; trainer 1 restarts
+    from trainer 0's stats of the restored checkpoint."""
+    from ops.rpc.tensor_file import read_tensor
+
+    fixture = BY_NAME["resnet_small_momentum_3ps_sync"]
+    reference = run_job(fixture, tmp_path / "reference", STEPS, EVERY, float64=True)
+    assert reference.ok, log_of(reference, tmp_path / "reference")
+    template = tmp_path / "disk{pserver}" / "ckpt"
+    killed = run_job(fixture, tmp_path / "killed", STEPS, EVERY, "--chaos", f"{KILL_AT}:trainer:1",
+                     "--pid-dir", str(tmp_path / "pids"), float64=True, max_restarts=1, checkpoint_dir=template)
+    assert killed.ok and len(killed.restarts) == 1, log_of(killed, tmp_path / "killed")
+    params = trainer_finals(tmp_path / "reference")
+    _, want = final_state(tmp_path / "reference" / "ckpt")
+    moving = sorted(set(params) - set(want))  # the params no pserver holds: the batch norms' moving stats
+    assert len(moving) >= 2 and all(n.startswith("batch_norm") for n in moving), moving
+    got = trainer_finals(tmp_path / "killed")
+    assert not differing(params, got), differing(params, got)
+    startup = np.load(tmp_path / "reference" / "params" / "trainer_0.npz")
+    assert all(params[n].tobytes() != startup[f"init/{n}"].tobytes() for n in moving)  # the stats moved
+    assert not differing(want, final_state(template)[1])
+    restored = next(line.split(", from checkpoint ", 1)[1].split()[0] for line in
+                    (tmp_path / "killed" / "launch.txt").read_text().splitlines() if ", from checkpoint " in line)
+    relayed = np.load(tmp_path / "killed" / "params" / "trainer_1.npz")
+    state = tmp_path / "diskjob" / "ckpt" / restored / "trainer0"
+    for name in moving:
+        assert relayed[f"init/{name}"].tobytes() == read_tensor(state / name).tobytes(), name
+
+
 def test_an_async_checkpoint_records_each_pservers_updates_and_restores(tmp_path):
     """Async mode: no step is common to the pservers; each part is its pserver's state
     between whole updates, and the manifest records how many grads each had applied."""
