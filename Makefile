@@ -15,8 +15,11 @@ $(VENV)/.installed: pyproject.toml setup.py ops/kernels/_fused.c
 	$(PY) -m pip install --quiet -e '.[dev,examples,ray]'
 	touch $@
 
+# The suite on TEST_WORKERS pytest-xdist workers (a file's tests stay on one worker, so its
+# module fixtures run once); TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The main job, end to end on a program Paddle itself built.
 demo: install

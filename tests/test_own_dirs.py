@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from isolation_support import available, prefix
-from recovery_support import BY_NAME, differing, final_state, log_of, run_job, trainer_finals
+from recovery_support import BY_NAME, differing, final_state, log_of, reference_run, run_job, trainer_finals
 
 REPO = Path(__file__).resolve().parents[1]
 WHY_NOT = available()
@@ -49,10 +49,9 @@ def assert_isolated(out: Path, template: Path, processes: int) -> None:
 
 @needs_unshare
 @pytest.mark.parametrize(("case", "victim"), [("mlp_adam_2ps", "pserver:1"), ("ctr_v1_dist_sgd_2ps", "pserver:0")])
-def test_isolated_pservers_checkpoint_and_recover_from_a_kill_bit_identical(tmp_path, case, victim):
+def test_isolated_pservers_checkpoint_and_recover_from_a_kill_bit_identical(tmp_path, tmp_path_factory, case, victim):
     fixture = BY_NAME[case]
-    reference = run_job(fixture, tmp_path / "reference", STEPS, EVERY, float64=True)
-    assert reference.ok, log_of(reference, tmp_path / "reference")
+    reference = reference_run(tmp_path_factory, fixture, STEPS, EVERY, float64=True)
     template = tmp_path / "disk{pserver}" / "ckpt"
     out = tmp_path / "killed"
     killed = run_job(fixture, out, STEPS, EVERY, "--chaos", f"3:{victim}", "--pid-dir", str(tmp_path / "pids"),
@@ -66,23 +65,22 @@ def test_isolated_pservers_checkpoint_and_recover_from_a_kill_bit_identical(tmp_
         own = tmp_path / f"disk{i}" / "ckpt" / "ckpt-6"
         assert (own / f"ps{i}" / "PART.json").is_file() and (own / "MANIFEST.json").is_file()
         assert sorted(p.name for p in own.iterdir()) == ["MANIFEST.json", f"ps{i}"]  # no other part in a pserver's dir
-    step, want = final_state(tmp_path / "reference" / "ckpt")
+    step, want = final_state(reference / "ckpt")
     again, got = final_state(template)  # read here, by a process that sees every dir (the job manifest's locations)
     assert step == again == STEPS and want
     assert not differing(want, got), differing(want, got)
     assert {a.dtype.name for a in want.values() if a.dtype.kind == "f"} == {"float64"}
-    assert not differing(trainer_finals(tmp_path / "reference"), trainer_finals(out))
+    assert not differing(trainer_finals(reference), trainer_finals(out))
 
 
 @needs_unshare
-def test_a_restore_by_hand_agrees_the_step_after_trainer_0_died_between_two_commits(tmp_path):
+def test_a_restore_by_hand_agrees_the_step_after_trainer_0_died_between_two_commits(tmp_path, tmp_path_factory):
     """Trainer 0 died after pserver 0 kept ckpt-4's manifest copy and before pserver 1 did
     (and before its own job manifest): the pservers alone know ckpt-4 is complete. A job
     started by hand with `--restore` the template agrees ckpt-4 over RPC (pserver 1 then
     keeps the copy too) and ends bit-identical to an uninterrupted run."""
     fixture = BY_NAME["mlp_adam_2ps"]
-    reference = run_job(fixture, tmp_path / "reference", STEPS, EVERY, float64=True)
-    assert reference.ok, log_of(reference, tmp_path / "reference")
+    reference = reference_run(tmp_path_factory, fixture, STEPS, EVERY, float64=True)
     template = tmp_path / "disk{pserver}" / "ckpt"
     wrap = isolated(template, 2)
     first = run_job(fixture, tmp_path / "first", 4, EVERY, float64=True, checkpoint_dir=template, wrap=wrap)
@@ -98,10 +96,10 @@ def test_a_restore_by_hand_agrees_the_step_after_trainer_0_died_between_two_comm
         assert "from ckpt-4 in its own dir" in (tmp_path / "resumed" / "logs" / f"pserver.{i}.log").read_text()
     copies = [json.loads((tmp_path / f"disk{i}" / "ckpt" / "ckpt-4" / "MANIFEST.json").read_text()) for i in range(2)]
     assert copies[0] == copies[1] and copies[0]["step"] == 4
-    step, want = final_state(tmp_path / "reference" / "ckpt")
+    step, want = final_state(reference / "ckpt")
     again, got = final_state(template)
     assert step == again == STEPS and not differing(want, got), differing(want, got)
-    assert not differing(trainer_finals(tmp_path / "reference"), trainer_finals(tmp_path / "resumed"))
+    assert not differing(trainer_finals(reference), trainer_finals(tmp_path / "resumed"))
     # The isolation is real: in pserver 0's view its own dir's copy of the manifest names
     # pserver 1's part, which is hidden from it, so a fetch fails; this process, seeing every
     # dir, fetches the same checkpoint.
