@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,26 +30,9 @@ sys.path.insert(0, str(REPO))
 from ops.rpc.auth import TOKEN_KEY  # noqa: E402
 from ops.rpc.service import CHANNEL_OPTIONS, METHODS  # noqa: E402
 from proto import rpc_pb2  # noqa: E402
+from tools.local_procs import free_ports, rss_mb  # noqa: E402
 
 CASE = REPO / "tests" / "fixtures" / "paddle_programs" / "ctr_v1_dist_sgd_2ps"
-
-
-def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def call(channel: grpc.Channel, method: str, request, token: str, timeout: float):

@@ -51,7 +51,6 @@ import os
 import platform
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -67,6 +66,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tools.local_procs import free_endpoints  # noqa: E402 - not launch's: the harness uses only our CLI
 from tools.paddle_env import PADDLE_SPEED_ENV, PaddleUnavailable, ensure, remove_port_file  # noqa: E402
 
 WORKLOADS = ROOT / "benchmarks" / "paddle18_workloads.py"
@@ -221,19 +221,6 @@ def spent(series: list[tuple[float, int]], start: float, end: float, what: str) 
     if times[0] > start:
         raise RunFailed(f"{what} was not sampled from the start of the timed window")
     return float(np.interp(end, times, ticks) - np.interp(start, times, ticks)) / CLOCK_TICKS
-
-
-def free_endpoints(count: int) -> list[str]:
-    """`count` distinct free ports on 127.0.0.1 (all held open together so they differ). Not
-    `transpiler.launch`'s: the harness reaches our runtime only through its CLI."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind((HOST, 0))
-        return [f"{HOST}:{sock.getsockname()[1]}" for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -2,11 +2,12 @@
 tests (tests/test_control_flow.py runs it with Paddle 2.6.2's venv; the product never
 imports Paddle):
 
-    python paddle_run_steps.py MAIN.pb STARTUP.pb IN.npz OUT.npz LOSS STEPS
+    python paddle_run_steps.py MAIN.pb STARTUP.pb IN.npz OUT.npz LOSS STEPS [MAIN.pb ... STEPS]...
 
 IN.npz holds `param/<name>` (values set after the startup program ran) and
 `step<k>/<feed name>` (the feeds of step k); OUT.npz gets `loss/<k>` and `param/<name>`
-(the params after the last step)."""
+(the params after the last step). Several runs (six arguments each) share one process:
+Paddle takes seconds to import."""
 
 from __future__ import annotations
 
@@ -19,7 +20,13 @@ import paddle
 
 
 def main(argv: list[str]) -> None:
-    main_pb, startup_pb, inputs, output, loss, steps = argv
+    if not argv or len(argv) % 6:
+        raise SystemExit("usage: paddle_run_steps.py (MAIN.pb STARTUP.pb IN.npz OUT.npz LOSS STEPS)...")
+    for start in range(0, len(argv), 6):
+        run(*argv[start:start + 6])
+
+
+def run(main_pb: str, startup_pb: str, inputs: str, output: str, loss: str, steps: str) -> None:
     paddle.enable_static()
     main_program = paddle.static.Program.parse_from_string(open(main_pb, "rb").read())
     startup = paddle.static.Program.parse_from_string(open(startup_pb, "rb").read())

@@ -89,6 +89,23 @@ def run_job(fixture: Recoverable, out: Path, steps: int, every: int, *extra: str
         return launch(config, out=text)
 
 
+_REFERENCES: dict[tuple[str, int, int, bool], Path] = {}
+
+
+def reference_run(tmp_path_factory, fixture: Recoverable, steps: int, every: int, *, float64: bool = False) -> Path:
+    """The folder of an uninterrupted `run_job` of the fixture (its `ckpt/` and `params/`),
+    run once per test session (per xdist worker) and shared by every test that compares
+    with it: a job is deterministic, so the same arguments give the same bits. Read it,
+    never write into it."""
+    key = (fixture.case, steps, every, float64)
+    if key not in _REFERENCES:
+        out = tmp_path_factory.mktemp(f"reference-{fixture.case}-{steps}-{every}-{'f64' if float64 else 'f32'}")
+        result = run_job(fixture, out, steps, every, float64=float64)
+        assert result.ok, log_of(result, out)
+        _REFERENCES[key] = out
+    return _REFERENCES[key]
+
+
 def final_state(checkpoint_dir: Path) -> tuple[int, dict[str, np.ndarray]]:
     """(step, every whole var) of the newest complete checkpoint: params, optimizer
     accumulators, learning rates and counters, the distributed table (dense by id)."""

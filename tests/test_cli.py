@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -41,13 +42,15 @@ def assert_one_error(code: int, out: str, err: str, *fragments: str) -> None:
 
 
 @pytest.fixture
-def broken_pb(tmp_path):
-    """The basic fixture with op 3 reading a var nobody declares."""
+def broken_pb(tmp_path, monkeypatch):
+    """The basic fixture with op 3 reading a var nobody declares, as a path relative to the
+    test's folder (the current dir): the error lines that name it must not depend on how
+    long the temp path is (a pytest-xdist worker's is longer, and lines are cut at 200)."""
     program = Program.load(BASIC)
     program.global_block().ops[3].set_input("Y", "ghost")
-    path = tmp_path / "broken.pb"
-    program.save(path)
-    return path
+    program.save(tmp_path / "broken.pb")
+    monkeypatch.chdir(tmp_path)
+    return Path("broken.pb")
 
 
 # ------------------------------------------------------------------- basics

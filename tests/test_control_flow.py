@@ -86,35 +86,47 @@ def run_ours(main: Program, startup: Program, loss: str, steps: int):
     return initial, feeds, losses, {n: np.array(scope.find_var(n).array) for n in names}
 
 
-def run_paddle(tmp_path, main: Program, startup: Program, loss: str, initial, feeds) -> dict[str, np.ndarray]:
+# (case, steps) each run by ours and by Paddle 2.6: one Paddle process for all (it takes seconds to import)
+AGAINST_PADDLE = {"cond_sgd_2ps": 6, "switch_case_sgd_3ps": 6, "while_loop_sgd_3ps": 6, "while_array_sgd_2ps": 6,
+                  "lstm_sgd_2ps": 6, "cond_in_while_sgd_2ps": 1}
+
+
+@pytest.fixture(scope="module")
+def against_paddle(tmp_path_factory) -> dict[str, tuple]:
+    """case -> (initial params, feeds, our losses, our final params, Paddle's out.npz) of
+    `AGAINST_PADDLE`'s float64 runs from the same params and feeds."""
     python = installed("2.6.2")
     if python is None:
         pytest.skip("Paddle 2.6.2's venv is not on this machine (python tools/paddle_env.py 2.6.2 makes it)")
-    main.save(tmp_path / "main.pb")
-    startup.save(tmp_path / "startup.pb")
-    given = {f"param/{n}": v for n, v in initial.items()}
-    for k, feed in enumerate(feeds):
-        given.update({f"step{k}/{n}": np.asarray(v.array if isinstance(v, LoDTensor) else v) for n, v in feed.items()})
-    np.savez(tmp_path / "in.npz", **given)
-    done = subprocess.run(
-        [str(python), str(TESTS / "paddle_run_steps.py"), str(tmp_path / "main.pb"), str(tmp_path / "startup.pb"),
-         str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), loss, str(len(feeds))],
-        capture_output=True, text=True, timeout=300, check=False, env={**os.environ, **ONE_THREAD},
-    )
+    tmp = tmp_path_factory.mktemp("paddle_steps")
+    ours, args = {}, []
+    for case, steps in AGAINST_PADDLE.items():
+        main, startup, info = load(case)
+        main, startup = as_float64(main), as_float64(startup)
+        initial, feeds, losses, final = run_ours(main, startup, info["loss"], steps)
+        ours[case] = (initial, feeds, losses, final)
+        main.save(tmp / f"{case}.main.pb")
+        startup.save(tmp / f"{case}.startup.pb")
+        given = {f"param/{n}": v for n, v in initial.items()}
+        for k, feed in enumerate(feeds):
+            given.update({f"step{k}/{n}": np.asarray(v.array if isinstance(v, LoDTensor) else v) for n, v in feed.items()})
+        np.savez(tmp / f"{case}.in.npz", **given)
+        args += [str(tmp / f"{case}.main.pb"), str(tmp / f"{case}.startup.pb"), str(tmp / f"{case}.in.npz"),
+                 str(tmp / f"{case}.out.npz"), info["loss"], str(steps)]
+    done = subprocess.run([str(python), str(TESTS / "paddle_run_steps.py"), *args], capture_output=True, text=True,
+                          timeout=600, check=False, env={**os.environ, **ONE_THREAD})
     assert done.returncode == 0, done.stderr[-3000:]
-    return dict(np.load(tmp_path / "out.npz"))
+    return {case: (*ours[case], dict(np.load(tmp / f"{case}.out.npz"))) for case in AGAINST_PADDLE}
 
 
 @pytest.mark.parametrize("case", ["cond_sgd_2ps", "switch_case_sgd_3ps", "while_loop_sgd_3ps", "while_array_sgd_2ps",
                                   "lstm_sgd_2ps"])
-def test_training_steps_match_paddle_2_6(case, tmp_path):
+def test_training_steps_match_paddle_2_6(case, against_paddle):
     """Paddle's own executor on the same float64 programs, params and feeds: the loss of
     each of 6 steps and the params after them agree to 1e-10 (both branches of the cond
     and of the switch run within them)."""
-    main, startup, info = load(case)
-    main, startup = as_float64(main), as_float64(startup)
-    initial, feeds, losses, final = run_ours(main, startup, info["loss"], 6)
-    theirs = run_paddle(tmp_path, main, startup, info["loss"], initial, feeds)
+    _, _, losses, final, theirs = against_paddle[case]
+    assert len(losses) == 6
     np.testing.assert_allclose(losses, [float(theirs[f"loss/{k}"].reshape(-1)[0]) for k in range(6)], rtol=1e-10)
     for name, value in final.items():
         if name in FUSED_BUFFERS:
@@ -128,7 +140,7 @@ def test_training_steps_match_paddle_2_6(case, tmp_path):
 FUSED_BUFFERS = {"lstm_0.w_0"}
 
 
-def test_cond_in_while_forward_matches_paddle_and_its_grads_are_right_where_paddle_loses_them(tmp_path):
+def test_cond_in_while_forward_matches_paddle_and_its_grads_are_right_where_paddle_loses_them(against_paddle):
     """A cond inside a while_loop: the forward (the first step's loss) is Paddle's; the
     grads are not. A grad op of the branch writes the loop var's grad into the step scope
     (the var belongs to an enclosing block), and Paddle's `conditional_block_grad` copies
@@ -136,10 +148,7 @@ def test_cond_in_while_forward_matches_paddle_and_its_grads_are_right_where_padd
     the loop var's grad is zero in Paddle, so `first_w` (used in step 0 only) gets no
     grad at all and Paddle never moves it. We look the grad up through the scopes and get
     what finite differences give (`test_grads_match_finite_differences`)."""
-    main, startup, info = load("cond_in_while_sgd_2ps")
-    main, startup = as_float64(main), as_float64(startup)
-    initial, feeds, losses, final = run_ours(main, startup, info["loss"], 1)
-    theirs = run_paddle(tmp_path, main, startup, info["loss"], initial, feeds)
+    initial, _, losses, final, theirs = against_paddle["cond_in_while_sgd_2ps"]
     np.testing.assert_allclose(losses[0], float(theirs["loss/0"].reshape(-1)[0]), rtol=1e-12)
     assert np.array_equal(theirs["param/first_w"], initial["first_w"])  # Paddle: no grad reached it
     assert np.abs(final["first_w"] - initial["first_w"]).max() > 1e-6

@@ -3,13 +3,14 @@ random step) and restarted from its last complete checkpoint ends with parameter
 bit-identical to an uninterrupted run of the same steps.
 
 The MLP (Adam, params sliced over the pservers), 2 pservers x 2 trainers, 12 steps,
-a checkpoint every 2 steps (`examples/train_program.py --checkpoint-every 2`). Each
-cycle draws (seeded, so a failure repeats) the victim (a pserver, then a trainer, in turn)
-and the step K; trainer 0 SIGKILLs
-it after K steps, before step K+1 (`--kill-at-step`, 0-based), `launch` stops the rest of the job, and the
-job restarts with `--restore` (from scratch when no checkpoint was complete yet). Every
-other pair of cycles restarts onto 3 pservers: the checkpoint is cut by the new plan. Cycles
-repeat within a time budget (at least two, at most six); `pytest -s` prints each.
+a checkpoint every 2 steps (`examples/train_program.py --checkpoint-every 2`). Two
+cycles: a pserver, then a trainer, is the victim, at a step K drawn (seeded, so a
+failure repeats); trainer 0 SIGKILLs it after K steps, before step K+1 (`--kill-at-step`,
+0-based), `launch` stops the rest of the job, and the job restarts with `--restore` (from
+scratch when no checkpoint was complete yet): the first cycle onto 3 pservers (the
+checkpoint is cut by the new plan), the second onto 2. `pytest -s` prints each. The
+Paddle-built fixtures' kill/restore proofs (tables, every optimizer, float32 and float64,
+`launch --max-restarts`) are `tests/test_recovery_matrix.py`'s.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ops.rpc.tensor_file import read_tensor
 from transpiler.runtime.launch import LaunchConfig, launch
 
 STEPS, EVERY, BATCH = 12, 2, 16
-BUDGET, MIN_CYCLES, MAX_CYCLES = 25.0, 2, 6  # seconds of cycles; the bounds of the loop
+CYCLES = 2  # a pserver killed and the job restored onto 3 pservers; a trainer killed, restored onto 2
 sys.path.insert(0, str(EXAMPLES))
 
 
@@ -52,8 +53,8 @@ def test_a_job_killed_at_random_steps_and_restored_ends_bit_identical(tmp_path):
         assert np.array_equal(read_tensor(tmp_path / "pulled" / name), value), name
 
     rng = np.random.default_rng(14)
-    started, cycles, kills = time.monotonic(), 0, []
-    while cycles < MAX_CYCLES and (cycles < MIN_CYCLES or time.monotonic() - started < BUDGET):
+    started = time.monotonic()
+    for cycles in range(CYCLES):
         run = tmp_path / f"cycle{cycles}"
         victim = f"{('pserver', 'trainer')[cycles % 2]}:{int(rng.integers(2))}"  # the roles alternate
         step = int(rng.integers(1, STEPS))
@@ -70,7 +71,7 @@ def test_a_job_killed_at_random_steps_and_restored_ends_bit_identical(tmp_path):
         latest = find_latest(run / "ckpt", missing_ok=True)
         resumed = int(read_manifest(latest)["step"]) if latest is not None else 0
         assert resumed == step // EVERY * EVERY, (step, resumed)  # `step` steps ran: the last checkpoint of those
-        pservers = 3 if cycles // 2 % 2 else 2
+        pservers = 3 if cycles % 2 == 0 else 2
         restore = ("--restore", str(run / "ckpt")) if latest is not None else ()
         launch_ok(run / "restored", command(main_pb, startup_pb, run / "restored" / "params", *checkpoints, *restore),
                   pservers=pservers, trainers=2, sync_mode=True, timeout=60.0)
@@ -80,11 +81,9 @@ def test_a_job_killed_at_random_steps_and_restored_ends_bit_identical(tmp_path):
             assert final[name].dtype == value.dtype and np.array_equal(final[name], value), (
                 f"cycle {cycles}: {victim} killed before step {step}, restored at {resumed} onto {pservers} "
                 f"pservers: {name} differs by {np.abs(final[name] - value).max():.3g}")
-        kills.append((victim, step, resumed, pservers))
         print(f"cycle {cycles}: kill -9 {victim} before step {step}; restored from step {resumed} onto "
               f"{pservers} pservers; {len(reference)} params bit-identical")
-        cycles += 1
-    print(f"{cycles} cycles in {time.monotonic() - started:.1f} s, every one bit-identical")
+    print(f"{CYCLES} cycles in {time.monotonic() - started:.1f} s, every one bit-identical")
 
 
 def test_a_warm_start_begins_from_the_given_values_cut_by_the_plan(tmp_path):

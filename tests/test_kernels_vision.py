@@ -1,7 +1,7 @@
 """The vision kernels (ops/kernels/vision.py) against Paddle 2.6's own CPU kernels.
 
 Each case runs one op with its attrs and the grad op(s) our catalogue's grad maker builds,
-on random inputs and a random upstream grad, here and in Paddle 2.6 (tools/paddle_op_reference.py,
+on random inputs and a random upstream grad, here and in Paddle 2.6 (tools/paddle_run_ops.py,
 one subprocess for every case: Paddle's own op desc, CPU kernel, grad maker and grad kernel),
 and compares every forward output, the state an op updates (batch_norm's moving mean and
 variance) and every input grad. float64 cases must agree to 1e-10 (rounding only), the
@@ -221,7 +221,7 @@ def paddle_results(tmp_path_factory) -> dict[str, np.ndarray]:
     (tmp / "cases.json").write_text(json.dumps(specs))
     np.savez(tmp / "inputs.npz", **arrays)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOG_minloglevel": "2"}
-    done = subprocess.run([str(python), str(REPO / "tools" / "paddle_op_reference.py"), str(tmp / "cases.json"),
+    done = subprocess.run([str(python), str(REPO / "tools" / "paddle_run_ops.py"), str(tmp / "cases.json"),
                            str(tmp / "inputs.npz"), str(tmp / "out.npz")], env=env, capture_output=True, text=True,
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-4000:]

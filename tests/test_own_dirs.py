@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from isolation_support import available, prefix
-from recovery_support import BY_NAME, differing, final_state, log_of, run_job, trainer_finals
+from recovery_support import BY_NAME, differing, final_state, log_of, reference_run, run_job, trainer_finals
 
 REPO = Path(__file__).resolve().parents[1]
 WHY_NOT = available()
@@ -49,10 +49,9 @@ def assert_isolated(out: Path, template: Path, processes: int) -> None:
 
 @needs_unshare
 @pytest.mark.parametrize(("case", "victim"), [("mlp_adam_2ps", "pserver:1"), ("ctr_v1_dist_sgd_2ps", "pserver:0")])
-def test_isolated_pservers_checkpoint_and_recover_from_a_kill_bit_identical(tmp_path, case, victim):
+def test_isolated_pservers_checkpoint_and_recover_from_a_kill_bit_identical(tmp_path, tmp_path_factory, case, victim):
     fixture = BY_NAME[case]
-    reference = run_job(fixture, tmp_path / "reference", STEPS, EVERY, float64=True)
-    assert reference.ok, log_of(reference, tmp_path / "reference")
+    reference = reference_run(tmp_path_factory, fixture, STEPS, EVERY, float64=True)
     template = tmp_path / "disk{pserver}" / "ckpt"
     out = tmp_path / "killed"
     killed = run_job(fixture, out, STEPS, EVERY, "--chaos", f"3:{victim}", "--pid-dir", str(tmp_path / "pids"),
@@ -66,23 +65,22 @@ def test_isolated_pservers_checkpoint_and_recover_from_a_kill_bit_identical(tmp_
         own = tmp_path / f"disk{i}" / "ckpt" / "ckpt-6"
         assert (own / f"ps{i}" / "PART.json").is_file() and (own / "MANIFEST.json").is_file()
         assert sorted(p.name for p in own.iterdir()) == ["MANIFEST.json", f"ps{i}"]  # no other part in a pserver's dir
-    step, want = final_state(tmp_path / "reference" / "ckpt")
+    step, want = final_state(reference / "ckpt")
     again, got = final_state(template)  # read here, by a process that sees every dir (the job manifest's locations)
     assert step == again == STEPS and want
     assert not differing(want, got), differing(want, got)
     assert {a.dtype.name for a in want.values() if a.dtype.kind == "f"} == {"float64"}
-    assert not differing(trainer_finals(tmp_path / "reference"), trainer_finals(out))
+    assert not differing(trainer_finals(reference), trainer_finals(out))
 
 
 @needs_unshare
-def test_a_restore_by_hand_agrees_the_step_after_trainer_0_died_between_two_commits(tmp_path):
+def test_a_restore_by_hand_agrees_the_step_after_trainer_0_died_between_two_commits(tmp_path, tmp_path_factory):
     """Trainer 0 died after pserver 0 kept ckpt-4's manifest copy and before pserver 1 did
     (and before its own job manifest): the pservers alone know ckpt-4 is complete. A job
     started by hand with `--restore` the template agrees ckpt-4 over RPC (pserver 1 then
     keeps the copy too) and ends bit-identical to an uninterrupted run."""
     fixture = BY_NAME["mlp_adam_2ps"]
-    reference = run_job(fixture, tmp_path / "reference", STEPS, EVERY, float64=True)
-    assert reference.ok, log_of(reference, tmp_path / "reference")
+    reference = reference_run(tmp_path_factory, fixture, STEPS, EVERY, float64=True)
     template = tmp_path / "disk{pserver}" / "ckpt"
     wrap = isolated(template, 2)
     first = run_job(fixture, tmp_path / "first", 4, EVERY, float64=True, checkpoint_dir=template, wrap=wrap)
@@ -98,10 +96,10 @@ def test_a_restore_by_hand_agrees_the_step_after_trainer_0_died_between_two_comm
         assert "from ckpt-4 in its own dir" in (tmp_path / "resumed" / "logs" / f"pserver.{i}.log").read_text()
     copies = [json.loads((tmp_path / f"disk{i}" / "ckpt" / "ckpt-4" / "MANIFEST.json").read_text()) for i in range(2)]
     assert copies[0] == copies[1] and copies[0]["step"] == 4
-    step, want = final_state(tmp_path / "reference" / "ckpt")
+    step, want = final_state(reference / "ckpt")
     again, got = final_state(template)
     assert step == again == STEPS and not differing(want, got), differing(want, got)
-    assert not differing(trainer_finals(tmp_path / "reference"), trainer_finals(tmp_path / "resumed"))
+    assert not differing(trainer_finals(reference), trainer_finals(tmp_path / "resumed"))
     # The isolation is real: in pserver 0's view its own dir's copy of the manifest names
     # pserver 1's part, which is hidden from it, so a fetch fails; this process, seeing every
     # dir, fetches the same checkpoint.
@@ -223,9 +221,11 @@ def test_over_grpc_a_pserver_refuses_var_calls_until_trainer_0_agrees_its_restor
 
     from ops.rpc.checkpoint import Checkpointer, VarSlice, part_root
     from ops.rpc.errors import RpcError
-    from ops.rpc.own_dirs import PartRestorer, agree_restore, save
+    from ops.rpc.own_dirs import PartRestorer, agree_restore, agreed_restore, save
+    from ops.rpc.tensor_file import encode_tensor
     from ops.scope import Scope
     from ops.tensor import LoDTensor
+    from proto import rpc_pb2
     from rpc_support import running_pserver
 
     template = tmp_path / "disk{pserver}"
@@ -246,17 +246,26 @@ def test_over_grpc_a_pserver_refuses_var_calls_until_trainer_0_agrees_its_restor
         zero, one = ps.client(0), ps.client(1)
         with pytest.raises(RpcError, match="FAILED_PRECONDITION.*waiting for trainer 0 to agree"):
             zero.get(ps.address, "w")
-        learned: list[int] = []
-        waiter = threading.Thread(target=lambda: learned.append(agree_restore(one, [ps.address])))
+        learned: list[tuple[int, dict[str, bytes]]] = []
+        waiter = threading.Thread(target=lambda: learned.append(agreed_restore(one, [ps.address])))
         waiter.start()
         deadline = time.monotonic() + 10  # trainer 1's wait is in: a second one of trainer 1 is refused at once
         while not restorer._waiting and time.monotonic() < deadline:  # noqa: SLF001
             time.sleep(0.01)
         with pytest.raises(RpcError, match="RESOURCE_EXHAUSTED.*trainer 1 already waits"):
             agree_restore(ps.client(1), [ps.address])
-        assert agree_restore(zero, [ps.address]) == 2
+        bad = rpc_pb2.CheckpointMessage(trainer_id=0, dir="ckpt-2", json=(folder / "MANIFEST.json").read_text(),
+                                        trainer_state={"../w": b"x"})
+        with pytest.raises(RpcError, match="INVALID_ARGUMENT.*not a var's file name"):  # refused, no waiter fails
+            zero.checkpoint_call("CheckpointRestore", [ps.address], bad)
+        # trainer 0's own state (its own dir's trainer0/) goes with its restore to the waiting trainers
+        state = {"bn.w_1": encode_tensor(np.arange(3.0)), "bn%2Fw_2": encode_tensor(np.ones(2))}
+        (folder / "trainer0").mkdir()
+        for name, data in state.items():
+            (folder / "trainer0" / name).write_bytes(data)
+        assert agreed_restore(zero, [ps.address], job_dir=tmp_path / "diskjob") == (2, state)
         waiter.join(20)
-        assert learned == [2]
+        assert learned == [(2, state)]
         assert zero.get(ps.address, "w").array.tolist() == [[2.5] * 3] * 2
 
 

@@ -30,6 +30,7 @@ from recovery_support import (
     final_state,
     landed_mid_checkpoint,
     log_of,
+    reference_run,
     restart_origins,
     run_job,
 )
@@ -37,7 +38,7 @@ from recovery_support import (
 STEPS, EVERY = 6, 2
 
 
-def test_seeded_kills_of_pservers_and_trainers_recover_bit_identical(tmp_path):
+def test_seeded_kills_of_pservers_and_trainers_recover_bit_identical(tmp_path, tmp_path_factory):
     runs = int(os.environ.get("PSTRANSPILE_CHAOS_RUNS", "2"))
     own_dirs = os.environ.get("PSTRANSPILE_CHAOS_OWN_DIRS") == "1"
     if own_dirs and (why := available()) is not None:
@@ -48,10 +49,8 @@ def test_seeded_kills_of_pservers_and_trainers_recover_bit_identical(tmp_path):
     for i in range(runs):
         fixture = BY_NAME[CHAOS_FIXTURES[i % len(CHAOS_FIXTURES)]]
         if fixture.case not in references:
-            out = tmp_path / f"reference-{fixture.case}"
-            reference = run_job(fixture, out, STEPS, EVERY, float64=True)
-            assert reference.ok, log_of(reference, out)
-            references[fixture.case] = final_state(out / "ckpt")[1]
+            references[fixture.case] = final_state(reference_run(tmp_path_factory, fixture, STEPS, EVERY, float64=True)
+                                                   / "ckpt")[1]
         kills = draw_kills(rng, fixture, STEPS, EVERY)
         out = tmp_path / f"run{i}"
         args = ("--chaos", ",".join(kills), "--pid-dir", str(out / "pids"))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from recovery_support import BY_NAME, RECOVERABLE, differing, final_state, log_of, run_job, trainer_finals
+from recovery_support import BY_NAME, RECOVERABLE, differing, final_state, log_of, reference_run, run_job, trainer_finals
 
 STEPS, EVERY, KILL_AT = 6, 2, 3
 # float64 everywhere (the chaos test's dtype); float32 on the Paddle 2.6 programs (0-d
@@ -33,10 +33,9 @@ def victim(case: str) -> str:
 
 
 @pytest.mark.parametrize(("case", "float64"), CASES, ids=[f"{c}-{'f64' if f else 'f32'}" for c, f in CASES])
-def test_a_killed_job_restored_from_its_checkpoint_is_bit_identical(tmp_path, case, float64):
+def test_a_killed_job_restored_from_its_checkpoint_is_bit_identical(tmp_path, tmp_path_factory, case, float64):
     fixture = BY_NAME[case]
-    reference = run_job(fixture, tmp_path / "reference", STEPS, EVERY, float64=float64)
-    assert reference.ok, log_of(reference, tmp_path / "reference")
+    reference = reference_run(tmp_path_factory, fixture, STEPS, EVERY, float64=float64)
     who = victim(case)
     killed = run_job(fixture, tmp_path / "killed", STEPS, EVERY, "--chaos", f"{KILL_AT}:{who}",
                      "--pid-dir", str(tmp_path / "pids"), float64=float64, max_restarts=1)
@@ -46,16 +45,16 @@ def test_a_killed_job_restored_from_its_checkpoint_is_bit_identical(tmp_path, ca
     origins = ("from checkpoint ckpt-2",) + (("from checkpoint ckpt-4",) if who == "trainer:1" else ())
     text = (tmp_path / "killed" / "launch.txt").read_text()
     assert "SIGKILL" in killed.restarts[0] and any(origin in text for origin in origins), text
-    step, want = final_state(tmp_path / "reference" / "ckpt")
+    step, want = final_state(reference / "ckpt")
     again, got = final_state(tmp_path / "killed" / "ckpt")
     assert step == again == STEPS and want
     assert not differing(want, got), f"{case}: kill -9 {who} before step {KILL_AT}: {differing(want, got)} differ"
     assert {a.dtype.name for a in want.values() if a.dtype.kind == "f"} == {"float64" if float64 else "float32"}
-    params = trainer_finals(tmp_path / "reference")
+    params = trainer_finals(reference)
     assert params and not differing(params, trainer_finals(tmp_path / "killed"))
 
 
-def test_per_pserver_dirs_recover_reshard_and_fetch_bit_identical(tmp_path):
+def test_per_pserver_dirs_recover_reshard_and_fetch_bit_identical(tmp_path, tmp_path_factory):
     """`--checkpoint-dir 'disk{pserver}/ckpt'`: each pserver writes its part to its own
     dir, trainer 0 the job manifest to `diskjob/ckpt`. A kill -9 and a restart from
     there, a restore of an earlier checkpoint onto 3 pservers (reshard from parts in two
@@ -64,9 +63,7 @@ def test_per_pserver_dirs_recover_reshard_and_fetch_bit_identical(tmp_path):
     from ops.rpc.tensor_file import read_tensor
 
     fixture = BY_NAME["mlp_adam_2ps"]
-    reference = run_job(fixture, tmp_path / "reference", STEPS, EVERY, float64=True)
-    assert reference.ok, log_of(reference, tmp_path / "reference")
-    _, want = final_state(tmp_path / "reference" / "ckpt")
+    _, want = final_state(reference_run(tmp_path_factory, fixture, STEPS, EVERY, float64=True) / "ckpt")
     template = tmp_path / "disk{pserver}" / "ckpt"
     killed = run_job(fixture, tmp_path / "killed", STEPS, EVERY, "--chaos", f"{KILL_AT}:pserver:0",
                      "--pid-dir", str(tmp_path / "pids"), float64=True, max_restarts=1, checkpoint_dir=template)
@@ -85,6 +82,38 @@ def test_per_pserver_dirs_recover_reshard_and_fetch_bit_identical(tmp_path):
     for name, value in want.items():
         fetched = read_tensor(tmp_path / "fetched" / name)
         assert fetched.shape == value.shape and fetched.tobytes() == value.tobytes(), name
+
+
+def test_per_pserver_dirs_restore_trainer_0s_moving_stats_bit_identical(tmp_path, tmp_path_factory):
+    """A `{pserver}` template restores trainer 0's own state (batch norm's moving mean and
+    variance, which no pserver holds) as a shared dir does: trainer 0 reads it from its own
+    job dir at the agreed step and relays it through the pservers to the other trainers.
+    The small ResNet killed (trainer 1) and restored ends with trainer 0's moving stats,
+    params and every pserver var bit-identical to an uninterrupted run; trainer 1 restarts
+    from trainer 0's stats of the restored checkpoint."""
+    from ops.rpc.tensor_file import read_tensor
+
+    fixture = BY_NAME["resnet_small_momentum_3ps_sync"]
+    reference = reference_run(tmp_path_factory, fixture, STEPS, EVERY, float64=True)
+    template = tmp_path / "disk{pserver}" / "ckpt"
+    killed = run_job(fixture, tmp_path / "killed", STEPS, EVERY, "--chaos", f"{KILL_AT}:trainer:1",
+                     "--pid-dir", str(tmp_path / "pids"), float64=True, max_restarts=1, checkpoint_dir=template)
+    assert killed.ok and len(killed.restarts) == 1, log_of(killed, tmp_path / "killed")
+    params = trainer_finals(reference)
+    _, want = final_state(reference / "ckpt")
+    moving = sorted(set(params) - set(want))  # the params no pserver holds: the batch norms' moving stats
+    assert len(moving) >= 2 and all(n.startswith("batch_norm") for n in moving), moving
+    got = trainer_finals(tmp_path / "killed")
+    assert not differing(params, got), differing(params, got)
+    startup = np.load(reference / "params" / "trainer_0.npz")
+    assert all(params[n].tobytes() != startup[f"init/{n}"].tobytes() for n in moving)  # the stats moved
+    assert not differing(want, final_state(template)[1])
+    restored = next(line.split(", from checkpoint ", 1)[1].split()[0] for line in
+                    (tmp_path / "killed" / "launch.txt").read_text().splitlines() if ", from checkpoint " in line)
+    relayed = np.load(tmp_path / "killed" / "params" / "trainer_1.npz")
+    state = tmp_path / "diskjob" / "ckpt" / restored / "trainer0"
+    for name in moving:
+        assert relayed[f"init/{name}"].tobytes() == read_tensor(state / name).tobytes(), name
 
 
 def test_an_async_checkpoint_records_each_pservers_updates_and_restores(tmp_path):

@@ -30,7 +30,6 @@ import math
 import os
 import random
 import secrets
-import socket
 import subprocess
 import sys
 import threading
@@ -47,6 +46,7 @@ from ops.rpc.auth import TOKEN_KEY
 from ops.rpc.service import CHANNEL_OPTIONS, METHODS
 from ops.rpc.wire import decode_batch, decode_var
 from proto import rpc_pb2
+from tools.local_procs import free_ports, rss_mb
 
 REPO = Path(__file__).resolve().parents[1]
 CASE = REPO / "tests" / "fixtures" / "paddle_programs" / "ctr_v1_dist_sgd_2ps"
@@ -64,24 +64,6 @@ TABLE, TABLE_GRAD, IDS_VAR = "emb", "emb@GRAD.trainer_{}.pserver_0", "prefetch_c
 ALL_NAMES = (*PARAMS, TABLE, *(f"{g}.trainer_{t}" for g in DENSE_GRADS for t in (0, 1)), "ctr_fc.b@GRAD",
              "emb@GRAD", TABLE_GRAD.format(0), TABLE_GRAD.format(1), IDS_VAR, "prefetch_compress_out_tmp_0",
              "kLookupTablePath")
-
-
-def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 # ------------------------------------------------------------------ messages

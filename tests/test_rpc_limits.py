@@ -62,7 +62,7 @@ def test_the_limits_come_from_the_program():
 def test_issue_23_a_fetch_naming_one_var_two_million_times_is_refused_at_once_and_stalls_no_one():
     """The issue's reproducer: trainer 0 names `b` 2,097,152 times (21 MB, under the message
     floor). It is refused from its size, unparsed, in well under a second; trainer 1's
-    gets meanwhile answer within a second each."""
+    gets meanwhile answer within a second each (bounded at 5 s: the stall took 44-70 s)."""
     with running_pserver(fanin=2, scope=params_scope(), **program_config()) as ps:
         with grpc.insecure_channel(ps.address, options=list(CHANNEL_OPTIONS)) as channel:
             get = stub(channel, "GetVariable")
@@ -86,7 +86,10 @@ def test_issue_23_a_fetch_naming_one_var_two_million_times_is_refused_at_once_an
             thread.join(30)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert f"a FetchBatch request of {len(big)} bytes; the limit is" in info.value.details()
-        assert took < 2.0 and slowest[0] < 1.0
+        # before the limits: answered after 70.7 s, trainer 1's slowest get 44 s (docs/request-limits.md);
+        # refused here in 0.2-0.7 s. The bound leaves room for a loaded machine (this process builds and
+        # sends the 21 MB request while trainer 1's thread waits for the GIL), not for a stall.
+        assert took < 5.0 and slowest[0] < 5.0, (took, slowest[0])
 
 
 def test_a_fetch_naming_a_var_twice_is_refused_and_counts_no_barrier():

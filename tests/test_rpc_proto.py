@@ -22,7 +22,10 @@ def _normalise(fd: descriptor_pb2.FileDescriptorProto) -> descriptor_pb2.FileDes
     source info): the comparison is of what goes on the wire."""
     fd = descriptor_pb2.FileDescriptorProto.FromString(fd.SerializeToString())
     fd.ClearField("source_code_info")
-    for message in fd.message_type:
+    messages = list(fd.message_type)
+    while messages:  # nested types too (a map field's entry)
+        message = messages.pop()
+        messages.extend(message.nested_type)
         for field in message.field:
             field.ClearField("json_name")
     return fd

@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import paddle_env  # noqa: E402
+from local_procs import free_ports  # noqa: E402
 
 PADDLE_SIDE = ROOT / "tools" / "interop_paddle" / "paddle_side.py"
 FIXTURES = ROOT / "tests" / "fixtures" / "paddle_programs"
@@ -81,19 +81,6 @@ def log(message: str) -> None:
 
 class CaseFailed(Exception):
     pass
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def paddle_env_vars() -> dict[str, str]:

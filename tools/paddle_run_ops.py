@@ -1,14 +1,26 @@
-"""Run single ops (and hand-wired grad ops) on Paddle's own CPU kernels: the reference the
-kernel conformance tests compare ours against (tests/test_kernels_transformer.py).
+"""Run ops on Paddle 2.6's own CPU kernels: the reference the kernel conformance tests
+compare ours against (tests/test_kernels_vision.py, tests/test_kernels_transformer.py).
 
     $(python3 tools/paddle_env.py 2.6.2) tools/paddle_run_ops.py CASES.json ARRAYS.npz OUT.npz
 
-CASES.json is a list of cases `{"id", "ops": [{"type", "inputs", "outputs", "attrs"}],
-"feeds": {name: array key}, "fetch": [names]}`; each case becomes one static program whose
-op descs are built by hand, exactly as given (a grad op is appended as the op its maker
-would emit, with the slots the case wires), run by Paddle's executor on the fed arrays.
-OUT.npz gets `<case id>/<fetched name>` for each fetch; a case Paddle refuses gets
-`<case id>/__error__` (its message) instead. Each case runs in a forked child. Paddle is a test dependency only.
+CASES.json is a list of cases of two kinds; one process runs them all (Paddle takes ~1 s to
+import). Paddle is a test dependency only: never imported by the product.
+
+* `{"id", "op": "conv2d", "inputs": {"Input": ["x"], ...}, "outputs": {"Output": ["y"], ...},
+  "attrs": {...}, "state": ["mean", ...], "grads": ["x", "w"], "targets": ["y"], "fetch": ["y", ...]}`:
+  ARRAYS.npz holds `<id>/<name>` for every input var and `<id>/<target>@GRAD` for each
+  target's upstream grad. The inputs are data vars (`state` ones are persistable vars set in
+  the scope, for ops that update them in place, such as batch_norm's Mean/MeanOut), one
+  `append_op` with the attrs as given (Paddle's own op desc and CPU kernel), then
+  `paddle.static.gradients(targets, grads, target_gradients)` (Paddle's own grad makers and
+  grad kernels). OUT.npz gets `<id>/<name>` of every output (or of the `fetch` names), every
+  `state` var after the run, and `<id>/<name>@GRAD` of every `grads` var. A case Paddle
+  refuses stops the tool (exit status not 0).
+* `{"id", "ops": [{"type", "inputs", "outputs", "attrs"}], "feeds": {name: array key},
+  "fetch": [names]}`: op descs built by hand, exactly as given (a grad op is appended as the
+  op its maker would emit, with the slots the case wires), run by Paddle's executor on the
+  fed arrays, each case in a forked child. OUT.npz gets `<id>/<fetched name>` for each
+  fetch; a case Paddle refuses gets `<id>/__error__` (its message) instead.
 """
 
 from __future__ import annotations
@@ -59,6 +71,7 @@ def _set_attr(desc, name: str, value, declared: dict[str, int]) -> None:
 
 
 def run_case(case: dict, arrays) -> dict[str, np.ndarray]:
+    """A `"ops"` case: its op descs as given, run by Paddle's executor."""
     main, startup = paddle.static.Program(), paddle.static.Program()
     block = main.global_block()
     feed = {name: arrays[key] for name, key in case["feeds"].items()}
@@ -121,6 +134,57 @@ def run_isolated(case: dict, arrays, scratch: str) -> dict[str, np.ndarray]:
     return out
 
 
+def run_with_grads(case: dict, arrays: dict[str, np.ndarray], out: dict[str, np.ndarray]) -> None:
+    """A `"op"` case: one `append_op`, then Paddle's own grad makers (`paddle.static.gradients`)."""
+    cid = case["id"]
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    scope = paddle.static.Scope()
+    place = paddle.CPUPlace()
+    state = set(case.get("state", ()))
+    with paddle.static.program_guard(main, startup), paddle.static.scope_guard(scope):
+        block = main.global_block()
+        feed, variables = {}, {}
+        for names in case["inputs"].values():
+            for name in names:
+                value = arrays[f"{cid}/{name}"]
+                if name in state:
+                    var = block.create_var(name=name, shape=value.shape, dtype=str(value.dtype), persistable=True)
+                    scope.var(name).get_tensor().set(value, place)
+                else:
+                    var = paddle.static.data(name, list(value.shape), str(value.dtype))
+                    var.stop_gradient = name not in case["grads"]
+                    feed[name] = value
+                variables[name] = var
+        outputs = {}
+        for slot, names in case["outputs"].items():
+            outputs[slot] = []
+            for name in names:
+                if name not in variables:
+                    variables[name] = block.create_var(name=name, dtype=next(iter(feed.values())).dtype.name)
+                outputs[slot].append(variables[name])
+        block.append_op(type=case["op"], inputs={s: [variables[n] for n in ns] for s, ns in case["inputs"].items()},
+                        outputs=outputs, attrs=case["attrs"])
+        fetch = case.get("fetch") or [n for ns in case["outputs"].values() for n in ns]
+        grads = []
+        if case["grads"]:
+            targets = [variables[n] for n in case["targets"]]
+            upstream = []
+            for name in case["targets"]:
+                value = arrays[f"{cid}/{name}@GRAD"]
+                upstream.append(paddle.static.data(f"{name}@UPSTREAM", list(value.shape), str(value.dtype)))
+                feed[f"{name}@UPSTREAM"] = value
+            grads = paddle.static.gradients(targets, [variables[n] for n in case["grads"]], upstream)
+        exe = paddle.static.Executor(place)
+        values = exe.run(main, feed=feed, fetch_list=[variables[n] for n in fetch] + list(grads), return_numpy=True)
+        for name, value in zip(fetch + [f"{n}@GRAD" for n in case["grads"]], values):
+            value = np.asarray(value)
+            if value.dtype == object:
+                raise SystemExit(f"{cid}: Paddle gave no value for {name}")
+            out[f"{cid}/{name}"] = value
+        for name in state:
+            out[f"{cid}/{name}"] = np.array(scope.find_var(name).get_tensor())
+
+
 def main(argv: list[str]) -> None:
     cases_path, arrays_path, out_path = argv
     paddle.enable_static()
@@ -129,7 +193,10 @@ def main(argv: list[str]) -> None:
         arrays = {k: saved[k] for k in saved.files}
     out: dict[str, np.ndarray] = {}
     for case in cases:
-        out.update(run_isolated(case, arrays, out_path))
+        if "op" in case:
+            run_with_grads(case, arrays, out)
+        else:
+            out.update(run_isolated(case, arrays, out_path))
     np.savez(out_path, **out)
 
 

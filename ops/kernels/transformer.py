@@ -280,15 +280,23 @@ def dropout_grad(ctx: OpContext) -> None:
 
 # --------------------------------------------------------------------------- gelu
 
-try:  # scipy's erf is vectorised C; math.erf per element is ~40x slower (same values to 1 ulp)
-    from scipy.special import erf as _erf
+_ERF: list = []  # (erf, is_ufunc), found at the first gelu: importing scipy.special costs every process ~0.4 s
 
-    _ERF_UFUNC = True
-except ImportError:  # pragma: no cover - scipy comes with the examples' scikit-learn
-    import math
 
-    _erf = np.vectorize(math.erf, otypes=[np.float64])
-    _ERF_UFUNC = False
+def _erf_function() -> tuple:
+    """scipy's erf (vectorised C) when scipy is installed; else math.erf per element (~40x
+    slower, the same values to 1 ulp)."""
+    if not _ERF:
+        try:
+            from scipy.special import erf  # noqa: PLC0415 - lazy: only programs with gelu need it
+
+            _ERF.append((erf, True))
+        except ImportError:  # pragma: no cover - scipy comes with the examples' scikit-learn
+            import math  # noqa: PLC0415
+
+            _ERF.append((np.vectorize(math.erf, otypes=[np.float64]), False))
+    return _ERF[0]
+
 
 _SQRT1_2 = 0.70710678118654752440
 _2_SQRTPI = 1.12837916709551257390
@@ -297,8 +305,9 @@ _GELU_C = 0.044715
 
 def _gelu_erf(x: np.ndarray) -> np.ndarray:
     """erf(x / sqrt 2) as a new array of X's dtype."""
+    erf, ufunc = _erf_function()
     scaled = x * x.dtype.type(_SQRT1_2)
-    return np.asarray(_erf(scaled, out=scaled) if _ERF_UFUNC else _erf(scaled), dtype=x.dtype)
+    return np.asarray(erf(scaled, out=scaled) if ufunc else erf(scaled), dtype=x.dtype)
 
 
 @register("gelu")

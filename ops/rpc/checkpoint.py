@@ -1028,15 +1028,39 @@ def warm_start(scope: Scope, layout: Mapping[str, VarSlice], folder: Path, parts
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"warm start: {folder} is not a folder of LoDTensor files")
-    loaded = []
-    for name, where in layout.items():
-        path = folder / _file_name(where.origin)
+
+    def read(origin: str) -> tuple[bytes, str] | None:
+        path = folder / _file_name(origin)
         if not path.is_file():
-            continue
+            return None
         try:
-            read = decode_tensor(path.read_bytes(), str(path)).array
+            return path.read_bytes(), str(path)
         except OSError as exc:
             raise CheckpointError(f"warm start: cannot read {path}: {exc.strerror}") from None
+
+    return _warm_start(scope, layout, read, parts, index)
+
+
+def warm_start_files(scope: Scope, layout: Mapping[str, VarSlice], files: Mapping[str, bytes], where: str) -> list[str]:
+    """`warm_start` from LoDTensor files' bytes by file name (trainer 0's state relayed over
+    RPC from a `{pserver}` template's restore, `ops.rpc.own_dirs`); `where` names their origin
+    in errors. Returns what was set."""
+
+    def read(origin: str) -> tuple[bytes, str] | None:
+        data = files.get(_file_name(origin))
+        return None if data is None else (data, f"{where}: {origin}")
+
+    return _warm_start(scope, layout, read, 1, 0)
+
+
+def _warm_start(scope: Scope, layout: Mapping[str, VarSlice], read_file: Any, parts: int, index: int) -> list[str]:
+    loaded = []
+    for name, where in layout.items():
+        found = read_file(where.origin)
+        if found is None:
+            continue
+        data, path = found
+        read = decode_tensor(data, path).array
         whole = conform_scalar(read, where.whole_shape)  # Fluid 1.8 wrote scalars [1], Paddle 2.x 0-d
         if whole is None:
             raise CheckpointError(f"warm start: {path} has shape {list(read.shape)}, {where.origin}'s is {list(where.whole_shape)}")
@@ -1084,5 +1108,6 @@ __all__ = [
     "step_of",
     "validate_manifest",
     "warm_start",
+    "warm_start_files",
     "write_job_manifest",
 ]

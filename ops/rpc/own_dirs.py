@@ -29,6 +29,13 @@ serves with every var RPC refused (`FAILED_PRECONDITION`) until trainer 0 agrees
    same plan), then opens. The other trainers send `CheckpointRestore` without a step:
    it waits for trainer 0's and answers the step, their `Session.steps`.
 
+Trainer 0's own state (the params no pserver holds: batch norm's moving stats) is in its
+own dir (`<job dir>/ckpt-<s>/trainer0/`, written before the pservers complete the
+checkpoint). Trainer 0 reads it back at the agreed step and sends it with its
+`CheckpointRestore` (`trainer_state`, LoDTensor file bytes by var); each pserver keeps it
+in memory and answers it to the other trainers' waiting calls, so every trainer restarts
+those params from trainer 0's, as from a shared dir's `trainer0/`.
+
 A checkpoint "of this plan" is one whose part has exactly this pserver's vars (names,
 rows, tables) among as many parts: not the plan's fingerprint, which holds the endpoints a
 restarted job changes. No step held everywhere: a launcher's restart
@@ -50,6 +57,7 @@ import grpc
 from ops.rpc.checkpoint import (
     MANIFEST,
     PART,
+    TRAINER_STATE,
     CheckpointError,
     CheckpointPathError,
     CheckpointReader,
@@ -104,6 +112,7 @@ class PartRestorer:
         self.part, self.parts, self.layout, self.plan_text = part, parts, layout, plan_text
         self.step: int | None = None  # restored at (0: started from scratch); None: not yet
         self.reason: str | None = None  # a restore that failed
+        self.trainer_state: dict[str, bytes] = {}  # trainer 0's own state at the step, for the other trainers
         self._cond = threading.Condition()
         self._waiting: set[int] = set()  # trainers with a CheckpointRestore waiting: one each
 
@@ -122,9 +131,11 @@ class PartRestorer:
         except OSError as exc:
             raise CheckpointError(f"{folder}: no {MANIFEST} here ({exc.strerror})") from None
 
-    def restore(self, scope: Scope, name: str, manifest: Mapping[str, Any] | str | None, commit: Any) -> int:
+    def restore(self, scope: Scope, name: str, manifest: Mapping[str, Any] | str | None, commit: Any,
+                trainer_state: Mapping[str, bytes] | None = None) -> int:
         """Restore from checkpoint `name` of this dir (`name` empty: from scratch), once;
-        `commit(name, manifest)` keeps the manifest's copy. The step."""
+        `commit(name, manifest)` keeps the manifest's copy; `trainer_state` (trainer 0's own
+        state at that step) is kept for the other trainers' waits. The step."""
         with self._cond:
             if self.step is not None:
                 want = step_of(name) if name else 0
@@ -149,14 +160,15 @@ class PartRestorer:
             except (CheckpointError, OSError, ValueError) as exc:
                 self.reason = str(exc)
                 raise CheckpointError(str(exc)) from None
+            self.trainer_state = dict(trainer_state or {}) if step else {}
             self.step, self.reason = step, None  # (a failed try before, then this one: the waiters learn the step)
             self._cond.notify_all()
             return step
 
     def wait(self, trainer_id: int, seconds: float) -> int | None:
-        """Trainer `trainer_id`'s wait for the agreed restore: the step, None after
-        `seconds`. One wait per trainer at a time (a second is refused at once), so no
-        trainer can park more than one server thread here."""
+        """Trainer `trainer_id`'s wait for the agreed restore: the step (trainer 0's state
+        at it: `trainer_state`), None after `seconds`. One wait per trainer at a time (a
+        second is refused at once), so no trainer can park more than one server thread here."""
         with self._cond:
             if trainer_id in self._waiting:
                 raise RestoreWaitRefused(f"trainer {trainer_id} already waits for the agreed restore")
@@ -257,16 +269,18 @@ class OwnDirRpc:
                     if step is None:
                         context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                                       f"pserver {self.config.endpoint}: trainer 0 agreed no checkpoint to restore in time")
-                    return rpc_pb2.CheckpointMessage(dir=checkpoint_name(step), json=json.dumps({"step": step}))
+                    return rpc_pb2.CheckpointMessage(dir=checkpoint_name(step), json=json.dumps({"step": step}),
+                                                     trainer_state=restorer.trainer_state)
                 name = self._checkpoint_name(request.dir, context, empty_ok=True)
                 manifest = None
                 if name:  # the request itself, checked before the restore is tried (a refused one fails no waiter)
                     try:
                         manifest = _manifest_of(request.json)
                         check_manifest_form(manifest, tuple(f"ps{i}" for i in range(restorer.parts)))
+                        check_state_names(request.trainer_state)
                     except CheckpointError as exc:
                         context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"pserver {self.config.endpoint}: restore {name}: {exc}")
-                step = restorer.restore(self.scope, name, manifest, self._commit_for_restore)
+                step = restorer.restore(self.scope, name, manifest, self._commit_for_restore, request.trainer_state)
                 if step and not self.config.sync_mode and self.config.lr_decay_block >= 0:
                     self._run(self.config.lr_decay_block, "the lr-decay block")  # as after a restore at startup
             except CheckpointError as exc:
@@ -299,6 +313,24 @@ class OwnDirRpc:
         own = Checkpointer(restorer.root, restorer.part, tuple(f"ps{i}" for i in range(restorer.parts)), restorer.layout,
                            restorer.plan_text, keep, shared=False)
         return own.commit(name, manifest)
+
+
+def check_state_names(files: Mapping[str, bytes]) -> None:
+    """Trainer 0's relayed state names LoDTensor files of a checkpoint's `trainer0/`: plain
+    file names (a var's name, `/` and `%` escaped), nothing else."""
+    for name in files:
+        if not name or "/" in name or name in (".", "..") or len(name) > 1024:
+            raise CheckpointError(f"trainer state file name {name[:60]!r} is not a var's file name")
+
+
+def trainer_state_files(job_dir: Path | str, name: str) -> dict[str, bytes]:
+    """Trainer 0: its own state at checkpoint `name` in its own (job) dir, LoDTensor file
+    bytes by file name; empty when that checkpoint holds none (no such params, or a dir
+    that did not survive the restart)."""
+    folder = confine(Path(job_dir), name) / TRAINER_STATE
+    if not folder.is_dir():
+        return {}
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir()) if path.is_file()}
 
 
 def _manifest_of(text: str) -> dict[str, Any]:
@@ -334,33 +366,45 @@ def save(client: Any, endpoints: Sequence[str], template: Path | str, name: str,
 def agree_restore(client: Any, endpoints: Sequence[str], *, if_any: bool = False) -> int:
     """Every trainer, before its startup program: the step the pservers restore (trainer 0
     chooses it and has them restore; the others wait for that). 0: from scratch."""
+    return agreed_restore(client, endpoints, if_any=if_any)[0]
+
+
+def agreed_restore(client: Any, endpoints: Sequence[str], *, if_any: bool = False,
+                   job_dir: Path | str | None = None) -> tuple[int, dict[str, bytes]]:
+    """`agree_restore`, and trainer 0's own state at the step (LoDTensor file bytes by file
+    name): trainer 0 reads it from `job_dir` (its own dir) and sends it with its restore;
+    the other trainers receive it in the pservers' answers."""
     message = rpc_pb2.CheckpointMessage(trainer_id=client.trainer_id)
     if client.trainer_id != 0:
         replies = client.checkpoint_call("CheckpointRestore", endpoints, message)
         steps = {_json_of(r.json, "a restore's answer")["step"] for r in replies}
         if len(steps) != 1:
             raise CheckpointError(f"the pservers restored different steps: {sorted(steps)}")
-        return int(steps.pop())
+        states = [dict(r.trainer_state) for r in replies]
+        if any(state != states[0] for state in states):
+            raise CheckpointError("the pservers answered different trainer 0 states for the agreed step")
+        return int(steps.pop()), states[0] if states else {}
     lists = [_json_of(r.json, f"pserver {ep}'s checkpoints") for ep, r in
              zip(endpoints, client.checkpoint_call("CheckpointList", endpoints, message), strict=True)]
     everywhere = set.intersection(*(set(h["parts"]) for h in lists)) if lists else set()
     committed = {s: ep for ep, h in zip(endpoints, lists, strict=True) for s in h["committed"]}
     agreed = sorted((s for s in committed if s in everywhere), reverse=True)
-    name, text = "", ""
+    name, text, state = "", "", {}
     if agreed:
         name = checkpoint_name(agreed[0])
         text = client.checkpoint_call("CheckpointPart", [committed[agreed[0]]], rpc_pb2.CheckpointMessage(
             trainer_id=client.trainer_id, dir=name, manifest=True))[0].json
+        state = trainer_state_files(job_dir, name) if job_dir is not None else {}
     elif not (if_any and not committed):  # a launcher's restart before any checkpoint completed: from scratch
         held_text = "; ".join(f"{h['part']} at {ep}: manifests {h['committed'] or 'none'}, parts {h['parts'] or 'none'}"
                               for ep, h in zip(endpoints, lists, strict=True))
         raise CheckpointError(f"no checkpoint of this plan is complete in every pserver's own dir ({held_text})")
     replies = client.checkpoint_call("CheckpointRestore", endpoints, rpc_pb2.CheckpointMessage(
-        trainer_id=client.trainer_id, dir=name, json=text))
+        trainer_id=client.trainer_id, dir=name, json=text, trainer_state=state))
     steps = {_json_of(r.json, "a restore's answer")["step"] for r in replies}
     if steps != {agreed[0] if agreed else 0}:
         raise CheckpointError(f"the pservers restored steps {sorted(steps)}, not {name or 'from scratch'}")
-    return int(steps.pop())
+    return int(steps.pop()), state
 
 
 def _json_of(text: str, what: str) -> dict[str, Any]:
@@ -373,4 +417,5 @@ def _json_of(text: str, what: str) -> dict[str, Any]:
     return value
 
 
-__all__ = ["RESTORE_METHODS", "OwnDirRpc", "PartRestorer", "RestoreWaitRefused", "agree_restore", "held", "save"]
+__all__ = ["RESTORE_METHODS", "OwnDirRpc", "PartRestorer", "RestoreWaitRefused", "agree_restore", "agreed_restore",
+           "check_state_names", "held", "save", "trainer_state_files"]

@@ -66,6 +66,7 @@ from ops.rpc.checkpoint import (
     confine,
     local_layout,
     warm_start,
+    warm_start_files,
 )
 from ops.rpc import own_dirs
 from ops.rpc.client import RpcClient  # importing ops.rpc registers the RPC kernels
@@ -174,8 +175,9 @@ class Session:
         self._agreed = self.restore_from is not None and is_template(self.restore_from) and self.role.is_distributed
         self._restored = CheckpointReader(self.restore_from) if self.restore_from is not None and not self._agreed else None
         self.steps = self._restored.step if self._restored is not None else 0
+        self._agreed_state: dict[str, bytes] = {}  # trainer 0's own state at the agreed step (LoDTensor files)
         if self._agreed and self.role.is_trainer:
-            self.steps = self._agree_restore(os.environ.get(RESTORE_IF_ANY_ENV) == "1")
+            self.steps, self._agreed_state = self._agree_restore(os.environ.get(RESTORE_IF_ANY_ENV) == "1")
         self._started_at: float | None = None
         self._finished = False
         metrics = metrics if metrics is not None else (os.environ.get(METRICS_ENV) or None)
@@ -272,6 +274,16 @@ class Session:
             own = self._own_params()
             if own and state.is_dir():
                 warm_start(self.scope, {n: v for n, v in local_layout(self.main).items() if n in own}, state, 1, 0)
+        elif self.role.is_trainer and self._agreed and self.steps:
+            # a `{pserver}` template: trainer 0's state came over RPC with the agreed step (own_dirs)
+            own = self._own_params()
+            if own and self._agreed_state:
+                warm_start_files(self.scope, {n: v for n, v in local_layout(self.main).items() if n in own},
+                                 self._agreed_state, f"trainer 0's state of {checkpoint_name(self.steps)}")
+            elif own:
+                print(f"trainer {self.role.trainer_id}: {checkpoint_name(self.steps)} holds no trainer 0 state in "
+                      f"{job_root(self.restore_from)}: {', '.join(sorted(own))} start from the startup program",
+                      file=sys.stderr, flush=True)
         elif self.role.is_trainer and self.init_from is not None:
             # the pservers warm start the params they hold; each trainer what it keeps itself
             own = self._own_params()
@@ -323,11 +335,14 @@ class Session:
         else:
             self.client.checkpoint_notify(list(self.role.endpoints), name)
 
-    def _agree_restore(self, if_any: bool) -> int:
+    def _agree_restore(self, if_any: bool) -> tuple[int, dict[str, bytes]]:
         """A trainer of a job restored from a `{pserver}` template: the agreed step (trainer 0
-        has the pservers restore it). A failure tells the pservers, so they stop at once."""
+        has the pservers restore it) and trainer 0's own state at it (trainer 0 reads it from
+        its own job dir and sends it; the others receive it). A failure tells the pservers,
+        so they stop at once."""
         try:
-            return own_dirs.agree_restore(self.client, list(self.role.endpoints), if_any=if_any)
+            return own_dirs.agreed_restore(self.client, list(self.role.endpoints), if_any=if_any,
+                                           job_dir=job_root(self.restore_from))
         except BaseException as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             try:
