@@ -51,6 +51,17 @@ def plan_of(case: str, **options):
                      **options).plan
 
 
+
+def exact_and_local(tmp_path, main, startup, info, pservers):
+    """Train `main` on `pservers` pservers x 2 trainers with clip_mode exact, then locally: trainer 0's
+    initial and final params, trainer 1's final params, and local training's final params."""
+    main_pb, startup_pb = save(tmp_path, main, startup)
+    launch_training(tmp_path, main_pb, startup_pb, pservers=pservers, trainers=2, loss=info["loss"],
+                    extra=("--clip-mode", "exact"))
+    init0, final0 = trained_params(tmp_path, 0)
+    _, final1 = trained_params(tmp_path, 1)
+    return init0, final0, final1, train_locally(tmp_path, main_pb, startup_pb, loss=info["loss"])
+
 def test_adamw_lars_and_lamb_slice_their_weight_in_sync_mode():
     for case in NORM_CASES[:-1]:  # not mlp_lars_clip_value_3ps (kept whole, below)
         assert len(plan_of(case).param("fc_0.w_0").blocks) == 3, case
@@ -136,12 +147,7 @@ def test_clip_by_value_on_the_averaged_grad_equals_local_training_in_float64(tmp
     assert len(result.plan.param("fc_0.w_0").blocks) == 3
     pserver_ops = [op.type for main_ps, _ in result.pservers.values() for b in main_ps.blocks for op in b.ops]
     assert pserver_ops.count("clip") == 3 + 3  # fc_0.w_0's three blocks and the three other params
-    main_pb, startup_pb = save(tmp_path, main, startup)
-    launch_training(tmp_path, main_pb, startup_pb, pservers=3, trainers=2, loss=info["loss"],
-                    extra=("--clip-mode", "exact"))
-    init0, final0 = trained_params(tmp_path, 0)
-    _, final1 = trained_params(tmp_path, 1)
-    local = train_locally(tmp_path, main_pb, startup_pb, loss=info["loss"])
+    init0, final0, final1, local = exact_and_local(tmp_path, main, startup, info, pservers=3)
     grads = [f"{name}@GRAD" for name in sorted(local)]
     bites = dict.fromkeys(grads, 0)
     for values in local_values(main, startup, init0, grads):
@@ -156,6 +162,7 @@ def test_clip_by_value_on_the_averaged_grad_equals_local_training_in_float64(tmp
         np.testing.assert_allclose(final0[name], local[name], rtol=1e-9, atol=0, err_msg=name)
     # The control: clipped on each trainer (clip_mode="trainer", Paddle 1.8's way), the same
     # job does not train to local training's params.
+    main_pb, startup_pb = save(tmp_path, main, startup)  # the files exact_and_local trained on
     launch_training(tmp_path / "trainer", main_pb, startup_pb, pservers=3, trainers=2, loss=info["loss"],
                     extra=("--clip-mode", "trainer"))
     _, per_trainer = trained_params(tmp_path / "trainer", 0)
@@ -226,12 +233,7 @@ def test_global_norm_clip_across_pservers_equals_local_training_in_float64(tmp_p
         listen = ps_main.global_block().ops[0]
         first = ps_main.block(int(listen.attr("optimize_blocks")[0]))
         assert "pserver_allreduce_sum" in [op.type for op in first.ops], endpoint  # run first, every round
-    main_pb, startup_pb = save(tmp_path, main, startup)
-    launch_training(tmp_path, main_pb, startup_pb, pservers=3, trainers=2, loss=info["loss"],
-                    extra=("--clip-mode", "exact"))
-    init0, final0 = trained_params(tmp_path, 0)
-    _, final1 = trained_params(tmp_path, 1)
-    local = train_locally(tmp_path, main_pb, startup_pb, loss=info["loss"])
+    init0, final0, final1, local = exact_and_local(tmp_path, main, startup, info, pservers=3)
     costs = exchange_lines(tmp_path)
     print("\n".join(costs))
     assert len(costs) == 3
@@ -284,12 +286,7 @@ def test_fluid18_clip_by_norm_on_the_averaged_grad_equals_local_training_in_floa
     exact = transpile(main, startup, pservers=info["pservers"], trainers=2, clip_mode="exact")
     assert len(exact.plan.param("fc_0.w_0").blocks) == 2
     assert "clip_by_norm" not in [op.type for op in exact.trainer.global_block().ops]
-    main_pb, startup_pb = save(tmp_path, main, startup)
-    launch_training(tmp_path, main_pb, startup_pb, pservers=2, trainers=2, loss=info["loss"],
-                    extra=("--clip-mode", "exact"))
-    init0, final0 = trained_params(tmp_path, 0)
-    _, final1 = trained_params(tmp_path, 1)
-    local = train_locally(tmp_path, main_pb, startup_pb, loss=info["loss"])
+    init0, final0, final1, local = exact_and_local(tmp_path, main, startup, info, pservers=2)
     assert len(exchange_lines(tmp_path)) == 2  # both pservers summed fc_0.w_0's |g|^2, every step
     grads = [f"{name}@GRAD" for name in sorted(local)]
     bites = dict.fromkeys(grads, 0)
@@ -324,12 +321,7 @@ def test_two_global_norm_groups_across_pservers_equal_local_training_in_float64(
     clip_norms = {op.attr("str_value") for ps_main, _ in result.pservers.values() for b in ps_main.blocks
                         for op in b.ops if op.type == "fill_constant" and "@CLIP_NORM" in op.output("Out")[0]}
     assert clip_norms == {"0.005", "0.01"}
-    main_pb, startup_pb = save(tmp_path, main, startup)
-    launch_training(tmp_path, main_pb, startup_pb, pservers=3, trainers=2, loss=info["loss"],
-                    extra=("--clip-mode", "exact"))
-    init0, final0 = trained_params(tmp_path, 0)
-    _, final1 = trained_params(tmp_path, 1)
-    local = train_locally(tmp_path, main_pb, startup_pb, loss=info["loss"])
+    init0, final0, final1, local = exact_and_local(tmp_path, main, startup, info, pservers=3)
     lines = [line for log in sorted((tmp_path / "logs").glob("*")) if log.is_file()
              for line in log.read_text(errors="replace").splitlines() if "cross-pserver sum(s)" in line]
     assert len(lines) == 3 and all(f": {2 * STEPS} cross-pserver sum(s)" in line for line in lines), lines
