@@ -1,15 +1,25 @@
 """`pstranspile calibrate`: measure this machine's rates for the cost model (`transpiler/cost.py`).
 
-- `rpc_us`: the median wall time of a small unary gRPC call over loopback, to a gRPC
-  server in another process built with the pserver's server options (a thread pool), or
-  the server's CPU time per call if that is larger (from /proc: a pserver's load is its
-  CPU);
-- `bandwidth`: bytes per second of 8 MiB requests to that server (wall or server CPU,
-  the larger), the fixed per-call time taken off;
+- `bandwidth`: bytes per second of 8 MiB requests to a gRPC echo server in another process
+  built with the pserver's server options (wall or server CPU, the larger), the fixed
+  per-call time (the echo's median call, or its CPU per call if larger) taken off;
 - `op_us`: µs per element of each optimizer op (and `sum`, `scale`) run by the executor on
   float32 params of 2^20 and 2^16 elements: the slope between the two sizes, so the
   fixed cost of running an op is not counted per element (the best of `repeat` runs);
-- `row_us`: µs per row of an `sgd` with a SelectedRows grad (rows of width 1).
+- `row_us`: µs per row of an `sgd` with a SelectedRows grad (rows of width 1);
+- against a real pserver (`measure_pserver`: the CTR example's `local-table` program,
+  `[100000, 64]` fp32 + Adagrad, 1 pserver x 1 trainer, async, served by `serve_program`
+  in a child process; every figure is the child's CPU per call, from /proc: a pserver's
+  load is its CPU): `block_us` = a `send` of a small dense grad less a `get` of a `[1]`
+  var (running one optimize block); `var_us` = a `SendBatch` of 8 such grads less one
+  send, per extra var, less `block_us`; `rpc_us` = the `get` less `var_us`; `id_us` = the
+  CPU per row of a sparse grad as a trainer sends it (a row per lookup, ids repeating;
+  the slope between 512 and 8192 rows), measured on tables 64 and 16 floats wide and
+  extrapolated to width 0 (the per-row part), less an id's 8 bytes and `row_us`; the
+  slope per float between the two widths replaces the echo's `bandwidth` (a pserver
+  taking a grad's bytes is slower than an echo);
+  `copy_us` = the rest of the 512-row update beyond a small send (Adagrad copying its
+  whole param and moment, `2·100000·64` elements), per element.
 
 Well under a minute on a 2-core VM. The figures go to a JSON file (`Rates.to_json`) that
 `plan --rates` and `PlanPartitioner(rates=load_rates(path))` read.
@@ -24,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from transpiler.cost import DEFAULT_OP_US, Rates
+from transpiler.cost import DEFAULT_OP_US, ID_BYTES, Rates
 
 _SERVER = r"""
 import sys
@@ -172,6 +182,90 @@ def measure_rows(rows: int = 1 << 15, height: int = 1 << 17, repeat: int = 3) ->
     return max(big - small, 0.0) / (rows - rows // 16) * 1e6
 
 
+_PSERVER = r"""
+import sys
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/examples")
+import train_ctr
+from ops.rpc.serve import serve_program
+from transpiler.api import transpile
+from transpiler.runtime.launch import free_endpoints
+main, startup = train_ctr.build_ctr("local-table", int(sys.argv[2]), int(sys.argv[3]))
+endpoint = free_endpoints(1)[0]
+pserver, pserver_startup = transpile(main, startup, pservers=[endpoint], trainers=1, sync_mode=False).pservers[endpoint]
+serve_program(pserver, pserver_startup, ready=lambda server: print(endpoint, flush=True), log=None, timeout=600.0)
+"""
+
+PSERVER_ROWS, PSERVER_WIDTH = 100_000, 64
+
+
+def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: float, calls: int = 400,
+                    id_counts: tuple[int, int] = (512, 8192), repeat: int = 30, width: int = PSERVER_WIDTH
+                    ) -> dict[str, float]:
+    """`var_us`, `block_us`, `id_us`, `copy_us` from a real pserver's CPU per call (module
+    docstring), its table `width` floats wide; `row_cpu_us` the measured CPU per grad row."""
+    import numpy as np
+
+    from ops.rpc.client import RpcClient
+    from ops.tensor import SelectedRows
+
+    child = subprocess.Popen([sys.executable, "-c", _PSERVER, str(ROOT), str(PSERVER_ROWS), str(width)],
+                             stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1",
+                                                                     "OPENBLAS_NUM_THREADS": "1"})
+    client = None
+    try:
+        endpoint = child.stdout.readline().strip()
+        if not endpoint:
+            raise RuntimeError("the calibration pserver did not start")
+        client = RpcClient(0, timeout=120.0)
+
+        def cpu_per_call(call, count: int) -> float:
+            for _ in range(max(3, count // 10)):
+                call()
+            cpu0 = _cpu_seconds(child.pid)
+            for _ in range(count):
+                call()
+            return (_cpu_seconds(child.pid) - cpu0) / count * 1e6
+
+        get_us = cpu_per_call(lambda: client.get(endpoint, "learning_rate_0"), calls)
+        small = np.full(2, 1e-3, np.float32)
+        send_us = cpu_per_call(lambda: client.send(endpoint, "ctr_out.b@GRAD", small), calls)
+
+        def send_batch() -> None:  # 8 small grads in one SendBatch
+            for _ in range(8):
+                client.send_async(endpoint, "ctr_out.b@GRAD", small)
+            client.flush()
+            client.wait_pending()
+
+        batch_us = cpu_per_call(send_batch, calls // 4)
+        rng = np.random.default_rng(0)
+        figures = []
+        for k in id_counts:  # a lookup's grad as a trainer sends it: a row per lookup, ids repeating
+            ids = rng.integers(0, 2 * k, size=k).astype(np.int64) * (PSERVER_ROWS // (2 * k))
+            grad = SelectedRows(ids, np.full((k, width), 1e-4, np.float32), PSERVER_ROWS)
+            figures.append(cpu_per_call(lambda grad=grad: client.send(endpoint, "emb@GRAD", grad), repeat))
+        slope = (figures[1] - figures[0]) / (id_counts[1] - id_counts[0])
+        wire = (ID_BYTES + width * 4) / bandwidth * 1e6
+        work = width * adagrad_us + row_us
+        # the update's fixed part beyond a small dense send: adagrad copying param and moment
+        copied = max(figures[0] - id_counts[0] * slope - send_us, 0.0) / (2 * PSERVER_ROWS * width)
+        client.complete([endpoint])
+        child.wait(timeout=60)
+        if os.environ.get("PSTRANSPILE_CALIBRATE_DEBUG"):
+            print(f"pserver cpu us per call: get {get_us:.0f}, small send {send_us:.0f}, 8 in a batch {batch_us:.0f}, "
+                  f"sparse grads "
+                  f"{figures} (slope {slope:.3f}/row, wire {wire:.3f}, op {work:.3f})", file=sys.stderr)
+        block_us = max(send_us - get_us, 0.0)
+        var_us = max((batch_us - send_us) / 7 - block_us, 0.0)
+        return {"rpc_us": max(get_us - var_us, 0.0), "var_us": var_us, "block_us": block_us,
+                "id_us": max(slope - wire - work, 0.0), "copy_us": copied, "row_cpu_us": slope}
+    finally:
+        if client is not None:
+            client.close()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
 def calibrate(progress=None) -> Rates:
     started = time.perf_counter()
     say = progress or (lambda text: None)
@@ -186,6 +280,18 @@ def calibrate(progress=None) -> Rates:
     except Exception:  # noqa: BLE001 - keep the default
         row_us = Rates().row_us
     say(f"  {', '.join(f'{k} {v:.4f}' for k, v in sorted(ops.items()))}; row {row_us:.3f}")
+    say("a real pserver: us per var, per optimize block, per id")
+    real = measure_pserver(rpc_us, bandwidth, ops["adagrad"], row_us)
+    # the per-row cost apart from the bytes: a second table 4x narrower; the rows' CPU at the
+    # two widths, extrapolated to width 0, less an id's bytes and the row bookkeeping
+    narrow = measure_pserver(rpc_us, bandwidth, ops["adagrad"], row_us, calls=100, width=PSERVER_WIDTH // 4)
+    per_float = (real["row_cpu_us"] - narrow["row_cpu_us"]) / (PSERVER_WIDTH - PSERVER_WIDTH // 4)
+    if per_float > 0:  # the real pserver's rate of taking a grad's bytes, rather than the echo's
+        bandwidth = 4 / per_float * 1e6
+    fixed = real["row_cpu_us"] - PSERVER_WIDTH * max(per_float, 0.0)
+    real["id_us"] = max(fixed - ID_BYTES / bandwidth * 1e6 - row_us, 0.0)
+    say(f"  rpc {real['rpc_us']:.0f}, var {real['var_us']:.1f}, block {real['block_us']:.1f}, id {real['id_us']:.3f}, copy {real['copy_us']:.5f}")
     host = os.uname().nodename if hasattr(os, "uname") else "this machine"
     source = f"calibrate on {host}, {time.strftime('%Y-%m-%d')}, {time.perf_counter() - started:.0f}s"
-    return Rates(bandwidth=bandwidth, rpc_us=rpc_us, op_us=ops, row_us=row_us, source=source)
+    return Rates(bandwidth=bandwidth, rpc_us=real["rpc_us"], op_us=ops, row_us=row_us, var_us=real["var_us"],
+                 block_us=real["block_us"], id_us=real["id_us"], copy_us=real["copy_us"], source=source)

@@ -21,15 +21,21 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
   unsliced ones are `[1]` scalars, a copy per partition); merged grad `n·s`; grad
   buffers `T·n·s` (sync, T > 1);
 - traffic (dense): in `T·n·s` (grads), out `T·n·s` (params trainers receive); a sparse
-  grad carries `r` rows per trainer (`r` from `IdStats`): in `T·r·(cols·s + 8)`; a
-  prefetched table sends `r` rows: out `T·r·cols·s`, ids in `T·r·8`;
+  grad carries a row per lookup, `l` per trainer (ids repeat; `l` from `IdStats`): in
+  `T·l·(cols·s + 8)`; a prefetched table sends the `r` distinct rows asked for: out
+  `T·r·cols·s`, ids in `T·r·8`;
 - RPCs: per trainer a send batch and a fetch batch to each pserver holding a partition
   (in sync mode carrying the barriers), and a prefetch call per prefetched partition;
   each var a batch carries costs `var_us`;
 - compute: `(T-1)·n·sum + n·scale + n·<optimizer>` µs-per-element rates (`Rates`); sparse
-  grads touch `r` rows instead of `n / cols` (unless the optimizer updates every row).
+  grads touch `r` rows instead of `n / cols` (unless the optimizer updates every row), and
+  each grad row costs `id_us` on every partition its id reaches; an optimizer in `SPARSE_COPIES` copies its whole param and state per run
+  (`(1 + sliced)·n·copy_us`); each run of the partition's optimize block costs `block_us`
+  (once a step in sync mode, once per trainer's grad in async mode).
 Estimated pserver time per step = compute + (bytes in + out) / bandwidth + RPCs × rpc_us
-+ vars × var_us.
++ vars × var_us. The fixed rates (`rpc_us`, `var_us`, `block_us`, `id_us`) are measured
+against a real pserver by `pstranspile calibrate`; a column cut multiplies the per-id and
+per-block work by the number of ranges, a row cut does not.
 """
 
 from __future__ import annotations
@@ -48,6 +54,11 @@ from transpiler.ir.types import DType
 MEMORY_KINDS = ("params", "optimizer_state", "grad_buffers", "merged_grads", "table", "other")
 ID_BYTES = 8  # an int64 row id on the wire
 RATES_SCHEMA = "pstranspile.rates/1"
+# Optimizers whose kernel, on a SelectedRows grad of rows it updates alone, copies the whole
+# param and every sliced state before writing the rows (ops/kernels/optimizers.py): such an
+# update costs `(1 + sliced) · n · copy_us` per run however few rows it touches. (`sgd`
+# updates in place on a pserver; `adam` copies in `lazy_mode` only, else it updates every row.)
+SPARSE_COPIES = frozenset({"adagrad", "adam", "ftrl"})
 
 # Defaults measured on the project's shared 2-core VM with `pstranspile calibrate`
 # (2026-11-26): µs per float32 element, the executor's kernels.
@@ -65,11 +76,14 @@ class Rates:
     element per op type (`sum`, `scale` and the optimizers), `row_us` µs per row a sparse
     update or lookup touches (the per-row bookkeeping beside the per-element work)."""
 
-    bandwidth: float = 1.5e8  # loopback gRPC from Python on the 2-core VM (calibrate)
-    rpc_us: float = 475.0
+    bandwidth: float = 1.9e8  # a real pserver taking a sparse grad's bytes (calibrate, 2026-11-27)
+    rpc_us: float = 350.0  # a real pserver's CPU per request (calibrate: a `get` of a [1] var)
     op_us: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_US))
-    row_us: float = 0.004
-    var_us: float = 40.0  # handling one var of a batch (decode, lock, store / encode); not measured
+    row_us: float = 0.005
+    var_us: float = 5.0  # one more var in a request (calibrate: 8 grads in one SendBatch; 0-11 measured)
+    block_us: float = 120.0  # one optimize block run (calibrate: a small `send` less a `get`; 25-270 measured)
+    id_us: float = 0.15  # per sparse grad row, beyond its bytes and op_us (calibrate: 0.09-0.34 measured)
+    copy_us: float = 0.0003  # per element a sparse update copies (a whole param or state: SPARSE_COPIES)
     source: str = "defaults"
 
     def op(self, op_type: str) -> float:
@@ -85,11 +99,16 @@ class Rates:
             "schema": RATES_SCHEMA,
             "source": self.source,
             "units": {"bandwidth": "bytes/s", "rpc_us": "us per RPC", "op_us": "us per element",
-                      "row_us": "us per sparse row", "var_us": "us per var in a batch"},
+                      "row_us": "us per sparse row", "var_us": "us per var in a batch",
+                      "block_us": "us per optimize block run", "id_us": "us per id on a pserver",
+                      "copy_us": "us per element copied by a sparse update"},
             "bandwidth": self.bandwidth,
             "rpc_us": self.rpc_us,
             "row_us": self.row_us,
             "var_us": self.var_us,
+            "block_us": self.block_us,
+            "id_us": self.id_us,
+            "copy_us": self.copy_us,
             "op_us": dict(sorted(self.op_us.items())),
         }
 
@@ -109,10 +128,12 @@ def load_rates(path: str | Path | None) -> Rates:
         ops = dict(DEFAULT_OP_US)
         ops.update({str(k): float(v) for k, v in data.get("op_us", {}).items()})
         rates = Rates(float(data["bandwidth"]), float(data["rpc_us"]), ops, float(data.get("row_us", Rates.row_us)),
-                      float(data.get("var_us", Rates.var_us)), str(path))
+                      float(data.get("var_us", Rates.var_us)), float(data.get("block_us", Rates.block_us)),
+                      float(data.get("id_us", Rates.id_us)), float(data.get("copy_us", Rates.copy_us)), str(path))
     except (KeyError, TypeError, ValueError) as exc:
         raise TranspileError(f"rates {path}: bad field ({exc})") from None
-    if rates.bandwidth <= 0 or rates.rpc_us < 0 or any(v < 0 for v in ops.values()):
+    if rates.bandwidth <= 0 or min(rates.rpc_us, rates.row_us, rates.var_us, rates.block_us, rates.id_us,
+                                   rates.copy_us) < 0 or any(v < 0 for v in ops.values()):
         raise TranspileError(f"rates {path}: rates must be positive")
     return rates
 
@@ -279,12 +300,14 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
     cost.memory["grad_buffers"] = t * n * size if job.per_trainer_grads else 0
     cost.memory["optimizer_state"] = (len(slots.sliced) * n + len(slots.unsliced)) * size
     cost.vars = 2 * t  # its grad in and its param (or rows) out, per trainer
+    runs = 1 if job.sync_mode else t  # its optimize block: once a round, or once per grad
     if sparse:
         stats = ids or IdStats.uniform_rows(start_row + rows, 1)
         lookups, touched_one = stats.rows(start_row, start_row + rows, 1)
         _, touched_all = stats.rows(start_row, start_row + rows, t)
         cost.lookups, cost.rows = lookups * t, touched_one * t
-        cost.bytes_in = t * touched_one * (cols * size + ID_BYTES)
+        # a lookup's grad carries a row per lookup (ids repeating: merged on the pserver)
+        cost.bytes_in = lookups * t * (cols * size + ID_BYTES)
         if prefetch:  # rows asked for and sent, the param itself never received whole
             cost.bytes_in += t * touched_one * ID_BYTES
             cost.bytes_out = t * touched_one * cols * size
@@ -293,11 +316,16 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
             cost.bytes_out = t * n * size
         every = slots.updates_every_row((optimizer_attrs or {}).get) if optimizer_attrs is not None else slots.every_row
         updated = rows if every else (touched_all if job.sync_mode else touched_one * t)
-        merge_rows = touched_one * t
+        merge_rows = lookups * t
         cost.compute_us = (merge_rows * cols * rates.op("sum") + updated * cols * rates.op("scale")
                            + updated * cols * rates.op(optimizer) + (merge_rows + updated) * rates.row_us)
         if not job.sync_mode:
             cost.compute_us += (t - 1) * updated * cols * rates.op(optimizer) if every else 0.0
+        # per grad row taken: the request work beside its bytes, on every partition the id
+        # reaches (a column cut: on all of them)
+        cost.compute_us += lookups * t * rates.id_us
+        if not every and optimizer in SPARSE_COPIES:
+            cost.compute_us += runs * (1 + len(slots.sliced)) * n * rates.copy_us
     else:
         cost.bytes_in = t * n * size
         cost.bytes_out = t * n * size
@@ -305,6 +333,7 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
             cost.compute_us = (t - 1) * n * rates.op("sum") + n * rates.op("scale") + n * rates.op(optimizer)
         else:
             cost.compute_us = t * n * rates.op(optimizer)
+    cost.compute_us += runs * rates.block_us
     return cost
 
 
@@ -325,12 +354,13 @@ def table_shard_cost(table, shard: int, job: Job, rates: Rates, ids: IdStats | N
     _, merged = stats.residue_rows(shard, shards, job.trainers)
     t = job.trainers
     cost.lookups, cost.rows = lookups * t, one * t
-    cost.bytes_in = t * one * ID_BYTES + t * one * (width * size + ID_BYTES)
+    cost.bytes_in = t * one * ID_BYTES + t * lookups * (width * size + ID_BYTES)
     cost.bytes_out = t * one * width * size
     cost.rpcs = t  # the prefetch (the grads travel in the batches)
     cost.vars = 2 * t
-    cost.compute_us = (one * t * width * rates.op("sum") + merged * width * rates.op("sgd")
-                       + (one * t * 2 + merged) * rates.row_us)
+    cost.compute_us = (lookups * t * width * rates.op("sum") + merged * width * rates.op("sgd")
+                       + (one * t + lookups * t + merged) * rates.row_us + lookups * t * rates.id_us
+                       + (1 if job.sync_mode else t) * rates.block_us)
     return cost
 
 
