@@ -6,7 +6,9 @@
 - `op_us`: µs per element of each optimizer op (and `sum`, `scale`) run by the executor on
   float32 params of 2^20 and 2^16 elements: the slope between the two sizes, so the
   fixed cost of running an op is not counted per element (the best of `repeat` runs);
-- `row_us`: µs per row of an `sgd` with a SelectedRows grad (rows of width 1);
+- `row_us`, `merge_us`, `copy_us`: a sync pserver's sparse optimize block run by the
+  executor (`measure_sparse_block`: two trainers' grads summed, scaled, Adagrad), per
+  merged grad row, per element of those rows, per element Adagrad copies;
 - against a real pserver (`measure_pserver`: the CTR example's `local-table` program,
   `[100000, 64]` fp32 + Adagrad, 1 pserver x 1 trainer, async, served by `serve_program`
   in a child process; every figure is the child's CPU per call, from /proc: a pserver's
@@ -17,9 +19,7 @@
   the slope between 512 and 8192 rows), measured on tables 64 and 16 floats wide and
   extrapolated to width 0 (the per-row part), less an id's 8 bytes and `row_us`; the
   slope per float between the two widths replaces the echo's `bandwidth` (a pserver
-  taking a grad's bytes is slower than an echo);
-  `copy_us` = the rest of the 512-row update beyond a small send (Adagrad copying its
-  whole param and moment, `2·100000·64` elements), per element.
+  taking a grad's bytes is slower than an echo).
 
 Well under a minute on a 2-core VM. The figures go to a JSON file (`Rates.to_json`) that
 `plan --rates` and `PlanPartitioner(rates=load_rates(path))` read.
@@ -165,21 +165,56 @@ def measure_ops(op_types=None, big: int = 1 << 20, small: int = 1 << 16, repeat:
     return out
 
 
-def measure_rows(rows: int = 1 << 15, height: int = 1 << 17, repeat: int = 3) -> float:
-    """µs per row of an `sgd` whose grad is a SelectedRows of `rows` rows of width 1."""
+def measure_sparse_block(rows: int = 250_000, counts: tuple[int, int] = (500, 4000), repeat: int = 5,
+                         widths: tuple[int, int] = (16, 64)) -> dict[str, float]:
+    """A sync pserver's sparse optimize block (`sum` of 2 trainers' SelectedRows grads, a row
+    per lookup, ids Zipf(1.1) as a CTR job draws them; `scale`; `adagrad`) run by the executor on a
+    `[rows, width]` fp32 param, CPU per step at two lookup counts and two widths:
+    `row_us` and `merge_us` (per merged grad row and per element of it: the slope per row
+    at the two widths; `scale` + `adagrad` per element taken off `merge_us`), `copy_us`
+    (the intercept at the wider width over the `2·rows·width` elements Adagrad copies)."""
+    import sys as _sys
+
     import numpy as np
 
+    from ops.executor import Executor
+    from ops.rpc.malloc import keep_freed_memory
+    from ops.scope import Scope
     from ops.tensor import SelectedRows
+    from transpiler.api import transpile
 
-    def once(count: int) -> float:
-        ids = np.arange(count, dtype=np.int64) * (height // count)
-        grad = SelectedRows(ids, np.ones((count, 1), np.float32), height)
-        inputs = {"Param": np.zeros((height, 1), np.float32), "Grad": grad,
-                  "LearningRate": np.array([0.1], np.float32)}
-        return _time_op("sgd", inputs, ["ParamOut"], {}, repeat)
+    _sys.path.insert(0, str(ROOT / "examples"))
+    import train_ctr
 
-    small, big = once(rows // 16), once(rows)
-    return max(big - small, 0.0) / (rows - rows // 16) * 1e6
+    keep_freed_memory()
+    slopes, intercept = [], 0.0
+    for width in widths:
+        main, startup = train_ctr.build_ctr("local-table", rows, width)
+        pserver, pserver_startup = transpile(main, startup, pservers=["127.0.0.1:1"], trainers=2).pservers["127.0.0.1:1"]
+        block = next(b.idx for b in pserver.blocks if any(o.type == "adagrad" and o.inputs.get("Param") == ("emb",)
+                                                          for o in b.ops))
+        scope, exe = Scope(), Executor(seed=0)
+        exe.run(pserver_startup, scope=scope)
+        rng = np.random.default_rng(0)
+
+        def step(k: int) -> float:
+            for t in range(2):
+                ids = ((rng.zipf(1.1, k) - 1) % rows).astype(np.int64)  # CTR-like: a few hot ids, a long tail
+                scope.set_var(f"emb@GRAD.trainer_{t}", SelectedRows(ids, np.full((k, width), 1e-4, np.float32), rows))
+            start = time.process_time()
+            exe.run(pserver, scope=scope, block_id=block)
+            return time.process_time() - start
+
+        figures = []
+        for k in counts:
+            step(k)
+            figures.append(statistics.median(step(k) for _ in range(repeat)) * 1e6)
+        slope = (figures[1] - figures[0]) / (2 * (counts[1] - counts[0]))  # per merged row (2 trainers)
+        slopes.append(slope)
+        intercept = figures[0] - 2 * counts[0] * slope
+    per_element = (slopes[1] - slopes[0]) / (widths[1] - widths[0])
+    return {"row_us": max(slopes[1] - widths[1] * per_element, 0.0), "merge_elem_us": max(per_element, 0.0),
+            "copy_us": max(intercept, 0.0) / (2 * rows * widths[1])}
 
 
 _PSERVER = r"""
@@ -201,7 +236,7 @@ PSERVER_ROWS, PSERVER_WIDTH = 100_000, 64
 def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: float, calls: int = 400,
                     id_counts: tuple[int, int] = (512, 8192), repeat: int = 30, width: int = PSERVER_WIDTH
                     ) -> dict[str, float]:
-    """`var_us`, `block_us`, `id_us`, `copy_us` from a real pserver's CPU per call (module
+    """`rpc_us`, `var_us`, `block_us`, `id_us` from a real pserver's CPU per call (module
     docstring), its table `width` floats wide; `row_cpu_us` the measured CPU per grad row."""
     import numpy as np
 
@@ -247,7 +282,6 @@ def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: 
         wire = (ID_BYTES + width * 4) / bandwidth * 1e6
         work = width * adagrad_us + row_us
         # the update's fixed part beyond a small dense send: adagrad copying param and moment
-        copied = max(figures[0] - id_counts[0] * slope - send_us, 0.0) / (2 * PSERVER_ROWS * width)
         client.complete([endpoint])
         child.wait(timeout=60)
         if os.environ.get("PSTRANSPILE_CALIBRATE_DEBUG"):
@@ -257,7 +291,7 @@ def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: 
         block_us = max(send_us - get_us, 0.0)
         var_us = max((batch_us - send_us) / 7 - block_us, 0.0)
         return {"rpc_us": max(get_us - var_us, 0.0), "var_us": var_us, "block_us": block_us,
-                "id_us": max(slope - wire - work, 0.0), "copy_us": copied, "row_cpu_us": slope}
+                "id_us": max(slope - wire - work, 0.0), "row_cpu_us": slope}
     finally:
         if client is not None:
             client.close()
@@ -275,11 +309,12 @@ def calibrate(progress=None) -> Rates:
     say("ops: us per element")
     ops = dict(DEFAULT_OP_US)
     ops.update(measure_ops())
-    try:
-        row_us = measure_rows()
-    except Exception:  # noqa: BLE001 - keep the default
-        row_us = Rates().row_us
-    say(f"  {', '.join(f'{k} {v:.4f}' for k, v in sorted(ops.items()))}; row {row_us:.3f}")
+    say(f"  {', '.join(f'{k} {v:.4f}' for k, v in sorted(ops.items()))}")
+    say("a sync pserver's sparse block (executor): us per merged grad row, per element, per element copied")
+    block = measure_sparse_block()
+    row_us = block["row_us"]
+    merge_us = max(block["merge_elem_us"] - ops["scale"] - ops["adagrad"], 0.0)
+    say(f"  row {row_us:.3f}, merge {merge_us:.4f}, copy {block['copy_us']:.5f}")
     say("a real pserver: us per var, per optimize block, per id")
     real = measure_pserver(rpc_us, bandwidth, ops["adagrad"], row_us)
     # the per-row cost apart from the bytes: a second table 4x narrower; the rows' CPU at the
@@ -290,8 +325,9 @@ def calibrate(progress=None) -> Rates:
         bandwidth = 4 / per_float * 1e6
     fixed = real["row_cpu_us"] - PSERVER_WIDTH * max(per_float, 0.0)
     real["id_us"] = max(fixed - ID_BYTES / bandwidth * 1e6 - row_us, 0.0)
-    say(f"  rpc {real['rpc_us']:.0f}, var {real['var_us']:.1f}, block {real['block_us']:.1f}, id {real['id_us']:.3f}, copy {real['copy_us']:.5f}")
+    say(f"  rpc {real['rpc_us']:.0f}, var {real['var_us']:.1f}, block {real['block_us']:.1f}, id {real['id_us']:.3f}")
     host = os.uname().nodename if hasattr(os, "uname") else "this machine"
     source = f"calibrate on {host}, {time.strftime('%Y-%m-%d')}, {time.perf_counter() - started:.0f}s"
     return Rates(bandwidth=bandwidth, rpc_us=real["rpc_us"], op_us=ops, row_us=row_us, var_us=real["var_us"],
-                 block_us=real["block_us"], id_us=real["id_us"], copy_us=real["copy_us"], source=source)
+                 block_us=real["block_us"], id_us=real["id_us"], copy_us=block["copy_us"], merge_us=merge_us,
+                 source=source)

@@ -28,7 +28,8 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
   (in sync mode carrying the barriers), and a prefetch call per prefetched partition;
   each var a batch carries costs `var_us`;
 - compute: `(T-1)·n·sum + n·scale + n·<optimizer>` µs-per-element rates (`Rates`); sparse
-  grads touch `r` rows instead of `n / cols` (unless the optimizer updates every row), and
+  grads touch `r` rows instead of `n / cols` (unless the optimizer updates every row), their
+  `T·l` grad rows are merged at `row_us + cols·merge_us` each (no `sum` rate), and
   each grad row costs `id_us` on every partition its id reaches; an optimizer in `SPARSE_COPIES` copies its whole param and state per run
   (`(1 + sliced)·n·copy_us`); each run of the partition's optimize block costs `block_us`
   (once a step in sync mode, once per trainer's grad in async mode).
@@ -76,14 +77,17 @@ class Rates:
     element per op type (`sum`, `scale` and the optimizers), `row_us` µs per row a sparse
     update or lookup touches (the per-row bookkeeping beside the per-element work)."""
 
-    bandwidth: float = 1.9e8  # a real pserver taking a sparse grad's bytes (calibrate, 2026-11-27)
-    rpc_us: float = 350.0  # a real pserver's CPU per request (calibrate: a `get` of a [1] var)
+    # the defaults: `pstranspile calibrate` on the shared 2-core VM, 2026-11-27 (4 runs;
+    # the small fixed figures move by 2x between runs on this loaded machine)
+    bandwidth: float = 1.9e8  # a real pserver taking a sparse grad's bytes
+    rpc_us: float = 350.0  # a real pserver's CPU per request (a `get` of a [1] var)
     op_us: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_US))
-    row_us: float = 0.005
-    var_us: float = 5.0  # one more var in a request (calibrate: 8 grads in one SendBatch; 0-11 measured)
-    block_us: float = 120.0  # one optimize block run (calibrate: a small `send` less a `get`; 25-270 measured)
-    id_us: float = 0.15  # per sparse grad row, beyond its bytes and op_us (calibrate: 0.09-0.34 measured)
-    copy_us: float = 0.0003  # per element a sparse update copies (a whole param or state: SPARSE_COPIES)
+    row_us: float = 0.12  # per sparse grad row the pserver's block merges and applies
+    var_us: float = 5.0  # one more var in a request (8 grads in one SendBatch: 0-11 measured)
+    block_us: float = 150.0  # one optimize block run (a small `send` less a `get`: 25-270 measured)
+    id_us: float = 0.2  # per sparse grad row received, beyond its bytes and the block's work (0.09-0.34)
+    copy_us: float = 0.00034  # per element a sparse update copies (a whole param or state: SPARSE_COPIES)
+    merge_us: float = 0.015  # per element of a sparse grad row the block merges (sum's scatter-add)
     source: str = "defaults"
 
     def op(self, op_type: str) -> float:
@@ -101,7 +105,8 @@ class Rates:
             "units": {"bandwidth": "bytes/s", "rpc_us": "us per RPC", "op_us": "us per element",
                       "row_us": "us per sparse row", "var_us": "us per var in a batch",
                       "block_us": "us per optimize block run", "id_us": "us per id on a pserver",
-                      "copy_us": "us per element copied by a sparse update"},
+                      "copy_us": "us per element copied by a sparse update",
+                      "merge_us": "us per element of a merged sparse grad row"},
             "bandwidth": self.bandwidth,
             "rpc_us": self.rpc_us,
             "row_us": self.row_us,
@@ -109,6 +114,7 @@ class Rates:
             "block_us": self.block_us,
             "id_us": self.id_us,
             "copy_us": self.copy_us,
+            "merge_us": self.merge_us,
             "op_us": dict(sorted(self.op_us.items())),
         }
 
@@ -129,11 +135,12 @@ def load_rates(path: str | Path | None) -> Rates:
         ops.update({str(k): float(v) for k, v in data.get("op_us", {}).items()})
         rates = Rates(float(data["bandwidth"]), float(data["rpc_us"]), ops, float(data.get("row_us", Rates.row_us)),
                       float(data.get("var_us", Rates.var_us)), float(data.get("block_us", Rates.block_us)),
-                      float(data.get("id_us", Rates.id_us)), float(data.get("copy_us", Rates.copy_us)), str(path))
+                      float(data.get("id_us", Rates.id_us)), float(data.get("copy_us", Rates.copy_us)),
+                      float(data.get("merge_us", Rates.merge_us)), str(path))
     except (KeyError, TypeError, ValueError) as exc:
         raise TranspileError(f"rates {path}: bad field ({exc})") from None
     if rates.bandwidth <= 0 or min(rates.rpc_us, rates.row_us, rates.var_us, rates.block_us, rates.id_us,
-                                   rates.copy_us) < 0 or any(v < 0 for v in ops.values()):
+                                   rates.copy_us, rates.merge_us) < 0 or any(v < 0 for v in ops.values()):
         raise TranspileError(f"rates {path}: rates must be positive")
     return rates
 
@@ -317,8 +324,8 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
         every = slots.updates_every_row((optimizer_attrs or {}).get) if optimizer_attrs is not None else slots.every_row
         updated = rows if every else (touched_all if job.sync_mode else touched_one * t)
         merge_rows = lookups * t
-        cost.compute_us = (merge_rows * cols * rates.op("sum") + updated * cols * rates.op("scale")
-                           + updated * cols * rates.op(optimizer) + (merge_rows + updated) * rates.row_us)
+        cost.compute_us = (merge_rows * (rates.row_us + cols * rates.merge_us) + updated * cols * rates.op("scale")
+                           + updated * cols * rates.op(optimizer))
         if not job.sync_mode:
             cost.compute_us += (t - 1) * updated * cols * rates.op(optimizer) if every else 0.0
         # per grad row taken: the request work beside its bytes, on every partition the id
@@ -358,8 +365,8 @@ def table_shard_cost(table, shard: int, job: Job, rates: Rates, ids: IdStats | N
     cost.bytes_out = t * one * width * size
     cost.rpcs = t  # the prefetch (the grads travel in the batches)
     cost.vars = 2 * t
-    cost.compute_us = (lookups * t * width * rates.op("sum") + merged * width * rates.op("sgd")
-                       + (one * t + lookups * t + merged) * rates.row_us + lookups * t * rates.id_us
+    cost.compute_us = (lookups * t * (rates.row_us + width * rates.merge_us) + merged * width * rates.op("sgd")
+                       + lookups * t * rates.id_us
                        + (1 if job.sync_mode else t) * rates.block_us)
     return cost
 
