@@ -203,3 +203,34 @@ def test_rates_file_round_trip(tmp_path):
     with pytest.raises(TranspileError, match="no rate for op 'relu'"):
         rates.op("relu")
     assert math.isfinite(rates.op("lamb"))
+
+
+def test_resident_bytes_counts_sparse_grads_by_rows_and_kept_step_copies():
+    """A pserver's run-time memory: a sparse grad holds its rows, not its declared height;
+    Adagrad's step copies count while a block's arrays stay under the malloc mmap threshold
+    (their freed pages are kept), not above it."""
+    from ops.rpc.malloc import MMAP_THRESHOLD
+    from transpiler.cost import resident_bytes
+
+    sys_path = str(PADDLE_PROGRAMS.parents[2] / "examples")
+    import sys
+
+    sys.path.insert(0, sys_path)
+    try:
+        import train_ctr
+    finally:
+        sys.path.remove(sys_path)
+    eps = ["127.0.0.1:1", "127.0.0.1:2"]
+    for rows, copies in ((1000, True), (2 * (MMAP_THRESHOLD // 256) + 2000, False)):  # blocks under / over it
+        main, startup = train_ctr.build_ctr("local-table", rows, 64)
+        plan = transpile(main, startup, pservers=eps, trainers=2).plan
+        stats = {"emb": IdStats.uniform_rows(rows, 100)}
+        found = [resident_bytes(plan, ep, stats) for ep in eps]
+        emb = plan.param("emb")
+        block_bytes = [b.rows * 64 * 4 for b in emb.blocks]
+        assert sum(f["params"] for f in found) == sum(block_bytes) + 4 * sum(
+            math.prod(p.shape) for p in plan.params if p.param != "emb")
+        kept = sum(2 * b for b in block_bytes if b < MMAP_THRESHOLD)
+        assert sum(f["step_copies"] for f in found) == kept and (kept > 0) == copies
+        assert sum(f["grads"] for f in found) < 4 * 1024 * 1024 + 4 * 4 * sum(
+            math.prod(p.shape) for p in plan.params if p.param != "emb")  # rows, not the table's height

@@ -535,3 +535,39 @@ def summarize(plan, costs: Sequence[PserverCost], rates: Rates, declared: Mappin
         "imbalance": {c: round(imbalance(r[c] for r in rows), 6) for c in columns},
         "est_step_ms": round(max((r["est_ms"] for r in rows), default=0.0), 6),
     }
+
+
+# -- resident memory at run time ---------------------------------------------------------------
+
+def resident_bytes(plan, endpoint: str, ids: Mapping[str, IdStats] | None = None) -> dict[str, int]:
+    """What a pserver holds once warmed up, by kind (beside the process's own baseline):
+    params and optimizer state as declared; a dense grad's merged var and per-trainer
+    buffers; a sparse grad only its rows (`T·l` rows per buffer and merged, not the declared
+    height); and, for an optimizer in `SPARSE_COPIES`, the copies of its param and state a
+    step makes, whose freed pages the pserver keeps (`ops.rpc.malloc`: arrays under its
+    mmap threshold are reused, larger ones go back to the kernel)."""
+    from ops.rpc.malloc import MMAP_THRESHOLD
+
+    ids = ids or {}
+    out = dict.fromkeys(("params", "optimizer_state", "grads", "step_copies"), 0)
+    t = plan.trainers
+    for param in plan.params:
+        slots = optimizer_slots(param.optimizer)
+        width = math.prod(param.shape[1:]) if len(param.shape) >= 2 else 1
+        size = param.dtype.itemsize
+        for block in param.blocks_on(endpoint):
+            cols = block.cols if block.cols is not None else width
+            n = (block.rows if param.shape else 1) * cols
+            out["params"] += n * size
+            out["optimizer_state"] += (len(slots.sliced) * n + len(slots.unsliced)) * size
+            if param.sparse:
+                stats = ids.get(param.param) or IdStats.uniform_rows(param.shape[0], 1)
+                lookups, _ = stats.rows(block.row_offset, block.row_offset + block.rows, 1)
+                copies = 2 if plan.per_trainer_grads else 1
+                out["grads"] += round(copies * t * lookups * (cols * size + ID_BYTES))
+                if param.optimizer in SPARSE_COPIES and not slots.every_row:
+                    for array in range(1 + len(slots.sliced)):
+                        out["step_copies"] += n * size if n * size < MMAP_THRESHOLD else 0
+            else:
+                out["grads"] += n * size * (1 + (t if plan.per_trainer_grads else 0))
+    return out
