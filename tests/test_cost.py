@@ -107,7 +107,7 @@ def test_sparse_costs_count_grad_rows_per_lookup_and_whole_copies():
     grad copies its whole param and moment (`SPARSE_COPIES`); `sgd` does not; a column cut
     pays the per-row cost on every range."""
     rates = Rates(bandwidth=1e9, rpc_us=0.0, op_us={"sum": 0.0, "scale": 0.0, "sgd": 0.0, "adagrad": 0.0},
-                  row_us=0.0, var_us=0.0, block_us=0.0, id_us=0.5, copy_us=0.001)
+                  row_us=0.0, var_us=0.0, block_us=0.0, id_us=0.5, copy_us=0.001, merge_us=0.0)
     stats = IdStats.from_sample(np.array([0] * 90 + list(range(1, 11))), height=100, ids_per_step=50)
     sgd = block_cost("sgd", DType.FP32, 0, 100, 8, Job(trainers=2), rates, sparse=True, ids=stats)
     assert sgd.lookups == pytest.approx(100.0) and sgd.rows < 20

@@ -177,26 +177,28 @@ class PlanPartitioner(Partitioner):
 
     def weighted_bands(self, unit: Sequence[ParamInfo], count: int, job: Job, stats: Mapping[str, IdStats]
                        ) -> list[tuple[int, int]]:
-        """`count` row bands of the unit's params whose estimated times are near equal: each
-        cut the first row where the time of the rows before it reaches its share of the
-        whole's (a bisection per cut; a hot-first table gets a short first band)."""
+        """`count` row bands of the unit's params whose estimated times are near equal: band
+        by band, the first cut where the band's time reaches its share of what is left (the
+        rest's time plus a band's fixed cost per further band, over the bands left; a
+        bisection per cut). A hot-first table gets a short first band."""
         rows = min(p.rows for p in unit)
 
         def time_of(start: int, end: int) -> float:
             return sum(self.part_cost(p, Partition(start, end, 0, p.cols), job, stats).time_us(self.rates) for p in unit)
 
-        total = time_of(0, rows)
         cuts = [0]
         for i in range(1, count):
-            lo, hi = cuts[-1] + 1, rows - (count - i)
-            target = total * i / count
+            start, left = cuts[-1], count - i + 1
+            fixed = min(time_of(start, start + 1), time_of(rows - 1, rows))  # a band's cost without ids
+            target = (time_of(start, rows) + (left - 1) * fixed) / left
+            lo, hi = start + 1, rows - (count - i)
             while lo < hi:
                 mid = (lo + hi) // 2
-                if time_of(0, mid) < target:
+                if time_of(start, mid) < target:
                     lo = mid + 1
                 else:
                     hi = mid
-            cuts.append(max(lo, cuts[-1] + 1))
+            cuts.append(lo)
         cuts.append(rows)
         return list(zip(cuts[:-1], cuts[1:], strict=True))
 
