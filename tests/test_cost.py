@@ -234,3 +234,16 @@ def test_resident_bytes_counts_sparse_grads_by_rows_and_kept_step_copies():
         assert sum(f["step_copies"] for f in found) == kept and (kept > 0) == copies
         assert sum(f["grads"] for f in found) < 4 * 1024 * 1024 + 4 * 4 * sum(
             math.prod(p.shape) for p in plan.params if p.param != "emb")  # rows, not the table's height
+
+
+def test_calibrate_measures_a_real_pserver_and_the_sparse_block():
+    """The calibration's real-pserver and sparse-block measurements run end to end (small
+    sizes) and give figures in their units: a request costs CPU, a sparse Adagrad copies
+    its block (the copy rate is within 1000x of memcpy's), rows cost more than nothing."""
+    from transpiler.calibrate import measure_pserver, measure_sparse_block
+
+    block = measure_sparse_block(rows=20_000, counts=(100, 1600), repeat=3)
+    assert 1e-5 < block["copy_us"] < 1e-1 and block["row_us"] >= 0 and block["merge_elem_us"] >= 0
+    real = measure_pserver(100.0, 2e8, 0.002, 0.1, calls=60, id_counts=(128, 4096), repeat=30, width=16)
+    assert real["rpc_us"] > 0 and real["row_cpu_us"] > 0
+    assert min(real["var_us"], real["block_us"], real["id_us"]) >= 0
