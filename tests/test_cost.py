@@ -247,3 +247,16 @@ def test_calibrate_measures_a_real_pserver_and_the_sparse_block():
     real = measure_pserver(100.0, 2e8, 0.002, 0.1, calls=60, id_counts=(128, 4096), repeat=30, width=16)
     assert real["rpc_us"] > 0 and real["row_cpu_us"] > 0
     assert min(real["var_us"], real["block_us"], real["id_us"]) >= 0
+
+
+def test_sparse_copies_over_the_mmap_threshold_cost_fresh_pages():
+    from ops.rpc.malloc import MMAP_THRESHOLD
+
+    rates = Rates(copy_us=0.001, fault_us=0.0005, block_us=0.0, id_us=0.0, row_us=0.0, merge_us=0.0,
+                  op_us={"sum": 0.0, "scale": 0.0, "adagrad": 0.0, "sgd": 0.0})
+    stats = IdStats.uniform_rows(10_000_000, 1)
+    rows = MMAP_THRESHOLD // 256  # [rows, 64] fp32: exactly the threshold
+    under = block_cost("adagrad", DType.FP32, 0, rows - 1, 64, Job(2), rates, sparse=True, ids=stats)
+    over = block_cost("adagrad", DType.FP32, 0, rows, 64, Job(2), rates, sparse=True, ids=stats)
+    assert under.compute_us == pytest.approx(2 * (rows - 1) * 64 * 0.001, rel=1e-3)
+    assert over.compute_us == pytest.approx(2 * rows * 64 * 0.0015, rel=1e-3)

@@ -166,13 +166,15 @@ def measure_ops(op_types=None, big: int = 1 << 20, small: int = 1 << 16, repeat:
 
 
 def measure_sparse_block(rows: int = 250_000, counts: tuple[int, int] = (500, 4000), repeat: int = 5,
-                         widths: tuple[int, int] = (16, 64)) -> dict[str, float]:
+                         widths: tuple[int, int] = (16, 64), big_rows: int | None = 300_000) -> dict[str, float]:
     """A sync pserver's sparse optimize block (`sum` of 2 trainers' SelectedRows grads, a row
     per lookup, ids Zipf(1.1) as a CTR job draws them; `scale`; `adagrad`) run by the executor on a
     `[rows, width]` fp32 param, CPU per step at two lookup counts and two widths:
     `row_us` and `merge_us` (per merged grad row and per element of it: the slope per row
     at the two widths; `scale` + `adagrad` per element taken off `merge_us`), `copy_us`
-    (the intercept at the wider width over the `2·rows·width` elements Adagrad copies)."""
+    (the intercept at the wider width over the `2·rows·width` elements Adagrad copies), and
+    `fault_us`: the extra per element copied when the table is `big_rows` rows (its arrays
+    over the 64 MiB mmap threshold of `ops.rpc.malloc`: fresh pages every step)."""
     import sys as _sys
 
     import numpy as np
@@ -187,9 +189,8 @@ def measure_sparse_block(rows: int = 250_000, counts: tuple[int, int] = (500, 40
     import train_ctr
 
     keep_freed_memory()
-    slopes, intercept = [], 0.0
-    for width in widths:
-        main, startup = train_ctr.build_ctr("local-table", rows, width)
+    def block_step(table_rows: int, width: int):
+        main, startup = train_ctr.build_ctr("local-table", table_rows, width)
         pserver, pserver_startup = transpile(main, startup, pservers=["127.0.0.1:1"], trainers=2).pservers["127.0.0.1:1"]
         block = next(b.idx for b in pserver.blocks if any(o.type == "adagrad" and o.inputs.get("Param") == ("emb",)
                                                           for o in b.ops))
@@ -199,22 +200,34 @@ def measure_sparse_block(rows: int = 250_000, counts: tuple[int, int] = (500, 40
 
         def step(k: int) -> float:
             for t in range(2):
-                ids = ((rng.zipf(1.1, k) - 1) % rows).astype(np.int64)  # CTR-like: a few hot ids, a long tail
-                scope.set_var(f"emb@GRAD.trainer_{t}", SelectedRows(ids, np.full((k, width), 1e-4, np.float32), rows))
+                ids = ((rng.zipf(1.1, k) - 1) % table_rows).astype(np.int64)  # CTR-like: a few hot ids, a long tail
+                scope.set_var(f"emb@GRAD.trainer_{t}",
+                              SelectedRows(ids, np.full((k, width), 1e-4, np.float32), table_rows))
             start = time.process_time()
             exe.run(pserver, scope=scope, block_id=block)
             return time.process_time() - start
 
-        figures = []
-        for k in counts:
+        def median(k: int) -> float:
             step(k)
-            figures.append(statistics.median(step(k) for _ in range(repeat)) * 1e6)
+            return statistics.median(step(k) for _ in range(repeat)) * 1e6
+
+        return median
+
+    slopes, intercept = [], 0.0
+    for width in widths:
+        median = block_step(rows, width)
+        figures = [median(k) for k in counts]
         slope = (figures[1] - figures[0]) / (2 * (counts[1] - counts[0]))  # per merged row (2 trainers)
         slopes.append(slope)
         intercept = figures[0] - 2 * counts[0] * slope
     per_element = (slopes[1] - slopes[0]) / (widths[1] - widths[0])
+    copy_us = max(intercept, 0.0) / (2 * rows * widths[1])
+    fault_us = 0.0
+    if big_rows:  # arrays over the mmap threshold: each step's copies are fresh pages
+        big = block_step(big_rows, widths[1])(counts[0]) - 2 * counts[0] * slopes[1]
+        fault_us = max(big / (2 * big_rows * widths[1]) - copy_us, 0.0)
     return {"row_us": max(slopes[1] - widths[1] * per_element, 0.0), "merge_elem_us": max(per_element, 0.0),
-            "copy_us": max(intercept, 0.0) / (2 * rows * widths[1])}
+            "copy_us": copy_us, "fault_us": fault_us}
 
 
 _PSERVER = r"""
@@ -314,7 +327,7 @@ def calibrate(progress=None) -> Rates:
     block = measure_sparse_block()
     row_us = block["row_us"]
     merge_us = max(block["merge_elem_us"] - ops["scale"] - ops["adagrad"], 0.0)
-    say(f"  row {row_us:.3f}, merge {merge_us:.4f}, copy {block['copy_us']:.5f}")
+    say(f"  row {row_us:.3f}, merge {merge_us:.4f}, copy {block['copy_us']:.5f}, over 64 MiB +{block['fault_us']:.5f}")
     say("a real pserver: us per var, per optimize block, per id")
     real = measure_pserver(rpc_us, bandwidth, ops["adagrad"], row_us)
     # the per-row cost apart from the bytes: a second table 4x narrower; the rows' CPU at the
@@ -330,4 +343,5 @@ def calibrate(progress=None) -> Rates:
     source = f"calibrate on {host}, {time.strftime('%Y-%m-%d')}, {time.perf_counter() - started:.0f}s"
     return Rates(bandwidth=bandwidth, rpc_us=real["rpc_us"], op_us=ops, row_us=row_us, var_us=real["var_us"],
                  block_us=real["block_us"], id_us=real["id_us"], copy_us=block["copy_us"], merge_us=merge_us,
+                 fault_us=block["fault_us"],
                  source=source)

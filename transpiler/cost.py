@@ -88,6 +88,7 @@ class Rates:
     id_us: float = 0.2  # per sparse grad row received, beyond its bytes and the block's work (0.09-0.34)
     copy_us: float = 0.00034  # per element a sparse update copies (a whole param or state: SPARSE_COPIES)
     merge_us: float = 0.015  # per element of a sparse grad row the block merges (sum's scatter-add)
+    fault_us: float = 0.0001  # more per element copied into an array over the mmap threshold (0.00006-0.00016)
     source: str = "defaults"
 
     def op(self, op_type: str) -> float:
@@ -106,7 +107,8 @@ class Rates:
                       "row_us": "us per sparse row", "var_us": "us per var in a batch",
                       "block_us": "us per optimize block run", "id_us": "us per id on a pserver",
                       "copy_us": "us per element copied by a sparse update",
-                      "merge_us": "us per element of a merged sparse grad row"},
+                      "merge_us": "us per element of a merged sparse grad row",
+                      "fault_us": "us more per element copied over the mmap threshold"},
             "bandwidth": self.bandwidth,
             "rpc_us": self.rpc_us,
             "row_us": self.row_us,
@@ -115,6 +117,7 @@ class Rates:
             "id_us": self.id_us,
             "copy_us": self.copy_us,
             "merge_us": self.merge_us,
+            "fault_us": self.fault_us,
             "op_us": dict(sorted(self.op_us.items())),
         }
 
@@ -136,11 +139,12 @@ def load_rates(path: str | Path | None) -> Rates:
         rates = Rates(float(data["bandwidth"]), float(data["rpc_us"]), ops, float(data.get("row_us", Rates.row_us)),
                       float(data.get("var_us", Rates.var_us)), float(data.get("block_us", Rates.block_us)),
                       float(data.get("id_us", Rates.id_us)), float(data.get("copy_us", Rates.copy_us)),
-                      float(data.get("merge_us", Rates.merge_us)), str(path))
+                      float(data.get("merge_us", Rates.merge_us)), float(data.get("fault_us", Rates.fault_us)),
+                      str(path))
     except (KeyError, TypeError, ValueError) as exc:
         raise TranspileError(f"rates {path}: bad field ({exc})") from None
     if rates.bandwidth <= 0 or min(rates.rpc_us, rates.row_us, rates.var_us, rates.block_us, rates.id_us,
-                                   rates.copy_us, rates.merge_us) < 0 or any(v < 0 for v in ops.values()):
+                                   rates.copy_us, rates.merge_us, rates.fault_us) < 0 or any(v < 0 for v in ops.values()):
         raise TranspileError(f"rates {path}: rates must be positive")
     return rates
 
@@ -332,7 +336,10 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
         # reaches (a column cut: on all of them)
         cost.compute_us += lookups * t * rates.id_us
         if not every and optimizer in SPARSE_COPIES:
-            cost.compute_us += runs * (1 + len(slots.sliced)) * n * rates.copy_us
+            from ops.rpc.malloc import MMAP_THRESHOLD
+
+            fresh = rates.fault_us if n * size >= MMAP_THRESHOLD else 0.0  # fresh pages each step
+            cost.compute_us += runs * (1 + len(slots.sliced)) * n * (rates.copy_us + fresh)
     else:
         cost.bytes_in = t * n * size
         cost.bytes_out = t * n * size
