@@ -175,8 +175,6 @@ def measure_sparse_block(rows: int = 250_000, counts: tuple[int, int] = (500, 40
     (the intercept at the wider width over the `2·rows·width` elements Adagrad copies), and
     `fault_us`: the extra per element copied when the table is `big_rows` rows (its arrays
     over the 64 MiB mmap threshold of `ops.rpc.malloc`: fresh pages every step)."""
-    import sys as _sys
-
     import numpy as np
 
     from ops.executor import Executor
@@ -185,7 +183,9 @@ def measure_sparse_block(rows: int = 250_000, counts: tuple[int, int] = (500, 40
     from ops.tensor import SelectedRows
     from transpiler.api import transpile
 
-    _sys.path.insert(0, str(ROOT / "examples"))
+    examples = str(ROOT / "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
     import train_ctr
 
     keep_freed_memory()
