@@ -242,7 +242,7 @@ def test_calibrate_measures_a_real_pserver_and_the_sparse_block():
     its block (the copy rate is within 1000x of memcpy's), rows cost more than nothing."""
     from transpiler.calibrate import measure_pserver, measure_sparse_block
 
-    block = measure_sparse_block(rows=20_000, counts=(100, 1600), repeat=3)
+    block = measure_sparse_block(rows=20_000, counts=(100, 1600), repeat=3, big_rows=None)
     assert 1e-5 < block["copy_us"] < 1e-1 and block["row_us"] >= 0 and block["merge_elem_us"] >= 0
     real = measure_pserver(100.0, 2e8, 0.002, 0.1, calls=60, id_counts=(128, 4096), repeat=30, width=16)
     assert real["rpc_us"] > 0 and real["row_cpu_us"] > 0
