@@ -4,6 +4,7 @@ traffic, RPC and compute figures on hand-worked cases; id statistics."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -85,20 +86,50 @@ def test_issue_mlp_adam_figure():
 
 def test_dense_block_traffic_and_compute():
     rates = Rates(bandwidth=1e9, rpc_us=100.0, op_us={"sum": 0.001, "scale": 0.002, "sgd": 0.003, "adam": 0.01},
-                  var_us=10.0)
+                  var_us=10.0, block_us=7.0)
     cost = block_cost("adam", DType.FP32, 0, 100, 10, Job(trainers=4), rates)
     n = 1000
     assert cost.memory == {"params": 4 * n, "optimizer_state": 4 * (2 * n + 2), "grad_buffers": 4 * 4 * n,
                            "merged_grads": 4 * n, "table": 0, "other": 0}
     assert cost.bytes_in == cost.bytes_out == 4 * 4 * n
     assert cost.rpcs == 0 and cost.vars == 8  # in the send and fetch batches, a grad in and a param out a trainer
-    assert cost.compute_us == pytest.approx(3 * n * 0.001 + n * 0.002 + n * 0.01)
+    assert cost.compute_us == pytest.approx(3 * n * 0.001 + n * 0.002 + n * 0.01 + 7.0)  # one block run a step
     assert cost.time_us(rates) == pytest.approx(cost.compute_us + 2 * 16000 / 1e9 * 1e6 + 80)
     one = block_cost("sgd", DType.FP64, 0, 10, 1, Job(trainers=1), rates)
     assert one.memory["grad_buffers"] == 0 and one.memory["params"] == 80
     async_cost = block_cost("sgd", DType.FP32, 0, 100, 10, Job(trainers=3, sync_mode=False), rates)
     assert async_cost.memory["grad_buffers"] == 0
-    assert async_cost.compute_us == pytest.approx(3 * n * 0.003)
+    assert async_cost.compute_us == pytest.approx(3 * n * 0.003 + 3 * 7.0)  # the block runs per trainer's grad
+
+
+def test_sparse_costs_count_grad_rows_per_lookup_and_whole_copies():
+    """A lookup's grad carries a row per lookup (ids repeat); `adagrad` on a SelectedRows
+    grad copies its whole param and moment (`SPARSE_COPIES`); `sgd` does not; a column cut
+    pays the per-row cost on every range."""
+    rates = Rates(bandwidth=1e9, rpc_us=0.0, op_us={"sum": 0.0, "scale": 0.0, "sgd": 0.0, "adagrad": 0.0},
+                  row_us=0.0, var_us=0.0, block_us=0.0, id_us=0.5, copy_us=0.001, merge_us=0.0)
+    stats = IdStats.from_sample(np.array([0] * 90 + list(range(1, 11))), height=100, ids_per_step=50)
+    sgd = block_cost("sgd", DType.FP32, 0, 100, 8, Job(trainers=2), rates, sparse=True, ids=stats)
+    assert sgd.lookups == pytest.approx(100.0) and sgd.rows < 20
+    assert sgd.bytes_in == pytest.approx(100 * (8 * 4 + 8))  # 50 rows per trainer, duplicates included
+    assert sgd.compute_us == pytest.approx(100 * 0.5)
+    ada = block_cost("adagrad", DType.FP32, 0, 100, 8, Job(trainers=2), rates, sparse=True, ids=stats)
+    assert ada.compute_us == pytest.approx(100 * 0.5 + 2 * 800 * 0.001)  # param + moment copied once a step
+    halves = [block_cost("sgd", DType.FP32, 0, 100, 4, Job(trainers=2), rates, sparse=True, ids=stats)
+              for _ in range(2)]
+    assert sum(h.compute_us for h in halves) == pytest.approx(2 * sgd.compute_us)  # every id on both ranges
+
+
+def test_calibration_rates_round_trip_and_refuse_negative(tmp_path):
+    rates = Rates(block_us=12.0, id_us=0.25, copy_us=0.002, source="x")
+    path = tmp_path / "rates.json"
+    path.write_text(json.dumps(rates.to_json()))
+    back = load_rates(path)
+    assert (back.block_us, back.id_us, back.copy_us) == (12.0, 0.25, 0.002)
+    bad = rates.to_json() | {"id_us": -1.0}
+    path.write_text(json.dumps(bad))
+    with pytest.raises(TranspileError, match="rates must be positive"):
+        load_rates(path)
 
 
 def test_sparse_block_rows_follow_the_id_distribution():
@@ -172,3 +203,60 @@ def test_rates_file_round_trip(tmp_path):
     with pytest.raises(TranspileError, match="no rate for op 'relu'"):
         rates.op("relu")
     assert math.isfinite(rates.op("lamb"))
+
+
+def test_resident_bytes_counts_sparse_grads_by_rows_and_kept_step_copies():
+    """A pserver's run-time memory: a sparse grad holds its rows, not its declared height;
+    Adagrad's step copies count while a block's arrays stay under the malloc mmap threshold
+    (their freed pages are kept), not above it."""
+    from ops.rpc.malloc import MMAP_THRESHOLD
+    from transpiler.cost import resident_bytes
+
+    sys_path = str(PADDLE_PROGRAMS.parents[2] / "examples")
+    import sys
+
+    sys.path.insert(0, sys_path)
+    try:
+        import train_ctr
+    finally:
+        sys.path.remove(sys_path)
+    eps = ["127.0.0.1:1", "127.0.0.1:2"]
+    for rows, copies in ((1000, True), (2 * (MMAP_THRESHOLD // 256) + 2000, False)):  # blocks under / over it
+        main, startup = train_ctr.build_ctr("local-table", rows, 64)
+        plan = transpile(main, startup, pservers=eps, trainers=2).plan
+        stats = {"emb": IdStats.uniform_rows(rows, 100)}
+        found = [resident_bytes(plan, ep, stats) for ep in eps]
+        emb = plan.param("emb")
+        block_bytes = [b.rows * 64 * 4 for b in emb.blocks]
+        assert sum(f["params"] for f in found) == sum(block_bytes) + 4 * sum(
+            math.prod(p.shape) for p in plan.params if p.param != "emb")
+        kept = sum(2 * b for b in block_bytes if b < MMAP_THRESHOLD)
+        assert sum(f["step_copies"] for f in found) == kept and (kept > 0) == copies
+        assert sum(f["grads"] for f in found) < 4 * 1024 * 1024 + 4 * 4 * sum(
+            math.prod(p.shape) for p in plan.params if p.param != "emb")  # rows, not the table's height
+
+
+def test_calibrate_measures_a_real_pserver_and_the_sparse_block():
+    """The calibration's real-pserver and sparse-block measurements run end to end (small
+    sizes) and give figures in their units: a request costs CPU, a sparse Adagrad copies
+    its block (the copy rate is within 1000x of memcpy's), rows cost more than nothing."""
+    from transpiler.calibrate import measure_pserver, measure_sparse_block
+
+    block = measure_sparse_block(rows=20_000, counts=(100, 1600), repeat=3, big_rows=None)
+    assert 1e-5 < block["copy_us"] < 1e-1 and block["row_us"] >= 0 and block["merge_elem_us"] >= 0
+    real = measure_pserver(100.0, 2e8, 0.002, 0.1, calls=60, id_counts=(128, 4096), repeat=30, width=16)
+    assert real["rpc_us"] > 0 and real["row_cpu_us"] > 0
+    assert min(real["var_us"], real["block_us"], real["id_us"]) >= 0
+
+
+def test_sparse_copies_over_the_mmap_threshold_cost_fresh_pages():
+    from ops.rpc.malloc import MMAP_THRESHOLD
+
+    rates = Rates(copy_us=0.001, fault_us=0.0005, block_us=0.0, id_us=0.0, row_us=0.0, merge_us=0.0,
+                  op_us={"sum": 0.0, "scale": 0.0, "adagrad": 0.0, "sgd": 0.0})
+    stats = IdStats.uniform_rows(10_000_000, 1)
+    rows = MMAP_THRESHOLD // 256  # [rows, 64] fp32: exactly the threshold
+    under = block_cost("adagrad", DType.FP32, 0, rows - 1, 64, Job(2), rates, sparse=True, ids=stats)
+    over = block_cost("adagrad", DType.FP32, 0, rows, 64, Job(2), rates, sparse=True, ids=stats)
+    assert under.compute_us == pytest.approx(2 * (rows - 1) * 64 * 0.001, rel=1e-3)
+    assert over.compute_us == pytest.approx(2 * rows * 64 * 0.0015, rel=1e-3)

@@ -80,7 +80,8 @@ def test_one_large_param_is_cut_across_every_pserver():
 def test_whole_params_are_packed_optimally():
     """Sizes 3,3,2,2,2 kept whole on 2 pservers: greedy alone gives 7|5 (the classic LPT
     miss), the known optimum is 3+3 | 2+2+2."""
-    rates = Rates(bandwidth=1e12, rpc_us=0.0, op_us={"sum": 0.0, "scale": 0.0, "sgd": 1.0}, row_us=0.0, var_us=0.0)
+    rates = Rates(bandwidth=1e12, rpc_us=0.0, op_us={"sum": 0.0, "scale": 0.0, "sgd": 1.0}, row_us=0.0, var_us=0.0,
+                  block_us=0.0)
     params = [dense(n, (size * 1000, 1)) for n, size in zip("abcde", (2, 3, 2, 3, 2), strict=True)]
     planner = PlanPartitioner(rates=rates, kinds={n: ("whole",) for n in "abcde"})
     placed = run(planner, params, 2, trainers=1)
@@ -293,3 +294,28 @@ def test_cli_transpile_with_the_plan(capsys, tmp_path):
     code, _, err = cli(capsys, "transpile", MLP / "main.pb", "--pservers", EPS, "--trainers", "2", "--rates",
                        tmp_path / "r.json", "-o", tmp_path / "o2")
     assert code == 2 and "--id-sample and --rates feed the cost model" in err
+
+
+def test_hot_first_table_gets_row_bands_sized_by_frequency():
+    """Zipf ids with the hot ids first, Adagrad (a sparse update copies its whole block):
+    a column cut sends every id to every pserver and copies as much; row bands of equal
+    estimated time (a short hot band, long cold ones) beat it and the even row bands."""
+    rng = np.random.default_rng(0)
+    sample = (rng.zipf(1.1, 50_000) - 1) % 100_000
+    table = dense("emb", (100_000, 64), "adagrad", sparse=True, table=True)
+    planner = PlanPartitioner(id_samples={"emb": sample}, batch_size=2000)
+    parts, servers = run(planner, [table], 4)["emb"]
+    assert [p.cols for p in parts] == [64] * 4 and sorted(servers) == [0, 1, 2, 3]
+    assert parts[0].rows < 100_000 // 4 < parts[-1].rows  # the hot band is the short one
+    stats = planner._stats([table])
+
+    def slowest(grid):
+        from transpiler.planner import grid_partitions
+
+        base = 2 * 2 * planner.rates.rpc_us
+        return max(base + block_cost("adagrad", DType.FP32, p.start_row, p.rows, p.cols, Job(2), planner.rates,
+                                     sparse=True, prefetch=True, ids=stats["emb"]).time_us(planner.rates)
+                   for p in grid_partitions(table, grid))
+
+    assert max(planner.loads) < 0.9 * slowest((4, 1)) and max(planner.loads) < slowest((1, 4))
+    assert max(planner.loads) / min(planner.loads) < 1.05

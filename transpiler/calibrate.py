@@ -1,15 +1,25 @@
 """`pstranspile calibrate`: measure this machine's rates for the cost model (`transpiler/cost.py`).
 
-- `rpc_us`: the median wall time of a small unary gRPC call over loopback, to a gRPC
-  server in another process built with the pserver's server options (a thread pool), or
-  the server's CPU time per call if that is larger (from /proc: a pserver's load is its
-  CPU);
-- `bandwidth`: bytes per second of 8 MiB requests to that server (wall or server CPU,
-  the larger), the fixed per-call time taken off;
+- `bandwidth`: bytes per second of 8 MiB requests to a gRPC echo server in another process
+  built with the pserver's server options (wall or server CPU, the larger), the fixed
+  per-call time (the echo's median call, or its CPU per call if larger) taken off;
 - `op_us`: µs per element of each optimizer op (and `sum`, `scale`) run by the executor on
   float32 params of 2^20 and 2^16 elements: the slope between the two sizes, so the
   fixed cost of running an op is not counted per element (the best of `repeat` runs);
-- `row_us`: µs per row of an `sgd` with a SelectedRows grad (rows of width 1).
+- `row_us`, `merge_us`, `copy_us`: a sync pserver's sparse optimize block run by the
+  executor (`measure_sparse_block`: two trainers' grads summed, scaled, Adagrad), per
+  merged grad row, per element of those rows, per element Adagrad copies;
+- against a real pserver (`measure_pserver`: the CTR example's `local-table` program,
+  `[100000, 64]` fp32 + Adagrad, 1 pserver x 1 trainer, async, served by `serve_program`
+  in a child process; every figure is the child's CPU per call, from /proc: a pserver's
+  load is its CPU): `block_us` = a `send` of a small dense grad less a `get` of a `[1]`
+  var (running one optimize block); `var_us` = a `SendBatch` of 8 such grads less one
+  send, per extra var, less `block_us`; `rpc_us` = the `get` less `var_us`; `id_us` = the
+  CPU per row of a sparse grad as a trainer sends it (a row per lookup, ids repeating;
+  the slope between 512 and 8192 rows), measured on tables 64 and 16 floats wide and
+  extrapolated to width 0 (the per-row part), less an id's 8 bytes and `row_us`; the
+  slope per float between the two widths replaces the echo's `bandwidth` (a pserver
+  taking a grad's bytes is slower than an echo).
 
 Well under a minute on a 2-core VM. The figures go to a JSON file (`Rates.to_json`) that
 `plan --rates` and `PlanPartitioner(rates=load_rates(path))` read.
@@ -24,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from transpiler.cost import DEFAULT_OP_US, Rates
+from transpiler.cost import DEFAULT_OP_US, ID_BYTES, Rates
 
 _SERVER = r"""
 import sys
@@ -155,21 +165,152 @@ def measure_ops(op_types=None, big: int = 1 << 20, small: int = 1 << 16, repeat:
     return out
 
 
-def measure_rows(rows: int = 1 << 15, height: int = 1 << 17, repeat: int = 3) -> float:
-    """µs per row of an `sgd` whose grad is a SelectedRows of `rows` rows of width 1."""
+def measure_sparse_block(rows: int = 250_000, counts: tuple[int, int] = (500, 4000), repeat: int = 5,
+                         widths: tuple[int, int] = (16, 64), big_rows: int | None = 300_000) -> dict[str, float]:
+    """A sync pserver's sparse optimize block (`sum` of 2 trainers' SelectedRows grads, a row
+    per lookup, ids Zipf(1.1) as a CTR job draws them; `scale`; `adagrad`) run by the executor on a
+    `[rows, width]` fp32 param, CPU per step at two lookup counts and two widths:
+    `row_us` and `merge_us` (per merged grad row and per element of it: the slope per row
+    at the two widths; `scale` + `adagrad` per element taken off `merge_us`), `copy_us`
+    (the intercept at the wider width over the `2·rows·width` elements Adagrad copies), and
+    `fault_us`: the extra per element copied when the table is `big_rows` rows (its arrays
+    over the 64 MiB mmap threshold of `ops.rpc.malloc`: fresh pages every step)."""
     import numpy as np
 
+    from ops.executor import Executor
+    from ops.rpc.malloc import keep_freed_memory
+    from ops.scope import Scope
+    from ops.tensor import SelectedRows
+    from transpiler.api import transpile
+
+    examples = str(ROOT / "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+    import train_ctr
+
+    keep_freed_memory()
+    def block_step(table_rows: int, width: int):
+        main, startup = train_ctr.build_ctr("local-table", table_rows, width)
+        pserver, pserver_startup = transpile(main, startup, pservers=["127.0.0.1:1"], trainers=2).pservers["127.0.0.1:1"]
+        block = next(b.idx for b in pserver.blocks if any(o.type == "adagrad" and o.inputs.get("Param") == ("emb",)
+                                                          for o in b.ops))
+        scope, exe = Scope(), Executor(seed=0)
+        exe.run(pserver_startup, scope=scope)
+        rng = np.random.default_rng(0)
+
+        def step(k: int) -> float:
+            for t in range(2):
+                ids = ((rng.zipf(1.1, k) - 1) % table_rows).astype(np.int64)  # CTR-like: a few hot ids, a long tail
+                scope.set_var(f"emb@GRAD.trainer_{t}",
+                              SelectedRows(ids, np.full((k, width), 1e-4, np.float32), table_rows))
+            start = time.process_time()
+            exe.run(pserver, scope=scope, block_id=block)
+            return time.process_time() - start
+
+        def median(k: int) -> float:
+            step(k)
+            return statistics.median(step(k) for _ in range(repeat)) * 1e6
+
+        return median
+
+    slopes, intercept = [], 0.0
+    for width in widths:
+        median = block_step(rows, width)
+        figures = [median(k) for k in counts]
+        slope = (figures[1] - figures[0]) / (2 * (counts[1] - counts[0]))  # per merged row (2 trainers)
+        slopes.append(slope)
+        intercept = figures[0] - 2 * counts[0] * slope
+    per_element = (slopes[1] - slopes[0]) / (widths[1] - widths[0])
+    copy_us = max(intercept, 0.0) / (2 * rows * widths[1])
+    fault_us = 0.0
+    if big_rows:  # arrays over the mmap threshold: each step's copies are fresh pages
+        big = block_step(big_rows, widths[1])(counts[0]) - 2 * counts[0] * slopes[1]
+        fault_us = max(big / (2 * big_rows * widths[1]) - copy_us, 0.0)
+    return {"row_us": max(slopes[1] - widths[1] * per_element, 0.0), "merge_elem_us": max(per_element, 0.0),
+            "copy_us": copy_us, "fault_us": fault_us}
+
+
+_PSERVER = r"""
+import sys
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/examples")
+import train_ctr
+from ops.rpc.serve import serve_program
+from transpiler.api import transpile
+from transpiler.runtime.launch import free_endpoints
+main, startup = train_ctr.build_ctr("local-table", int(sys.argv[2]), int(sys.argv[3]))
+endpoint = free_endpoints(1)[0]
+pserver, pserver_startup = transpile(main, startup, pservers=[endpoint], trainers=1, sync_mode=False).pservers[endpoint]
+serve_program(pserver, pserver_startup, ready=lambda server: print(endpoint, flush=True), log=None, timeout=600.0)
+"""
+
+PSERVER_ROWS, PSERVER_WIDTH = 100_000, 64
+
+
+def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: float, calls: int = 400,
+                    id_counts: tuple[int, int] = (512, 8192), repeat: int = 30, width: int = PSERVER_WIDTH
+                    ) -> dict[str, float]:
+    """`rpc_us`, `var_us`, `block_us`, `id_us` from a real pserver's CPU per call (module
+    docstring), its table `width` floats wide; `row_cpu_us` the measured CPU per grad row."""
+    import numpy as np
+
+    from ops.rpc.client import RpcClient
     from ops.tensor import SelectedRows
 
-    def once(count: int) -> float:
-        ids = np.arange(count, dtype=np.int64) * (height // count)
-        grad = SelectedRows(ids, np.ones((count, 1), np.float32), height)
-        inputs = {"Param": np.zeros((height, 1), np.float32), "Grad": grad,
-                  "LearningRate": np.array([0.1], np.float32)}
-        return _time_op("sgd", inputs, ["ParamOut"], {}, repeat)
+    child = subprocess.Popen([sys.executable, "-c", _PSERVER, str(ROOT), str(PSERVER_ROWS), str(width)],
+                             stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1",
+                                                                     "OPENBLAS_NUM_THREADS": "1"})
+    client = None
+    try:
+        endpoint = child.stdout.readline().strip()
+        if not endpoint:
+            raise RuntimeError("the calibration pserver did not start")
+        client = RpcClient(0, timeout=120.0)
 
-    small, big = once(rows // 16), once(rows)
-    return max(big - small, 0.0) / (rows - rows // 16) * 1e6
+        def cpu_per_call(call, count: int) -> float:
+            for _ in range(max(3, count // 10)):
+                call()
+            cpu0 = _cpu_seconds(child.pid)
+            for _ in range(count):
+                call()
+            return (_cpu_seconds(child.pid) - cpu0) / count * 1e6
+
+        get_us = cpu_per_call(lambda: client.get(endpoint, "learning_rate_0"), calls)
+        small = np.full(2, 1e-3, np.float32)
+        send_us = cpu_per_call(lambda: client.send(endpoint, "ctr_out.b@GRAD", small), calls)
+
+        def send_batch() -> None:  # 8 small grads in one SendBatch
+            for _ in range(8):
+                client.send_async(endpoint, "ctr_out.b@GRAD", small)
+            client.flush()
+            client.wait_pending()
+
+        batch_us = cpu_per_call(send_batch, calls // 4)
+        rng = np.random.default_rng(0)
+        figures = []
+        for k in id_counts:  # a lookup's grad as a trainer sends it: a row per lookup, ids repeating
+            ids = rng.integers(0, 2 * k, size=k).astype(np.int64) * (PSERVER_ROWS // (2 * k))
+            grad = SelectedRows(ids, np.full((k, width), 1e-4, np.float32), PSERVER_ROWS)
+            figures.append(cpu_per_call(lambda grad=grad: client.send(endpoint, "emb@GRAD", grad), repeat))
+        slope = (figures[1] - figures[0]) / (id_counts[1] - id_counts[0])
+        wire = (ID_BYTES + width * 4) / bandwidth * 1e6
+        work = width * adagrad_us + row_us
+        # the update's fixed part beyond a small dense send: adagrad copying param and moment
+        client.complete([endpoint])
+        child.wait(timeout=60)
+        if os.environ.get("PSTRANSPILE_CALIBRATE_DEBUG"):
+            print(f"pserver cpu us per call: get {get_us:.0f}, small send {send_us:.0f}, 8 in a batch {batch_us:.0f}, "
+                  f"sparse grads "
+                  f"{figures} (slope {slope:.3f}/row, wire {wire:.3f}, op {work:.3f})", file=sys.stderr)
+        block_us = max(send_us - get_us, 0.0)
+        var_us = max((batch_us - send_us) / 7 - block_us, 0.0)
+        return {"rpc_us": max(get_us - var_us, 0.0), "var_us": var_us, "block_us": block_us,
+                "id_us": max(slope - wire - work, 0.0), "row_cpu_us": slope}
+    finally:
+        if client is not None:
+            client.close()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
 
 
 def calibrate(progress=None) -> Rates:
@@ -181,11 +322,26 @@ def calibrate(progress=None) -> Rates:
     say("ops: us per element")
     ops = dict(DEFAULT_OP_US)
     ops.update(measure_ops())
-    try:
-        row_us = measure_rows()
-    except Exception:  # noqa: BLE001 - keep the default
-        row_us = Rates().row_us
-    say(f"  {', '.join(f'{k} {v:.4f}' for k, v in sorted(ops.items()))}; row {row_us:.3f}")
+    say(f"  {', '.join(f'{k} {v:.4f}' for k, v in sorted(ops.items()))}")
+    say("a sync pserver's sparse block (executor): us per merged grad row, per element, per element copied")
+    block = measure_sparse_block()
+    row_us = block["row_us"]
+    merge_us = max(block["merge_elem_us"] - ops["scale"] - ops["adagrad"], 0.0)
+    say(f"  row {row_us:.3f}, merge {merge_us:.4f}, copy {block['copy_us']:.5f}, over 64 MiB +{block['fault_us']:.5f}")
+    say("a real pserver: us per var, per optimize block, per id")
+    real = measure_pserver(rpc_us, bandwidth, ops["adagrad"], row_us)
+    # the per-row cost apart from the bytes: a second table 4x narrower; the rows' CPU at the
+    # two widths, extrapolated to width 0, less an id's bytes and the row bookkeeping
+    narrow = measure_pserver(rpc_us, bandwidth, ops["adagrad"], row_us, calls=100, width=PSERVER_WIDTH // 4)
+    per_float = (real["row_cpu_us"] - narrow["row_cpu_us"]) / (PSERVER_WIDTH - PSERVER_WIDTH // 4)
+    if per_float > 0:  # the real pserver's rate of taking a grad's bytes, rather than the echo's
+        bandwidth = 4 / per_float * 1e6
+    fixed = real["row_cpu_us"] - PSERVER_WIDTH * max(per_float, 0.0)
+    real["id_us"] = max(fixed - ID_BYTES / bandwidth * 1e6 - row_us, 0.0)
+    say(f"  rpc {real['rpc_us']:.0f}, var {real['var_us']:.1f}, block {real['block_us']:.1f}, id {real['id_us']:.3f}")
     host = os.uname().nodename if hasattr(os, "uname") else "this machine"
     source = f"calibrate on {host}, {time.strftime('%Y-%m-%d')}, {time.perf_counter() - started:.0f}s"
-    return Rates(bandwidth=bandwidth, rpc_us=rpc_us, op_us=ops, row_us=row_us, source=source)
+    return Rates(bandwidth=bandwidth, rpc_us=real["rpc_us"], op_us=ops, row_us=row_us, var_us=real["var_us"],
+                 block_us=real["block_us"], id_us=real["id_us"], copy_us=block["copy_us"], merge_us=merge_us,
+                 fault_us=block["fault_us"],
+                 source=source)

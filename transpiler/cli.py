@@ -781,8 +781,9 @@ def plan_command(args: argparse.Namespace) -> int:
 
 @command(
     "calibrate",
-    "measure this machine for the cost model (loopback gRPC bandwidth and per-call time, us per element of "
-    "each optimizer op) and write the rates as JSON for `plan --rates` (well under a minute)",
+    "measure this machine for the cost model (a real pserver's CPU per request, var, optimize block, sparse "
+    "row and byte; us per element of each optimizer op) and write the rates as JSON for `plan --rates` "
+    "(under a minute)",
     arg("-o", "--output", required=True, metavar="RATES.json", help="where to write the rates"),
 )
 def calibrate_command(args: argparse.Namespace) -> int:

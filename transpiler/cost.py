@@ -21,15 +21,22 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
   unsliced ones are `[1]` scalars, a copy per partition); merged grad `n·s`; grad
   buffers `T·n·s` (sync, T > 1);
 - traffic (dense): in `T·n·s` (grads), out `T·n·s` (params trainers receive); a sparse
-  grad carries `r` rows per trainer (`r` from `IdStats`): in `T·r·(cols·s + 8)`; a
-  prefetched table sends `r` rows: out `T·r·cols·s`, ids in `T·r·8`;
+  grad carries a row per lookup, `l` per trainer (ids repeat; `l` from `IdStats`): in
+  `T·l·(cols·s + 8)`; a prefetched table sends the `r` distinct rows asked for: out
+  `T·r·cols·s`, ids in `T·r·8`;
 - RPCs: per trainer a send batch and a fetch batch to each pserver holding a partition
   (in sync mode carrying the barriers), and a prefetch call per prefetched partition;
   each var a batch carries costs `var_us`;
 - compute: `(T-1)·n·sum + n·scale + n·<optimizer>` µs-per-element rates (`Rates`); sparse
-  grads touch `r` rows instead of `n / cols` (unless the optimizer updates every row).
+  grads touch `r` rows instead of `n / cols` (unless the optimizer updates every row), their
+  `T·l` grad rows are merged at `row_us + cols·merge_us` each (no `sum` rate), and
+  each grad row costs `id_us` on every partition its id reaches; an optimizer in `SPARSE_COPIES` copies its whole param and state per run
+  (`(1 + sliced)·n·copy_us`); each run of the partition's optimize block costs `block_us`
+  (once a step in sync mode, once per trainer's grad in async mode).
 Estimated pserver time per step = compute + (bytes in + out) / bandwidth + RPCs × rpc_us
-+ vars × var_us.
++ vars × var_us. The fixed rates (`rpc_us`, `var_us`, `block_us`, `id_us`) are measured
+against a real pserver by `pstranspile calibrate`; a column cut multiplies the per-id and
+per-block work by the number of ranges, a row cut does not.
 """
 
 from __future__ import annotations
@@ -48,6 +55,11 @@ from transpiler.ir.types import DType
 MEMORY_KINDS = ("params", "optimizer_state", "grad_buffers", "merged_grads", "table", "other")
 ID_BYTES = 8  # an int64 row id on the wire
 RATES_SCHEMA = "pstranspile.rates/1"
+# Optimizers whose kernel, on a SelectedRows grad of rows it updates alone, copies the whole
+# param and every sliced state before writing the rows (ops/kernels/optimizers.py): such an
+# update costs `(1 + sliced) · n · copy_us` per run however few rows it touches. (`sgd`
+# updates in place on a pserver; `adam` copies in `lazy_mode` only, else it updates every row.)
+SPARSE_COPIES = frozenset({"adagrad", "adam", "ftrl"})
 
 # Defaults measured on the project's shared 2-core VM with `pstranspile calibrate`
 # (2026-11-26): µs per float32 element, the executor's kernels.
@@ -65,11 +77,18 @@ class Rates:
     element per op type (`sum`, `scale` and the optimizers), `row_us` µs per row a sparse
     update or lookup touches (the per-row bookkeeping beside the per-element work)."""
 
-    bandwidth: float = 1.5e8  # loopback gRPC from Python on the 2-core VM (calibrate)
-    rpc_us: float = 475.0
+    # the defaults: `pstranspile calibrate` on the shared 2-core VM, 2026-11-27 (4 runs;
+    # the small fixed figures move by 2x between runs on this loaded machine)
+    bandwidth: float = 1.9e8  # a real pserver taking a sparse grad's bytes
+    rpc_us: float = 350.0  # a real pserver's CPU per request (a `get` of a [1] var)
     op_us: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_US))
-    row_us: float = 0.004
-    var_us: float = 40.0  # handling one var of a batch (decode, lock, store / encode); not measured
+    row_us: float = 0.12  # per sparse grad row the pserver's block merges and applies
+    var_us: float = 5.0  # one more var in a request (8 grads in one SendBatch: 0-11 measured)
+    block_us: float = 150.0  # one optimize block run (a small `send` less a `get`: 25-270 measured)
+    id_us: float = 0.2  # per sparse grad row received, beyond its bytes and the block's work (0.09-0.34)
+    copy_us: float = 0.00034  # per element a sparse update copies (a whole param or state: SPARSE_COPIES)
+    merge_us: float = 0.015  # per element of a sparse grad row the block merges (sum's scatter-add)
+    fault_us: float = 0.0001  # more per element copied into an array over the mmap threshold (0.00006-0.00016)
     source: str = "defaults"
 
     def op(self, op_type: str) -> float:
@@ -85,11 +104,20 @@ class Rates:
             "schema": RATES_SCHEMA,
             "source": self.source,
             "units": {"bandwidth": "bytes/s", "rpc_us": "us per RPC", "op_us": "us per element",
-                      "row_us": "us per sparse row", "var_us": "us per var in a batch"},
+                      "row_us": "us per sparse row", "var_us": "us per var in a batch",
+                      "block_us": "us per optimize block run", "id_us": "us per id on a pserver",
+                      "copy_us": "us per element copied by a sparse update",
+                      "merge_us": "us per element of a merged sparse grad row",
+                      "fault_us": "us more per element copied over the mmap threshold"},
             "bandwidth": self.bandwidth,
             "rpc_us": self.rpc_us,
             "row_us": self.row_us,
             "var_us": self.var_us,
+            "block_us": self.block_us,
+            "id_us": self.id_us,
+            "copy_us": self.copy_us,
+            "merge_us": self.merge_us,
+            "fault_us": self.fault_us,
             "op_us": dict(sorted(self.op_us.items())),
         }
 
@@ -109,10 +137,14 @@ def load_rates(path: str | Path | None) -> Rates:
         ops = dict(DEFAULT_OP_US)
         ops.update({str(k): float(v) for k, v in data.get("op_us", {}).items()})
         rates = Rates(float(data["bandwidth"]), float(data["rpc_us"]), ops, float(data.get("row_us", Rates.row_us)),
-                      float(data.get("var_us", Rates.var_us)), str(path))
+                      float(data.get("var_us", Rates.var_us)), float(data.get("block_us", Rates.block_us)),
+                      float(data.get("id_us", Rates.id_us)), float(data.get("copy_us", Rates.copy_us)),
+                      float(data.get("merge_us", Rates.merge_us)), float(data.get("fault_us", Rates.fault_us)),
+                      str(path))
     except (KeyError, TypeError, ValueError) as exc:
         raise TranspileError(f"rates {path}: bad field ({exc})") from None
-    if rates.bandwidth <= 0 or rates.rpc_us < 0 or any(v < 0 for v in ops.values()):
+    if rates.bandwidth <= 0 or min(rates.rpc_us, rates.row_us, rates.var_us, rates.block_us, rates.id_us,
+                                   rates.copy_us, rates.merge_us, rates.fault_us) < 0 or any(v < 0 for v in ops.values()):
         raise TranspileError(f"rates {path}: rates must be positive")
     return rates
 
@@ -279,12 +311,14 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
     cost.memory["grad_buffers"] = t * n * size if job.per_trainer_grads else 0
     cost.memory["optimizer_state"] = (len(slots.sliced) * n + len(slots.unsliced)) * size
     cost.vars = 2 * t  # its grad in and its param (or rows) out, per trainer
+    runs = 1 if job.sync_mode else t  # its optimize block: once a round, or once per grad
     if sparse:
         stats = ids or IdStats.uniform_rows(start_row + rows, 1)
         lookups, touched_one = stats.rows(start_row, start_row + rows, 1)
         _, touched_all = stats.rows(start_row, start_row + rows, t)
         cost.lookups, cost.rows = lookups * t, touched_one * t
-        cost.bytes_in = t * touched_one * (cols * size + ID_BYTES)
+        # a lookup's grad carries a row per lookup (ids repeating: merged on the pserver)
+        cost.bytes_in = lookups * t * (cols * size + ID_BYTES)
         if prefetch:  # rows asked for and sent, the param itself never received whole
             cost.bytes_in += t * touched_one * ID_BYTES
             cost.bytes_out = t * touched_one * cols * size
@@ -293,11 +327,19 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
             cost.bytes_out = t * n * size
         every = slots.updates_every_row((optimizer_attrs or {}).get) if optimizer_attrs is not None else slots.every_row
         updated = rows if every else (touched_all if job.sync_mode else touched_one * t)
-        merge_rows = touched_one * t
-        cost.compute_us = (merge_rows * cols * rates.op("sum") + updated * cols * rates.op("scale")
-                           + updated * cols * rates.op(optimizer) + (merge_rows + updated) * rates.row_us)
+        merge_rows = lookups * t
+        cost.compute_us = (merge_rows * (rates.row_us + cols * rates.merge_us) + updated * cols * rates.op("scale")
+                           + updated * cols * rates.op(optimizer))
         if not job.sync_mode:
             cost.compute_us += (t - 1) * updated * cols * rates.op(optimizer) if every else 0.0
+        # per grad row taken: the request work beside its bytes, on every partition the id
+        # reaches (a column cut: on all of them)
+        cost.compute_us += lookups * t * rates.id_us
+        if not every and optimizer in SPARSE_COPIES:
+            from ops.rpc.malloc import MMAP_THRESHOLD
+
+            fresh = rates.fault_us if n * size >= MMAP_THRESHOLD else 0.0  # fresh pages each step
+            cost.compute_us += runs * (1 + len(slots.sliced)) * n * (rates.copy_us + fresh)
     else:
         cost.bytes_in = t * n * size
         cost.bytes_out = t * n * size
@@ -305,6 +347,7 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
             cost.compute_us = (t - 1) * n * rates.op("sum") + n * rates.op("scale") + n * rates.op(optimizer)
         else:
             cost.compute_us = t * n * rates.op(optimizer)
+    cost.compute_us += runs * rates.block_us
     return cost
 
 
@@ -325,12 +368,13 @@ def table_shard_cost(table, shard: int, job: Job, rates: Rates, ids: IdStats | N
     _, merged = stats.residue_rows(shard, shards, job.trainers)
     t = job.trainers
     cost.lookups, cost.rows = lookups * t, one * t
-    cost.bytes_in = t * one * ID_BYTES + t * one * (width * size + ID_BYTES)
+    cost.bytes_in = t * one * ID_BYTES + t * lookups * (width * size + ID_BYTES)
     cost.bytes_out = t * one * width * size
     cost.rpcs = t  # the prefetch (the grads travel in the batches)
     cost.vars = 2 * t
-    cost.compute_us = (one * t * width * rates.op("sum") + merged * width * rates.op("sgd")
-                       + (one * t * 2 + merged) * rates.row_us)
+    cost.compute_us = (lookups * t * (rates.row_us + width * rates.merge_us) + merged * width * rates.op("sgd")
+                       + lookups * t * rates.id_us
+                       + (1 if job.sync_mode else t) * rates.block_us)
     return cost
 
 
@@ -498,3 +542,39 @@ def summarize(plan, costs: Sequence[PserverCost], rates: Rates, declared: Mappin
         "imbalance": {c: round(imbalance(r[c] for r in rows), 6) for c in columns},
         "est_step_ms": round(max((r["est_ms"] for r in rows), default=0.0), 6),
     }
+
+
+# -- resident memory at run time ---------------------------------------------------------------
+
+def resident_bytes(plan, endpoint: str, ids: Mapping[str, IdStats] | None = None) -> dict[str, int]:
+    """What a pserver holds once warmed up, by kind (beside the process's own baseline):
+    params and optimizer state as declared; a dense grad's merged var and per-trainer
+    buffers; a sparse grad only its rows (`T·l` rows per buffer and merged, not the declared
+    height); and, for an optimizer in `SPARSE_COPIES`, the copies of its param and state a
+    step makes, whose freed pages the pserver keeps (`ops.rpc.malloc`: arrays under its
+    mmap threshold are reused, larger ones go back to the kernel)."""
+    from ops.rpc.malloc import MMAP_THRESHOLD
+
+    ids = ids or {}
+    out = dict.fromkeys(("params", "optimizer_state", "grads", "step_copies"), 0)
+    t = plan.trainers
+    for param in plan.params:
+        slots = optimizer_slots(param.optimizer)
+        width = math.prod(param.shape[1:]) if len(param.shape) >= 2 else 1
+        size = param.dtype.itemsize
+        for block in param.blocks_on(endpoint):
+            cols = block.cols if block.cols is not None else width
+            n = (block.rows if param.shape else 1) * cols
+            out["params"] += n * size
+            out["optimizer_state"] += (len(slots.sliced) * n + len(slots.unsliced)) * size
+            if param.sparse:
+                stats = ids.get(param.param) or IdStats.uniform_rows(param.shape[0], 1)
+                lookups, _ = stats.rows(block.row_offset, block.row_offset + block.rows, 1)
+                copies = 2 if plan.per_trainer_grads else 1
+                out["grads"] += round(copies * t * lookups * (cols * size + ID_BYTES))
+                if param.optimizer in SPARSE_COPIES and not slots.every_row:
+                    for array in range(1 + len(slots.sliced)):
+                        out["step_copies"] += n * size if n * size < MMAP_THRESHOLD else 0
+            else:
+                out["grads"] += n * size * (1 + (t if plan.per_trainer_grads else 0))
+    return out

@@ -3,7 +3,9 @@ estimated time per step (the cost model, `transpiler/cost.py`), under a memory c
 
 TorchRec's planner in small: an estimator (`block_cost`: memory by kind, bytes in and out,
 RPCs and optimizer compute of one partition, with a table's id statistics), a proposer
-(per param the candidate cuts: whole; `k` row bands; `k` column ranges; `r x c` grids,
+(per param the candidate cuts: whole; `k` row bands of equal rows, and for a sparse
+param also `k` row bands of equal estimated time (sized by the ids' frequencies: a
+hot-first table gets a short hot band); `k` column ranges; `r x c` grids,
 `k, r·c <= pservers`; a param whose pserver op needs whole rows gets no column cut) and a
 placer, greedy and deterministic:
 
@@ -40,6 +42,7 @@ KINDS = ("whole", "row", "column", "2-D")
 class Candidate:
     kind: str
     grid: tuple[int, int]  # row bands x column ranges
+    weighted: bool = False  # row bands of equal estimated time (a skewed table), not of equal rows
 
 
 @dataclass
@@ -75,6 +78,8 @@ def candidates(params: Sequence[ParamInfo], servers: int, allowed: Iterable[str]
     out = [Candidate("whole", (1, 1))] if "whole" in allowed else []
     if "row" in allowed:
         out += [Candidate("row", (k, 1)) for k in range(2, min(servers, rows) + 1)]
+        if all(p.sparse for p in params):  # bands sized by the ids' frequencies
+            out += [Candidate("row", (k, 1), weighted=True) for k in range(2, min(servers, rows) + 1)]
     if column_ok and "column" in allowed:
         out += [Candidate("column", (1, k)) for k in range(2, min(servers, cols) + 1)]
     if column_ok and "2-D" in allowed:
@@ -170,6 +175,33 @@ class PlanPartitioner(Partitioner):
         return block_cost(param.optimizer, param.dtype, part.start_row, part.rows, part.cols, job, self.rates,
                           sparse=param.sparse, prefetch=param.table, ids=stats.get(param.name))
 
+    def weighted_bands(self, unit: Sequence[ParamInfo], count: int, job: Job, stats: Mapping[str, IdStats]
+                       ) -> list[tuple[int, int]]:
+        """`count` row bands of the unit's params whose estimated times are near equal: band
+        by band, the first cut where the band's time reaches its share of what is left (the
+        rest's time plus a band's fixed cost per further band, over the bands left; a
+        bisection per cut). A hot-first table gets a short first band."""
+        rows = min(p.rows for p in unit)
+
+        def time_of(start: int, end: int) -> float:
+            return sum(self.part_cost(p, Partition(start, end, 0, p.cols), job, stats).time_us(self.rates) for p in unit)
+
+        cuts = [0]
+        for i in range(1, count):
+            start, left = cuts[-1], count - i + 1
+            fixed = min(time_of(start, start + 1), time_of(rows - 1, rows))  # a band's cost without ids
+            target = (time_of(start, rows) + (left - 1) * fixed) / left
+            lo, hi = start + 1, rows - (count - i)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if time_of(start, mid) < target:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            cuts.append(lo)
+        cuts.append(rows)
+        return list(zip(cuts[:-1], cuts[1:], strict=True))
+
     def search(self, params: Sequence[ParamInfo]) -> dict[str, tuple[list[Partition], list[int]]]:
         servers = max(1, self.servers)
         job = Job(self.trainers, self.sync_mode)
@@ -184,7 +216,11 @@ class PlanPartitioner(Partitioner):
         def parts_of(unit: list[ParamInfo], cand: Candidate) -> list[_Part]:
             key = ("\0".join(p.name for p in unit), cand)
             if key not in cache:
-                cut = [grid_partitions(p, cand.grid) for p in unit]
+                if cand.weighted:
+                    bands = self.weighted_bands(unit, cand.grid[0], job, stats)
+                    cut = [[Partition(r0, r1, 0, p.cols) for r0, r1 in bands] for p in unit]
+                else:
+                    cut = [grid_partitions(p, cand.grid) for p in unit]
                 out = []
                 for i, pieces in enumerate(zip(*cut, strict=True)):
                     costs = [self.part_cost(p, piece, job, stats) for p, piece in zip(unit, pieces, strict=True)]
