@@ -30,26 +30,27 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("transpiler.fileio",),
     ("transpiler.ir",),
     ("ops.catalogue",),
-    ("ops.tensor", "ops.scope"),
+    ("ops.tensor", "ops.scope", "ops.heap"),
     ("ops.kernels",),
     ("ops.executor", "ops.testing"),
     ("transpiler.plan",),
     ("transpiler.dispatch",),
-    ("transpiler.partition",),
+    ("transpiler.partition", "transpiler.planner", "transpiler.cost", "transpiler.cost_report"),  # a partitioner may be the cost planner
     ("transpiler.config",),
     ("ops.rpc", "transpiler.passes", "transpiler.frontend"),
     ("transpiler.output",),
     ("transpiler.api",),
     ("transpiler.runtime",),
     ("transpiler.fluid", "transpiler.fleet", "transpiler.remote"),  # user APIs over the runtime
-    ("transpiler.cli", "transpiler.__main__"),
+    ("transpiler.cli", "transpiler.__main__", "transpiler.calibrate"),  # calibrate runs a real pserver
 )
 
 # module -> the only modules (outside its own layer) that may import it
 ONLY_IMPORTED_BY: dict[str, tuple[str, ...]] = {
     "proto": ("transpiler.ir.serde", "ops.rpc"),
-    "ops.executor": ("ops.testing", "ops.rpc", "transpiler.runtime", "transpiler.fluid", "transpiler.fleet", "transpiler.remote", "transpiler.cli"),
-    "ops.rpc": ("transpiler.runtime", "transpiler.fluid", "transpiler.fleet", "transpiler.remote", "transpiler.cli"),
+    "ops.executor": ("ops.testing", "ops.rpc", "transpiler.runtime", "transpiler.fluid", "transpiler.fleet", "transpiler.remote", "transpiler.cli", "transpiler.calibrate"),
+    "ops.rpc": ("transpiler.runtime", "transpiler.fluid", "transpiler.fleet", "transpiler.remote", "transpiler.cli",
+                "transpiler.calibrate"),
 }
 
 ROOTS = ("transpiler", "ops")  # the `__init__` of each: the floor, but not a prefix for its modules

@@ -260,9 +260,7 @@ def test_float64_prefetched_table_cut_by_columns_equals_local(partitioner, tmp_p
               "--batch", "32", "--quiet", "--float64")
     launch_ok(tmp_path, (sys.executable, *common, "--save", str(tmp_path / "params")), pservers=3, trainers=2,
               sync_mode=True, timeout=60.0,
-              env={"PSTRANSPILE_PARTITIONER": partitioner, "PYTHONPATH": f"{EXAMPLES.parent}{os.pathsep}{EXAMPLES}",
-                   **({"PSTRANSPILE_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "PSTRANSPILE_CHECKPOINT_EVERY": "8"}
-                      if checkpoint else {})})
+              env={"PSTRANSPILE_PARTITIONER": partitioner, "PYTHONPATH": f"{EXAMPLES.parent}{os.pathsep}{EXAMPLES}"})
     run_script_locally((*common, "--init", str(tmp_path / "params" / "trainer_0.npz"), "--save", str(tmp_path / "local")))
     dist, local = np.load(tmp_path / "params" / "trainer_0.npz"), np.load(tmp_path / "local" / "local.npz")
     finals = [k for k in local.files if k.startswith(("final/", "final_rows/"))]
@@ -380,9 +378,7 @@ def test_float64_conv_filters_cut_by_columns_equal_local(partitioner, tmp_path):
               str(folder / "startup.pb"), "--loss", "mean_0.tmp_0", "--steps", "3", "--batch", "8", "--float64")
     launch_ok(tmp_path, (sys.executable, *common, "--save", str(tmp_path / "params")), pservers=3, trainers=2,
               sync_mode=True, timeout=120.0,
-              env={"PSTRANSPILE_PARTITIONER": partitioner, "PYTHONPATH": f"{EXAMPLES.parent}{os.pathsep}{EXAMPLES}",
-                   **({"PSTRANSPILE_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "PSTRANSPILE_CHECKPOINT_EVERY": "8"}
-                      if checkpoint else {})})
+              env={"PSTRANSPILE_PARTITIONER": partitioner, "PYTHONPATH": f"{EXAMPLES.parent}{os.pathsep}{EXAMPLES}"})
     run_script_locally((*common, "--as-trainers", "2", "--init", str(tmp_path / "params" / "trainer_0.npz"),
                         "--save", str(tmp_path / "local")))
     dist, local = np.load(tmp_path / "params" / "trainer_0.npz"), np.load(tmp_path / "local" / "local.npz")

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.catalogue.optimizer_ops import OPTIMIZER_SLOTS, optimizer_slots
+from ops.heap import MMAP_THRESHOLD
 from transpiler.errors import TranspileError
 from transpiler.ir.types import DType
 
@@ -336,7 +337,6 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
         # reaches (a column cut: on all of them)
         cost.compute_us += lookups * t * rates.id_us
         if not every and optimizer in SPARSE_COPIES:
-            from ops.rpc.malloc import MMAP_THRESHOLD
 
             fresh = rates.fault_us if n * size >= MMAP_THRESHOLD else 0.0  # fresh pages each step
             cost.compute_us += runs * (1 + len(slots.sliced)) * n * (rates.copy_us + fresh)
@@ -553,8 +553,6 @@ def resident_bytes(plan, endpoint: str, ids: Mapping[str, IdStats] | None = None
     height); and, for an optimizer in `SPARSE_COPIES`, the copies of its param and state a
     step makes, whose freed pages the pserver keeps (`ops.rpc.malloc`: arrays under its
     mmap threshold are reused, larger ones go back to the kernel)."""
-    from ops.rpc.malloc import MMAP_THRESHOLD
-
     ids = ids or {}
     out = dict.fromkeys(("params", "optimizer_state", "grads", "step_copies"), 0)
     t = plan.trainers

@@ -37,12 +37,11 @@ import platform
 import threading
 from collections.abc import Mapping
 
+from ops.heap import MMAP_THRESHOLD, TRIM_THRESHOLD
 from ops.rpc.env_choice import EnvChoiceError, env_choice
 
 MALLOC_ENV = "PSTRANSPILE_MALLOC"
 CHOICES = ("keep", "default")
-MMAP_THRESHOLD = 1 << 30  # bytes: allocations below come from the heap, so their pages are reused
-TRIM_THRESHOLD = (2 << 30) - 1  # bytes free at a heap's top before glibc returns them (mallopt takes an int)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8  # mallopt's parameter numbers (malloc.h)
 PSERVER_ARENAS = 2  # malloc arenas a pserver process uses (`bound_arenas`)
 BIG_ARENAS = 1  # ... in a process of a program with a big param: the main one, whose heap has no size cap
