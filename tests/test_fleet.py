@@ -7,6 +7,7 @@ every step equals local training."""
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -428,3 +429,104 @@ def test_the_seed_script_is_a_fluid_script_paddle_1_8_5_and_ours_give_the_same_l
         assert len(mine) == len(theirs) == 8
         np.testing.assert_allclose(mine, theirs, rtol=2e-6)
     assert ours[0] != ours[1]
+
+
+@pytest.mark.parametrize("variant", ["--sparse", "--distributed"])
+def test_half_async_with_sparse_grads_equals_sync_with_one_trainer_float64(tmp_path, variant):
+    """Half-async with one trainer, float64, an `is_sparse` embedding (SelectedRows grads) or a
+    distributed lookup table (its table optimize block): exactly the params (the table included) and losses of sync training with one trainer,
+    i.e. of local training, from the pservers' same initial values; and the last step moved
+    every param."""
+    runs = {}
+    for name, mode, steps in (("half_async", "half_async", "6"), ("sync", "sync", "6"), ("sync5", "sync", "5")):
+        folder = tmp_path / name
+        command = (sys.executable, SCRIPT, "--mode", mode, variant, "--float64", "--steps", steps,
+                   "--save", str(folder / "model"), "--out", str(folder / "out"))
+        launch_ok(folder, command, pservers=2, trainers=1, sync_mode=True, timeout=60.0,
+                  env={"PSTRANSPILE_CHECKPOINT_DIR": str(folder / "ckpt")})  # a sync trainer reads the table that way
+        runs[name] = (saved(folder / "model"), json.loads((folder / "out" / "losses_0.json").read_text()))
+    (ours, our_losses), (reference, reference_losses), (before, _) = runs["half_async"], runs["sync"], runs["sync5"]
+    for name in ["embedding_0.w_0", "fc_0.b_0", "fc_0.w_0", "fc_1.b_0", "fc_1.w_0"]:
+        assert ours[name].dtype == np.float64, name
+        np.testing.assert_array_equal(ours[name], reference[name], err_msg=name)
+        assert not np.array_equal(ours[name], before[name]), name  # the last step changed it
+    np.testing.assert_array_equal(our_losses, reference_losses)
+
+
+def test_half_async_applies_each_trainers_sparse_rows_in_order(tmp_path):
+    """Two trainers, float64, SelectedRows grads: each trainer's rows get their own SGD step,
+    trainer 0's then trainer 1's. SGD is linear in the grad, so that is sync training (mean
+    grad) at twice the lr, row for row; and the loss falls."""
+    variant = "--sparse"
+    for name, args in (("half", ("--mode", "half_async", "--lr", "1.0")), ("sync", ("--mode", "sync", "--lr", "2.0"))):
+        command = (sys.executable, SCRIPT, *args, variant, "--float64", "--steps", "20",
+                   "--save", str(tmp_path / name / "model"), "--out", str(tmp_path / name / "out"))
+        launch_ok(tmp_path / name, command, pservers=2, trainers=2, sync_mode=True, timeout=60.0,
+                  env={"PSTRANSPILE_CHECKPOINT_DIR": str(tmp_path / name / "ckpt")})
+    half, sync = saved(tmp_path / "half" / "model"), saved(tmp_path / "sync" / "model")
+    assert "embedding_0.w_0" in sync and sorted(half) == sorted(sync)
+    for name, value in sync.items():
+        np.testing.assert_allclose(half[name], value, rtol=0, atol=1e-12 * max(1.0, np.abs(value).max()), err_msg=name)
+    for worker in losses(tmp_path / "half" / "out"):
+        assert np.mean(worker[-3:]) < 0.85 * np.mean(worker[:3]), worker
+
+
+@pytest.mark.parametrize("case", ["fluid18_ctr_dist_sgd_2ps", "ctr_v1_dist_sgd_2ps", "ctr_v1_sparse_sgd_2ps",
+                                  "mlp_clip_value_sgd_3ps"])
+def test_half_async_repeats_tables_regularization_and_clipping_per_trainer(case):
+    """Paddle-built programs with a distributed table / an `is_sparse` table (SelectedRows
+    grads) / per-param clipping: every op after `sum` → `scale` runs once per trainer's grad,
+    in trainer order, the averaged grad renamed to that trainer's."""
+    from conftest import PADDLE_PROGRAMS
+    from transpiler.api import transpile
+    from transpiler.fleet import half_async
+    from transpiler.ir.verifier import verify
+
+    folder = PADDLE_PROGRAMS / case
+    main, startup = Program.load(folder / "main.pb"), Program.load(folder / "startup.pb")
+    sync = transpile(main, startup, pservers=EPS, trainers=2, trainer_id=0, sync_mode=True)
+    for endpoint in EPS:
+        before = sync.pservers[endpoint][0]
+        program = half_async.pserver_program(before.clone())
+        (serve,) = [op for op in program.global_block().ops if op.type == "listen_and_serv"]
+        (old,) = [op for op in before.global_block().ops if op.type == "listen_and_serv"]
+        for block, was in zip(serve.blocks_attr("optimize_blocks"), old.blocks_attr("optimize_blocks")):
+            ops, old_ops = list(block.ops), list(was.ops)
+            assert old_ops[0].type == "sum" and old_ops[1].type == "scale", [op.type for op in old_ops]
+            merged, grads = old_ops[0].output("Out")[0], list(old_ops[0].input("X"))
+            rest = old_ops[2:]
+            assert [op.type for op in ops] == ["sum"] + [op.type for op in rest] * len(grads)
+            for t, grad in enumerate(grads):
+                for op, original in zip(ops[1 + t * len(rest):1 + (t + 1) * len(rest)], rest):
+                    for slot, names in original.inputs.items():
+                        assert list(op.input(slot)) == [grad if n == merged else n for n in names], (slot, t)
+                    for slot, names in original.outputs.items():
+                        assert list(op.output(slot)) == [grad if n == merged else n for n in names], (slot, t)
+        verify(program)
+        Program.from_bytes(program.to_bytes())
+
+
+@pytest.mark.parametrize("case", ["fluid18_clip_norm_momentum_2ps", "mlp_lars_l2_3ps"])
+def test_half_async_refuses_norms_over_all_trainers_grads(case):
+    """Global-norm clipping / LARS norms of a sliced param sum a norm over all trainers' grads
+    across pserver blocks (`pserver_allreduce_sum`): refused, not applied per trainer."""
+    from conftest import PADDLE_PROGRAMS
+    from transpiler.api import transpile
+    from transpiler.fleet import half_async
+
+    folder = PADDLE_PROGRAMS / case
+    main, startup = Program.load(folder / "main.pb"), Program.load(folder / "startup.pb")
+    sync = transpile(main, startup, pservers=EPS, trainers=2, trainer_id=0, sync_mode=True)
+    with pytest.raises(NotImplementedError, match="HalfAsyncStrategy: .*pserver_allreduce_sum"):
+        half_async.pserver_program(sync.pservers[EPS[0]][0].clone())
+
+
+def test_half_async_with_a_distributed_table_converges_with_two_trainers(tmp_path):
+    """Two trainers and a distributed table: not compared with sync, as the shards grow their
+    rows (and draw their initial values) in the order the trainers' prefetches arrive; the
+    loss falls."""
+    out = tmp_path / "out"
+    launch_ok(tmp_path, (sys.executable, SCRIPT, "--mode", "half_async", "--distributed", "--lr", "1.0", "--steps", "20",
+                         "--out", str(out)), pservers=2, trainers=2, sync_mode=True, timeout=60.0)
+    for worker in losses(out):
+        assert np.mean(worker[-3:]) < 0.85 * np.mean(worker[:3]), worker

@@ -178,3 +178,14 @@ def test_merge_ids_accepts_an_empty_shard():
         {"Out": 1},
     )["Out"][0]
     np.testing.assert_array_equal(out, [[4, 4], [2, 2]])
+
+
+@pytest.mark.parametrize("declared, ids_shape", [((-1, 3, 4), (2, 3, 1)), ((-1, 3, 4), (2, 3))])
+def test_merge_ids_gives_a_3d_lookup_its_declared_shape(declared, ids_shape):
+    """A lookup of [N, 3, 1] ids (`lookup_table`) or [N, 3] ids (`lookup_table_v2`) is
+    declared [N, 3, width]: the merged rows come back in that shape, not [N * 3, width]."""
+    table = RNG.standard_normal((20, 4))
+    ids = np.array([5, 1, 7, 1, 19, 0], np.int64).reshape(ids_shape)
+    out = run_op("merge_ids", {"Ids": [ids], "Rows": [np.unique(ids).reshape(-1, 1)], "X": [table[np.unique(ids)]]},
+                 {"Out": 1}, output_shapes={"Out": declared})["Out"][0]
+    np.testing.assert_array_equal(out, table[ids.reshape(-1)].reshape(2, 3, 4))

@@ -157,7 +157,22 @@ def merge_ids(ctx: OpContext) -> None:
         if sorted_rows.size == 0 or not np.array_equal(sorted_rows[pos], ids):
             missing = ids if sorted_rows.size == 0 else ids[sorted_rows[pos] != ids]
             raise KernelError(f"merge_ids: id {int(missing[0])} of {name!r} is in no shard's Rows")
-        ctx.set_output("Out", all_x[order[pos]], lod=ctx.lod("Ids", i), i=i)
+        ctx.set_output("Out", _lookup_shaped(ctx, name, ctx.input("Ids", i).shape, all_x[order[pos]]),
+                       lod=ctx.lod("Ids", i), i=i)
+
+
+def _lookup_shaped(ctx: OpContext, name: str, ids_shape: tuple[int, ...], out: np.ndarray) -> np.ndarray:
+    """`out` ([numel(Ids), width]) in the shape of the lookup it replaces when that is declared
+    with more than 2 dims: `Ids.shape[:-1] + width` (`lookup_table`, Ids ending in 1) or
+    `Ids.shape + width` (`lookup_table_v2`)."""
+    var = ctx.decl(name)
+    if var is None or var.shape is None or len(var.shape) <= 2:
+        return out
+    width = out.shape[1:]
+    for lead in (tuple(ids_shape), tuple(ids_shape[:-1])):
+        if len(lead) + len(width) == len(var.shape):
+            return out.reshape(*lead, *width)
+    raise KernelError(f"merge_ids: {name!r} is declared {list(var.shape)}, not a lookup of Ids {list(ids_shape)}")
 
 
 @register("lookup_sparse_table")
