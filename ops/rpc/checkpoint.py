@@ -81,6 +81,7 @@ from typing import Any
 
 import numpy as np
 
+from ops.rpc.table_io import join_pieces
 from ops.rpc.tensor_file import TensorFileError, conform_scalar, decode_tensor, encode_tensor
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows
@@ -346,6 +347,11 @@ def _write_json(path: Path, data: Any) -> None:
 
 def _file_name(var: str) -> str:
     return var.replace("%", "%25").replace("/", "%2F")
+
+
+def var_of_file_name(file: str) -> str:
+    """The var a checkpoint file is of (`_file_name` undone)."""
+    return file.replace("%2F", "/").replace("%25", "%")
 
 
 # ------------------------------------------------------------------ saving
@@ -864,13 +870,7 @@ class CheckpointReader:
             if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= r1 - r0):
                 raise CheckpointError(f"{self.folder}: a piece of {origin} in {part} holds a row outside its {r1 - r0}")
             pieces.append((rows + r0, value[: rows.size].reshape(rows.size, -1), c0, c1))
-        ids = np.unique(np.concatenate([g for g, _, _, _ in pieces]))
-        values = np.zeros((ids.size, width), pieces[0][1].dtype)
-        held = np.zeros((ids.size, width), bool)
-        for gids, value, c0, c1 in pieces:
-            at = np.searchsorted(ids, gids)
-            values[at, c0:c1] = value
-            held[at, c0:c1] = True
+        ids, values, held = join_pieces(pieces, width, pieces[0][1].dtype)
         if not held.all():
             bad = int(ids[~held.all(axis=1)][0])
             raise CheckpointError(f"{self.folder}: row {bad} of {origin} is held by only some of its column pieces")
@@ -1107,6 +1107,7 @@ __all__ = [
     "set_table_rows",
     "step_of",
     "validate_manifest",
+    "var_of_file_name",
     "warm_start",
     "warm_start_files",
     "write_job_manifest",

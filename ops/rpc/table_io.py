@@ -174,7 +174,7 @@ def is_piece_file(path: Path) -> bool:
 def read_piece(path: Path) -> Piece:
     """Load a piece file (Fluid SelectedRows, what a checkpoint holds); `TableFileError`
     when it is not one."""
-    from ops.rpc.checkpoint import decode_table  # checkpoint's file format, loaded only for pieces
+    from ops.rpc.checkpoint import decode_table, var_of_file_name  # checkpoint's file format, loaded only for pieces
     from ops.rpc.tensor_file import TensorFileError
 
     try:
@@ -187,12 +187,7 @@ def read_piece(path: Path) -> Piece:
         raise TableFileError(f"{path}: not a table piece ({exc})") from None
     if value.shape[0] != rows.size:
         raise TableFileError(f"{path}: malformed table piece ({rows.size} ids, {value.shape[0]} value rows)")
-    return Piece(Path(path), _var_of_file(Path(path).name), rows, value, height)
-
-
-def _var_of_file(file: str) -> str:
-    """The var a checkpoint file is of (`checkpoint._file_name` undone)."""
-    return file.replace("%2F", "/").replace("%25", "%")
+    return Piece(Path(path), var_of_file_name(Path(path).name), rows, value, height)
 
 
 def plan_of(document: object, where: str) -> dict:
@@ -226,12 +221,29 @@ def _band_holds(block: dict, row: int) -> bool:
     return int(block["row_offset"]) <= row < int(block["row_offset"]) + int(block["rows"])
 
 
+def join_pieces(pieces: Sequence[tuple[np.ndarray, np.ndarray, int, int]], width: int, dtype: np.dtype,
+                fill: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of a partitioned table's pieces, joined: each piece is (its global ids,
+    its `[n, c1 - c0]` values, c0, c1). Returns (every id any piece holds, ascending; their
+    `[n, width]` values, `fill` where no piece gave one; which of those cells a piece gave)."""
+    ids = np.unique(np.concatenate([gids for gids, _, _, _ in pieces]))
+    values = np.full((ids.size, width), fill, dtype)
+    held = np.zeros((ids.size, width), bool)
+    for gids, value, c0, c1 in pieces:
+        at = np.searchsorted(ids, gids)
+        values[at, c0:c1] = value
+        held[at, c0:c1] = True
+    return ids, values, held
+
+
 def merge_pieces(paths: Sequence[Path], plan: dict, *, fill: float = 0.0) -> tuple[str, MergedTable]:
     """One dense table from every piece file of a partitioned distributed table: (its
     name, the table). The plan says which rectangle each piece is; every piece of the
     table must be given once, and every row a piece holds must be held by every column
     piece of its row band (as a sync checkpoint always has it). The files' names are
     checked against the plan before any is read."""
+    from ops.rpc.checkpoint import var_of_file_name
+
     if not paths:
         raise TableFileError("no pieces to merge")
     owners: dict[str, tuple[dict, dict]] = {}
@@ -247,7 +259,7 @@ def merge_pieces(paths: Sequence[Path], plan: dict, *, fill: float = 0.0) -> tup
                     dense[blk.get("name")] = param.get("param")
     seen: dict[str, Path] = {}
     for path in map(Path, paths):
-        name = _var_of_file(path.name)
+        name = var_of_file_name(path.name)
         if name in dense:
             raise TableFileError(f"{path}: {name} is a block of {dense[name]}, not a piece of a partitioned table")
         if name not in owners:
@@ -300,13 +312,7 @@ def merge_pieces(paths: Sequence[Path], plan: dict, *, fill: float = 0.0) -> tup
         if np.unique(piece.rows).size != piece.rows.size:
             raise TableFileError(f"{piece.path}: holds a row twice")
         flat.append((piece, piece.rows + r0, piece.value.reshape(piece.rows.size, cols), c0, c0 + cols))
-    ids = np.unique(np.concatenate([g for _, g, _, _, _ in flat]))
-    values = np.full((ids.size, width), fill, first.value.dtype)
-    held = np.zeros((ids.size, width), bool)
-    for _, gids, value, c0, c1 in flat:
-        at = np.searchsorted(ids, gids)
-        values[at, c0:c1] = value
-        held[at, c0:c1] = True
+    ids, values, held = join_pieces([(g, v, c0, c1) for _, g, v, c0, c1 in flat], width, first.value.dtype, fill)
     if not held.all():
         k = int(np.flatnonzero(~held.all(axis=1))[0])
         row, column = int(ids[k]), int(np.flatnonzero(~held[k])[0])
