@@ -77,6 +77,7 @@ from ops.scope import Scope
 from ops.tensor import LoDTensor
 from transpiler.api import TranspileResult, transpile
 from transpiler.config import DistributeTranspilerConfig
+from transpiler.cost import var_bytes
 from transpiler.errors import PsTranspilerError
 from transpiler.ir import Program
 from transpiler.runtime.metrics import METRICS_ENV, MetricsWriter
@@ -92,14 +93,11 @@ def largest_param(program: Program) -> int:
     largest = 0
     for block in program.blocks:
         for var in block.vars.values():
-            if var.persistable and var.dtype is not None and var.shape and min(var.shape) > 0:
+            if var.persistable:
                 try:
-                    size = var.dtype.itemsize
+                    largest = max(largest, var_bytes(var))
                 except KeyError:  # a dtype without a fixed size (none of a param's)
                     continue
-                for dim in var.shape:
-                    size *= dim
-                largest = max(largest, size)
     return largest
 
 
