@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO))
 from transpiler.ir.types import DType  # noqa: E402
 from transpiler.partition import AngelPartitioner, ColumnPartitioner, ParamInfo, Partition  # noqa: E402
 from transpiler.plan import slice_sizes  # noqa: E402
+from transpiler.runtime.metrics import read_metrics  # noqa: E402
 
 SERVERS = 8
 BATCH_IDS = 4096
@@ -115,14 +116,20 @@ def measure(name: str, steps: int, variant: str = "local-table") -> float:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, check=False)
         if done.returncode != 0:
             raise SystemExit(f"{name}: the job failed\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-        records = [json.loads(line) for line in Path(f"{tmp}/logs/metrics.jsonl").read_text().splitlines()]
+        records = read_metrics(f"{tmp}/logs")
+    return steady_rate(name, records, min(5, steps // 4))[0]
+
+
+def steady_rate(name: str, records: list[dict], warm: int) -> tuple[float, list[dict]]:
+    """Trainer 0's steps/s in a job's metrics from step `warm` on (after the warm-up steps),
+    and its step records in step order."""
     mine = sorted((r for r in records if r.get("role") == "trainer" and r.get("trainer") == 0 and r.get("step")),
                   key=lambda r: r["step"])
     if len(mine) < 2:
         raise SystemExit(f"{name}: trainer 0 reported {len(mine)} step(s) in metrics.jsonl")
-    first = next(r for r in mine if r["step"] >= min(5, steps // 4))  # after the warm-up steps
+    first = next(r for r in mine if r["step"] >= warm)
     last = mine[-1]
-    return (last["step"] - first["step"]) / (last["elapsed"] - first["elapsed"])
+    return (last["step"] - first["step"]) / (last["elapsed"] - first["elapsed"]), mine
 
 
 def main() -> int:

@@ -40,6 +40,9 @@ sys.path.insert(0, str(REPO))
 from transpiler.partition import Partition, Partitioner  # noqa: E402
 from transpiler.plan import slice_sizes  # noqa: E402
 from transpiler.planner import PlanPartitioner  # noqa: E402
+from transpiler.runtime.metrics import read_metrics  # noqa: E402
+
+from partition import steady_rate  # noqa: E402  (benchmarks/partition.py: this script's folder)
 
 ROWS, WIDTH, ZIPF, TRAINERS, PSERVERS, SLOTS = 1_000_000, 64, 1.1, 2, 4, 3
 IDS_ENV, BATCH_ENV, RATES_ENV = "PLANNER_BENCH_IDS", "PLANNER_BENCH_IDS_PER_STEP", "PLANNER_BENCH_RATES"
@@ -142,13 +145,9 @@ def run_job(name: str, steps: int, batch: int, env: dict) -> dict:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600, check=False)
         if done.returncode != 0:
             raise SystemExit(f"{name}: the job failed\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-        records = [json.loads(line) for line in Path(f"{tmp}/logs/metrics.jsonl").read_text().splitlines()]
-    mine = sorted((r for r in records if r.get("role") == "trainer" and r.get("trainer") == 0 and r.get("step")),
-                  key=lambda r: r["time"])
+        records = read_metrics(f"{tmp}/logs")
     warm = min(5, steps // 4)
-    first = next(r for r in mine if r["step"] >= warm)
-    last = mine[-1]
-    steps_per_s = (last["step"] - first["step"]) / (last["elapsed"] - first["elapsed"])
+    steps_per_s, mine = steady_rate(name, records, warm)
 
     def step_at(t: float) -> float:
         times = [r["time"] for r in mine]
