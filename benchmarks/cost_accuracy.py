@@ -1,0 +1,421 @@
+"""The cost model's time estimate against measured pservers, on three workloads.
+
+    python3 benchmarks/cost_accuracy.py [--quick] [--only mlp resnet50 zipf] [--rounds 1]
+                                        [--rates RATES.json] [--json]
+
+Workloads (sync, every pserver's CPU read from /proc, docs/planner.md#accuracy):
+
+- `mlp`: the Paddle-built `mlp_adam_2ps` fixture (784-256-128-10, Adam) trained by
+  `examples/train_program.py` under `pstranspile launch`, 2 trainers x 2 pservers, batch 64;
+- `resnet50`: the Paddle-built `resnet50_momentum_4ps_sync` fixture (ResNet-50's 161 params,
+  25.6M floats, Momentum), 2 trainers x 4 pservers, its pserver traffic REPLAYED: the real
+  pservers (`serve_program` on the transpiled pserver programs, a process each) and two
+  trainer processes that do what the trainer program's RPC ops do (`ops/rpc/kernels.py`:
+  every `send` of a grad block of the declared shape and dtype, the deferred send barrier,
+  every `recv` and the fetch barrier in one `SendFetchBatch` per pserver), without the
+  forward and backward passes (training ResNet-50 in numpy takes minutes a step);
+- `zipf`: `examples/train_ctr.py --variant local-table --rows 1000000 --width 64 --zipf 1.1
+  --hot-first --batch 512` (a `[1M, 64]` fp32 table prefetched from its blocks, Adagrad),
+  2 trainers x 4 pservers, Paddle's row blocks (round robin); the model is given an id
+  sample drawn as the job draws its ids (`benchmarks/planner.py`).
+
+Measured per pserver: **CPU ms per step**, its process's user + system CPU over the steady
+steps (after `warm` steps) divided by the steps trainer 0 made meanwhile; and the job's
+**wall step time**, trainer 0's ms per steady step. The model (`transpiler.cost.plan_costs`
+with the built-in rates or `--rates`) estimates each pserver's ms per step (`est_ms`: CPU
+work, the bytes at the calibrated pserver rate, the fixed per-RPC / per-var / per-block
+costs); its step-time estimate is the slowest pserver's. Printed per pserver: predicted,
+measured CPU, their ratio; per workload: the slowest's ratio, Spearman's rank correlation of
+predicted and measured, whether the slowest pserver is the same, and the pairwise order of
+the pservers the measurement separates by more than `--tie` (10%: closer than that is within
+the run-to-run noise of this machine, and no order is claimed). The wall step also counts
+the trainers' own compute (and waiting), which the pserver model does not; it is printed
+beside, not compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+FIXTURES = REPO / "tests" / "fixtures" / "paddle_programs"
+ENV = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+# -- the replay harness ----------------------------------------------------------------------
+
+_PSERVER = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from ops.rpc.serve import serve_program
+from transpiler.ir import Program
+main, startup = Program.load(sys.argv[2]), Program.load(sys.argv[3])
+serve_program(main, startup, endpoint=sys.argv[4], ready=lambda server: print("ready", flush=True), log=None,
+              timeout=600.0)
+"""
+
+_TRAINER = r"""
+import sys, time
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/benchmarks")
+from cost_accuracy import replay_trainer
+replay_trainer(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+"""
+
+
+def _rpc_ops(program):
+    """(sends, recvs, send barrier endpoints, fetch barrier endpoints) of a trainer program's
+    global block, as `ops/rpc/kernels.py` runs them: sends as (endpoint, name, var name,
+    row sections or None), recvs as (endpoint, remote name)."""
+    sends, recvs, send_barrier, fetch_barrier = [], [], None, None
+    for op in program.global_block().ops:
+        attr = lambda key, default=(): op.attrs[key].value if key in op.attrs else default  # noqa: E731
+        if op.type == "send":
+            names, epmap = list(op.inputs["X"]), [str(e) for e in attr("epmap")]
+            varnames = [str(n) for n in attr("send_varnames")]
+            if varnames:
+                sections = [int(s) for s in attr("sections")]
+                for i, (name, ep) in enumerate(zip(varnames, epmap, strict=True)):
+                    sends.append((ep, name, names[0], (sections, i)))
+            elif len(names) == 1 and len(epmap) > 1:
+                sends += [(ep, names[0], names[0], None) for ep in epmap]
+            else:
+                sends += [(ep, name, name, None) for name, ep in zip(names, epmap, strict=True)]
+        elif op.type == "recv":
+            outs, epmap = list(op.outputs["Out"]), [str(e) for e in attr("epmap")]
+            remote = [str(n) for n in attr("varnames")] or outs
+            recv_varnames = [str(n) for n in attr("recv_varnames")]
+            if recv_varnames:
+                recvs += list(zip(epmap, recv_varnames, strict=True))
+            else:
+                recvs += list(zip(epmap, remote, strict=True))
+        elif op.type == "send_barrier":
+            send_barrier = [str(e) for e in attr("endpoints")]
+        elif op.type == "fetch_barrier":
+            fetch_barrier = [str(e) for e in attr("endpoints")]
+    return sends, recvs, send_barrier, fetch_barrier
+
+
+def _grad_value(program, var_name: str, sections, rng):
+    from transpiler.ir.types import DType
+
+    var = program.global_block().vars[var_name]
+    shape = [int(d) for d in var.shape]
+    if sections is not None:
+        rows, index = sections
+        shape[0] = rows[index]
+    return (rng.standard_normal(shape) * 1e-3).astype(DType(var.dtype).to_numpy())
+
+
+def replay_trainer(main_path: str, startup_path: str, trainer_id: int, steps: int) -> None:
+    """A trainer that only talks: the startup's recvs and fetch barrier, then `steps` steps
+    of the main program's sends, deferred send barrier, recvs and fetch barrier. Prints
+    `step <k> <perf_counter>` after each step."""
+    from ops.rpc.client import RpcClient
+    from transpiler.ir import Program
+
+    main, startup = Program.load(main_path), Program.load(startup_path)
+    rng = np.random.default_rng(trainer_id)
+    client = RpcClient(trainer_id, timeout=600.0)
+    _, recvs, _, fetch = _rpc_ops(startup)
+    if recvs or fetch:
+        client.fetch_barrier(fetch or [], recvs)
+    sends, recvs, send_barrier, fetch = _rpc_ops(main)
+    values = [(ep, name, _grad_value(main, var, sections, rng)) for ep, name, var, sections in sends]
+    endpoints = sorted({ep for ep, *_ in sends} | {ep for ep, _ in recvs})
+    print(f"step 0 {time.perf_counter()}", flush=True)
+    for step in range(1, steps + 1):
+        for ep, name, value in values:
+            client.send_async(ep, name, value)
+        client.send_barrier(send_barrier or [], defer=fetch is not None)
+        client.fetch_barrier(fetch or [], recvs)
+        print(f"step {step} {time.perf_counter()}", flush=True)
+    client.complete(endpoints)
+    client.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_replay(result, steps: int, warm: int) -> dict:
+    """Serve `result`'s pserver programs (a process each) and replay its trainers."""
+    from transpiler.api import transpile  # noqa: F401  (the caller transpiled)
+
+    eps = list(result.pservers)
+    env = {**os.environ, **ENV}
+    procs, trainers = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            for i, ep in enumerate(eps):
+                main, startup = result.pservers[ep]
+                Path(f"{tmp}/ps{i}.pb").write_bytes(main.to_bytes())
+                Path(f"{tmp}/ps{i}_startup.pb").write_bytes(startup.to_bytes())
+                procs.append(subprocess.Popen([sys.executable, "-c", _PSERVER, str(REPO), f"{tmp}/ps{i}.pb",
+                                               f"{tmp}/ps{i}_startup.pb", ep], stdout=subprocess.PIPE, text=True,
+                                              env=env))
+            for proc in procs:
+                if proc.stdout.readline().strip() != "ready":
+                    raise SystemExit("replay: a pserver did not start")
+            for t, (main, startup) in enumerate(result.trainer_programs):
+                Path(f"{tmp}/t{t}.pb").write_bytes(main.to_bytes())
+                Path(f"{tmp}/t{t}_startup.pb").write_bytes(startup.to_bytes())
+                trainers.append(subprocess.Popen([sys.executable, "-c", _TRAINER, str(REPO), f"{tmp}/t{t}.pb",
+                                                  f"{tmp}/t{t}_startup.pb", str(t), str(steps)],
+                                                 stdout=subprocess.PIPE, text=True, env=env))
+            marks = {}
+            for line in trainers[0].stdout:
+                _, step, at = line.split()
+                step = int(step)
+                if step in (warm, steps):
+                    marks[step] = (float(at), [cpu_seconds(p.pid) for p in procs])
+            for proc in trainers:
+                if proc.wait(timeout=600) != 0:
+                    raise SystemExit("replay: a trainer failed")
+            for proc in procs:
+                proc.wait(timeout=120)
+        finally:
+            for proc in [*trainers, *procs]:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    (t0, c0), (t1, c1) = marks[warm], marks[steps]
+    made = steps - warm
+    return {"step_ms": round((t1 - t0) / made * 1e3, 3),
+            "pserver_cpu_ms": [round((b - a) / made * 1e3, 3) for a, b in zip(c0, c1, strict=True)]}
+
+
+# -- launched jobs ---------------------------------------------------------------------------
+
+def run_launch(name: str, pservers: int, trainers: int, command: list[str], steps: int, warm: int) -> dict:
+    """A real job under `pstranspile launch`: trainer 0's wall ms per steady step and each
+    pserver's CPU ms per step (its usage records, every 0.5 s, over the steady steps)."""
+    from partition import steady_rate
+    from transpiler.runtime.metrics import read_metrics
+
+    with tempfile.TemporaryDirectory() as tmp:
+        launch = [sys.executable, "-m", "transpiler", "launch", "--pservers", str(pservers), "--trainers",
+                  str(trainers), "--log-dir", f"{tmp}/logs", "-q", "--timeout", "900", "--",
+                  sys.executable, *command, "--steps", str(steps)]
+        done = subprocess.run(launch, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=3600,
+                              check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"{name}: the job failed\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        records = read_metrics(f"{tmp}/logs")
+    steps_per_s, mine = steady_rate(name, records, warm)
+    times, done_steps = [r["time"] for r in mine], [r["step"] for r in mine]
+    cpu = []
+    for p in range(pservers):
+        usage = sorted((r for r in records if r.get("role") == "pserver" and r.get("pserver") == p),
+                       key=lambda r: r["time"])
+        usable = [r for r in usage if times[0] <= r["time"] <= times[-1]
+                  and float(np.interp(r["time"], times, done_steps)) >= warm]
+        if len(usable) < 2:
+            raise SystemExit(f"{name}: pserver {p} made {len(usable)} usage report(s) in the steady steps: "
+                             "run more --steps")
+        a, b = usable[0], usable[-1]
+        made = float(np.interp(b["time"], times, done_steps) - np.interp(a["time"], times, done_steps))
+        cpu.append(round((b["cpu_seconds"] - a["cpu_seconds"]) / made * 1e3, 3))
+    return {"step_ms": round(1e3 / steps_per_s, 3), "pserver_cpu_ms": cpu}
+
+
+# -- the workloads ---------------------------------------------------------------------------
+
+def fixture_programs(name: str):
+    from transpiler.ir import Program
+
+    return Program.load(FIXTURES / name / "main.pb"), Program.load(FIXTURES / name / "startup.pb")
+
+
+class Workload:
+    name = ""
+    pservers = trainers = 2
+
+    def endpoints(self) -> list[str]:
+        from transpiler.runtime.launch import free_endpoints
+
+        return free_endpoints(self.pservers)
+
+    def predict(self, rates) -> list[float]:
+        from transpiler.cost import plan_costs
+
+        result = self.transpile(self.endpoints())
+        return [round(c.time_us / 1e3, 3) for c in plan_costs(result.plan, rates, self.id_stats())]
+
+    def id_stats(self):
+        return None
+
+
+class Mlp(Workload):
+    name, pservers, trainers, batch = "mlp", 2, 2, 64
+    fixture = "mlp_adam_2ps"
+
+    def transpile(self, eps):
+        from transpiler.api import transpile
+
+        return transpile(*fixture_programs(self.fixture), pservers=eps, trainers=self.trainers)
+
+    def measure(self, steps: int, warm: int) -> dict:
+        loss = json.loads((FIXTURES / self.fixture / "case.json").read_text())["loss"]
+        command = [str(REPO / "examples" / "train_program.py"), "--main", str(FIXTURES / self.fixture / "main.pb"),
+                   "--startup", str(FIXTURES / self.fixture / "startup.pb"), "--loss", loss,
+                   "--batch", str(self.batch)]
+        return run_launch(self.name, self.pservers, self.trainers, command, steps, warm)
+
+
+class Resnet50(Workload):
+    name, pservers, trainers = "resnet50", 4, 2
+    fixture = "resnet50_momentum_4ps_sync"
+
+    def transpile(self, eps, trainer_id: int = 0):
+        from transpiler.api import transpile
+
+        return transpile(*fixture_programs(self.fixture), pservers=eps, trainers=self.trainers,
+                         trainer_id=trainer_id)
+
+    def measure(self, steps: int, warm: int) -> dict:
+        eps = self.endpoints()
+        result = self.transpile(eps)
+        result.trainer_programs = [(result.trainer, result.trainer_startup)]
+        for t in range(1, self.trainers):
+            other = self.transpile(eps, t)
+            result.trainer_programs.append((other.trainer, other.trainer_startup))
+        return run_replay(result, steps, warm)
+
+
+class Zipf(Workload):
+    name, pservers, trainers, batch = "zipf", 4, 2, 512
+
+    def transpile(self, eps):
+        import planner
+        from transpiler.api import transpile
+
+        return transpile(*planner.programs(), pservers=eps, trainers=self.trainers)
+
+    def id_stats(self):
+        import planner
+        from transpiler.cost import IdStats
+
+        return {"emb": IdStats.from_sample(planner.id_sample(200_000), planner.ROWS,
+                                           planner.ids_per_trainer_step(self.batch))}
+
+    def measure(self, steps: int, warm: int) -> dict:
+        import planner
+
+        command = [str(REPO / "examples" / "train_ctr.py"), "--variant", "local-table", "--rows", str(planner.ROWS),
+                   "--width", str(planner.WIDTH), "--zipf", str(planner.ZIPF), "--hot-first",
+                   "--batch", str(self.batch)]
+        return run_launch(self.name, self.pservers, self.trainers, command, steps, warm)
+
+
+WORKLOADS = {w.name: w for w in (Mlp(), Resnet50(), Zipf())}
+# (steps, warm) per workload: full and --quick
+STEPS = {"mlp": ((200, 20), (80, 10)), "resnet50": ((12, 3), (6, 2)), "zipf": ((40, 5), (20, 4))}
+
+
+# -- comparing -------------------------------------------------------------------------------
+
+def spearman(a, b) -> float:
+    def ranks(values):
+        order = sorted(range(len(values)), key=lambda i: values[i])
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return round(cov / var, 3) if var else 1.0
+
+
+def separated_pairs(measured, predicted, tie: float) -> tuple[int, int]:
+    """(pairs the measurement separates by more than `tie`, of those the model orders alike)."""
+    pairs = agree = 0
+    for i in range(len(measured)):
+        for j in range(i + 1, len(measured)):
+            hi, lo = max(measured[i], measured[j]), min(measured[i], measured[j])
+            if hi <= lo * (1 + tie):
+                continue
+            pairs += 1
+            agree += (measured[i] > measured[j]) == (predicted[i] > predicted[j])
+    return pairs, agree
+
+
+def compare(predicted, runs, tie: float) -> dict:
+    cpu = [statistics.median(r["pserver_cpu_ms"][p] for r in runs) for p in range(len(predicted))]
+    step = statistics.median(r["step_ms"] for r in runs)
+    pairs, agree = separated_pairs(cpu, predicted, tie)
+    slowest = max(range(len(cpu)), key=lambda i: cpu[i])
+    measured_tie = [i for i, v in enumerate(cpu) if v * (1 + tie) >= cpu[slowest]]
+    return {"est_ms": predicted, "pserver_cpu_ms": cpu, "ratio": [round(p / m, 3) for p, m in zip(predicted, cpu, strict=True)],
+            "est_step_ms": max(predicted), "slowest_cpu_ms": cpu[slowest],
+            "step_ratio": round(max(predicted) / cpu[slowest], 3), "wall_step_ms": step,
+            "spearman": spearman(predicted, cpu), "slowest_matches": max(range(len(predicted)), key=lambda i: predicted[i]) in measured_tie,
+            "separated_pairs": pairs, "pairs_agree": agree,
+            "runs": runs}
+
+
+def main() -> int:
+    from transpiler.cost import load_rates
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps per job")
+    parser.add_argument("--only", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--rounds", type=int, default=1, help="measure each workload this many times (medians)")
+    parser.add_argument("--tie", type=float, default=0.10, help="measured pservers closer than this are not ordered")
+    parser.add_argument("--rates", help="rates from `pstranspile calibrate` (default: the built-in ones)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rates = load_rates(args.rates)
+    out = {}
+    for name in args.only:
+        work = WORKLOADS[name]
+        steps, warm = STEPS[name][1 if args.quick else 0]
+        predicted = work.predict(rates)
+        runs = []
+        for _ in range(args.rounds):
+            runs.append(work.measure(steps, warm))
+            print(f"{name}: {runs[-1]} (model {predicted})", file=sys.stderr, flush=True)
+        out[name] = {"pservers": work.pservers, "trainers": work.trainers, "steps": steps, "warm": warm,
+                     **compare(predicted, runs, args.tie)}
+    if args.json:
+        print(json.dumps({"rates": rates.source, "workloads": out}, indent=1))
+        return 0
+    print(f"rates: {rates.source}; per pserver ms per step: model estimate vs measured CPU (from /proc)")
+    print(f"{'workload':<9} {'pserver':>7} {'est ms':>9} {'cpu ms':>9} {'est/cpu':>8}")
+    for name, r in out.items():
+        for p, (e, c, q) in enumerate(zip(r["est_ms"], r["pserver_cpu_ms"], r["ratio"], strict=True)):
+            print(f"{name:<9} {p:>7} {e:>9.2f} {c:>9.2f} {q:>8.3f}")
+    print(f"{'workload':<9} {'est step':>9} {'slowest cpu':>11} {'ratio':>6} {'spearman':>8} {'slowest ok':>10} "
+          f"{'pairs ok':>8} {'wall step ms':>12}")
+    for name, r in out.items():
+        print(f"{name:<9} {r['est_step_ms']:>9.2f} {r['slowest_cpu_ms']:>11.2f} {r['step_ratio']:>6.3f} "
+              f"{r['spearman']:>8.3f} {str(r['slowest_matches']):>10} {r['pairs_agree']:>3}/{r['separated_pairs']:<4} "
+              f"{r['wall_step_ms']:>12.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
