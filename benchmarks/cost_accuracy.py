@@ -75,74 +75,16 @@ replay_trainer(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
 """
 
 
-def _rpc_ops(program):
-    """(sends, recvs, send barrier endpoints, fetch barrier endpoints) of a trainer program's
-    global block, as `ops/rpc/kernels.py` runs them: sends as (endpoint, name, var name,
-    row sections or None), recvs as (endpoint, remote name)."""
-    sends, recvs, send_barrier, fetch_barrier = [], [], None, None
-    for op in program.global_block().ops:
-        attr = lambda key, default=(): op.attrs[key].value if key in op.attrs else default  # noqa: E731
-        if op.type == "send":
-            names, epmap = list(op.inputs["X"]), [str(e) for e in attr("epmap")]
-            varnames = [str(n) for n in attr("send_varnames")]
-            if varnames:
-                sections = [int(s) for s in attr("sections")]
-                for i, (name, ep) in enumerate(zip(varnames, epmap, strict=True)):
-                    sends.append((ep, name, names[0], (sections, i)))
-            elif len(names) == 1 and len(epmap) > 1:
-                sends += [(ep, names[0], names[0], None) for ep in epmap]
-            else:
-                sends += [(ep, name, name, None) for name, ep in zip(names, epmap, strict=True)]
-        elif op.type == "recv":
-            outs, epmap = list(op.outputs["Out"]), [str(e) for e in attr("epmap")]
-            remote = [str(n) for n in attr("varnames")] or outs
-            recv_varnames = [str(n) for n in attr("recv_varnames")]
-            if recv_varnames:
-                recvs += list(zip(epmap, recv_varnames, strict=True))
-            else:
-                recvs += list(zip(epmap, remote, strict=True))
-        elif op.type == "send_barrier":
-            send_barrier = [str(e) for e in attr("endpoints")]
-        elif op.type == "fetch_barrier":
-            fetch_barrier = [str(e) for e in attr("endpoints")]
-    return sends, recvs, send_barrier, fetch_barrier
-
-
-def _grad_value(program, var_name: str, sections, rng):
-    from transpiler.ir.types import DType
-
-    var = program.global_block().vars[var_name]
-    shape = [int(d) for d in var.shape]
-    if sections is not None:
-        rows, index = sections
-        shape[0] = rows[index]
-    return (rng.standard_normal(shape) * 1e-3).astype(DType(var.dtype).to_numpy())
-
-
 def replay_trainer(main_path: str, startup_path: str, trainer_id: int, steps: int) -> None:
-    """A trainer that only talks: the startup's recvs and fetch barrier, then `steps` steps
-    of the main program's sends, deferred send barrier, recvs and fetch barrier. Prints
-    `step <k> <perf_counter>` after each step."""
+    """A trainer that only talks (`transpiler.replay`); prints `step <k> <perf_counter>`
+    after each step."""
     from ops.rpc.client import RpcClient
     from transpiler.ir import Program
+    from transpiler.replay import replay
 
-    main, startup = Program.load(main_path), Program.load(startup_path)
-    rng = np.random.default_rng(trainer_id)
     client = RpcClient(trainer_id, timeout=600.0)
-    _, recvs, _, fetch = _rpc_ops(startup)
-    if recvs or fetch:
-        client.fetch_barrier(fetch or [], recvs)
-    sends, recvs, send_barrier, fetch = _rpc_ops(main)
-    values = [(ep, name, _grad_value(main, var, sections, rng)) for ep, name, var, sections in sends]
-    endpoints = sorted({ep for ep, *_ in sends} | {ep for ep, _ in recvs})
-    print(f"step 0 {time.perf_counter()}", flush=True)
-    for step in range(1, steps + 1):
-        for ep, name, value in values:
-            client.send_async(ep, name, value)
-        client.send_barrier(send_barrier or [], defer=fetch is not None)
-        client.fetch_barrier(fetch or [], recvs)
-        print(f"step {step} {time.perf_counter()}", flush=True)
-    client.complete(endpoints)
+    replay(client, Program.load(main_path), Program.load(startup_path), steps,
+           lambda step: print(f"step {step} {time.perf_counter()}", flush=True))
     client.close()
 
 
