@@ -52,6 +52,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 FIXTURES = REPO / "tests" / "fixtures" / "paddle_programs"
+THINK = float(os.environ.get("COST_ACCURACY_THINK", "0"))
 ENV = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
@@ -84,7 +85,7 @@ def replay_trainer(main_path: str, startup_path: str, trainer_id: int, steps: in
 
     client = RpcClient(trainer_id, timeout=600.0)
     replay(client, Program.load(main_path), Program.load(startup_path), steps,
-           lambda step: print(f"step {step} {time.perf_counter()}", flush=True))
+           lambda step: (print(f"step {step} {time.perf_counter()}", flush=True), time.sleep(THINK)))
     client.close()
 
 
@@ -143,7 +144,8 @@ def run_replay(result, steps: int, warm: int) -> dict:
 
 # -- launched jobs ---------------------------------------------------------------------------
 
-def run_launch(name: str, pservers: int, trainers: int, command: list[str], steps: int, warm: int) -> dict:
+def run_launch(name: str, pservers: int, trainers: int, command: list[str], steps: int, warm: int,
+               launch_flags: list[str] = ()) -> dict:
     """A real job under `pstranspile launch`: trainer 0's wall ms per steady step and each
     pserver's CPU ms per step (its usage records, every 0.5 s, over the steady steps)."""
     from partition import steady_rate
@@ -151,7 +153,7 @@ def run_launch(name: str, pservers: int, trainers: int, command: list[str], step
 
     with tempfile.TemporaryDirectory() as tmp:
         launch = [sys.executable, "-m", "transpiler", "launch", "--pservers", str(pservers), "--trainers",
-                  str(trainers), "--log-dir", f"{tmp}/logs", "-q", "--timeout", "900", "--",
+                  str(trainers), "--log-dir", f"{tmp}/logs", "-q", "--timeout", "900", *launch_flags, "--",
                   sys.executable, *command, "--steps", str(steps)]
         done = subprocess.run(launch, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=3600,
                               check=False)
@@ -241,12 +243,13 @@ class Resnet50(Workload):
 
 class Zipf(Workload):
     name, pservers, trainers, batch = "zipf", 4, 2, 512
+    partitioner = None  # Paddle's row blocks, round robin
 
     def transpile(self, eps):
         import planner
         from transpiler.api import transpile
 
-        return transpile(*planner.programs(), pservers=eps, trainers=self.trainers)
+        return transpile(*planner.programs(), pservers=eps, trainers=self.trainers, partitioner=self.partitioner)
 
     def id_stats(self):
         import planner
@@ -261,12 +264,21 @@ class Zipf(Workload):
         command = [str(REPO / "examples" / "train_ctr.py"), "--variant", "local-table", "--rows", str(planner.ROWS),
                    "--width", str(planner.WIDTH), "--zipf", str(planner.ZIPF), "--hot-first",
                    "--batch", str(self.batch)]
-        return run_launch(self.name, self.pservers, self.trainers, command, steps, warm)
+        launch = ["--partitioner", self.partitioner] if self.partitioner else []
+        return run_launch(self.name, self.pservers, self.trainers, command, steps, warm, launch)
 
 
-WORKLOADS = {w.name: w for w in (Mlp(), Resnet50(), Zipf())}
+class ZipfColumns(Zipf):
+    """The same table cut into 4 column ranges (`--partitioner column`): every id visits
+    every pserver (the per-id terms, four times over)."""
+
+    name, partitioner = "zipf-column", "column"
+
+
+WORKLOADS = {w.name: w for w in (Mlp(), Resnet50(), Zipf(), ZipfColumns())}
 # (steps, warm) per workload: full and --quick
-STEPS = {"mlp": ((200, 20), (80, 10)), "resnet50": ((12, 3), (6, 2)), "zipf": ((40, 5), (20, 4))}
+STEPS = {"mlp": ((200, 20), (80, 10)), "resnet50": ((12, 3), (6, 2)), "zipf": ((40, 5), (20, 4)),
+         "zipf-column": ((40, 5), (20, 4))}
 
 
 # -- comparing -------------------------------------------------------------------------------
@@ -328,16 +340,24 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1, help="measure each workload this many times (medians)")
     parser.add_argument("--tie", type=float, default=0.10, help="measured pservers closer than this are not ordered")
     parser.add_argument("--rates", help="rates from `pstranspile calibrate` (default: the built-in ones)")
+    parser.add_argument("--measured", type=Path, action="append", default=[],
+                        help="take the runs of these earlier --json outputs instead of measuring (re-predict only)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rates = load_rates(args.rates)
+    earlier: dict[str, list] = {}
+    for path in args.measured:
+        for name, found in json.loads(path.read_text())["workloads"].items():
+            earlier.setdefault(name, []).extend(found["runs"])
     out = {}
     for name in args.only:
         work = WORKLOADS[name]
         steps, warm = STEPS[name][1 if args.quick else 0]
         predicted = work.predict(rates)
-        runs = []
-        for _ in range(args.rounds):
+        runs = list(earlier.get(name, []))
+        if args.measured and not runs:
+            continue
+        for _ in range(0 if runs else args.rounds):
             runs.append(work.measure(steps, warm))
             print(f"{name}: {runs[-1]} (model {predicted})", file=sys.stderr, flush=True)
         out[name] = {"pservers": work.pservers, "trainers": work.trainers, "steps": steps, "warm": warm,

@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("transpiler.api",),
     ("transpiler.runtime",),
     ("transpiler.fluid", "transpiler.fleet", "transpiler.remote"),  # user APIs over the runtime
-    ("transpiler.cli", "transpiler.__main__", "transpiler.calibrate"),  # calibrate runs a real pserver
+    ("transpiler.cli", "transpiler.__main__", "transpiler.calibrate", "transpiler.replay"),  # calibrate runs a real pserver
 )
 
 # module -> the only modules (outside its own layer) that may import it

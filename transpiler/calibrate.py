@@ -313,12 +313,117 @@ def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: 
             child.wait()
 
 
+_SYNC_PSERVER = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from ops.rpc.serve import serve_program
+from transpiler.ir import Program
+serve_program(Program.load(sys.argv[2]), Program.load(sys.argv[3]), endpoint=sys.argv[4],
+              ready=lambda server: print("ready", flush=True), log=None, timeout=600.0)
+"""
+
+SYNC_TRAINERS = 2
+
+
+def dense_programs(layers_count: int, width: int, in_width: int):
+    """A stack of `layers_count` fc layers (`in_width` -> `width` -> ... -> `width`, each a
+    weight and a bias), Momentum: `2 · layers_count` dense params."""
+    from transpiler.frontend import ParamAttr, Program, layers, optimizer, program_guard, unique_name
+
+    main, startup = Program(), Program()
+    with unique_name.guard(), program_guard(main, startup):
+        hidden = layers.data(name="x", shape=[in_width], dtype="float32")
+        for i in range(layers_count):
+            hidden = layers.fc(input=hidden, size=width, param_attr=ParamAttr(name=f"cal{i}.w"),
+                               bias_attr=ParamAttr(name=f"cal{i}.b"))
+        optimizer.Momentum(learning_rate=0.01, momentum=0.9).minimize(layers.mean(hidden))
+    return main, startup
+
+
+def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int = SYNC_TRAINERS) -> float:
+    """A real sync pserver's CPU µs per step (one round) serving `main`'s params to
+    `trainers` trainers replaying their traffic (`transpiler.replay`, a thread each), the
+    pserver in a child process, its CPU from /proc over `steps` steps after `warm`."""
+    import tempfile
+    import threading
+
+    from ops.rpc.client import RpcClient
+    from transpiler.api import transpile
+    from transpiler.replay import replay
+    from transpiler.runtime.launch import free_endpoints
+
+    endpoint = free_endpoints(1)[0]
+    programs = [transpile(main, startup, pservers=[endpoint], trainers=trainers, trainer_id=t, sync_mode=True)
+                for t in range(trainers)]
+    pserver, pserver_startup = programs[0].pservers[endpoint]
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(f"{tmp}/main.pb").write_bytes(pserver.to_bytes())
+        Path(f"{tmp}/startup.pb").write_bytes(pserver_startup.to_bytes())
+        child = subprocess.Popen([sys.executable, "-c", _SYNC_PSERVER, str(ROOT), f"{tmp}/main.pb", f"{tmp}/startup.pb",
+                                  endpoint], stdout=subprocess.PIPE, text=True,
+                                 env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
+        clients = []
+        try:
+            if child.stdout.readline().strip() != "ready":
+                raise RuntimeError("the calibration pserver did not start")
+            marks: dict[int, float] = {}
+
+            def mark(step: int) -> None:
+                if step in (warm, warm + steps):
+                    marks[step] = _cpu_seconds(child.pid)
+
+            errors: list[BaseException] = []
+
+            def run(t: int) -> None:
+                try:
+                    replay(clients[t], programs[t].trainer, programs[t].trainer_startup, warm + steps,
+                           mark if t == 0 else None)
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    errors.append(exc)
+
+            clients = [RpcClient(t, timeout=120.0) for t in range(trainers)]
+            threads = [threading.Thread(target=run, args=(t,)) for t in range(trainers)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            if errors:
+                raise errors[0]
+            child.wait(timeout=60)
+        finally:
+            for client in clients:
+                client.close()
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    return (marks[warm + steps] - marks[warm]) / steps * 1e6
+
+
+def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRAINERS, small_steps: int = 150,
+                  big: int = 2048, big_steps: int = 20, many: int = 16) -> dict[str, float]:
+    """A real sync pserver, `trainers` trainers (`measure_sync_round`): `rpc_us` = half a
+    trainer's share of one round of a 1-layer tiny net (its 2 partitions' blocks and vars
+    taken off: each trainer sends a batch and fetches one), `block_us` = the extra CPU per
+    partition of a `many`-layer tiny net (its `2·trainers` vars taken off), `bandwidth` =
+    the bytes of a `big` x `big` layer (in and out, every trainer) over the CPU it adds to
+    the tiny net's round (its `sum`, `scale`, `momentum` taken off at `ops` rates)."""
+    tiny = measure_sync_round(*dense_programs(1, 4, 4), small_steps)
+    wide = measure_sync_round(*dense_programs(many, 4, 4), small_steps // 2)
+    per_partition = max((wide - tiny) / (2 * (many - 1)), 0.0)
+    block_us = max(per_partition - 2 * trainers * var_us, 0.0)
+    rpc_us = max((tiny - 2 * per_partition) / (2 * trainers), 0.0)
+    n = big * big + big
+    heavy = measure_sync_round(*dense_programs(1, big, big), big_steps)
+    work = n * ((trainers - 1) * ops["sum"] + ops["scale"] + ops["momentum"])
+    moved = 2 * trainers * n * 4
+    bandwidth = moved / max(heavy - tiny - work, 1.0) * 1e6
+    return {"rpc_us": rpc_us, "block_us": block_us, "bandwidth": bandwidth, "round_us": tiny,
+            "per_partition_us": per_partition, "big_round_us": heavy}
+
+
 def calibrate(progress=None) -> Rates:
     started = time.perf_counter()
     say = progress or (lambda text: None)
-    say("transport: loopback gRPC")
-    rpc_us, bandwidth = measure_transport()
-    say(f"  {rpc_us:.0f} us per call, {bandwidth / 1e6:,.0f} MB/s")
     say("ops: us per element")
     ops = dict(DEFAULT_OP_US)
     ops.update(measure_ops())
@@ -328,20 +433,27 @@ def calibrate(progress=None) -> Rates:
     row_us = block["row_us"]
     merge_us = max(block["merge_elem_us"] - ops["scale"] - ops["adagrad"], 0.0)
     say(f"  row {row_us:.3f}, merge {merge_us:.4f}, copy {block['copy_us']:.5f}, over 64 MiB +{block['fault_us']:.5f}")
-    say("a real pserver: us per var, per optimize block, per id")
-    real = measure_pserver(rpc_us, bandwidth, ops["adagrad"], row_us)
+    say("a real pserver, sparse grads: us per var, per id, bytes/s of sparse rows")
+    echo_rpc_us, echo_bandwidth = measure_transport(calls=200, big_calls=4)
+    real = measure_pserver(echo_rpc_us, echo_bandwidth, ops["adagrad"], row_us)
     # the per-row cost apart from the bytes: a second table 4x narrower; the rows' CPU at the
     # two widths, extrapolated to width 0, less an id's bytes and the row bookkeeping
-    narrow = measure_pserver(rpc_us, bandwidth, ops["adagrad"], row_us, calls=100, width=PSERVER_WIDTH // 4)
-    per_float = (real["row_cpu_us"] - narrow["row_cpu_us"]) / (PSERVER_WIDTH - PSERVER_WIDTH // 4)
-    if per_float > 0:  # the real pserver's rate of taking a grad's bytes, rather than the echo's
-        bandwidth = 4 / per_float * 1e6
-    fixed = real["row_cpu_us"] - PSERVER_WIDTH * max(per_float, 0.0)
-    real["id_us"] = max(fixed - ID_BYTES / bandwidth * 1e6 - row_us, 0.0)
-    say(f"  rpc {real['rpc_us']:.0f}, var {real['var_us']:.1f}, block {real['block_us']:.1f}, id {real['id_us']:.3f}")
+    narrow = measure_pserver(echo_rpc_us, echo_bandwidth, ops["adagrad"], row_us, calls=100,
+                             width=PSERVER_WIDTH // 4)
+    per_float = max((real["row_cpu_us"] - narrow["row_cpu_us"]) / (PSERVER_WIDTH - PSERVER_WIDTH // 4), 0.0)
+    # a float of a sparse row beyond its merge and update (priced by merge_us and the optimizer's rate)
+    wire = max(per_float - merge_us - ops["adagrad"], per_float / 4)
+    sparse_bandwidth = 4 / wire * 1e6 if wire > 0 else echo_bandwidth
+    fixed = real["row_cpu_us"] - PSERVER_WIDTH * per_float
+    id_us = max(fixed - ID_BYTES / sparse_bandwidth * 1e6 - row_us, 0.0)
+    say(f"  var {real['var_us']:.1f}, id {id_us:.3f}, sparse rows {sparse_bandwidth / 1e6:,.0f} MB/s")
+    say(f"a real sync pserver, {SYNC_TRAINERS} trainers replaying dense traffic: us per round, per block, dense bytes/s")
+    dense = measure_dense(ops, real["var_us"])
+    say(f"  rpc {dense['rpc_us']:.0f}, block {dense['block_us']:.1f}, {dense['bandwidth'] / 1e6:,.0f} MB/s "
+        f"(rounds: tiny {dense['round_us']:.0f} us, +{dense['per_partition_us']:.0f} us per partition, "
+        f"a 4M-float layer {dense['big_round_us'] / 1e3:.1f} ms)")
     host = os.uname().nodename if hasattr(os, "uname") else "this machine"
     source = f"calibrate on {host}, {time.strftime('%Y-%m-%d')}, {time.perf_counter() - started:.0f}s"
-    return Rates(bandwidth=bandwidth, rpc_us=real["rpc_us"], op_us=ops, row_us=row_us, var_us=real["var_us"],
-                 block_us=real["block_us"], id_us=real["id_us"], copy_us=block["copy_us"], merge_us=merge_us,
-                 fault_us=block["fault_us"],
-                 source=source)
+    return Rates(bandwidth=dense["bandwidth"], rpc_us=dense["rpc_us"], op_us=ops, row_us=row_us,
+                 var_us=real["var_us"], block_us=dense["block_us"], id_us=id_us, copy_us=block["copy_us"],
+                 merge_us=merge_us, fault_us=block["fault_us"], source=source, sparse_bandwidth=sparse_bandwidth)

@@ -80,7 +80,7 @@ class Rates:
 
     # the defaults: `pstranspile calibrate` on the shared 2-core VM, 2026-11-27 (4 runs;
     # the small fixed figures move by 2x between runs on this loaded machine)
-    bandwidth: float = 1.9e8  # a real pserver taking a sparse grad's bytes
+    bandwidth: float = 1.2e9  # a real sync pserver taking dense grads and sending params (both ways)
     rpc_us: float = 350.0  # a real pserver's CPU per request (a `get` of a [1] var)
     op_us: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_US))
     row_us: float = 0.12  # per sparse grad row the pserver's block merges and applies
@@ -91,6 +91,9 @@ class Rates:
     merge_us: float = 0.015  # per element of a sparse grad row the block merges (sum's scatter-add)
     fault_us: float = 0.0001  # more per element copied into an array over the mmap threshold (0.00006-0.00016)
     source: str = "defaults"
+    # a real pserver taking a sparse grad's rows (and sending prefetched rows): its CPU per
+    # byte beyond the per-element merge and update (`merge_us`, the optimizer's rate)
+    sparse_bandwidth: float = 1.9e8
 
     def op(self, op_type: str) -> float:
         if op_type in self.op_us:
@@ -109,7 +112,8 @@ class Rates:
                       "block_us": "us per optimize block run", "id_us": "us per id on a pserver",
                       "copy_us": "us per element copied by a sparse update",
                       "merge_us": "us per element of a merged sparse grad row",
-                      "fault_us": "us more per element copied over the mmap threshold"},
+                      "fault_us": "us more per element copied over the mmap threshold",
+                      "sparse_bandwidth": "bytes/s of sparse rows (grads in, prefetched rows out)"},
             "bandwidth": self.bandwidth,
             "rpc_us": self.rpc_us,
             "row_us": self.row_us,
@@ -119,6 +123,7 @@ class Rates:
             "copy_us": self.copy_us,
             "merge_us": self.merge_us,
             "fault_us": self.fault_us,
+            "sparse_bandwidth": self.sparse_bandwidth,
             "op_us": dict(sorted(self.op_us.items())),
         }
 
@@ -141,10 +146,10 @@ def load_rates(path: str | Path | None) -> Rates:
                       float(data.get("var_us", Rates.var_us)), float(data.get("block_us", Rates.block_us)),
                       float(data.get("id_us", Rates.id_us)), float(data.get("copy_us", Rates.copy_us)),
                       float(data.get("merge_us", Rates.merge_us)), float(data.get("fault_us", Rates.fault_us)),
-                      str(path))
+                      str(path), float(data.get("sparse_bandwidth", Rates.sparse_bandwidth)))
     except (KeyError, TypeError, ValueError) as exc:
         raise TranspileError(f"rates {path}: bad field ({exc})") from None
-    if rates.bandwidth <= 0 or min(rates.rpc_us, rates.row_us, rates.var_us, rates.block_us, rates.id_us,
+    if rates.bandwidth <= 0 or rates.sparse_bandwidth <= 0 or min(rates.rpc_us, rates.row_us, rates.var_us, rates.block_us, rates.id_us,
                                    rates.copy_us, rates.merge_us, rates.fault_us) < 0 or any(v < 0 for v in ops.values()):
         raise TranspileError(f"rates {path}: rates must be positive")
     return rates
@@ -264,6 +269,7 @@ class Cost:
     compute_us: float = 0.0
     lookups: float = 0.0  # ids looked up (or sent as grad rows) per step
     rows: float = 0.0  # distinct rows touched per step
+    sparse_bytes: float = 0.0  # of bytes_in + bytes_out: sparse grad rows, ids and prefetched rows
 
     def add(self, other: Cost) -> None:
         for kind, value in other.memory.items():
@@ -275,14 +281,16 @@ class Cost:
         self.compute_us += other.compute_us
         self.lookups += other.lookups
         self.rows += other.rows
+        self.sparse_bytes += other.sparse_bytes
 
     @property
     def memory_bytes(self) -> int:
         return sum(self.memory.values())
 
     def time_us(self, rates: Rates) -> float:
-        return (self.compute_us + (self.bytes_in + self.bytes_out) / rates.bandwidth * 1e6 + self.rpcs * rates.rpc_us
-                + self.vars * rates.var_us)
+        dense = self.bytes_in + self.bytes_out - self.sparse_bytes
+        return (self.compute_us + dense / rates.bandwidth * 1e6 + self.sparse_bytes / rates.sparse_bandwidth * 1e6
+                + self.rpcs * rates.rpc_us + self.vars * rates.var_us)
 
 
 @dataclass(frozen=True)
@@ -326,6 +334,7 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
             cost.rpcs = t  # a prefetch call per trainer per step (its own RPC, not in the batches)
         else:
             cost.bytes_out = t * n * size
+        cost.sparse_bytes = cost.bytes_in + (cost.bytes_out if prefetch else 0.0)
         every = slots.updates_every_row((optimizer_attrs or {}).get) if optimizer_attrs is not None else slots.every_row
         updated = rows if every else (touched_all if job.sync_mode else touched_one * t)
         merge_rows = lookups * t
@@ -370,6 +379,7 @@ def table_shard_cost(table, shard: int, job: Job, rates: Rates, ids: IdStats | N
     cost.lookups, cost.rows = lookups * t, one * t
     cost.bytes_in = t * one * ID_BYTES + t * lookups * (width * size + ID_BYTES)
     cost.bytes_out = t * one * width * size
+    cost.sparse_bytes = cost.bytes_in + cost.bytes_out
     cost.rpcs = t  # the prefetch (the grads travel in the batches)
     cost.vars = 2 * t
     cost.compute_us = (lookups * t * (rates.row_us + width * rates.merge_us) + merged * width * rates.op("sgd")
