@@ -13,7 +13,7 @@ import pytest
 from conftest import PADDLE_CASES, PADDLE_PROGRAMS, REAL_MODEL_CASES, load_case_json
 from transpiler.api import transpile
 from transpiler.cost import (
-    MEMORY_KINDS, IdStats, Job, Rates, block_cost, declared_memory, load_rates, parse_bytes, plan_costs,
+    MEMORY_KINDS, Cost, IdStats, Job, Rates, block_cost, declared_memory, load_rates, parse_bytes, plan_costs,
     read_id_sample, var_bytes,
 )
 from transpiler.errors import TranspileError
@@ -260,3 +260,68 @@ def test_sparse_copies_over_the_mmap_threshold_cost_fresh_pages():
     over = block_cost("adagrad", DType.FP32, 0, rows, 64, Job(2), rates, sparse=True, ids=stats)
     assert under.compute_us == pytest.approx(2 * (rows - 1) * 64 * 0.001, rel=1e-3)
     assert over.compute_us == pytest.approx(2 * rows * 64 * 0.0015, rel=1e-3)
+
+
+def test_sparse_bytes_go_at_their_own_rate_dense_at_the_bandwidth():
+    """A sparse grad's rows (and prefetched rows) are priced at `sparse_bandwidth`, a dense
+    param's bytes at `bandwidth`: hand-worked figures."""
+    rates = Rates(bandwidth=1e9, sparse_bandwidth=1e8, rpc_us=0.0, op_us={"sum": 0.0, "scale": 0.0, "sgd": 0.0},
+                  row_us=0.0, var_us=0.0, block_us=0.0, id_us=0.0, merge_us=0.0)
+    stats = IdStats.uniform_rows(100, 10)
+    fetched = block_cost("sgd", DType.FP32, 0, 100, 8, Job(trainers=2), rates, sparse=True, ids=stats)
+    assert fetched.sparse_bytes == pytest.approx(fetched.bytes_in) == pytest.approx(2 * 10 * (8 * 4 + 8))
+    assert fetched.bytes_out == 2 * 100 * 8 * 4  # the whole block to each trainer: dense
+    assert fetched.time_us(rates) == pytest.approx(800 / 1e8 * 1e6 + 6400 / 1e9 * 1e6)
+    prefetched = block_cost("sgd", DType.FP32, 0, 100, 8, Job(trainers=2), rates, sparse=True, prefetch=True,
+                            ids=stats)
+    assert prefetched.sparse_bytes == pytest.approx(prefetched.bytes_in + prefetched.bytes_out)
+    dense = block_cost("sgd", DType.FP32, 0, 100, 8, Job(trainers=2), rates)
+    assert dense.sparse_bytes == 0 and dense.time_us(rates) == pytest.approx(2 * 6400 / 1e9 * 1e6)
+    total = Cost()
+    total.add(fetched)
+    total.add(dense)
+    assert total.sparse_bytes == fetched.sparse_bytes
+    assert total.time_us(rates) == pytest.approx(fetched.time_us(rates) + dense.time_us(rates))
+
+
+def test_fixed_costs_per_rpc_var_and_block_add_up_per_pserver():
+    """Every pserver holding a partition takes a send batch and a fetch batch a trainer
+    (`rpc_us` each), a grad in and a param out per partition a trainer (`var_us`) and runs
+    each partition's block once a round (`block_us`): with zero per-byte and per-element
+    rates the estimate is exactly those."""
+    import types
+
+    rates = Rates(bandwidth=1e30, sparse_bandwidth=1e30, rpc_us=100.0, var_us=10.0, block_us=50.0,
+                  op_us=dict.fromkeys(("sum", "scale", "momentum"), 0.0))
+    block = types.SimpleNamespace(cols=None, rows=10, row_offset=0, name="w.block0")
+    param = types.SimpleNamespace(param="w", shape=(10, 4), optimizer="momentum", dtype=DType.FP32, sparse=False,
+                                  remote_prefetch=False, blocks=[block, block, block],
+                                  endpoints=["a", "a", "b"])
+    plan = types.SimpleNamespace(trainers=3, sync_mode=True, endpoints=["a", "b", "c"], params=[param], table=None)
+    a, b, c = plan_costs(plan, rates)
+    assert a.time_us == pytest.approx(2 * 3 * 100 + 2 * (2 * 3 * 10 + 50))
+    assert b.time_us == pytest.approx(2 * 3 * 100 + 2 * 3 * 10 + 50)
+    assert c.time_us == 0 and not c.partitions
+
+
+def test_rates_without_sparse_bandwidth_keep_its_default(tmp_path):
+    data = Rates(sparse_bandwidth=3e8, source="x").to_json()
+    assert data["sparse_bandwidth"] == 3e8 and "sparse_bandwidth" in data["units"]
+    path = tmp_path / "rates.json"
+    path.write_text(json.dumps(data))
+    assert load_rates(path).sparse_bandwidth == 3e8
+    del data["sparse_bandwidth"]
+    path.write_text(json.dumps(data))
+    assert load_rates(path).sparse_bandwidth == Rates.sparse_bandwidth
+    path.write_text(json.dumps(data | {"sparse_bandwidth": 0}))
+    with pytest.raises(TranspileError, match="rates must be positive"):
+        load_rates(path)
+
+
+def test_calibrate_times_a_real_sync_round():
+    """A real sync pserver serving two replaying trainers (`transpiler.replay`): a round of
+    a 1-layer net costs CPU, within what a small round costs on any machine (< 50 ms)."""
+    from transpiler.calibrate import dense_programs, measure_sync_round
+
+    one = measure_sync_round(*dense_programs(1, 4, 4), steps=20, warm=2)
+    assert 0 < one < 50_000

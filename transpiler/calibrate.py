@@ -138,7 +138,7 @@ def _time_op(op_type: str, inputs, outputs, attrs, repeat: int) -> float:
     return best
 
 
-def measure_ops(op_types=None, big: int = 1 << 20, small: int = 1 << 16, repeat: int = 3) -> dict[str, float]:
+def measure_ops(op_types=None, big: int = 1 << 20, small: int = 1 << 16, repeat: int = 5) -> dict[str, float]:
     """µs per element of each op (the slope between `small` and `big` elements)."""
     import numpy as np
 
@@ -313,6 +313,49 @@ def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: 
             child.wait()
 
 
+_COPIER = r"""
+import sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from ops.rpc.malloc import keep_freed_memory
+keep_freed_memory()
+n, rounds = int(sys.argv[2]), int(sys.argv[3])
+param, moment = np.ones(n, np.float32), np.ones(n, np.float32)
+for _ in range(2):
+    a, b = param.copy(), moment.copy()
+sys.stdout.write("ready\n"); sys.stdout.flush()
+sys.stdin.readline()
+start = time.process_time()
+for _ in range(rounds):
+    a, b = param.copy(), moment.copy()
+print((time.process_time() - start) / (rounds * 2 * n) * 1e6, flush=True)
+"""
+
+
+def measure_copy(processes: int | None = None, elements: int = 250_000 * 64, rounds: int = 12) -> float:
+    """µs of CPU per float32 element a sparse Adagrad copies (param and moment, arrays under
+    the mmap threshold), with `processes` (default: every core) copying at once: a job's
+    pservers share the memory bus, and a copy alone is 30-40% cheaper than with the other
+    core copying too (0.00035 against 0.00046-0.00050 on the shared 2-core VM)."""
+    count = processes or os.cpu_count() or 1
+    children = [subprocess.Popen([sys.executable, "-c", _COPIER, str(ROOT), str(elements), str(rounds)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(count)]
+    try:
+        for child in children:
+            if child.stdout.readline().strip() != "ready":
+                raise RuntimeError("a calibration copier did not start")
+        for child in children:  # start together
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        figures = [float(child.stdout.readline()) for child in children]
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+    return statistics.median(figures)
+
+
 _SYNC_PSERVER = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -340,7 +383,8 @@ def dense_programs(layers_count: int, width: int, in_width: int):
     return main, startup
 
 
-def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int = SYNC_TRAINERS) -> float:
+def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int = SYNC_TRAINERS,
+                       think: float = 0.0) -> float:
     """A real sync pserver's CPU µs per step (one round) serving `main`'s params to
     `trainers` trainers replaying their traffic (`transpiler.replay`, a thread each), the
     pserver in a child process, its CPU from /proc over `steps` steps after `warm`."""
@@ -371,13 +415,18 @@ def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int =
             def mark(step: int) -> None:
                 if step in (warm, warm + steps):
                     marks[step] = _cpu_seconds(child.pid)
+                if think:
+                    time.sleep(think)
+
+            def pause(step: int) -> None:
+                time.sleep(think)
 
             errors: list[BaseException] = []
 
             def run(t: int) -> None:
                 try:
                     replay(clients[t], programs[t].trainer, programs[t].trainer_startup, warm + steps,
-                           mark if t == 0 else None)
+                           mark if t == 0 else (pause if think else None))
                 except BaseException as exc:  # noqa: BLE001 - reported below
                     errors.append(exc)
 
@@ -399,21 +448,27 @@ def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int =
     return (marks[warm + steps] - marks[warm]) / steps * 1e6
 
 
-def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRAINERS, small_steps: int = 150,
-                  big: int = 2048, big_steps: int = 20, many: int = 16) -> dict[str, float]:
+THINK = 0.01  # seconds a replaying trainer waits between rounds, as a trainer computing its passes
+
+
+def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRAINERS, small_steps: int = 120,
+                  big: int = 2048, big_steps: int = 20, many: int = 16, think: float = THINK) -> dict[str, float]:
     """A real sync pserver, `trainers` trainers (`measure_sync_round`): `rpc_us` = half a
     trainer's share of one round of a 1-layer tiny net (its 2 partitions' blocks and vars
     taken off: each trainer sends a batch and fetches one), `block_us` = the extra CPU per
     partition of a `many`-layer tiny net (its `2·trainers` vars taken off), `bandwidth` =
     the bytes of a `big` x `big` layer (in and out, every trainer) over the CPU it adds to
-    the tiny net's round (its `sum`, `scale`, `momentum` taken off at `ops` rates)."""
-    tiny = measure_sync_round(*dense_programs(1, 4, 4), small_steps)
-    wide = measure_sync_round(*dense_programs(many, 4, 4), small_steps // 2)
+    the tiny net's round (its `sum`, `scale`, `momentum` taken off at `ops` rates). The
+    trainers wait `think` seconds between rounds, as real ones compute theirs: a pserver
+    woken from idle each round spends ~1.5x the CPU per round of one kept busy (800-1000
+    against 1200-1800 µs measured on the shared 2-core VM)."""
+    tiny = measure_sync_round(*dense_programs(1, 4, 4), small_steps, think=think)
+    wide = measure_sync_round(*dense_programs(many, 4, 4), small_steps // 2, think=think)
     per_partition = max((wide - tiny) / (2 * (many - 1)), 0.0)
     block_us = max(per_partition - 2 * trainers * var_us, 0.0)
     rpc_us = max((tiny - 2 * per_partition) / (2 * trainers), 0.0)
     n = big * big + big
-    heavy = measure_sync_round(*dense_programs(1, big, big), big_steps)
+    heavy = measure_sync_round(*dense_programs(1, big, big), big_steps, think=think)
     work = n * ((trainers - 1) * ops["sum"] + ops["scale"] + ops["momentum"])
     moved = 2 * trainers * n * 4
     bandwidth = moved / max(heavy - tiny - work, 1.0) * 1e6
@@ -433,6 +488,8 @@ def calibrate(progress=None) -> Rates:
     row_us = block["row_us"]
     merge_us = max(block["merge_elem_us"] - ops["scale"] - ops["adagrad"], 0.0)
     say(f"  row {row_us:.3f}, merge {merge_us:.4f}, copy {block['copy_us']:.5f}, over 64 MiB +{block['fault_us']:.5f}")
+    copy_us = max(measure_copy(), block["copy_us"])
+    say(f"  copy with every core copying at once: {copy_us:.5f} us per element")
     say("a real pserver, sparse grads: us per var, per id, bytes/s of sparse rows")
     echo_rpc_us, echo_bandwidth = measure_transport(calls=200, big_calls=4)
     real = measure_pserver(echo_rpc_us, echo_bandwidth, ops["adagrad"], row_us)
@@ -455,5 +512,5 @@ def calibrate(progress=None) -> Rates:
     host = os.uname().nodename if hasattr(os, "uname") else "this machine"
     source = f"calibrate on {host}, {time.strftime('%Y-%m-%d')}, {time.perf_counter() - started:.0f}s"
     return Rates(bandwidth=dense["bandwidth"], rpc_us=dense["rpc_us"], op_us=ops, row_us=row_us,
-                 var_us=real["var_us"], block_us=dense["block_us"], id_us=id_us, copy_us=block["copy_us"],
+                 var_us=real["var_us"], block_us=dense["block_us"], id_us=id_us, copy_us=copy_us,
                  merge_us=merge_us, fault_us=block["fault_us"], source=source, sparse_bandwidth=sparse_bandwidth)

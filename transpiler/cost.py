@@ -63,11 +63,11 @@ RATES_SCHEMA = "pstranspile.rates/1"
 SPARSE_COPIES = frozenset({"adagrad", "adam", "ftrl"})
 
 # Defaults measured on the project's shared 2-core VM with `pstranspile calibrate`
-# (2026-11-26): µs per float32 element, the executor's kernels.
+# (2026-11-27, the median of 3 runs of 7 repeats): µs per float32 element, the executor's kernels.
 DEFAULT_OP_US = {
-    "sum": 0.0002, "scale": 0.00016, "sgd": 0.00025, "momentum": 0.0017, "adam": 0.0093, "adamw": 0.0021,
-    "adagrad": 0.0020, "rmsprop": 0.017, "adamax": 0.019, "ftrl": 0.036, "decayed_adagrad": 0.0082,
-    "lars_momentum": 0.0024, "lamb": 0.0098,
+    "sum": 0.00024, "scale": 0.00017, "sgd": 0.0003, "momentum": 0.0014, "adam": 0.0016, "adamw": 0.0014,
+    "adagrad": 0.0016, "rmsprop": 0.0034, "adamax": 0.0024, "ftrl": 0.0084, "decayed_adagrad": 0.0018,
+    "lars_momentum": 0.0024, "lamb": 0.0082,
 }
 
 
@@ -78,22 +78,22 @@ class Rates:
     element per op type (`sum`, `scale` and the optimizers), `row_us` µs per row a sparse
     update or lookup touches (the per-row bookkeeping beside the per-element work)."""
 
-    # the defaults: `pstranspile calibrate` on the shared 2-core VM, 2026-11-27 (4 runs;
-    # the small fixed figures move by 2x between runs on this loaded machine)
-    bandwidth: float = 1.2e9  # a real sync pserver taking dense grads and sending params (both ways)
-    rpc_us: float = 350.0  # a real pserver's CPU per request (a `get` of a [1] var)
+    # the defaults: `pstranspile calibrate` on the shared 2-core VM, 2026-11-27, the median
+    # of 4 runs (the small fixed figures move by 2x between runs on this loaded machine)
+    bandwidth: float = 1.46e9  # a real sync pserver taking dense grads and sending params (1.33-1.53e9)
+    rpc_us: float = 213.0  # a real sync pserver's CPU per batch a trainer sends or fetches a round (176-278)
     op_us: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_US))
-    row_us: float = 0.12  # per sparse grad row the pserver's block merges and applies
-    var_us: float = 5.0  # one more var in a request (8 grads in one SendBatch: 0-11 measured)
-    block_us: float = 150.0  # one optimize block run (a small `send` less a `get`: 25-270 measured)
-    id_us: float = 0.2  # per sparse grad row received, beyond its bytes and the block's work (0.09-0.34)
-    copy_us: float = 0.00034  # per element a sparse update copies (a whole param or state: SPARSE_COPIES)
-    merge_us: float = 0.015  # per element of a sparse grad row the block merges (sum's scatter-add)
-    fault_us: float = 0.0001  # more per element copied into an array over the mmap threshold (0.00006-0.00016)
+    row_us: float = 0.26  # per sparse grad row the pserver's block merges and applies (0.13-0.36)
+    var_us: float = 0.0  # one more var in a request (8 grads in one SendBatch: 0 in 4 runs, 0-11 before)
+    block_us: float = 77.0  # one optimize block run with its vars (a sync round's CPU per partition: 44-109)
+    id_us: float = 0.0  # per sparse grad row received, beyond its bytes and the block's work (0-0.25)
+    copy_us: float = 0.00033  # per element a sparse update copies (a whole param or state: SPARSE_COPIES)
+    merge_us: float = 0.010  # per element of a sparse grad row the block merges (sum's scatter-add; 0.008-0.016)
+    fault_us: float = 0.000085  # more per element copied into an array over the mmap threshold (0-0.00016)
     source: str = "defaults"
     # a real pserver taking a sparse grad's rows (and sending prefetched rows): its CPU per
     # byte beyond the per-element merge and update (`merge_us`, the optimizer's rate)
-    sparse_bandwidth: float = 1.9e8
+    sparse_bandwidth: float = 3.1e8  # (1.9e8-2.2e9: the least steady figure)
 
     def op(self, op_type: str) -> float:
         if op_type in self.op_us:
