@@ -332,7 +332,7 @@ print((time.process_time() - start) / (rounds * 2 * n) * 1e6, flush=True)
 """
 
 
-def measure_copy(processes: int | None = None, elements: int = 250_000 * 64, rounds: int = 12) -> float:
+def measure_copy(processes: int | None = None, elements: int = 250_000 * 64, rounds: int = 8) -> float:
     """µs of CPU per float32 element a sparse Adagrad copies (param and moment, arrays under
     the mmap threshold), with `processes` (default: every core) copying at once: a job's
     pservers share the memory bus, and a copy alone is 30-40% cheaper than with the other
@@ -451,8 +451,8 @@ def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int =
 THINK = 0.01  # seconds a replaying trainer waits between rounds, as a trainer computing its passes
 
 
-def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRAINERS, small_steps: int = 120,
-                  big: int = 2048, big_steps: int = 20, many: int = 16, think: float = THINK) -> dict[str, float]:
+def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRAINERS, small_steps: int = 100,
+                  big: int = 2048, big_steps: int = 12, many: int = 16, think: float = THINK) -> dict[str, float]:
     """A real sync pserver, `trainers` trainers (`measure_sync_round`): `rpc_us` = half a
     trainer's share of one round of a 1-layer tiny net (its 2 partitions' blocks and vars
     taken off: each trainer sends a batch and fetches one), `block_us` = the extra CPU per

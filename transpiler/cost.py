@@ -78,22 +78,23 @@ class Rates:
     element per op type (`sum`, `scale` and the optimizers), `row_us` µs per row a sparse
     update or lookup touches (the per-row bookkeeping beside the per-element work)."""
 
-    # the defaults: `pstranspile calibrate` on the shared 2-core VM, 2026-11-27, the median
-    # of 4 runs (the small fixed figures move by 2x between runs on this loaded machine)
-    bandwidth: float = 1.46e9  # a real sync pserver taking dense grads and sending params (1.33-1.53e9)
-    rpc_us: float = 213.0  # a real sync pserver's CPU per batch a trainer sends or fetches a round (176-278)
+    # the defaults: `pstranspile calibrate` on the shared 2-core VM, 2026-11-27 (the median
+    # of 3 runs; the range of 7 runs in brackets: the small fixed figures move by 2x between
+    # runs on this loaded machine)
+    bandwidth: float = 1.46e9  # a real sync pserver taking dense grads and sending params (1.18-1.53e9)
+    rpc_us: float = 410.0  # a real sync pserver's CPU per batch a trainer sends or fetches a round (372-453)
     op_us: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_US))
-    row_us: float = 0.26  # per sparse grad row the pserver's block merges and applies (0.13-0.36)
-    var_us: float = 0.0  # one more var in a request (8 grads in one SendBatch: 0 in 4 runs, 0-11 before)
-    block_us: float = 77.0  # one optimize block run with its vars (a sync round's CPU per partition: 44-109)
-    id_us: float = 0.0  # per sparse grad row received, beyond its bytes and the block's work (0-0.25)
-    copy_us: float = 0.00033  # per element a sparse update copies (a whole param or state: SPARSE_COPIES)
-    merge_us: float = 0.010  # per element of a sparse grad row the block merges (sum's scatter-add; 0.008-0.016)
-    fault_us: float = 0.000085  # more per element copied into an array over the mmap threshold (0-0.00016)
+    row_us: float = 0.2  # per sparse grad row the pserver's block merges and applies (0.08-0.41)
+    var_us: float = 0.0  # one more var in a request (8 grads in one SendBatch: 0 in 7 runs, 0-11 before)
+    block_us: float = 53.0  # one optimize block run with its vars (a sync round's CPU per partition: 44-109)
+    id_us: float = 0.04  # per sparse grad row received, beyond its bytes and the block's work (0-0.25)
+    copy_us: float = 0.00042  # per element a sparse update copies, every core copying (0.00032-0.00057)
+    merge_us: float = 0.012  # per element of a sparse grad row the block merges (sum's scatter-add; 0.004-0.021)
+    fault_us: float = 0.000095  # more per element copied into an array over the mmap threshold (0-0.00016)
     source: str = "defaults"
     # a real pserver taking a sparse grad's rows (and sending prefetched rows): its CPU per
     # byte beyond the per-element merge and update (`merge_us`, the optimizer's rate)
-    sparse_bandwidth: float = 3.1e8  # (1.9e8-2.2e9: the least steady figure)
+    sparse_bandwidth: float = 6.2e8  # (1.9e8-2.2e9 in 7 runs: the least steady figure; the median)
 
     def op(self, op_type: str) -> float:
         if op_type in self.op_us:
