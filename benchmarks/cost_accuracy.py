@@ -304,30 +304,42 @@ def spearman(a, b) -> float:
     return round(cov / var, 3) if var else 1.0
 
 
-def separated_pairs(measured, predicted, tie: float) -> tuple[int, int]:
-    """(pairs the measurement separates by more than `tie`, of those the model orders alike)."""
-    pairs = agree = 0
+def apart(a: float, b: float, tie: float) -> bool:
+    return max(a, b) > min(a, b) * (1 + tie)
+
+
+def separated_pairs(measured, predicted, tie: float) -> tuple[int, int, int]:
+    """Pairs of pservers the measurement separates by more than `tie`: (how many, how many
+    the model orders alike, how many the model calls equal, within `tie`)."""
+    pairs = agree = tied = 0
     for i in range(len(measured)):
         for j in range(i + 1, len(measured)):
-            hi, lo = max(measured[i], measured[j]), min(measured[i], measured[j])
-            if hi <= lo * (1 + tie):
+            if not apart(measured[i], measured[j], tie):
                 continue
             pairs += 1
-            agree += (measured[i] > measured[j]) == (predicted[i] > predicted[j])
-    return pairs, agree
+            if not apart(predicted[i], predicted[j], tie):
+                tied += 1
+            else:
+                agree += (measured[i] > measured[j]) == (predicted[i] > predicted[j])
+    return pairs, agree, tied
+
+
+def top(values, tie: float) -> set[int]:
+    """The pservers within `tie` of the largest value."""
+    return {i for i, v in enumerate(values) if v * (1 + tie) >= max(values)}
 
 
 def compare(predicted, runs, tie: float) -> dict:
     cpu = [statistics.median(r["pserver_cpu_ms"][p] for r in runs) for p in range(len(predicted))]
     step = statistics.median(r["step_ms"] for r in runs)
-    pairs, agree = separated_pairs(cpu, predicted, tie)
+    pairs, agree, tied = separated_pairs(cpu, predicted, tie)
     slowest = max(range(len(cpu)), key=lambda i: cpu[i])
-    measured_tie = [i for i, v in enumerate(cpu) if v * (1 + tie) >= cpu[slowest]]
     return {"est_ms": predicted, "pserver_cpu_ms": cpu, "ratio": [round(p / m, 3) for p, m in zip(predicted, cpu, strict=True)],
             "est_step_ms": max(predicted), "slowest_cpu_ms": cpu[slowest],
             "step_ratio": round(max(predicted) / cpu[slowest], 3), "wall_step_ms": step,
-            "spearman": spearman(predicted, cpu), "slowest_matches": max(range(len(predicted)), key=lambda i: predicted[i]) in measured_tie,
-            "separated_pairs": pairs, "pairs_agree": agree,
+            "spearman": spearman(predicted, cpu), "slowest_matches": bool(top(cpu, tie) & top(predicted, tie)),
+            "separated_pairs": pairs, "pairs_agree": agree, "pairs_model_tied": tied,
+            "spread_measured": round(max(cpu) / min(cpu), 3), "spread_model": round(max(predicted) / min(predicted), 3),
             "runs": runs}
 
 
@@ -366,16 +378,20 @@ def main() -> int:
         print(json.dumps({"rates": rates.source, "workloads": out}, indent=1))
         return 0
     print(f"rates: {rates.source}; per pserver ms per step: model estimate vs measured CPU (from /proc)")
-    print(f"{'workload':<9} {'pserver':>7} {'est ms':>9} {'cpu ms':>9} {'est/cpu':>8}")
+    print(f"{'workload':<11} {'pserver':>7} {'est ms':>9} {'cpu ms':>9} {'est/cpu':>8}")
     for name, r in out.items():
         for p, (e, c, q) in enumerate(zip(r["est_ms"], r["pserver_cpu_ms"], r["ratio"], strict=True)):
-            print(f"{name:<9} {p:>7} {e:>9.2f} {c:>9.2f} {q:>8.3f}")
-    print(f"{'workload':<9} {'est step':>9} {'slowest cpu':>11} {'ratio':>6} {'spearman':>8} {'slowest ok':>10} "
-          f"{'pairs ok':>8} {'wall step ms':>12}")
+            print(f"{name:<11} {p:>7} {e:>9.2f} {c:>9.2f} {q:>8.3f}")
+    print(f"{'workload':<11} {'est step':>9} {'slowest cpu':>11} {'ratio':>6} {'spread m/e':>11} {'spearman':>8} "
+          f"{'slowest ok':>10} {'pairs ok/apart (tied)':>21} {'wall step ms':>12}")
     for name, r in out.items():
-        print(f"{name:<9} {r['est_step_ms']:>9.2f} {r['slowest_cpu_ms']:>11.2f} {r['step_ratio']:>6.3f} "
-              f"{r['spearman']:>8.3f} {str(r['slowest_matches']):>10} {r['pairs_agree']:>3}/{r['separated_pairs']:<4} "
-              f"{r['wall_step_ms']:>12.1f}")
+        pairs = f"{r['pairs_agree']}/{r['separated_pairs']} ({r['pairs_model_tied']})"
+        spread = f"{r['spread_measured']:.2f}/{r['spread_model']:.2f}"
+        print(f"{name:<11} {r['est_step_ms']:>9.2f} {r['slowest_cpu_ms']:>11.2f} {r['step_ratio']:>6.3f} {spread:>11} "
+              f"{r['spearman']:>8.3f} {str(r['slowest_matches']):>10} {pairs:>21} {r['wall_step_ms']:>12.1f}")
+    print(f"spread: slowest / least loaded pserver, measured / estimated; pairs: the pservers the measurement puts more "
+          f"than {args.tie:.0%} apart, the model orders alike / all (those it puts within {args.tie:.0%}: tied); "
+          "the wall step includes the trainers' own compute")
     return 0
 
 

@@ -325,3 +325,29 @@ def test_calibrate_times_a_real_sync_round():
 
     one = measure_sync_round(*dense_programs(1, 4, 4), steps=20, warm=2)
     assert 0 < one < 50_000
+
+
+def test_calibrate_copy_rate_is_per_element_and_memcpy_like():
+    from transpiler.calibrate import measure_copy
+
+    rate = measure_copy(processes=2, elements=1 << 20, rounds=3)
+    assert 1e-5 < rate < 1e-2  # µs per float32 element: memcpy's order, within 100x either way
+
+
+def test_float64_ops_have_their_own_rates():
+    """The executor's fused kernels are float32 only: a float64 block is priced at the
+    `op@fp64` rates, an op without one at twice its float32 rate, a sparse copy by bytes."""
+    rates = Rates(op_us={"sum": 0.001, "scale": 0.002, "momentum": 0.003, "momentum@fp64": 0.05, "sgd": 0.001},
+                  block_us=0.0)
+    assert rates.op("momentum", DType.FP64) == 0.05 and rates.op("sum", DType.FP64) == 0.002
+    assert rates.op("momentum", DType.FP32) == rates.op("momentum") == 0.003
+    n = 1000
+    f64 = block_cost("momentum", DType.FP64, 0, 100, 10, Job(trainers=2), rates)
+    assert f64.compute_us == pytest.approx(n * 0.002 + n * 0.004 + n * 0.05)
+    assert Rates().op("adam", DType.FP64) > 5 * Rates().op("adam")  # the defaults, as measured
+    copies = Rates(copy_us=0.001, fault_us=0.0, block_us=0.0, id_us=0.0, row_us=0.0, merge_us=0.0,
+                   op_us={"sum": 0.0, "scale": 0.0, "adagrad": 0.0, "sgd": 0.0})
+    stats = IdStats.uniform_rows(1000, 1)
+    one = block_cost("adagrad", DType.FP32, 0, 1000, 8, Job(2), copies, sparse=True, ids=stats)
+    two = block_cost("adagrad", DType.FP64, 0, 1000, 8, Job(2), copies, sparse=True, ids=stats)
+    assert two.compute_us == pytest.approx(2 * one.compute_us) == pytest.approx(2 * 2 * 8000 * 0.001)

@@ -170,10 +170,11 @@ def test_plan_against_paddle_on_the_estimate_for_the_mlp():
     main, startup = Program.load(MLP / "main.pb"), Program.load(MLP / "startup.pb")
     eps = "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3,127.0.0.1:4"
 
-    def slowest(**kw):
-        return max(r.time_us for r in plan_costs(transpile(main, startup, pservers=eps, trainers=2, **kw).plan))
+    def slowest(**kw):  # the module's RATES: the claim is about the search, not this machine's defaults
+        plan = transpile(main, startup, pservers=eps, trainers=2, **kw).plan
+        return max(r.time_us for r in plan_costs(plan, RATES))
 
-    ours = slowest(partitioner="plan")
+    ours = slowest(partitioner=PlanPartitioner(rates=RATES))
     assert ours <= 1.01 * slowest()
     assert ours < 0.5 * slowest(slice_var_up=False)
 

@@ -105,20 +105,20 @@ def measure_transport(calls: int = 400, big_calls: int = 12, big_bytes: int = 8 
             child.wait()
 
 
-def _optimizer_inputs(op_type: str, n: int):
+def _optimizer_inputs(op_type: str, n: int, dtype: str = "float32"):
     import numpy as np
 
     from ops.catalogue.optimizer_ops import optimizer_slots
 
     slots = optimizer_slots(op_type)
     rng = np.random.default_rng(0)
-    inputs = {slots.param: rng.standard_normal(n).astype(np.float32),
-              slots.grad: rng.standard_normal(n).astype(np.float32) * 1e-2,
-              slots.learning_rate: np.array([0.01], dtype=np.float32)}
+    inputs = {slots.param: rng.standard_normal(n).astype(dtype),
+              slots.grad: rng.standard_normal(n).astype(dtype) * 1e-2,
+              slots.learning_rate: np.array([0.01], dtype=dtype)}
     for slot in slots.sliced:
-        inputs[slot] = np.full(n, 0.5, dtype=np.float32)
+        inputs[slot] = np.full(n, 0.5, dtype=dtype)
     for slot in slots.unsliced:
-        inputs[slot] = np.array([0.9], dtype=np.float32)
+        inputs[slot] = np.array([0.9], dtype=dtype)
     return inputs, list(slots.outputs.values())
 
 
@@ -138,8 +138,13 @@ def _time_op(op_type: str, inputs, outputs, attrs, repeat: int) -> float:
     return best
 
 
-def measure_ops(op_types=None, big: int = 1 << 20, small: int = 1 << 16, repeat: int = 5) -> dict[str, float]:
-    """µs per element of each op (the slope between `small` and `big` elements)."""
+FP64_OPS = ("sum", "scale", "sgd", "momentum", "adam", "adagrad")  # float64 rates measured too (`op@fp64`)
+
+
+def measure_ops(op_types=None, big: int = 1 << 20, small: int = 1 << 16, repeat: int = 5,
+                dtype: str = "float32") -> dict[str, float]:
+    """µs per element of each op (the slope between `small` and `big` elements) on
+    `dtype` arrays."""
     import numpy as np
 
     from ops.rpc.malloc import keep_freed_memory
@@ -149,11 +154,11 @@ def measure_ops(op_types=None, big: int = 1 << 20, small: int = 1 << 16, repeat:
     for op_type in op_types or sorted(DEFAULT_OP_US):
         try:
             if op_type == "sum":
-                make = lambda n: ({"X": [np.ones(n, np.float32), np.ones(n, np.float32)]}, ["Out"], {})  # noqa: E731
+                make = lambda n: ({"X": [np.ones(n, dtype), np.ones(n, dtype)]}, ["Out"], {})  # noqa: E731
             elif op_type == "scale":
-                make = lambda n: ({"X": np.ones(n, np.float32)}, ["Out"], {"scale": 0.5})  # noqa: E731
+                make = lambda n: ({"X": np.ones(n, dtype)}, ["Out"], {"scale": 0.5})  # noqa: E731
             else:
-                make = lambda n, t=op_type: (*_optimizer_inputs(t, n), OP_ATTRS.get(t, {}))  # noqa: E731
+                make = lambda n, t=op_type: (*_optimizer_inputs(t, n, dtype), OP_ATTRS.get(t, {}))  # noqa: E731
             timings = []
             for n in (small, big):
                 inputs, outputs, attrs = make(n)
@@ -482,6 +487,7 @@ def calibrate(progress=None) -> Rates:
     say("ops: us per element")
     ops = dict(DEFAULT_OP_US)
     ops.update(measure_ops())
+    ops.update({f"{k}@fp64": v for k, v in measure_ops(FP64_OPS, dtype="float64").items()})
     say(f"  {', '.join(f'{k} {v:.4f}' for k, v in sorted(ops.items()))}")
     say("a sync pserver's sparse block (executor): us per merged grad row, per element, per element copied")
     block = measure_sparse_block()

@@ -27,16 +27,21 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
 - RPCs: per trainer a send batch and a fetch batch to each pserver holding a partition
   (in sync mode carrying the barriers), and a prefetch call per prefetched partition;
   each var a batch carries costs `var_us`;
-- compute: `(T-1)·n·sum + n·scale + n·<optimizer>` µs-per-element rates (`Rates`); sparse
+- compute: `(T-1)·n·sum + n·scale + n·<optimizer>` µs-per-element rates (`Rates`: float32
+  rates, float64 its own `op@fp64` ones, copies by their bytes); sparse
   grads touch `r` rows instead of `n / cols` (unless the optimizer updates every row), their
   `T·l` grad rows are merged at `row_us + cols·merge_us` each (no `sum` rate), and
   each grad row costs `id_us` on every partition its id reaches; an optimizer in `SPARSE_COPIES` copies its whole param and state per run
   (`(1 + sliced)·n·copy_us`); each run of the partition's optimize block costs `block_us`
   (once a step in sync mode, once per trainer's grad in async mode).
-Estimated pserver time per step = compute + (bytes in + out) / bandwidth + RPCs × rpc_us
-+ vars × var_us. The fixed rates (`rpc_us`, `var_us`, `block_us`, `id_us`) are measured
-against a real pserver by `pstranspile calibrate`; a column cut multiplies the per-id and
-per-block work by the number of ranges, a row cut does not.
+Estimated pserver time per step = compute + dense bytes (in + out) / bandwidth + sparse
+bytes (grad rows and ids in, prefetched rows out: `Cost.sparse_bytes`) / sparse_bandwidth
++ RPCs × rpc_us + vars × var_us: the pserver's CPU µs per step, which
+`benchmarks/cost_accuracy.py` compares with real pservers' CPU from /proc. The fixed rates
+(`rpc_us`, `block_us`: a real sync pserver's round replayed by `transpiler.replay`;
+`var_us`, `id_us`) and both bandwidths are measured against real pservers by `pstranspile
+calibrate`; a column cut multiplies the per-id and per-block work by the number of
+ranges, a row cut does not.
 """
 
 from __future__ import annotations
@@ -68,12 +73,19 @@ DEFAULT_OP_US = {
     "sum": 0.00024, "scale": 0.00017, "sgd": 0.0003, "momentum": 0.0014, "adam": 0.0016, "adamw": 0.0014,
     "adagrad": 0.0016, "rmsprop": 0.0034, "adamax": 0.0024, "ftrl": 0.0084, "decayed_adagrad": 0.0018,
     "lars_momentum": 0.0024, "lamb": 0.0082,
+    # float64 (`op@fp64`; the executor's fused kernels are float32 only: numpy's float64 path
+    # is 10-20x slower per element for the optimizers); an op without one is priced at
+    # twice its float32 rate (its bytes)
+    "sum@fp64": 0.0010, "scale@fp64": 0.00045, "sgd@fp64": 0.0009, "momentum@fp64": 0.025, "adam@fp64": 0.031,
+    "adagrad@fp64": 0.034,
 }
+FP64_SUFFIX = "@fp64"
 
 
 @dataclass(frozen=True)
 class Rates:
-    """The machine's rates: `bandwidth` bytes/s of payload over the transport, `rpc_us` µs
+    """The machine's rates: `bandwidth` bytes/s of dense payload a real pserver takes and
+    sends (its CPU: `sparse_bandwidth` for sparse rows), `rpc_us` µs
     of fixed cost per RPC (request + response handling on the pserver), `op_us` µs per
     element per op type (`sum`, `scale` and the optimizers), `row_us` µs per row a sparse
     update or lookup touches (the per-row bookkeeping beside the per-element work)."""
@@ -96,7 +108,13 @@ class Rates:
     # byte beyond the per-element merge and update (`merge_us`, the optimizer's rate)
     sparse_bandwidth: float = 6.2e8  # (1.9e8-2.2e9 in 7 runs: the least steady figure; the median)
 
-    def op(self, op_type: str) -> float:
+    def op(self, op_type: str, dtype: DType | None = None) -> float:
+        """µs per element of `op_type` on `dtype` (float32 when None; float64 has its own
+        rate `op@fp64`, or twice the float32 one; other dtypes are priced by their bytes)."""
+        if dtype is not None and dtype.itemsize != 4:
+            if dtype.itemsize == 8 and f"{op_type}{FP64_SUFFIX}" in self.op_us:
+                return float(self.op_us[f"{op_type}{FP64_SUFFIX}"])
+            return self.op(op_type) * dtype.itemsize / 4
         if op_type in self.op_us:
             return float(self.op_us[op_type])
         if op_type in OPTIMIZER_SLOTS:  # an optimizer without its own rate: priced by its state
@@ -339,24 +357,25 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
         every = slots.updates_every_row((optimizer_attrs or {}).get) if optimizer_attrs is not None else slots.every_row
         updated = rows if every else (touched_all if job.sync_mode else touched_one * t)
         merge_rows = lookups * t
-        cost.compute_us = (merge_rows * (rates.row_us + cols * rates.merge_us) + updated * cols * rates.op("scale")
-                           + updated * cols * rates.op(optimizer))
+        cost.compute_us = (merge_rows * (rates.row_us + cols * rates.merge_us) + updated * cols * rates.op("scale", dtype)
+                           + updated * cols * rates.op(optimizer, dtype))
         if not job.sync_mode:
-            cost.compute_us += (t - 1) * updated * cols * rates.op(optimizer) if every else 0.0
+            cost.compute_us += (t - 1) * updated * cols * rates.op(optimizer, dtype) if every else 0.0
         # per grad row taken: the request work beside its bytes, on every partition the id
         # reaches (a column cut: on all of them)
         cost.compute_us += lookups * t * rates.id_us
         if not every and optimizer in SPARSE_COPIES:
 
             fresh = rates.fault_us if n * size >= MMAP_THRESHOLD else 0.0  # fresh pages each step
-            cost.compute_us += runs * (1 + len(slots.sliced)) * n * (rates.copy_us + fresh)
+            cost.compute_us += runs * (1 + len(slots.sliced)) * n * (rates.copy_us + fresh) * size / 4  # per fp32
     else:
         cost.bytes_in = t * n * size
         cost.bytes_out = t * n * size
         if job.sync_mode:
-            cost.compute_us = (t - 1) * n * rates.op("sum") + n * rates.op("scale") + n * rates.op(optimizer)
+            cost.compute_us = ((t - 1) * n * rates.op("sum", dtype) + n * rates.op("scale", dtype)
+                               + n * rates.op(optimizer, dtype))
         else:
-            cost.compute_us = t * n * rates.op(optimizer)
+            cost.compute_us = t * n * rates.op(optimizer, dtype)
     cost.compute_us += runs * rates.block_us
     return cost
 
@@ -383,7 +402,7 @@ def table_shard_cost(table, shard: int, job: Job, rates: Rates, ids: IdStats | N
     cost.sparse_bytes = cost.bytes_in + cost.bytes_out
     cost.rpcs = t  # the prefetch (the grads travel in the batches)
     cost.vars = 2 * t
-    cost.compute_us = (lookups * t * (rates.row_us + width * rates.merge_us) + merged * width * rates.op("sgd")
+    cost.compute_us = (lookups * t * (rates.row_us + width * rates.merge_us) + merged * width * rates.op("sgd", table.dtype)
                        + lookups * t * rates.id_us
                        + (1 if job.sync_mode else t) * rates.block_us)
     return cost
