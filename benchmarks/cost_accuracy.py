@@ -207,18 +207,28 @@ class Workload:
 class Mlp(Workload):
     name, pservers, trainers, batch = "mlp", 2, 2, 64
     fixture = "mlp_adam_2ps"
+    float64 = False
 
     def transpile(self, eps):
-        from transpiler.api import transpile
+        from transpiler.api import as_float64, transpile
 
-        return transpile(*fixture_programs(self.fixture), pservers=eps, trainers=self.trainers)
+        main, startup = fixture_programs(self.fixture)
+        if self.float64:
+            main, startup = as_float64(main), as_float64(startup)
+        return transpile(main, startup, pservers=eps, trainers=self.trainers)
 
     def measure(self, steps: int, warm: int) -> dict:
         loss = json.loads((FIXTURES / self.fixture / "case.json").read_text())["loss"]
         command = [str(REPO / "examples" / "train_program.py"), "--main", str(FIXTURES / self.fixture / "main.pb"),
                    "--startup", str(FIXTURES / self.fixture / "startup.pb"), "--loss", loss,
-                   "--batch", str(self.batch)]
+                   "--batch", str(self.batch), *(["--float64"] if self.float64 else [])]
         return run_launch(self.name, self.pservers, self.trainers, command, steps, warm)
+
+
+class Mlp64(Mlp):
+    """The same MLP trained in float64 (`train_program.py --float64`): the `op@fp64` rates."""
+
+    name, float64 = "mlp-fp64", True
 
 
 class Resnet50(Workload):
@@ -275,9 +285,9 @@ class ZipfColumns(Zipf):
     name, partitioner = "zipf-column", "column"
 
 
-WORKLOADS = {w.name: w for w in (Mlp(), Resnet50(), Zipf(), ZipfColumns())}
+WORKLOADS = {w.name: w for w in (Mlp(), Mlp64(), Resnet50(), Zipf(), ZipfColumns())}
 # (steps, warm) per workload: full and --quick
-STEPS = {"mlp": ((200, 20), (80, 10)), "resnet50": ((12, 3), (6, 2)), "zipf": ((40, 5), (20, 4)),
+STEPS = {"mlp": ((200, 20), (80, 10)), "mlp-fp64": ((200, 20), (80, 10)), "resnet50": ((12, 3), (6, 2)), "zipf": ((40, 5), (20, 4)),
          "zipf-column": ((40, 5), (20, 4))}
 
 

@@ -344,7 +344,7 @@ def test_float64_ops_have_their_own_rates():
     n = 1000
     f64 = block_cost("momentum", DType.FP64, 0, 100, 10, Job(trainers=2), rates)
     assert f64.compute_us == pytest.approx(n * 0.002 + n * 0.004 + n * 0.05)
-    assert Rates().op("adam", DType.FP64) > 5 * Rates().op("adam")  # the defaults, as measured
+    assert Rates().op("adagrad", DType.FP64) > 4 * Rates().op("adagrad")  # the defaults, as measured
     copies = Rates(copy_us=0.001, fault_us=0.0, block_us=0.0, id_us=0.0, row_us=0.0, merge_us=0.0,
                    op_us={"sum": 0.0, "scale": 0.0, "adagrad": 0.0, "sgd": 0.0})
     stats = IdStats.uniform_rows(1000, 1)
