@@ -1,28 +1,34 @@
 """`pstranspile calibrate`: measure this machine's rates for the cost model (`transpiler/cost.py`).
 
-- `bandwidth`: bytes per second of 8 MiB requests to a gRPC echo server in another process
-  built with the pserver's server options (wall or server CPU, the larger), the fixed
-  per-call time (the echo's median call, or its CPU per call if larger) taken off;
+Every figure is a pserver's CPU (from /proc for the real pservers, in child processes):
+a pserver's load is its CPU, and `benchmarks/cost_accuracy.py` checks the model against
+real pservers' CPU per step.
+
 - `op_us`: µs per element of each optimizer op (and `sum`, `scale`) run by the executor on
   float32 params of 2^20 and 2^16 elements: the slope between the two sizes, so the
   fixed cost of running an op is not counted per element (the best of `repeat` runs);
-- `row_us`, `merge_us`, `copy_us`: a sync pserver's sparse optimize block run by the
+  the same in float64 for `FP64_OPS` (`op@fp64`);
+- `row_us`, `merge_us`, `fault_us`: a sync pserver's sparse optimize block run by the
   executor (`measure_sparse_block`: two trainers' grads summed, scaled, Adagrad), per
-  merged grad row, per element of those rows, per element Adagrad copies;
-- against a real pserver (`measure_pserver`: the CTR example's `local-table` program,
-  `[100000, 64]` fp32 + Adagrad, 1 pserver x 1 trainer, async, served by `serve_program`
-  in a child process; every figure is the child's CPU per call, from /proc: a pserver's
-  load is its CPU): `block_us` = a `send` of a small dense grad less a `get` of a `[1]`
-  var (running one optimize block); `var_us` = a `SendBatch` of 8 such grads less one
-  send, per extra var, less `block_us`; `rpc_us` = the `get` less `var_us`; `id_us` = the
-  CPU per row of a sparse grad as a trainer sends it (a row per lookup, ids repeating;
-  the slope between 512 and 8192 rows), measured on tables 64 and 16 floats wide and
-  extrapolated to width 0 (the per-row part), less an id's 8 bytes and `row_us`; the
-  slope per float between the two widths replaces the echo's `bandwidth` (a pserver
-  taking a grad's bytes is slower than an echo).
+  merged grad row, per element of those rows, per element copied over the mmap threshold;
+- `copy_us`: copying a param and moment with every core copying at once (`measure_copy`),
+  or the sparse block's own figure if larger;
+- against a real async pserver (`measure_pserver`: the CTR example's `local-table`
+  program, `[100000, 64]` fp32 + Adagrad, 1 trainer, served by `serve_program`): `var_us`
+  = a `SendBatch` of 8 small grads less one send, per extra var, less the block's run;
+  the CPU per row of a sparse grad as a trainer sends it (a row per lookup, ids
+  repeating; the slope between 512 and 8192 rows) on tables 64 and 16 floats wide: the
+  slope per float, less `merge_us` and Adagrad's rate, sets `sparse_bandwidth`; the part
+  per row at width 0, less an id's 8 bytes and `row_us`, sets `id_us`;
+- against a real sync pserver (`measure_dense`: `measure_sync_round` serves a net of
+  fc layers, Momentum, to 2 trainer threads that replay their traffic with
+  `transpiler.replay` and wait `THINK` between rounds as real trainers compute): `rpc_us`
+  per trainer batch (a 1-layer tiny net's round), `block_us` per partition (16 layers
+  against 1), `bandwidth` (a 2048 x 2048 layer's bytes in and out over the CPU it adds,
+  its ops taken off).
 
-Well under a minute on a 2-core VM. The figures go to a JSON file (`Rates.to_json`) that
-`plan --rates` and `PlanPartitioner(rates=load_rates(path))` read.
+30-60 s on the shared 2-core VM (more when it is loaded). The figures go to a JSON file
+(`Rates.to_json`) that `plan --rates` and `PlanPartitioner(rates=load_rates(path))` read.
 """
 
 from __future__ import annotations
@@ -337,11 +343,13 @@ print((time.process_time() - start) / (rounds * 2 * n) * 1e6, flush=True)
 """
 
 
-def measure_copy(processes: int | None = None, elements: int = 250_000 * 64, rounds: int = 8) -> float:
-    """µs of CPU per float32 element a sparse Adagrad copies (param and moment, arrays under
-    the mmap threshold), with `processes` (default: every core) copying at once: a job's
-    pservers share the memory bus, and a copy alone is 30-40% cheaper than with the other
-    core copying too (0.00035 against 0.00046-0.00050 on the shared 2-core VM)."""
+def measure_copy(processes: int | None = None, elements: int = 1 << 22, rounds: int = 10) -> float:
+    """µs of CPU per float32 element a sparse Adagrad copies (param and moment: two arrays of
+    `elements` float32, under the mmap threshold, beyond the caches), with `processes`
+    (default: every core) copying at once, the median: a job's pservers share the memory
+    bus, and a copy alone was up to 30% cheaper than with the other core copying too
+    (0.00035 against 0.00046-0.00050 in one measurement on the shared 2-core VM, alike in
+    others)."""
     count = processes or os.cpu_count() or 1
     children = [subprocess.Popen([sys.executable, "-c", _COPIER, str(ROOT), str(elements), str(rounds)],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(count)]
