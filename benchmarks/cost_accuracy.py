@@ -52,7 +52,6 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 FIXTURES = REPO / "tests" / "fixtures" / "paddle_programs"
-THINK = float(os.environ.get("COST_ACCURACY_THINK", "0"))
 ENV = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
@@ -72,20 +71,20 @@ _TRAINER = r"""
 import sys, time
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/benchmarks")
 from cost_accuracy import replay_trainer
-replay_trainer(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+replay_trainer(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]))
 """
 
 
-def replay_trainer(main_path: str, startup_path: str, trainer_id: int, steps: int) -> None:
+def replay_trainer(main_path: str, startup_path: str, trainer_id: int, steps: int, think: float) -> None:
     """A trainer that only talks (`transpiler.replay`); prints `step <k> <perf_counter>`
-    after each step."""
+    after each step, then waits `think` seconds (its passes, not run)."""
     from ops.rpc.client import RpcClient
     from transpiler.ir import Program
     from transpiler.replay import replay
 
     client = RpcClient(trainer_id, timeout=600.0)
     replay(client, Program.load(main_path), Program.load(startup_path), steps,
-           lambda step: (print(f"step {step} {time.perf_counter()}", flush=True), time.sleep(THINK)))
+           lambda step: (print(f"step {step} {time.perf_counter()}", flush=True), time.sleep(think)))
     client.close()
 
 
@@ -95,10 +94,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_replay(result, steps: int, warm: int) -> dict:
-    """Serve `result`'s pserver programs (a process each) and replay its trainers."""
-    from transpiler.api import transpile  # noqa: F401  (the caller transpiled)
-
+def run_replay(result, steps: int, warm: int, think: float) -> dict:
+    """Serve `result`'s pserver programs (a process each) and replay its trainers (each
+    waiting `think` seconds between steps); the wall step excludes nothing (think included)."""
     eps = list(result.pservers)
     env = {**os.environ, **ENV}
     procs, trainers = [], []
@@ -118,7 +116,7 @@ def run_replay(result, steps: int, warm: int) -> dict:
                 Path(f"{tmp}/t{t}.pb").write_bytes(main.to_bytes())
                 Path(f"{tmp}/t{t}_startup.pb").write_bytes(startup.to_bytes())
                 trainers.append(subprocess.Popen([sys.executable, "-c", _TRAINER, str(REPO), f"{tmp}/t{t}.pb",
-                                                  f"{tmp}/t{t}_startup.pb", str(t), str(steps)],
+                                                  f"{tmp}/t{t}_startup.pb", str(t), str(steps), str(think)],
                                                  stdout=subprocess.PIPE, text=True, env=env))
             marks = {}
             for line in trainers[0].stdout:
@@ -241,6 +239,8 @@ class Resnet50(Workload):
         return transpile(*fixture_programs(self.fixture), pservers=eps, trainers=self.trainers,
                          trainer_id=trainer_id)
 
+    think = 0.01  # seconds, as `pstranspile calibrate`'s replaying trainers (calibrate.THINK)
+
     def measure(self, steps: int, warm: int) -> dict:
         eps = self.endpoints()
         result = self.transpile(eps)
@@ -248,7 +248,7 @@ class Resnet50(Workload):
         for t in range(1, self.trainers):
             other = self.transpile(eps, t)
             result.trainer_programs.append((other.trainer, other.trainer_startup))
-        return run_replay(result, steps, warm)
+        return run_replay(result, steps, warm, self.think)
 
 
 class Zipf(Workload):
