@@ -484,7 +484,7 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
     heavy = measure_sync_round(*dense_programs(1, big, big), big_steps, think=think)
     work = n * ((trainers - 1) * ops["sum"] + ops["scale"] + ops["momentum"])
     moved = 2 * trainers * n * 4
-    bandwidth = moved / max(heavy - tiny - work, 1.0) * 1e6
+    bandwidth = moved / max(heavy - tiny - work, 0.1 * heavy, 1.0) * 1e6  # a floor: noise cannot make it infinite
     return {"rpc_us": rpc_us, "block_us": block_us, "bandwidth": bandwidth, "round_us": tiny,
             "per_partition_us": per_partition, "big_round_us": heavy}
 
