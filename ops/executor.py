@@ -10,6 +10,20 @@ carries are honoured. Fetched tensors come back as read-only numpy views (Select
 as themselves). Temporaries stay in the scope after a run, which is what lets a pserver
 read what a block produced.
 
+Freeing dead temporaries (`Executor(free_dead=True)`, which a `Session` and a pserver
+use): a liveness pass, worked out once per prepared block, lists after which op each
+temporary is last read; the executor then drops it from the scope there, so a big
+grad or activation does not stay alive (and count in the peak) past its last reader,
+and a kernel may compute into a dying input's array instead of a new one
+(`OpContext.reusable_input`, same bits). It frees only what no one outside the block can
+want: never a persistable var, a fetch target of the run, a var any other block of the
+program names, or a var the block writes last (what a block produces for the RPC layer
+or the caller, a pserver's prefetch output); a queued send keeps its own reference. It
+applies to the run's own block and, on a sync pserver (`RunContext.update_in_place`),
+to the blocks `listen_and_serv` runs; never to a loop body or another control-flow
+sub-block. Without `free_dead` (the default), temporaries stay in the scope after a
+run, as in Paddle.
+
 Randomness: an op with a non-zero `seed` attr is reproducible on its own (Paddle's
 rule). For `seed` 0 (Paddle: "random"), the executor's `seed` decides: an int makes
 the draws a pure function of (executor seed, output var name, how many times this
@@ -49,6 +63,7 @@ from ops.tensor import LoDTensor, SelectedRows, describe
 from transpiler.errors import PsTranspilerError, UnknownOpError
 from transpiler.ir import Block, Op, Program, Var
 from transpiler.ir.printer import op_line
+from transpiler.ir.types import EMPTY_VAR_NAME
 
 
 class ExecutionError(PsTranspilerError):
@@ -97,8 +112,9 @@ def global_scope() -> Scope:
 class Executor:
     """Runs programs; holds the seed policy and the services kernels may need (`env`)."""
 
-    def __init__(self, *, seed: int | None = 0, env: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, *, seed: int | None = 0, env: Mapping[str, Any] | None = None, free_dead: bool = False) -> None:
         self.seed = seed
+        self.free_dead = bool(free_dead)  # drop temporaries after their last read (module docstring)
         self.env: dict[str, Any] = dict(env or {})
         self._draws: dict[str, int] = {}
         self.stream: int | None = None  # the training step (Session); None: one stream for the executor's life
@@ -124,14 +140,16 @@ class Executor:
         block = program.block(block_id)
         for name, value in (feed or {}).items():
             scope.set_var(name, _feed_value(value, block.find_var(name)))
+        fetches = list(fetch_list or ())
         run = RunContext(
             program,
             env={**self.env, **(env or {})},
             rng_factory=self.rng,
             run_block=lambda idx, sc, parent: self._run_block(run, program.block(idx), sc, parent),
         )
-        self._run_block(run, block, scope, None)
-        return [self._fetch(scope, item, return_numpy) for item in (fetch_list or ())]
+        run.keep = frozenset(item.name if isinstance(item, Var) else str(item) for item in fetches)
+        self._run_block(run, block, scope, None, top=True)
+        return [self._fetch(scope, item, return_numpy) for item in fetches]
 
     def rng(self, key: str) -> np.random.Generator:
         """The generator for a `seed`-0 draw keyed by `key` (see the module docstring)."""
@@ -152,15 +170,36 @@ class Executor:
         return np.random.default_rng([seed, zlib.crc32(key.encode()), count, int(stream) & 0xFFFF_FFFF_FFFF_FFFF])
 
     # -- internals
-    def _run_block(self, run: RunContext, block: Block, scope: Scope, parent: Frame | None) -> None:
+    def _run_block(self, run: RunContext, block: Block, scope: Scope, parent: Frame | None, top: bool = False) -> None:
         frame = Frame(block, scope, parent)
-        for i, (op, spec, memo) in enumerate(self._prepare(block).steps):
+        prepared = self._prepare(block)
+        liveness = prepared.liveness(block) if self.free_dead else None
+        if liveness is not None and not (top or (run.update_in_place and liveness.served)):
+            liveness = None
+        if liveness is None:
+            for i, (op, spec, memo) in enumerate(prepared.steps):
+                try:
+                    spec.fn(OpContext(op, frame, run, spec, memo))
+                except (ExecutionError, UnknownOpError):
+                    raise  # from a sub-block: its report already names the precise place
+                except Exception as exc:
+                    raise _execution_error(block, i, op, scope, exc) from exc
+            return
+        keep = run.keep
+        for i, (op, spec, memo) in enumerate(prepared.steps):
+            dying = liveness.dying[i]
+            if keep and dying:
+                dying = dying - keep
             try:
-                spec.fn(OpContext(op, frame, run, spec, memo))
+                spec.fn(OpContext(op, frame, run, spec, memo, dying))
             except (ExecutionError, UnknownOpError):
-                raise  # from a sub-block: its report already names the precise place
+                raise
             except Exception as exc:
                 raise _execution_error(block, i, op, scope, exc) from exc
+            for name in dying:
+                owner = scope.find_scope(name)
+                if owner is not None:
+                    owner.erase(name)
 
     def _prepare(self, block: Block) -> _Prepared:
         """The block's prepared form, rebuilt when its ops or the kernels changed."""
@@ -191,7 +230,7 @@ class _Prepared:
     generation. Built whole before anything runs: an op without a kernel is an error
     before the block's first op."""
 
-    __slots__ = ("ops", "version", "generation", "steps")
+    __slots__ = ("ops", "version", "generation", "steps", "_liveness")
 
     def __init__(self, block: Block, ops: tuple[Op, ...]) -> None:
         self.ops = ops
@@ -200,9 +239,68 @@ class _Prepared:
         self.steps: tuple[tuple[Op, KernelSpec, dict[str, Any]], ...] = tuple(
             (op, _kernel_for(block, i, op), {}) for i, op in enumerate(ops)
         )
+        self._liveness: Liveness | None = None
+
+    def liveness(self, block: Block) -> Liveness:
+        """The block's liveness, worked out on first use and again when any block of the
+        program changed (it depends on what the other blocks name)."""
+        program = block.program
+        signature = tuple(b.version for b in program.blocks) if program is not None else ()
+        found = self._liveness
+        if found is None or found.signature != signature:
+            found = self._liveness = Liveness(block, self.ops, signature)
+        return found
 
     def fits(self, block: Block, ops: tuple[Op, ...]) -> bool:
         return self.ops is ops and self.version == block.version and self.generation == registry.generation()
+
+
+EMPTY: frozenset[str] = frozenset()
+# Ops whose sub-blocks the executor may free temporaries in (when the run is a sync
+# pserver's): each block runs once per round, its inputs put in the scope afresh.
+SERVED_BY = ("listen_and_serv",)
+
+
+class Liveness:
+    """Which temporaries of a block die after which op: `dying[i]` are the vars op `i`
+    reads last, that the executor may drop from the scope after it (see the module
+    docstring for what is never freed). `served`: a block `listen_and_serv` runs."""
+
+    __slots__ = ("dying", "served", "signature")
+
+    def __init__(self, block: Block, ops: tuple[Op, ...], signature: tuple[int, ...]) -> None:
+        self.signature = signature
+        program = block.program
+        elsewhere: set[str] = set()  # named by an op of any other block
+        served = False
+        loop_body = False
+        if program is not None:
+            for other in program.blocks:
+                for op in other.ops:
+                    if other is not block:
+                        elsewhere.update(op.input_names)
+                        elsewhere.update(op.output_names)
+                    if block.idx in op.sub_block_indices() and other is not block:
+                        if op.type in SERVED_BY:
+                            served = True
+                        else:
+                            loop_body = True
+        self.served = served and not loop_body
+        last: dict[str, tuple[int, bool]] = {}  # name -> (index of its last access, was a read)
+        for i, op in enumerate(ops):
+            for name in op.input_names:
+                last[name] = (i, True)
+            for name in op.output_names:
+                last[name] = (i, False)
+        dying: list[set[str]] = [set() for _ in ops]
+        for name, (i, read) in last.items():
+            if not read or not name or name == EMPTY_VAR_NAME or name in elsewhere or ops[i].sub_block_indices():
+                continue
+            var = block.find_var(name)
+            if var is None or var.persistable:
+                continue
+            dying[i].add(name)
+        self.dying: tuple[frozenset[str], ...] = tuple(frozenset(d) if d else EMPTY for d in dying)
 
 
 def _kernel_for(block: Block, index: int, op: Op) -> KernelSpec:

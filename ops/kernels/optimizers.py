@@ -94,15 +94,18 @@ PADDLE2_DEFAULTS = {"multi_precision": False}
 def sgd(ctx: OpContext) -> None:
     """`ParamOut = Param - lr * Grad`."""
     in_place = ctx.may_update_in_place("Param", "ParamOut")  # before this kernel binds the param
-    grad = _grad(ctx)
     param = ctx.input("Param")
+    # lr * Grad into Grad's own array when the grad dies here (a pserver's summed grad):
+    # asked before this kernel binds the grad. The same bits as into a new array.
+    reuse = ctx.reusable_input("Grad", param.shape, param.dtype)
+    grad = _grad(ctx)
     lr = _learning_rate(ctx, param.dtype)
     if isinstance(grad, SelectedRows):
         _check_rows(ctx, grad, param)
         out = param if in_place else param.copy()  # a sparse step copying a whole table costs more than the step
         out[grad.rows] -= lr * grad.value.astype(param.dtype, copy=False)  # rows are unique after merging
     else:
-        step = np.multiply(grad, lr, dtype=param.dtype)
+        step = np.multiply(grad, lr, dtype=param.dtype, out=reuse)
         out = np.subtract(param, step, out=param if in_place and step.shape == param.shape else step)
     ctx.set_output("ParamOut", out, lod=ctx.lod("Param"))
 

@@ -137,7 +137,15 @@ def _axis(ctx: OpContext, ndim: int) -> int:
 def concat(ctx: OpContext) -> None:
     xs = ctx.inputs("X")
     axis = _axis(ctx, xs[0].ndim)
-    out = np.concatenate(xs, axis=axis)
+    # Into the array the output var holds when nobody else can see it change (a trainer
+    # joining the param blocks it received into its param: no second param-sized array).
+    dtype = np.result_type(*xs)
+    shape = list(xs[0].shape)
+    shape[axis] = sum(x.shape[axis] for x in xs)
+    into = ctx.current_output("Out", tuple(shape), dtype) if all(x.ndim == len(shape) for x in xs) else None
+    if into is not None and any(np.may_share_memory(into, x) for x in xs):
+        into = None
+    out = np.concatenate(xs, axis=axis, out=into)
     ctx.set_output("Out", out, lod=ctx.lod("X") if axis != 0 else None)
 
 
