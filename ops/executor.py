@@ -57,6 +57,7 @@ import numpy as np
 
 from ops.kernels import Frame, OpContext, RunContext, get_kernel
 from ops.kernels import registry
+from ops.kernels.context import SPARES
 from ops.kernels.registry import KernelSpec
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows, describe
@@ -196,10 +197,34 @@ class Executor:
                 raise
             except Exception as exc:
                 raise _execution_error(block, i, op, scope, exc) from exc
-            for name in dying:
-                owner = scope.find_scope(name)
-                if owner is not None:
-                    owner.erase(name)
+            if dying:
+                self._free(prepared, liveness, i, op, scope, dying)
+
+    @staticmethod
+    def _free(prepared: _Prepared, liveness: Liveness, index: int, op: Op, scope: Scope, dying: frozenset[str]) -> None:
+        """Drop op `index`'s dying inputs from the scope. An array the op that wrote it
+        computes into a recycled buffer (`OpContext.output_buffer`) goes back to that op as
+        its spare, unless this op made it one of its own outputs: next step it is computed
+        into again instead of a new array (no page faults where malloc returns big
+        blocks to the kernel)."""
+        outputs = None
+        for name in dying:
+            owner = scope.find_scope(name)
+            if owner is None:
+                continue
+            value = owner.local_var(name)
+            owner.erase(name)
+            writer = liveness.writers.get(name)
+            if writer is None or type(value) is not LoDTensor:
+                continue
+            spares = prepared.steps[writer[0]][2].get(SPARES)
+            key = writer[1:]
+            if spares is None or key not in spares or spares[key] is not None:
+                continue
+            if outputs is None:
+                outputs = [getattr(scope.find_var(out), "array", None) for out in op.output_names]
+            if not any(array is value.array for array in outputs):
+                spares[key] = value.array
 
     def _prepare(self, block: Block) -> _Prepared:
         """The block's prepared form, rebuilt when its ops or the kernels changed."""
@@ -266,7 +291,7 @@ class Liveness:
     reads last, that the executor may drop from the scope after it (see the module
     docstring for what is never freed). `served`: a block `listen_and_serv` runs."""
 
-    __slots__ = ("dying", "served", "signature")
+    __slots__ = ("dying", "served", "signature", "writers")
 
     def __init__(self, block: Block, ops: tuple[Op, ...], signature: tuple[int, ...]) -> None:
         self.signature = signature
@@ -277,30 +302,58 @@ class Liveness:
         if program is not None:
             for other in program.blocks:
                 for op in other.ops:
-                    if other is not block:
+                    if other is block:
+                        continue
+                    # What `listen_and_serv` names are the vars it receives into the scope
+                    # and serves from it before its blocks run: not a later reader.
+                    if op.type not in SERVED_BY:
                         elsewhere.update(op.input_names)
                         elsewhere.update(op.output_names)
-                    if block.idx in op.sub_block_indices() and other is not block:
+                    if block.idx in op.sub_block_indices():
                         if op.type in SERVED_BY:
                             served = True
                         else:
                             loop_body = True
         self.served = served and not loop_body
         last: dict[str, tuple[int, bool]] = {}  # name -> (index of its last access, was a read)
+        produced: dict[str, int] = {}  # name -> index of the block's first op writing it
         for i, op in enumerate(ops):
             for name in op.input_names:
                 last[name] = (i, True)
             for name in op.output_names:
                 last[name] = (i, False)
+                produced.setdefault(name, i)
         dying: list[set[str]] = [set() for _ in ops]
+        # name -> (op index, slot, position among the slot's non-empty args) of the op that
+        # wrote the value the var holds when it dies: its output buffer takes the array back
+        self.writers: dict[str, tuple[int, str, int]] = {}
         for name, (i, read) in last.items():
             if not read or not name or name == EMPTY_VAR_NAME or name in elsewhere or ops[i].sub_block_indices():
+                continue
+            # The run's own block frees only what it produced itself (a feed, or a var a
+            # caller put in the scope, stays); a served block also what the RPC layer
+            # puts in the scope for it every round (the trainers' grads).
+            if not self.served and produced.get(name, i) >= i:
                 continue
             var = block.find_var(name)
             if var is None or var.persistable:
                 continue
             dying[i].add(name)
+            for j in range(i - 1, -1, -1):
+                found = _output_slot(ops[j], name)
+                if found is not None:
+                    self.writers[name] = (j, *found)
+                    break
         self.dying: tuple[frozenset[str], ...] = tuple(frozenset(d) if d else EMPTY for d in dying)
+
+
+def _output_slot(op: Op, name: str) -> tuple[str, int] | None:
+    """(slot, position among its non-empty args) where `op` writes `name`, or None."""
+    for slot, args in op.outputs.items():
+        names = [n for n in args if n and n != EMPTY_VAR_NAME]
+        if name in names:
+            return slot, names.index(name)
+    return None
 
 
 def _kernel_for(block: Block, index: int, op: Op) -> KernelSpec:

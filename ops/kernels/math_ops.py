@@ -355,16 +355,23 @@ def sum_(ctx: OpContext) -> None:
         # A pserver sums every grad of every step here: into the first grad's own array when
         # it dies here (`reusable_input`: X[0] + X[1] into X[0] is the same bits as into a
         # new array). The check counts holders, so this kernel lets go of its own first.
-        shape, dtype = values[0].array.shape, np.result_type(*(v.array for v in values))
-        same = all(v.array.shape == shape for v in values)
+        shape, dtype = values[0].array.shape, values[0].array.dtype
+        same = all(v.array.shape == shape and v.array.dtype == dtype for v in values)
         del values
         reuse = ctx.reusable_input("X", shape, dtype) if same else None
         values = ctx.values("X")
     dense = [v for v in values if not isinstance(v, SelectedRows)]
     first = dense[0]
     arrays = [v.array if isinstance(v, LoDTensor) else np.asarray(v) for v in dense]
+    if (reuse is None and len(arrays) > 1
+            and all(a.shape == arrays[0].shape and a.dtype == arrays[0].dtype for a in arrays)):
+        # Else into the array Out holds from the last step, when no reader can tell (a sync
+        # pserver's summed grad, `current_output`): no new grad-sized array per step.
+        reuse = ctx.current_output("Out", arrays[0].shape, arrays[0].dtype)
+        if reuse is not None and any(np.may_share_memory(reuse, a) for a in arrays):
+            reuse = None
     if reuse is not None:
-        out = np.add(reuse, arrays[1], out=reuse)
+        out = np.add(arrays[0], arrays[1], out=reuse)
     else:
         out = arrays[0] + arrays[1] if len(arrays) > 1 else arrays[0].copy()
     for array in arrays[2:]:
