@@ -57,7 +57,7 @@ import numpy as np
 
 from ops.kernels import Frame, OpContext, RunContext, get_kernel
 from ops.kernels import registry
-from ops.kernels.context import SPARES
+from ops.kernels.context import SOLE_LOCAL_REFERENCES, SPARES, _references
 from ops.kernels.registry import KernelSpec
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows, describe
@@ -204,9 +204,9 @@ class Executor:
     def _free(prepared: _Prepared, liveness: Liveness, index: int, op: Op, scope: Scope, dying: frozenset[str]) -> None:
         """Drop op `index`'s dying inputs from the scope. An array the op that wrote it
         computes into a recycled buffer (`OpContext.output_buffer`) goes back to that op as
-        its spare, unless this op made it one of its own outputs: next step it is computed
-        into again instead of a new array (no page faults where malloc returns big
-        blocks to the kernel)."""
+        its spare, unless this op made it one of its own outputs or something else still
+        holds it: next step it is computed into again instead of a new array (no page
+        faults where malloc returns big blocks to the kernel)."""
         outputs = None
         for name in dying:
             owner = scope.find_scope(name)
@@ -221,10 +221,16 @@ class Executor:
             key = writer[1:]
             if spares is None or key not in spares or spares[key] is not None:
                 continue
+            array = value.array
+            del value
+            # Only an array nothing else holds (a queued send's views keep it: dropped, it
+            # is freed when the send lets go, not kept past it as a spare).
+            if _references(array) != SOLE_LOCAL_REFERENCES:
+                continue
             if outputs is None:
                 outputs = [getattr(scope.find_var(out), "array", None) for out in op.output_names]
-            if not any(array is value.array for array in outputs):
-                spares[key] = value.array
+            if not any(out is array for out in outputs):
+                spares[key] = array
 
     def _prepare(self, block: Block) -> _Prepared:
         """The block's prepared form, rebuilt when its ops or the kernels changed."""

@@ -198,3 +198,23 @@ def test_sum_and_concat_compute_into_the_output_var_they_replace_when_nobody_els
     assert scope.find_var("c").array is not c_array and not c_array.any()  # what we hold did not change
     np.testing.assert_array_equal(scope.find_var("s").array, a + b)
     np.testing.assert_array_equal(scope.find_var("c").array, np.concatenate([a, b]))
+
+
+def test_a_freed_grad_goes_back_to_the_op_that_computes_into_it():
+    """Local training: the weight grads leave the scope after their last read, and
+    `mul_grad` computes the next step's into the same arrays (its output buffers)."""
+    folder = PADDLE_PROGRAMS / "mlp_adam_2ps"
+    main, startup = Program.load(folder / "main.pb"), Program.load(folder / "startup.pb")
+    scope, exe = Scope(), Executor(seed=5, free_dead=True)
+    exe.run(startup, scope=scope)
+    grads = [name for name in main.global_block().vars if name.endswith(".w@GRAD")]
+    assert len(grads) == 3
+    places = []
+    for step in range(3):
+        exe.run(main, feed=synthetic_batch(main, 8, 0, step), fetch_list=["mean_0.tmp_0"], scope=scope)
+        assert [name for name in grads if scope.find_var(name) is not None] == []
+        prepared = exe._prepared[main.global_block()]
+        places.append([{key: array.__array_interface__["data"][0] for key, array in memo["spares"].items()
+                        if array is not None} for op, _, memo in prepared.steps if op.type == "mul_grad"])
+    assert places[0] and all(len(spares) for spares in places[0])
+    assert places[1] == places[0] == places[2]
