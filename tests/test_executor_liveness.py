@@ -218,3 +218,23 @@ def test_a_freed_grad_goes_back_to_the_op_that_computes_into_it():
                         if array is not None} for op, _, memo in prepared.steps if op.type == "mul_grad"])
     assert places[0] and all(len(spares) for spares in places[0])
     assert places[1] == places[0] == places[2]
+
+
+def test_concat_of_blocks_received_into_the_output_itself_copies_nothing():
+    """A transport that writes param blocks straight into views of the param: concat
+    keeps the array (its bytes are the concatenation already); anything else is copied."""
+    program = program_with(("concat", {"X": ["b0", "b1"]}, {"Out": ["w"]}, {"axis": 0}), persistable=("w",))
+    whole = np.arange(12, dtype=np.float32).reshape(4, 3)
+    scope = Scope()
+    scope.set_var("w", LoDTensor(whole))
+    scope.set_var("b0", LoDTensor(whole[:1]))
+    scope.set_var("b1", LoDTensor(whole[1:]))
+    Executor().run(program, scope=scope)
+    assert scope.find_var("w").array is whole
+    np.testing.assert_array_equal(whole, np.arange(12, dtype=np.float32).reshape(4, 3))
+    scope.set_var("b0", LoDTensor(whole[1:2]))  # out of order: a real concatenation
+    scope.set_var("b1", LoDTensor(whole[1:]))
+    Executor().run(program, scope=scope)
+    got = scope.find_var("w").array
+    assert got is not whole
+    np.testing.assert_array_equal(got, np.concatenate([whole[1:2], whole[1:]]))
