@@ -177,24 +177,15 @@ class Executor:
         liveness = prepared.liveness(block) if self.free_dead else None
         if liveness is not None and not (top or (run.update_in_place and liveness.served)):
             liveness = None
-        if liveness is None:
-            for i, (op, spec, memo) in enumerate(prepared.steps):
-                try:
-                    spec.fn(OpContext(op, frame, run, spec, memo))
-                except (ExecutionError, UnknownOpError):
-                    raise  # from a sub-block: its report already names the precise place
-                except Exception as exc:
-                    raise _execution_error(block, i, op, scope, exc) from exc
-            return
         keep = run.keep
         for i, (op, spec, memo) in enumerate(prepared.steps):
-            dying = liveness.dying[i]
+            dying = EMPTY if liveness is None else liveness.dying[i]
             if keep and dying:
                 dying = dying - keep
             try:
                 spec.fn(OpContext(op, frame, run, spec, memo, dying))
             except (ExecutionError, UnknownOpError):
-                raise
+                raise  # from a sub-block: its report already names the precise place
             except Exception as exc:
                 raise _execution_error(block, i, op, scope, exc) from exc
             if dying:
@@ -204,10 +195,9 @@ class Executor:
     def _free(prepared: _Prepared, liveness: Liveness, index: int, op: Op, scope: Scope, dying: frozenset[str]) -> None:
         """Drop op `index`'s dying inputs from the scope. An array the op that wrote it
         computes into a recycled buffer (`OpContext.output_buffer`) goes back to that op as
-        its spare, unless this op made it one of its own outputs or something else still
-        holds it: next step it is computed into again instead of a new array (no page
-        faults where malloc returns big blocks to the kernel)."""
-        outputs = None
+        its spare when nothing else holds it (not this op's output, no view, no queued
+        send): next step it is computed into again instead of a new array (no page faults
+        where malloc returns big blocks to the kernel)."""
         for name in dying:
             owner = scope.find_scope(name)
             if owner is None:
@@ -225,11 +215,7 @@ class Executor:
             del value
             # Only an array nothing else holds (a queued send's views keep it: dropped, it
             # is freed when the send lets go, not kept past it as a spare).
-            if _references(array) != SOLE_LOCAL_REFERENCES:
-                continue
-            if outputs is None:
-                outputs = [getattr(scope.find_var(out), "array", None) for out in op.output_names]
-            if not any(out is array for out in outputs):
+            if _references(array) == SOLE_LOCAL_REFERENCES:
                 spares[key] = array
 
     def _prepare(self, block: Block) -> _Prepared:
