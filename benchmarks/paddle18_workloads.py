@@ -9,14 +9,16 @@ imports nothing of this package: Paddle must see its own programs, run its own w
 `build` writes `OUT/<workload>/main.pb`, `startup.pb` and `workload.json` (the loss var and
 the feeds) for `mlp` (784-512-512-10, softmax cross-entropy, Adam) and `emb` (a 100k x 64
 `is_sparse` embedding, which Fluid 1.8 marks `remote_prefetch`, + fc 64 + fc 10, SGD), and
-`wide4096` / `wide8192` (x -> fc S relu -> fc 10, SGD: a 64 MB / 256 MB weight, issue 30).
+`wide4096` / `wide8192` / `wide16384` (x -> fc S relu -> fc 10, SGD: a 64 MB / 256 MB / 1 GB
+weight, issue 30).
 
 `run` trains one workload in the role Paddle's environment variables give (`TRAINING_ROLE`,
 `PADDLE_PSERVER_ENDPOINTS`, `PADDLE_TRAINERS_NUM`, `PADDLE_TRAINER_ID`,
 `PADDLE_CURRENT_ENDPOINT`; none: locally), loading the saved programs with
 `Program.parse_from_string` and transpiling them with Fluid's `DistributeTranspiler`, sync.
 A trainer (or a local run) prints one `timing: {json}` line at the end, for the steps after
-`--warmup`: wall seconds, this process's CPU seconds, and the wall-clock start and end (so a
+`--warmup`: wall seconds, this process's CPU seconds, its peak RSS (`peak_rss`, VmHWM
+bytes), and the wall-clock start and end (so a
 harness can match its CPU samples of the pservers to the window); a pserver serves until the
 harness stops it.
 """
@@ -79,7 +81,7 @@ def wide(size: int):
     return body
 
 
-WORKLOADS = {"mlp": mlp, "emb": emb, "wide4096": wide(4096), "wide8192": wide(8192)}
+WORKLOADS = {"mlp": mlp, "emb": emb, "wide4096": wide(4096), "wide8192": wide(8192), "wide16384": wide(16384)}
 
 
 def build(out: str) -> None:
@@ -111,6 +113,12 @@ def batch_of(feeds, batch: int, seed: int, step: int) -> dict:
     return out
 
 
+def peak_rss():
+    """This process's peak resident set so far (VmHWM, bytes)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
 def load(folder: str):
     programs = []
     for file in ("main.pb", "startup.pb"):
@@ -131,7 +139,8 @@ def train(exe, program, spec, args, trainer_id: int, trainers: int) -> None:
         feed = {k: v[trainer_id * share:(trainer_id + 1) * share] for k, v in batch_of(spec["feeds"], args.batch, args.seed, step).items()}
         exe.run(program, feed=feed, fetch_list=[spec["loss"]], use_program_cache=True)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    window = {"steps": args.steps, "seconds": seconds, "cpu": cpu, "start": wall, "end": wall + seconds}
+    window = {"steps": args.steps, "seconds": seconds, "cpu": cpu, "start": wall, "end": wall + seconds,
+              "peak_rss": peak_rss()}
     print("timing: " + json.dumps(window), flush=True)
 
 

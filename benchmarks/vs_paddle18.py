@@ -38,7 +38,13 @@ figure's median. A last row trains the MLP locally (no pservers) on both (`--loc
 
 Under the table, for the big-weight workloads: the MB a step moves per second on each side,
 as a share of one raw Python TCP loopback stream measured right then (`raw_stream`), and
-the CPU per MB moved.
+the CPU per MB moved; then each role's peak RSS (VmHWM: the largest of the run's pservers,
+sampled from /proc with the CPU; the largest of its trainers, which report it on their
+`timing:` line right after the last step), median over the runs, beside what such a
+process must hold (a trainer: params and their grads; a pserver: its share of the params
+and optimizer state and one grad per trainer) as a ratio. `--case wide1g` (not in the
+default set: four processes of several GB) does the same with a 1 GB weight (S = 16384,
+a twentieth of `--steps`).
 
 Exits 0 with one line when Paddle 1.8.5 cannot be installed here.
 """
@@ -51,6 +57,7 @@ import os
 import platform
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -97,6 +104,21 @@ class Case:
     local: bool = False
     ours_settings: tuple[tuple[str, str], ...] = ()  # environment of our processes (printed under the table)
     moved_mb: float = 0.0  # MB a step moves over loopback (grads up, params down, every trainer): rates under the table
+    param_mb: float = 0.0  # MB of params (and optimizer state, `state_mb`): the memory table under the table
+    state_mb: float = 0.0
+    default: bool = True  # run without --case
+
+    def needs_mb(self, role: str) -> float:
+        """What one process must hold: a trainer its params and their grads; a pserver its
+        share of the params and optimizer state and one grad copy per trainer."""
+        if role == "trainer":
+            return 2 * self.param_mb
+        return (self.param_mb * (1 + TRAINERS) + self.state_mb) / PSERVERS
+
+
+def wide_params_mb(size: int) -> float:
+    """MB of x -> fc size -> fc 10's params (float32): the size x size weight, the rest."""
+    return (size * size + size + size * 10 + 10) * 4 / 2**20
 
 
 CASES = (
@@ -107,9 +129,12 @@ CASES = (
          ours_settings=(("PSTRANSPILE_GRPC_ENGINE", "poller"),)),
     # Big dense params (issue 30): the step is moving a 64 MB / 256 MB weight to and from the pservers.
     Case("wide64", "x[8, 4096] -> fc 4096 -> fc 10, SGD (64 MB weight), batch 4", "wide4096", 4, steps_share=0.25,
-         moved_mb=2 * TRAINERS * 4096 * 4096 * 4 / 2**20),
+         moved_mb=2 * TRAINERS * 4096 * 4096 * 4 / 2**20, param_mb=wide_params_mb(4096)),
     Case("wide256", "x[8, 8192] -> fc 8192 -> fc 10, SGD (256 MB weight), batch 4", "wide8192", 4, steps_share=0.1,
-         moved_mb=2 * TRAINERS * 8192 * 8192 * 4 / 2**20),
+         moved_mb=2 * TRAINERS * 8192 * 8192 * 4 / 2**20, param_mb=wide_params_mb(8192)),
+    # Not in the default set (`--case wide1g`): 4 processes of several GB each.
+    Case("wide1g", "x[8, 16384] -> fc 16384 -> fc 10, SGD (1 GB weight), batch 4", "wide16384", 4, steps_share=0.05,
+         moved_mb=2 * TRAINERS * 16384 * 16384 * 4 / 2**20, param_mb=wide_params_mb(16384), default=False),
     Case("local", "local step: the MLP, batch 64, no pservers", "mlp", 64, local=True),
 )
 
@@ -121,6 +146,8 @@ class Measurement:
     elsewhere: float  # cores other processes on the machine kept busy meanwhile
     rpcs: float | None = None  # per step per pserver
     pserver_cpu_ms: float = 0.0  # the pservers' share of cpu_ms
+    pserver_peak_mb: float | None = None  # the largest peak RSS (VmHWM) of the run's pservers
+    trainer_peak_mb: float | None = None  # ... of its trainers
 
 
 class RunFailed(RuntimeError):
@@ -136,6 +163,15 @@ def proc_stat(pid: int) -> list[str] | None:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rpartition(")")[2].split()
     except OSError:
+        return None
+
+
+def peak_rss(pid: int) -> int | None:
+    """A process's peak resident set so far (VmHWM, bytes), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError):
         return None
 
 
@@ -177,6 +213,7 @@ class CpuSampler:
         self._find_pids = find_pids
         self._expected = expected
         self._series: dict[int, list[tuple[float, int]]] = {}
+        self._peaks: dict[int, int] = {}  # pid -> its last VmHWM sample (bytes)
         self._machine: list[tuple[float, int]] = []
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
@@ -200,6 +237,9 @@ class CpuSampler:
                 fields = proc_stat(pid)
                 if fields is not None:
                     self._series.setdefault(pid, []).append((now, int(fields[11]) + int(fields[12])))
+                    peak = peak_rss(pid)
+                    if peak is not None:
+                        self._peaks[pid] = peak
             if self._done.wait(SAMPLE_EVERY):
                 return
 
@@ -208,6 +248,10 @@ class CpuSampler:
         if len(self._series) < self._expected:
             raise RunFailed(f"only {len(self._series)} of {self._expected} processes were sampled")
         return sum(spent(series, start, end, f"process {pid}") for pid, series in self._series.items())
+
+    def peak_mb(self) -> float | None:
+        """The largest peak RSS (VmHWM, MB) of the sampled processes, as last sampled."""
+        return max(self._peaks.values()) / 2**20 if self._peaks else None
 
     def machine_cores(self, start: float, end: float) -> float:
         """Cores the whole machine kept busy on average between `start` and `end`."""
@@ -274,9 +318,11 @@ def kill_group(proc: subprocess.Popen, grace: float, first: int = signal.SIGKILL
             continue
 
 
-def deadline_for(steps: int) -> float:
-    """Generous: startup, and 2 s a step (the slowest row runs about 4 steps/s)."""
-    return time.monotonic() + 120.0 + 2.0 * steps
+def deadline_for(steps: int, case: Case | None = None) -> float:
+    """Generous: startup, and 2 s a step (the slowest small row runs about 4 steps/s), or a
+    second per 200 MB a step moves if that is more."""
+    per_step = max(2.0, case.moved_mb / 200) if case is not None else 2.0
+    return time.monotonic() + 120.0 + per_step * steps
 
 
 def leads_group(pid: int) -> bool:
@@ -305,8 +351,10 @@ def measure(cpu: CpuSampler, logs: Path, trainers: int, rpcs: float | None = Non
     pservers = cpu.seconds(start, end)
     cpu_ms = (pservers / steps + sum(w["cpu"] / w["steps"] for w in windows)) * 1000
     cores = pservers / (end - start) + sum(w["cpu"] / w["seconds"] for w in windows)
+    trainer_peaks = [w["peak_rss"] for w in windows if w.get("peak_rss")]
     return Measurement(steps / first["seconds"], cpu_ms, cpu.machine_cores(start, end) - cores, rpcs,
-                       pservers / steps * 1000)
+                       pservers / steps * 1000, cpu.peak_mb(),
+                       max(trainer_peaks) / 2**20 if trainer_peaks else None)
 
 
 def run_paddle(python: Path, folder: Path, case: Case, steps: int, warmup: int, logs: Path,
@@ -330,7 +378,7 @@ def run_paddle(python: Path, folder: Path, case: Case, steps: int, warmup: int, 
             for i in range(TRAINERS):
                 env = clean_env(TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID=str(i), **common)
                 trainers.append(start(argv, env, logs / f"trainer.{i}.log"))
-            wait(trainers, deadline_for(steps + warmup), f"Paddle's trainers (logs: {logs})")
+            wait(trainers, deadline_for(steps + warmup, case), f"Paddle's trainers (logs: {logs})")
     finally:
         grace_ends = time.monotonic() + PSERVER_GRACE
         for proc in pservers + trainers:
@@ -392,7 +440,7 @@ def run_ours(folder: Path, case: Case, steps: int, warmup: int, logs: Path) -> M
     try:
         with CpuSampler(lambda: list(filter(is_pserver, children(launcher.pid))) if launcher else [], PSERVERS) as cpu:
             launcher = start(argv, ours_env(case), logs / "launch.log")
-            wait([launcher], deadline_for(steps + warmup), f"pstranspile launch (logs: {logs})")
+            wait([launcher], deadline_for(steps + warmup, case), f"pstranspile launch (logs: {logs})")
     finally:
         if launcher is not None:
             launched = children(launcher.pid)
@@ -418,10 +466,12 @@ def pserver_rpcs(logs: Path) -> float | None:
 
 
 def median(runs: list[Measurement]) -> Measurement:
-    rpcs = [r.rpcs for r in runs if r.rpcs is not None]
-    steps_per_s, cpu_ms, elsewhere, pserver_cpu_ms = (
-        statistics.median(getattr(r, name) for r in runs) for name in ("steps_per_s", "cpu_ms", "elsewhere", "pserver_cpu_ms"))
-    return Measurement(steps_per_s, cpu_ms, elsewhere, statistics.median(rpcs) if rpcs else None, pserver_cpu_ms)
+    def of(name: str) -> float | None:
+        found = [getattr(r, name) for r in runs if getattr(r, name) is not None]
+        return statistics.median(found) if found else None
+
+    return Measurement(of("steps_per_s"), of("cpu_ms"), of("elsewhere"), of("rpcs"), of("pserver_cpu_ms"),
+                       of("pserver_peak_mb"), of("trainer_peak_mb"))
 
 
 def row(case: Case, paddle: Measurement, ours: Measurement) -> str:
@@ -466,6 +516,21 @@ def print_table(results: list[tuple[Case, Measurement, Measurement]], args: argp
             cells = [f"{who} {m.steps_per_s * case.moved_mb:,.0f} MB/s ({m.steps_per_s * case.moved_mb / rate:.0%} of it), "
                      f"{m.cpu_ms / case.moved_mb:.2f} core-ms/MB" for who, m in (("Paddle", paddle), ("ours", ours))]
             print(f"{case.label}: {case.moved_mb:,.0f} MB moved per step: " + "; ".join(cells) + ".")
+    holding = [(case, paddle, ours) for case, paddle, ours in results if case.param_mb]
+    if holding:
+        print()
+        print("Peak RSS (VmHWM) per process, the largest of each role's, median of the runs, against what the process "
+              "must hold (a trainer: params + grads; a pserver: its share of params + optimizer state + one grad per "
+              "trainer):")
+        print()
+        print("| workload | process | must hold | Paddle 1.8.5 peak (x needed) | ours peak (x needed) |")
+        print("|---|---|---:|---:|---:|")
+        for case, paddle, ours in holding:
+            for role in ("pserver", "trainer"):
+                needs = case.needs_mb(role)
+                cells = [f"{peak:,.0f} MB ({peak / needs:.2f}x)" if peak else "?" for peak in
+                         (getattr(m, f"{role}_peak_mb") for m in (paddle, ours))]
+                print(f"| {case.label} | {role} | {needs:,.0f} MB | " + " | ".join(cells) + " |")
     for case, _, _ in results:
         if case.ours_settings:
             print(f"{case.label}: ours with " + " ".join(f"{k}={v}" for k, v in case.ours_settings) + ".")
@@ -524,9 +589,15 @@ def compare(python: Path, work: Path, case: Case, args: argparse.Namespace) -> t
                 got = run_ours(folder, case, steps, args.warmup, logs)
             runs[who].append(got)
             print(f"  {case.label}: {who} run {rep + 1}: {got.steps_per_s:.1f} steps/s, "
-                  f"{got.cpu_ms:.1f} CPU ms/step ({got.pserver_cpu_ms:.1f} on pservers), other load {got.elsewhere:.2f} cores", file=sys.stderr, flush=True)
+                  f"{got.cpu_ms:.1f} CPU ms/step ({got.pserver_cpu_ms:.1f} on pservers), other load {got.elsewhere:.2f} cores, "
+                  f"peak RSS pserver / trainer {mb(got.pserver_peak_mb)} / {mb(got.trainer_peak_mb)}",
+                  file=sys.stderr, flush=True)
     counted = None if case.local else count_paddle_rpcs(python, work, case, min(steps, RPC_COUNT_STEPS), args.warmup)
     return replace(median(runs["paddle"]), rpcs=counted), median(runs["ours"])
+
+
+def mb(value: float | None) -> str:
+    return "?" if value is None else f"{value:,.0f} MB"
 
 
 def count_paddle_rpcs(python: Path, work: Path, case: Case, steps: int, warmup: int) -> float:
@@ -561,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
         build(python, work)
         try:
             cases = [case for case in CASES if (case.local or not args.local_only)
-                     and (not args.case or case.key in args.case)]
+                     and (case.key in args.case if args.case else case.default)]
             results = [(case, *compare(python, work, case, args)) for case in cases]
         except RunFailed as error:
             print(f"vs_paddle18: {error}", file=sys.stderr)

@@ -26,8 +26,8 @@ during the checkpoint's write). Every kill happens once per pid dir (a marker fi
 `P/killed.<K>.<role>.<i>`), so a job that `launch --max-restarts` restarts from an earlier
 checkpoint does not meet it again.
 `--warmup K` trains K more steps first and prints, at the end, one `timing: {json}` line
-for the `--steps` after them: wall seconds, this process's CPU seconds, and the wall-clock
-start and end (so a harness such as `benchmarks/vs_paddle18.py` can match its CPU samples
+for the `--steps` after them: wall seconds, this process's CPU seconds, its peak RSS
+(`peak_rss`, VmHWM bytes, read right after the last step), and the wall-clock start and end (so a harness such as `benchmarks/vs_paddle18.py` can match its CPU samples
 of other processes to the timed window).
 `--as-trainers N` (local runs) trains as N sync trainers and their pservers would, in one
 process and without RPC (`AsTrainers`): the reference for a program whose forward pass
@@ -181,6 +181,15 @@ def permuted(batch: Mapping[str, Any], seed: int, step: int) -> dict[str, Any]:
         raise SystemExit(f"--permute: the slots disagree on the batch size ({sorted(sizes)})")
     order = np.random.default_rng([seed, step, 1]).permutation(sizes.pop())
     return {name: np.asarray(value)[order] for name, value in batch.items()}
+
+
+def peak_rss() -> int | None:
+    """This process's peak resident set so far (VmHWM, bytes), or None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def held_params(session: Session) -> dict[str, np.ndarray]:
@@ -415,13 +424,15 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 session.run(shard(batch, role, main_program), loss=args.loss)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+        peak = peak_rss()  # before the copies below
         final = held_params(session) if as_trainers is None else as_trainers.held(0)
         per_trainer = {} if as_trainers is None else {
             f"final.trainer_{i}/{k}": v for i in range(args.as_trainers) for k, v in as_trainers.held(i).items()}
         if args.pull_to is not None and role.trainer_id == 0:
             write_vars(args.pull_to, session.pull())
     if args.warmup is not None:
-        window = {"steps": args.steps, "seconds": seconds, "cpu": cpu, "start": wall, "end": wall + seconds}
+        window = {"steps": args.steps, "seconds": seconds, "cpu": cpu, "start": wall, "end": wall + seconds,
+                  "peak_rss": peak}
         print("timing: " + json.dumps(window), flush=True)
     if args.save is not None:
         args.save.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,20 @@ carries are honoured. Fetched tensors come back as read-only numpy views (Select
 as themselves). Temporaries stay in the scope after a run, which is what lets a pserver
 read what a block produced.
 
+Freeing dead temporaries (`Executor(free_dead=True)`, which a `Session` and a pserver
+use): a liveness pass, worked out once per prepared block, lists after which op each
+temporary is last read; the executor then drops it from the scope there, so a big
+grad or activation does not stay alive (and count in the peak) past its last reader,
+and a kernel may compute into a dying input's array instead of a new one
+(`OpContext.reusable_input`, same bits). It frees only what no one outside the block can
+want: never a persistable var, a fetch target of the run, a var any other block of the
+program names, or a var the block writes last (what a block produces for the RPC layer
+or the caller, a pserver's prefetch output); a queued send keeps its own reference. It
+applies to the run's own block and, on a sync pserver (`RunContext.update_in_place`),
+to the blocks `listen_and_serv` runs; never to a loop body or another control-flow
+sub-block. Without `free_dead` (the default), temporaries stay in the scope after a
+run, as in Paddle.
+
 Randomness: an op with a non-zero `seed` attr is reproducible on its own (Paddle's
 rule). For `seed` 0 (Paddle: "random"), the executor's `seed` decides: an int makes
 the draws a pure function of (executor seed, output var name, how many times this
@@ -43,12 +57,14 @@ import numpy as np
 
 from ops.kernels import Frame, OpContext, RunContext, get_kernel
 from ops.kernels import registry
+from ops.kernels.context import SOLE_LOCAL_REFERENCES, SPARES, _references
 from ops.kernels.registry import KernelSpec
 from ops.scope import Scope
 from ops.tensor import LoDTensor, SelectedRows, describe
 from transpiler.errors import PsTranspilerError, UnknownOpError
 from transpiler.ir import Block, Op, Program, Var
 from transpiler.ir.printer import op_line
+from transpiler.ir.types import EMPTY_VAR_NAME
 
 
 class ExecutionError(PsTranspilerError):
@@ -97,8 +113,9 @@ def global_scope() -> Scope:
 class Executor:
     """Runs programs; holds the seed policy and the services kernels may need (`env`)."""
 
-    def __init__(self, *, seed: int | None = 0, env: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, *, seed: int | None = 0, env: Mapping[str, Any] | None = None, free_dead: bool = False) -> None:
         self.seed = seed
+        self.free_dead = bool(free_dead)  # drop temporaries after their last read (module docstring)
         self.env: dict[str, Any] = dict(env or {})
         self._draws: dict[str, int] = {}
         self.stream: int | None = None  # the training step (Session); None: one stream for the executor's life
@@ -124,14 +141,16 @@ class Executor:
         block = program.block(block_id)
         for name, value in (feed or {}).items():
             scope.set_var(name, _feed_value(value, block.find_var(name)))
+        fetches = list(fetch_list or ())
         run = RunContext(
             program,
             env={**self.env, **(env or {})},
             rng_factory=self.rng,
             run_block=lambda idx, sc, parent: self._run_block(run, program.block(idx), sc, parent),
         )
-        self._run_block(run, block, scope, None)
-        return [self._fetch(scope, item, return_numpy) for item in (fetch_list or ())]
+        run.keep = frozenset(item.name if isinstance(item, Var) else str(item) for item in fetches)
+        self._run_block(run, block, scope, None, top=True)
+        return [self._fetch(scope, item, return_numpy) for item in fetches]
 
     def rng(self, key: str) -> np.random.Generator:
         """The generator for a `seed`-0 draw keyed by `key` (see the module docstring)."""
@@ -152,15 +171,52 @@ class Executor:
         return np.random.default_rng([seed, zlib.crc32(key.encode()), count, int(stream) & 0xFFFF_FFFF_FFFF_FFFF])
 
     # -- internals
-    def _run_block(self, run: RunContext, block: Block, scope: Scope, parent: Frame | None) -> None:
+    def _run_block(self, run: RunContext, block: Block, scope: Scope, parent: Frame | None, top: bool = False) -> None:
         frame = Frame(block, scope, parent)
-        for i, (op, spec, memo) in enumerate(self._prepare(block).steps):
+        prepared = self._prepare(block)
+        liveness = prepared.liveness(block) if self.free_dead else None
+        if liveness is not None and not (top or (run.update_in_place and liveness.served)):
+            liveness = None
+        keep = run.keep
+        for i, (op, spec, memo) in enumerate(prepared.steps):
+            dying = EMPTY if liveness is None else liveness.dying[i]
+            if keep and dying:
+                dying = dying - keep
             try:
-                spec.fn(OpContext(op, frame, run, spec, memo))
+                spec.fn(OpContext(op, frame, run, spec, memo, dying))
             except (ExecutionError, UnknownOpError):
                 raise  # from a sub-block: its report already names the precise place
             except Exception as exc:
                 raise _execution_error(block, i, op, scope, exc) from exc
+            if dying:
+                self._free(prepared, liveness, i, op, scope, dying)
+
+    @staticmethod
+    def _free(prepared: _Prepared, liveness: Liveness, index: int, op: Op, scope: Scope, dying: frozenset[str]) -> None:
+        """Drop op `index`'s dying inputs from the scope. An array the op that wrote it
+        computes into a recycled buffer (`OpContext.output_buffer`) goes back to that op as
+        its spare when nothing else holds it (not this op's output, no view, no queued
+        send): next step it is computed into again instead of a new array (no page faults
+        where malloc returns big blocks to the kernel)."""
+        for name in dying:
+            owner = scope.find_scope(name)
+            if owner is None:
+                continue
+            value = owner.local_var(name)
+            owner.erase(name)
+            writer = liveness.writers.get(name)
+            if writer is None or type(value) is not LoDTensor:
+                continue
+            spares = prepared.steps[writer[0]][2].get(SPARES)
+            key = writer[1:]
+            if spares is None or key not in spares or spares[key] is not None:
+                continue
+            array = value.array
+            del value
+            # Only an array nothing else holds (a queued send's views keep it: dropped, it
+            # is freed when the send lets go, not kept past it as a spare).
+            if _references(array) == SOLE_LOCAL_REFERENCES:
+                spares[key] = array
 
     def _prepare(self, block: Block) -> _Prepared:
         """The block's prepared form, rebuilt when its ops or the kernels changed."""
@@ -191,7 +247,7 @@ class _Prepared:
     generation. Built whole before anything runs: an op without a kernel is an error
     before the block's first op."""
 
-    __slots__ = ("ops", "version", "generation", "steps")
+    __slots__ = ("ops", "version", "generation", "steps", "_liveness")
 
     def __init__(self, block: Block, ops: tuple[Op, ...]) -> None:
         self.ops = ops
@@ -200,9 +256,96 @@ class _Prepared:
         self.steps: tuple[tuple[Op, KernelSpec, dict[str, Any]], ...] = tuple(
             (op, _kernel_for(block, i, op), {}) for i, op in enumerate(ops)
         )
+        self._liveness: Liveness | None = None
+
+    def liveness(self, block: Block) -> Liveness:
+        """The block's liveness, worked out on first use and again when any block of the
+        program changed (it depends on what the other blocks name)."""
+        program = block.program
+        signature = tuple(b.version for b in program.blocks) if program is not None else ()
+        found = self._liveness
+        if found is None or found.signature != signature:
+            found = self._liveness = Liveness(block, self.ops, signature)
+        return found
 
     def fits(self, block: Block, ops: tuple[Op, ...]) -> bool:
         return self.ops is ops and self.version == block.version and self.generation == registry.generation()
+
+
+EMPTY: frozenset[str] = frozenset()
+# Ops whose sub-blocks the executor may free temporaries in (when the run is a sync
+# pserver's): each block runs once per round, its inputs put in the scope afresh.
+SERVED_BY = ("listen_and_serv",)
+
+
+class Liveness:
+    """Which temporaries of a block die after which op: `dying[i]` are the vars op `i`
+    reads last, that the executor may drop from the scope after it (see the module
+    docstring for what is never freed). `served`: a block `listen_and_serv` runs."""
+
+    __slots__ = ("dying", "served", "signature", "writers")
+
+    def __init__(self, block: Block, ops: tuple[Op, ...], signature: tuple[int, ...]) -> None:
+        self.signature = signature
+        program = block.program
+        elsewhere: set[str] = set()  # named by an op of any other block
+        served = False
+        loop_body = False
+        if program is not None:
+            for other in program.blocks:
+                for op in other.ops:
+                    if other is block:
+                        continue
+                    # What `listen_and_serv` names are the vars it receives into the scope
+                    # and serves from it before its blocks run: not a later reader.
+                    if op.type not in SERVED_BY:
+                        elsewhere.update(op.input_names)
+                        elsewhere.update(op.output_names)
+                    if block.idx in op.sub_block_indices():
+                        if op.type in SERVED_BY:
+                            served = True
+                        else:
+                            loop_body = True
+        self.served = served and not loop_body
+        last: dict[str, tuple[int, bool]] = {}  # name -> (index of its last access, was a read)
+        produced: dict[str, int] = {}  # name -> index of the block's first op writing it
+        for i, op in enumerate(ops):
+            for name in op.input_names:
+                last[name] = (i, True)
+            for name in op.output_names:
+                last[name] = (i, False)
+                produced.setdefault(name, i)
+        dying: list[set[str]] = [set() for _ in ops]
+        # name -> (op index, slot, position among the slot's non-empty args) of the op that
+        # wrote the value the var holds when it dies: its output buffer takes the array back
+        self.writers: dict[str, tuple[int, str, int]] = {}
+        for name, (i, read) in last.items():
+            if not read or not name or name == EMPTY_VAR_NAME or name in elsewhere or ops[i].sub_block_indices():
+                continue
+            # The run's own block frees only what it produced itself (a feed, or a var a
+            # caller put in the scope, stays); a served block also what the RPC layer
+            # puts in the scope for it every round (the trainers' grads).
+            if not self.served and produced.get(name, i) >= i:
+                continue
+            var = block.find_var(name)
+            if var is None or var.persistable:
+                continue
+            dying[i].add(name)
+            for j in range(i - 1, -1, -1):
+                found = _output_slot(ops[j], name)
+                if found is not None:
+                    self.writers[name] = (j, *found)
+                    break
+        self.dying: tuple[frozenset[str], ...] = tuple(frozenset(d) if d else EMPTY for d in dying)
+
+
+def _output_slot(op: Op, name: str) -> tuple[str, int] | None:
+    """(slot, position among its non-empty args) where `op` writes `name`, or None."""
+    for slot, args in op.outputs.items():
+        names = [n for n in args if n and n != EMPTY_VAR_NAME]
+        if name in names:
+            return slot, names.index(name)
+    return None
 
 
 def _kernel_for(block: Block, index: int, op: Op) -> KernelSpec:

@@ -109,6 +109,8 @@ class RunContext:
         # fetches): then a value nothing holds *now* may be taken by a reader mid-update, so
         # `OpContext.may_update_in_place` says no unless `update_in_place` says yes.
         self.concurrent_readers = False
+        # The run's fetch targets: never freed after their last read (`ops.executor.Liveness`).
+        self.keep: frozenset[str] = frozenset()
         self._rng_factory = rng_factory
         self._run_block = run_block
 
@@ -132,10 +134,14 @@ class RunContext:
 class OpContext:
     """One op being run: slot and attr access for its kernel."""
 
-    __slots__ = ("op", "frame", "run", "spec", "memo", "block", "scope")
+    __slots__ = ("op", "frame", "run", "spec", "memo", "block", "scope", "dying")
 
-    def __init__(self, op: Op, frame: Frame, run: RunContext, spec: KernelSpec, memo: dict[str, Any] | None = None) -> None:
+    def __init__(self, op: Op, frame: Frame, run: RunContext, spec: KernelSpec, memo: dict[str, Any] | None = None,
+                 dying: frozenset[str] = frozenset()) -> None:
         self.op = op
+        # The input vars the executor drops from the scope right after this op (their last
+        # read; `ops.executor.Liveness`): their arrays may become this op's outputs.
+        self.dying = dying
         self.frame = frame
         self.run = run
         self.spec = spec
@@ -304,6 +310,57 @@ class OpContext:
         return (not self.run.concurrent_readers and array.flags.c_contiguous
                 and _references(tensor) == SOLE_LOCAL_REFERENCES + 1
                 and _references(array) == SOLE_LOCAL_REFERENCES + 1)
+
+    def reusable_input(self, slot: str, shape: tuple[int, ...], dtype: np.dtype, i: int = 0) -> np.ndarray | None:
+        """The array of input `slot`'s `i`-th arg, for the kernel to compute an output into
+        (`out=`), when nobody can see the difference: the executor drops the var right
+        after this op (`dying`), its value is a `LoDTensor` whose array owns its memory, is
+        writeable and C-contiguous with `shape` and `dtype`, and nothing but the scope
+        holds the tensor or the array (no fetched view, no alias, no queued send, no other
+        var). Else None: the kernel computes into a new array. Ask before binding the
+        input: the kernel's own references would count as another holder's."""
+        if not self.dying:
+            return None
+        names = self.input_names(slot)
+        if i >= len(names) or names[i] not in self.dying or self.op.input_names.count(names[i]) > 1:
+            return None
+        tensor = self.scope.find_var(names[i])
+        if type(tensor) is not LoDTensor:
+            return None
+        array = tensor.array
+        if not _fits(array, shape, dtype):
+            return None
+        # Each is held once by its owner (the scope's dict; the tensor) and once here.
+        if _references(tensor) != SOLE_LOCAL_REFERENCES + 1 or _references(array) != SOLE_LOCAL_REFERENCES + 1:
+            return None
+        return array
+
+    def current_output(self, slot: str, shape: tuple[int, ...], dtype: np.dtype, i: int = 0) -> np.ndarray | None:
+        """The array the slot's `i`-th output var holds now, for the kernel to compute the
+        new value into (`out=`) instead of a new array, when no reader can tell: a
+        `LoDTensor` whose array owns its memory, is writeable and C-contiguous with `shape`
+        and `dtype`, no input of the op names the var, and either the run orders every read
+        before the updates (`RunContext.update_in_place`) or no other thread reads the scope
+        and nothing but the scope holds the tensor or the array (no fetched view, no alias,
+        no tensor a caller kept). Else None. (A trainer's `concat` of the param blocks it
+        received, into the param it already holds.)"""
+        names = self.output_names(slot)
+        if i >= len(names) or names[i] in self.op.input_names:
+            return None
+        tensor = self.scope.find_var(names[i])
+        if type(tensor) is not LoDTensor:
+            return None
+        array = tensor.array
+        if not _fits(array, shape, dtype):
+            return None
+        if self.run.update_in_place:
+            return array
+        if self.run.concurrent_readers:
+            return None
+        # Each is held once by its owner (the scope's dict; the tensor) and once here.
+        if _references(tensor) != SOLE_LOCAL_REFERENCES + 1 or _references(array) != SOLE_LOCAL_REFERENCES + 1:
+            return None
+        return array
 
     def output_buffer(self, slot: str, shape: tuple[int, ...], dtype: np.dtype, i: int = 0) -> np.ndarray:
         """An array of `shape` and `dtype` for the kernel to compute the slot's `i`-th

@@ -298,22 +298,31 @@ def scale(ctx: OpContext) -> None:
     factor = float(ctx.scalar("ScaleTensor")) if ctx.has_input("ScaleTensor") else float(ctx.attr("scale"))
     bias = float(ctx.attr("bias"))
     after = bool(ctx.attr("bias_after_scale"))
+    # Out is X (a pserver scales its summed grad): into X's own array when no reader can
+    # tell (`may_update_in_place`, asked before this kernel binds X), the same bits.
+    in_place = ctx.may_update_in_place("X", "Out")
     value = ctx.value("X")
     if isinstance(value, SelectedRows):
         scaled = _affine(value.active_value(), factor, bias, after)
         ctx.set_output("Out", SelectedRows(value.rows, scaled, value.height))
         return
     x = ctx.input("X")
-    ctx.set_output("Out", _affine(x, factor, bias, after), lod=ctx.lod("X"))
+    ctx.set_output("Out", _affine(x, factor, bias, after, in_place), lod=ctx.lod("X"))
 
 
-def _affine(x: np.ndarray, factor: float, bias: float, after: bool) -> np.ndarray:
+def _affine(x: np.ndarray, factor: float, bias: float, after: bool, in_place: bool = False) -> np.ndarray:
     if np.issubdtype(x.dtype, np.integer):  # Paddle casts the factors to T
         f, b = x.dtype.type(factor), x.dtype.type(bias)
     else:
         f, b = factor, bias
-    # One new array, the second operation in place (a pserver scales every grad of every step).
+    # One new array (or x itself, when the caller may write it and both operations keep its
+    # dtype), the second operation in place (a pserver scales every grad of every step).
     # (`asarray`: a 0-d x gives a numpy scalar, which cannot be an `out=`.)
+    if in_place and x.ndim and np.result_type(x.dtype, f) == x.dtype and np.result_type(x.dtype, b) == x.dtype:
+        first, second = (np.multiply, np.add) if after else (np.add, np.multiply)
+        first(x, f if after else b, out=x)
+        second(x, b if after else f, out=x, casting="unsafe")
+        return x
     if after:
         out = np.asarray(np.multiply(x, f))
         np.add(out, b, out=out, casting="unsafe")
@@ -341,16 +350,35 @@ def sum_(ctx: OpContext) -> None:
         value = np.concatenate([v.active_value() for v in values])
         ctx.set_output("Out", SelectedRows(rows, value, values[0].height).merged())
         return
+    reuse = None
+    if len(values) > 1 and all(type(v) is LoDTensor for v in values):
+        # A pserver sums every grad of every step here: into the first grad's own array when
+        # it dies here (`reusable_input`: X[0] + X[1] into X[0] is the same bits as into a
+        # new array). The check counts holders, so this kernel lets go of its own first.
+        shape, dtype = values[0].array.shape, values[0].array.dtype
+        same = all(v.array.shape == shape and v.array.dtype == dtype for v in values)
+        del values
+        reuse = ctx.reusable_input("X", shape, dtype) if same else None
+        values = ctx.values("X")
     dense = [v for v in values if not isinstance(v, SelectedRows)]
+    first = dense[0]
     arrays = [v.array if isinstance(v, LoDTensor) else np.asarray(v) for v in dense]
-    # One new array, then adds in place: a pserver sums every grad of every step here.
-    out = arrays[0] + arrays[1] if len(arrays) > 1 else arrays[0].copy()
+    if (reuse is None and len(arrays) > 1
+            and all(a.shape == arrays[0].shape and a.dtype == arrays[0].dtype for a in arrays)):
+        # Else into the array Out holds from the last step, when no reader can tell (a sync
+        # pserver's summed grad, `current_output`): no new grad-sized array per step.
+        reuse = ctx.current_output("Out", arrays[0].shape, arrays[0].dtype)
+        if reuse is not None and any(np.may_share_memory(reuse, a) for a in arrays):
+            reuse = None
+    if reuse is not None:
+        out = np.add(arrays[0], arrays[1], out=reuse)
+    else:
+        out = arrays[0] + arrays[1] if len(arrays) > 1 else arrays[0].copy()
     for array in arrays[2:]:
         np.add(out, array, out=out)
     for v in values:
         if isinstance(v, SelectedRows):
             np.add.at(out, v.rows, v.active_value().astype(out.dtype, copy=False))
-    first = dense[0]
     ctx.set_output("Out", out, lod=first.lod if isinstance(first, LoDTensor) else None)
 
 

@@ -94,17 +94,38 @@ PADDLE2_DEFAULTS = {"multi_precision": False}
 def sgd(ctx: OpContext) -> None:
     """`ParamOut = Param - lr * Grad`."""
     in_place = ctx.may_update_in_place("Param", "ParamOut")  # before this kernel binds the param
-    grad = _grad(ctx)
     param = ctx.input("Param")
+    # lr * Grad into Grad's own array when the grad dies here (a pserver's summed grad):
+    # asked before this kernel binds the grad. The same bits as into a new array.
+    reuse = ctx.reusable_input("Grad", param.shape, param.dtype)
+    grad = _grad(ctx)
     lr = _learning_rate(ctx, param.dtype)
     if isinstance(grad, SelectedRows):
         _check_rows(ctx, grad, param)
         out = param if in_place else param.copy()  # a sparse step copying a whole table costs more than the step
         out[grad.rows] -= lr * grad.value.astype(param.dtype, copy=False)  # rows are unique after merging
+    elif reuse is None and in_place and grad.shape == param.shape and _chunkable(grad, param):
+        # In place without a param-sized temporary: lr * Grad a chunk at a time (the same
+        # bits: each element's two operations are those of the whole-array path).
+        out = param
+        flat_grad, flat_param = grad.reshape(-1), param.reshape(-1)
+        scratch = np.empty(min(SGD_CHUNK, flat_param.size), param.dtype)
+        for start in range(0, flat_param.size, SGD_CHUNK):
+            piece = flat_param[start:start + SGD_CHUNK]
+            step = np.multiply(flat_grad[start:start + SGD_CHUNK], lr, dtype=param.dtype, out=scratch[:piece.size])
+            np.subtract(piece, step, out=piece)
     else:
-        step = np.multiply(grad, lr, dtype=param.dtype)
+        step = np.multiply(grad, lr, dtype=param.dtype, out=reuse)
         out = np.subtract(param, step, out=param if in_place and step.shape == param.shape else step)
     ctx.set_output("ParamOut", out, lod=ctx.lod("Param"))
+
+
+SGD_CHUNK = 1 << 18  # elements of lr * Grad computed at a time by an in-place dense sgd
+
+
+def _chunkable(grad: np.ndarray, param: np.ndarray) -> bool:
+    """Both C-contiguous (their flat views are views), and big enough to be worth it."""
+    return param.size > SGD_CHUNK and grad.flags.c_contiguous and param.flags.c_contiguous
 
 
 # --------------------------------------------------------------------- momentum

@@ -110,7 +110,7 @@ def serve_program(
     if ready is not None:
         env["pserver_ready"] = ready
     scope = scope if scope is not None else Scope()
-    exe = Executor(seed=seed, env=env)
+    exe = Executor(seed=seed, env=env, free_dead=True)  # a sync round drops its grads after the optimizer reads them
     exe.run(startup, scope=scope)
     if restore is not None and is_template(restore):
         if log is not None:

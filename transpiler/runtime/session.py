@@ -159,7 +159,7 @@ class Session:
             # dropout masks follow an element's place in the global batch (ops/kernels/transformer.py)
             env[BATCH_SHARD] = (self.role.trainer_id, self.role.trainers)
         self.scope = Scope()
-        self.executor = Executor(seed=seed, env=env)
+        self.executor = Executor(seed=seed, env=env, free_dead=True)  # temporaries dropped after their last read
         checkpoint_dir, checkpoint_every, restore = launcher_checkpoint_options(checkpoint_dir, checkpoint_every, restore)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.checkpoint_every = max(0, int(checkpoint_every))
