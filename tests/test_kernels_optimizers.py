@@ -633,6 +633,71 @@ def test_dense_adam_in_place_gives_the_same_numbers_in_the_same_arrays():
         unregister("test_allow_in_place_adam")
 
 
+# A sparse update of the rows it touches alone, on a sync pserver: (op, state inputs -> outputs,
+# attrs). Adagrad, FTRL and lazy Adam write those rows into the param and state themselves.
+SPARSE_ROW_UPDATES = [
+    ("adagrad", {"Moment": "MomentOut"}, {"epsilon": 1e-6}),
+    ("ftrl", {"SquaredAccumulator": "SquaredAccumOut", "LinearAccumulator": "LinearAccumOut"},
+     {"l1": 0.1, "l2": 0.2, "lr_power": -0.5}),
+    ("adam", {"Moment1": "Moment1Out", "Moment2": "Moment2Out"}, {"lazy_mode": True}),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("op", "state", "attrs"), SPARSE_ROW_UPDATES, ids=[case[0] for case in SPARSE_ROW_UPDATES])
+def test_sparse_row_updates_in_place_give_the_same_bits_in_the_same_arrays(op, state, attrs, dtype):
+    """Where the run allows it (a sync pserver), a sparse Adagrad / FTRL / lazy Adam writes the
+    grad's rows (duplicates merged first) into the param and its state, without copying them:
+    three steps bit for bit what the copying update gives, rows without a grad untouched."""
+    from ops.kernels import register, unregister
+    from ops.tensor import LoDTensor
+    from transpiler.ir import Program
+
+    @register("test_allow_in_place_rows")
+    def allow(ctx) -> None:
+        ctx.run.update_in_place = True
+
+    extra_in = {"Beta1Pow": "Beta1PowOut", "Beta2Pow": "Beta2PowOut"} if op == "adam" else {}
+
+    def run(allowed: bool):
+        program = Program.empty()
+        block = program.global_block()
+        if allowed:
+            block.add_op("test_allow_in_place_rows", {}, {}, {})
+        names = {"Param": "ParamOut", **state, **extra_in}
+        inputs = {slot: [slot.lower()] for slot in names} | {"Grad": ["g"], "LearningRate": ["lr"]}
+        outputs = {out: [slot.lower()] for slot, out in names.items()}
+        block.add_op(op, inputs, outputs, attrs)
+        rng = np.random.default_rng(11)
+        arrays = {slot.lower(): rng.standard_normal((6, 3)).astype(dtype) for slot in ("Param", *state)}
+        for slot in state:
+            if slot != "LinearAccumulator" and slot != "Moment1":
+                arrays[slot.lower()] = np.abs(arrays[slot.lower()])
+        scope = Scope()
+        for name, array in arrays.items():
+            scope.set_var(name, LoDTensor(array))
+        kept = {name: array.copy() for name, array in arrays.items()}
+        if op == "adam":
+            for name, value in (("beta1pow", 0.9), ("beta2pow", 0.999)):
+                scope.set_var(name, LoDTensor(np.array([value], dtype)))
+        for step in range(3):
+            grad = SelectedRows([4, 1, 4, 0][: 3 + step % 2], rng.standard_normal((3 + step % 2, 3)).astype(dtype), 6)
+            Executor().run(program, feed={"g": grad, "lr": np.array([0.1], dtype)}, scope=scope)
+        return arrays, kept, {name: scope.find_var(name).array for name in arrays}
+
+    try:
+        before, _, copied = run(False)
+        inputs, kept, in_place = run(True)
+        for name in inputs:
+            np.testing.assert_array_equal(in_place[name], copied[name])
+            assert in_place[name].dtype == dtype
+            assert np.shares_memory(in_place[name], inputs[name]) and not np.shares_memory(copied[name], before[name])
+            np.testing.assert_array_equal(in_place[name][[2, 3, 5]], kept[name][[2, 3, 5]])  # no grad: untouched
+            assert not np.array_equal(in_place[name][[0, 1, 4]], kept[name][[0, 1, 4]])
+    finally:
+        unregister("test_allow_in_place_rows")
+
+
 # -------------------------------------------------------------- adamw, lamb vs Paddle 2.6
 
 PADDLE_STEPS = 3

@@ -82,6 +82,20 @@ def _check_rows(ctx: OpContext, grad: SelectedRows, param: np.ndarray) -> None:
         raise KernelError(f"{ctx.type}: grad row {row} is outside the parameter's {param.shape[0]} rows")
 
 
+def _writable(ctx: OpContext, *pairs: tuple[str, str]) -> list[bool]:
+    """Per (input slot, output slot), may the op write the output into the input's own array
+    (`OpContext.may_update_in_place`); asked before the kernel binds any array."""
+    return [ctx.may_update_in_place(slot, out) for slot, out in pairs]
+
+
+def _row_targets(arrays: tuple[np.ndarray, ...], writable: list[bool], dtype: np.dtype) -> list[np.ndarray]:
+    """Where a sparse update that touches only its grad's rows writes: each array itself
+    where the run allows it (a sync pserver: no step copies the whole param and state to
+    change a few rows) and its dtype is the output's, else a copy. Both ways compute the
+    same rows from the same inputs, so the same bits."""
+    return [a if here and a.dtype == dtype else a.copy() for a, here in zip(arrays, writable, strict=True)]
+
+
 # Attr defaults come from the op catalogue (Fluid 1.8's attrs); a kernel names only the
 # attrs Paddle 2.x added, which every optimizer shares one of.
 PADDLE2_DEFAULTS = {"multi_precision": False}
@@ -227,7 +241,7 @@ def adam(ctx: OpContext) -> None:
     if isinstance(grad, SelectedRows) and ctx.attr("lazy_mode"):
         _check_rows(ctx, grad, param)
         rows, g = grad.rows, grad.value.astype(param.dtype, copy=False)
-        p_out, m1_out, m2_out = param.copy(), m1.copy(), m2.copy()
+        p_out, m1_out, m2_out = _row_targets((param, m1, m2), writable, param.dtype)
         m1_out[rows] = beta1 * m1[rows] + (dt(1) - beta1) * g
         m2_out[rows] = beta2 * m2[rows] + (dt(1) - beta2) * g * g
         p_out[rows] = param[rows] - lr_t * (m1_out[rows] / (np.sqrt(m2_out[rows]) + eps_t))
@@ -450,7 +464,10 @@ def adamax(ctx: OpContext) -> None:
 @register("adagrad", defaults=PADDLE2_DEFAULTS)
 @on_table
 def adagrad(ctx: OpContext) -> None:
-    """`m += g^2; p -= lr * g / (sqrt(m) + eps)`; a sparse grad touches its rows only."""
+    """`m += g^2; p -= lr * g / (sqrt(m) + eps)`; a sparse grad touches its rows only
+    (merged first: a row once, its grads summed, as Paddle's SparseAdagradFunctor), in the
+    param and moment themselves where the run allows it (`_row_targets`)."""
+    writable = _writable(ctx, ("Param", "ParamOut"), ("Moment", "MomentOut"))
     param = _dense_param(ctx)
     moment = ctx.input("Moment")
     dt = param.dtype.type
@@ -459,7 +476,7 @@ def adagrad(ctx: OpContext) -> None:
     if isinstance(grad, SelectedRows):
         _check_rows(ctx, grad, param)
         rows, g = grad.rows, grad.value.astype(param.dtype, copy=False)
-        m_out, p_out = moment.copy(), param.copy()
+        p_out, m_out = _row_targets((param, moment), writable, param.dtype)
         m_out[rows] = moment[rows] + g * g
         p_out[rows] = param[rows] - lr * g / (np.sqrt(m_out[rows]) + eps)
     else:
@@ -523,7 +540,10 @@ def rmsprop(ctx: OpContext) -> None:
 def ftrl(ctx: OpContext) -> None:
     """Follow The Regularized Leader as ftrl_op.h computes it (l1 and l2 each + 1e-10;
     `sqrt` when `lr_power == -0.5`, else `pow(·, -lr_power)`). A sparse grad updates
-    only its rows (SparseFTRLFunctor); every other row keeps its param and accumulators."""
+    only its rows (SparseFTRLFunctor; merged first); every other row keeps its param and
+    accumulators, updated in their own arrays where the run allows it (`_row_targets`)."""
+    writable = _writable(ctx, ("Param", "ParamOut"), ("SquaredAccumulator", "SquaredAccumOut"),
+                         ("LinearAccumulator", "LinearAccumOut"))
     param = _dense_param(ctx)
     dt = param.dtype.type
     l1, l2 = dt(ctx.attr("l1")) + dt(1e-10), dt(ctx.attr("l2")) + dt(1e-10)
@@ -533,7 +553,7 @@ def ftrl(ctx: OpContext) -> None:
     if isinstance(grad, SelectedRows):
         _check_rows(ctx, grad, param)
         rows, g = grad.rows, grad.value.astype(param.dtype, copy=False)
-        p_out, sq_out, lin_out = param.copy(), squared.copy(), linear.copy()
+        p_out, sq_out, lin_out = _row_targets((param, squared, linear), writable, param.dtype)
         p_out[rows], sq_out[rows], lin_out[rows] = _ftrl_update(
             param[rows], g, squared[rows], linear[rows], lr, l1, l2, lr_power
         )
