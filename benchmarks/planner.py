@@ -42,7 +42,6 @@ from transpiler.plan import slice_sizes  # noqa: E402
 from transpiler.planner import PlanPartitioner  # noqa: E402
 from transpiler.runtime.metrics import read_metrics  # noqa: E402
 
-from partition import steady_rate  # noqa: E402  (benchmarks/partition.py: this script's folder)
 
 ROWS, WIDTH, ZIPF, TRAINERS, PSERVERS, SLOTS = 1_000_000, 64, 1.1, 2, 4, 3
 IDS_ENV, BATCH_ENV, RATES_ENV = "PLANNER_BENCH_IDS", "PLANNER_BENCH_IDS_PER_STEP", "PLANNER_BENCH_RATES"
@@ -146,6 +145,8 @@ def run_job(name: str, steps: int, batch: int, env: dict) -> dict:
         if done.returncode != 0:
             raise SystemExit(f"{name}: the job failed\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
         records = read_metrics(f"{tmp}/logs")
+    from partition import steady_rate  # benchmarks/partition.py, this script's folder: only the driver runs it
+
     warm = min(5, steps // 4)
     steps_per_s, mine = steady_rate(name, records, warm)
 

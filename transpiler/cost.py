@@ -385,6 +385,29 @@ def table_shard_cost(table, shard: int, job: Job, rates: Rates, ids: IdStats | N
     return cost
 
 
+def mod_shard_cost(optimizer: str, dtype: DType, shape: Sequence[int], shard: int, shards: int, job: Job,
+                   rates: Rates, ids: IdStats | None) -> Cost:
+    """The distributed table kept as Paddle shards it, `id % shards`, its shard `shard` under
+    `optimizer` (the planner's `mod` candidate): `table_shard_cost`, plus the optimizer's
+    sliced state as shards of the table's (the shard's shape), its scalar state, and its rate
+    on the rows updated in place of `sgd`'s (an optimizer that updates every row: every row
+    the shard may create)."""
+    from transpiler.plan import TablePlan
+
+    table = TablePlan("", "", tuple(shape), dtype, tuple(str(i) for i in range(shards)))
+    cost = table_shard_cost(table, shard, job, rates, ids)
+    slots = optimizer_slots(optimizer)
+    cost.memory["optimizer_state"] = (len(slots.sliced) * math.prod(table.shard_shape)
+                                      + len(slots.unsliced)) * dtype.itemsize
+    if optimizer != "sgd":
+        width = math.prod(shape[1:])
+        stats = ids or IdStats.uniform_rows(shape[0], 1)
+        _, merged = stats.residue_rows(shard, shards, job.trainers)
+        updated = table.shard_rows if slots.every_row else merged
+        cost.compute_us += updated * width * rates.op(optimizer) - merged * width * rates.op("sgd")
+    return cost
+
+
 # -- per pserver -----------------------------------------------------------------------------
 
 @dataclass
