@@ -19,7 +19,11 @@ Outputs are new values (a dense param is not written in place) so a reader holdi
 the old value keeps a consistent tensor; dense `adam` computes into arrays recycled from
 its earlier outputs once nothing holds them (`OpContext.output_buffer`), and into the
 param and moments themselves when no reader can tell or on a sync pserver
-(`OpContext.may_update_in_place`), as `sgd` does.
+(`OpContext.may_update_in_place`), as `sgd` does. A sparse `adagrad`, `ftrl` and lazy `adam`
+(the rules that touch only the grad's rows) write those rows into the param and state
+themselves under the same condition (`_row_targets`) instead of copying the whole param and
+state every step to change a few rows; on a sync pserver that was most of its CPU per
+step on a large table (benchmarks/RESULTS.md, "Cost model and planner").
 """
 
 from __future__ import annotations
