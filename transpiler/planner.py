@@ -6,8 +6,10 @@ RPCs and optimizer compute of one partition, with a table's id statistics), a pr
 (per param the candidate cuts: whole; `k` row bands of equal rows, and for a sparse
 param also `k` row bands of equal estimated time (sized by the ids' frequencies: a
 hot-first table gets a short hot band); `k` column ranges; `r x c` grids,
-`k, r·c <= pservers`; a param whose pserver op needs whole rows gets no column cut) and a
-placer, greedy and deterministic:
+`k, r·c <= pservers`; a param whose pserver op needs whole rows gets no column cut; the
+distributed table also `mod`: kept as Paddle shards it, `id % k` on k distinct pservers,
+priced with `mod_shard_cost`, the ids' residue classes; `k < pservers` parts put a param on
+a subset of the pservers) and a placer, greedy and deterministic:
 
 1. the params go largest estimated time first (ties by name); `--colocate a,b` makes one
    unit of its params (cut the same way, partition i of each on the same pserver);
@@ -19,7 +21,7 @@ placer, greedy and deterministic:
 3. the best candidate is kept; if no candidate fits the cap, one `TranspileError` names
    the cap, the param and by how much the best placement is over;
 4. a local search then moves a part off the slowest pserver, or swaps it with a smaller
-   one, while that lowers the slowest time (`improve`).
+   one, while that lowers the slowest time (`improve`; a shard of `id % k` stays put).
 
 The result depends only on the params, the pserver and trainer counts and the options (the
 rates, the id sample, the cap): every trainer computes the same plan.
@@ -128,6 +130,7 @@ class PlanPartitioner(Partitioner):
 
     # -- the Partitioner protocol
     def prepare(self, params: Sequence[ParamInfo]) -> None:
+        self._mod = {}
         self._result = self.search(params)
 
     def partitions(self, param: ParamInfo) -> list[Partition]:
@@ -278,7 +281,6 @@ class PlanPartitioner(Partitioner):
             return where, max(trial_loads), sum(trial_loads)
 
         result: dict[str, tuple[list[Partition], list[int]]] = {}
-        self._mod = {}
         whole = Candidate("whole", (1, 1))
         order = sorted(units, key=lambda u: (-sum(p.time_us for p in parts_of(u, whole)), u[0].name))
         remaining = sum(p.time_us for u in order for p in parts_of(u, whole))
