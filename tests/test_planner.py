@@ -491,3 +491,22 @@ def test_the_plan_is_the_same_under_any_hash_seed(tmp_path):
         done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True)
         outs.add(done.stdout)
     assert len(outs) == 1
+
+
+def test_table_shards_naming_a_pserver_twice_is_refused():
+    import sys
+
+    sys.path.insert(0, str(PADDLE_PROGRAMS.parents[2] / "examples"))
+    try:
+        import train_ctr
+    finally:
+        sys.path.pop(0)
+
+    class Twice(PlanPartitioner):
+        def table_shards(self, param):
+            return [0, 0] if param.distributed else None
+
+    main, startup = train_ctr.build_ctr("distributed", 1000, 8)
+    with pytest.raises(TranspileError, match=r"table_shards\('emb'\) returned \[0, 0\]; it must name distinct "
+                                             r"pservers 0\.\.1"):
+        transpile(main, startup, pservers=["127.0.0.1:1", "127.0.0.1:2"], trainers=2, partitioner=Twice())
