@@ -510,3 +510,30 @@ def test_table_shards_naming_a_pserver_twice_is_refused():
     with pytest.raises(TranspileError, match=r"table_shards\('emb'\) returned \[0, 0\]; it must name distinct "
                                              r"pservers 0\.\.1"):
         transpile(main, startup, pservers=["127.0.0.1:1", "127.0.0.1:2"], trainers=2, partitioner=Twice())
+
+
+def test_cli_plan_reports_a_table_kept_id_mod_k(capsys, tmp_path):
+    """A distributed table with hot ids spread by `id % 4`: `pstranspile plan --partitioner
+    plan` keeps it sharded and says so, in text (`mod`, `id%4`) and JSON."""
+    import sys
+
+    sys.path.insert(0, str(PADDLE_PROGRAMS.parents[2] / "examples"))
+    try:
+        import train_ctr
+    finally:
+        sys.path.pop(0)
+    main, startup = train_ctr.build_ctr("distributed", 40_000, 16, "adagrad")
+    main.save(tmp_path / "main.pb")
+    startup.save(tmp_path / "startup.pb")
+    np.save(tmp_path / "ids.npy", _hot_ids_sample(40_000))
+    base = ["plan", tmp_path / "main.pb", "--pservers", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3,127.0.0.1:4",
+            "--trainers", "2", "--id-sample", tmp_path / "ids.npy", "--batch-size", "1024", "--partitioner", "plan"]
+    code, out, err = cli(capsys, *base)
+    assert code == 0, err
+    assert re.search(r"^emb +mod +id%4 +4$", out, re.M)
+    code, out, err = cli(capsys, *base, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert len(data["table"]["endpoints"]) == 4 and "emb" not in [p["param"] for p in data["params"]]
+    assert {"param": "emb", "kind": "mod", "grid": [1, 1, 1, 1], "pservers": data["table"]["endpoints"]} in \
+        data["cost"]["params"]
