@@ -1,11 +1,11 @@
 """The cost model and the planner against real sync jobs (docs/planner.md).
 
-    python3 benchmarks/planner.py [--steps 60] [--batch 512] [--rounds 1] [--rates RATES.json] [--json]
+    python3 benchmarks/planner.py [--steps 60] [--batch 512] [--rounds 3] [--rates RATES.json] [--json]
 
 Workload: `examples/train_ctr.py --variant local-table --rows 1000000 --width 64 --zipf 1.1
 --hot-first` (a `[1M, 64]` fp32 table prefetched from its blocks, ids Zipf(1.1) with the hot
 ids the first rows; 3 slots of 1-4 ids per example), 2 trainers x 4 pservers, sync, under
-three partitioners, interleaved (`--rounds` times):
+three partitioners, interleaved (`--rounds` times, each round starting with the next one):
 
 - `paddle`: Paddle's slicing and round robin (the default);
 - `balanced`: Paddle's slicing, blocks placed largest first on the least-loaded pserver
@@ -42,7 +42,6 @@ from transpiler.plan import slice_sizes  # noqa: E402
 from transpiler.planner import PlanPartitioner  # noqa: E402
 from transpiler.runtime.metrics import read_metrics  # noqa: E402
 
-from partition import steady_rate  # noqa: E402  (benchmarks/partition.py: this script's folder)
 
 ROWS, WIDTH, ZIPF, TRAINERS, PSERVERS, SLOTS = 1_000_000, 64, 1.1, 2, 4, 3
 IDS_ENV, BATCH_ENV, RATES_ENV = "PLANNER_BENCH_IDS", "PLANNER_BENCH_IDS_PER_STEP", "PLANNER_BENCH_RATES"
@@ -146,6 +145,8 @@ def run_job(name: str, steps: int, batch: int, env: dict) -> dict:
         if done.returncode != 0:
             raise SystemExit(f"{name}: the job failed\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
         records = read_metrics(f"{tmp}/logs")
+    from partition import steady_rate  # benchmarks/partition.py, this script's folder: only the driver runs it
+
     warm = min(5, steps // 4)
     steps_per_s, mine = steady_rate(name, records, warm)
 
@@ -175,7 +176,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch", type=int, default=512, help="the global batch (default 512)")
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rates", help="rates from `pstranspile calibrate` (default: the built-in ones)")
     parser.add_argument("--only", nargs="*", default=["paddle", "balanced", "plan"])
     parser.add_argument("--json", action="store_true")
@@ -192,8 +193,9 @@ def main() -> int:
         results: dict[str, dict] = {}
         for name in args.only:
             results[name] = {"model": model(name, sample, per_step, args.rates), "runs": []}
-        for _ in range(args.rounds):
-            for name in args.only:
+        for round_index in range(args.rounds):
+            shift = round_index % len(args.only)  # each partitioner first in turn: no place in the round favoured
+            for name in args.only[shift:] + args.only[:shift]:
                 run = run_job(name, args.steps, args.batch, env)
                 results[name]["runs"].append(run)
                 print(f"{name}: {run}", file=sys.stderr, flush=True)
@@ -212,9 +214,21 @@ def main() -> int:
                      "est_vs_slowest_cpu": round(max(est) / max(cpu), 3)})
     base = {r["partitioner"]: r for r in rows}
     if "plan" in base:
+        plan_runs = results["plan"]["runs"]
         for r in rows:
             r["plan_speedup"] = round(base["plan"]["steps_per_s"] / r["steps_per_s"], 3)
             r["plan_slowest_cpu_ratio"] = round(r["slowest_cpu_ms"] / base["plan"]["slowest_cpu_ms"], 3)
+            # the same ratios within each round (the jobs of a round ran back to back, under the
+            # same load), and their medians: steadier than the ratio of medians on a shared machine
+            theirs = results[r["partitioner"]]["runs"]
+            r["plan_speedup_per_round"] = [round(a["steps_per_s"] / b["steps_per_s"], 3)
+                                           for a, b in zip(plan_runs, theirs, strict=True)]
+            r["plan_slowest_cpu_ratio_per_round"] = [
+                round(max(c for c in b["pserver_cpu_ms"] if c is not None)
+                      / max(c for c in a["pserver_cpu_ms"] if c is not None), 3)
+                for a, b in zip(plan_runs, theirs, strict=True)]
+            r["plan_speedup_median_of_rounds"] = statistics.median(r["plan_speedup_per_round"])
+            r["plan_slowest_cpu_ratio_median_of_rounds"] = statistics.median(r["plan_slowest_cpu_ratio_per_round"])
     if args.json:
         print(json.dumps({"batch": args.batch, "steps": args.steps, "ids_per_trainer_step": per_step, "rows": rows},
                          indent=1))
@@ -227,6 +241,14 @@ def main() -> int:
         print(f"{r['partitioner']:<10} {str(r['emb_grid']):<12} {r['steps_per_s']:>8.2f} {r['slowest_cpu_ms']:>15.2f} "
               f"{r['est_step_ms']:>12.2f} {str(r['ranking_matches']):>8} {r.get('plan_speedup', 1.0):>7.2f}  "
               f"{r['pserver_cpu_ms']} | {r['est_ms']}")
+    if "plan" in base:
+        print("the plan against each (ratio of medians; median of the per-round ratios; per round):")
+        for r in rows:
+            if r["partitioner"] != "plan":
+                print(f"  vs {r['partitioner']:<9} steps/s x{r['plan_speedup']:.3f}; "
+                      f"x{r['plan_speedup_median_of_rounds']:.3f} {r['plan_speedup_per_round']}   "
+                      f"slowest pserver CPU {r['partitioner']}/plan {r['plan_slowest_cpu_ratio']:.3f}; "
+                      f"{r['plan_slowest_cpu_ratio_median_of_rounds']:.3f} {r['plan_slowest_cpu_ratio_per_round']}")
     return 0
 
 

@@ -123,7 +123,7 @@ def model(name: str) -> dict[str, dict[str, int]]:
     import numpy as np
 
     from transpiler.api import transpile
-    from transpiler.cost import SPARSE_COPIES, IdStats, resident_bytes
+    from transpiler.cost import IdStats, resident_bytes, sparse_step_copies
     from transpiler.ir import Program
     from ops.catalogue.optimizer_ops import optimizer_slots
 
@@ -145,7 +145,7 @@ def model(name: str) -> dict[str, dict[str, int]]:
         parts = resident_bytes(plan, ep, stats)
         peak = 0
         for param in plan.params:
-            if param.sparse and param.optimizer in SPARSE_COPIES:
+            if param.sparse and sparse_step_copies(param.optimizer, plan.sync_mode):
                 arrays = 1 + len(optimizer_slots(param.optimizer).sliced)
                 for block in param.blocks_on(ep):
                     peak = max(peak, arrays * block.rows * (block.cols or param.shape[1]) * param.dtype.itemsize)

@@ -104,7 +104,8 @@ def test_dense_block_traffic_and_compute():
 
 def test_sparse_costs_count_grad_rows_per_lookup_and_whole_copies():
     """A lookup's grad carries a row per lookup (ids repeat); `adagrad` on a SelectedRows
-    grad copies its whole param and moment (`SPARSE_COPIES`); `sgd` does not; a column cut
+    grad copies its whole param and moment on an async pserver (`SPARSE_COPIES`), not on a
+    sync one; `sgd` does not; a column cut
     pays the per-row cost on every range."""
     rates = Rates(bandwidth=1e9, rpc_us=0.0, op_us={"sum": 0.0, "scale": 0.0, "sgd": 0.0, "adagrad": 0.0},
                   row_us=0.0, var_us=0.0, block_us=0.0, id_us=0.5, copy_us=0.001, merge_us=0.0)
@@ -114,7 +115,9 @@ def test_sparse_costs_count_grad_rows_per_lookup_and_whole_copies():
     assert sgd.bytes_in == pytest.approx(100 * (8 * 4 + 8))  # 50 rows per trainer, duplicates included
     assert sgd.compute_us == pytest.approx(100 * 0.5)
     ada = block_cost("adagrad", DType.FP32, 0, 100, 8, Job(trainers=2), rates, sparse=True, ids=stats)
-    assert ada.compute_us == pytest.approx(100 * 0.5 + 2 * 800 * 0.001)  # param + moment copied once a step
+    assert ada.compute_us == pytest.approx(100 * 0.5)  # a sync pserver updates the rows in place
+    ada = block_cost("adagrad", DType.FP32, 0, 100, 8, Job(trainers=2, sync_mode=False), rates, sparse=True, ids=stats)
+    assert ada.compute_us == pytest.approx(100 * 0.5 + 2 * 2 * 800 * 0.001)  # async: param + moment copied per grad
     halves = [block_cost("sgd", DType.FP32, 0, 100, 4, Job(trainers=2), rates, sparse=True, ids=stats)
               for _ in range(2)]
     assert sum(h.compute_us for h in halves) == pytest.approx(2 * sgd.compute_us)  # every id on both ranges
@@ -207,8 +210,8 @@ def test_rates_file_round_trip(tmp_path):
 
 def test_resident_bytes_counts_sparse_grads_by_rows_and_kept_step_copies():
     """A pserver's run-time memory: a sparse grad holds its rows, not its declared height;
-    Adagrad's step copies count while a block's arrays stay under the malloc mmap threshold
-    (their freed pages are kept), not above it."""
+    Adagrad's step copies (async pservers; a sync one updates in place) count while a block's
+    arrays stay under the malloc mmap threshold (their freed pages are kept), not above it."""
     from ops.rpc.malloc import MMAP_THRESHOLD
     from transpiler.cost import resident_bytes
 
@@ -221,16 +224,17 @@ def test_resident_bytes_counts_sparse_grads_by_rows_and_kept_step_copies():
     finally:
         sys.path.remove(sys_path)
     eps = ["127.0.0.1:1", "127.0.0.1:2"]
-    for rows, copies in ((1000, True), (2 * (MMAP_THRESHOLD // 256) + 2000, False)):  # blocks under / over it
+    for rows, copies, sync in ((1000, True, False), (2 * (MMAP_THRESHOLD // 256) + 2000, False, False),
+                               (1000, False, True)):  # async blocks under / over it; sync: updated in place
         main, startup = train_ctr.build_ctr("local-table", rows, 64)
-        plan = transpile(main, startup, pservers=eps, trainers=2).plan
+        plan = transpile(main, startup, pservers=eps, trainers=2, sync_mode=sync).plan
         stats = {"emb": IdStats.uniform_rows(rows, 100)}
         found = [resident_bytes(plan, ep, stats) for ep in eps]
         emb = plan.param("emb")
         block_bytes = [b.rows * 64 * 4 for b in emb.blocks]
         assert sum(f["params"] for f in found) == sum(block_bytes) + 4 * sum(
             math.prod(p.shape) for p in plan.params if p.param != "emb")
-        kept = sum(2 * b for b in block_bytes if b < MMAP_THRESHOLD)
+        kept = sum(2 * b for b in block_bytes if b < MMAP_THRESHOLD) if not sync else 0
         assert sum(f["step_copies"] for f in found) == kept and (kept > 0) == copies
         assert sum(f["grads"] for f in found) < 4 * 1024 * 1024 + 4 * 4 * sum(
             math.prod(p.shape) for p in plan.params if p.param != "emb")  # rows, not the table's height
@@ -256,10 +260,10 @@ def test_sparse_copies_over_the_mmap_threshold_cost_fresh_pages():
                   op_us={"sum": 0.0, "scale": 0.0, "adagrad": 0.0, "sgd": 0.0})
     stats = IdStats.uniform_rows(10_000_000, 1)
     rows = MMAP_THRESHOLD // 256  # [rows, 64] fp32: exactly the threshold
-    under = block_cost("adagrad", DType.FP32, 0, rows - 1, 64, Job(2), rates, sparse=True, ids=stats)
-    over = block_cost("adagrad", DType.FP32, 0, rows, 64, Job(2), rates, sparse=True, ids=stats)
-    assert under.compute_us == pytest.approx(2 * (rows - 1) * 64 * 0.001, rel=1e-3)
-    assert over.compute_us == pytest.approx(2 * rows * 64 * 0.0015, rel=1e-3)
+    under = block_cost("adagrad", DType.FP32, 0, rows - 1, 64, Job(2, False), rates, sparse=True, ids=stats)
+    over = block_cost("adagrad", DType.FP32, 0, rows, 64, Job(2, False), rates, sparse=True, ids=stats)
+    assert under.compute_us == pytest.approx(2 * 2 * (rows - 1) * 64 * 0.001, rel=1e-3)  # async: per trainer's grad
+    assert over.compute_us == pytest.approx(2 * 2 * rows * 64 * 0.0015, rel=1e-3)
 
 
 def test_sparse_bytes_go_at_their_own_rate_dense_at_the_bandwidth():

@@ -633,6 +633,71 @@ def test_dense_adam_in_place_gives_the_same_numbers_in_the_same_arrays():
         unregister("test_allow_in_place_adam")
 
 
+# A sparse update of the rows it touches alone, on a sync pserver: (op, state inputs -> outputs,
+# attrs). Adagrad, FTRL and lazy Adam write those rows into the param and state themselves.
+SPARSE_ROW_UPDATES = [
+    ("adagrad", {"Moment": "MomentOut"}, {"epsilon": 1e-6}),
+    ("ftrl", {"SquaredAccumulator": "SquaredAccumOut", "LinearAccumulator": "LinearAccumOut"},
+     {"l1": 0.1, "l2": 0.2, "lr_power": -0.5}),
+    ("adam", {"Moment1": "Moment1Out", "Moment2": "Moment2Out"}, {"lazy_mode": True}),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("op", "state", "attrs"), SPARSE_ROW_UPDATES, ids=[case[0] for case in SPARSE_ROW_UPDATES])
+def test_sparse_row_updates_in_place_give_the_same_bits_in_the_same_arrays(op, state, attrs, dtype):
+    """Where the run allows it (a sync pserver), a sparse Adagrad / FTRL / lazy Adam writes the
+    grad's rows (duplicates merged first) into the param and its state, without copying them:
+    three steps bit for bit what the copying update gives, rows without a grad untouched."""
+    from ops.kernels import register, unregister
+    from ops.tensor import LoDTensor
+    from transpiler.ir import Program
+
+    @register("test_allow_in_place_rows")
+    def allow(ctx) -> None:
+        ctx.run.update_in_place = True
+
+    extra_in = {"Beta1Pow": "Beta1PowOut", "Beta2Pow": "Beta2PowOut"} if op == "adam" else {}
+
+    def run(allowed: bool):
+        program = Program.empty()
+        block = program.global_block()
+        if allowed:
+            block.add_op("test_allow_in_place_rows", {}, {}, {})
+        names = {"Param": "ParamOut", **state, **extra_in}
+        inputs = {slot: [slot.lower()] for slot in names} | {"Grad": ["g"], "LearningRate": ["lr"]}
+        outputs = {out: [slot.lower()] for slot, out in names.items()}
+        block.add_op(op, inputs, outputs, attrs)
+        rng = np.random.default_rng(11)
+        arrays = {slot.lower(): rng.standard_normal((6, 3)).astype(dtype) for slot in ("Param", *state)}
+        for slot in state:
+            if slot != "LinearAccumulator" and slot != "Moment1":
+                arrays[slot.lower()] = np.abs(arrays[slot.lower()])
+        scope = Scope()
+        for name, array in arrays.items():
+            scope.set_var(name, LoDTensor(array))
+        kept = {name: array.copy() for name, array in arrays.items()}
+        if op == "adam":
+            for name, value in (("beta1pow", 0.9), ("beta2pow", 0.999)):
+                scope.set_var(name, LoDTensor(np.array([value], dtype)))
+        for step in range(3):
+            grad = SelectedRows([4, 1, 4, 0][: 3 + step % 2], rng.standard_normal((3 + step % 2, 3)).astype(dtype), 6)
+            Executor().run(program, feed={"g": grad, "lr": np.array([0.1], dtype)}, scope=scope)
+        return arrays, kept, {name: scope.find_var(name).array for name in arrays}
+
+    try:
+        before, _, copied = run(False)
+        inputs, kept, in_place = run(True)
+        for name in inputs:
+            np.testing.assert_array_equal(in_place[name], copied[name])
+            assert in_place[name].dtype == dtype
+            assert np.shares_memory(in_place[name], inputs[name]) and not np.shares_memory(copied[name], before[name])
+            np.testing.assert_array_equal(in_place[name][[2, 3, 5]], kept[name][[2, 3, 5]])  # no grad: untouched
+            assert not np.array_equal(in_place[name][[0, 1, 4]], kept[name][[0, 1, 4]])
+    finally:
+        unregister("test_allow_in_place_rows")
+
+
 # -------------------------------------------------------------- adamw, lamb vs Paddle 2.6
 
 PADDLE_STEPS = 3
@@ -787,3 +852,114 @@ def test_lamb_and_lars_on_blocks_with_the_summed_squared_norms_equal_the_whole_p
                                        "SquaredNorms": squared}, ["ParamOut", "VelocityOut"], attrs=lars_attrs)
               for r in rows]
     np.testing.assert_allclose(np.concatenate([b["ParamOut"] for b in blocks]), whole["ParamOut"], rtol=1e-13)
+
+
+# ------------------------------------------- sparse row updates vs Paddle 2.6, duplicate rows
+
+# (Paddle 2.6's CPU build registers no ftrl kernel: ftrl's sparse rule is checked against
+# ftrl_op.h's SparseFTRLFunctor by hand above, `test_ftrl_sparse_updates_only_the_merged_rows`.)
+SPARSE_PADDLE_CASES = [
+    ("adagrad", "adagrad", {"Param": "ParamOut", "Moment": "MomentOut"}, {"epsilon": 1e-6}),
+    ("adam_lazy", "adam", {"Param": "ParamOut", "Moment1": "Moment1Out", "Moment2": "Moment2Out",
+                           "Beta1Pow": "Beta1PowOut", "Beta2Pow": "Beta2PowOut"},
+     {"lazy_mode": True, "beta1": 0.875, "beta2": 1 - 2**-10, "epsilon": 2**-20}),  # exact in float32 attrs
+]
+# Paddle 2.6's CPU sparse Adam, its Beta1PowOut the Beta1Pow var itself (as Fluid's `Adam`
+# builds it), advances the beta powers before the rows' update reads them (its lr_t is the
+# next step's); the dense kernel, and ours both ways, read them first. The comparison gives
+# Paddle separate out vars for the powers, so that its rows' rule is what is compared.
+SEPARATE_OUTS = {"adam_lazy": ["Beta1Pow", "Beta2Pow"]}
+SPARSE_ROWS = ([4, 1, 4, 0], [2, 2, 2], [5, 0, 5, 1, 0])  # a row repeated in every step's grad
+
+
+def sparse_case_inputs(name: str, state: dict) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(len(name))
+    given = {}
+    for slot in state:
+        if slot in ("Beta1Pow", "Beta2Pow"):
+            given[slot] = np.array([0.9 if slot == "Beta1Pow" else 0.999])
+        else:
+            given[slot] = rng.standard_normal((7, 3))
+            if slot in ("Moment", "SquaredAccumulator", "Moment2"):
+                given[slot] = np.abs(given[slot]) + 0.1
+    given["LearningRate"] = np.array([0.05])
+    for k, rows in enumerate(SPARSE_ROWS):
+        given[f"rows{k}"] = np.array(rows, np.int64)
+        given[f"value{k}"] = rng.standard_normal((len(rows), 3))
+    return given
+
+
+def ours_sparse_in_place(op: str, state: dict, attrs: dict, given: dict) -> dict[str, np.ndarray]:
+    """The steps through the executor, the run allowing in-place updates (a sync pserver)."""
+    from ops.kernels import register, unregister
+    from ops.tensor import LoDTensor
+    from transpiler.ir import Program
+
+    @register("test_allow_in_place_paddle")
+    def allow(ctx) -> None:
+        ctx.run.update_in_place = True
+
+    try:
+        program = Program.empty()
+        block = program.global_block()
+        block.add_op("test_allow_in_place_paddle", {}, {}, {})
+        block.add_op(op, {**{slot: [slot] for slot in state}, "Grad": ["g"], "LearningRate": ["lr"]},
+                     {out: [slot] for slot, out in state.items()}, attrs)
+        scope = Scope()
+        for slot in state:
+            scope.set_var(slot, LoDTensor(given[slot].copy()))
+        for k in range(len(SPARSE_ROWS)):
+            grad = SelectedRows(given[f"rows{k}"], given[f"value{k}"], 7)
+            Executor().run(program, feed={"g": grad, "lr": given["LearningRate"]}, scope=scope)
+        return {slot: scope.find_var(slot).array for slot in state}
+    finally:
+        unregister("test_allow_in_place_paddle")
+
+
+@pytest.fixture(scope="module")
+def paddle_sparse_results(tmp_path_factory):
+    """Paddle 2.6.2's sparse adagrad / lazy adam kernels on every case, in one subprocess."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tools.paddle_env import installed
+
+    python = installed("2.6.2")
+    if python is None:
+        pytest.skip("Paddle 2.6.2's venv is not on this machine (python tools/paddle_env.py 2.6.2 makes it)")
+    folder = tmp_path_factory.mktemp("paddle_sparse_optimizers")
+    given = {}
+    for name, _, state, _ in SPARSE_PADDLE_CASES:
+        given.update({f"{name}/{k}": v for k, v in sparse_case_inputs(name, state).items()})
+    np.savez(folder / "in.npz", **given)
+    cases = [{"name": name, "type": op, "attrs": attrs, "state": state, "steps": len(SPARSE_ROWS),
+              "separate": SEPARATE_OUTS.get(name, [])} for name, op, state, attrs in SPARSE_PADDLE_CASES]
+    (folder / "cases.json").write_text(json.dumps(cases))
+    done = subprocess.run(
+        [str(python), str(Path(__file__).with_name("paddle_sparse_optimizer_steps.py")), str(folder / "cases.json"),
+         str(folder / "in.npz"), str(folder / "out.npz")],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "GLOG_minloglevel": "2"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(np.load(folder / "out.npz"))
+
+
+@pytest.mark.parametrize("name, op, state, attrs", SPARSE_PADDLE_CASES, ids=[c[0] for c in SPARSE_PADDLE_CASES])
+def test_sparse_row_updates_in_place_match_paddle_2_6_with_duplicate_rows(name, op, state, attrs,
+                                                                          paddle_sparse_results):
+    """Three float64 steps of a SelectedRows grad with repeated rows (merged first, as Paddle
+    does), written in place: Paddle 2.6.2's kernels give the same state to 1e-14, and the
+    rows no grad named (3 and 6) keep their values in both."""
+    given = sparse_case_inputs(name, state)
+    ours = ours_sparse_in_place(op, state, attrs, given)
+    for slot in state:
+        theirs = paddle_sparse_results[f"{name}/{slot}"].reshape(ours[slot].shape)
+        np.testing.assert_allclose(ours[slot], theirs, rtol=1e-14, atol=1e-15, err_msg=f"{name}: {slot}")
+        if ours[slot].shape[0] == 7:
+            np.testing.assert_array_equal(theirs[[3, 6]], given[slot][[3, 6]])
+            assert not np.allclose(theirs[[0, 1, 2, 4, 5]], given[slot][[0, 1, 2, 4, 5]])

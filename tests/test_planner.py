@@ -11,12 +11,12 @@ import pytest
 
 from conftest import PADDLE_PROGRAMS
 from transpiler.api import transpile
-from transpiler.cost import Job, Rates, block_cost, declared_memory, plan_costs
+from transpiler.cost import Job, Rates, block_cost, declared_memory, mod_shard_cost, plan_costs
 from transpiler.errors import TranspileError
 from transpiler.ir import Program
 from transpiler.ir.types import DType
 from transpiler.partition import ParamInfo, checked_partitions
-from transpiler.planner import PlanPartitioner, candidates, even_cuts
+from transpiler.planner import PlanPartitioner, candidates, even_cuts, grid_partitions
 
 RATES = Rates(bandwidth=1e9, rpc_us=100.0, op_us={"sum": 0.001, "scale": 0.001, "sgd": 0.002, "adam": 0.01},
               row_us=0.01)
@@ -298,8 +298,8 @@ def test_cli_transpile_with_the_plan(capsys, tmp_path):
 
 
 def test_hot_first_table_gets_row_bands_sized_by_frequency():
-    """Zipf ids with the hot ids first, Adagrad (a sparse update copies its whole block):
-    a column cut sends every id to every pserver and copies as much; row bands of equal
+    """Zipf ids with the hot ids first, Adagrad: a column cut sends every id to every
+    pserver; row bands of equal
     estimated time (a short hot band, long cold ones) beat it and the even row bands."""
     rng = np.random.default_rng(0)
     sample = (rng.zipf(1.1, 50_000) - 1) % 100_000
@@ -320,3 +320,221 @@ def test_hot_first_table_gets_row_bands_sized_by_frequency():
 
     assert max(planner.loads) < 0.9 * slowest((4, 1)) and max(planner.loads) < slowest((1, 4))
     assert max(planner.loads) / min(planner.loads) < 1.05
+
+
+# -- the search space for a table: id % k shards, frequency bands, a subset of the pservers
+
+def _hot_ids_sample(height: int, hot: int = 4, seed: int = 0) -> np.ndarray:
+    """`hot` ids (the first rows) drawing 80% of the lookups, the rest uniform over the table."""
+    rng = np.random.default_rng(seed)
+    return np.concatenate([np.repeat(np.arange(hot), 20_000 * 4 // hot), rng.integers(hot, height, 20_000)])
+
+
+def _distributed_table(height: int = 40_000, width: int = 16, optimizer: str = "adagrad") -> ParamInfo:
+    return dense("emb", (height, width), optimizer, sparse=True, table=True, distributed=True)
+
+
+def _best_by_kind(table, sample, cap=None) -> dict[str, float]:
+    """The slowest pserver's estimate of the planner's best plan with one partition kind
+    allowed at a time (None where nothing of that kind fits the cap)."""
+    out = {}
+    for kind in ("whole", "row", "column", "2-D", "mod"):
+        planner = PlanPartitioner(id_samples={"emb": sample}, batch_size=4096, memory_cap=cap, kinds={"emb": (kind,)})
+        try:
+            run(planner, [table], 4)
+        except TranspileError:
+            out[kind] = None
+            continue
+        out[kind] = max(planner.loads)
+    return out
+
+
+def test_id_mod_shards_spread_hot_ids_that_no_row_band_can():
+    """Four hot ids in the first rows of a distributed table (80% of the lookups), the rest
+    uniform: row bands can isolate the hot ids but one band keeps the cold rows with a hot
+    one; `id % 4` puts one hot id and a quarter of the cold ones on each pserver: the known
+    optimum, well ahead of every other kind."""
+    table = _distributed_table()
+    sample = _hot_ids_sample(table.rows)
+    planner = PlanPartitioner(id_samples={"emb": sample}, batch_size=4096)
+    run(planner, [table], 4)
+    assert sorted(planner.table_shards(table)) == [0, 1, 2, 3]
+    assert max(planner.loads) / min(planner.loads) < 1.05  # the hot ids one per pserver
+    best = _best_by_kind(table, sample)
+    assert max(planner.loads) == pytest.approx(best["mod"])
+    assert all(best[kind] > 1.2 * best["mod"] for kind in ("whole", "row", "column", "2-D"))
+
+
+def test_a_memory_cap_forces_the_best_plan_that_fits():
+    """A hot-first Zipf distributed table: unconstrained, row bands by frequency win (a
+    short hot band, a cold band of 60% of the rows); under a cap that band does not fit
+    (nor does a shard of `id % 4`, which declares the table's whole height of grads), and
+    the plan is the best of the kinds that fit, by enumeration."""
+    table = _distributed_table()
+    rng = np.random.default_rng(1)
+    sample = (rng.zipf(1.1, 50_000) - 1) % table.rows
+    unit = 4 * table.rows * table.cols  # bytes of the whole table
+    free = PlanPartitioner(id_samples={"emb": sample}, batch_size=4096)
+    parts, _ = run(free, [table], 4)["emb"]
+    assert free.table_shards(table) is None and len(parts) == 4 and parts[0].rows < 100 < 20_000 < parts[-1].rows
+    assert max(free.loads) == pytest.approx(min(v for v in _best_by_kind(table, sample).values()))
+    cap = 2 * unit
+    assert max(free.memory) > cap
+    capped = PlanPartitioner(id_samples={"emb": sample}, batch_size=4096, memory_cap=cap)
+    run(capped, [table], 4)
+    assert max(capped.memory) <= cap and max(capped.loads) > max(free.loads)
+    fitting = _best_by_kind(table, sample, cap)
+    assert fitting["mod"] is None and fitting["row"] is not None
+    assert max(capped.loads) == pytest.approx(min(v for v in fitting.values() if v is not None))
+
+
+def test_frequency_bands_beat_even_bands_and_put_the_hot_rows_in_a_short_band():
+    """A hot-first Zipf table (not distributed: no id % k): row bands of equal estimated
+    time are the optimum among the row cuts, far ahead of even bands."""
+    rng = np.random.default_rng(1)
+    sample = (rng.zipf(1.1, 50_000) - 1) % 100_000
+    table = dense("emb", (100_000, 64), "adagrad", sparse=True, table=True)
+    planner = PlanPartitioner(id_samples={"emb": sample}, batch_size=2000, kinds={"emb": ("row",)})
+    parts, servers = run(planner, [table], 4)["emb"]
+    assert len(parts) == 4 and sorted(servers) == [0, 1, 2, 3] and planner.table_shards(table) is None
+    assert parts[0].rows < 1000 < 25_000 < parts[-1].rows
+    even = PlanPartitioner(id_samples={"emb": sample}, batch_size=2000, kinds={"emb": ("row",)})
+    even_loads = loads(even, [table], {"emb": (grid_partitions(table, (4, 1)), [0, 1, 2, 3])}, 4)
+    assert max(even_loads) > 1.5 * max(planner.loads)
+    assert max(planner.loads) / min(planner.loads) < 1.05
+
+
+def test_a_table_with_few_lookups_stays_on_a_subset_of_the_pservers():
+    """Each partition of a prefetched table costs every trainer a prefetch RPC: a table with
+    few lookups is kept whole, on one pserver, beside three dense params one per pserver
+    (the known optimum: one part per pserver)."""
+    table = dense("emb", (1000, 8), "sgd", sparse=True, table=True)
+    params = [table, *(dense(f"w{i}", (200, 50)) for i in range(3))]
+    planner = PlanPartitioner(rates=RATES, batch_size=8)
+    placed = run(planner, params, 4)
+    assert len(placed["emb"][0]) == 1
+    assert sorted(server for name in placed for server in placed[name][1]) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("only", [None, 3], ids=["planner's k", "k=3"])
+def test_id_mod_shards_on_all_or_a_subset_of_the_pservers(only, monkeypatch):
+    """Forced to `id % k` (kinds), the planner picks k and distinct pservers; k = 4 over 4
+    pservers is Paddle's own sharding (the same table vars), and k < 4 (here forced to 3)
+    a table on k of them that the transpiler builds and verifies."""
+    import sys
+
+    import transpiler.planner as planner_module
+
+    if only is not None:
+        every = planner_module.candidates
+        monkeypatch.setattr(planner_module, "candidates", lambda params, servers, allowed=planner_module.KINDS: [
+            c for c in every(params, servers, allowed) if c.kind != "mod" or c.grid[0] == only])
+
+    sys.path.insert(0, str(PADDLE_PROGRAMS.parents[2] / "examples"))
+    try:
+        import train_ctr
+    finally:
+        sys.path.pop(0)
+    from transpiler.ir.printer import dump
+
+    main, startup = train_ctr.build_ctr("distributed", 40_000, 16, "adagrad")
+    eps = [f"127.0.0.1:{i}" for i in range(1, 5)]
+    paddle = transpile(main, startup, pservers=eps, trainers=2, verify=True)
+    planner = PlanPartitioner(kinds={"emb": ("mod",)}, id_samples={"emb": _hot_ids_sample(40_000)}, batch_size=512)
+    result = transpile(main, startup, pservers=eps, trainers=2, partitioner=planner, verify=True)
+    shards = result.plan.table.endpoints
+    assert len(set(shards)) == len(shards) == (only or 4) and "emb" not in [p.param for p in result.plan.params]
+    assert shards == tuple(eps[s] for s in planner.table_shards(_distributed_table()))
+    for shard, endpoint in enumerate(shards):  # the planner's memory for its shard is what the program declares
+        declared = declared_memory(result.plan, endpoint, result.pservers[endpoint][0])
+        cost = mod_shard_cost("adagrad", DType.FP32, (40_000, 16), shard, len(shards), Job(2), Rates(), None)
+        assert declared.memory["table"] == cost.memory["table"]
+        assert declared.memory["grad_buffers"] >= cost.memory["grad_buffers"]  # + the prefetch buffers (runtime-sized)
+        assert declared.memory["optimizer_state"] >= cost.memory["optimizer_state"]
+    if len(shards) == 4:  # shard i declares what Paddle's pserver i does for the table
+        def table_vars(program):
+            return [line for line in dump(program).splitlines() if line.startswith("  var emb")]
+
+        for shard, endpoint in enumerate(shards):
+            assert table_vars(result.pservers[endpoint][0]) == table_vars(paddle.pservers[eps[shard]][0])
+    else:
+        idle = [ep for ep in eps if ep not in shards]
+        assert all("emb" not in dump(result.pservers[ep][0]) for ep in idle)
+
+
+def test_the_plan_is_the_same_under_any_hash_seed(tmp_path):
+    """Every trainer computes the same plan: no set or dict order leaks into it."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "plan.py"
+    script.write_text(
+        "import json, numpy as np\n"
+        "from transpiler.partition import ParamInfo\n"
+        "from transpiler.ir.types import DType\n"
+        "from transpiler.planner import PlanPartitioner\n"
+        "rng = np.random.default_rng(0)\n"
+        "sample = np.concatenate([np.repeat(np.arange(4), 20000), rng.integers(4, 40000, 20000)])\n"
+        "params = [ParamInfo('emb', (40000, 16), DType.FP32, 'adagrad', True, True, True),\n"
+        "          ParamInfo('t2', (50000, 8), DType.FP32, 'adagrad', True, True)]\n"
+        "params += [ParamInfo(f'w{i}', (100 * (i % 5 + 1), 30 + i), DType.FP32, 'adam') for i in range(12)]\n"
+        "p = PlanPartitioner(id_samples={'emb': sample}, batch_size=1024, colocate=[('w1', 'w2')])\n"
+        "p.servers, p.trainers = 4, 2\n"
+        "p.prepare(params)\n"
+        "print(json.dumps({q.name: [[[x.start_row, x.end_row, x.start_col, x.end_col] for x in p.partitions(q)], p._result[q.name][1]] for q in params}),\n"
+        "      p.table_shards(params[0]))\n"
+    )
+    import os
+
+    outs = set()
+    for seed in ("0", "1", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(PADDLE_PROGRAMS.parents[2])}
+        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True)
+        outs.add(done.stdout)
+    assert len(outs) == 1
+
+
+def test_table_shards_naming_a_pserver_twice_is_refused():
+    import sys
+
+    sys.path.insert(0, str(PADDLE_PROGRAMS.parents[2] / "examples"))
+    try:
+        import train_ctr
+    finally:
+        sys.path.pop(0)
+
+    class Twice(PlanPartitioner):
+        def table_shards(self, param):
+            return [0, 0] if param.distributed else None
+
+    main, startup = train_ctr.build_ctr("distributed", 1000, 8)
+    with pytest.raises(TranspileError, match=r"table_shards\('emb'\) returned \[0, 0\]; it must name distinct "
+                                             r"pservers 0\.\.1"):
+        transpile(main, startup, pservers=["127.0.0.1:1", "127.0.0.1:2"], trainers=2, partitioner=Twice())
+
+
+def test_cli_plan_reports_a_table_kept_id_mod_k(capsys, tmp_path):
+    """A distributed table with hot ids spread by `id % 4`: `pstranspile plan --partitioner
+    plan` keeps it sharded and says so, in text (`mod`, `id%4`) and JSON."""
+    import sys
+
+    sys.path.insert(0, str(PADDLE_PROGRAMS.parents[2] / "examples"))
+    try:
+        import train_ctr
+    finally:
+        sys.path.pop(0)
+    main, startup = train_ctr.build_ctr("distributed", 40_000, 16, "adagrad")
+    main.save(tmp_path / "main.pb")
+    startup.save(tmp_path / "startup.pb")
+    np.save(tmp_path / "ids.npy", _hot_ids_sample(40_000))
+    base = ["plan", tmp_path / "main.pb", "--pservers", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3,127.0.0.1:4",
+            "--trainers", "2", "--id-sample", tmp_path / "ids.npy", "--batch-size", "1024", "--partitioner", "plan"]
+    code, out, err = cli(capsys, *base)
+    assert code == 0, err
+    assert re.search(r"^emb +mod +id%4 +4$", out, re.M)
+    code, out, err = cli(capsys, *base, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert len(data["table"]["endpoints"]) == 4 and "emb" not in [p["param"] for p in data["params"]]
+    assert {"param": "emb", "kind": "mod", "grid": [1, 1, 1, 1], "pservers": data["table"]["endpoints"]} in \
+        data["cost"]["params"]

@@ -32,7 +32,7 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
   grads touch `r` rows instead of `n / cols` (unless the optimizer updates every row), their
   `T·l` grad rows are merged at `row_us + cols·merge_us` each (no `sum` rate), and
   each grad row costs `id_us` on every partition its id reaches; an optimizer in `SPARSE_COPIES` copies its whole param and state per run
-  (`(1 + sliced)·n·copy_us`); each run of the partition's optimize block costs `block_us`
+  on an async pserver (`(1 + sliced)·n·copy_us`; a sync one updates the rows in place); each run of the partition's optimize block costs `block_us`
   (once a step in sync mode, once per trainer's grad in async mode).
 Estimated pserver time per step = compute + dense bytes (in + out) / bandwidth + sparse
 bytes (grad rows and ids in, prefetched rows out: `Cost.sparse_bytes`) / sparse_bandwidth
@@ -66,6 +66,14 @@ RATES_SCHEMA = "pstranspile.rates/1"
 # update costs `(1 + sliced) · n · copy_us` per run however few rows it touches. (`sgd`
 # updates in place on a pserver; `adam` copies in `lazy_mode` only, else it updates every row.)
 SPARSE_COPIES = frozenset({"adagrad", "adam", "ftrl"})
+
+
+def sparse_step_copies(optimizer: str, sync_mode: bool) -> bool:
+    """Does a sparse update by `optimizer` copy its whole param and state each run? Only on
+    an async pserver: a sync one orders every read before the updates, so Adagrad, FTRL and
+    lazy Adam write the grad's rows into the arrays themselves (`OpContext.may_update_in_place`);
+    an async one serves fetches meanwhile, and the kernels copy."""
+    return not sync_mode and optimizer in SPARSE_COPIES
 
 # Defaults measured on the project's shared 2-core VM with `pstranspile calibrate`
 # (2026-11-27, the median of 3 runs of 7 repeats): µs per float32 element, the executor's kernels.
@@ -364,8 +372,7 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
         # per grad row taken: the request work beside its bytes, on every partition the id
         # reaches (a column cut: on all of them)
         cost.compute_us += lookups * t * rates.id_us
-        if not every and optimizer in SPARSE_COPIES:
-
+        if not every and sparse_step_copies(optimizer, job.sync_mode):
             fresh = rates.fault_us if n * size >= MMAP_THRESHOLD else 0.0  # fresh pages each step
             cost.compute_us += runs * (1 + len(slots.sliced)) * n * (rates.copy_us + fresh) * size / 4  # per fp32
     else:
@@ -405,6 +412,29 @@ def table_shard_cost(table, shard: int, job: Job, rates: Rates, ids: IdStats | N
     cost.compute_us = (lookups * t * (rates.row_us + width * rates.merge_us) + merged * width * rates.op("sgd", table.dtype)
                        + lookups * t * rates.id_us
                        + (1 if job.sync_mode else t) * rates.block_us)
+    return cost
+
+
+def mod_shard_cost(optimizer: str, dtype: DType, shape: Sequence[int], shard: int, shards: int, job: Job,
+                   rates: Rates, ids: IdStats | None) -> Cost:
+    """The distributed table kept as Paddle shards it, `id % shards`, its shard `shard` under
+    `optimizer` (the planner's `mod` candidate): `table_shard_cost`, plus the optimizer's
+    sliced state as shards of the table's (the shard's shape), its scalar state, and its rate
+    on the rows updated in place of `sgd`'s (an optimizer that updates every row: every row
+    the shard may create)."""
+    from transpiler.plan import TablePlan
+
+    table = TablePlan("", "", tuple(shape), dtype, tuple(str(i) for i in range(shards)))
+    cost = table_shard_cost(table, shard, job, rates, ids)
+    slots = optimizer_slots(optimizer)
+    cost.memory["optimizer_state"] = (len(slots.sliced) * math.prod(table.shard_shape)
+                                      + len(slots.unsliced)) * dtype.itemsize
+    if optimizer != "sgd":
+        width = math.prod(shape[1:])
+        stats = ids or IdStats.uniform_rows(shape[0], 1)
+        _, merged = stats.residue_rows(shard, shards, job.trainers)
+        updated = table.shard_rows if slots.every_row else merged
+        cost.compute_us += updated * width * rates.op(optimizer) - merged * width * rates.op("sgd")
     return cost
 
 
@@ -580,7 +610,7 @@ def resident_bytes(plan, endpoint: str, ids: Mapping[str, IdStats] | None = None
     """What a pserver holds once warmed up, by kind (beside the process's own baseline):
     params and optimizer state as declared; a dense grad's merged var and per-trainer
     buffers; a sparse grad only its rows (`T·l` rows per buffer and merged, not the declared
-    height); and, for an optimizer in `SPARSE_COPIES`, the copies of its param and state a
+    height); and, for an optimizer in `SPARSE_COPIES` on an async pserver, the copies of its param and state a
     step makes, whose freed pages the pserver keeps (`ops.rpc.malloc`: arrays under its
     mmap threshold are reused, larger ones go back to the kernel)."""
     ids = ids or {}
@@ -600,7 +630,7 @@ def resident_bytes(plan, endpoint: str, ids: Mapping[str, IdStats] | None = None
                 lookups, _ = stats.rows(block.row_offset, block.row_offset + block.rows, 1)
                 copies = 2 if plan.per_trainer_grads else 1
                 out["grads"] += round(copies * t * lookups * (cols * size + ID_BYTES))
-                if param.optimizer in SPARSE_COPIES and not slots.every_row:
+                if sparse_step_copies(param.optimizer, plan.sync_mode) and not slots.every_row:
                     for array in range(1 + len(slots.sliced)):
                         out["step_copies"] += n * size if n * size < MMAP_THRESHOLD else 0
             else:

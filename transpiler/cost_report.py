@@ -49,6 +49,9 @@ def plan_cost_data(result, rates: Rates, ids: Mapping[str, IdStats] | None = Non
          "pservers": sorted(set(p.endpoints), key=plan.endpoints.index)}
         for p in plan.params
     ]
+    if plan.table is not None and plan.partitioner != "paddle":  # kept `id % k` by the partitioner (planner: mod)
+        data["params"].append({"param": plan.table.table, "kind": "mod", "grid": [1] * len(plan.table.endpoints),
+                               "pservers": list(plan.table.endpoints)})
     return data
 
 
@@ -94,6 +97,8 @@ def format_costs(data: Mapping[str, Any]) -> str:
     for param in data["params"]:
         grid = param["grid"]
         text = f"{len(grid)}x{grid[0]}" if len(set(grid)) == 1 else f"{len(grid)}x{grid}"
+        if param["kind"] == "mod":
+            text = f"id%{len(grid)}"
         lines.append(f"{param['param']:<40} {param['kind']:<7} {text:<10} {len(param['pservers'])}")
     return "\n".join(line.rstrip() for line in lines) + "\n"
 

@@ -6,8 +6,10 @@ RPCs and optimizer compute of one partition, with a table's id statistics), a pr
 (per param the candidate cuts: whole; `k` row bands of equal rows, and for a sparse
 param also `k` row bands of equal estimated time (sized by the ids' frequencies: a
 hot-first table gets a short hot band); `k` column ranges; `r x c` grids,
-`k, r·c <= pservers`; a param whose pserver op needs whole rows gets no column cut) and a
-placer, greedy and deterministic:
+`k, r·c <= pservers`; a param whose pserver op needs whole rows gets no column cut; the
+distributed table also `mod`: kept as Paddle shards it, `id % k` on k distinct pservers,
+priced with `mod_shard_cost`, the ids' residue classes; `k < pservers` parts put a param on
+a subset of the pservers) and a placer, greedy and deterministic:
 
 1. the params go largest estimated time first (ties by name); `--colocate a,b` makes one
    unit of its params (cut the same way, partition i of each on the same pserver);
@@ -19,7 +21,7 @@ placer, greedy and deterministic:
 3. the best candidate is kept; if no candidate fits the cap, one `TranspileError` names
    the cap, the param and by how much the best placement is over;
 4. a local search then moves a part off the slowest pserver, or swaps it with a smaller
-   one, while that lowers the slowest time (`improve`).
+   one, while that lowers the slowest time (`improve`; a shard of `id % k` stays put).
 
 The result depends only on the params, the pserver and trainer counts and the options (the
 rates, the id sample, the cap): every trainer computes the same plan.
@@ -31,11 +33,11 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from transpiler.cost import Cost, IdStats, Job, Rates, block_cost, format_bytes
+from transpiler.cost import Cost, IdStats, Job, Rates, block_cost, format_bytes, mod_shard_cost
 from transpiler.errors import TranspileError
 from transpiler.partition import Partition, Partitioner, ParamInfo
 
-KINDS = ("whole", "row", "column", "2-D")
+KINDS = ("whole", "row", "column", "2-D", "mod")
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Candidate:
     kind: str
     grid: tuple[int, int]  # row bands x column ranges
     weighted: bool = False  # row bands of equal estimated time (a skewed table), not of equal rows
+    # kind "mod": the distributed table kept as Paddle shards it, `id % k` on k distinct pservers
 
 
 @dataclass
@@ -51,6 +54,7 @@ class _Part:
     partitions: list[tuple[ParamInfo, Partition]]  # one per member of the unit
     time_us: float
     memory: int
+    pinned: bool = False  # a shard of `id % k`: its pserver is fixed once placed (no two shards on one)
 
 
 def even_cuts(total: int, count: int) -> list[tuple[int, int]]:
@@ -85,6 +89,8 @@ def candidates(params: Sequence[ParamInfo], servers: int, allowed: Iterable[str]
     if column_ok and "2-D" in allowed:
         out += [Candidate("2-D", (r, c)) for r in range(2, min(servers, rows) + 1)
                 for c in range(2, min(servers // r, cols) + 1)]
+    if "mod" in allowed and len(params) == 1 and params[0].distributed:
+        out += [Candidate("mod", (k, 1)) for k in range(2, min(servers, rows) + 1)]
     return out
 
 
@@ -118,11 +124,13 @@ class PlanPartitioner(Partitioner):
         self.id_samples = dict(id_samples or {})
         self.batch_size = batch_size
         self._result: dict[str, tuple[list[Partition], list[int]]] = {}
+        self._mod: dict[str, list[int]] = {}  # the distributed table kept `id % k`: its shards' pservers
         self.loads: list[float] = []  # estimated µs per step per pserver, after `prepare`
         self.memory: list[int] = []
 
     # -- the Partitioner protocol
     def prepare(self, params: Sequence[ParamInfo]) -> None:
+        self._mod = {}
         self._result = self.search(params)
 
     def partitions(self, param: ParamInfo) -> list[Partition]:
@@ -132,6 +140,13 @@ class PlanPartitioner(Partitioner):
 
     def assign(self, partitions: Sequence[Partition]) -> list[int]:
         return list(self._result[partitions[0].param.name][1])
+
+    def table_shards(self, param: ParamInfo) -> list[int] | None:
+        """For the distributed table, the pservers of its `id % k` shards (shard i on the
+        i-th) when the plan keeps it sharded as Paddle does (the `mod` candidate); else
+        None (cut as `partitions` says). The transpiler asks after `partitions`."""
+        shards = self._mod.get(param.name)
+        return None if shards is None else list(shards)
 
     # -- the search
     def _stats(self, params: Sequence[ParamInfo]) -> dict[str, IdStats]:
@@ -216,6 +231,14 @@ class PlanPartitioner(Partitioner):
         def parts_of(unit: list[ParamInfo], cand: Candidate) -> list[_Part]:
             key = ("\0".join(p.name for p in unit), cand)
             if key not in cache:
+                if cand.kind == "mod":
+                    (param,) = unit
+                    costs = [mod_shard_cost(param.optimizer, param.dtype, param.shape, i, cand.grid[0], job,
+                                            self.rates, stats.get(param.name)) for i in range(cand.grid[0])]
+                    whole = Partition(0, param.rows, 0, param.cols)
+                    cache[key] = [_Part(i, [(param, whole)], c.time_us(self.rates), c.memory_bytes, pinned=True)
+                                  for i, c in enumerate(costs)]
+                    return cache[key]
                 if cand.weighted:
                     bands = self.weighted_bands(unit, cand.grid[0], job, stats)
                     cut = [[Partition(r0, r1, 0, p.cols) for r0, r1 in bands] for p in unit]
@@ -246,7 +269,10 @@ class PlanPartitioner(Partitioner):
                 fits = [s for s in range(servers) if cap is None or trial_mem[s] + part.memory <= cap]
                 if not fits:
                     return min(trial_mem[s] + part.memory - cap for s in range(servers)) + 0.0
-                fresh = [s for s in fits if s not in used] or fits
+                fresh = [s for s in fits if s not in used]
+                if not fresh and part.pinned:  # two shards of `id % k` never share a pserver
+                    return min(trial_mem[s] + part.memory - cap for s in range(servers)) + 0.0 if cap else math.inf
+                fresh = fresh or fits
                 best = min(fresh, key=lambda s: (trial_loads[s] + part.time_us, trial_mem[s], s))
                 where[part.index] = best
                 used.add(best)
@@ -293,6 +319,11 @@ class PlanPartitioner(Partitioner):
             chosen.append((unit, parts, where))
         improve(chosen, loads, memory, cap)
         for unit, parts, where in chosen:
+            if parts[0].pinned:  # `id % k`: the transpiler keeps the table whole, sharded by id
+                (param,) = unit
+                result[param.name] = ([Partition(0, param.rows, 0, param.cols)], [where[0]])
+                self._mod[param.name] = list(where)
+                continue
             for member_index, param in enumerate(unit):
                 result[param.name] = ([part.partitions[member_index][1] for part in parts], list(where))
         self.loads, self.memory = loads, memory
@@ -304,7 +335,7 @@ def improve(chosen, loads: list[float], memory: list[int], cap: int | None, roun
     it with a smaller part of another pserver, whenever that lowers the larger of the two
     pservers' times below the slowest's (first such move in a fixed order; at most `rounds`).
     Fixes greedy's classic misses (sizes 3,3,2,2,2 on two pservers: 7|5 -> 6|6)."""
-    placed = [(u, i) for u, (_, parts, _) in enumerate(chosen) for i in range(len(parts))]
+    placed = [(u, i) for u, (_, parts, _) in enumerate(chosen) for i in range(len(parts)) if not parts[i].pinned]
 
     def fits(server: int, delta: int) -> bool:
         return cap is None or memory[server] + delta <= cap

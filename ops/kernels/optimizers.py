@@ -19,7 +19,11 @@ Outputs are new values (a dense param is not written in place) so a reader holdi
 the old value keeps a consistent tensor; dense `adam` computes into arrays recycled from
 its earlier outputs once nothing holds them (`OpContext.output_buffer`), and into the
 param and moments themselves when no reader can tell or on a sync pserver
-(`OpContext.may_update_in_place`), as `sgd` does.
+(`OpContext.may_update_in_place`), as `sgd` does. A sparse `adagrad`, `ftrl` and lazy `adam`
+(the rules that touch only the grad's rows) write those rows into the param and state
+themselves under the same condition (`_row_targets`) instead of copying the whole param and
+state every step to change a few rows; on a sync pserver that was most of its CPU per
+step on a large table (benchmarks/RESULTS.md, "Cost model and planner").
 """
 
 from __future__ import annotations
@@ -80,6 +84,20 @@ def _check_rows(ctx: OpContext, grad: SelectedRows, param: np.ndarray) -> None:
     if grad.rows.size and (grad.rows.min() < 0 or grad.rows.max() >= param.shape[0]):
         row = int(grad.rows.max()) if grad.rows.max() >= param.shape[0] else int(grad.rows.min())
         raise KernelError(f"{ctx.type}: grad row {row} is outside the parameter's {param.shape[0]} rows")
+
+
+def _writable(ctx: OpContext, *pairs: tuple[str, str]) -> list[bool]:
+    """Per (input slot, output slot), may the op write the output into the input's own array
+    (`OpContext.may_update_in_place`); asked before the kernel binds any array."""
+    return [ctx.may_update_in_place(slot, out) for slot, out in pairs]
+
+
+def _row_targets(arrays: tuple[np.ndarray, ...], writable: list[bool], dtype: np.dtype) -> list[np.ndarray]:
+    """Where a sparse update that touches only its grad's rows writes: each array itself
+    where the run allows it (a sync pserver: no step copies the whole param and state to
+    change a few rows) and its dtype is the output's, else a copy. Both ways compute the
+    same rows from the same inputs, so the same bits."""
+    return [a if here and a.dtype == dtype else a.copy() for a, here in zip(arrays, writable, strict=True)]
 
 
 # Attr defaults come from the op catalogue (Fluid 1.8's attrs); a kernel names only the
@@ -248,7 +266,7 @@ def adam(ctx: OpContext) -> None:
     if isinstance(grad, SelectedRows) and ctx.attr("lazy_mode"):
         _check_rows(ctx, grad, param)
         rows, g = grad.rows, grad.value.astype(param.dtype, copy=False)
-        p_out, m1_out, m2_out = param.copy(), m1.copy(), m2.copy()
+        p_out, m1_out, m2_out = _row_targets((param, m1, m2), writable, param.dtype)
         m1_out[rows] = beta1 * m1[rows] + (dt(1) - beta1) * g
         m2_out[rows] = beta2 * m2[rows] + (dt(1) - beta2) * g * g
         p_out[rows] = param[rows] - lr_t * (m1_out[rows] / (np.sqrt(m2_out[rows]) + eps_t))
@@ -471,7 +489,10 @@ def adamax(ctx: OpContext) -> None:
 @register("adagrad", defaults=PADDLE2_DEFAULTS)
 @on_table
 def adagrad(ctx: OpContext) -> None:
-    """`m += g^2; p -= lr * g / (sqrt(m) + eps)`; a sparse grad touches its rows only."""
+    """`m += g^2; p -= lr * g / (sqrt(m) + eps)`; a sparse grad touches its rows only
+    (merged first: a row once, its grads summed, as Paddle's SparseAdagradFunctor), in the
+    param and moment themselves where the run allows it (`_row_targets`)."""
+    writable = _writable(ctx, ("Param", "ParamOut"), ("Moment", "MomentOut"))
     param = _dense_param(ctx)
     moment = ctx.input("Moment")
     dt = param.dtype.type
@@ -480,7 +501,7 @@ def adagrad(ctx: OpContext) -> None:
     if isinstance(grad, SelectedRows):
         _check_rows(ctx, grad, param)
         rows, g = grad.rows, grad.value.astype(param.dtype, copy=False)
-        m_out, p_out = moment.copy(), param.copy()
+        p_out, m_out = _row_targets((param, moment), writable, param.dtype)
         m_out[rows] = moment[rows] + g * g
         p_out[rows] = param[rows] - lr * g / (np.sqrt(m_out[rows]) + eps)
     else:
@@ -544,7 +565,10 @@ def rmsprop(ctx: OpContext) -> None:
 def ftrl(ctx: OpContext) -> None:
     """Follow The Regularized Leader as ftrl_op.h computes it (l1 and l2 each + 1e-10;
     `sqrt` when `lr_power == -0.5`, else `pow(·, -lr_power)`). A sparse grad updates
-    only its rows (SparseFTRLFunctor); every other row keeps its param and accumulators."""
+    only its rows (SparseFTRLFunctor; merged first); every other row keeps its param and
+    accumulators, updated in their own arrays where the run allows it (`_row_targets`)."""
+    writable = _writable(ctx, ("Param", "ParamOut"), ("SquaredAccumulator", "SquaredAccumOut"),
+                         ("LinearAccumulator", "LinearAccumOut"))
     param = _dense_param(ctx)
     dt = param.dtype.type
     l1, l2 = dt(ctx.attr("l1")) + dt(1e-10), dt(ctx.attr("l2")) + dt(1e-10)
@@ -554,7 +578,7 @@ def ftrl(ctx: OpContext) -> None:
     if isinstance(grad, SelectedRows):
         _check_rows(ctx, grad, param)
         rows, g = grad.rows, grad.value.astype(param.dtype, copy=False)
-        p_out, sq_out, lin_out = param.copy(), squared.copy(), linear.copy()
+        p_out, sq_out, lin_out = _row_targets((param, squared, linear), writable, param.dtype)
         p_out[rows], sq_out[rows], lin_out[rows] = _ftrl_update(
             param[rows], g, squared[rows], linear[rows], lr, l1, l2, lr_power
         )

@@ -29,6 +29,8 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     if bundle.plan.table is None:
         return bundle
     for endpoint, progs in bundle.pservers.items():
+        if endpoint not in bundle.plan.table.endpoints:  # a table kept `id % k` on k of the pservers
+            continue
         _table_blocks(bundle.origin, bundle.plan, bundle.analysis.distributed_table, progs, endpoint)
     return bundle
 

@@ -98,6 +98,8 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
                                tables[table.param].padding_idx)
     if options.partitioner is not None:
         _partition(plan, options, [*bundle.analysis.chains, *([table] if table is not None else [])])
+        if table is not None:
+            _keep_table_sharded(plan, options, tables[table.param].padding_idx)
         _check_names_free(block, plan)
         return replace(bundle, plan=plan)
     _check_names_free(block, plan)
@@ -145,6 +147,28 @@ def _partition(plan: Plan, options: TranspileOptions, chains) -> None:
         if param.cuts_columns and whole is not None:
             raise TranspileError(f"partitioner {who}: param {param.param!r} is cut by columns, but its pserver op "
                                  f"{whole!r} needs whole rows (a norm of the param); cut it by rows only")
+
+
+def _keep_table_sharded(plan: Plan, options: TranspileOptions, padding_idx: int) -> None:
+    """A partitioner that keeps the distributed table sharded as Paddle does (`id % k` over
+    k distinct pservers; `table_shards` returns their indices, e.g. the planner's `mod`
+    candidate) gets a `TablePlan` on those pservers instead of the table's param blocks."""
+    shards_of = getattr(options.partitioner, "table_shards", None)
+    param = next((p for p in plan.params if p.distributed), None)
+    if shards_of is None or param is None:
+        return
+    info = ParamInfo(param.param, param.shape, param.dtype, param.optimizer, param.sparse, param.remote_prefetch,
+                     param.distributed)
+    servers = shards_of(info)
+    if servers is None:
+        return
+    count = len(options.endpoints)
+    if not servers or len(set(servers)) != len(servers) or any(not 0 <= s < count for s in servers):
+        raise TranspileError(f"partitioner {options.partitioner_name}: table_shards({param.param!r}) returned "
+                             f"{servers!r}; it must name distinct pservers 0..{count - 1}")
+    plan.params.remove(param)
+    plan.table = TablePlan(param.param, param.grad, param.shape, param.dtype,
+                           tuple(options.endpoints[s] for s in servers), padding_idx)
 
 
 def dispatch_order(params: list[ParamPlan], options: TranspileOptions) -> list[int]:
