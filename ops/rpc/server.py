@@ -367,6 +367,9 @@ class PServer(OwnDirRpc):
                 max_vars=fields or (1 << 16))
         server.start()
         self._log(f"pserver {self.config.endpoint}: {who_may_call}")
+        if self._bulk is not None:
+            self._log(f"pserver {self.config.endpoint}: bulk channel for tensors on port {self._bulk.port} "
+                      f"({bulk.BULK_ENV}=off: gRPC only)")
         self._server = server
         self.started_at = time.monotonic()
         with self._cond:
@@ -827,8 +830,6 @@ class PServer(OwnDirRpc):
         if limit > 0 and head.payload_bytes > limit:
             raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                          f"{who}: a request of {head.payload_bytes} bytes; the limit is {limit}")
-        if self.config.sync_mode and len(head.vars) > 1:
-            self._limits.check_sends((var.name for var in head.vars), tid, method)
         expected = self._expected
         for var in head.vars:
             if var.dtype is not None:
@@ -842,6 +843,8 @@ class PServer(OwnDirRpc):
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
                              f"pserver {self.config.endpoint}: trainer {tid}'s send of {var.name[:200]!r}: "
                              "the pserver does not receive that var")
+        if self.config.sync_mode and len(head.vars) > 1:
+            self._limits.check_sends((var.name for var in head.vars), tid, method)
 
     def _bulk_receive(self, conn: bulk.Connection, head: bulk.RequestHead) -> WireBatch:
         """Check the header, say GO, and receive the payload: a sync pserver receives a
