@@ -367,9 +367,6 @@ class PServer(OwnDirRpc):
                 max_vars=fields or (1 << 16))
         server.start()
         self._log(f"pserver {self.config.endpoint}: {who_may_call}")
-        if self._bulk is not None:
-            self._log(f"pserver {self.config.endpoint}: bulk channel for tensors on port {self._bulk.port} "
-                      f"({bulk.BULK_ENV}=off: gRPC only)")
         self._server = server
         self.started_at = time.monotonic()
         with self._cond:
@@ -382,7 +379,8 @@ class PServer(OwnDirRpc):
             self.start()
         try:
             mode = "sync" if self.config.sync_mode else "async"
-            self._log(f"pserver {self.config.endpoint}: serving on {self.address} ({mode}, {self.config.fanin} trainer(s))")
+            channel = f", tensors on the bulk channel at port {self._bulk.port}" if self._bulk is not None else ""
+            self._log(f"pserver {self.config.endpoint}: serving on {self.address} ({mode}, {self.config.fanin} trainer(s){channel})")
             if on_ready is not None:
                 on_ready(self)
             try:
