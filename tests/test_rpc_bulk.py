@@ -326,7 +326,7 @@ def test_tls_on_the_channel(certs):
         client.send(server.address, "w", LoDTensor(big))
         assert np.array_equal(client.get(server.address, "w").array, big)
         channel = client._endpoints[server.address].bulk
-        assert channel is not None and isinstance(channel._idle[0], ssl.SSLSocket)
+        assert channel is not None and isinstance(channel._idle[0][0], ssl.SSLSocket)
         client.close()
         port = server._bulk.port
         # plain bytes to a TLS channel: the handshake fails, the connection closes, nothing is read

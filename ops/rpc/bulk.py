@@ -47,6 +47,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -326,6 +327,14 @@ def error_frame(code: grpc.StatusCode, details: str) -> bytes:
 GO_FRAME = PREFIX.pack(REPLY_MAGIC, STATUS_GO, 0)
 
 
+def readable(sock: socket.socket) -> bool:
+    """Whether `sock` has bytes (or its peer's close) waiting, without blocking (`poll`:
+    any descriptor number, where `select` stops at 1024)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(0))
+
+
 # ------------------------------------------------------------------ TLS
 
 
@@ -377,8 +386,7 @@ class Connection:
 
     def is_active(self) -> bool:
         try:
-            readable, _, _ = select.select([self._peek], [], [], 0)
-            if not readable:
+            if not readable(self._peek):
                 return True
             return bool(self._peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
         except (OSError, ValueError):
@@ -429,7 +437,7 @@ class BulkListener:
         self._thread.start()
 
     def announce(self) -> bytes:
-        return json.dumps({"port": self.port, "secret": self.secret}).encode()
+        return json.dumps({"port": self.port, "secret": self.secret, "idle": self._timeout}).encode()
 
     def close(self) -> None:
         with self._lock:
@@ -539,7 +547,7 @@ class BulkCallError(grpc.RpcError):
 class Offer:
     port: int
     secret: str
-
+    idle: float = 60.0  # seconds the pserver keeps an idle connection
     @classmethod
     def decode(cls, data: bytes) -> Offer | None:
         """The pserver's announcement (None: it offers no channel)."""
@@ -547,7 +555,9 @@ class Offer:
             return None
         try:
             raw = json.loads(data.decode())
-            return cls(_int(raw["port"], "the port", 1, 65535), _str(raw["secret"], "the secret", 128))
+            idle = float(raw.get("idle", 60.0))
+            return cls(_int(raw["port"], "the port", 1, 65535), _str(raw["secret"], "the secret", 128),
+                       idle if idle > 0 else 60.0)
         except (ValueError, KeyError, TypeError, FrameError, UnicodeDecodeError):
             return None
 
@@ -564,18 +574,18 @@ class BulkClient:
         self.trainer_id = trainer_id
         self._tls = client_context(tls) if tls is not None else None
         self._connect_timeout = connect_timeout
-        self._idle: list[socket.socket] = []
+        self._idle: list[tuple[socket.socket, float]] = []  # (connection, when it went idle)
         self._lock = threading.Lock()
         self._closed = False
 
     def _take(self) -> socket.socket:
         with self._lock:
             while self._idle:
-                sock = self._idle.pop()
-                readable, _, _ = select.select([sock], [], [], 0)
-                if not readable:
+                sock, since = self._idle.pop()
+                # not one the pserver closed (idle too long), is about to close, or sent something unasked on
+                if time.monotonic() - since < self.offer.idle / 2 and not readable(sock):
                     return sock
-                sock.close()  # the pserver closed it (idle too long) or sent something unasked
+                sock.close()
         sock = socket.create_connection((self.host, self.offer.port), timeout=self._connect_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self._tls is not None:
@@ -585,7 +595,7 @@ class BulkClient:
     def _give_back(self, sock: socket.socket) -> None:
         with self._lock:
             if not self._closed:
-                self._idle.append(sock)
+                self._idle.append((sock, time.monotonic()))
                 return
         sock.close()
 
@@ -593,7 +603,7 @@ class BulkClient:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for sock in idle:
+        for sock, _ in idle:
             sock.close()
 
     def call(self, method: str, items: Sequence[tuple[VarHead, list[Piece]]], *, barrier: bool = False,
