@@ -51,6 +51,7 @@ import os
 import platform
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
