@@ -57,8 +57,8 @@ import numpy as np
 
 from ops.rpc.auth import Tls
 from ops.rpc.env_choice import EnvChoiceError, env_choice
-from ops.rpc.wire import WireBatch, WireError, WireVar, _contiguous, _little_endian, _numpy_dtype, _paddle_dtype, _size
-from ops.rpc.wire import decode_var, var_parts
+from ops.rpc.wire import (WireBatch, WireError, WireVar, _contiguous, _little_endian, _numpy_dtype, _paddle_dtype, _size,
+                          decode_var, var_parts)
 from ops.tensor import LoDTensor
 from proto import rpc_pb2
 

@@ -122,9 +122,9 @@ from typing import Any
 import grpc
 import numpy as np
 
+from ops.rpc import bulk
 from ops.rpc.auth import Gate, ServerAuth
 from ops.rpc.bind import check_bindable
-from ops.rpc import bulk
 from ops.rpc.checkpoint import CheckpointError, Checkpointer, CheckpointPathError, confine, step_of
 from ops.rpc.errors import BindError, PserverError
 from ops.rpc.limits import REASON_CHARS, SMALL_REQUEST, Limited, Limits, Malformed, Oversized, declared_bytes, guard_decoder
