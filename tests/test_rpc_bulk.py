@@ -376,3 +376,26 @@ def test_a_var_header_round_trips_and_bad_headers_are_frame_errors():
                    {"x": "s", "t": 0, "v": [{"n": "x", "b": 8, "d": 5, "s": [True]}]}):
         with pytest.raises(bulk.FrameError):
             bulk.decode_request_head(1, json.dumps(broken).encode())
+
+
+def test_mutual_tls_on_the_channel_needs_a_client_certificate(certs):
+    tls = Tls(certs / "job.pem", certs / "job.key", certs / "job.pem")
+    server = PServer(ServeConfig(endpoint="127.0.0.1:0", fanin=1, sync_mode=False, auth=ServerAuth(tls=tls)), Scope(),
+                     lambda idx: None)
+    server.start()
+    try:
+        client = RpcClient(0, timeout=10, auth=ClientAuth(tls=tls))
+        client.send(server.address, "w", LoDTensor(np.ones(5, F32)))
+        assert client._endpoints[server.address].bulk is not None
+        assert client.get(server.address, "w").array.tolist() == [1] * 5
+        client.close()
+        no_cert = ssl.create_default_context(cafile=str(certs / "job.pem"))
+        head = {"x": server._bulk.secret, "t": 0, "v": []}
+        try:
+            status, _ = _raw(server._bulk.port, _frame(3, head),
+                             wrap=lambda s: no_cert.wrap_socket(s, server_hostname="127.0.0.1"))
+        except (ssl.SSLError, OSError):
+            status = -1
+        assert status < 0  # the pserver ends the handshake: nothing is read
+    finally:
+        server.shutdown()
