@@ -399,3 +399,34 @@ def test_mutual_tls_on_the_channel_needs_a_client_certificate(certs):
         assert status < 0  # the pserver ends the handshake: nothing is read
     finally:
         server.shutdown()
+
+
+def test_a_channel_the_trainer_cannot_reach_means_grpc(capfd):
+    scope = Scope()
+    scope.set_var("p", LoDTensor(np.arange(4, dtype=F32)))
+    server = PServer(ServeConfig(endpoint="127.0.0.1:0", fanin=1, sync_mode=False), scope, lambda idx: None)
+    server.start()
+    try:
+        with socket.socket() as closed:  # a port nothing listens on: as behind a firewall that lets only gRPC's through
+            closed.bind(("127.0.0.1", 0))
+            server._bulk.port = closed.getsockname()[1]
+        client = RpcClient(0, timeout=10)
+        assert client.get(server.address, "p").array.tolist() == [0, 1, 2, 3]
+        assert client._endpoints[server.address].bulk is None
+        assert "bulk channel (port" in capfd.readouterr().err
+        client.close()
+    finally:
+        server.shutdown()
+
+
+def test_auto_looks_at_dense_vars_only(monkeypatch):
+    monkeypatch.setenv(bulk.BULK_ENV, "auto")
+    height = bulk.BULK_MIN  # a sparse grad of a big table carries a batch's rows, not the table
+    config = ServeConfig(endpoint="127.0.0.1:0", fanin=1, received=("emb@GRAD",),
+                         templates={"emb@GRAD": ((height, 4), F32)}, sparse_vars=frozenset({"emb@GRAD"}))
+    server = PServer(config, Scope(), lambda idx: None)
+    server.start()
+    try:
+        assert server._bulk is None
+    finally:
+        server.shutdown()

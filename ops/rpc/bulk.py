@@ -64,7 +64,7 @@ from proto import rpc_pb2
 
 BULK_ENV = "PSTRANSPILE_BULK"
 CHOICES = ("auto", "on", "off")
-BULK_MIN = 4 << 20  # bytes: `auto` opens the channel for a program with a var this big
+BULK_MIN = 1 << 20  # bytes: `auto` opens the channel for a program with a dense var this big
 METHOD = "BulkChannel"  # the gRPC method announcing the channel (not in proto/rpc.proto)
 
 REQUEST_MAGIC, REPLY_MAGIC = b"PSB1", b"PSR1"
@@ -76,6 +76,7 @@ STATUS_OK, STATUS_GO = 0, 255
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 SMALL_PIECE = 64 * 1024  # bytes: pieces under this are joined before a send (one syscall, not many)
 FIRST_FRAME_SECONDS = 10.0  # a new connection's first header must arrive within this
+PROBE_SECONDS = 10.0  # a trainer gives up on reaching a channel after this (gRPC carries everything then)
 
 
 class BulkChoiceError(EnvChoiceError):
@@ -591,6 +592,11 @@ class BulkClient:
         if self._tls is not None:
             sock = self._tls.wrap_socket(sock, server_hostname=self.host)
         return sock
+
+    def probe(self) -> None:
+        """Open one connection now (kept for the first call): `OSError` or `ssl.SSLError`
+        when the pserver's channel cannot be reached from here (a firewall, say)."""
+        self._give_back(self._take())
 
     def _give_back(self, sock: socket.socket) -> None:
         with self._lock:

@@ -41,6 +41,8 @@ block runs `lookup_sparse_table`); several requests travel in parallel.
 
 from __future__ import annotations
 
+import ssl
+import sys
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent import futures as _futures
@@ -269,8 +271,15 @@ class RpcClient:
         offer = bulk.Offer.decode(data)
         if offer is None:
             return None
-        return bulk.BulkClient(ep.endpoint.rpartition(":")[0], offer, token=self.auth.token, tls=self.auth.tls,
-                               trainer_id=self.trainer_id, connect_timeout=self.connect_timeout)
+        channel = bulk.BulkClient(ep.endpoint.rpartition(":")[0], offer, token=self.auth.token, tls=self.auth.tls,
+                                  trainer_id=self.trainer_id, connect_timeout=min(self.connect_timeout, bulk.PROBE_SECONDS))
+        try:
+            channel.probe()
+        except (OSError, ssl.SSLError) as exc:  # e.g. a firewall that lets only gRPC's port through
+            print(f"trainer {self.trainer_id}: pserver {ep.endpoint}'s bulk channel (port {offer.port}) cannot be "
+                  f"reached ({exc}); its tensors go over gRPC", file=sys.stderr, flush=True)
+            return None
+        return channel
 
     def _invoke(self, ep: _Endpoint, method: str, request: Any, timeout: float) -> Any:
         """One call's reply: a batch over the bulk channel when `ep` has one, else gRPC."""

@@ -768,10 +768,11 @@ class PServer(OwnDirRpc):
 
     # ------------------------------------------------------------ the bulk channel (ops.rpc.bulk)
     def _largest_var(self) -> int:
-        """The most bytes one var of the program takes (what `PSTRANSPILE_BULK=auto` reads)."""
+        """The most bytes one dense var the pserver receives takes (what `PSTRANSPILE_BULK=auto`
+        reads; a SelectedRows grad carries a batch's rows, not its declared height's)."""
         sparse = self.config.sparse_vars
-        return max((declared_bytes(shape, dtype, name in sparse) or 0
-                    for name, (shape, dtype) in self.config.templates.items()), default=0)
+        return max((declared_bytes(shape, dtype, False) or 0
+                    for name, (shape, dtype) in self.config.templates.items() if name not in sparse), default=0)
 
     def _rpc_BulkChannel(self, request: Any, context: Any) -> bytes:  # noqa: N802
         """The bulk channel's port and secret (b"": none here), to a caller that passed the
