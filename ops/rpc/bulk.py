@@ -64,7 +64,7 @@ from proto import rpc_pb2
 
 BULK_ENV = "PSTRANSPILE_BULK"
 CHOICES = ("auto", "on", "off")
-BULK_MIN = 1 << 20  # bytes: `auto` opens the channel for a program with a dense var this big
+BULK_MIN = 256 << 10  # bytes: `auto` opens the channel for a program with a dense var this big
 METHOD = "BulkChannel"  # the gRPC method announcing the channel (not in proto/rpc.proto)
 
 REQUEST_MAGIC, REPLY_MAGIC = b"PSB1", b"PSR1"
