@@ -430,3 +430,17 @@ def test_auto_looks_at_dense_vars_only(monkeypatch):
         assert server._bulk is None
     finally:
         server.shutdown()
+
+
+def test_auto_counts_received_vars_not_params(monkeypatch):
+    monkeypatch.setenv(bulk.BULK_ENV, "auto")
+    big, small = (bulk.BULK_MIN // 4,), (bulk.BULK_MIN // 4 - 1,)
+    for received_shape, offered in ((small, False), (big, True)):
+        config = ServeConfig(endpoint="127.0.0.1:0", fanin=1, received=("g",),
+                             templates={"g": (received_shape, F32), "table": ((1 << 20, 64), F32)})
+        server = PServer(config, Scope(), lambda idx: None)
+        server.start()
+        try:
+            assert (server._bulk is not None) == offered
+        finally:
+            server.shutdown()

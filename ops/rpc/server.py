@@ -769,10 +769,12 @@ class PServer(OwnDirRpc):
     # ------------------------------------------------------------ the bulk channel (ops.rpc.bulk)
     def _largest_var(self) -> int:
         """The most bytes one dense var the pserver receives takes (what `PSTRANSPILE_BULK=auto`
-        reads; a SelectedRows grad carries a batch's rows, not its declared height's)."""
-        sparse = self.config.sparse_vars
-        return max((declared_bytes(shape, dtype, False) or 0
-                    for name, (shape, dtype) in self.config.templates.items() if name not in sparse), default=0)
+        reads: a grad, and so the param block fetched for it; a SelectedRows grad carries a
+        batch's rows, not its declared height's)."""
+        config = self.config
+        received = set(config.received) | set(config.grad_to_block)
+        return max((declared_bytes(*config.templates[name], False) or 0
+                    for name in received if name in config.templates and name not in config.sparse_vars), default=0)
 
     def _rpc_BulkChannel(self, request: Any, context: Any) -> bytes:  # noqa: N802
         """The bulk channel's port and secret (b"": none here), to a caller that passed the
