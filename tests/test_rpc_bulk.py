@@ -444,3 +444,10 @@ def test_auto_counts_received_vars_not_params(monkeypatch):
             assert (server._bulk is not None) == offered
         finally:
             server.shutdown()
+
+
+def test_a_pserver_without_a_program_still_bounds_a_request():
+    with running_pserver(sync_mode=False) as ps:
+        head = {"x": ps.server._bulk.secret, "t": 0, "v": [{"n": "x", "b": 1 << 40}]}
+        status, reason = _raw(ps.server._bulk.port, _frame(1, head))
+        assert not GOES[-1] and CODE[status] is grpc.StatusCode.RESOURCE_EXHAUSTED and str(bulk.OPEN_LIMIT) in reason

@@ -74,6 +74,7 @@ METHODS = {1: "SendBatch", 2: "SendFetchBatch", 3: "FetchBatch"}
 METHOD_CODE = {name: code for code, name in METHODS.items()}
 STATUS_OK, STATUS_GO = 0, 255
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+OPEN_LIMIT = (2 << 30) - 1  # bytes of one request to a pserver without a program (protobuf's bound on gRPC)
 SMALL_PIECE = 64 * 1024  # bytes: pieces under this are joined before a send (one syscall, not many)
 FIRST_FRAME_SECONDS = 10.0  # a new connection's first header must arrive within this
 PROBE_SECONDS = 10.0  # a trainer gives up on reaching a channel after this (gRPC carries everything then)

@@ -358,7 +358,8 @@ class PServer(OwnDirRpc):
         if not port:
             raise BindError(f"pserver {self.config.endpoint}: cannot listen on {where}; is the port in use?")
         self.port = port
-        self._bulk_limit = max_message(self.config)
+        limit = max_message(self.config)
+        self._bulk_limit = limit if limit > 0 else bulk.OPEN_LIMIT  # no program: what gRPC's protobuf takes
         if bulk.offers_bulk(self._largest_var()):
             self._bulk = bulk.BulkListener(
                 where.rpartition(":")[0], token=self.config.auth.token, tls=self.config.auth.tls,
