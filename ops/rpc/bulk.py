@@ -85,7 +85,12 @@ class BulkChoiceError(EnvChoiceError):
 
 
 class FrameError(Exception):
-    """Bytes on the channel that are not a well-formed frame, or a connection that broke."""
+    """Bytes on the channel that are not a well-formed frame, or a connection that broke
+    (`idle`: before the first byte of what was awaited: a peer that closed or stayed quiet)."""
+
+    def __init__(self, message: str, *, idle: bool = False) -> None:
+        super().__init__(message)
+        self.idle = idle
 
 
 def bulk_choice(environ: Mapping[str, str] | None = None) -> str:
@@ -267,11 +272,11 @@ def recv_into(sock: socket.socket, buffer: Any, what: str) -> None:
         try:
             n = sock.recv_into(view[got:])
         except TimeoutError:
-            raise FrameError(f"timed out after {got} of the {size} bytes of {what}") from None
+            raise FrameError(f"timed out after {got} of the {size} bytes of {what}", idle=not got) from None
         except OSError as exc:
             raise FrameError(f"the connection broke after {got} of the {size} bytes of {what} ({exc})") from None
         if not n:
-            raise FrameError(f"the connection closed after {got} of the {size} bytes of {what}")
+            raise FrameError(f"the connection closed after {got} of the {size} bytes of {what}", idle=not got)
         got += n
 
 
@@ -434,6 +439,7 @@ class BulkListener:
         self._log = log
         self._lock = threading.Lock()
         self._open: set[Connection] = set()
+        self._count = 0  # connections accepted and not yet ended
         self._closed = False
         self._thread = threading.Thread(target=self._accept, name="bulk-accept", daemon=True)
         self._thread.start()
@@ -463,8 +469,9 @@ class BulkListener:
                 continue
             except OSError:
                 return
-            with self._lock:
-                full = self._closed or len(self._open) >= self._max
+            with self._lock:  # counted from accept: a TLS handshake in progress holds a thread too
+                full = self._closed or self._count >= self._max
+                self._count += 0 if full else 1
             if full:
                 sock.close()  # more connections than the trainers' calls may hold
                 continue
@@ -490,7 +497,7 @@ class BulkListener:
                     recv_into(sock, raw_head, "a request's header")
                     head = decode_request_head(code, bytes(raw_head), self._max_vars)
                 except FrameError as exc:
-                    if not first or "closed after 0 of" not in str(exc):
+                    if not exc.idle:  # a connection closed or left idle between calls just ends
                         self._refuse(conn, grpc.StatusCode.INVALID_ARGUMENT, f"a malformed bulk frame: {exc}")
                     return
                 first = False
@@ -510,12 +517,20 @@ class BulkListener:
                 except FrameError as exc:
                     self._refuse(conn, grpc.StatusCode.INVALID_ARGUMENT, f"a malformed bulk frame: {exc}")
                     return
+                except (OSError, ssl.SSLError):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - one call fails with the reason, not the pserver
+                    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    self._refuse(conn, grpc.StatusCode.INTERNAL, f"{head.method} failed: {reason}")
+                    return
         except (OSError, ssl.SSLError):
             return
         finally:
-            if conn is not None:
-                with self._lock:
+            with self._lock:
+                self._count -= 1
+                if conn is not None:
                     self._open.discard(conn)
+            if conn is not None:
                 conn.close()
             else:
                 raw.close()
