@@ -451,3 +451,20 @@ def test_a_pserver_without_a_program_still_bounds_a_request():
         head = {"x": ps.server._bulk.secret, "t": 0, "v": [{"n": "x", "b": 1 << 40}]}
         status, reason = _raw(ps.server._bulk.port, _frame(1, head))
         assert not GOES[-1] and CODE[status] is grpc.StatusCode.RESOURCE_EXHAUSTED and str(bulk.OPEN_LIMIT) in reason
+
+
+def test_a_connection_idle_too_long_or_closed_by_the_pserver_is_replaced():
+    with running_pserver(sync_mode=False) as ps:
+        client = ps.client(0)
+        client.send(ps.address, "w", LoDTensor(np.ones(4, F32)))
+        channel = client._endpoints[ps.address].bulk
+        (old, since), = channel._idle
+        channel._idle = [(old, since - channel.offer.idle)]  # past half the pserver's idle limit: not reused
+        client.send(ps.address, "w", LoDTensor(np.full(4, 2, F32)))
+        (second, _), = channel._idle
+        assert second is not old and old.fileno() == -1
+        second.shutdown(socket.SHUT_RDWR)  # as the pserver's end closing it: seen, dropped, a new one opened
+        assert client.get(ps.address, "w").array.tolist() == [2] * 4
+        client.complete([ps.address])
+        ps.join()
+    assert not ps.errors
