@@ -76,6 +76,7 @@ STATUS_OK, STATUS_GO = 0, 255
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 OPEN_LIMIT = (2 << 30) - 1  # bytes of one request to a pserver without a program (protobuf's bound on gRPC)
 SMALL_PIECE = 64 * 1024  # bytes: pieces under this are joined before a send (one syscall, not many)
+CHECK_SECONDS = 1.0  # a trainer waiting on the channel checks this often that the pserver is still there
 FIRST_FRAME_SECONDS = 10.0  # a new connection's first header must arrive within this
 PROBE_SECONDS = 10.0  # a trainer gives up on reaching a channel after this (gRPC carries everything then)
 
@@ -245,9 +246,25 @@ def _view(piece: Piece) -> memoryview:
     return memoryview(piece).cast("B") if not isinstance(piece, bytes) else memoryview(piece)
 
 
-def send_pieces(sock: socket.socket, pieces: Sequence[Piece]) -> int:
+Check = Callable[[], None]  # called when a slice of the socket's timeout passes: raises to give up
+
+
+def _send(sock: socket.socket, data: Any, check: Check | None) -> None:
+    if check is None:
+        sock.sendall(data)
+        return
+    view, off = memoryview(data).cast("B"), 0
+    while off < len(view):
+        try:
+            off += sock.send(view[off:])
+        except TimeoutError:
+            check()
+
+
+def send_pieces(sock: socket.socket, pieces: Sequence[Piece], check: Check | None = None) -> int:
     """Send `pieces` in order: small ones joined (one syscall), big ones from their own
-    buffers. The bytes sent."""
+    buffers. The bytes sent. With `check`, the socket's timeout is a slice after which
+    `check()` decides whether to go on."""
     total, small = 0, []
     for piece in pieces:
         size = len(piece) if isinstance(piece, bytes) else piece.nbytes
@@ -256,22 +273,26 @@ def send_pieces(sock: socket.socket, pieces: Sequence[Piece]) -> int:
             small.append(bytes(piece) if not isinstance(piece, bytes) else piece)
             continue
         if small:
-            sock.sendall(b"".join(small))
+            _send(sock, b"".join(small), check)
             small = []
-        sock.sendall(_view(piece))
+        _send(sock, _view(piece), check)
     if small:
-        sock.sendall(b"".join(small))
+        _send(sock, b"".join(small), check)
     return total
 
 
-def recv_into(sock: socket.socket, buffer: Any, what: str) -> None:
-    """Fill `buffer` from `sock`; `FrameError` when the connection ends first."""
+def recv_into(sock: socket.socket, buffer: Any, what: str, check: Check | None = None) -> None:
+    """Fill `buffer` from `sock`; `FrameError` when the connection ends first (with
+    `check`, as `send_pieces`)."""
     view = memoryview(buffer).cast("B")
     got, size = 0, len(view)
     while got < size:
         try:
             n = sock.recv_into(view[got:])
         except TimeoutError:
+            if check is not None:
+                check()
+                continue
             raise FrameError(f"timed out after {got} of the {size} bytes of {what}", idle=not got) from None
         except OSError as exc:
             raise FrameError(f"the connection broke after {got} of the {size} bytes of {what} ({exc})") from None
@@ -280,10 +301,10 @@ def recv_into(sock: socket.socket, buffer: Any, what: str) -> None:
         got += n
 
 
-def recv_prefix(sock: socket.socket, magic: bytes, what: str) -> tuple[int, int]:
+def recv_prefix(sock: socket.socket, magic: bytes, what: str, check: Check | None = None) -> tuple[int, int]:
     """(method or status, header length) of the next frame."""
     raw = bytearray(PREFIX.size)
-    recv_into(sock, raw, what)
+    recv_into(sock, raw, what, check)
     got, code, length = PREFIX.unpack(raw)
     if got != magic:
         raise FrameError(f"not a bulk-channel frame (magic {bytes(got)!r})")
@@ -292,19 +313,20 @@ def recv_prefix(sock: socket.socket, magic: bytes, what: str) -> tuple[int, int]
     return code, length
 
 
-def receive_value(sock: socket.socket, head: VarHead, into: np.ndarray | None = None) -> Any:
+def receive_value(sock: socket.socket, head: VarHead, into: np.ndarray | None = None,
+                  check: Check | None = None) -> Any:
     """One var's value off the socket: a dense tensor received into `into` (or a new
     array), a message received and decoded in place."""
     if head.dtype is None:
         buffer = bytearray(head.nbytes)
-        recv_into(sock, buffer, f"var {head.name!r}")
+        recv_into(sock, buffer, f"var {head.name!r}", check)
         try:
             return decode_var(memoryview(buffer))
         except WireError as exc:
             raise FrameError(str(exc)) from None
     array = into if into is not None else np.empty(head.shape, head.dtype)
     if head.nbytes:
-        recv_into(sock, array, f"var {head.name!r}")
+        recv_into(sock, array, f"var {head.name!r}", check)
     view = array.view()
     view.flags.writeable = False  # as gRPC's arrays: kernels never write their inputs (and `into` is reused)
     if not head.lod:
@@ -584,13 +606,14 @@ class BulkClient:
     at a time."""
 
     def __init__(self, host: str, offer: Offer, *, token: str | None, tls: Tls | None, trainer_id: int,
-                 connect_timeout: float) -> None:
+                 connect_timeout: float, lost: Callable[[], str | None] = lambda: None) -> None:
         self.host = host.strip("[]")
         self.offer = offer
         self.token = token
         self.trainer_id = trainer_id
         self._tls = client_context(tls) if tls is not None else None
         self._connect_timeout = connect_timeout
+        self._lost = lost  # why the pserver's gRPC connection failed (its keepalive: a frozen pserver), or None
         self._idle: list[tuple[socket.socket, float]] = []  # (connection, when it went idle)
         self._lock = threading.Lock()
         self._closed = False
@@ -641,21 +664,30 @@ class BulkClient:
         except OSError as exc:
             raise BulkCallError(grpc.StatusCode.UNAVAILABLE, f"cannot open the bulk channel ({exc})") from None
         ok = False
+        deadline = time.monotonic() + timeout
+
+        def check() -> None:  # a TCP peer that is frozen (SIGSTOP) still takes bytes: gRPC's keepalive tells
+            lost = self._lost()
+            if lost is not None:
+                raise BulkCallError(grpc.StatusCode.UNAVAILABLE, f"the pserver stopped answering ({lost})")
+            if time.monotonic() > deadline:
+                raise BulkCallError(grpc.StatusCode.DEADLINE_EXCEEDED, f"the bulk channel timed out after {timeout:g} s")
+
         try:
-            sock.settimeout(timeout)
-            sent = send_pieces(sock, [PREFIX.pack(REQUEST_MAGIC, METHOD_CODE[method], len(raw)), raw])
+            sock.settimeout(min(timeout, CHECK_SECONDS))
+            sent = send_pieces(sock, [PREFIX.pack(REQUEST_MAGIC, METHOD_CODE[method], len(raw)), raw], check)
             received = 0
             if any(h.nbytes for h, _ in items):
-                status, length = recv_prefix(sock, REPLY_MAGIC, "the pserver's answer")
+                status, length = recv_prefix(sock, REPLY_MAGIC, "the pserver's answer", check)
                 received += PREFIX.size + length
                 if status != STATUS_GO:
                     self._raise(sock, status, length)
-                sent += send_pieces(sock, [p for _, pieces in items for p in pieces])
-            status, length = recv_prefix(sock, REPLY_MAGIC, "the pserver's reply")
+                sent += send_pieces(sock, [p for _, pieces in items for p in pieces], check)
+            status, length = recv_prefix(sock, REPLY_MAGIC, "the pserver's reply", check)
             if status != STATUS_OK:
                 self._raise(sock, status, length)
             reply_head = bytearray(length)
-            recv_into(sock, reply_head, "the reply's header")
+            recv_into(sock, reply_head, "the reply's header", check)
             try:
                 heads = json.loads(bytes(reply_head).decode())["v"]
             except (ValueError, KeyError, TypeError, UnicodeDecodeError):
@@ -663,7 +695,7 @@ class BulkClient:
             found = []
             for raw_var in _list(heads, "the reply's vars", 1 << 20):
                 var = _var_head(raw_var)
-                value = receive_value(sock, var)
+                value = receive_value(sock, var, check=check)
                 found.append(value if isinstance(value, WireVar) else WireVar(var.name, value))
                 received += var.nbytes
             ok = True

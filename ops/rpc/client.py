@@ -158,6 +158,7 @@ class _Endpoint:
         self.metadata = metadata
         self.ready = False
         self.bulk: bulk.BulkClient | None = None  # the pserver's bulk channel, when it offers one
+        self.lost: str | None = None  # why the Watch line broke (a frozen pserver's keepalive): no bulk calls then
 
 
 @dataclass(frozen=True)
@@ -272,7 +273,8 @@ class RpcClient:
         if offer is None:
             return None
         channel = bulk.BulkClient(ep.endpoint.rpartition(":")[0], offer, token=self.auth.token, tls=self.auth.tls,
-                                  trainer_id=self.trainer_id, connect_timeout=min(self.connect_timeout, bulk.PROBE_SECONDS))
+                                  trainer_id=self.trainer_id, connect_timeout=min(self.connect_timeout, bulk.PROBE_SECONDS),
+                                  lost=lambda: ep.lost)
         try:
             channel.probe()
         except (OSError, ssl.SSLError) as exc:  # e.g. a firewall that lets only gRPC's port through
@@ -284,7 +286,7 @@ class RpcClient:
     def _invoke(self, ep: _Endpoint, method: str, request: Any, timeout: float) -> Any:
         """One call's reply: a batch over the bulk channel when `ep` has one, else gRPC."""
         if isinstance(request, _Batch):
-            if ep.bulk is not None:
+            if ep.bulk is not None and ep.lost is None:
                 reply, sent, received = ep.bulk.call(
                     request.method, request.bulk_items(), barrier=request.barrier, fetch=request.fetch,
                     fetch_barrier=request.fetch_barrier, timeout=timeout)
@@ -302,7 +304,7 @@ class RpcClient:
                 return
         request = rpc_pb2.WatchMessage(trainer_id=self.trainer_id, seconds=WATCH_SECONDS)
         future = ep.watch_call.future(request, timeout=WATCH_SECONDS + self.timeout, metadata=ep.metadata)
-        future.add_done_callback(lambda done: self._watch(ep) if done.code() == grpc.StatusCode.OK else None)
+        future.add_done_callback(lambda done: self._watch(ep) if done.code() == grpc.StatusCode.OK else _watch_ended(ep, done))
 
     def _future(self, endpoint: str, method: str, request: Any, *, deadline: float | None = None) -> Any:
         """A `concurrent.futures.Future` of the call's reply."""
@@ -574,6 +576,16 @@ class RpcClient:
             if ep.bulk is not None:
                 ep.bulk.close()
             ep.channel.close()
+
+
+def _watch_ended(ep: _Endpoint, done: Any) -> None:
+    """A Watch that ended in failure: when gRPC's connection to the pserver broke (not the
+    pserver ending it, whose reasons start with "pserver "), the bulk channel, whose TCP
+    cannot tell a frozen process from a busy one, stops waiting on it and new calls take gRPC
+    (which then fails, or succeeds if the pserver is back)."""
+    details = done.details() or ""
+    if done.code() == grpc.StatusCode.UNAVAILABLE and not details.startswith("pserver "):
+        ep.lost = details or "its connection closed"
 
 
 _CLIENTS: dict[int, RpcClient] = {}
