@@ -468,3 +468,22 @@ def test_a_connection_idle_too_long_or_closed_by_the_pserver_is_replaced():
         client.complete([ps.address])
         ps.join()
     assert not ps.errors
+
+
+def test_a_call_waiting_on_a_pserver_gRPC_finds_gone_fails_within_a_second():
+    """A frozen pserver's TCP still takes bytes; gRPC's keepalive (the Watch line) tells.
+    Here the call waits for its phase (round 0 expects the fetch barrier first) and the
+    Watch's end is simulated: the call fails UNAVAILABLE naming why, within ~1 s."""
+    import threading
+
+    with running_pserver(**_config()) as ps:
+        client = ps.client(0)
+        client.send_async(ps.address, "w@GRAD", LoDTensor(np.ones((300, 200), F32)))
+        ep = client._endpoint(ps.address)
+        timer = threading.Timer(0.5, lambda: setattr(ep, "lost", "keepalive watchdog timeout"))
+        timer.start()
+        start = time.monotonic()
+        with pytest.raises(RpcError, match=r"unavailable \(the pserver stopped answering \(keepalive watchdog timeout\)\)"):
+            client.wait_pending()
+        assert time.monotonic() - start < 5
+        ep.lost = None
