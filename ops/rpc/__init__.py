@@ -12,6 +12,7 @@ Importing this package registers the RPC kernels (`send`, `recv`, `send_barrier`
 | `malloc` | glibc's malloc tuned to keep a step's freed MB buffers mapped (`PSTRANSPILE_MALLOC`) |
 | `service` | the service's method paths, codecs, channel options, timeouts |
 | `auth` | the job token, TLS, the loopback default, the trainer/pserver handshake |
+| `bulk` | the bulk channel: tensors of a step's batches on a TCP stream beside gRPC (`PSTRANSPILE_BULK`) |
 | `client` | `RpcClient`, one per trainer id per process (`get_client`) |
 | `server` | `PServer`: the gRPC server and the sync / async protocols |
 | `listen_and_serv` | the kernel that runs a `PServer` in a pserver program |

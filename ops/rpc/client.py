@@ -41,6 +41,8 @@ block runs `lookup_sparse_table`); several requests travel in parallel.
 
 from __future__ import annotations
 
+import ssl
+import sys
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent import futures as _futures
@@ -51,11 +53,12 @@ from typing import Any
 import grpc
 import numpy as np
 
+from ops.rpc import bulk
 from ops.rpc.auth import ClientAuth, Handshake
 from ops.rpc.errors import RpcError
 from ops.rpc.malloc import keep_freed_memory
-from ops.rpc.service import CHANNEL_OPTIONS, METHODS, WATCH_SECONDS, call_deadline, default_timeout
-from ops.rpc.wire import Parts, WireVar, encode_batch, encode_var, var_parts
+from ops.rpc.service import CHANNEL_OPTIONS, METHODS, SERVICE_NAME, WATCH_SECONDS, call_deadline, default_timeout
+from ops.rpc.wire import Parts, WireVar, _size, encode_batch, encode_var, var_parts
 from ops.tensor import LoDTensor
 from proto import rpc_pb2
 
@@ -81,6 +84,14 @@ class RpcStats:
         with self._lock:
             self._counts.setdefault(method, [0, 0, 0])[2] += len(data)
         return data
+
+    def add(self, method: str, sent: int, received: int) -> None:
+        """Count one call of `method` that moved these bytes (the bulk channel's)."""
+        with self._lock:
+            row = self._counts.setdefault(method, [0, 0, 0])
+            row[0] += 1
+            row[1] += sent
+            row[2] += received
 
     def snapshot(self) -> dict[str, Counts]:
         """method -> (calls, bytes sent, bytes received) so far."""
@@ -146,6 +157,46 @@ class _Endpoint:
             watch.path, request_serializer=watch.encode_request, response_deserializer=watch.decode_response)
         self.metadata = metadata
         self.ready = False
+        self.bulk: bulk.BulkClient | None = None  # the pserver's bulk channel, when it offers one
+        self.lost: str | None = None  # why the Watch line broke (a frozen pserver's keepalive): no bulk calls then
+
+
+@dataclass(frozen=True)
+class _Queued:
+    """A var queued for a pserver: its message's pieces (gRPC) and its value (the bulk channel)."""
+
+    name: str
+    parts: Parts
+    value: Any
+    merge_add: bool
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """A `SendBatch`, `SendFetchBatch` or `FetchBatch` not yet encoded: gRPC's message is
+    built from it (`grpc_request`), or the bulk channel sends the values' own buffers."""
+
+    method: str
+    trainer_id: int
+    queued: tuple[_Queued, ...] = ()
+    barrier: bool = False
+    fetch: tuple[str, ...] = ()
+    fetch_barrier: bool = False
+
+    def grpc_request(self) -> Any:
+        if self.method == "FetchBatch":
+            return rpc_pb2.FetchRequest(trainer_id=self.trainer_id, varnames=self.fetch, barrier=self.fetch_barrier)
+        return encode_batch([q.parts for q in self.queued], trainer_id=self.trainer_id, barrier=self.barrier,
+                            fetch=self.fetch, fetch_barrier=self.fetch_barrier)
+
+    def bulk_items(self) -> list[tuple[bulk.VarHead, list[Any]]]:
+        items = []
+        for q in self.queued:
+            if isinstance(q.value, (LoDTensor, np.ndarray)):
+                items.append(bulk.outgoing(q.name, q.value, q.merge_add))
+            else:
+                items.append((bulk.VarHead(q.name, _size(q.parts), merge_add=q.merge_add), q.parts))
+        return items
 
 
 class RpcClient:
@@ -178,7 +229,7 @@ class RpcClient:
         self.connect_timeout = float(connect_timeout) if connect_timeout is not None else self.timeout
         self.deadline = call_deadline(self.timeout)
         self._endpoints: dict[str, _Endpoint] = {}
-        self._queued: dict[str, list[tuple[str, Parts]]] = {}  # endpoint -> (var name, its message's pieces)
+        self._queued: dict[str, list[_Queued]] = {}  # endpoint -> the vars queued for it
         self._pending: list[tuple[Any, str, str]] = []  # (future, what, endpoint) of flushed sends
         self._deferred_barrier: tuple[str, ...] | None = None  # send barrier the next fetch_barrier carries
         self._lock = threading.Lock()
@@ -201,9 +252,48 @@ class RpcClient:
                 raise RpcError(
                     f"trainer {self.trainer_id} cannot reach pserver {endpoint} within {self.connect_timeout:g} s"
                 ) from None
+            ep.bulk = self._open_bulk(ep)
             ep.ready = True
             self._watch(ep)
         return ep
+
+    def _open_bulk(self, ep: _Endpoint) -> bulk.BulkClient | None:
+        """The pserver's bulk channel (`ops.rpc.bulk`) when it offers one and this process's
+        `PSTRANSPILE_BULK` is not `off`. A pserver without the method, or any failure
+        here, means gRPC for everything (the first real call reports a real problem)."""
+        if bulk.bulk_choice() == "off":
+            return None
+        announce = ep.channel.unary_unary(f"/{SERVICE_NAME}/{bulk.METHOD}", request_serializer=lambda data: data,
+                                          response_deserializer=lambda data: data)
+        try:
+            data = announce(bulk.announce_request(), timeout=self.connect_timeout, metadata=ep.metadata)
+        except grpc.RpcError:
+            return None
+        offer = bulk.Offer.decode(data)
+        if offer is None:
+            return None
+        channel = bulk.BulkClient(ep.endpoint.rpartition(":")[0], offer, token=self.auth.token, tls=self.auth.tls,
+                                  trainer_id=self.trainer_id, connect_timeout=min(self.connect_timeout, bulk.PROBE_SECONDS),
+                                  lost=lambda: ep.lost)
+        try:
+            channel.probe()
+        except (OSError, ssl.SSLError) as exc:  # e.g. a firewall that lets only gRPC's port through
+            print(f"trainer {self.trainer_id}: pserver {ep.endpoint}'s bulk channel (port {offer.port}) cannot be "
+                  f"reached ({exc}); its tensors go over gRPC", file=sys.stderr, flush=True)
+            return None
+        return channel
+
+    def _invoke(self, ep: _Endpoint, method: str, request: Any, timeout: float) -> Any:
+        """One call's reply: a batch over the bulk channel when `ep` has one, else gRPC."""
+        if isinstance(request, _Batch):
+            if ep.bulk is not None and ep.lost is None:
+                reply, sent, received = ep.bulk.call(
+                    request.method, request.bulk_items(), barrier=request.barrier, fetch=request.fetch,
+                    fetch_barrier=request.fetch_barrier, timeout=timeout)
+                self.stats.add(method, sent, received)
+                return rpc_pb2.VoidMessage() if method == "SendBatch" else reply
+            request = request.grpc_request()
+        return ep.calls[method](request, timeout=timeout)
 
     def _watch(self, ep: _Endpoint) -> None:
         """Keep one `Watch` call open on `ep` (re-called each time the pserver answers), so
@@ -214,12 +304,11 @@ class RpcClient:
                 return
         request = rpc_pb2.WatchMessage(trainer_id=self.trainer_id, seconds=WATCH_SECONDS)
         future = ep.watch_call.future(request, timeout=WATCH_SECONDS + self.timeout, metadata=ep.metadata)
-        future.add_done_callback(lambda done: self._watch(ep) if done.code() == grpc.StatusCode.OK else None)
+        future.add_done_callback(lambda done: self._watch(ep) if done.code() == grpc.StatusCode.OK else _watch_ended(ep, done))
 
     def _future(self, endpoint: str, method: str, request: Any, *, deadline: float | None = None) -> Any:
         """A `concurrent.futures.Future` of the call's reply."""
-        call = self._endpoint(endpoint).calls[method]
-        return self._pool.submit(call, request, timeout=deadline or self.deadline)
+        return self._pool.submit(self._invoke, self._endpoint(endpoint), method, request, deadline or self.deadline)
 
     def _call_all(self, calls: Sequence[tuple[str, str, Any, str]]) -> list[Any]:
         """Replies to `(endpoint, method, request, what)` calls, in order, made in parallel:
@@ -231,7 +320,7 @@ class RpcClient:
         endpoint, method, request, what = calls[-1]
         here: _futures.Future = _futures.Future()
         try:
-            here.set_result(self._endpoint(endpoint).calls[method](request, timeout=self.deadline))
+            here.set_result(self._invoke(self._endpoint(endpoint), method, request, self.deadline))
         except (grpc.RpcError, RpcError) as exc:
             here.set_exception(exc)
         return self._gather([*started, (here, what, endpoint)])
@@ -277,17 +366,17 @@ class RpcClient:
         self._send_deferred_barrier()  # a var queued after a barrier belongs to the next round
         message = var_parts(name, value, trainer_id=self.trainer_id, merge_add=merge_add)
         with self._lock:
-            self._queued.setdefault(endpoint, []).append((name, message))
+            self._queued.setdefault(endpoint, []).append(_Queued(name, message, value, merge_add))
 
-    def _take_queued(self) -> dict[str, list[tuple[str, Parts]]]:
+    def _take_queued(self) -> dict[str, list[_Queued]]:
         with self._lock:
             queued, self._queued = self._queued, {}
         return queued
 
-    def _send_batch(self, endpoint: str, queued: list[tuple[str, Parts]], barrier: bool) -> tuple[str, str, bytes, str]:
+    def _send_batch(self, endpoint: str, queued: list[_Queued], barrier: bool) -> tuple[str, str, _Batch, str]:
         """The call (for `_call_all` / `_future`) sending `queued` to `endpoint`."""
-        request = encode_batch([message for _, message in queued], trainer_id=self.trainer_id, barrier=barrier)
-        what = "send barrier" if barrier else f"send of {', '.join(name for name, _ in queued)}"
+        request = _Batch("SendBatch", self.trainer_id, tuple(queued), barrier=barrier)
+        what = "send barrier" if barrier else f"send of {', '.join(q.name for q in queued)}"
         return endpoint, "SendBatch", request, what
 
     def flush(self) -> None:
@@ -322,7 +411,7 @@ class RpcClient:
         wanted = _names_by_endpoint(requests, barriers)
         barrier = set(barriers)
         calls = [
-            (ep, "FetchBatch", rpc_pb2.FetchRequest(trainer_id=self.trainer_id, varnames=names, barrier=ep in barrier),
+            (ep, "FetchBatch", _Batch("FetchBatch", self.trainer_id, fetch=tuple(names), fetch_barrier=ep in barrier),
              "fetch barrier" if ep in barrier else f"get of {', '.join(names)}")
             for ep, names in wanted.items()
         ]
@@ -429,11 +518,11 @@ class RpcClient:
             got.update(self._values_of(endpoint, wanted.get(endpoint, []), reply))
         return [got[request] for request in requests]
 
-    def _send_fetch_call(self, endpoint: str, queued: list[tuple[str, Parts]], barrier: bool, names: list[str],
-                         fetch_barrier: bool) -> tuple[str, str, bytes, str]:
+    def _send_fetch_call(self, endpoint: str, queued: list[_Queued], barrier: bool, names: list[str],
+                         fetch_barrier: bool) -> tuple[str, str, _Batch, str]:
         """The call (for `_call_all`) of one `SendFetchBatch`."""
-        request = encode_batch([message for _, message in queued], trainer_id=self.trainer_id, barrier=barrier,
-                               fetch=names, fetch_barrier=fetch_barrier)
+        request = _Batch("SendFetchBatch", self.trainer_id, tuple(queued), barrier=barrier, fetch=tuple(names),
+                         fetch_barrier=fetch_barrier)
         what = "send barrier and fetch barrier" if barrier and fetch_barrier else "send and fetch"
         return endpoint, "SendFetchBatch", request, what
 
@@ -485,7 +574,19 @@ class RpcClient:
         self._deferred_barrier = None
         self._pool.shutdown(wait=False, cancel_futures=True)
         for ep in endpoints.values():
+            if ep.bulk is not None:
+                ep.bulk.close()
             ep.channel.close()
+
+
+def _watch_ended(ep: _Endpoint, done: Any) -> None:
+    """A Watch that ended in failure: when gRPC's connection to the pserver broke (not the
+    pserver ending it, whose reasons start with "pserver "), the bulk channel, whose TCP
+    cannot tell a frozen process from a busy one, stops waiting on it and new calls take gRPC
+    (which then fails, or succeeds if the pserver is back)."""
+    details = done.details() or ""
+    if done.code() == grpc.StatusCode.UNAVAILABLE and not details.startswith("pserver "):
+        ep.lost = details or "its connection closed"
 
 
 _CLIENTS: dict[int, RpcClient] = {}

@@ -122,11 +122,12 @@ from typing import Any
 import grpc
 import numpy as np
 
+from ops.rpc import bulk
 from ops.rpc.auth import Gate, ServerAuth
 from ops.rpc.bind import check_bindable
 from ops.rpc.checkpoint import CheckpointError, Checkpointer, CheckpointPathError, confine, step_of
 from ops.rpc.errors import BindError, PserverError
-from ops.rpc.limits import REASON_CHARS, Limited, Limits, Malformed, Oversized, guard_decoder
+from ops.rpc.limits import REASON_CHARS, SMALL_REQUEST, Limited, Limits, Malformed, Oversized, declared_bytes, guard_decoder
 from ops.rpc.malloc import bound_arenas, keep_freed_memory
 from ops.rpc.own_dirs import OwnDirRpc
 from ops.rpc.service import DEFAULT_TIMEOUT, LOST_GRACE, METHODS, SERVICE_NAME, server_options
@@ -276,6 +277,9 @@ class PServer(OwnDirRpc):
         self.peer_reduce: Any = None
         self.port: int | None = None
         self.started_at = now
+        self._bulk: bulk.BulkListener | None = None  # the bulk channel (`ops.rpc.bulk`), when offered
+        self._bulk_buffers: dict[tuple[int, str], np.ndarray] = {}  # sync: (trainer, var) -> its receive buffer
+        self._bulk_lock = threading.Lock()
 
     # ------------------------------------------------------------ lifecycle
     @property
@@ -342,6 +346,10 @@ class PServer(OwnDirRpc):
             )
             for name, method in METHODS.items()
         }
+        handlers[bulk.METHOD] = grpc.unary_unary_rpc_method_handler(
+            self._guarded(self._rpc_BulkChannel),
+            request_deserializer=guard_decoder(bulk.METHOD, SMALL_REQUEST, rpc_pb2.VoidMessage.FromString),
+            response_serializer=lambda data: data)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
         try:
             port = server.add_secure_port(where, credentials) if credentials else server.add_insecure_port(where)
@@ -350,6 +358,14 @@ class PServer(OwnDirRpc):
         if not port:
             raise BindError(f"pserver {self.config.endpoint}: cannot listen on {where}; is the port in use?")
         self.port = port
+        limit = max_message(self.config)
+        self._bulk_limit = limit if limit > 0 else bulk.OPEN_LIMIT  # no program: what gRPC's protobuf takes
+        if bulk.offers_bulk(self._largest_var()):
+            self._bulk = bulk.BulkListener(
+                where.rpartition(":")[0], token=self.config.auth.token, tls=self.config.auth.tls,
+                timeout=self.config.timeout, handle=self._bulk_call,
+                max_connections=self.config.fanin * (IN_FLIGHT_CAP["send"] + IN_FLIGHT_CAP["fetch"]) + 8,
+                max_vars=fields or (1 << 16))
         server.start()
         self._log(f"pserver {self.config.endpoint}: {who_may_call}")
         self._server = server
@@ -364,7 +380,8 @@ class PServer(OwnDirRpc):
             self.start()
         try:
             mode = "sync" if self.config.sync_mode else "async"
-            self._log(f"pserver {self.config.endpoint}: serving on {self.address} ({mode}, {self.config.fanin} trainer(s))")
+            channel = f", tensors on the bulk channel at port {self._bulk.port}" if self._bulk is not None else ""
+            self._log(f"pserver {self.config.endpoint}: serving on {self.address} ({mode}, {self.config.fanin} trainer(s){channel})")
             if on_ready is not None:
                 on_ready(self)
             try:
@@ -394,6 +411,9 @@ class PServer(OwnDirRpc):
         server, self._server = self._server, None
         if server is not None:
             server.stop(grace).wait()
+        listener, self._bulk = self._bulk, None
+        if listener is not None:
+            listener.close()
 
     def _guarded(self, handler: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         """`handler`, but a request its decoder would not parse (`Oversized`) is answered
@@ -746,6 +766,140 @@ class PServer(OwnDirRpc):
             return self._fetch_reply(request.trainer_id, names, request.barrier, context, "FetchBatch")
 
         return self._handle(context, "FetchBatch", request.trainer_id, what, body)
+
+    # ------------------------------------------------------------ the bulk channel (ops.rpc.bulk)
+    def _largest_var(self) -> int:
+        """The most bytes one dense var the pserver receives takes (what `PSTRANSPILE_BULK=auto`
+        reads: a grad, and so the param block fetched for it; a SelectedRows grad carries a
+        batch's rows, not its declared height's)."""
+        config = self.config
+        received = set(config.received) | set(config.grad_to_block)
+        return max((declared_bytes(*config.templates[name], False) or 0
+                    for name in received if name in config.templates and name not in config.sparse_vars), default=0)
+
+    def _rpc_BulkChannel(self, request: Any, context: Any) -> bytes:  # noqa: N802
+        """The bulk channel's port and secret (b"": none here), to a caller that passed the
+        token check and the handshake (`ops.rpc.auth.Gate`). Not an RPC of the protocol."""
+        listener = self._bulk
+        return listener.announce() if listener is not None else b""
+
+    def _bulk_call(self, conn: bulk.Connection, head: bulk.RequestHead) -> None:
+        """One `SendBatch`, `SendFetchBatch` or `FetchBatch` off the bulk channel, through
+        the paths gRPC's take (`_handle`, `_store_batch`, `_on_fetch`): everything in the
+        header is checked before the payload is read (`_bulk_check`), the reply is sent
+        from the pserver's arrays (sync: as a reader, so no optimize changes them mid-send)."""
+        method, tid = head.method, head.trainer_id
+        if method == "FetchBatch":
+            what = "fetch barrier" if head.fetch_barrier else _get_label(head.fetch)
+        elif head.fetch_barrier:
+            what = "fetch barrier"
+        else:
+            what = "send barrier" if head.barrier else _send_label(head.vars)  # type: ignore[arg-type]
+        reply = partial(self._bulk_reply, conn)
+
+        def body() -> None:
+            names = self._limits.fetch_names(head.fetch, tid, method) if method != "SendBatch" else ()
+            batch = self._bulk_receive(conn, head)
+            if method == "FetchBatch":
+                self._on_fetch(tid, names, head.fetch_barrier, conn, reply, method)
+                return
+            fetches = method == "SendFetchBatch" and bool(names or head.fetch_barrier)
+            if self._store_batch(batch, conn, optimize_here=fetches, method=method):
+                self._optimize_round()
+            if fetches:
+                self._on_fetch(tid, names, head.fetch_barrier, conn, reply, method)
+            else:
+                reply([])
+
+        self._handle(conn, method, tid, what, body)
+
+    @staticmethod
+    def _bulk_reply(conn: bulk.Connection, values: list[tuple[str, Any]]) -> None:
+        bulk.send_pieces(conn.sock, bulk.reply_pieces(values))
+
+    def _bulk_check(self, head: bulk.RequestHead) -> None:
+        """Refuse a bulk request from its header alone, before its payload is read: the
+        method's fields, the size limit (`max_message`), each var at most once (sync), and
+        each var against the program (`Expected`: a dense var's name, trainer, dtype and
+        shape with a stand-in of no memory; a message's name; the whole value again once
+        received, in `_store_batch`)."""
+        tid, method = head.trainer_id, head.method
+        who = f"pserver {self.config.endpoint}: trainer {tid}'s {method}"
+        if (method == "FetchBatch" and (head.vars or head.barrier)) or (
+                method == "SendBatch" and (head.fetch or head.fetch_barrier)):
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"{who} carries fields a {method} has not")
+        limit = self._bulk_limit
+        if limit > 0 and head.payload_bytes > limit:
+            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"{who}: a request of {head.payload_bytes} bytes; the limit is {limit}")
+        expected = self._expected
+        for var in head.vars:
+            if var.dtype is not None:
+                stand_in = LoDTensor(np.broadcast_to(np.zeros((), var.dtype), var.shape))
+                try:
+                    expected.check_var(WireVar(var.name, stand_in, trainer_id=tid, merge_add=var.merge_add), tid)
+                except Refused as exc:
+                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+            elif not expected.open and var.name not in expected.received and not (
+                    var.merge_add and var.name in expected.counters):
+                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"pserver {self.config.endpoint}: trainer {tid}'s send of {var.name[:200]!r}: "
+                             "the pserver does not receive that var")
+        if self.config.sync_mode and len(head.vars) > 1:
+            self._limits.check_sends((var.name for var in head.vars), tid, method)
+
+    def _bulk_receive(self, conn: bulk.Connection, head: bulk.RequestHead) -> WireBatch:
+        """Check the header, say GO, and receive the payload: a sync pserver receives a
+        dense var into the buffer it keeps for (trainer, var), reused every step (see
+        `_bulk_buffer`); an async one into a new array."""
+        self._bulk_check(head)
+        tid, sync = head.trainer_id, self.config.sync_mode
+        if head.payload_bytes:
+            if sync:
+                with self._cond:  # a reused buffer is written only once the round that read it is over
+                    self._wait_not_optimizing(conn)
+            conn.go()
+        found: list[WireVar] = []
+        taken: list[tuple[tuple[int, str], np.ndarray]] = []
+        try:
+            for var in head.vars:
+                if var.dtype is None:
+                    found.append(bulk.receive_value(conn.sock, var))
+                    continue
+                into = self._bulk_buffer(tid, var, taken) if sync and var.nbytes else None
+                value = bulk.receive_value(conn.sock, var, into)  # a read-only view, as gRPC's
+                found.append(WireVar(var.name, value, trainer_id=tid, merge_add=var.merge_add))
+        finally:
+            with self._bulk_lock:
+                self._bulk_buffers.update(taken)
+        return WireBatch(tid, head.barrier, tuple(found))
+
+    def _bulk_buffer(self, tid: int, var: bulk.VarHead, taken: list[tuple[tuple[int, str], np.ndarray]]) -> np.ndarray:
+        """The buffer to receive trainer `tid`'s `var` into (sync). The one kept for them is
+        reused unless the value it holds may still be read: the current round stored it
+        already (a second send of the var this round gets a new buffer, so a failed one
+        leaves the first intact), a persistable var shares its memory, or another call
+        holds it. What it held was read by the round's optimize, which ended before this
+        call passed `_wait_not_optimizing`."""
+        key = (tid, var.name)
+        with self._bulk_lock:
+            buffer = self._bulk_buffers.pop(key, None)
+        with self._cond:
+            stored = self._phase is Phase.SEND and var.name in self._received
+        if (buffer is None or stored or buffer.shape != var.shape or buffer.dtype != var.dtype
+                or self._aliased(buffer)):
+            buffer = np.empty(var.shape, var.dtype)
+        taken.append((key, buffer))
+        return buffer
+
+    def _aliased(self, buffer: np.ndarray) -> bool:
+        """Whether a persistable var's array may share `buffer`'s memory (a kernel that
+        kept a view of a received grad): that buffer is not written again."""
+        for name in self.config.persistables:
+            value = self.scope.find_var(name)
+            if isinstance(value, LoDTensor) and np.may_share_memory(value.array, buffer):
+                return True
+        return False
 
     def _rpc_GetVariable(self, request: WireVar, context: Any) -> bytes:  # noqa: N802
         def body() -> bytes:

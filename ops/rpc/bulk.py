@@ -1,0 +1,733 @@
+"""The bulk channel: a TCP stream beside gRPC for the tensors of a step (issue 30).
+
+gRPC Python copies a message into its own slice to send it and twice to receive it; with
+MB-sized params that copying is most of a step's CPU. On this channel a trainer's
+`SendBatch`, `SendFetchBatch` and `FetchBatch` travel as frames whose payloads go from the
+arrays' own buffers to the socket (`sendall` of a memoryview, nothing joined) and from the
+socket into the destination array (`recv_into`): the kernel's copies only.
+
+One call on one connection (a connection carries one call at a time; a client keeps
+its idle connections per pserver):
+
+1. trainer → pserver: `PREFIX` (magic `PSB1`, the method, the header's length, at most
+   `MAX_HEADER`) and the header, JSON: the channel's secret, the job token, the trainer
+   id, the barrier flags, the names to fetch and one entry per var (its name, and for a
+   dense tensor its Paddle data_type, dims, LoD and byte size; any other value, a
+   SelectedRows, travels as its `VariableMessage` bytes of `ops.rpc.wire`, with its size);
+2. the pserver checks all of it (the secret and the token with `hmac.compare_digest`, the
+   trainer id, each var against the program, the sizes against `ops.rpc.limits` and
+   `ops.rpc.validate`) BEFORE any payload is read, and answers `GO` (or the refusal, and
+   closes the connection);
+3. trainer → pserver: the payloads, in header order, no padding;
+4. pserver → trainer: the reply (`PSR1`, a status, a header naming the fetched vars as
+   above, then their payloads sent from the pserver's arrays), or the error (the gRPC
+   status code's number and the pserver's reason).
+
+The pserver dispatches a decoded call into the same paths as gRPC's (`PServer._bulk_call`):
+phases, barriers, liveness, limits and validation are the same; only the transport
+differs. The port and a random secret per pserver process are announced over gRPC
+(`BulkChannel`, a method outside `proto/rpc.proto` behind the same token check and
+handshake), so a frame without them is refused before its header is parsed further. With
+TLS configured the channel is TLS with the same certificates (`ops.rpc.auth.Tls`).
+
+`PSTRANSPILE_BULK=auto|on|off` (`bulk_choice`): `auto` (the default) opens the channel on
+a pserver whose program has a var of `BULK_MIN` bytes or more (the measurement that chose
+it is in docs/runtime.md); `on` always, `off` never. A trainer uses the channel wherever
+its pserver offers one, unless its own setting is `off`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+import secrets
+import select
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+
+from ops.rpc.auth import Tls
+from ops.rpc.env_choice import EnvChoiceError, env_choice
+from ops.rpc.wire import (WireBatch, WireError, WireVar, _contiguous, _little_endian, _numpy_dtype, _paddle_dtype, _size,
+                          decode_var, var_parts)
+from ops.tensor import LoDTensor
+from proto import rpc_pb2
+
+BULK_ENV = "PSTRANSPILE_BULK"
+CHOICES = ("auto", "on", "off")
+BULK_MIN = 256 << 10  # bytes: `auto` opens the channel for a program with a dense var this big
+METHOD = "BulkChannel"  # the gRPC method announcing the channel (not in proto/rpc.proto)
+
+REQUEST_MAGIC, REPLY_MAGIC = b"PSB1", b"PSR1"
+PREFIX = struct.Struct("<4sBI")  # magic, method (request) or status (reply), header bytes
+MAX_HEADER = 1 << 20  # bytes of one frame's header
+METHODS = {1: "SendBatch", 2: "SendFetchBatch", 3: "FetchBatch"}
+METHOD_CODE = {name: code for code, name in METHODS.items()}
+STATUS_OK, STATUS_GO = 0, 255
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+OPEN_LIMIT = (2 << 30) - 1  # bytes of one request to a pserver without a program (protobuf's bound on gRPC)
+SMALL_PIECE = 64 * 1024  # bytes: pieces under this are joined before a send (one syscall, not many)
+CHECK_SECONDS = 1.0  # a trainer waiting on the channel checks this often that the pserver is still there
+FIRST_FRAME_SECONDS = 10.0  # a new connection's first header must arrive within this
+PROBE_SECONDS = 10.0  # a trainer gives up on reaching a channel after this (gRPC carries everything then)
+
+
+class BulkChoiceError(EnvChoiceError):
+    """`PSTRANSPILE_BULK` names no choice."""
+
+
+class FrameError(Exception):
+    """Bytes on the channel that are not a well-formed frame, or a connection that broke
+    (`idle`: before the first byte of what was awaited: a peer that closed or stayed quiet)."""
+
+    def __init__(self, message: str, *, idle: bool = False) -> None:
+        super().__init__(message)
+        self.idle = idle
+
+
+def bulk_choice(environ: Mapping[str, str] | None = None) -> str:
+    """`auto` (the default), `on` or `off`; `BulkChoiceError` for anything else."""
+    return env_choice(environ, BULK_ENV, CHOICES, BulkChoiceError)
+
+
+def offers_bulk(largest_var: int, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a pserver whose program's largest var is `largest_var` bytes opens the channel."""
+    choice = bulk_choice(environ)
+    return choice == "on" or (choice == "auto" and largest_var >= BULK_MIN)
+
+
+# ------------------------------------------------------------------ headers
+
+
+@dataclass(frozen=True)
+class VarHead:
+    """One var of a frame: a dense tensor (`dtype`, `shape`, `lod`) or, when `dtype` is
+    None, a `VariableMessage` of `nbytes`."""
+
+    name: str
+    nbytes: int
+    dtype: np.dtype | None = None
+    shape: tuple[int, ...] = ()
+    lod: tuple[tuple[int, ...], ...] = ()
+    merge_add: bool = False
+
+    def encode(self) -> dict[str, Any]:
+        if self.dtype is None:
+            return {"n": self.name, "b": self.nbytes, "m": self.merge_add}
+        return {"n": self.name, "b": self.nbytes, "m": self.merge_add, "d": _paddle_dtype(self.name, self.dtype),
+                "s": list(self.shape), "l": [list(level) for level in self.lod]}
+
+
+@dataclass(frozen=True)
+class RequestHead:
+    method: str
+    secret: str
+    token: str | None
+    trainer_id: int
+    barrier: bool
+    fetch: tuple[str, ...]
+    fetch_barrier: bool
+    vars: tuple[VarHead, ...]
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(v.nbytes for v in self.vars)
+
+
+def _int(value: Any, what: str, low: int = 0, high: int = 1 << 62) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise FrameError(f"{what} is not an integer in [{low}, {high}]")
+    return value
+
+
+def _str(value: Any, what: str, limit: int = 4096) -> str:
+    if type(value) is not str or len(value) > limit:
+        raise FrameError(f"{what} is not a string of at most {limit} characters")
+    return value
+
+
+def _list(value: Any, what: str, limit: int) -> list[Any]:
+    if type(value) is not list or len(value) > limit:
+        raise FrameError(f"{what} is not a list of at most {limit} items")
+    return value
+
+
+def _var_head(raw: Any) -> VarHead:
+    if type(raw) is not dict:
+        raise FrameError("a var entry is not an object")
+    name = _str(raw.get("n"), "a var's name")
+    nbytes = _int(raw.get("b"), f"var {name[:60]!r}'s byte size")
+    merge_add = raw.get("m", False)
+    if type(merge_add) is not bool:
+        raise FrameError(f"var {name[:60]!r}'s merge_add is not a boolean")
+    if "d" not in raw:
+        return VarHead(name, nbytes, merge_add=merge_add)
+    try:
+        dtype = _numpy_dtype(name, _int(raw["d"], f"var {name[:60]!r}'s data_type", 0, 1 << 16))
+    except WireError as exc:
+        raise FrameError(str(exc)) from None
+    shape = tuple(_int(d, f"var {name[:60]!r}'s dims") for d in _list(raw.get("s"), f"var {name[:60]!r}'s dims", 64))
+    lod = tuple(tuple(_int(x, f"var {name[:60]!r}'s LoD") for x in _list(level, f"var {name[:60]!r}'s LoD", 1 << 20))
+                for level in _list(raw.get("l", []), f"var {name[:60]!r}'s LoD levels", 8))
+    if math.prod(shape) * dtype.itemsize != nbytes:
+        raise FrameError(f"var {name[:60]!r}: {nbytes} bytes for {dtype.name}{list(shape)}")
+    return VarHead(name, nbytes, dtype, shape, lod, merge_add)
+
+
+def decode_request_head(method_code: int, raw: bytes, max_vars: int = 1 << 16) -> RequestHead:
+    """The header of a request frame; `FrameError` for anything malformed."""
+    method = METHODS.get(method_code)
+    if method is None:
+        raise FrameError(f"unknown method {method_code}")
+    try:
+        head = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise FrameError("the header is not JSON") from None
+    if type(head) is not dict:
+        raise FrameError("the header is not an object")
+    token = head.get("k")
+    flags = [head.get(key, False) for key in ("a", "f")]
+    if any(type(flag) is not bool for flag in flags):
+        raise FrameError("a barrier flag is not a boolean")
+    fetch = tuple(_str(n, "a name to fetch") for n in _list(head.get("g", []), "the names to fetch", max_vars))
+    return RequestHead(
+        method=method,
+        secret=_str(head.get("x"), "the channel secret", 128),
+        token=None if token is None else _str(token, "the job token"),
+        trainer_id=_int(head.get("t"), "the trainer id", 0, 1 << 20),
+        barrier=flags[0],
+        fetch=fetch,
+        fetch_barrier=flags[1],
+        vars=tuple(_var_head(v) for v in _list(head.get("v", []), "the vars", max_vars)),
+    )
+
+
+def _header_bytes(head: dict[str, Any]) -> bytes:
+    raw = json.dumps(head, separators=(",", ":")).encode()
+    if len(raw) > MAX_HEADER:
+        raise FrameError(f"a header of {len(raw)} bytes (at most {MAX_HEADER})")
+    return raw
+
+
+# ------------------------------------------------------------------ values
+
+
+Piece = Any  # bytes or a uint8 array / memoryview
+
+
+def outgoing(name: str, value: Any, merge_add: bool = False, trainer_id: int = 0) -> tuple[VarHead, list[Piece]]:
+    """The head and payload pieces of one var: a dense tensor's own buffer, else its
+    `VariableMessage` pieces."""
+    array: np.ndarray | None = None
+    lod: Any = ()
+    if isinstance(value, LoDTensor):
+        array, lod = value.array, value.lod
+    elif isinstance(value, np.ndarray):
+        array = value
+    if array is None:
+        parts = var_parts(name, value, trainer_id=trainer_id, merge_add=merge_add)
+        return VarHead(name, _size(parts), merge_add=merge_add), parts
+    array = _little_endian(_contiguous(array))
+    head = VarHead(name, array.nbytes, array.dtype, tuple(int(d) for d in array.shape),
+                   tuple(tuple(int(x) for x in level) for level in lod), merge_add)
+    return head, [array.reshape(-1).view(np.uint8)] if array.nbytes else []
+
+
+def _view(piece: Piece) -> memoryview:
+    return memoryview(piece).cast("B") if not isinstance(piece, bytes) else memoryview(piece)
+
+
+Check = Callable[[], None]  # called when a slice of the socket's timeout passes: raises to give up
+
+
+def _send(sock: socket.socket, data: Any, check: Check | None) -> None:
+    if check is None:
+        sock.sendall(data)
+        return
+    view, off = memoryview(data).cast("B"), 0
+    while off < len(view):
+        try:
+            off += sock.send(view[off:])
+        except TimeoutError:
+            check()
+
+
+def send_pieces(sock: socket.socket, pieces: Sequence[Piece], check: Check | None = None) -> int:
+    """Send `pieces` in order: small ones joined (one syscall), big ones from their own
+    buffers. The bytes sent. With `check`, the socket's timeout is a slice after which
+    `check()` decides whether to go on."""
+    total, small = 0, []
+    for piece in pieces:
+        size = len(piece) if isinstance(piece, bytes) else piece.nbytes
+        total += size
+        if size < SMALL_PIECE:
+            small.append(bytes(piece) if not isinstance(piece, bytes) else piece)
+            continue
+        if small:
+            _send(sock, b"".join(small), check)
+            small = []
+        _send(sock, _view(piece), check)
+    if small:
+        _send(sock, b"".join(small), check)
+    return total
+
+
+def recv_into(sock: socket.socket, buffer: Any, what: str, check: Check | None = None) -> None:
+    """Fill `buffer` from `sock`; `FrameError` when the connection ends first (with
+    `check`, as `send_pieces`)."""
+    view = memoryview(buffer).cast("B")
+    got, size = 0, len(view)
+    while got < size:
+        try:
+            n = sock.recv_into(view[got:])
+        except TimeoutError:
+            if check is not None:
+                check()
+                continue
+            raise FrameError(f"timed out after {got} of the {size} bytes of {what}", idle=not got) from None
+        except OSError as exc:
+            raise FrameError(f"the connection broke after {got} of the {size} bytes of {what} ({exc})") from None
+        if not n:
+            raise FrameError(f"the connection closed after {got} of the {size} bytes of {what}", idle=not got)
+        got += n
+
+
+def recv_prefix(sock: socket.socket, magic: bytes, what: str, check: Check | None = None) -> tuple[int, int]:
+    """(method or status, header length) of the next frame."""
+    raw = bytearray(PREFIX.size)
+    recv_into(sock, raw, what, check)
+    got, code, length = PREFIX.unpack(raw)
+    if got != magic:
+        raise FrameError(f"not a bulk-channel frame (magic {bytes(got)!r})")
+    if length > MAX_HEADER:
+        raise FrameError(f"a header of {length} bytes (at most {MAX_HEADER})")
+    return code, length
+
+
+def receive_value(sock: socket.socket, head: VarHead, into: np.ndarray | None = None,
+                  check: Check | None = None) -> Any:
+    """One var's value off the socket: a dense tensor received into `into` (or a new
+    array), a message received and decoded in place."""
+    if head.dtype is None:
+        buffer = bytearray(head.nbytes)
+        recv_into(sock, buffer, f"var {head.name!r}", check)
+        try:
+            return decode_var(memoryview(buffer))
+        except WireError as exc:
+            raise FrameError(str(exc)) from None
+    array = into if into is not None else np.empty(head.shape, head.dtype)
+    if head.nbytes:
+        recv_into(sock, array, f"var {head.name!r}", check)
+    view = array.view()
+    view.flags.writeable = False  # as gRPC's arrays: kernels never write their inputs (and `into` is reused)
+    if not head.lod:
+        return LoDTensor(view)
+    try:
+        return LoDTensor(view, [list(level) for level in head.lod])
+    except ValueError as exc:
+        raise FrameError(f"var {head.name!r}: {exc}") from None
+
+
+def reply_pieces(values: Sequence[tuple[str, Any]]) -> list[Piece]:
+    """A successful reply carrying `values` (name, value), ready for `send_pieces`."""
+    heads, payload = [], []
+    for name, value in values:
+        head, pieces = outgoing(name, value)
+        heads.append(head.encode())
+        payload += pieces
+    raw = _header_bytes({"v": heads})
+    return [PREFIX.pack(REPLY_MAGIC, STATUS_OK, len(raw)), raw, *payload]
+
+
+def error_frame(code: grpc.StatusCode, details: str) -> bytes:
+    raw = _header_bytes({"e": details[:8000]})
+    return PREFIX.pack(REPLY_MAGIC, code.value[0], len(raw)) + raw
+
+
+GO_FRAME = PREFIX.pack(REPLY_MAGIC, STATUS_GO, 0)
+
+
+def readable(sock: socket.socket) -> bool:
+    """Whether `sock` has bytes (or its peer's close) waiting, without blocking (`poll`:
+    any descriptor number, where `select` stops at 1024)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(0))
+
+
+# ------------------------------------------------------------------ TLS
+
+
+def server_context(tls: Tls) -> ssl.SSLContext:
+    """The pserver side's TLS, from the same files as its gRPC credentials."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    if tls.cert is None or tls.key is None:
+        tls.server_credentials()  # raises the AuthError naming what is missing
+    context.load_cert_chain(str(tls.cert), str(tls.key))
+    if tls.ca is not None:
+        context.load_verify_locations(str(tls.ca))
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def client_context(tls: Tls) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(tls.ca) if tls.ca is not None else None)
+    if tls.cert is not None and tls.key is not None:
+        context.load_cert_chain(str(tls.cert), str(tls.key))
+    return context
+
+
+# ------------------------------------------------------------------ the pserver side
+
+
+class BulkAbort(Exception):
+    """End one bulk call with a gRPC status code and a reason (the connection closes)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class Connection:
+    """A pserver's end of one connection; `context` for the pserver's waits (`is_active`:
+    the trainer has not closed it) and refusals (`abort` raises `BulkAbort`)."""
+
+    def __init__(self, sock: socket.socket, timeout: float) -> None:
+        self.sock = sock
+        self.timeout = timeout
+        # a plain twin of a TLS socket's descriptor, to peek for the peer's close under the TLS layer
+        self._peek = socket.socket(fileno=sock.fileno()) if isinstance(sock, ssl.SSLSocket) else sock
+        self._peek_owned = self._peek is not sock
+        self.go_sent = False
+
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise BulkAbort(code, details)
+
+    def is_active(self) -> bool:
+        try:
+            if not readable(self._peek):
+                return True
+            return bool(self._peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except (OSError, ValueError):
+            return False
+
+    def go(self) -> None:
+        """Tell the trainer its header passed: the payload may come."""
+        self.sock.sendall(GO_FRAME)
+        self.go_sent = True
+
+    def close(self) -> None:
+        if self._peek_owned:
+            self._peek.detach()  # the descriptor is the TLS socket's
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class BulkListener:
+    """The pserver's listener: one thread per connection (at most `max_connections`),
+    each running `handle(connection, head)` for every request frame that carries the
+    secret and the token."""
+
+    def __init__(self, host: str, *, token: str | None, tls: Tls | None, timeout: float, max_connections: int,
+                 handle: Callable[[Connection, RequestHead], None], max_vars: int = 1 << 16,
+                 log: Callable[[str], None] = lambda text: None) -> None:
+        family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host.strip("[]"), 0))
+        self._sock.listen(64)
+        self._sock.settimeout(0.2)
+        self.port = self._sock.getsockname()[1]
+        self.secret = secrets.token_hex(32)
+        self._secret = self.secret.encode()
+        self._token = None if token is None else token.encode("utf-8")
+        self._tls = server_context(tls) if tls is not None and tls.cert is not None else None
+        self._timeout = timeout
+        self._max = max_connections
+        self._handle = handle
+        self._max_vars = max_vars
+        self._log = log
+        self._lock = threading.Lock()
+        self._open: set[Connection] = set()
+        self._count = 0  # connections accepted and not yet ended
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept, name="bulk-accept", daemon=True)
+        self._thread.start()
+
+    def announce(self) -> bytes:
+        return json.dumps({"port": self.port, "secret": self.secret, "idle": self._timeout}).encode()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            open_, self._open = list(self._open), set()
+        self._sock.close()
+        for conn in open_:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._thread.join(2)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._sock.accept()
+            except TimeoutError:
+                if self._closed:
+                    return
+                continue
+            except OSError:
+                return
+            with self._lock:  # counted from accept: a TLS handshake in progress holds a thread too
+                full = self._closed or self._count >= self._max
+                self._count += 0 if full else 1
+            if full:
+                sock.close()  # more connections than the trainers' calls may hold
+                continue
+            threading.Thread(target=self._serve, args=(sock,), name="bulk-conn", daemon=True).start()
+
+    def _serve(self, raw: socket.socket) -> None:
+        conn: Connection | None = None
+        try:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            raw.settimeout(FIRST_FRAME_SECONDS)
+            sock = self._tls.wrap_socket(raw, server_side=True) if self._tls is not None else raw
+            conn = Connection(sock, self._timeout)
+            with self._lock:
+                if self._closed:
+                    return
+                self._open.add(conn)
+            first = True
+            while not self._closed:
+                sock.settimeout(FIRST_FRAME_SECONDS if first else self._timeout)  # idle: the client reconnects
+                try:
+                    code, length = recv_prefix(sock, REQUEST_MAGIC, "a request's prefix")
+                    raw_head = bytearray(length)
+                    recv_into(sock, raw_head, "a request's header")
+                    head = decode_request_head(code, bytes(raw_head), self._max_vars)
+                except FrameError as exc:
+                    if not exc.idle:  # a connection closed or left idle between calls just ends
+                        self._refuse(conn, grpc.StatusCode.INVALID_ARGUMENT, f"a malformed bulk frame: {exc}")
+                    return
+                first = False
+                given = head.secret.encode()
+                token = (head.token or "").encode("utf-8", "replace")
+                if not hmac.compare_digest(given, self._secret) or (
+                        self._token is not None and not hmac.compare_digest(token, self._token)):
+                    self._refuse(conn, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong job token")
+                    return
+                sock.settimeout(self._timeout)
+                conn.go_sent = False
+                try:
+                    self._handle(conn, head)
+                except BulkAbort as exc:
+                    self._refuse(conn, exc.code, exc.details)
+                    return
+                except FrameError as exc:
+                    self._refuse(conn, grpc.StatusCode.INVALID_ARGUMENT, f"a malformed bulk frame: {exc}")
+                    return
+                except (OSError, ssl.SSLError):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - one call fails with the reason, not the pserver
+                    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    self._refuse(conn, grpc.StatusCode.INTERNAL, f"{head.method} failed: {reason}")
+                    return
+        except (OSError, ssl.SSLError):
+            return
+        finally:
+            with self._lock:
+                self._count -= 1
+                if conn is not None:
+                    self._open.discard(conn)
+            if conn is not None:
+                conn.close()
+            else:
+                raw.close()
+
+    def _refuse(self, conn: Connection, code: grpc.StatusCode, details: str) -> None:
+        try:
+            conn.sock.settimeout(1.0)
+            conn.sock.sendall(error_frame(code, details))
+        except OSError:
+            pass
+
+
+# ------------------------------------------------------------------ the trainer side
+
+
+class BulkCallError(grpc.RpcError):
+    """A bulk call that failed: the pserver's status and reason, or the connection's."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+@dataclass(frozen=True)
+class Offer:
+    port: int
+    secret: str
+    idle: float = 60.0  # seconds the pserver keeps an idle connection
+    @classmethod
+    def decode(cls, data: bytes) -> Offer | None:
+        """The pserver's announcement (None: it offers no channel)."""
+        if not data:
+            return None
+        try:
+            raw = json.loads(data.decode())
+            idle = float(raw.get("idle", 60.0))
+            return cls(_int(raw["port"], "the port", 1, 65535), _str(raw["secret"], "the secret", 128),
+                       idle if idle > 0 else 60.0)
+        except (ValueError, KeyError, TypeError, FrameError, UnicodeDecodeError):
+            return None
+
+
+class BulkClient:
+    """A trainer's channel to one pserver: idle connections kept, one call per connection
+    at a time."""
+
+    def __init__(self, host: str, offer: Offer, *, token: str | None, tls: Tls | None, trainer_id: int,
+                 connect_timeout: float, lost: Callable[[], str | None] = lambda: None) -> None:
+        self.host = host.strip("[]")
+        self.offer = offer
+        self.token = token
+        self.trainer_id = trainer_id
+        self._tls = client_context(tls) if tls is not None else None
+        self._connect_timeout = connect_timeout
+        self._lost = lost  # why the pserver's gRPC connection failed (its keepalive: a frozen pserver), or None
+        self._idle: list[tuple[socket.socket, float]] = []  # (connection, when it went idle)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _take(self) -> socket.socket:
+        with self._lock:
+            while self._idle:
+                sock, since = self._idle.pop()
+                # not one the pserver closed (idle too long), is about to close, or sent something unasked on
+                if time.monotonic() - since < self.offer.idle / 2 and not readable(sock):
+                    return sock
+                sock.close()
+        sock = socket.create_connection((self.host, self.offer.port), timeout=self._connect_timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._tls is not None:
+            sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+        return sock
+
+    def probe(self) -> None:
+        """Open one connection now (kept for the first call): `OSError` or `ssl.SSLError`
+        when the pserver's channel cannot be reached from here (a firewall, say)."""
+        self._give_back(self._take())
+
+    def _give_back(self, sock: socket.socket) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append((sock, time.monotonic()))
+                return
+        sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for sock, _ in idle:
+            sock.close()
+
+    def call(self, method: str, items: Sequence[tuple[VarHead, list[Piece]]], *, barrier: bool = False,
+             fetch: Sequence[str] = (), fetch_barrier: bool = False, timeout: float) -> tuple[WireBatch, int, int]:
+        """(the reply, bytes sent, bytes received) of one call; `BulkCallError` on failure."""
+        head = {"x": self.offer.secret, "t": self.trainer_id, "a": bool(barrier), "f": bool(fetch_barrier),
+                "g": list(fetch), "v": [h.encode() for h, _ in items]}
+        if self.token is not None:
+            head["k"] = self.token
+        raw = _header_bytes(head)
+        try:
+            sock = self._take()
+        except OSError as exc:
+            raise BulkCallError(grpc.StatusCode.UNAVAILABLE, f"cannot open the bulk channel ({exc})") from None
+        ok = False
+        deadline = time.monotonic() + timeout
+
+        def check() -> None:  # a TCP peer that is frozen (SIGSTOP) still takes bytes: gRPC's keepalive tells
+            lost = self._lost()
+            if lost is not None:
+                raise BulkCallError(grpc.StatusCode.UNAVAILABLE, f"the pserver stopped answering ({lost})")
+            if time.monotonic() > deadline:
+                raise BulkCallError(grpc.StatusCode.DEADLINE_EXCEEDED, f"the bulk channel timed out after {timeout:g} s")
+
+        try:
+            sock.settimeout(min(timeout, CHECK_SECONDS))
+            sent = send_pieces(sock, [PREFIX.pack(REQUEST_MAGIC, METHOD_CODE[method], len(raw)), raw], check)
+            received = 0
+            if any(h.nbytes for h, _ in items):
+                status, length = recv_prefix(sock, REPLY_MAGIC, "the pserver's answer", check)
+                received += PREFIX.size + length
+                if status != STATUS_GO:
+                    self._raise(sock, status, length)
+                sent += send_pieces(sock, [p for _, pieces in items for p in pieces], check)
+            status, length = recv_prefix(sock, REPLY_MAGIC, "the pserver's reply", check)
+            if status != STATUS_OK:
+                self._raise(sock, status, length)
+            reply_head = bytearray(length)
+            recv_into(sock, reply_head, "the reply's header", check)
+            try:
+                heads = json.loads(bytes(reply_head).decode())["v"]
+            except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+                raise FrameError("a malformed reply header") from None
+            found = []
+            for raw_var in _list(heads, "the reply's vars", 1 << 20):
+                var = _var_head(raw_var)
+                value = receive_value(sock, var, check=check)
+                found.append(value if isinstance(value, WireVar) else WireVar(var.name, value))
+                received += var.nbytes
+            ok = True
+            return WireBatch(0, False, tuple(found)), sent, received + PREFIX.size + length
+        except TimeoutError:
+            raise BulkCallError(grpc.StatusCode.DEADLINE_EXCEEDED, "the bulk channel timed out") from None
+        except FrameError as exc:
+            code = grpc.StatusCode.DEADLINE_EXCEEDED if "timed out" in str(exc) else grpc.StatusCode.UNAVAILABLE
+            raise BulkCallError(code, f"bulk channel: {exc}") from None
+        except (OSError, ssl.SSLError) as exc:
+            raise BulkCallError(grpc.StatusCode.UNAVAILABLE, f"the bulk channel broke ({exc})") from None
+        finally:
+            if ok:
+                self._give_back(sock)
+            else:
+                sock.close()
+
+    @staticmethod
+    def _raise(sock: socket.socket, status: int, length: int) -> None:
+        raw = bytearray(length)
+        recv_into(sock, raw, "the pserver's error")
+        try:
+            details = str(json.loads(bytes(raw).decode())["e"])
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            details = "a malformed error reply"
+        raise BulkCallError(_CODES.get(status, grpc.StatusCode.UNKNOWN), details)
+
+
+def announce_request() -> bytes:
+    return rpc_pb2.VoidMessage().SerializeToString()
+
+
+__all__ = ["BULK_ENV", "BULK_MIN", "CHOICES", "METHOD", "BulkAbort", "BulkCallError", "BulkChoiceError", "BulkClient",
+           "BulkListener", "Connection", "FrameError", "Offer", "RequestHead", "VarHead", "bulk_choice",
+           "decode_request_head", "offers_bulk", "outgoing", "receive_value", "reply_pieces", "send_pieces"]
