@@ -512,7 +512,6 @@ class RpcClient:
         endpoints = list(dict.fromkeys([*send_barrier, *queued, *fetch_barrier, *wanted]))
         calls = [self._send_fetch_call(ep, queued.get(ep, []), ep in send_barrier, wanted.get(ep, []), ep in fetch_barrier)
                  for ep in endpoints]
-        del queued  # encoded: the grads are free before the replies arrive (issue 30: peak RSS)
         got: dict[tuple[str, str], Any] = {}
         for endpoint, reply in zip(endpoints, self._call_all(calls), strict=True):
             got.update(self._values_of(endpoint, wanted.get(endpoint, []), reply))
