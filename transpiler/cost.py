@@ -29,7 +29,8 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
   each var a batch carries costs `var_us`;
 - compute: `(T-1)·n·sum + n·scale + n·<optimizer>` µs-per-element rates (`Rates`: float32
   rates, float64 its own `op@fp64` ones, copies by their bytes); sparse
-  grads touch `r` rows instead of `n / cols` (unless the optimizer updates every row), their
+  grads touch `r` rows instead of `n / cols` (unless the optimizer updates every row), each
+  such row costing `update_row_us` beside its elements' rates, their
   `T·l` grad rows are merged at `row_us + cols·merge_us` each (no `sum` rate), and
   each grad row costs `id_us` on every partition its id reaches; an optimizer in `SPARSE_COPIES` copies its whole param and state per run
   on an async pserver (`(1 + sliced)·n·copy_us`; a sync one updates the rows in place); each run of the partition's optimize block costs `block_us`
@@ -95,8 +96,9 @@ class Rates:
     """The machine's rates: `bandwidth` bytes/s of dense payload a real pserver takes and
     sends (its CPU: `sparse_bandwidth` for sparse rows), `rpc_us` µs
     of fixed cost per RPC (request + response handling on the pserver), `op_us` µs per
-    element per op type (`sum`, `scale` and the optimizers), `row_us` µs per row a sparse
-    update or lookup touches (the per-row bookkeeping beside the per-element work)."""
+    element per op type (`sum`, `scale` and the optimizers), `row_us` µs per sparse grad row
+    the block merges (a lookup: the bookkeeping beside `merge_us` per element),
+    `update_row_us` µs per distinct row a sparse update writes."""
 
     # the defaults: `pstranspile calibrate` on the shared 2-core VM, 2026-11-27 (the median
     # of 3 runs; the range of 7 runs in brackets: the small fixed figures move by 2x between
@@ -115,6 +117,9 @@ class Rates:
     # a real pserver taking a sparse grad's rows (and sending prefetched rows): its CPU per
     # byte beyond the per-element merge and update (`merge_us`, the optimizer's rate)
     sparse_bandwidth: float = 6.2e8  # (1.9e8-2.2e9 in 7 runs: the least steady figure; the median)
+    # per distinct row a sparse update writes (a sync pserver: in place), beside its
+    # per-element `scale` and optimizer rates: the merged rows' sort, gathers and scatters
+    update_row_us: float = 0.36
 
     def op(self, op_type: str, dtype: DType | None = None) -> float:
         """µs per element of `op_type` on `dtype` (float32 when None; float64 has its own
@@ -140,7 +145,8 @@ class Rates:
                       "copy_us": "us per element copied by a sparse update",
                       "merge_us": "us per element of a merged sparse grad row",
                       "fault_us": "us more per element copied over the mmap threshold",
-                      "sparse_bandwidth": "bytes/s of sparse rows (grads in, prefetched rows out)"},
+                      "sparse_bandwidth": "bytes/s of sparse rows (grads in, prefetched rows out)",
+                      "update_row_us": "us per distinct row a sparse update writes"},
             "bandwidth": self.bandwidth,
             "rpc_us": self.rpc_us,
             "row_us": self.row_us,
@@ -151,6 +157,7 @@ class Rates:
             "merge_us": self.merge_us,
             "fault_us": self.fault_us,
             "sparse_bandwidth": self.sparse_bandwidth,
+            "update_row_us": self.update_row_us,
             "op_us": dict(sorted(self.op_us.items())),
         }
 
@@ -173,11 +180,12 @@ def load_rates(path: str | Path | None) -> Rates:
                       float(data.get("var_us", Rates.var_us)), float(data.get("block_us", Rates.block_us)),
                       float(data.get("id_us", Rates.id_us)), float(data.get("copy_us", Rates.copy_us)),
                       float(data.get("merge_us", Rates.merge_us)), float(data.get("fault_us", Rates.fault_us)),
-                      str(path), float(data.get("sparse_bandwidth", Rates.sparse_bandwidth)))
+                      str(path), float(data.get("sparse_bandwidth", Rates.sparse_bandwidth)),
+                      float(data.get("update_row_us", Rates.update_row_us)))
     except (KeyError, TypeError, ValueError) as exc:
         raise TranspileError(f"rates {path}: bad field ({exc})") from None
     if rates.bandwidth <= 0 or rates.sparse_bandwidth <= 0 or min(rates.rpc_us, rates.row_us, rates.var_us, rates.block_us, rates.id_us,
-                                   rates.copy_us, rates.merge_us, rates.fault_us) < 0 or any(v < 0 for v in ops.values()):
+                                   rates.copy_us, rates.merge_us, rates.fault_us, rates.update_row_us) < 0 or any(v < 0 for v in ops.values()):
         raise TranspileError(f"rates {path}: rates must be positive")
     return rates
 
@@ -366,7 +374,7 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
         updated = rows if every else (touched_all if job.sync_mode else touched_one * t)
         merge_rows = lookups * t
         cost.compute_us = (merge_rows * (rates.row_us + cols * rates.merge_us) + updated * cols * rates.op("scale", dtype)
-                           + updated * cols * rates.op(optimizer, dtype))
+                           + updated * cols * rates.op(optimizer, dtype) + (0.0 if every else updated * rates.update_row_us))
         if not job.sync_mode:
             cost.compute_us += (t - 1) * updated * cols * rates.op(optimizer, dtype) if every else 0.0
         # per grad row taken: the request work beside its bytes, on every partition the id
@@ -409,7 +417,8 @@ def table_shard_cost(table, shard: int, job: Job, rates: Rates, ids: IdStats | N
     cost.sparse_bytes = cost.bytes_in + cost.bytes_out
     cost.rpcs = t  # the prefetch (the grads travel in the batches)
     cost.vars = 2 * t
-    cost.compute_us = (lookups * t * (rates.row_us + width * rates.merge_us) + merged * width * rates.op("sgd", table.dtype)
+    cost.compute_us = (lookups * t * (rates.row_us + width * rates.merge_us)
+                       + merged * (width * rates.op("sgd", table.dtype) + rates.update_row_us)
                        + lookups * t * rates.id_us
                        + (1 if job.sync_mode else t) * rates.block_us)
     return cost
