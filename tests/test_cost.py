@@ -285,6 +285,7 @@ def test_calibrate_measures_a_real_pserver_and_the_sparse_block():
 
     block = measure_sparse_block(rows=20_000, counts=(100, 1600), repeat=3, big_rows=None)
     assert 1e-5 < block["copy_us"] < 1e-1 and block["row_us"] >= 0 and block["merge_elem_us"] >= 0
+    assert block["lookup_us"] > 0 and block["update_row_us"] >= 0  # a merged row costs CPU
     real = measure_pserver(100.0, 2e8, 0.002, 0.1, calls=60, id_counts=(128, 4096), repeat=30, width=16)
     assert real["rpc_us"] > 0 and real["row_cpu_us"] > 0
     assert min(real["var_us"], real["block_us"], real["id_us"]) >= 0

@@ -382,16 +382,16 @@ def test_a_memory_cap_forces_the_best_plan_that_fits():
     rng = np.random.default_rng(1)
     sample = (rng.zipf(1.1, 50_000) - 1) % table.rows
     unit = 4 * table.rows * table.cols  # bytes of the whole table
-    free = PlanPartitioner(id_samples={"emb": sample}, batch_size=4096)
+    free = PlanPartitioner(id_samples={"emb": sample}, batch_size=4096, rates=LOOKUP_RATES)
     parts, _ = run(free, [table], 4)["emb"]
     assert free.table_shards(table) is None and len(parts) == 4 and parts[0].rows < 100 < 20_000 < parts[-1].rows
-    assert max(free.loads) == pytest.approx(min(v for v in _best_by_kind(table, sample).values()))
+    assert max(free.loads) == pytest.approx(min(v for v in _best_by_kind(table, sample, rates=LOOKUP_RATES).values()))
     cap = 2 * unit
     assert max(free.memory) > cap
-    capped = PlanPartitioner(id_samples={"emb": sample}, batch_size=4096, memory_cap=cap)
+    capped = PlanPartitioner(id_samples={"emb": sample}, batch_size=4096, memory_cap=cap, rates=LOOKUP_RATES)
     run(capped, [table], 4)
     assert max(capped.memory) <= cap and max(capped.loads) > max(free.loads)
-    fitting = _best_by_kind(table, sample, cap)
+    fitting = _best_by_kind(table, sample, cap, LOOKUP_RATES)
     assert fitting["mod"] is None and fitting["row"] is not None
     assert max(capped.loads) == pytest.approx(min(v for v in fitting.values() if v is not None))
 

@@ -16,7 +16,7 @@ real pservers' CPU per step.
   and moment whole: its excess per element copied (or `measure_copy`, every core copying
   at once, if larger), and the extra per element over the mmap threshold;
 - against a real async pserver (`measure_pserver`: the CTR example's `local-table`
-  program, `[100000, 64]` fp32 + Adagrad, 1 trainer, served by `serve_program`): `var_us`
+  program, `[16384, 64]` fp32 + Adagrad, 1 trainer, served by `serve_program`): `var_us`
   = a `SendBatch` of 8 small grads less one send, per extra var, less the block's run;
   the CPU per row of a sparse grad as a trainer sends it (a row per lookup, ids
   repeating; the slope between 512 and 8192 rows) on tables 64 and 16 floats wide: the
@@ -283,7 +283,9 @@ pserver, pserver_startup = transpile(main, startup, pservers=[endpoint], trainer
 serve_program(pserver, pserver_startup, ready=lambda server: print(endpoint, flush=True), log=None, timeout=600.0)
 """
 
-PSERVER_ROWS, PSERVER_WIDTH = 100_000, 64
+# rows: 2x the most ids a grad draws from; small, so the async pserver's whole-table copies
+# (a fixed cost per send) stay a small part of the CPU whose slope per row is measured
+PSERVER_ROWS, PSERVER_WIDTH = 16_384, 64
 
 
 def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: float, calls: int = 400,
