@@ -287,8 +287,8 @@ class ZipfColumns(Zipf):
 
 WORKLOADS = {w.name: w for w in (Mlp(), Mlp64(), Resnet50(), Zipf(), ZipfColumns())}
 # (steps, warm) per workload: full and --quick
-STEPS = {"mlp": ((200, 20), (80, 10)), "mlp-fp64": ((200, 20), (80, 10)), "resnet50": ((12, 3), (6, 2)), "zipf": ((40, 5), (20, 4)),
-         "zipf-column": ((40, 5), (20, 4))}
+STEPS = {"mlp": ((200, 20), (80, 10)), "mlp-fp64": ((200, 20), (80, 10)), "resnet50": ((12, 3), (6, 2)), "zipf": ((150, 15), (60, 8)),
+         "zipf-column": ((150, 15), (60, 8))}  # in place, ~20 steps per s: usage reports come every 0.5 s
 
 
 # -- comparing -------------------------------------------------------------------------------

@@ -134,9 +134,13 @@ class Executor:
         *,
         return_numpy: bool = True,
         env: Mapping[str, Any] | None = None,
+        update_in_place: bool = False,
+        concurrent_readers: bool = False,
     ) -> list[Any]:
         """Run block `block_id` of `program` in `scope` (the global scope by default)
-        and return the values of `fetch_list`."""
+        and return the values of `fetch_list`. `update_in_place` and `concurrent_readers`
+        run it as a pserver runs its optimize blocks (`RunContext`: a sync pserver sets
+        both, an async one the second): `pstranspile calibrate` measures either path."""
         scope = global_scope() if scope is None else scope
         block = program.block(block_id)
         for name, value in (feed or {}).items():
@@ -149,6 +153,7 @@ class Executor:
             run_block=lambda idx, sc, parent: self._run_block(run, program.block(idx), sc, parent),
         )
         run.keep = frozenset(item.name if isinstance(item, Var) else str(item) for item in fetches)
+        run.update_in_place, run.concurrent_readers = update_in_place, concurrent_readers
         self._run_block(run, block, scope, None, top=True)
         return [self._fetch(scope, item, return_numpy) for item in fetches]
 

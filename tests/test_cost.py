@@ -4,6 +4,7 @@ traffic, RPC and compute figures on hand-worked cases; id statistics."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -108,7 +109,7 @@ def test_sparse_costs_count_grad_rows_per_lookup_and_whole_copies():
     sync one; `sgd` does not; a column cut
     pays the per-row cost on every range."""
     rates = Rates(bandwidth=1e9, rpc_us=0.0, op_us={"sum": 0.0, "scale": 0.0, "sgd": 0.0, "adagrad": 0.0},
-                  row_us=0.0, var_us=0.0, block_us=0.0, id_us=0.5, copy_us=0.001, merge_us=0.0)
+                  row_us=0.0, var_us=0.0, block_us=0.0, id_us=0.5, copy_us=0.001, merge_us=0.0, update_row_us=0.0)
     stats = IdStats.from_sample(np.array([0] * 90 + list(range(1, 11))), height=100, ids_per_step=50)
     sgd = block_cost("sgd", DType.FP32, 0, 100, 8, Job(trainers=2), rates, sparse=True, ids=stats)
     assert sgd.lookups == pytest.approx(100.0) and sgd.rows < 20
@@ -123,12 +124,48 @@ def test_sparse_costs_count_grad_rows_per_lookup_and_whole_copies():
     assert sum(h.compute_us for h in halves) == pytest.approx(2 * sgd.compute_us)  # every id on both ranges
 
 
+def test_a_sparse_update_costs_update_row_us_per_distinct_row_it_writes():
+    """`update_row_us` is paid once per distinct row a sparse update writes: on a sync
+    pserver the rows distinct across the trainers, on an async one each trainer's rows per
+    run; not by an optimizer that updates every row (plain Adam), and by the distributed
+    table's `sgd` per row merged."""
+    from transpiler.cost import table_shard_cost
+    from transpiler.plan import TablePlan
+
+    zero = Rates(bandwidth=1e12, sparse_bandwidth=1e12, rpc_us=0.0, row_us=0.0, var_us=0.0, block_us=0.0, id_us=0.0,
+                 merge_us=0.0, copy_us=0.0, fault_us=0.0, update_row_us=0.0,
+                 op_us={"sum": 0.0, "scale": 0.0, "sgd": 0.0, "adagrad": 0.0, "adam": 0.0})
+    rows = dataclasses.replace(zero, update_row_us=0.5)
+    stats = IdStats.from_sample(np.array([0] * 90 + list(range(1, 11))), height=100, ids_per_step=50)
+    _, distinct_all = stats.rows(0, 100, 2)
+    _, distinct_one = stats.rows(0, 100, 1)
+    assert distinct_one < distinct_all < 2 * distinct_one  # the hot id is shared by both trainers
+    for optimizer in ("sgd", "adagrad"):
+        sync = block_cost(optimizer, DType.FP32, 0, 100, 8, Job(2), rows, sparse=True, ids=stats)
+        assert sync.compute_us == pytest.approx(0.5 * distinct_all)
+        asyn = block_cost(optimizer, DType.FP32, 0, 100, 8, Job(2, False), rows, sparse=True, ids=stats)
+        assert asyn.compute_us == pytest.approx(0.5 * 2 * distinct_one)
+        assert block_cost(optimizer, DType.FP32, 0, 100, 8, Job(2), zero, sparse=True, ids=stats).compute_us == 0.0
+    dense_adam = block_cost("adam", DType.FP32, 0, 100, 8, Job(2), rows, sparse=True, ids=stats,
+                            optimizer_attrs={"lazy_mode": False})
+    assert dense_adam.compute_us == 0.0  # every row updated: the per-element rates alone
+    table = TablePlan("emb", "", (100, 8), DType.FP32, ("a", "b"))
+    merged = sum(stats.residue_rows(shard, 2, 2)[1] for shard in range(2))
+    shards = sum(table_shard_cost(table, shard, Job(2), rows, stats).compute_us for shard in range(2))
+    assert shards == pytest.approx(0.5 * merged)
+
+
 def test_calibration_rates_round_trip_and_refuse_negative(tmp_path):
     rates = Rates(block_us=12.0, id_us=0.25, copy_us=0.002, source="x")
     path = tmp_path / "rates.json"
     path.write_text(json.dumps(rates.to_json()))
     back = load_rates(path)
     assert (back.block_us, back.id_us, back.copy_us) == (12.0, 0.25, 0.002)
+    older = {k: v for k, v in rates.to_json().items() if k != "update_row_us"}  # a file from before the term
+    path.write_text(json.dumps(older))
+    assert load_rates(path).update_row_us == Rates().update_row_us
+    path.write_text(json.dumps(dataclasses.replace(rates, update_row_us=0.7).to_json()))
+    assert load_rates(path).update_row_us == 0.7
     bad = rates.to_json() | {"id_us": -1.0}
     path.write_text(json.dumps(bad))
     with pytest.raises(TranspileError, match="rates must be positive"):
@@ -248,6 +285,7 @@ def test_calibrate_measures_a_real_pserver_and_the_sparse_block():
 
     block = measure_sparse_block(rows=20_000, counts=(100, 1600), repeat=3, big_rows=None)
     assert 1e-5 < block["copy_us"] < 1e-1 and block["row_us"] >= 0 and block["merge_elem_us"] >= 0
+    assert block["lookup_us"] > 0 and block["update_row_us"] >= 0  # a merged row costs CPU
     real = measure_pserver(100.0, 2e8, 0.002, 0.1, calls=60, id_counts=(128, 4096), repeat=30, width=16)
     assert real["rpc_us"] > 0 and real["row_cpu_us"] > 0
     assert min(real["var_us"], real["block_us"], real["id_us"]) >= 0
@@ -270,7 +308,7 @@ def test_sparse_bytes_go_at_their_own_rate_dense_at_the_bandwidth():
     """A sparse grad's rows (and prefetched rows) are priced at `sparse_bandwidth`, a dense
     param's bytes at `bandwidth`: hand-worked figures."""
     rates = Rates(bandwidth=1e9, sparse_bandwidth=1e8, rpc_us=0.0, op_us={"sum": 0.0, "scale": 0.0, "sgd": 0.0},
-                  row_us=0.0, var_us=0.0, block_us=0.0, id_us=0.0, merge_us=0.0)
+                  row_us=0.0, var_us=0.0, block_us=0.0, id_us=0.0, merge_us=0.0, update_row_us=0.0)
     stats = IdStats.uniform_rows(100, 10)
     fetched = block_cost("sgd", DType.FP32, 0, 100, 8, Job(trainers=2), rates, sparse=True, ids=stats)
     assert fetched.sparse_bytes == pytest.approx(fetched.bytes_in) == pytest.approx(2 * 10 * (8 * 4 + 8))
@@ -349,9 +387,12 @@ def test_float64_ops_have_their_own_rates():
     f64 = block_cost("momentum", DType.FP64, 0, 100, 10, Job(trainers=2), rates)
     assert f64.compute_us == pytest.approx(n * 0.002 + n * 0.004 + n * 0.05)
     assert Rates().op("adagrad", DType.FP64) > 4 * Rates().op("adagrad")  # the defaults, as measured
-    copies = Rates(copy_us=0.001, fault_us=0.0, block_us=0.0, id_us=0.0, row_us=0.0, merge_us=0.0,
+    copies = Rates(copy_us=0.001, fault_us=0.0, block_us=0.0, id_us=0.0, row_us=0.0, merge_us=0.0, update_row_us=0.0,
                    op_us={"sum": 0.0, "scale": 0.0, "adagrad": 0.0, "sgd": 0.0})
     stats = IdStats.uniform_rows(1000, 1)
-    one = block_cost("adagrad", DType.FP32, 0, 1000, 8, Job(2), copies, sparse=True, ids=stats)
-    two = block_cost("adagrad", DType.FP64, 0, 1000, 8, Job(2), copies, sparse=True, ids=stats)
-    assert two.compute_us == pytest.approx(2 * one.compute_us) == pytest.approx(2 * 2 * 8000 * 0.001)
+    # an async pserver copies param and moment on each of the 2 trainers' runs; a sync one
+    # updates the rows in place and copies nothing, whatever the dtype
+    one = block_cost("adagrad", DType.FP32, 0, 1000, 8, Job(2, False), copies, sparse=True, ids=stats)
+    two = block_cost("adagrad", DType.FP64, 0, 1000, 8, Job(2, False), copies, sparse=True, ids=stats)
+    assert two.compute_us == pytest.approx(2 * one.compute_us) == pytest.approx(2 * 2 * 2 * 8000 * 0.001)
+    assert block_cost("adagrad", DType.FP64, 0, 1000, 8, Job(2), copies, sparse=True, ids=stats).compute_us == 0.0

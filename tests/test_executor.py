@@ -461,3 +461,33 @@ def test_averaged_half_batch_grads_give_the_full_batch_step(case):
     for name in a:
         np.testing.assert_allclose(b[name], a[name], rtol=1e-5, atol=atol, err_msg=name)
     assert any(isinstance(t.find_var(g), SelectedRows) for t in trainers for g in grads) == (case.startswith("ctr"))
+
+
+def test_run_as_a_pserver_updates_sparse_rows_in_place_or_copies():
+    """`Executor.run(update_in_place=..., concurrent_readers=...)` runs a block as a sync
+    pserver (rows written into the param's own array, even while another holder sees it)
+    or an async one (the kernel copies: a holder keeps the old values), as calibrate
+    measures both paths; the numbers are the same either way."""
+    import sparse_table_support  # noqa: F401  (puts examples/ on the path)
+    import train_ctr
+    from transpiler.api import transpile
+
+    main, startup = train_ctr.build_ctr("local-table", 64, 4)
+    pserver, pserver_startup = transpile(main, startup, pservers=["127.0.0.1:1"], trainers=2).pservers["127.0.0.1:1"]
+    block = next(b.idx for b in pserver.blocks
+                 if any(o.type == "adagrad" and o.inputs.get("Param") == ("emb",) for o in b.ops))
+    results = []
+    for sync in (True, False):
+        scope, exe = Scope(), Executor(seed=0)
+        exe.run(pserver_startup, scope=scope)
+        for t in range(2):
+            scope.set_var(f"emb@GRAD.trainer_{t}", SelectedRows(np.array([3, 5, 3]), np.ones((3, 4), np.float32), 64))
+        held = scope.find_var("emb").array  # another holder: in place only where the run allows it
+        before = held.copy()
+        exe.run(pserver, scope=scope, block_id=block, update_in_place=sync, concurrent_readers=True)
+        after = scope.find_var("emb").array
+        assert (after is held) == sync
+        assert np.array_equal(held, after) == sync and (np.array_equal(held, before) != sync)
+        assert not np.array_equal(after[[3, 5]], before[[3, 5]]) and np.array_equal(after[0], before[0])
+        results.append(after.copy())
+    assert np.array_equal(results[0], results[1])

@@ -8,18 +8,21 @@ real pservers' CPU per step.
   float32 params of 2^20 and 2^16 elements: the slope between the two sizes, so the
   fixed cost of running an op is not counted per element (the best of `repeat` runs);
   the same in float64 for `FP64_OPS` (`op@fp64`);
-- `row_us`, `merge_us`, `fault_us`: a sync pserver's sparse optimize block run by the
-  executor (`measure_sparse_block`: two trainers' grads summed, scaled, Adagrad), per
-  merged grad row, per element of those rows, per element copied over the mmap threshold;
-- `copy_us`: copying a param and moment with every core copying at once (`measure_copy`),
-  or the sparse block's own figure if larger;
+- `row_us`, `merge_us`, `update_row_us`: a sync pserver's sparse optimize block run by the
+  executor as the pserver runs it, the rows updated in place (`measure_sparse_block`: two
+  trainers' grads summed, scaled, Adagrad; ids repeating): per merged grad row (a lookup)
+  and per element of it, and per distinct row updated beside `scale` and Adagrad's rates;
+- `copy_us`, `fault_us`: the same block on the async path, where the kernels copy param
+  and moment whole: its excess per element copied (or `measure_copy`, every core copying
+  at once, if larger), and the extra per element over the mmap threshold;
 - against a real async pserver (`measure_pserver`: the CTR example's `local-table`
-  program, `[100000, 64]` fp32 + Adagrad, 1 trainer, served by `serve_program`): `var_us`
+  program, `[16384, 64]` fp32 + Adagrad, 1 trainer, served by `serve_program`): `var_us`
   = a `SendBatch` of 8 small grads less one send, per extra var, less the block's run;
   the CPU per row of a sparse grad as a trainer sends it (a row per lookup, ids
   repeating; the slope between 512 and 8192 rows) on tables 64 and 16 floats wide: the
-  slope per float, less `merge_us` and Adagrad's rate, sets `sparse_bandwidth`; the part
-  per row at width 0, less an id's 8 bytes and `row_us`, sets `id_us`;
+  slope per float, less `merge_us` and Adagrad's rate on the rows it updates, sets
+  `sparse_bandwidth`; the part per row at width 0, less an id's 8 bytes, `row_us` and
+  `update_row_us` on the rows updated, sets `id_us`;
 - against a real sync pserver (`measure_dense`: `measure_sync_round` serves a net of
   fc layers, Momentum, to 2 trainer threads that replay their traffic with
   `transpiler.replay` and wait `THINK` between rounds as real trainers compute): `rpc_us`
@@ -33,6 +36,7 @@ real pservers' CPU per step.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import subprocess
@@ -176,16 +180,26 @@ def measure_ops(op_types=None, big: int = 1 << 20, small: int = 1 << 16, repeat:
     return out
 
 
+BLOCK_WIDTH = 64  # the wider of `measure_sparse_block`'s tables: its per-row figures
+
+
 def measure_sparse_block(rows: int = 250_000, counts: tuple[int, int] = (500, 4000), repeat: int = 5,
-                         widths: tuple[int, int] = (16, 64), big_rows: int | None = 300_000) -> dict[str, float]:
-    """A sync pserver's sparse optimize block (`sum` of 2 trainers' SelectedRows grads, a row
-    per lookup, ids Zipf(1.1) as a CTR job draws them; `scale`; `adagrad`) run by the executor on a
-    `[rows, width]` fp32 param, CPU per step at two lookup counts and two widths:
-    `row_us` and `merge_us` (per merged grad row and per element of it: the slope per row
-    at the two widths; `scale` + `adagrad` per element taken off `merge_us`), `copy_us`
-    (the intercept at the wider width over the `2·rows·width` elements Adagrad copies), and
-    `fault_us`: the extra per element copied when the table is `big_rows` rows (its arrays
-    over the 64 MiB mmap threshold of `ops.rpc.malloc`: fresh pages every step)."""
+                         widths: tuple[int, int] = (16, BLOCK_WIDTH), big_rows: int | None = 300_000) -> dict[str, float]:
+    """A pserver's sparse optimize block (`sum` of 2 trainers' SelectedRows grads, a row per
+    lookup; `scale`; `adagrad`) on a `[rows, width]` fp32 param, run by the executor as a
+    pserver runs it, CPU per step (the median of `repeat`):
+
+    - the sync path (`update_in_place`: the rows are written into param and moment, checked
+      by their buffers), 2 trainers' grads of `N` rows in all drawn from `M` distinct ids
+      (every step repeats ids, as a CTR job's do: the merge scatter-adds), at `(N, M)` =
+      `(2·low, low)`, `(2·high, low)`, `(2·high, high)`: per lookup (`lookup_us`: the
+      merge, `row_us` + width·`merge_us` from the two widths) and per distinct row
+      updated (`distinct_us`: `scale` and `adagrad` on the merged rows, `update_row_us`
+      per row beside `update_elem_us` per element);
+    - the async path (the kernels copy param and moment whole, checked): its excess over
+      the sync path at `counts[0]`, over the `2·rows·width` elements copied, is `copy_us`;
+      with the table `big_rows` rows (its arrays over the mmap threshold of
+      `ops.rpc.malloc`: fresh pages every step) the excess per element beyond it, `fault_us`."""
     import numpy as np
 
     from ops.executor import Executor
@@ -200,45 +214,60 @@ def measure_sparse_block(rows: int = 250_000, counts: tuple[int, int] = (500, 40
     import train_ctr
 
     keep_freed_memory()
-    def block_step(table_rows: int, width: int):
+
+    def block_step(table_rows: int, width: int, sync: bool):
         main, startup = train_ctr.build_ctr("local-table", table_rows, width)
         pserver, pserver_startup = transpile(main, startup, pservers=["127.0.0.1:1"], trainers=2).pservers["127.0.0.1:1"]
-        block = next(b.idx for b in pserver.blocks if any(o.type == "adagrad" and o.inputs.get("Param") == ("emb",)
-                                                          for o in b.ops))
+        block, update = next((b.idx, o) for b in pserver.blocks for o in b.ops
+                             if o.type == "adagrad" and o.inputs.get("Param") == ("emb",))
+        arrays = (update.inputs["Param"][0], update.inputs["Moment"][0])
         scope, exe = Scope(), Executor(seed=0)
         exe.run(pserver_startup, scope=scope)
         rng = np.random.default_rng(0)
 
-        def step(k: int) -> float:
-            for t in range(2):
-                ids = ((rng.zipf(1.1, k) - 1) % table_rows).astype(np.int64)  # CTR-like: a few hot ids, a long tail
-                scope.set_var(f"emb@GRAD.trainer_{t}",
-                              SelectedRows(ids, np.full((k, width), 1e-4, np.float32), table_rows))
-            start = time.process_time()
-            exe.run(pserver, scope=scope, block_id=block)
-            return time.process_time() - start
+        def buffers() -> list[int]:
+            return [scope.find_var(name).array.__array_interface__["data"][0] for name in arrays]
 
-        def median(k: int) -> float:
-            step(k)
-            return statistics.median(step(k) for _ in range(repeat)) * 1e6
+        def step(k: int, distinct: int) -> float:  # k lookups per trainer, `distinct` ids in all
+            chosen = rng.choice(table_rows, distinct, replace=False)
+            ids = np.resize(chosen, 2 * k).astype(np.int64)  # each of the `distinct` ids, in turn
+            for t in range(2):
+                scope.set_var(f"emb@GRAD.trainer_{t}",
+                              SelectedRows(ids[t::2].copy(), np.full((k, width), 1e-4, np.float32), table_rows))
+            before = buffers()
+            start = time.process_time()
+            exe.run(pserver, scope=scope, block_id=block, update_in_place=sync, concurrent_readers=True)
+            spent = time.process_time() - start
+            if (buffers() == before) != sync:
+                raise RuntimeError(f"calibrate: the sparse adagrad block {'copied' if sync else 'did not copy'} "
+                                   f"its param on the {'sync' if sync else 'async'} path")
+            return spent
+
+        def median(k: int, distinct: int) -> float:
+            step(k, distinct)
+            return statistics.median(step(k, distinct) for _ in range(repeat)) * 1e6
 
         return median
 
-    slopes, intercept = [], 0.0
+    lookup, update, base = [], [], 0.0
+    low, high = counts
     for width in widths:
-        median = block_step(rows, width)
-        figures = [median(k) for k in counts]
-        slope = (figures[1] - figures[0]) / (2 * (counts[1] - counts[0]))  # per merged row (2 trainers)
-        slopes.append(slope)
-        intercept = figures[0] - 2 * counts[0] * slope
-    per_element = (slopes[1] - slopes[0]) / (widths[1] - widths[0])
-    copy_us = max(intercept, 0.0) / (2 * rows * widths[1])
+        median = block_step(rows, width, True)
+        few, many, wide = median(low, low), median(high, low), median(high, high)
+        lookup.append((many - few) / (2 * (high - low)))
+        update.append((wide - many) / (high - low))
+        base = few
+    merge_elem = (lookup[1] - lookup[0]) / (widths[1] - widths[0])
+    update_elem = (update[1] - update[0]) / (widths[1] - widths[0])
+    copies = 2 * rows * widths[1]
+    copy_us = max(block_step(rows, widths[1], False)(low, low) - base, 0.0) / copies
     fault_us = 0.0
     if big_rows:  # arrays over the mmap threshold: each step's copies are fresh pages
-        big = block_step(big_rows, widths[1])(counts[0]) - 2 * counts[0] * slopes[1]
-        fault_us = max(big / (2 * big_rows * widths[1]) - copy_us, 0.0)
-    return {"row_us": max(slopes[1] - widths[1] * per_element, 0.0), "merge_elem_us": max(per_element, 0.0),
-            "copy_us": copy_us, "fault_us": fault_us}
+        extra = block_step(big_rows, widths[1], False)(low, low) - block_step(big_rows, widths[1], True)(low, low)
+        fault_us = max(extra / (2 * big_rows * widths[1]) - copy_us, 0.0)
+    return {"row_us": max(lookup[1] - widths[1] * merge_elem, 0.0), "merge_elem_us": max(merge_elem, 0.0),
+            "update_elem_us": max(update_elem, 0.0), "update_row_us": max(update[1] - widths[1] * update_elem, 0.0),
+            "lookup_us": lookup[1], "distinct_us": update[1], "copy_us": copy_us, "fault_us": fault_us}
 
 
 _PSERVER = r"""
@@ -254,7 +283,9 @@ pserver, pserver_startup = transpile(main, startup, pservers=[endpoint], trainer
 serve_program(pserver, pserver_startup, ready=lambda server: print(endpoint, flush=True), log=None, timeout=600.0)
 """
 
-PSERVER_ROWS, PSERVER_WIDTH = 100_000, 64
+# rows: 2x the most ids a grad draws from; small, so the async pserver's whole-table copies
+# (a fixed cost per send) stay a small part of the CPU whose slope per row is measured
+PSERVER_ROWS, PSERVER_WIDTH = 16_384, 64
 
 
 def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: float, calls: int = 400,
@@ -497,26 +528,32 @@ def calibrate(progress=None) -> Rates:
     ops.update(measure_ops())
     ops.update({f"{k}@fp64": v for k, v in measure_ops(FP64_OPS, dtype="float64").items()})
     say(f"  {', '.join(f'{k} {v:.4f}' for k, v in sorted(ops.items()))}")
-    say("a sync pserver's sparse block (executor): us per merged grad row, per element, per element copied")
+    say("a pserver's sparse block (executor, sync: in place; async: copying): us per lookup, per row updated, "
+        "per element copied")
     block = measure_sparse_block()
-    row_us = block["row_us"]
-    merge_us = max(block["merge_elem_us"] - ops["scale"] - ops["adagrad"], 0.0)
-    say(f"  row {row_us:.3f}, merge {merge_us:.4f}, copy {block['copy_us']:.5f}, over 64 MiB +{block['fault_us']:.5f}")
+    row_us, merge_us = block["row_us"], block["merge_elem_us"]
+    # the model prices a distinct row updated at `cols·(scale + optimizer)` + `update_row_us`
+    update_row_us = max(block["distinct_us"] - BLOCK_WIDTH * (ops["scale"] + ops["adagrad"]), 0.0)
+    say(f"  per lookup {block['lookup_us']:.3f} (row {row_us:.3f}, merge {merge_us:.4f}/element), per row updated "
+        f"{block['distinct_us']:.3f} (update_row {update_row_us:.3f}); copy {block['copy_us']:.5f}, "
+        f"over 64 MiB +{block['fault_us']:.5f}")
     copy_us = max(measure_copy(), block["copy_us"])
     say(f"  copy with every core copying at once: {copy_us:.5f} us per element")
     say("a real pserver, sparse grads: us per var, per id, bytes/s of sparse rows")
     echo_rpc_us, echo_bandwidth = measure_transport(calls=200, big_calls=4)
     real = measure_pserver(echo_rpc_us, echo_bandwidth, ops["adagrad"], row_us)
     # the per-row cost apart from the bytes: a second table 4x narrower; the rows' CPU at the
-    # two widths, extrapolated to width 0, less an id's bytes and the row bookkeeping
+    # two widths, extrapolated to width 0, less an id's bytes and the block's work (a grad
+    # of k rows from 2k ids updates 2k·(1 - e^-1/2) distinct rows)
     narrow = measure_pserver(echo_rpc_us, echo_bandwidth, ops["adagrad"], row_us, calls=100,
                              width=PSERVER_WIDTH // 4)
+    share = 1 - math.exp(-0.5)
     per_float = max((real["row_cpu_us"] - narrow["row_cpu_us"]) / (PSERVER_WIDTH - PSERVER_WIDTH // 4), 0.0)
     # a float of a sparse row beyond its merge and update (priced by merge_us and the optimizer's rate)
-    wire = max(per_float - merge_us - ops["adagrad"], per_float / 4)
+    wire = max(per_float - merge_us - share * ops["adagrad"], per_float / 4)
     sparse_bandwidth = 4 / wire * 1e6 if wire > 0 else echo_bandwidth
     fixed = real["row_cpu_us"] - PSERVER_WIDTH * per_float
-    id_us = max(fixed - ID_BYTES / sparse_bandwidth * 1e6 - row_us, 0.0)
+    id_us = max(fixed - ID_BYTES / sparse_bandwidth * 1e6 - row_us - share * update_row_us, 0.0)
     say(f"  var {real['var_us']:.1f}, id {id_us:.3f}, sparse rows {sparse_bandwidth / 1e6:,.0f} MB/s")
     say(f"a real sync pserver, {SYNC_TRAINERS} trainers replaying dense traffic: us per round, per block, dense bytes/s")
     dense = measure_dense(ops, real["var_us"])
@@ -527,4 +564,5 @@ def calibrate(progress=None) -> Rates:
     source = f"calibrate on {host}, {time.strftime('%Y-%m-%d')}, {time.perf_counter() - started:.0f}s"
     return Rates(bandwidth=dense["bandwidth"], rpc_us=dense["rpc_us"], op_us=ops, row_us=row_us,
                  var_us=real["var_us"], block_us=dense["block_us"], id_us=id_us, copy_us=copy_us,
-                 merge_us=merge_us, fault_us=block["fault_us"], source=source, sparse_bandwidth=sparse_bandwidth)
+                 merge_us=merge_us, fault_us=block["fault_us"], source=source, sparse_bandwidth=sparse_bandwidth,
+                 update_row_us=update_row_us)

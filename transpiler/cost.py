@@ -29,7 +29,8 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
   each var a batch carries costs `var_us`;
 - compute: `(T-1)·n·sum + n·scale + n·<optimizer>` µs-per-element rates (`Rates`: float32
   rates, float64 its own `op@fp64` ones, copies by their bytes); sparse
-  grads touch `r` rows instead of `n / cols` (unless the optimizer updates every row), their
+  grads touch `r` rows instead of `n / cols` (unless the optimizer updates every row), each
+  such row costing `update_row_us` beside its elements' rates, their
   `T·l` grad rows are merged at `row_us + cols·merge_us` each (no `sum` rate), and
   each grad row costs `id_us` on every partition its id reaches; an optimizer in `SPARSE_COPIES` copies its whole param and state per run
   on an async pserver (`(1 + sliced)·n·copy_us`; a sync one updates the rows in place); each run of the partition's optimize block costs `block_us`
@@ -76,11 +77,12 @@ def sparse_step_copies(optimizer: str, sync_mode: bool) -> bool:
     return not sync_mode and optimizer in SPARSE_COPIES
 
 # Defaults measured on the project's shared 2-core VM with `pstranspile calibrate`
-# (2026-11-27, the median of 3 runs of 7 repeats): µs per float32 element, the executor's kernels.
+# (2026-11-27, the median of 10 runs under load, each the best of 5 repeats): µs per float32
+# element, the executor's kernels.
 DEFAULT_OP_US = {
-    "sum": 0.00024, "scale": 0.00017, "sgd": 0.0003, "momentum": 0.0014, "adam": 0.0016, "adamw": 0.0014,
-    "adagrad": 0.0016, "rmsprop": 0.0034, "adamax": 0.0024, "ftrl": 0.0084, "decayed_adagrad": 0.0018,
-    "lars_momentum": 0.0024, "lamb": 0.0082,
+    "sum": 0.00017, "scale": 0.00016, "sgd": 0.00032, "momentum": 0.00137, "adam": 0.00142, "adamw": 0.00144,
+    "adagrad": 0.00148, "rmsprop": 0.0027, "adamax": 0.00227, "ftrl": 0.0068, "decayed_adagrad": 0.00192,
+    "lars_momentum": 0.00242, "lamb": 0.0050,
     # float64 (`op@fp64`): the executor's fused kernels are float32 only, numpy's float64
     # path is 2-8x slower per element for the optimizers (the least of 5 calibrations: these
     # figures move by 3x between runs); an op without one is priced at twice its float32 rate
@@ -95,26 +97,32 @@ class Rates:
     """The machine's rates: `bandwidth` bytes/s of dense payload a real pserver takes and
     sends (its CPU: `sparse_bandwidth` for sparse rows), `rpc_us` µs
     of fixed cost per RPC (request + response handling on the pserver), `op_us` µs per
-    element per op type (`sum`, `scale` and the optimizers), `row_us` µs per row a sparse
-    update or lookup touches (the per-row bookkeeping beside the per-element work)."""
+    element per op type (`sum`, `scale` and the optimizers), `row_us` µs per sparse grad row
+    the block merges (a lookup: the bookkeeping beside `merge_us` per element),
+    `update_row_us` µs per distinct row a sparse update writes."""
 
-    # the defaults: `pstranspile calibrate` on the shared 2-core VM, 2026-11-27 (the median
-    # of 3 runs; the range of 7 runs in brackets: the small fixed figures move by 2x between
-    # runs on this loaded machine)
-    bandwidth: float = 1.46e9  # a real sync pserver taking dense grads and sending params (1.18-1.53e9)
-    rpc_us: float = 410.0  # a real sync pserver's CPU per batch a trainer sends or fetches a round (372-453)
+    # the defaults: `pstranspile calibrate` on the shared 2-core VM, 2026-11-27, under load
+    # (load average 2-5: other helpers' jobs and a benchmark of ours): the median of 10 runs,
+    # the range in brackets (the small fixed figures move by 2x between runs)
+    bandwidth: float = 1.57e9  # a real sync pserver taking dense grads and sending params (1.33-1.96e9)
+    rpc_us: float = 385.0  # a real sync pserver's CPU per batch a trainer sends or fetches a round (267-473)
     op_us: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_US))
-    row_us: float = 0.2  # per sparse grad row the pserver's block merges and applies (0.08-0.41)
-    var_us: float = 0.0  # one more var in a request (8 grads in one SendBatch: 0 in 7 runs, 0-11 before)
-    block_us: float = 53.0  # one optimize block run with its vars (a sync round's CPU per partition: 44-109)
-    id_us: float = 0.04  # per sparse grad row received, beyond its bytes and the block's work (0-0.25)
-    copy_us: float = 0.00042  # per element a sparse update copies, every core copying (0.00032-0.00057)
-    merge_us: float = 0.012  # per element of a sparse grad row the block merges (sum's scatter-add; 0.004-0.021)
-    fault_us: float = 0.000095  # more per element copied into an array over the mmap threshold (0-0.00016)
+    row_us: float = 0.053  # per sparse grad row the pserver's block merges (a lookup; 0.029-0.18)
+    var_us: float = 0.0  # one more var in a request (8 grads in one SendBatch: 0 in 10 runs)
+    block_us: float = 70.0  # one optimize block run with its vars (a sync round's CPU per partition: 53-123)
+    id_us: float = 0.0  # per sparse grad row received, beyond its bytes and the block's work (0 in 3 runs)
+    copy_us: float = 0.00041  # per element an async sparse update copies, every core copying (0.00033-0.00047)
+    merge_us: float = 0.0086  # per element of a sparse grad row the block merges (sum's scatter-add; 0.0074-0.0101)
+    fault_us: float = 0.000007  # more per element copied into an array over the mmap threshold (0-0.00008)
     source: str = "defaults"
     # a real pserver taking a sparse grad's rows (and sending prefetched rows): its CPU per
-    # byte beyond the per-element merge and update (`merge_us`, the optimizer's rate)
-    sparse_bandwidth: float = 6.2e8  # (1.9e8-2.2e9 in 7 runs: the least steady figure; the median)
+    # byte beyond the per-element merge and update (`merge_us`, the optimizer's rate); the
+    # median of 3 runs on a 16k-row table (360-553 MB/s; 164-1,769 on the 100k-row table
+    # before, whose whole-table copies per send swamped the slope)
+    sparse_bandwidth: float = 4.4e8
+    # per distinct row a sparse update writes (a sync pserver: in place), beside its
+    # per-element `scale` and optimizer rates: the merged rows' sort, gathers and scatters
+    update_row_us: float = 0.39  # (0.27-1.52)
 
     def op(self, op_type: str, dtype: DType | None = None) -> float:
         """µs per element of `op_type` on `dtype` (float32 when None; float64 has its own
@@ -140,7 +148,8 @@ class Rates:
                       "copy_us": "us per element copied by a sparse update",
                       "merge_us": "us per element of a merged sparse grad row",
                       "fault_us": "us more per element copied over the mmap threshold",
-                      "sparse_bandwidth": "bytes/s of sparse rows (grads in, prefetched rows out)"},
+                      "sparse_bandwidth": "bytes/s of sparse rows (grads in, prefetched rows out)",
+                      "update_row_us": "us per distinct row a sparse update writes"},
             "bandwidth": self.bandwidth,
             "rpc_us": self.rpc_us,
             "row_us": self.row_us,
@@ -151,6 +160,7 @@ class Rates:
             "merge_us": self.merge_us,
             "fault_us": self.fault_us,
             "sparse_bandwidth": self.sparse_bandwidth,
+            "update_row_us": self.update_row_us,
             "op_us": dict(sorted(self.op_us.items())),
         }
 
@@ -173,11 +183,12 @@ def load_rates(path: str | Path | None) -> Rates:
                       float(data.get("var_us", Rates.var_us)), float(data.get("block_us", Rates.block_us)),
                       float(data.get("id_us", Rates.id_us)), float(data.get("copy_us", Rates.copy_us)),
                       float(data.get("merge_us", Rates.merge_us)), float(data.get("fault_us", Rates.fault_us)),
-                      str(path), float(data.get("sparse_bandwidth", Rates.sparse_bandwidth)))
+                      str(path), float(data.get("sparse_bandwidth", Rates.sparse_bandwidth)),
+                      float(data.get("update_row_us", Rates.update_row_us)))
     except (KeyError, TypeError, ValueError) as exc:
         raise TranspileError(f"rates {path}: bad field ({exc})") from None
     if rates.bandwidth <= 0 or rates.sparse_bandwidth <= 0 or min(rates.rpc_us, rates.row_us, rates.var_us, rates.block_us, rates.id_us,
-                                   rates.copy_us, rates.merge_us, rates.fault_us) < 0 or any(v < 0 for v in ops.values()):
+                                   rates.copy_us, rates.merge_us, rates.fault_us, rates.update_row_us) < 0 or any(v < 0 for v in ops.values()):
         raise TranspileError(f"rates {path}: rates must be positive")
     return rates
 
@@ -366,7 +377,7 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
         updated = rows if every else (touched_all if job.sync_mode else touched_one * t)
         merge_rows = lookups * t
         cost.compute_us = (merge_rows * (rates.row_us + cols * rates.merge_us) + updated * cols * rates.op("scale", dtype)
-                           + updated * cols * rates.op(optimizer, dtype))
+                           + updated * cols * rates.op(optimizer, dtype) + (0.0 if every else updated * rates.update_row_us))
         if not job.sync_mode:
             cost.compute_us += (t - 1) * updated * cols * rates.op(optimizer, dtype) if every else 0.0
         # per grad row taken: the request work beside its bytes, on every partition the id
@@ -409,7 +420,8 @@ def table_shard_cost(table, shard: int, job: Job, rates: Rates, ids: IdStats | N
     cost.sparse_bytes = cost.bytes_in + cost.bytes_out
     cost.rpcs = t  # the prefetch (the grads travel in the batches)
     cost.vars = 2 * t
-    cost.compute_us = (lookups * t * (rates.row_us + width * rates.merge_us) + merged * width * rates.op("sgd", table.dtype)
+    cost.compute_us = (lookups * t * (rates.row_us + width * rates.merge_us)
+                       + merged * (width * rates.op("sgd", table.dtype) + rates.update_row_us)
                        + lookups * t * rates.id_us
                        + (1 if job.sync_mode else t) * rates.block_us)
     return cost
