@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from ops.rpc.client import RpcClient
 from ops.rpc.server import PServer, ServeConfig
 from ops.scope import Scope
+from ops.tensor import LoDTensor, SelectedRows
 
 
 @dataclass
@@ -90,3 +92,21 @@ def self_signed(directory: Path, *names: str) -> Path:
             check=True, capture_output=True, timeout=60,
         )
     return directory
+
+
+def sgd_block(scope: Scope, fanin: int, params: tuple[str, ...]) -> Callable[[int], None]:
+    """A pserver's optimize block by hand: each of `params` -= the sum of the trainers'
+    grads (in trainer order); a SelectedRows grad subtracts its rows."""
+
+    def run_block(idx: int) -> None:
+        for param in params:
+            value = scope.find_var(param).array.copy()
+            for t in range(fanin):
+                grad = scope.find_var(f"{param}@GRAD" if fanin == 1 else f"{param}@GRAD.trainer_{t}")
+                if isinstance(grad, SelectedRows):
+                    np.subtract.at(value, grad.rows, grad.value[: grad.rows.size])
+                else:
+                    value -= grad.array
+            scope.set_var(param, LoDTensor(value))
+
+    return run_block

@@ -15,7 +15,7 @@ import time
 import grpc
 import numpy as np
 import pytest
-from rpc_support import running_pserver, self_signed
+from rpc_support import running_pserver, sgd_block, self_signed
 
 from ops.rpc import RpcClient, RpcError, bulk
 from ops.rpc.auth import ClientAuth, ServerAuth, Tls
@@ -51,20 +51,7 @@ def _scope(dtype=F32) -> Scope:
 
 
 def _sgd(scope: Scope, fanin: int):
-    """w -= sum of the trainers' grads (in trainer order); emb -= its rows."""
-
-    def run_block(idx: int) -> None:
-        for param in ("w", "emb"):
-            value = scope.find_var(param).array.copy()
-            for t in range(fanin):
-                grad = scope.find_var(f"{param}@GRAD" if fanin == 1 else f"{param}@GRAD.trainer_{t}")
-                if isinstance(grad, SelectedRows):
-                    np.subtract.at(value, grad.rows, grad.value[: grad.rows.size])
-                else:
-                    value -= grad.array
-            scope.set_var(param, LoDTensor(value))
-
-    return run_block
+    return sgd_block(scope, fanin, ("w", "emb"))
 
 
 def _train(monkeypatch, choice: str, dtype, steps: int = 3) -> tuple[np.ndarray, np.ndarray, dict]:

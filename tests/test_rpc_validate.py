@@ -11,7 +11,7 @@ import time
 import grpc
 import numpy as np
 import pytest
-from rpc_support import running_pserver
+from rpc_support import running_pserver, sgd_block
 
 from conftest import PADDLE_PROGRAMS
 from ops.rpc import RpcClient, RpcError
@@ -50,18 +50,7 @@ def _program_config(fanin: int = 1, **extra):
 
 
 def _sgd(scope: Scope, fanin: int):
-    def run_block(idx: int) -> None:
-        for param in ("w", "b", "emb"):
-            value = scope.find_var(param).array.copy()
-            for t in range(fanin):
-                grad = scope.find_var(f"{param}@GRAD" if fanin == 1 else f"{param}@GRAD.trainer_{t}")
-                if isinstance(grad, SelectedRows):
-                    np.subtract.at(value, grad.rows, grad.value[: grad.rows.size])
-                else:
-                    value -= grad.array
-            scope.set_var(param, LoDTensor(value))
-
-    return run_block
+    return sgd_block(scope, fanin, ("w", "b", "emb"))
 
 
 def _correct_step(client, address: str, trainer: int = 0, fanin: int = 1) -> None:
