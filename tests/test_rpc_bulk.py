@@ -354,6 +354,52 @@ def test_the_choice_follows_the_program_and_the_setting(monkeypatch):
         check_env_choices()
 
 
+def test_the_channel_port_can_be_fixed_for_a_firewall(monkeypatch):
+    """`PSTRANSPILE_BULK_PORT`: a port, or +N past the gRPC port; one that is taken is one
+    BindError naming it; a bad value is refused before anything starts."""
+    from ops.rpc.errors import BindError
+
+    assert bulk.bulk_port(6170, {}) == 0
+    assert bulk.bulk_port(6170, {bulk.PORT_ENV: "7000"}) == 7000
+    assert bulk.bulk_port(6170, {bulk.PORT_ENV: " +1000 "}) == 7170
+    for bad in ("x", "-1", "0", "70000", "+"):
+        with pytest.raises(bulk.BulkChoiceError, match="PSTRANSPILE_BULK_PORT"):
+            bulk.bulk_port(6170, {bulk.PORT_ENV: bad})
+    with pytest.raises(bulk.BulkChoiceError, match="past 65535"):
+        bulk.bulk_port(65000, {bulk.PORT_ENV: "+1000"})
+    monkeypatch.setenv(bulk.BULK_ENV, "on")
+
+    def start() -> PServer:
+        config = ServeConfig(endpoint="127.0.0.1:0", fanin=1, received=("g",), templates={"g": ((3,), F32)})
+        server = PServer(config, Scope(), lambda idx: None)
+        server.start()
+        return server
+
+    with socket.socket() as probe:  # a free port, then given back for the pserver to take
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    monkeypatch.setenv(bulk.PORT_ENV, str(free))
+    server = start()
+    try:
+        assert server._bulk.port == free
+        with pytest.raises(BindError, match=f"cannot open the bulk channel on 127.0.0.1:{free}"):
+            start()  # the same port again: taken
+    finally:
+        server.shutdown()
+    monkeypatch.setenv(bulk.PORT_ENV, "+1")
+    try:
+        server = start()
+    except BindError:  # gRPC's port + 1 happened to be taken: nothing more to check
+        return
+    try:
+        assert server._bulk.port == server.port + 1
+    finally:
+        server.shutdown()
+    monkeypatch.setenv(bulk.PORT_ENV, "nine")
+    with pytest.raises(bulk.BulkChoiceError, match="PSTRANSPILE_BULK_PORT='nine'"):
+        check_env_choices()
+
+
 def test_a_var_header_round_trips_and_bad_headers_are_frame_errors():
     head = bulk.VarHead("x", 24, np.dtype("<f8"), (3,), ((0, 1, 3),), True)
     raw = json.dumps({"x": "s", "t": 1, "v": [head.encode()]}).encode()

@@ -63,6 +63,7 @@ from ops.tensor import LoDTensor
 from proto import rpc_pb2
 
 BULK_ENV = "PSTRANSPILE_BULK"
+PORT_ENV = "PSTRANSPILE_BULK_PORT"  # the channel's port: N, or +N past the gRPC port; unset: any free port
 CHOICES = ("auto", "on", "off")
 BULK_MIN = 256 << 10  # bytes: `auto` opens the channel for a program with a dense var this big
 METHOD = "BulkChannel"  # the gRPC method announcing the channel (not in proto/rpc.proto)
@@ -97,6 +98,28 @@ class FrameError(Exception):
 def bulk_choice(environ: Mapping[str, str] | None = None) -> str:
     """`auto` (the default), `on` or `off`; `BulkChoiceError` for anything else."""
     return env_choice(environ, BULK_ENV, CHOICES, BulkChoiceError)
+
+
+def bulk_port(grpc_port: int = 0, environ: Mapping[str, str] | None = None) -> int:
+    """The port the channel listens on: `PSTRANSPILE_BULK_PORT` as `N` (that port) or `+N`
+    (the pserver's gRPC port plus N: one setting for several pservers on one host), 0 (the
+    OS picks a free port) when unset; `BulkChoiceError` for anything else. A firewall that
+    lets only known ports through needs it; a trainer that cannot reach the channel falls
+    back to gRPC with a warning."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    text = environ.get(PORT_ENV, "").strip()
+    if not text:
+        return 0
+    offset = text.startswith("+")
+    digits = text[1:] if offset else text
+    if not digits.isdigit() or not 0 < int(digits) < 65536:
+        raise BulkChoiceError(f"{PORT_ENV}={environ[PORT_ENV]!r}: expected a port (1-65535) or +N past the gRPC port")
+    port = grpc_port + int(digits) if offset else int(digits)
+    if offset and grpc_port and not 0 < port < 65536:
+        raise BulkChoiceError(f"{PORT_ENV}={text}: gRPC port {grpc_port} + {digits} is past 65535")
+    return port
 
 
 def offers_bulk(largest_var: int, environ: Mapping[str, str] | None = None) -> bool:
@@ -442,11 +465,16 @@ class BulkListener:
 
     def __init__(self, host: str, *, token: str | None, tls: Tls | None, timeout: float, max_connections: int,
                  handle: Callable[[Connection, RequestHead], None], max_vars: int = 1 << 16,
-                 log: Callable[[str], None] = lambda text: None) -> None:
+                 log: Callable[[str], None] = lambda text: None, port: int = 0) -> None:
         family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host.strip("[]"), 0))
+        try:
+            self._sock.bind((host.strip("[]"), port))
+        except OSError as exc:
+            self._sock.close()
+            raise OSError(exc.errno, f"cannot open the bulk channel on {host}:{port} ({exc.strerror}); "
+                                     f"is the port in use? ({PORT_ENV})") from None
         self._sock.listen(64)
         self._sock.settimeout(0.2)
         self.port = self._sock.getsockname()[1]
@@ -729,5 +757,5 @@ def announce_request() -> bytes:
 
 
 __all__ = ["BULK_ENV", "BULK_MIN", "CHOICES", "METHOD", "BulkAbort", "BulkCallError", "BulkChoiceError", "BulkClient",
-           "BulkListener", "Connection", "FrameError", "Offer", "RequestHead", "VarHead", "bulk_choice",
+           "BulkListener", "Connection", "FrameError", "Offer", "RequestHead", "VarHead", "bulk_choice", "bulk_port",
            "decode_request_head", "offers_bulk", "outgoing", "receive_value", "reply_pieces", "send_pieces"]

@@ -29,13 +29,14 @@ def env_choice(environ: Mapping[str, str] | None, variable: str, choices: tuple[
 
 def check_env_choices(environ: Mapping[str, str] | None = None) -> None:
     """Raise `EnvChoiceError` for the first of the runtime's settings `environ` gets wrong."""
-    from ops.rpc.bulk import bulk_choice
+    from ops.rpc.bulk import bulk_choice, bulk_port
     from ops.rpc.engine import engine_env  # they read their settings with `env_choice`
     from ops.rpc.malloc import malloc_choice
 
     engine_env(environ)
     malloc_choice(environ)
     bulk_choice(environ)
+    bulk_port(0, environ)
 
 
 __all__ = ["EnvChoiceError", "check_env_choices", "env_choice"]

@@ -361,11 +361,15 @@ class PServer(OwnDirRpc):
         limit = max_message(self.config)
         self._bulk_limit = limit if limit > 0 else bulk.OPEN_LIMIT  # no program: what gRPC's protobuf takes
         if bulk.offers_bulk(self._largest_var()):
-            self._bulk = bulk.BulkListener(
-                where.rpartition(":")[0], token=self.config.auth.token, tls=self.config.auth.tls,
-                timeout=self.config.timeout, handle=self._bulk_call,
-                max_connections=self.config.fanin * (IN_FLIGHT_CAP["send"] + IN_FLIGHT_CAP["fetch"]) + 8,
-                max_vars=fields or (1 << 16))
+            try:
+                self._bulk = bulk.BulkListener(
+                    where.rpartition(":")[0], token=self.config.auth.token, tls=self.config.auth.tls,
+                    timeout=self.config.timeout, handle=self._bulk_call,
+                    max_connections=self.config.fanin * (IN_FLIGHT_CAP["send"] + IN_FLIGHT_CAP["fetch"]) + 8,
+                    max_vars=fields or (1 << 16), port=bulk.bulk_port(port))
+            except OSError as exc:
+                server.stop(None)
+                raise BindError(f"pserver {self.config.endpoint}: {exc.strerror or exc}") from None
         server.start()
         self._log(f"pserver {self.config.endpoint}: {who_may_call}")
         self._server = server
