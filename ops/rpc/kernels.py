@@ -207,7 +207,8 @@ def fetch_barrier(ctx: OpContext) -> None:
     requests = [request for _, wanted in deferred for request in wanted]
     into, params = _destinations(ctx, deferred)
     try:
-        values = iter(client.fetch_barrier([str(ep) for ep in ctx.attr("endpoints")], requests, into))
+        endpoints = [str(ep) for ep in ctx.attr("endpoints")]
+        values = iter(client.fetch_barrier(endpoints, requests, into) if into else client.fetch_barrier(endpoints, requests))
     except BaseException:
         # A param received into may be half written: drop it, so that a later read fails
         # ("not in the scope") instead of computing with it.
