@@ -534,7 +534,8 @@ def test_a_trainer_receives_param_blocks_into_the_param_only_when_nothing_else_h
     from ops.rpc import kernels
 
     rng = np.random.default_rng(3)
-    blocks = {"w.block0": rng.standard_normal((3, 4)).astype(dtype), "w.block1": rng.standard_normal((5, 4)).astype(dtype)}
+    blocks = {"w.block0": rng.standard_normal((3, 4)).astype(dtype),
+              "w.block1": rng.standard_normal((5, 4)).astype(dtype)}
     want = np.concatenate([blocks["w.block0"], blocks["w.block1"]])
     fake = _FakeClient(blocks)
     monkeypatch.setattr(kernels, "get_client", lambda trainer_id: fake)

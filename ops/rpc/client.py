@@ -520,8 +520,8 @@ class RpcClient:
         requests = list(requests)
         wanted = _names_by_endpoint(requests)
         endpoints = list(dict.fromkeys([*send_barrier, *queued, *fetch_barrier, *wanted]))
-        calls = [self._send_fetch_call(ep, queued.get(ep, []), ep in send_barrier, wanted.get(ep, []), ep in fetch_barrier,
-                                       _into_of(ep, wanted.get(ep, []), into))
+        calls = [self._send_fetch_call(ep, queued.get(ep, []), ep in send_barrier, wanted.get(ep, []),
+                                       ep in fetch_barrier, _into_of(ep, wanted.get(ep, []), into))
                  for ep in endpoints]
         got: dict[tuple[str, str], Any] = {}
         for endpoint, reply in zip(endpoints, self._call_all(calls), strict=True):
@@ -529,7 +529,8 @@ class RpcClient:
         return [got[request] for request in requests]
 
     def _send_fetch_call(self, endpoint: str, queued: list[_Queued], barrier: bool, names: list[str],
-                         fetch_barrier: bool, into: Mapping[str, np.ndarray] | None = None) -> tuple[str, str, _Batch, str]:
+                         fetch_barrier: bool, into: Mapping[str, np.ndarray] | None = None,
+                         ) -> tuple[str, str, _Batch, str]:
         """The call (for `_call_all`) of one `SendFetchBatch`."""
         request = _Batch("SendFetchBatch", self.trainer_id, tuple(queued), barrier=barrier, fetch=tuple(names),
                          fetch_barrier=fetch_barrier, into=into or {})

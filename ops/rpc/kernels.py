@@ -208,7 +208,8 @@ def fetch_barrier(ctx: OpContext) -> None:
     into, params = _destinations(ctx, deferred)
     try:
         endpoints = [str(ep) for ep in ctx.attr("endpoints")]
-        values = iter(client.fetch_barrier(endpoints, requests, into) if into else client.fetch_barrier(endpoints, requests))
+        values = iter(client.fetch_barrier(endpoints, requests, into) if into
+                      else client.fetch_barrier(endpoints, requests))
     except BaseException:
         # A param received into may be half written: drop it, so that a later read fails
         # ("not in the scope") instead of computing with it.
