@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                     session.scope.set_var(key[len("init/"):], LoDTensor(saved[key]))
         if role.trainer_id == 0 and role.is_trainer:
             kill_during_checkpoints(session, args.pid_dir, kills)
-        initial = held_params(session)
+        initial = held_params(session) if args.save is not None else {}  # copies: only what --save writes
         as_trainers = AsTrainers(session, args.as_trainers) if args.as_trainers else None
         warmup = args.warmup or 0
         start, cpu, wall = time.perf_counter(), time.process_time(), time.time()

@@ -520,3 +520,76 @@ def test_a_call_waiting_on_a_pserver_gRPC_finds_gone_fails_within_a_second():
             client.wait_pending()
         assert time.monotonic() - start < 5
         ep.lost = None
+
+
+class _FakeClient:
+    """Stands for the RPC client under a trainer's `fetch_barrier`: receives each block into
+    the destination it is given (as the bulk channel does), else into a new array."""
+
+    def __init__(self, blocks: dict[str, np.ndarray], fail: bool = False):
+        self.blocks, self.fail, self.into = blocks, fail, None
+
+    def fetch_barrier(self, endpoints, requests, into=None):
+        self.into = dict(into or {})
+        values = []
+        for ep, name in requests:
+            dest = self.into.get((ep, name))
+            if dest is None:
+                dest = np.empty_like(self.blocks[name])
+            dest[...] = self.blocks[name]
+            if self.fail:
+                raise RpcError("the pserver went away mid-reply")
+            view = dest.view()
+            view.flags.writeable = False
+            values.append(LoDTensor(view))
+        return values
+
+
+def _trainer_tail(dtype=F32):
+    """recv w.block0 / w.block1 (deferred), fetch_barrier, concat -> w: a sync trainer's end."""
+    from transpiler.ir import DType, Program
+
+    program = Program.empty()
+    block = program.global_block()
+    for name, shape in (("w.block0", [3, 4]), ("w.block1", [5, 4]), ("w", [8, 4])):
+        block.create_var(name, dtype=DType.FP64 if dtype == F64 else DType.FP32, shape=shape, persistable=name == "w")
+    eps = ["127.0.0.1:1", "127.0.0.1:2"]
+    block.add_op("recv", {}, {"Out": ["w.block0"]}, {"epmap": [eps[0]], "varnames": ["w.block0"]})
+    block.add_op("recv", {}, {"Out": ["w.block1"]}, {"epmap": [eps[1]], "varnames": ["w.block1"]})
+    block.add_op("fetch_barrier", {}, {}, {"endpoints": eps})
+    block.add_op("concat", {"X": ["w.block0", "w.block1"]}, {"Out": ["w"]}, {"axis": 0})
+    return program
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_a_trainer_receives_param_blocks_into_the_param_only_when_nothing_else_holds_it(monkeypatch, dtype):
+    from ops.executor import Executor
+    from ops.rpc import kernels
+
+    rng = np.random.default_rng(3)
+    blocks = {"w.block0": rng.standard_normal((3, 4)).astype(dtype),
+              "w.block1": rng.standard_normal((5, 4)).astype(dtype)}
+    want = np.concatenate([blocks["w.block0"], blocks["w.block1"]])
+    fake = _FakeClient(blocks)
+    monkeypatch.setattr(kernels, "get_client", lambda trainer_id: fake)
+    program = _trainer_tail(dtype)
+    scope = Scope()
+    scope.set_var("w", LoDTensor(np.zeros((8, 4), dtype)))
+    address = scope.find_var("w").array.__array_interface__["data"][0]
+    Executor(free_dead=True).run(program, scope=scope)
+    got = scope.find_var("w").array
+    assert len(fake.into) == 2 and got.__array_interface__["data"][0] == address  # received in place, no copy
+    assert got.dtype == dtype and np.array_equal(got, want)
+    # A reader keeps the param's array (a fetched value): it must not change under them.
+    kept = scope.find_var("w").array
+    before = kept.copy()
+    blocks["w.block0"] += 1
+    Executor(free_dead=True).run(program, scope=scope)
+    assert fake.into == {} and np.array_equal(kept, before)
+    assert np.array_equal(scope.find_var("w").array, np.concatenate([blocks["w.block0"], blocks["w.block1"]]))
+    del kept
+    # A receive that fails half way: the param, maybe half written, leaves the scope.
+    fake.fail = True
+    with pytest.raises(Exception, match="went away mid-reply"):
+        Executor(free_dead=True).run(program, scope=scope)
+    assert fake.into and scope.find_var("w") is None

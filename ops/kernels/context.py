@@ -362,6 +362,27 @@ class OpContext:
             return None
         return array
 
+    def unshared_array(self, name: str) -> np.ndarray | None:
+        """The array var `name` holds, for a kernel to overwrite with the var's next value
+        before the op that writes it runs, when no reader can tell: a `LoDTensor` whose
+        array owns its memory, is writeable and C-contiguous, no other thread reads the
+        scope, and nothing but the scope holds the tensor or the array (no fetched view, no
+        alias, no tensor a caller kept, no queued send). Else None. (A trainer's
+        `fetch_barrier` receiving the param blocks straight into the param that the
+        following `concat` writes.) The caller must not bind the array before asking."""
+        if self.run.concurrent_readers or self.run.update_in_place:
+            return None
+        tensor = self.scope.find_var(name)
+        if type(tensor) is not LoDTensor:
+            return None
+        array = tensor.array
+        if array.base is not None or not array.flags.writeable or not array.flags.c_contiguous or array.ndim == 0:
+            return None
+        # Each is held once by its owner (the scope's dict; the tensor) and once here.
+        if _references(tensor) != SOLE_LOCAL_REFERENCES + 1 or _references(array) != SOLE_LOCAL_REFERENCES + 1:
+            return None
+        return array
+
     def output_buffer(self, slot: str, shape: tuple[int, ...], dtype: np.dtype, i: int = 0) -> np.ndarray:
         """An array of `shape` and `dtype` for the kernel to compute the slot's `i`-th
         output into (`out=`) and then `set_output`: the array this op's last output in

@@ -680,8 +680,12 @@ class BulkClient:
             sock.close()
 
     def call(self, method: str, items: Sequence[tuple[VarHead, list[Piece]]], *, barrier: bool = False,
-             fetch: Sequence[str] = (), fetch_barrier: bool = False, timeout: float) -> tuple[WireBatch, int, int]:
-        """(the reply, bytes sent, bytes received) of one call; `BulkCallError` on failure."""
+             fetch: Sequence[str] = (), fetch_barrier: bool = False, timeout: float,
+             into: Mapping[str, np.ndarray] | None = None) -> tuple[WireBatch, int, int]:
+        """(the reply, bytes sent, bytes received) of one call; `BulkCallError` on failure.
+        A fetched dense var named in `into` is received into that array when its shape and
+        dtype are the reply's (the trainer's param, `ops.rpc.kernels.fetch_barrier`), else
+        into a new one."""
         head = {"x": self.offer.secret, "t": self.trainer_id, "a": bool(barrier), "f": bool(fetch_barrier),
                 "g": list(fetch), "v": [h.encode() for h, _ in items]}
         if self.token is not None:
@@ -723,7 +727,10 @@ class BulkClient:
             found = []
             for raw_var in _list(heads, "the reply's vars", 1 << 20):
                 var = _var_head(raw_var)
-                value = receive_value(sock, var, check=check)
+                dest = into.get(var.name) if into else None
+                if dest is not None and (var.dtype is None or dest.shape != var.shape or dest.dtype != var.dtype):
+                    dest = None
+                value = receive_value(sock, var, dest, check=check)
                 found.append(value if isinstance(value, WireVar) else WireVar(var.name, value))
                 received += var.nbytes
             ok = True

@@ -44,9 +44,9 @@ from __future__ import annotations
 import ssl
 import sys
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent import futures as _futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -171,6 +171,11 @@ class _Queued:
     merge_add: bool
 
 
+def _into_of(endpoint: str, names: Sequence[str], into: Mapping[tuple[str, str], np.ndarray]) -> dict[str, np.ndarray]:
+    """The destinations of `endpoint`'s fetched `names` (by name) that `into` holds."""
+    return {name: into[(endpoint, name)] for name in names if (endpoint, name) in into}
+
+
 @dataclass(frozen=True)
 class _Batch:
     """A `SendBatch`, `SendFetchBatch` or `FetchBatch` not yet encoded: gRPC's message is
@@ -182,6 +187,7 @@ class _Batch:
     barrier: bool = False
     fetch: tuple[str, ...] = ()
     fetch_barrier: bool = False
+    into: Mapping[str, np.ndarray] = field(default_factory=dict)  # the bulk channel: fetched name -> its destination
 
     def grpc_request(self) -> Any:
         if self.method == "FetchBatch":
@@ -289,7 +295,7 @@ class RpcClient:
             if ep.bulk is not None and ep.lost is None:
                 reply, sent, received = ep.bulk.call(
                     request.method, request.bulk_items(), barrier=request.barrier, fetch=request.fetch,
-                    fetch_barrier=request.fetch_barrier, timeout=timeout)
+                    fetch_barrier=request.fetch_barrier, timeout=timeout, into=request.into)
                 self.stats.add(method, sent, received)
                 return rpc_pb2.VoidMessage() if method == "SendBatch" else reply
             request = request.grpc_request()
@@ -403,7 +409,8 @@ class RpcClient:
         """Values of `(endpoint, name)` pairs, one `FetchBatch` per pserver, in order."""
         return self._fetch(requests, ())
 
-    def _fetch(self, requests: Iterable[tuple[str, str]], barriers: Sequence[str]) -> list[Any]:
+    def _fetch(self, requests: Iterable[tuple[str, str]], barriers: Sequence[str],
+               into: Mapping[tuple[str, str], np.ndarray] | None = None) -> list[Any]:
         """Values of `(endpoint, name)` pairs, and the fetch barrier of each of `barriers`,
         in one `FetchBatch` per pserver (after the sends queued so far)."""
         self.wait_pending()
@@ -411,7 +418,8 @@ class RpcClient:
         wanted = _names_by_endpoint(requests, barriers)
         barrier = set(barriers)
         calls = [
-            (ep, "FetchBatch", _Batch("FetchBatch", self.trainer_id, fetch=tuple(names), fetch_barrier=ep in barrier),
+            (ep, "FetchBatch", _Batch("FetchBatch", self.trainer_id, fetch=tuple(names), fetch_barrier=ep in barrier,
+                                      into=_into_of(ep, names, into or {})),
              "fetch barrier" if ep in barrier else f"get of {', '.join(names)}")
             for ep, names in wanted.items()
         ]
@@ -489,17 +497,19 @@ class RpcClient:
         self._gather(pending)
         self._call_all(calls)
 
-    def fetch_barrier(self, endpoints: Sequence[str], requests: Iterable[tuple[str, str]] = ()) -> list[Any]:
+    def fetch_barrier(self, endpoints: Sequence[str], requests: Iterable[tuple[str, str]] = (),
+                      into: Mapping[tuple[str, str], np.ndarray] | None = None) -> list[Any]:
         """The values of `(endpoint, name)` `requests` and the fetch barrier of each of
         `endpoints`: one `FetchBatch` per pserver, or one `SendFetchBatch` when a send
-        barrier was deferred."""
+        barrier was deferred. A request in `into` is received into that array on the bulk
+        channel (when the reply's shape and dtype are its own; gRPC ignores it)."""
         send_barrier, self._deferred_barrier = self._deferred_barrier, None
         if send_barrier is None:
-            return self._fetch(requests, endpoints)
-        return self._send_and_fetch(send_barrier, requests, endpoints)
+            return self._fetch(requests, endpoints, into or {})
+        return self._send_and_fetch(send_barrier, requests, endpoints, into or {})
 
     def _send_and_fetch(self, send_barrier: Sequence[str], requests: Iterable[tuple[str, str]],
-                        fetch_barrier: Sequence[str]) -> list[Any]:
+                        fetch_barrier: Sequence[str], into: Mapping[tuple[str, str], np.ndarray]) -> list[Any]:
         """One `SendFetchBatch` per pserver concerned: its queued vars, its send barrier (for
         `send_barrier`), the names `requests` want of it and its fetch barrier (for
         `fetch_barrier`), in that order; the values, in `requests`' order."""
@@ -510,7 +520,8 @@ class RpcClient:
         requests = list(requests)
         wanted = _names_by_endpoint(requests)
         endpoints = list(dict.fromkeys([*send_barrier, *queued, *fetch_barrier, *wanted]))
-        calls = [self._send_fetch_call(ep, queued.get(ep, []), ep in send_barrier, wanted.get(ep, []), ep in fetch_barrier)
+        calls = [self._send_fetch_call(ep, queued.get(ep, []), ep in send_barrier, wanted.get(ep, []),
+                                       ep in fetch_barrier, _into_of(ep, wanted.get(ep, []), into))
                  for ep in endpoints]
         got: dict[tuple[str, str], Any] = {}
         for endpoint, reply in zip(endpoints, self._call_all(calls), strict=True):
@@ -518,10 +529,11 @@ class RpcClient:
         return [got[request] for request in requests]
 
     def _send_fetch_call(self, endpoint: str, queued: list[_Queued], barrier: bool, names: list[str],
-                         fetch_barrier: bool) -> tuple[str, str, _Batch, str]:
+                         fetch_barrier: bool, into: Mapping[str, np.ndarray] | None = None,
+                         ) -> tuple[str, str, _Batch, str]:
         """The call (for `_call_all`) of one `SendFetchBatch`."""
         request = _Batch("SendFetchBatch", self.trainer_id, tuple(queued), barrier=barrier, fetch=tuple(names),
-                         fetch_barrier=fetch_barrier)
+                         fetch_barrier=fetch_barrier, into=into or {})
         what = "send barrier and fetch barrier" if barrier and fetch_barrier else "send and fetch"
         return endpoint, "SendFetchBatch", request, what
 

@@ -205,9 +205,69 @@ def fetch_barrier(ctx: OpContext) -> None:
     client = client_of(ctx)
     deferred = ctx.env.pop(DEFERRED_KEY, [])
     requests = [request for _, wanted in deferred for request in wanted]
-    values = iter(client.fetch_barrier([str(ep) for ep in ctx.attr("endpoints")], requests))
+    into, params = _destinations(ctx, deferred)
+    try:
+        endpoints = [str(ep) for ep in ctx.attr("endpoints")]
+        values = iter(client.fetch_barrier(endpoints, requests, into) if into
+                      else client.fetch_barrier(endpoints, requests))
+    except BaseException:
+        # A param received into may be half written: drop it, so that a later read fails
+        # ("not in the scope") instead of computing with it.
+        ctx.scope.erase(*params)
+        raise
     for recv_ctx, wanted in deferred:
         _write_outs(recv_ctx, [next(values) for _ in wanted])
+
+
+def _destinations(ctx: OpContext, deferred: list[tuple[OpContext, list[tuple[str, str]]]]
+                  ) -> tuple[dict[tuple[str, str], np.ndarray], list[str]]:
+    """Where the bulk channel may receive the fetched param blocks: the rows of the param
+    they are joined into, when the ops right after this one are `concat`s (axis 0) of
+    blocks it fetches, in order, into a param that nothing but the scope holds
+    (`OpContext.unshared_array`) and that no op before its `concat` names. The `concat`
+    then finds its blocks tiling the param and copies nothing (`_joined_already`): the
+    same bits as a join of new arrays, no param-sized array per step. ((endpoint, name)
+    -> view, the params concerned.)"""
+    source = {}
+    for recv_ctx, wanted in deferred:
+        source.update(zip(recv_ctx.output_names("Out"), wanted, strict=True))
+    into: dict[tuple[str, str], np.ndarray] = {}
+    params: list[str] = []
+    if not source:
+        return into, params
+    for op in _ops_after(ctx):
+        if op.type != "concat":
+            break
+        xs, outs = op.inputs.get("X", ()), op.outputs.get("Out", ())
+        if (len(outs) != 1 or len(xs) < 2 or int(op.attr("axis", 0)) != 0 or outs[0] in source or outs[0] in xs
+                or any(x not in source for x in xs) or len(set(xs)) != len(xs)):
+            break
+        views = _rows_of(ctx, outs[0], xs)
+        if views is None:
+            continue
+        params.append(outs[0])
+        for x, view in zip(xs, views, strict=True):
+            into[source[x]] = view
+    return into, params
+
+
+def _rows_of(ctx: OpContext, param: str, blocks: tuple[str, ...]) -> list[np.ndarray] | None:
+    """Views of `param`'s array that `blocks` tile along axis 0, by their declared shapes,
+    when the array is the scope's alone; else None."""
+    shapes = []
+    for name in blocks:
+        var = ctx.decl(name)
+        if var is None or var.shape is None or not var.shape or any(d < 0 for d in var.shape):
+            return None
+        shapes.append(tuple(var.shape))
+    array = ctx.unshared_array(param)
+    if array is None or any(s[1:] != array.shape[1:] for s in shapes) or sum(s[0] for s in shapes) != array.shape[0]:
+        return None
+    views, start = [], 0
+    for shape in shapes:
+        views.append(array[start : start + shape[0]])
+        start += shape[0]
+    return views
 
 
 @register("checkpoint_notify")
