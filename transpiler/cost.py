@@ -62,7 +62,9 @@ from transpiler.ir.types import DType
 
 MEMORY_KINDS = ("params", "optimizer_state", "grad_buffers", "merged_grads", "table", "other")
 ID_BYTES = 8  # an int64 row id on the wire
-# a sync pserver's CPU per byte of sparse rows (`calibrate.measure_sync_sparse`): set below from measurements
+# a sync pserver's CPU per byte of sparse rows (`calibrate.measure_sync_sparse`, the rows
+# updated in place): the median of 11 runs on the shared 2-core VM, 2026-11-27, load average
+# 0.2-0.7 (424-895 MB/s): near the async figure (440), not the dense `bandwidth` (1,570)
 SYNC_SPARSE_BANDWIDTH = 5.6e8
 RATES_SCHEMA = "pstranspile.rates/1"
 # Optimizers whose kernel, on a SelectedRows grad of rows it updates alone, copies the whole
