@@ -407,6 +407,15 @@ def test_calibrate_times_a_real_sync_round():
     assert 0 < one < 50_000
 
 
+def test_calibrate_measures_sparse_rows_on_a_real_sync_pserver():
+    """`measure_sync_sparse` drives a real sync pserver (rows updated in place) a round at
+    a time: a grad row of 64 floats costs it CPU, and the per-float rest is a rate."""
+    from transpiler.calibrate import measure_sync_sparse
+
+    synced = measure_sync_sparse(0.0, 0.0, id_counts=(128, 4096), rounds=5)
+    assert 0 < synced["row_cpu_us"] < 1_000 and synced["wire_us"] >= 0
+
+
 def test_calibrate_copy_rate_is_per_element_and_memcpy_like():
     from transpiler.calibrate import measure_copy
 
