@@ -347,7 +347,6 @@ def test_sparse_bytes_of_a_sync_job_go_at_the_sync_rate_an_async_job_at_sparse_b
     total.add(unsync)
     assert total.time_us(rates) == pytest.approx(sync.time_us(rates) + unsync.time_us(rates))
     assert Rates().sync_sparse_bandwidth == SYNC_SPARSE_BANDWIDTH
-    assert Rates().sparse_rate(True) == SYNC_SPARSE_BANDWIDTH and Rates().sparse_rate(False) == Rates.sparse_bandwidth
 
 
 def test_rates_without_sync_sparse_bandwidth_keep_its_default(tmp_path):

@@ -133,10 +133,6 @@ class Rates:
     # driven a round at a time (`calibrate.measure_sync_sparse`)
     sync_sparse_bandwidth: float = SYNC_SPARSE_BANDWIDTH
 
-    def sparse_rate(self, sync_mode: bool) -> float:
-        """bytes/s of sparse rows on a sync (`sync_sparse_bandwidth`) or async pserver."""
-        return self.sync_sparse_bandwidth if sync_mode else self.sparse_bandwidth
-
     def op(self, op_type: str, dtype: DType | None = None) -> float:
         """µs per element of `op_type` on `dtype` (float32 when None; float64 has its own
         rate `op@fp64`, or twice the float32 one; other dtypes are priced by their bytes)."""
