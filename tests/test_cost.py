@@ -15,7 +15,7 @@ from conftest import PADDLE_CASES, PADDLE_PROGRAMS, REAL_MODEL_CASES, load_case_
 from transpiler.api import transpile
 from transpiler.cost import (
     MEMORY_KINDS, Cost, IdStats, Job, Rates, block_cost, declared_memory, load_rates, parse_bytes, plan_costs,
-    read_id_sample, var_bytes,
+    SYNC_SPARSE_BANDWIDTH, read_id_sample, var_bytes,
 )
 from transpiler.errors import TranspileError
 from transpiler.ir import Program
@@ -307,7 +307,7 @@ def test_sparse_copies_over_the_mmap_threshold_cost_fresh_pages():
 def test_sparse_bytes_go_at_their_own_rate_dense_at_the_bandwidth():
     """A sparse grad's rows (and prefetched rows) are priced at `sparse_bandwidth`, a dense
     param's bytes at `bandwidth`: hand-worked figures."""
-    rates = Rates(bandwidth=1e9, sparse_bandwidth=1e8, rpc_us=0.0, op_us={"sum": 0.0, "scale": 0.0, "sgd": 0.0},
+    rates = Rates(bandwidth=1e9, sparse_bandwidth=1e8, sync_sparse_bandwidth=1e8, rpc_us=0.0, op_us={"sum": 0.0, "scale": 0.0, "sgd": 0.0},
                   row_us=0.0, var_us=0.0, block_us=0.0, id_us=0.0, merge_us=0.0, update_row_us=0.0)
     stats = IdStats.uniform_rows(100, 10)
     fetched = block_cost("sgd", DType.FP32, 0, 100, 8, Job(trainers=2), rates, sparse=True, ids=stats)
@@ -324,6 +324,43 @@ def test_sparse_bytes_go_at_their_own_rate_dense_at_the_bandwidth():
     total.add(dense)
     assert total.sparse_bytes == fetched.sparse_bytes
     assert total.time_us(rates) == pytest.approx(fetched.time_us(rates) + dense.time_us(rates))
+
+
+def test_sparse_bytes_of_a_sync_job_go_at_the_sync_rate_an_async_job_at_sparse_bandwidth():
+    """A sync pserver's sparse bytes (rows updated in place) are priced at
+    `sync_sparse_bandwidth`, an async one's at `sparse_bandwidth`: hand-worked figures, and
+    the two kept apart when costs add up (a row block and a `mod` shard alike)."""
+    rates = Rates(bandwidth=1e12, sparse_bandwidth=1e8, sync_sparse_bandwidth=4e8, rpc_us=0.0,
+                  op_us={"sum": 0.0, "scale": 0.0, "sgd": 0.0}, row_us=0.0, var_us=0.0, block_us=0.0, id_us=0.0,
+                  merge_us=0.0, update_row_us=0.0, copy_us=0.0)
+    stats = IdStats.uniform_rows(100, 10)
+    sparse = 2 * 10 * (8 * 4 + 8)  # 2 trainers' grads: 10 rows of 8 floats and their ids each
+    whole = 2 * 100 * 8 * 4 / 1e12 * 1e6  # the block fetched whole: dense bytes
+    sync = block_cost("sgd", DType.FP32, 0, 100, 8, Job(2, True), rates, sparse=True, ids=stats)
+    unsync = block_cost("sgd", DType.FP32, 0, 100, 8, Job(2, False), rates, sparse=True, ids=stats)
+    assert sync.sparse_bytes == unsync.sparse_bytes == pytest.approx(sparse)
+    assert sync.async_sparse_bytes == 0 and unsync.async_sparse_bytes == pytest.approx(sparse)
+    assert sync.time_us(rates) == pytest.approx(sparse / 4e8 * 1e6 + whole)
+    assert unsync.time_us(rates) == pytest.approx(sparse / 1e8 * 1e6 + whole)
+    total = Cost()
+    total.add(sync)
+    total.add(unsync)
+    assert total.time_us(rates) == pytest.approx(sync.time_us(rates) + unsync.time_us(rates))
+    assert Rates().sync_sparse_bandwidth == SYNC_SPARSE_BANDWIDTH
+
+
+def test_rates_without_sync_sparse_bandwidth_keep_its_default(tmp_path):
+    data = Rates(sync_sparse_bandwidth=7e8, source="x").to_json()
+    assert data["sync_sparse_bandwidth"] == 7e8 and "sync_sparse_bandwidth" in data["units"]
+    path = tmp_path / "rates.json"
+    path.write_text(json.dumps(data))
+    assert load_rates(path).sync_sparse_bandwidth == 7e8
+    del data["sync_sparse_bandwidth"]
+    path.write_text(json.dumps(data))
+    assert load_rates(path).sync_sparse_bandwidth == SYNC_SPARSE_BANDWIDTH
+    path.write_text(json.dumps(data | {"sync_sparse_bandwidth": -1}))
+    with pytest.raises(TranspileError, match="rates must be positive"):
+        load_rates(path)
 
 
 def test_fixed_costs_per_rpc_var_and_block_add_up_per_pserver():
@@ -367,6 +404,15 @@ def test_calibrate_times_a_real_sync_round():
 
     one = measure_sync_round(*dense_programs(1, 4, 4), steps=20, warm=2)
     assert 0 < one < 50_000
+
+
+def test_calibrate_measures_sparse_rows_on_a_real_sync_pserver():
+    """`measure_sync_sparse` drives a real sync pserver (rows updated in place) a round at
+    a time: a grad row of 64 floats costs it CPU, and the per-float rest is a rate."""
+    from transpiler.calibrate import measure_sync_sparse
+
+    synced = measure_sync_sparse(0.0, 0.0, id_counts=(128, 4096), rounds=5)
+    assert 0 < synced["row_cpu_us"] < 1_000 and synced["wire_us"] >= 0
 
 
 def test_calibrate_copy_rate_is_per_element_and_memcpy_like():

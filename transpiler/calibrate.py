@@ -23,6 +23,10 @@ real pservers' CPU per step.
   slope per float, less `merge_us` and Adagrad's rate on the rows it updates, sets
   `sparse_bandwidth`; the part per row at width 0, less an id's 8 bytes, `row_us` and
   `update_row_us` on the rows updated, sets `id_us`;
+- against a real sync pserver with the same program (`measure_sync_sparse`: driven a
+  round at a time, the rows merged and updated in place): the CPU per grad row at widths
+  64 and 16, less `merge_us` and `scale` + Adagrad's rates on the distinct rows: the
+  slope per float sets `sync_sparse_bandwidth` (what a sync job's sparse bytes cost);
 - against a real sync pserver (`measure_dense`: `measure_sync_round` serves a net of
   fc layers, Momentum, to 2 trainer threads that replay their traffic with
   `transpiler.replay` and wait `THINK` between rounds as real trainers compute): `rpc_us`
@@ -279,7 +283,9 @@ from transpiler.api import transpile
 from transpiler.runtime.launch import free_endpoints
 main, startup = train_ctr.build_ctr("local-table", int(sys.argv[2]), int(sys.argv[3]))
 endpoint = free_endpoints(1)[0]
-pserver, pserver_startup = transpile(main, startup, pservers=[endpoint], trainers=1, sync_mode=False).pservers[endpoint]
+sync = len(sys.argv) > 4 and sys.argv[4] == "sync"
+trainers = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+pserver, pserver_startup = transpile(main, startup, pservers=[endpoint], trainers=trainers, sync_mode=sync).pservers[endpoint]
 serve_program(pserver, pserver_startup, ready=lambda server: print(endpoint, flush=True), log=None, timeout=600.0)
 """
 
@@ -353,6 +359,101 @@ def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: 
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def measure_sync_sparse(merge_us: float, update_us: float, id_counts: tuple[int, int] = (512, 8192),
+                        widths: tuple[int, int] = (PSERVER_WIDTH // 4, PSERVER_WIDTH), rounds: int = 60,
+                        trainers: int = 1) -> dict[str, float]:
+    """A real **sync** pserver (the CTR example's `local-table` program, `[16384, w]` fp32 +
+    Adagrad, `trainers` trainers: the rows merged and updated in place) in a child process,
+    driven a round at a time as trainers drive it (a thread per trainer: its 4 small dense
+    grads and `emb@GRAD`, a row per lookup from `2k` ids, in one batch; the send barrier; a
+    param fetched behind the fetch barrier): its CPU per round (/proc, the median of 3
+    blocks of `rounds`) at `k` rows per trainer (`id_counts`) on tables `widths` floats
+    wide, less the merge (`merge_us` per element of every grad row) and the update
+    (`update_us` per element of every distinct row, counted). The slope of the rest per
+    grad row, per float between the widths, is the pserver's CPU per float of a sparse
+    row's bytes (`wire_us`); `row_cpu_us` the measured CPU per grad row on the wider table."""
+    import threading
+
+    import numpy as np
+
+    from ops.rpc.client import RpcClient
+    from ops.tensor import SelectedRows
+
+    rest, raw = [], []
+    for width in widths:  # the CTR net: 3 lookups concatenated, fc 32, fc 2
+        dense = {"ctr_fc.b@GRAD": (32,), "ctr_fc.w@GRAD": (3 * width, 32), "ctr_out.b@GRAD": (2,),
+                 "ctr_out.w@GRAD": (32, 2)}
+        child = subprocess.Popen([sys.executable, "-c", _PSERVER, str(ROOT), str(PSERVER_ROWS), str(width), "sync",
+                                  str(trainers)], stdout=subprocess.PIPE, text=True,
+                                 env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
+        clients = []
+        try:
+            endpoint = child.stdout.readline().strip()
+            if not endpoint:
+                raise RuntimeError("the calibration sync pserver did not start")
+            clients = [RpcClient(t, timeout=60.0) for t in range(trainers)]
+            rng = np.random.default_rng(0)
+            grads = {name: np.full(shape, 1e-4, np.float32) for name, shape in dense.items()}
+            figures, adjusted = [], []
+            for k in id_counts:
+                ids = [rng.integers(0, 2 * k, size=k).astype(np.int64) * (PSERVER_ROWS // (2 * k))
+                       for _ in range(trainers)]
+                sparse = [SelectedRows(i, np.full((k, width), 1e-4, np.float32), PSERVER_ROWS) for i in ids]
+                distinct = len(np.unique(np.concatenate(ids)))
+
+                def trainer(t: int, count: int, errors: list) -> None:
+                    try:
+                        if count < 0:  # the startup's fetch barrier
+                            clients[t].fetch_barrier([endpoint], [(endpoint, "ctr_out.b")])
+                        for _ in range(count):
+                            for name, value in grads.items():
+                                clients[t].send_async(endpoint, name, value)
+                            clients[t].send_async(endpoint, "emb@GRAD", sparse[t])
+                            clients[t].send_barrier([endpoint], defer=True)
+                            clients[t].fetch_barrier([endpoint], [(endpoint, "ctr_out.b")])
+                    except BaseException as exc:  # noqa: BLE001 - raised below
+                        errors.append(exc)
+
+                def run(count: int) -> None:
+                    errors: list = []
+                    threads = [threading.Thread(target=trainer, args=(t, count, errors)) for t in range(trainers)]
+                    for thread in threads:
+                        thread.start()
+                    for thread in threads:
+                        thread.join()
+                    if errors:
+                        raise errors[0]
+
+                if k == id_counts[0]:
+                    run(-1)
+                run(5)
+                blocks = []
+                for _ in range(3):
+                    cpu0 = _cpu_seconds(child.pid)
+                    run(rounds)
+                    blocks.append((_cpu_seconds(child.pid) - cpu0) / rounds * 1e6)
+                figures.append(statistics.median(blocks))
+                adjusted.append(figures[-1] - trainers * k * width * merge_us - distinct * width * update_us)
+            rows = trainers * (id_counts[1] - id_counts[0])
+            raw.append((figures[1] - figures[0]) / rows)
+            rest.append((adjusted[1] - adjusted[0]) / rows)
+            clients[0].complete([endpoint])
+            for client in clients[1:]:
+                client.complete([endpoint])
+            child.wait(timeout=60)
+        finally:
+            for client in clients:
+                client.close()
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    per_float = (rest[1] - rest[0]) / (widths[1] - widths[0])
+    if os.environ.get("PSTRANSPILE_CALIBRATE_DEBUG"):
+        print(f"sync pserver cpu us per grad row {raw} at widths {widths}, beyond merge and update {rest}: "
+              f"{per_float:.5f} per float", file=sys.stderr)
+    return {"wire_us": max(per_float, 0.0), "row_cpu_us": raw[1]}
 
 
 _COPIER = r"""
@@ -555,6 +656,10 @@ def calibrate(progress=None) -> Rates:
     fixed = real["row_cpu_us"] - PSERVER_WIDTH * per_float
     id_us = max(fixed - ID_BYTES / sparse_bandwidth * 1e6 - row_us - share * update_row_us, 0.0)
     say(f"  var {real['var_us']:.1f}, id {id_us:.3f}, sparse rows {sparse_bandwidth / 1e6:,.0f} MB/s")
+    say("a real sync pserver, sparse grads (rows updated in place): bytes/s of sparse rows")
+    synced = measure_sync_sparse(merge_us, ops["scale"] + ops["adagrad"])
+    sync_sparse_bandwidth = 4 / synced["wire_us"] * 1e6 if synced["wire_us"] > 0 else echo_bandwidth
+    say(f"  sparse rows {sync_sparse_bandwidth / 1e6:,.0f} MB/s ({synced['row_cpu_us']:.2f} us per 64-float grad row)")
     say(f"a real sync pserver, {SYNC_TRAINERS} trainers replaying dense traffic: us per round, per block, dense bytes/s")
     dense = measure_dense(ops, real["var_us"])
     say(f"  rpc {dense['rpc_us']:.0f}, block {dense['block_us']:.1f}, {dense['bandwidth'] / 1e6:,.0f} MB/s "
@@ -565,4 +670,4 @@ def calibrate(progress=None) -> Rates:
     return Rates(bandwidth=dense["bandwidth"], rpc_us=dense["rpc_us"], op_us=ops, row_us=row_us,
                  var_us=real["var_us"], block_us=dense["block_us"], id_us=id_us, copy_us=copy_us,
                  merge_us=merge_us, fault_us=block["fault_us"], source=source, sparse_bandwidth=sparse_bandwidth,
-                 update_row_us=update_row_us)
+                 update_row_us=update_row_us, sync_sparse_bandwidth=sync_sparse_bandwidth)

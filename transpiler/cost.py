@@ -36,7 +36,8 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
   on an async pserver (`(1 + sliced)·n·copy_us`; a sync one updates the rows in place); each run of the partition's optimize block costs `block_us`
   (once a step in sync mode, once per trainer's grad in async mode).
 Estimated pserver time per step = compute + dense bytes (in + out) / bandwidth + sparse
-bytes (grad rows and ids in, prefetched rows out: `Cost.sparse_bytes`) / sparse_bandwidth
+bytes (grad rows and ids in, prefetched rows out: `Cost.sparse_bytes`) / sync_sparse_bandwidth
+(a sync job) or sparse_bandwidth (async)
 + RPCs × rpc_us + vars × var_us: the pserver's CPU µs per step, which
 `benchmarks/cost_accuracy.py` compares with real pservers' CPU from /proc. The fixed rates
 (`rpc_us`, `block_us`: a real sync pserver's round replayed by `transpiler.replay`;
@@ -61,6 +62,10 @@ from transpiler.ir.types import DType
 
 MEMORY_KINDS = ("params", "optimizer_state", "grad_buffers", "merged_grads", "table", "other")
 ID_BYTES = 8  # an int64 row id on the wire
+# a sync pserver's CPU per byte of sparse rows (`calibrate.measure_sync_sparse`, the rows
+# updated in place): the median of 11 runs on the shared 2-core VM, 2026-11-27, load average
+# 0.2-0.7 (424-895 MB/s): near the async figure (440), not the dense `bandwidth` (1,570)
+SYNC_SPARSE_BANDWIDTH = 5.6e8
 RATES_SCHEMA = "pstranspile.rates/1"
 # Optimizers whose kernel, on a SelectedRows grad of rows it updates alone, copies the whole
 # param and every sliced state before writing the rows (ops/kernels/optimizers.py): such an
@@ -123,6 +128,10 @@ class Rates:
     # per distinct row a sparse update writes (a sync pserver: in place), beside its
     # per-element `scale` and optimizer rates: the merged rows' sort, gathers and scatters
     update_row_us: float = 0.39  # (0.27-1.52)
+    # the same on a sync pserver (the rows merged and updated in place, no copies): its CPU
+    # per byte of sparse rows beyond the merge and the update, measured on a sync pserver
+    # driven a round at a time (`calibrate.measure_sync_sparse`)
+    sync_sparse_bandwidth: float = SYNC_SPARSE_BANDWIDTH
 
     def op(self, op_type: str, dtype: DType | None = None) -> float:
         """µs per element of `op_type` on `dtype` (float32 when None; float64 has its own
@@ -148,7 +157,8 @@ class Rates:
                       "copy_us": "us per element copied by a sparse update",
                       "merge_us": "us per element of a merged sparse grad row",
                       "fault_us": "us more per element copied over the mmap threshold",
-                      "sparse_bandwidth": "bytes/s of sparse rows (grads in, prefetched rows out)",
+                      "sparse_bandwidth": "bytes/s of sparse rows (grads in, prefetched rows out), async pserver",
+                      "sync_sparse_bandwidth": "bytes/s of sparse rows on a sync pserver",
                       "update_row_us": "us per distinct row a sparse update writes"},
             "bandwidth": self.bandwidth,
             "rpc_us": self.rpc_us,
@@ -160,6 +170,7 @@ class Rates:
             "merge_us": self.merge_us,
             "fault_us": self.fault_us,
             "sparse_bandwidth": self.sparse_bandwidth,
+            "sync_sparse_bandwidth": self.sync_sparse_bandwidth,
             "update_row_us": self.update_row_us,
             "op_us": dict(sorted(self.op_us.items())),
         }
@@ -184,10 +195,11 @@ def load_rates(path: str | Path | None) -> Rates:
                       float(data.get("id_us", Rates.id_us)), float(data.get("copy_us", Rates.copy_us)),
                       float(data.get("merge_us", Rates.merge_us)), float(data.get("fault_us", Rates.fault_us)),
                       str(path), float(data.get("sparse_bandwidth", Rates.sparse_bandwidth)),
-                      float(data.get("update_row_us", Rates.update_row_us)))
+                      float(data.get("update_row_us", Rates.update_row_us)),
+                      float(data.get("sync_sparse_bandwidth", Rates.sync_sparse_bandwidth)))
     except (KeyError, TypeError, ValueError) as exc:
         raise TranspileError(f"rates {path}: bad field ({exc})") from None
-    if rates.bandwidth <= 0 or rates.sparse_bandwidth <= 0 or min(rates.rpc_us, rates.row_us, rates.var_us, rates.block_us, rates.id_us,
+    if rates.bandwidth <= 0 or min(rates.sparse_bandwidth, rates.sync_sparse_bandwidth) <= 0 or min(rates.rpc_us, rates.row_us, rates.var_us, rates.block_us, rates.id_us,
                                    rates.copy_us, rates.merge_us, rates.fault_us, rates.update_row_us) < 0 or any(v < 0 for v in ops.values()):
         raise TranspileError(f"rates {path}: rates must be positive")
     return rates
@@ -308,6 +320,7 @@ class Cost:
     lookups: float = 0.0  # ids looked up (or sent as grad rows) per step
     rows: float = 0.0  # distinct rows touched per step
     sparse_bytes: float = 0.0  # of bytes_in + bytes_out: sparse grad rows, ids and prefetched rows
+    async_sparse_bytes: float = 0.0  # of sparse_bytes: an async job's (priced at `sparse_bandwidth`)
 
     def add(self, other: Cost) -> None:
         for kind, value in other.memory.items():
@@ -320,6 +333,7 @@ class Cost:
         self.lookups += other.lookups
         self.rows += other.rows
         self.sparse_bytes += other.sparse_bytes
+        self.async_sparse_bytes += other.async_sparse_bytes
 
     @property
     def memory_bytes(self) -> int:
@@ -327,7 +341,9 @@ class Cost:
 
     def time_us(self, rates: Rates) -> float:
         dense = self.bytes_in + self.bytes_out - self.sparse_bytes
-        return (self.compute_us + dense / rates.bandwidth * 1e6 + self.sparse_bytes / rates.sparse_bandwidth * 1e6
+        synced = self.sparse_bytes - self.async_sparse_bytes
+        return (self.compute_us + dense / rates.bandwidth * 1e6 + synced / rates.sync_sparse_bandwidth * 1e6
+                + self.async_sparse_bytes / rates.sparse_bandwidth * 1e6
                 + self.rpcs * rates.rpc_us + self.vars * rates.var_us)
 
 
@@ -373,6 +389,7 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
         else:
             cost.bytes_out = t * n * size
         cost.sparse_bytes = cost.bytes_in + (cost.bytes_out if prefetch else 0.0)
+        cost.async_sparse_bytes = 0.0 if job.sync_mode else cost.sparse_bytes
         every = slots.updates_every_row((optimizer_attrs or {}).get) if optimizer_attrs is not None else slots.every_row
         updated = rows if every else (touched_all if job.sync_mode else touched_one * t)
         merge_rows = lookups * t
@@ -418,6 +435,7 @@ def table_shard_cost(table, shard: int, job: Job, rates: Rates, ids: IdStats | N
     cost.bytes_in = t * one * ID_BYTES + t * lookups * (width * size + ID_BYTES)
     cost.bytes_out = t * one * width * size
     cost.sparse_bytes = cost.bytes_in + cost.bytes_out
+    cost.async_sparse_bytes = 0.0 if job.sync_mode else cost.sparse_bytes
     cost.rpcs = t  # the prefetch (the grads travel in the batches)
     cost.vars = 2 * t
     cost.compute_us = (lookups * t * (rates.row_us + width * rates.merge_us)
