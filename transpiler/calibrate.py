@@ -46,7 +46,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from transpiler.cost import DEFAULT_OP_US, ID_BYTES, Rates
 
@@ -354,11 +356,7 @@ def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: 
         return {"rpc_us": max(get_us - var_us, 0.0), "var_us": var_us, "block_us": block_us,
                 "id_us": max(slope - wire - work, 0.0), "row_cpu_us": slope}
     finally:
-        if client is not None:
-            client.close()
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        _stop(child, [client] if client is not None else [])
 
 
 def measure_sync_sparse(merge_us: float, update_us: float, id_counts: tuple[int, int] = (512, 8192),
@@ -444,11 +442,7 @@ def measure_sync_sparse(merge_us: float, update_us: float, id_counts: tuple[int,
                 client.complete([endpoint])
             child.wait(timeout=60)
         finally:
-            for client in clients:
-                client.close()
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+            _stop(child, clients)
     per_float = (rest[1] - rest[0]) / (widths[1] - widths[0])
     if os.environ.get("PSTRANSPILE_CALIBRATE_DEBUG"):
         print(f"sync pserver cpu us per grad row {raw} at widths {widths}, beyond merge and update {rest}: "
@@ -585,12 +579,18 @@ def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int =
                 raise errors[0]
             child.wait(timeout=60)
         finally:
-            for client in clients:
-                client.close()
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+            _stop(child, clients)
     return (marks[warm + steps] - marks[warm]) / steps * 1e6
+
+
+
+def _stop(child: subprocess.Popen, clients: Sequence[Any]) -> None:
+    """Close a measurement's clients and kill its pserver child if it is still running."""
+    for client in clients:
+        client.close()
+    if child.poll() is None:
+        child.kill()
+        child.wait()
 
 
 THINK = 0.01  # seconds a replaying trainer waits between rounds, as a trainer computing its passes
