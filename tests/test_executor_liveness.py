@@ -147,20 +147,7 @@ def test_a_pserver_block_frees_the_trainers_grads_after_their_sum_never_the_para
 
 def run_sync(program: Program, scope: Scope) -> None:
     """Run as a sync pserver's blocks run: every read ordered before the updates."""
-    exe = Executor(free_dead=True)
-    from ops.kernels.context import RunContext
-
-    original = RunContext.__init__
-
-    def in_place(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        self.update_in_place = True
-
-    RunContext.__init__ = in_place
-    try:
-        exe.run(program, scope=scope)
-    finally:
-        RunContext.__init__ = original
+    Executor(free_dead=True).run(program, scope=scope, update_in_place=True)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
