@@ -45,8 +45,9 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -372,8 +373,6 @@ def measure_sync_sparse(merge_us: float, update_us: float, id_counts: tuple[int,
     (`update_us` per element of every distinct row, counted). The slope of the rest per
     grad row, per float between the widths, is the pserver's CPU per float of a sparse
     row's bytes (`wire_us`); `row_cpu_us` the measured CPU per grad row on the wider table."""
-    import threading
-
     import numpy as np
 
     from ops.rpc.client import RpcClient
@@ -401,28 +400,18 @@ def measure_sync_sparse(merge_us: float, update_us: float, id_counts: tuple[int,
                 sparse = [SelectedRows(i, np.full((k, width), 1e-4, np.float32), PSERVER_ROWS) for i in ids]
                 distinct = len(np.unique(np.concatenate(ids)))
 
-                def trainer(t: int, count: int, errors: list) -> None:
-                    try:
-                        if count < 0:  # the startup's fetch barrier
-                            clients[t].fetch_barrier([endpoint], [(endpoint, "ctr_out.b")])
-                        for _ in range(count):
-                            for name, value in grads.items():
-                                clients[t].send_async(endpoint, name, value)
-                            clients[t].send_async(endpoint, "emb@GRAD", sparse[t])
-                            clients[t].send_barrier([endpoint], defer=True)
-                            clients[t].fetch_barrier([endpoint], [(endpoint, "ctr_out.b")])
-                    except BaseException as exc:  # noqa: BLE001 - raised below
-                        errors.append(exc)
+                def trainer(t: int, count: int) -> None:
+                    if count < 0:  # the startup's fetch barrier
+                        clients[t].fetch_barrier([endpoint], [(endpoint, "ctr_out.b")])
+                    for _ in range(count):
+                        for name, value in grads.items():
+                            clients[t].send_async(endpoint, name, value)
+                        clients[t].send_async(endpoint, "emb@GRAD", sparse[t])
+                        clients[t].send_barrier([endpoint], defer=True)
+                        clients[t].fetch_barrier([endpoint], [(endpoint, "ctr_out.b")])
 
                 def run(count: int) -> None:
-                    errors: list = []
-                    threads = [threading.Thread(target=trainer, args=(t, count, errors)) for t in range(trainers)]
-                    for thread in threads:
-                        thread.start()
-                    for thread in threads:
-                        thread.join()
-                    if errors:
-                        raise errors[0]
+                    _each_trainer(trainers, lambda t: trainer(t, count))
 
                 if k == id_counts[0]:
                     run(-1)
@@ -528,7 +517,6 @@ def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int =
     `trainers` trainers replaying their traffic (`transpiler.replay`, a thread each), the
     pserver in a child process, its CPU from /proc over `steps` steps after `warm`."""
     import tempfile
-    import threading
 
     from ops.rpc.client import RpcClient
     from transpiler.api import transpile
@@ -560,28 +548,36 @@ def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int =
             def pause(step: int) -> None:
                 time.sleep(think)
 
-            errors: list[BaseException] = []
-
             def run(t: int) -> None:
-                try:
-                    replay(clients[t], programs[t].trainer, programs[t].trainer_startup, warm + steps,
-                           mark if t == 0 else (pause if think else None))
-                except BaseException as exc:  # noqa: BLE001 - reported below
-                    errors.append(exc)
+                replay(clients[t], programs[t].trainer, programs[t].trainer_startup, warm + steps,
+                       mark if t == 0 else (pause if think else None))
 
             clients = [RpcClient(t, timeout=120.0) for t in range(trainers)]
-            threads = [threading.Thread(target=run, args=(t,)) for t in range(trainers)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            if errors:
-                raise errors[0]
+            _each_trainer(trainers, run)
             child.wait(timeout=60)
         finally:
             _stop(child, clients)
     return (marks[warm + steps] - marks[warm]) / steps * 1e6
 
+
+
+def _each_trainer(trainers: int, work: Callable[[int], None]) -> None:
+    """`work(t)` for every trainer t at once, one thread each; the first error raised."""
+    errors: list[BaseException] = []
+
+    def guarded(t: int) -> None:
+        try:
+            work(t)
+        except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(t,)) for t in range(trainers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
 
 
 def _stop(child: subprocess.Popen, clients: Sequence[Any]) -> None:
