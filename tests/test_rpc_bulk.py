@@ -126,6 +126,34 @@ def test_sync_receive_buffers_are_kept_and_reused_every_step():
     assert not ps.errors
 
 
+def test_a_buffer_a_persistable_views_is_not_received_into_again():
+    """A block that keeps a view of the received grad in a persistable var (`kept`): the
+    next round receives into a new buffer, and the kept value stays what it was."""
+    scope = _scope()
+    sgd = _sgd(scope, 1)
+
+    def run_block(idx: int) -> None:
+        sgd(idx)
+        scope.set_var("kept", LoDTensor(scope.find_var("w@GRAD").array[10:20]))
+
+    with running_pserver(scope=scope, run_block=run_block, **_config(persistables=("w", "kept"))) as ps:
+        client = ps.client(0)
+        client.fetch_barrier([ps.address])
+        seen = []
+        for step in range(2):
+            client.send_async(ps.address, "w@GRAD", LoDTensor(np.full((300, 200), step + 1, F32)))
+            client.send_async(ps.address, "emb@GRAD", SelectedRows([1], np.ones((1, 4), F32), height=10))
+            client.send_barrier([ps.address], defer=True)
+            client.fetch_barrier([ps.address], [(ps.address, "w")])
+            seen.append(ps.server._bulk_buffers[(0, "w@GRAD")])
+            kept = ps.scope.find_var("kept").array
+        assert seen[0] is not seen[1]
+        assert np.all(kept == 2) and np.all(seen[0] == 1)  # round 1's buffer, still what `kept` first saw
+        client.complete([ps.address])
+        ps.join()
+    assert not ps.errors
+
+
 def test_async_mode_receives_into_new_arrays_and_lod_and_rows_travel():
     with running_pserver(sync_mode=False) as ps:
         client = ps.client(0)
@@ -593,3 +621,22 @@ def test_a_trainer_receives_param_blocks_into_the_param_only_when_nothing_else_h
     with pytest.raises(Exception, match="went away mid-reply"):
         Executor(free_dead=True).run(program, scope=scope)
     assert fake.into and scope.find_var("w") is None
+
+
+def test_memory_extents_answer_what_may_share_memory_answers_pair_by_pair():
+    """`MemoryExtents.overlaps` (one sorted pass for a pserver's persistables) against
+    `np.may_share_memory` on every array: views, strided views, slices inside and beside
+    the buffer, empty arrays, separate arrays."""
+    rng = np.random.default_rng(0)
+    base = np.zeros(10_000, np.float32)
+    others = [np.zeros(int(n), np.float64) for n in rng.integers(1, 500, size=20)]
+    strided = np.zeros(1_000, np.float32)
+    held = [base[100:200], strided[100:500:7], base[9_000:], base[5:5], *others[::2]]
+    extents = bulk.MemoryExtents(held)
+    probes = [base, base[0:100], base[200:300], base[150:160], base[9_999:], base[1:2], np.empty(0, np.float32),
+              *others, base.reshape(100, 100)[:, 3], strided[:50], strided[450:], strided[::300]]
+    answers = [any(np.may_share_memory(probe, array) for array in held) for probe in probes]
+    assert True in answers and False in answers
+    for probe, answer in zip(probes, answers, strict=True):
+        assert extents.overlaps(probe) == answer, probe.shape
+    assert not bulk.MemoryExtents([]).overlaps(base)

@@ -38,7 +38,9 @@ its pserver offers one, unless its own setting is `off`.
 
 from __future__ import annotations
 
+import bisect
 import hmac
+import itertools
 import json
 import math
 import secrets
@@ -48,12 +50,17 @@ import ssl
 import struct
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import numpy as np
+
+try:
+    from numpy.lib.array_utils import byte_bounds  # numpy >= 2
+except ImportError:  # numpy 1.26
+    from numpy import byte_bounds
 
 from ops.rpc.auth import Tls
 from ops.rpc.env_choice import EnvChoiceError, env_choice
@@ -358,6 +365,24 @@ def receive_value(sock: socket.socket, head: VarHead, into: np.ndarray | None = 
         return LoDTensor(view, [list(level) for level in head.lod])
     except ValueError as exc:
         raise FrameError(f"var {head.name!r}: {exc}") from None
+
+
+class MemoryExtents:
+    """The memory bounds of some arrays, to ask in O(log n) whether an array's bounds
+    overlap any of theirs: what `np.may_share_memory` answers for a pair (bounds only),
+    for a pserver's every persistable at once. An empty array shares no memory."""
+
+    def __init__(self, arrays: Iterable[np.ndarray]) -> None:
+        bounds = sorted(byte_bounds(array) for array in arrays if array.size)
+        self._lows = [low for low, _ in bounds]
+        self._reach = list(itertools.accumulate((high for _, high in bounds), max))  # the highest end so far
+
+    def overlaps(self, array: np.ndarray) -> bool:
+        if not array.size:
+            return False
+        low, high = byte_bounds(array)
+        below = bisect.bisect_left(self._lows, high)  # the extents that start before `array` ends
+        return below > 0 and self._reach[below - 1] > low
 
 
 def reply_pieces(values: Sequence[tuple[str, Any]]) -> list[Piece]:
@@ -764,5 +789,5 @@ def announce_request() -> bytes:
 
 
 __all__ = ["BULK_ENV", "BULK_MIN", "CHOICES", "METHOD", "BulkAbort", "BulkCallError", "BulkChoiceError", "BulkClient",
-           "BulkListener", "Connection", "FrameError", "Offer", "RequestHead", "VarHead", "bulk_choice", "bulk_port",
+           "BulkListener", "Connection", "FrameError", "MemoryExtents", "Offer", "RequestHead", "VarHead", "bulk_choice", "bulk_port",
            "decode_request_head", "offers_bulk", "outgoing", "receive_value", "reply_pieces", "send_pieces"]

@@ -865,12 +865,13 @@ class PServer(OwnDirRpc):
             conn.go()
         found: list[WireVar] = []
         taken: list[tuple[tuple[int, str], np.ndarray]] = []
+        held: list[bulk.MemoryExtents] = []  # the persistables' memory, found once a request (`_aliased`)
         try:
             for var in head.vars:
                 if var.dtype is None:
                     found.append(bulk.receive_value(conn.sock, var))
                     continue
-                into = self._bulk_buffer(tid, var, taken) if sync and var.nbytes else None
+                into = self._bulk_buffer(tid, var, taken, held) if sync and var.nbytes else None
                 value = bulk.receive_value(conn.sock, var, into)  # a read-only view, as gRPC's
                 found.append(WireVar(var.name, value, trainer_id=tid, merge_add=var.merge_add))
         finally:
@@ -878,7 +879,8 @@ class PServer(OwnDirRpc):
                 self._bulk_buffers.update(taken)
         return WireBatch(tid, head.barrier, tuple(found))
 
-    def _bulk_buffer(self, tid: int, var: bulk.VarHead, taken: list[tuple[tuple[int, str], np.ndarray]]) -> np.ndarray:
+    def _bulk_buffer(self, tid: int, var: bulk.VarHead, taken: list[tuple[tuple[int, str], np.ndarray]],
+                     held: list[bulk.MemoryExtents]) -> np.ndarray:
         """The buffer to receive trainer `tid`'s `var` into (sync). The one kept for them is
         reused unless the value it holds may still be read: the current round stored it
         already (a second send of the var this round gets a new buffer, so a failed one
@@ -891,19 +893,21 @@ class PServer(OwnDirRpc):
         with self._cond:
             stored = self._phase is Phase.SEND and var.name in self._received
         if (buffer is None or stored or buffer.shape != var.shape or buffer.dtype != var.dtype
-                or self._aliased(buffer)):
+                or self._aliased(buffer, held)):
             buffer = np.empty(var.shape, var.dtype)
         taken.append((key, buffer))
         return buffer
 
-    def _aliased(self, buffer: np.ndarray) -> bool:
+    def _aliased(self, buffer: np.ndarray, held: list[bulk.MemoryExtents]) -> bool:
         """Whether a persistable var's array may share `buffer`'s memory (a kernel that
-        kept a view of a received grad): that buffer is not written again."""
-        for name in self.config.persistables:
-            value = self.scope.find_var(name)
-            if isinstance(value, LoDTensor) and np.may_share_memory(value.array, buffer):
-                return True
-        return False
+        kept a view of a received grad): that buffer is not written again. The
+        persistables' memory is gathered once per request (into `held`), not once per var:
+        a pserver of a big model receives hundreds of vars and holds hundreds of
+        persistables."""
+        if not held:
+            values = (self.scope.find_var(name) for name in self.config.persistables)
+            held.append(bulk.MemoryExtents(value.array for value in values if isinstance(value, LoDTensor)))
+        return held[0].overlaps(buffer)
 
     def _rpc_GetVariable(self, request: WireVar, context: Any) -> bytes:  # noqa: N802
         def body() -> bytes:
