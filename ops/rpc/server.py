@@ -553,9 +553,12 @@ class PServer(OwnDirRpc):
         waited = self._active() - self._barriers if self.config.sync_mode else self._active()
         for tid in sorted(waited):
             state = self._trainers[tid]
-            if state.inflight:
-                continue
             lost = state.lost_at is not None and not state.watches and now - state.lost_at > self.config.lost_grace
+            # A call in flight keeps a trainer waited for, unless its Watch line is lost: a
+            # frozen trainer's gRPC calls end with the keepalive, but one on the bulk channel
+            # (a plain TCP stream, which the frozen peer's kernel keeps open) would not.
+            if state.inflight and not lost:
+                continue
             if not lost and now - state.last_seen <= self.config.timeout:
                 continue
             if lost:
