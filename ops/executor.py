@@ -183,7 +183,10 @@ class Executor:
         if liveness is not None and not (top or (run.update_in_place and liveness.served)):
             liveness = None
         keep = run.keep
+        skip = run.skip_ops
         for i, (op, spec, memo) in enumerate(prepared.steps):
+            if skip and (block.idx, i) in skip:  # done by whoever filled `skip_ops` (a sum on arrival)
+                continue
             dying = EMPTY if liveness is None else liveness.dying[i]
             if keep and dying:
                 dying = dying - keep

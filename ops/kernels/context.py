@@ -111,6 +111,9 @@ class RunContext:
         self.concurrent_readers = False
         # The run's fetch targets: never freed after their last read (`ops.executor.Liveness`).
         self.keep: frozenset[str] = frozenset()
+        # (block index, op index) of ops the run skips: a sync pserver's `sum`s of received
+        # grads it did as they arrived (`ops.rpc.arrival_sum`; the pserver fills it).
+        self.skip_ops: set[tuple[int, int]] | frozenset[tuple[int, int]] = frozenset()
         self._rng_factory = rng_factory
         self._run_block = run_block
 

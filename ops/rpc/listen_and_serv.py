@@ -37,6 +37,7 @@ from typing import Any
 from ops.kernels.context import KernelError, OpContext
 from ops.kernels.registry import register
 from ops.rpc import reduce
+from ops.rpc.arrival_sum import find_plans
 from ops.rpc.auth import ServerAuth
 from ops.rpc.server import PServer, ServeConfig, print_log
 from ops.rpc.service import LOST_GRACE, default_timeout, refuse_nonfinite_default
@@ -150,6 +151,7 @@ def serve_config(ctx: OpContext) -> ServeConfig:
         restorer=ctx.env.get("restorer"),
         refuse_nonfinite=bool(nonfinite) if nonfinite is not None else refuse_nonfinite_default(),
         lost_grace=float(grace) if grace is not None else LOST_GRACE,
+        arrival_sums=find_plans(program, blocks, received, templates, sparse, persistables) if sync_mode else (),
     )
 
 
@@ -170,6 +172,7 @@ def listen_and_serv(ctx: OpContext) -> None:
         log=log,
         run_in=lambda idx, own: ctx.run.run_block(idx, own, None),
     )
+    ctx.run.skip_ops = server.skip_ops  # the `sum`s the server does on arrival (filled when it starts)
     peers = reduce.needs_peers(ctx.run.program)  # a cross-pserver sum in the blocks (ops.rpc.reduce)
     if peers is not None:
         server.peer_reduce = reduce.PeerReduce(config.endpoint, peers, config.timeout)

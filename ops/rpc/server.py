@@ -123,6 +123,7 @@ import grpc
 import numpy as np
 
 from ops.rpc import bulk
+from ops.rpc.arrival_sum import ADD, BASE, HOLD, Arrivals, SumPlan, TornSum
 from ops.rpc.auth import Gate, ServerAuth
 from ops.rpc.bind import check_bindable
 from ops.rpc.checkpoint import CheckpointError, Checkpointer, CheckpointPathError, confine, step_of
@@ -177,6 +178,9 @@ class ServeConfig:
     restorer: Any = None  # an ops.rpc.own_dirs.PartRestorer: restore at the step trainer 0 agrees
     refuse_nonfinite: bool = False  # refuse a received var holding a NaN or an Inf
     lost_grace: float = LOST_GRACE  # seconds a trainer whose connection closed has to come back
+    # sync: the optimize blocks' first `sum`s of the trainers' copies of a grad, done as they
+    # arrive when the bulk channel is open (`ops.rpc.arrival_sum`)
+    arrival_sums: tuple[SumPlan, ...] = ()
 
     def __post_init__(self) -> None:
         if self.fanin < 1:
@@ -280,6 +284,11 @@ class PServer(OwnDirRpc):
         self._bulk: bulk.BulkListener | None = None  # the bulk channel (`ops.rpc.bulk`), when offered
         self._bulk_buffers: dict[tuple[int, str], np.ndarray] = {}  # sync: (trainer, var) -> its receive buffer
         self._bulk_lock = threading.Lock()
+        # Sums on arrival (`ops.rpc.arrival_sum`), on once the channel opens: received var ->
+        # its grad's sum, and the (block, op index) of the `sum` ops the executor skips then.
+        self._sums: dict[str, Arrivals] = {}
+        self._sum_list: list[Arrivals] = []
+        self.skip_ops: set[tuple[int, int]] = set()
 
     # ------------------------------------------------------------ lifecycle
     @property
@@ -370,6 +379,13 @@ class PServer(OwnDirRpc):
             except OSError as exc:
                 server.stop(None)
                 raise BindError(f"pserver {self.config.endpoint}: {exc.strerror or exc}") from None
+        if self._bulk is not None and self.config.sync_mode and not self.config.refuse_nonfinite:
+            # non-finite grads are refused whole, before anything is stored: not summed on arrival
+            for plan in self.config.arrival_sums:
+                arrivals = Arrivals(plan)
+                self._sum_list.append(arrivals)
+                self._sums.update((name, arrivals) for name in plan.inputs)
+                self.skip_ops.add((plan.block, plan.op_index))
         server.start()
         self._log(f"pserver {self.config.endpoint}: {who_may_call}")
         self._server = server
@@ -494,13 +510,44 @@ class PServer(OwnDirRpc):
             shown = ", ".join(missing[:4]) + (" ..." if len(missing) > 4 else "")
             self._fail(f"step {step}: every trainer sent its send barrier but {len(missing)} grad(s) never arrived: {shown}")
         for name in missing:  # a completed trainer's grads count as zeros (Paddle's reset)
-            self.scope.set_var(name, self._zeros(name))
+            if name not in self._sums:  # summed on arrival: added as zeros in its turn (`_complete_sums`)
+                self.scope.set_var(name, self._zeros(name))
+        if self._sum_list:
+            self._complete_sums(step)
         lr = self.config.lr_decay_block
         if lr >= 0:
             self._run(lr, "the lr-decay block", step)
         for idx in self.config.optimize_blocks:
             if idx != lr:
                 self._run(idx, f"optimize block {idx}", step)
+        if self._sum_list:
+            self._release_aliased_sums()
+
+    def _complete_sums(self, step: int) -> None:
+        """Put each summed-on-arrival grad in the scope, as its skipped `sum` would have
+        (completed trainers' grads added as zeros in their turns); a torn one fails the round."""
+        for arrivals in self._sum_list:
+            with arrivals.cond:
+                try:
+                    array, lod = arrivals.complete()
+                except TornSum as exc:
+                    torn = str(exc)
+                else:
+                    torn = None
+                    self.scope.set_var(arrivals.plan.out, LoDTensor(array, lod))
+                    arrivals.reset()
+            if torn is not None:  # outside the sum's lock: `_fail` takes the pserver's
+                self._fail(f"step {step}: the sum of {arrivals.plan.out} cannot be used: {torn}")
+
+    def _release_aliased_sums(self) -> None:
+        """An accumulator a persistable var other than its grad now views (a kernel kept a
+        view of the summed grad) is not summed into again: the next round makes a new one."""
+        outs = {arrivals.plan.out for arrivals in self._sum_list}
+        values = (self.scope.find_var(name) for name in self.config.persistables if name not in outs)
+        held = bulk.MemoryExtents(value.array for value in values if isinstance(value, LoDTensor))
+        for arrivals in self._sum_list:
+            if arrivals.acc is not None and held.overlaps(arrivals.acc):
+                arrivals.acc = None
 
     def _zeros(self, name: str) -> Any:
         value = self.scope.find_var(name)
@@ -686,14 +733,19 @@ class PServer(OwnDirRpc):
         self._store_batch(batch, context, method=method)
         return rpc_pb2.VoidMessage()
 
-    def _store_batch(self, batch: WireBatch, context: Any, *, optimize_here: bool = False, method: str = "SendBatch") -> bool:
+    def _store_batch(self, batch: WireBatch, context: Any, *, optimize_here: bool = False, method: str = "SendBatch",
+                     summed: frozenset[str] = frozenset()) -> bool:
         """Store the batch's vars (checked first, all or none: `ops.rpc.validate`; in sync
         mode each var at most once, `ops.rpc.limits`); with its barrier, count the sender's
         send barrier. True when that barrier opened the round's optimize and
-        `optimize_here` claimed it for the caller (`_arrive_locked`)."""
+        `optimize_here` claimed it for the caller (`_arrive_locked`). `summed`: the vars the
+        bulk channel added into their sums already (`_receive_summed`)."""
         try:
             self._expected.check(batch)
         except Refused as exc:
+            if summed:  # a var of this call is in its grad's sum already: the round cannot run
+                self._set_failure(f"pserver {self.config.endpoint}: trainer {batch.trainer_id}'s {method} was refused "
+                                  f"after {', '.join(sorted(summed))} had been summed on arrival: {exc}")
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         if self.config.sync_mode and len(batch.vars) > 1:
             self._limits.check_sends((var.name for var in batch.vars), batch.trainer_id, method)
@@ -705,10 +757,48 @@ class PServer(OwnDirRpc):
             return False
         with self._cond:
             self._wait_phase(Phase.SEND, context)
+            sums = self._sums
+            if sums:
+                self._check_unclaimed([var.name for var in batch.vars if var.name in sums and var.name not in summed],
+                                      batch.trainer_id)
             for var in batch.vars:
-                self._store(var)
+                if var.name in sums:
+                    if var.name not in summed:
+                        self._sum_whole(var)
+                else:
+                    self._store(var)
                 self._received.add(var.name)
             return batch.barrier and self._arrive_locked(batch.trainer_id, optimize_here=optimize_here)
+
+    # ------------------------------------------------------------ sums on arrival (ops.rpc.arrival_sum)
+    def _check_unclaimed(self, names: list[str], tid: int) -> None:
+        """Refuse (nothing stored) a var whose sum took this round's copy already."""
+        for name in names:
+            arrivals = self._sums[name]
+            with arrivals.cond:
+                if arrivals.torn is not None:
+                    raise _Abort(grpc.StatusCode.ABORTED, f"pserver {self.config.endpoint}: {arrivals.torn}")
+                if arrivals.state[arrivals.position[name]] != "none":
+                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"pserver {self.config.endpoint}: trainer {tid}'s send of {name!r}: sent twice in "
+                                 f"step {self._round + 1}; the pserver sums {arrivals.plan.out} as its parts arrive")
+
+    def _sum_whole(self, var: WireVar) -> None:
+        """A whole received value (gRPC) into its grad's sum, in its turn (lock held)."""
+        arrivals = self._sums[var.name]
+        k = arrivals.position[var.name]
+        value = var.value
+        source = np.ascontiguousarray(value.array).reshape(-1)
+        with arrivals.cond:
+            mode = arrivals.claim(k, may_wait=False)
+            acc = arrivals.acc
+            if mode == BASE:
+                np.copyto(acc, source)
+            elif mode == ADD:
+                np.add(acc, source, out=acc)
+            else:
+                np.copyto(arrivals.buffer(k), source)
+            arrivals.finish(k, mode, value.lod)
 
     def _apply_async(self, var: WireVar) -> None:
         """Async mode: store a grad and run its optimize block (one run per block at a
@@ -806,12 +896,12 @@ class PServer(OwnDirRpc):
 
         def body() -> None:
             names = self._limits.fetch_names(head.fetch, tid, method) if method != "SendBatch" else ()
-            batch = self._bulk_receive(conn, head)
+            batch, summed = self._bulk_receive(conn, head)
             if method == "FetchBatch":
                 self._on_fetch(tid, names, head.fetch_barrier, conn, reply, method)
                 return
             fetches = method == "SendFetchBatch" and bool(names or head.fetch_barrier)
-            if self._store_batch(batch, conn, optimize_here=fetches, method=method):
+            if self._store_batch(batch, conn, optimize_here=fetches, method=method, summed=summed):
                 self._optimize_round()
             if fetches:
                 self._on_fetch(tid, names, head.fetch_barrier, conn, reply, method)
@@ -855,32 +945,120 @@ class PServer(OwnDirRpc):
         if self.config.sync_mode and len(head.vars) > 1:
             self._limits.check_sends((var.name for var in head.vars), tid, method)
 
-    def _bulk_receive(self, conn: bulk.Connection, head: bulk.RequestHead) -> WireBatch:
-        """Check the header, say GO, and receive the payload: a sync pserver receives a
-        dense var into the buffer it keeps for (trainer, var), reused every step (see
-        `_bulk_buffer`); an async one into a new array."""
+    def _bulk_receive(self, conn: bulk.Connection, head: bulk.RequestHead) -> tuple[WireBatch, frozenset[str]]:
+        """Check the header, say GO, and receive the payload: a sync pserver adds a var it
+        sums on arrival into that sum (`_receive_summed`: the second of the pair returned
+        names them) and receives another dense var into the buffer it keeps for (trainer,
+        var), reused every step (see `_bulk_buffer`); an async one into a new array."""
         self._bulk_check(head)
         tid, sync = head.trainer_id, self.config.sync_mode
+        planned = [var for var in head.vars if var.dtype is not None and var.name in self._sums] if sync else []
+        for var in planned:  # everything a payload could be refused for, before any is summed
+            try:
+                LoDTensor(np.broadcast_to(np.zeros((), var.dtype), var.shape), [list(level) for level in var.lod])
+            except ValueError as exc:
+                raise bulk.FrameError(f"var {var.name!r}: {exc}") from None
+        modes: dict[str, str] = {}
         if head.payload_bytes:
             if sync:
                 with self._cond:  # a reused buffer is written only once the round that read it is over
-                    self._wait_not_optimizing(conn)
-            conn.go()
+                    if planned:  # a sum is written only in its round's SEND phase (`_store_batch` waits for it anyway)
+                        self._wait_phase(Phase.SEND, conn)
+                        self._check_unclaimed([var.name for var in planned], tid)
+                        for var in planned:
+                            arrivals = self._sums[var.name]
+                            with arrivals.cond:
+                                modes[var.name] = arrivals.claim(arrivals.position[var.name], may_wait=True)
+                    else:
+                        self._wait_not_optimizing(conn)
+            try:
+                conn.go()
+            except BaseException as exc:
+                for name in modes:
+                    self._tear(tid, name, 0, exc)
+                raise
         found: list[WireVar] = []
         taken: list[tuple[tuple[int, str], np.ndarray]] = []
         held: list[bulk.MemoryExtents] = []  # the persistables' memory, found once a request (`_aliased`)
+        pending = dict(modes)
         try:
             for var in head.vars:
                 if var.dtype is None:
                     found.append(bulk.receive_value(conn.sock, var))
                     continue
+                if var.name in pending:
+                    self._receive_summed(conn, tid, var, pending.pop(var.name))
+                    stand_in = np.broadcast_to(np.zeros((), var.dtype), var.shape)  # no memory: what `Expected` checks
+                    found.append(WireVar(var.name, LoDTensor(stand_in), trainer_id=tid, merge_add=var.merge_add))
+                    continue
                 into = self._bulk_buffer(tid, var, taken, held) if sync and var.nbytes else None
                 value = bulk.receive_value(conn.sock, var, into)  # a read-only view, as gRPC's
                 found.append(WireVar(var.name, value, trainer_id=tid, merge_add=var.merge_add))
+        except BaseException as exc:
+            for name in pending:  # claimed, not reached: its sum waits for it in vain
+                self._tear(tid, name, 0, exc)
+            raise
         finally:
             with self._bulk_lock:
                 self._bulk_buffers.update(taken)
-        return WireBatch(tid, head.barrier, tuple(found))
+        return WireBatch(tid, head.barrier, tuple(found)), frozenset(modes)
+
+    def _receive_summed(self, conn: bulk.Connection, tid: int, var: bulk.VarHead, mode: str) -> None:
+        """Receive trainer `tid`'s `var` into its grad's sum (`ops.rpc.arrival_sum`): the
+        first of x0 and x1 straight into the accumulator, an input in its turn chunk by
+        chunk (each chunk added once the inputs before it wrote it), an early one into the
+        buffer kept for it. A break on the way fails the round (`_tear`)."""
+        arrivals = self._sums[var.name]
+        k, acc, size, chunk = arrivals.position[var.name], arrivals.acc, arrivals.size, arrivals.chunk
+        what = f"var {var.name!r}"
+        sock, done = conn.sock, 0
+        with arrivals.cond:
+            arrivals.streamed += 1
+        try:
+            if mode == BASE:
+                while done < size:
+                    end = min(size, done + chunk)
+                    bulk.recv_into(sock, acc[done:end], what)
+                    with arrivals.cond:
+                        arrivals.advance(k, end)
+                    done = end
+            elif mode == HOLD:
+                with arrivals.cond:
+                    into = arrivals.buffer(k)
+                bulk.recv_into(sock, into, what)
+                done = size
+            else:
+                scratch = _scratch(conn, chunk * arrivals.plan.dtype.itemsize).view(arrivals.plan.dtype)
+                failed = lambda: self._failure  # noqa: E731
+                while done < size:
+                    end = min(size, done + chunk)
+                    part = scratch[:end - done]
+                    bulk.recv_into(sock, part, what)
+                    with arrivals.cond:  # every input before this one wrote [.., end): none writes it now
+                        arrivals.wait_turn(k, end, failed, self.config.timeout)
+                    np.add(acc[done:end], part, out=acc[done:end])
+                    with arrivals.cond:
+                        arrivals.advance(k, end)
+                    done = end
+            with arrivals.cond:
+                arrivals.finish(k, mode, [list(level) for level in var.lod] or None)
+        except BaseException as exc:
+            self._tear(tid, var.name, done * arrivals.plan.dtype.itemsize, exc)
+            raise
+
+    def _tear(self, tid: int, name: str, got: int, exc: BaseException) -> None:
+        """Trainer `tid`'s `name` broke off after `got` bytes while its grad's sum waited for
+        it: the round cannot run on that sum; the pserver fails with one error naming both."""
+        arrivals = self._sums[name]
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        with arrivals.cond:
+            earlier = arrivals.torn
+        message = earlier or (f"step {self._round + 1}: trainer {tid}'s send of {name} broke off with {got} of its "
+                              f"{arrivals.nbytes} bytes in the sum of {arrivals.plan.out} (summed on arrival); "
+                              f"the round cannot run on a partial sum ({reason})")
+        with arrivals.cond:
+            arrivals.tear(arrivals.position[name], message)
+        self._set_failure(f"pserver {self.config.endpoint}: {message}")
 
     def _bulk_buffer(self, tid: int, var: bulk.VarHead, taken: list[tuple[tuple[int, str], np.ndarray]],
                      held: list[bulk.MemoryExtents]) -> np.ndarray:
@@ -1222,6 +1400,15 @@ class PServer(OwnDirRpc):
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 where = f"pserver {self.config.endpoint}: checkpoint block {idx} ({path})"
                 raise _Abort(grpc.StatusCode.INTERNAL, f"{where} failed: {reason}") from None
+
+
+def _scratch(conn: bulk.Connection, nbytes: int) -> np.ndarray:
+    """The connection's chunk buffer (one thread uses a connection): made once, reused."""
+    found = getattr(conn, "scratch", None)
+    if found is None or found.nbytes < nbytes:
+        found = np.empty(nbytes, np.uint8)
+        conn.scratch = found
+    return found[:nbytes]
 
 
 class _SharedReply:

@@ -1,0 +1,316 @@
+"""A sync pserver sums its trainers' grads as they arrive (`ops.rpc.arrival_sum`, issue 30):
+bit-identical to the `sum` kernel's ((x0 + x1) + x2) + ... for every arrival order, chunked
+on the bulk channel, whole on gRPC, mixed; completed trainers' grads added as zeros; a
+torn arrival fails the round naming trainer and var; no grad-sized array per step."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+from rpc_support import running_pserver
+from test_listen_and_serv_programs import net, train_in_threads
+from test_rpc_bulk import _dense, _frame, _read_reply
+
+from ops.rpc import arrival_sum, bulk
+from ops.rpc import server as server_module
+from ops.rpc.arrival_sum import Arrivals, SumPlan, find_plans
+from ops.scope import Scope
+from ops.tensor import LoDTensor
+from transpiler.ir.precision import as_float64
+
+F32, F64 = np.float32, np.float64
+SHAPE = (300, 200)
+
+
+def _plan(fanin: int, dtype) -> SumPlan:
+    return SumPlan("w@GRAD", tuple(f"w@GRAD.trainer_{t}" for t in range(fanin)), SHAPE, np.dtype(dtype), 1, 0)
+
+
+def _config(fanin: int, dtype, **extra) -> dict:
+    received = tuple(f"w@GRAD.trainer_{t}" for t in range(fanin))
+    templates = {n: (SHAPE, dtype) for n in (*received, "w@GRAD")}
+    return dict(fanin=fanin, received=received, templates=templates, optimize_blocks=(1,),
+                known_vars=frozenset(received) | {"w", "w@GRAD"}, persistables=("w", "w@GRAD"),
+                arrival_sums=(_plan(fanin, dtype),), **extra)
+
+
+def _grads(fanin: int, dtype, seed: int) -> list[np.ndarray]:
+    """Grads whose sum depends on the order of the additions: big values that cancel, small
+    ones, -0.0 and a NaN."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in range(fanin):
+        g = (rng.standard_normal(SHAPE) * 10.0 ** rng.integers(-6, 9, SHAPE)).astype(dtype)
+        g[0, :8] = [-0.0, -0.0, 1e8, -1e8, 1.0, -0.0, 3.0, -3.0]
+        out.append(g)
+    out[-1][0, 8] = np.nan
+    return out
+
+
+def _kernel_sum(grads: list[np.ndarray]) -> np.ndarray:
+    """What the `sum` kernel computes (ops/kernels/math_ops.py): ((x0 + x1) + x2) + ..."""
+    out = grads[0] + grads[1]
+    for g in grads[2:]:
+        np.add(out, g, out=out)
+    return out
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint32 if a.dtype == F32 else np.uint64)
+
+
+def _recorder(scope: Scope, seen: list):
+    def run_block(idx: int) -> None:
+        seen.append(np.array(scope.find_var("w@GRAD").array))  # a copy: the accumulator is reused
+
+    return run_block
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(arrival_sum, "CHUNK_BYTES", 4096)  # many chunks per grad (60 for float32)
+
+
+def _round(ps, clients, grads, order, *, together=False, skip=()):
+    """One round: each trainer in `order` sends its grad (one after another, or all at once
+    with `together`), then every trainer's barriers."""
+    def send(t):
+        clients[t].send(ps.address, f"w@GRAD.trainer_{t}", LoDTensor(grads[t]))
+
+    if together:
+        threads = [threading.Thread(target=send, args=(t,)) for t in order]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+    else:
+        for t in order:
+            send(t)
+
+    def barrier(t):
+        clients[t].send_barrier([ps.address])
+        clients[t].fetch_barrier([ps.address])
+
+    threads = [threading.Thread(target=barrier, args=(t,)) for t in range(len(clients)) if t not in skip]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("fanin", [2, 3])
+def test_every_arrival_order_gives_the_sum_kernel_s_bits(monkeypatch, small_chunks, fanin, dtype):
+    monkeypatch.setenv(bulk.BULK_ENV, "on")
+    scope, seen = Scope(), []
+    scope.set_var("w", LoDTensor(np.ones(SHAPE, dtype)))
+    orders = list(itertools.permutations(range(fanin)))
+    expected = []
+    with running_pserver(scope=scope, run_block=_recorder(scope, seen), **_config(fanin, dtype)) as ps:
+        clients = [ps.client(t) for t in range(fanin)]
+        for c in clients:
+            c.fetch_barrier([ps.address])
+        for i, order in enumerate([*orders, *orders]):  # one after another, then all at once
+            grads = _grads(fanin, dtype, i)
+            _round(ps, clients, grads, order, together=i >= len(orders))
+            expected.append(_kernel_sum(grads))
+        arrivals = ps.server._sums["w@GRAD.trainer_0"]
+        assert arrivals.streamed == fanin * len(expected)  # all of them off the bulk channel, in chunks
+        assert ps.server.skip_ops == {(1, 0)}
+        assert not any(name.startswith("w@GRAD") for _, name in ps.server._bulk_buffers)
+        for c in clients:
+            c.complete([ps.address])
+        ps.join()
+    assert not ps.errors
+    assert len(seen) == len(expected)
+    for got, want in zip(seen, expected, strict=True):
+        assert got.dtype == dtype and np.array_equal(_bits(got), _bits(want))
+
+
+def test_grpc_and_bulk_arrivals_mix_exactly(monkeypatch, small_chunks):
+    """Trainer 1 on gRPC (its channel off), 0 and 2 on the bulk channel, in every order."""
+    monkeypatch.setenv(bulk.BULK_ENV, "on")
+    scope, seen, expected = Scope(), [], []
+    scope.set_var("w", LoDTensor(np.ones(SHAPE, F32)))
+    with running_pserver(scope=scope, run_block=_recorder(scope, seen), **_config(3, F32)) as ps:
+        clients = [ps.client(t) for t in range(3)]
+        for c in clients:
+            c.fetch_barrier([ps.address])
+        clients[1]._endpoints[ps.address].bulk = None  # as PSTRANSPILE_BULK=off on that trainer
+        for i, order in enumerate(itertools.permutations(range(3))):
+            grads = _grads(3, F32, 100 + i)
+            _round(ps, clients, grads, order)
+            expected.append(_kernel_sum(grads))
+        assert ps.server._sums["w@GRAD.trainer_0"].streamed == 2 * len(expected)
+        for c in clients:
+            c.complete([ps.address])
+        ps.join()
+    assert not ps.errors
+    for got, want in zip(seen, expected, strict=True):
+        assert np.array_equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("gone", [0, 1, 2])
+def test_a_completed_trainer_s_grad_is_added_as_zeros_in_its_turn(monkeypatch, gone):
+    monkeypatch.setenv(bulk.BULK_ENV, "on")
+    scope, seen, expected = Scope(), [], []
+    scope.set_var("w", LoDTensor(np.ones(SHAPE, F64)))
+    with running_pserver(scope=scope, run_block=_recorder(scope, seen), **_config(3, F64)) as ps:
+        clients = [ps.client(t) for t in range(3)]
+        for c in clients:
+            c.fetch_barrier([ps.address])
+        clients[gone].complete([ps.address])
+        left = [t for t in range(3) if t != gone]
+        for i, order in enumerate([left, left[::-1]]):
+            grads = _grads(3, F64, 200 + i)
+            for t in range(3):
+                grads[t][0, :2] = -0.0  # -0.0 + 0.0 is +0.0: the zeros must be added, not skipped
+            _round(ps, clients, grads, order, skip=(gone,))
+            grads[gone] = np.zeros(SHAPE, F64)
+            expected.append(_kernel_sum(grads))
+        for t in left:
+            clients[t].complete([ps.address])
+        ps.join()
+    assert not ps.errors
+    for got, want in zip(seen, expected, strict=True):
+        assert np.array_equal(_bits(got), _bits(want))
+        assert np.signbit(got[0, 0]) == np.signbit(want[0, 0])
+
+
+def test_a_torn_arrival_fails_the_round_naming_trainer_and_var(monkeypatch, small_chunks):
+    """Trainer 0's grad is in; trainer 1's call breaks mid-payload (a truncated frame)
+    after some of its chunks were added: the pserver fails, and never runs the round."""
+    monkeypatch.setenv(bulk.BULK_ENV, "on")
+    scope, seen = Scope(), []
+    scope.set_var("w", LoDTensor(np.ones(SHAPE, F32)))
+    with running_pserver(scope=scope, run_block=_recorder(scope, seen), **_config(2, F32)) as ps:
+        clients = [ps.client(t) for t in range(2)]
+        for c in clients:
+            c.fetch_barrier([ps.address])
+        clients[0].send(ps.address, "w@GRAD.trainer_0", LoDTensor(np.ones(SHAPE, F32)))
+        head = {"x": ps.server._bulk.secret, "k": None, "t": 1, "a": False,
+                "v": [_dense("w@GRAD.trainer_1", SHAPE)]}
+        sock = socket.create_connection(("127.0.0.1", ps.server._bulk.port), timeout=10)
+        try:
+            sock.sendall(_frame(1, head))
+            assert _read_reply(sock)[0] == bulk.STATUS_GO
+            sock.sendall(b"\0" * (SHAPE[0] * SHAPE[1] * 2))  # half of it
+            sock.shutdown(socket.SHUT_WR)
+            _read_reply(sock)
+        finally:
+            sock.close()
+        ps.join()
+    assert seen == []  # the round never ran
+    (error,) = ps.errors
+    message = str(error)
+    assert ("trainer 1's send of w@GRAD.trainer_1 broke off with 118784 of its 240000 bytes in the sum of w@GRAD "
+            "(summed on arrival); the round cannot run on a partial sum") in message, message
+
+
+def test_no_grad_sized_array_is_made_per_step_once_warm(monkeypatch):
+    monkeypatch.setenv(bulk.BULK_ENV, "on")
+    scope = Scope()
+    scope.set_var("w", LoDTensor(np.ones(SHAPE, F32)))
+
+    def sgd(idx: int) -> None:
+        w = scope.find_var("w").array
+        np.subtract(w, scope.find_var("w@GRAD").array, out=w)
+
+    grads = _grads(3, F32, 7)
+    for g in grads:
+        g[np.isnan(g)] = 0
+    with running_pserver(scope=scope, run_block=sgd, **_config(3, F32)) as ps:
+        clients = [ps.client(t) for t in range(3)]
+        for c in clients:
+            c.fetch_barrier([ps.address])
+        arrivals = ps.server._sums["w@GRAD.trainer_0"]
+        for order in [(0, 1, 2), (2, 1, 0)]:  # warm: the accumulator, and trainer 2's kept buffer
+            _round(ps, clients, grads, order)
+        made, acc = arrivals.allocations, arrivals.acc
+        tracemalloc.start()
+        try:
+            for order in [(2, 1, 0), (1, 0, 2), (0, 2, 1)]:
+                _round(ps, clients, grads, order, together=True)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert arrivals.allocations == made == 2 and arrivals.acc is acc
+        assert ps.scope.find_var("w@GRAD").array.base is acc
+        assert peak < grads[0].nbytes // 2, f"{peak} bytes traced in 3 rounds against a grad of {grads[0].nbytes}"
+        for c in clients:
+            c.complete([ps.address])
+        ps.join()
+    assert not ps.errors
+
+
+def test_the_plan_needs_a_first_sum_of_received_dense_copies_read_nowhere_else():
+    main, startup = net("exponential", "adam")
+    from transpiler.api import transpile
+
+    result = transpile(main, startup, trainer_id=0, pservers="127.0.0.1:6170,127.0.0.1:6171", trainers=3)
+    for program, _ in result.pservers.values():
+        op = next(op for op in program.global_block().ops if op.type == "listen_and_serv")
+        received = op.input("X")
+        block0 = program.global_block()
+        templates = {n: (tuple(v.shape), v.dtype.to_numpy()) for n, v in block0.vars.items() if v.shape is not None}
+        blocks = [int(b) for b in op.attr("optimize_blocks")]
+        plans = find_plans(program, blocks, received, templates, (), ())
+        assert plans and all(len(p.inputs) == 3 and p.op_index == 0 for p in plans)
+        assert find_plans(program, blocks, received, templates, {plans[0].inputs[1]}, ()) == plans[1:]  # a sparse X
+        assert find_plans(program, blocks, received, templates, (), {plans[0].inputs[0]}) == plans[1:]  # a kept X
+        assert find_plans(program, blocks, received[1:], templates, (), ()) == plans[1:]  # an X not received
+
+
+def test_arrivals_hold_an_early_input_and_add_it_in_its_turn():
+    a = Arrivals(SumPlan("g", ("x0", "x1", "x2"), (4,), np.dtype(F32), 1, 0), chunk_bytes=8)
+    with a.cond:
+        assert a.claim(2, may_wait=True) == arrival_sum.HOLD  # x0 and x1 not started
+        a.buffer(2)[:] = [1e8, 1, 2, 3]
+        a.finish(2, arrival_sum.HOLD)
+        assert a.claim(1, may_wait=True) == arrival_sum.BASE
+        a.acc[:] = [1, 1, 1, -0.0]
+        a.finish(1, arrival_sum.BASE)
+        assert a.claim(0, may_wait=False) == arrival_sum.ADD
+        np.add(a.acc, np.array([-1e8, 0, 0, -0.0], F32), out=a.acc)
+        a.finish(0, arrival_sum.ADD, None)
+        got, _ = a.complete()
+    want = _kernel_sum([np.array([-1e8, 0, 0, -0.0], F32), np.array([1, 1, 1, -0.0], F32),
+                        np.array([1e8, 1, 2, 3], F32)])
+    assert np.array_equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("trainers", [2, 3])
+def test_transpiled_programs_train_bit_identically_to_bulk_off(monkeypatch, small_chunks, trainers, dtype):
+    """A transpiled Adam net, 2 pservers, Sessions in threads: the channel on (its grads
+    summed on arrival, the `sum` ops skipped) gives the params of the channel off."""
+    main, startup = net("exponential", "adam")
+    if dtype is F64:
+        main, startup = as_float64(main), as_float64(startup)
+    started: list = []
+    start = server_module.PServer.start
+
+    def recording(self):
+        start(self)
+        started.append(self)
+
+    monkeypatch.setattr(server_module.PServer, "start", recording)
+    finals = {}
+    for choice in ("on", "off"):
+        monkeypatch.setenv(bulk.BULK_ENV, choice)
+        started.clear()
+        results, _ = train_in_threads(main, startup, pservers=2, trainers=trainers)
+        finals[choice] = results[0][1]
+        sums = [a for ps in started for a in ps._sum_list]
+        if choice == "on":
+            assert len(sums) == 5 and all(a.streamed for a in sums)
+        else:
+            assert not sums
+    assert finals["on"].keys() == finals["off"].keys()
+    for name, value in finals["off"].items():
+        assert value.dtype == dtype and np.array_equal(finals["on"][name], value), name
