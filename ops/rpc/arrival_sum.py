@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-CHUNK_BYTES = 4 << 20  # bytes received, then added, at a time (benchmarks/RESULTS.md "Summed on arrival")
+CHUNK_BYTES = 2 << 20  # bytes received, then added, at a time: measured, docs/runtime.md "Summed on arrival"
 
 NONE, RECEIVING, HELD, DONE = "none", "receiving", "held", "done"
 BASE, ADD, HOLD = "base", "add", "hold"  # how an arrival writes: into the accumulator, added to it, kept aside
