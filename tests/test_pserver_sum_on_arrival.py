@@ -20,6 +20,7 @@ from ops.rpc import arrival_sum, bulk
 from ops.rpc import server as server_module
 from ops.rpc.arrival_sum import Arrivals, SumPlan, find_plans
 from ops.scope import Scope
+from ops.testing import run_op
 from ops.tensor import LoDTensor
 from transpiler.ir.precision import as_float64
 
@@ -53,11 +54,9 @@ def _grads(fanin: int, dtype, seed: int) -> list[np.ndarray]:
 
 
 def _kernel_sum(grads: list[np.ndarray]) -> np.ndarray:
-    """What the `sum` kernel computes (ops/kernels/math_ops.py): ((x0 + x1) + x2) + ..."""
-    out = grads[0] + grads[1]
-    for g in grads[2:]:
-        np.add(out, g, out=out)
-    return out
+    """What the `sum` op the pserver skips computes: the kernel itself (ops/kernels/math_ops.py)."""
+    out = run_op("sum", {"X": [LoDTensor(np.array(g)) for g in grads]}, raw=True)["Out"]
+    return np.array(out.array if isinstance(out, LoDTensor) else out)
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -314,3 +313,31 @@ def test_transpiled_programs_train_bit_identically_to_bulk_off(monkeypatch, smal
     assert finals["on"].keys() == finals["off"].keys()
     for name, value in finals["off"].items():
         assert value.dtype == dtype and np.array_equal(finals["on"][name], value), name
+
+
+@pytest.mark.parametrize("channel", ["bulk", "grpc"])
+def test_a_second_copy_in_one_round_is_refused_and_the_first_stays(monkeypatch, channel):
+    """The old path kept the last copy sent; a sum cannot take a copy back out: the second
+    is refused, nothing of it is added, and the round runs on the first."""
+    from ops.rpc import RpcError
+
+    monkeypatch.setenv(bulk.BULK_ENV, "on")
+    scope, seen = Scope(), []
+    scope.set_var("w", LoDTensor(np.ones(SHAPE, F32)))
+    grads = _grads(2, F32, 300)
+    with running_pserver(scope=scope, run_block=_recorder(scope, seen), **_config(2, F32)) as ps:
+        clients = [ps.client(t) for t in range(2)]
+        for c in clients:
+            c.fetch_barrier([ps.address])
+        if channel == "grpc":
+            clients[0]._endpoints[ps.address].bulk = None
+        clients[0].send(ps.address, "w@GRAD.trainer_0", LoDTensor(grads[0]))
+        with pytest.raises(RpcError, match="sent twice in step 1; the pserver sums w@GRAD as its parts arrive"):
+            clients[0].send(ps.address, "w@GRAD.trainer_0", LoDTensor(np.full(SHAPE, 5, F32)))
+        _round(ps, clients, grads, [1])
+        for c in clients:
+            c.complete([ps.address])
+        ps.join()
+    assert not ps.errors
+    (got,) = seen
+    assert np.array_equal(_bits(got), _bits(_kernel_sum(grads)))
