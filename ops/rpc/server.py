@@ -1029,7 +1029,8 @@ class PServer(OwnDirRpc):
                 done = size
             else:
                 scratch = _scratch(conn, chunk * arrivals.plan.dtype.itemsize).view(arrivals.plan.dtype)
-                failed = lambda: self._failure  # noqa: E731
+                failed = lambda: self._failure or (  # noqa: E731
+                    f"pserver {self.config.endpoint} is shutting down" if self._stopping else None)
                 while done < size:
                     end = min(size, done + chunk)
                     part = scratch[:end - done]
