@@ -223,6 +223,8 @@ def test_no_grad_sized_array_is_made_per_step_once_warm(monkeypatch):
     grads = _grads(3, F32, 7)
     for g in grads:
         g[np.isnan(g)] = 0
+    initial = np.zeros(SHAPE, F32)  # what the pserver's startup program gives the summed grad
+    scope.set_var("w@GRAD", LoDTensor(initial))
     with running_pserver(scope=scope, run_block=sgd, **_config(3, F32)) as ps:
         clients = [ps.client(t) for t in range(3)]
         for c in clients:
@@ -238,8 +240,9 @@ def test_no_grad_sized_array_is_made_per_step_once_warm(monkeypatch):
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
-        assert arrivals.allocations == made == 2 and arrivals.acc is acc
-        assert ps.scope.find_var("w@GRAD").array.base is acc
+        # summed into the startup's array: one grad-sized array made, trainer 2's kept buffer
+        assert arrivals.allocations == made == 1 and arrivals.acc is acc and np.shares_memory(acc, initial)
+        assert ps.scope.find_var("w@GRAD").array is acc  # its own memory: a `scale` after it may work in place
         assert peak < grads[0].nbytes // 2, f"{peak} bytes traced in 3 rounds against a grad of {grads[0].nbytes}"
         for c in clients:
             c.complete([ps.address])
@@ -341,3 +344,37 @@ def test_a_second_copy_in_one_round_is_refused_and_the_first_stays(monkeypatch, 
     assert not ps.errors
     (got,) = seen
     assert np.array_equal(_bits(got), _bits(_kernel_sum(grads)))
+
+
+def test_an_accumulator_a_persistable_views_is_not_summed_into_again(monkeypatch):
+    """A block that keeps a view of the summed grad in a persistable var (`kept`): the next
+    round sums into a new array, and the kept value stays what it was."""
+    monkeypatch.setenv(bulk.BULK_ENV, "on")
+    scope, seen = Scope(), []
+    scope.set_var("w", LoDTensor(np.ones(SHAPE, F32)))
+    record = _recorder(scope, seen)
+
+    def run_block(idx: int) -> None:
+        record(idx)
+        scope.set_var("kept", LoDTensor(scope.find_var("w@GRAD").array[10:20]))
+
+    config = _config(2, F32)
+    config["persistables"] = ("w", "w@GRAD", "kept")
+    with running_pserver(scope=scope, run_block=run_block, **config) as ps:
+        clients = [ps.client(t) for t in range(2)]
+        for c in clients:
+            c.fetch_barrier([ps.address])
+        accs = []
+        for i in range(2):
+            grads = _grads(2, F32, 400 + i)
+            _round(ps, clients, grads, [1, 0])
+            accs.append(ps.scope.find_var("w@GRAD").array)
+            if i == 0:
+                first = _kernel_sum(grads)[10:20]
+        assert not np.shares_memory(accs[0], accs[1])
+        assert np.array_equal(_bits(ps.scope.find_var("kept").array), _bits(_kernel_sum(grads)[10:20]))
+        assert np.array_equal(_bits(accs[0][10:20]), _bits(first))  # round 1's sum, as `kept` first saw it
+        for c in clients:
+            c.complete([ps.address])
+        ps.join()
+    assert not ps.errors

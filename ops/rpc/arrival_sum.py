@@ -116,7 +116,9 @@ class Arrivals:
         self.size = math.prod(plan.shape)
         self.nbytes = self.size * plan.dtype.itemsize
         self.chunk = max(1, (chunk_bytes or CHUNK_BYTES) // plan.dtype.itemsize)  # elements
-        self.acc: np.ndarray | None = None  # flat, kept across rounds
+        # kept across rounds, shaped and owning its memory: the scope's value of `out`, which
+        # the ops after the skipped `sum` (a `scale`) may then update in place
+        self.acc: np.ndarray | None = None
         self.held: dict[int, np.ndarray] = {}  # flat, kept across rounds for early arrivals
         self.cond = threading.Condition(threading.Lock())
         self.allocations = 0  # grad-sized arrays made (tests: none per step once warm)
@@ -161,9 +163,13 @@ class Arrivals:
                 mode = HOLD
         self.state[k] = RECEIVING
         if self.acc is None:
-            self.acc = np.empty(self.size, self.plan.dtype)
+            self.acc = np.empty(self.plan.shape, self.plan.dtype)
             self.allocations += 1
         return mode
+
+    def flat(self) -> np.ndarray:
+        """The accumulator as one dimension (a view)."""
+        return self.acc.reshape(-1)
 
     def buffer(self, k: int) -> np.ndarray:
         """Input `k`'s kept buffer for an early arrival (made on its first use)."""
@@ -204,7 +210,7 @@ class Arrivals:
         self.cond.notify_all()
 
     def _drain(self) -> None:
-        acc = self.acc
+        acc = self.flat()
         for k in self._order():
             state = self.state[k]
             if state == DONE:
@@ -231,9 +237,9 @@ class Arrivals:
         if busy:
             raise TornSum(f"{', '.join(busy)} still arriving when the round's barriers were all in")
         if self.acc is None:
-            self.acc = np.empty(self.size, self.plan.dtype)
+            self.acc = np.empty(self.plan.shape, self.plan.dtype)
             self.allocations += 1
-        acc = self.acc
+        acc = self.flat()
         zero = self.plan.dtype.type(0)
         if self.base is None:  # neither x0 nor x1 arrived: 0 + 0
             acc[...] = zero
@@ -248,7 +254,7 @@ class Arrivals:
             else:  # never arrived: zeros, in its turn
                 np.add(acc, zero, out=acc)
             self.state[k] = DONE
-        return acc.reshape(self.plan.shape), self.lod
+        return self.acc, self.lod
 
 
 __all__ = ["ADD", "BASE", "CHUNK_BYTES", "HOLD", "Arrivals", "SumPlan", "TornSum", "find_plans"]

@@ -386,6 +386,7 @@ class PServer(OwnDirRpc):
                 self._sum_list.append(arrivals)
                 self._sums.update((name, arrivals) for name in plan.inputs)
                 self.skip_ops.add((plan.block, plan.op_index))
+            self._adopt_sums()
         server.start()
         self._log(f"pserver {self.config.endpoint}: {who_may_call}")
         self._server = server
@@ -538,6 +539,22 @@ class PServer(OwnDirRpc):
                     arrivals.reset()
             if torn is not None:  # outside the sum's lock: `_fail` takes the pserver's
                 self._fail(f"step {step}: the sum of {arrivals.plan.out} cannot be used: {torn}")
+
+    def _adopt_sums(self) -> None:
+        """Sum into the array each summed grad holds already (the startup program's, a
+        persistable var's), when it is this process's alone: no second grad-sized array
+        beside it through the first round."""
+        outs = {arrivals.plan.out for arrivals in self._sum_list}
+        values = (self.scope.find_var(name) for name in self.config.persistables if name not in outs)
+        held = bulk.MemoryExtents(value.array for value in values if isinstance(value, LoDTensor))
+        for arrivals in self._sum_list:
+            value, plan = self.scope.find_var(arrivals.plan.out), arrivals.plan
+            if type(value) is not LoDTensor:
+                continue
+            array = value.array
+            if (array.shape == plan.shape and array.dtype == plan.dtype and array.base is None
+                    and array.flags.c_contiguous and array.flags.writeable and not held.overlaps(array)):
+                arrivals.acc = array
 
     def _release_aliased_sums(self) -> None:
         """An accumulator a persistable var other than its grad now views (a kernel kept a
@@ -791,7 +808,7 @@ class PServer(OwnDirRpc):
         source = np.ascontiguousarray(value.array).reshape(-1)
         with arrivals.cond:
             mode = arrivals.claim(k, may_wait=False)
-            acc = arrivals.acc
+            acc = arrivals.flat()
             if mode == BASE:
                 np.copyto(acc, source)
             elif mode == ADD:
@@ -1009,7 +1026,7 @@ class PServer(OwnDirRpc):
         chunk (each chunk added once the inputs before it wrote it), an early one into the
         buffer kept for it. A break on the way fails the round (`_tear`)."""
         arrivals = self._sums[var.name]
-        k, acc, size, chunk = arrivals.position[var.name], arrivals.acc, arrivals.size, arrivals.chunk
+        k, acc, size, chunk = arrivals.position[var.name], arrivals.flat(), arrivals.size, arrivals.chunk
         what = f"var {var.name!r}"
         sock, done = conn.sock, 0
         with arrivals.cond:
