@@ -361,9 +361,11 @@ class Job:
 
 def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: int, job: Job, rates: Rates, *,
                sparse: bool = False, prefetch: bool = False, ids: IdStats | None = None,
-               optimizer_attrs: Mapping[str, Any] | None = None) -> Cost:
+               optimizer_attrs: Mapping[str, Any] | None = None, merged: bool = False) -> Cost:
     """One partition's cost (see the module docstring). Each partition has its own copy of
-    the optimizer's `[1]` scalars (beta powers)."""
+    the optimizer's `[1]` scalars (beta powers). `merged`: the trainer sends a sparse grad
+    with its duplicate rows merged (it sums several lookups' grads: `ParamPlan.merged_grad`),
+    a row per distinct id of its step, not a row per lookup."""
     slots = optimizer_slots(optimizer)
     size = dtype.itemsize
     n = rows * cols
@@ -380,8 +382,10 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
         lookups, touched_one = stats.rows(start_row, start_row + rows, 1)
         _, touched_all = stats.rows(start_row, start_row + rows, t)
         cost.lookups, cost.rows = lookups * t, touched_one * t
-        # a lookup's grad carries a row per lookup (ids repeating: merged on the pserver)
-        cost.bytes_in = lookups * t * (cols * size + ID_BYTES)
+        # the grad rows a pserver receives and merges: a row per lookup (ids repeating), or
+        # per distinct id of each trainer's step when the trainer merged them
+        grad_rows = (touched_one if merged else lookups) * t
+        cost.bytes_in = grad_rows * (cols * size + ID_BYTES)
         if prefetch:  # rows asked for and sent, the param itself never received whole
             cost.bytes_in += t * touched_one * ID_BYTES
             cost.bytes_out = t * touched_one * cols * size
@@ -392,14 +396,14 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
         cost.async_sparse_bytes = 0.0 if job.sync_mode else cost.sparse_bytes
         every = slots.updates_every_row((optimizer_attrs or {}).get) if optimizer_attrs is not None else slots.every_row
         updated = rows if every else (touched_all if job.sync_mode else touched_one * t)
-        merge_rows = lookups * t
+        merge_rows = grad_rows
         cost.compute_us = (merge_rows * (rates.row_us + cols * rates.merge_us) + updated * cols * rates.op("scale", dtype)
                            + updated * cols * rates.op(optimizer, dtype) + (0.0 if every else updated * rates.update_row_us))
         if not job.sync_mode:
             cost.compute_us += (t - 1) * updated * cols * rates.op(optimizer, dtype) if every else 0.0
         # per grad row taken: the request work beside its bytes, on every partition the id
         # reaches (a column cut: on all of them)
-        cost.compute_us += lookups * t * rates.id_us
+        cost.compute_us += grad_rows * rates.id_us
         if not every and sparse_step_copies(optimizer, job.sync_mode):
             fresh = rates.fault_us if n * size >= MMAP_THRESHOLD else 0.0  # fresh pages each step
             cost.compute_us += runs * (1 + len(slots.sliced)) * n * (rates.copy_us + fresh) * size / 4  # per fp32
@@ -492,7 +496,8 @@ def plan_costs(plan, rates: Rates | None = None, ids: Mapping[str, IdStats] | No
             cols = block.cols if block.cols is not None else width
             rows = block.rows if param.shape else 1
             cost = block_cost(param.optimizer, param.dtype, block.row_offset, rows, cols, job, rates,
-                              sparse=param.sparse, prefetch=param.remote_prefetch, ids=ids.get(param.param))
+                              sparse=param.sparse, prefetch=param.remote_prefetch, ids=ids.get(param.param),
+                              merged=param.merged_grad)
             out[endpoint].cost.add(cost)
             out[endpoint].partitions.append(block.name)
     if plan.table is not None:
@@ -657,9 +662,10 @@ def resident_bytes(plan, endpoint: str, ids: Mapping[str, IdStats] | None = None
             out["optimizer_state"] += (len(slots.sliced) * n + len(slots.unsliced)) * size
             if param.sparse:
                 stats = ids.get(param.param) or IdStats.uniform_rows(param.shape[0], 1)
-                lookups, _ = stats.rows(block.row_offset, block.row_offset + block.rows, 1)
+                lookups, distinct = stats.rows(block.row_offset, block.row_offset + block.rows, 1)
                 copies = 2 if plan.per_trainer_grads else 1
-                out["grads"] += round(copies * t * lookups * (cols * size + ID_BYTES))
+                sent = distinct if param.merged_grad else lookups
+                out["grads"] += round(copies * t * sent * (cols * size + ID_BYTES))
                 if sparse_step_copies(param.optimizer, plan.sync_mode) and not slots.every_row:
                     for array in range(1 + len(slots.sliced)):
                         out["step_copies"] += n * size if n * size < MMAP_THRESHOLD else 0

@@ -188,7 +188,8 @@ class PlanPartitioner(Partitioner):
 
     def part_cost(self, param: ParamInfo, part: Partition, job: Job, stats: Mapping[str, IdStats]) -> Cost:
         return block_cost(param.optimizer, param.dtype, part.start_row, part.rows, part.cols, job, self.rates,
-                          sparse=param.sparse, prefetch=param.table, ids=stats.get(param.name))
+                          sparse=param.sparse, prefetch=param.table, ids=stats.get(param.name),
+                          merged=param.merged_grad)
 
     def weighted_bands(self, unit: Sequence[ParamInfo], count: int, job: Job, stats: Mapping[str, IdStats]
                        ) -> list[tuple[int, int]]:
