@@ -428,7 +428,7 @@ def test_fixed_costs_per_rpc_var_and_block_add_up_per_pserver():
     rates = Rates(bandwidth=1e30, sparse_bandwidth=1e30, rpc_us=100.0, var_us=10.0, block_us=50.0,
                   op_us=dict.fromkeys(("sum", "scale", "momentum"), 0.0))
     block = types.SimpleNamespace(cols=None, rows=10, row_offset=0, name="w.block0")
-    param = types.SimpleNamespace(param="w", shape=(10, 4), optimizer="momentum", dtype=DType.FP32, sparse=False,
+    param = types.SimpleNamespace(param="w", shape=(10, 4), optimizer="momentum", dtype=DType.FP32, sparse=False, merged_grad=False,
                                   remote_prefetch=False, blocks=[block, block, block],
                                   endpoints=["a", "a", "b"])
     plan = types.SimpleNamespace(trainers=3, sync_mode=True, endpoints=["a", "b", "c"], params=[param], table=None)

@@ -436,21 +436,22 @@ def table_shard_cost(table, shard: int, job: Job, rates: Rates, ids: IdStats | N
     _, merged = stats.residue_rows(shard, shards, job.trainers)
     t = job.trainers
     cost.lookups, cost.rows = lookups * t, one * t
-    cost.bytes_in = t * one * ID_BYTES + t * lookups * (width * size + ID_BYTES)
+    sent = one if table.merged_grad else lookups  # grad rows per trainer (see block_cost's `merged`)
+    cost.bytes_in = t * one * ID_BYTES + t * sent * (width * size + ID_BYTES)
     cost.bytes_out = t * one * width * size
     cost.sparse_bytes = cost.bytes_in + cost.bytes_out
     cost.async_sparse_bytes = 0.0 if job.sync_mode else cost.sparse_bytes
     cost.rpcs = t  # the prefetch (the grads travel in the batches)
     cost.vars = 2 * t
-    cost.compute_us = (lookups * t * (rates.row_us + width * rates.merge_us)
+    cost.compute_us = (sent * t * (rates.row_us + width * rates.merge_us)
                        + merged * (width * rates.op("sgd", table.dtype) + rates.update_row_us)
-                       + lookups * t * rates.id_us
+                       + sent * t * rates.id_us
                        + (1 if job.sync_mode else t) * rates.block_us)
     return cost
 
 
 def mod_shard_cost(optimizer: str, dtype: DType, shape: Sequence[int], shard: int, shards: int, job: Job,
-                   rates: Rates, ids: IdStats | None) -> Cost:
+                   rates: Rates, ids: IdStats | None, merged: bool = False) -> Cost:
     """The distributed table kept as Paddle shards it, `id % shards`, its shard `shard` under
     `optimizer` (the planner's `mod` candidate): `table_shard_cost`, plus the optimizer's
     sliced state as shards of the table's (the shard's shape), its scalar state, and its rate
@@ -458,7 +459,7 @@ def mod_shard_cost(optimizer: str, dtype: DType, shape: Sequence[int], shard: in
     the shard may create)."""
     from transpiler.plan import TablePlan
 
-    table = TablePlan("", "", tuple(shape), dtype, tuple(str(i) for i in range(shards)))
+    table = TablePlan("", "", tuple(shape), dtype, tuple(str(i) for i in range(shards)), merged_grad=merged)
     cost = table_shard_cost(table, shard, job, rates, ids)
     slots = optimizer_slots(optimizer)
     cost.memory["optimizer_state"] = (len(slots.sliced) * math.prod(table.shard_shape)

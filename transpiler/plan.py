@@ -130,6 +130,7 @@ class TablePlan:
     dtype: DType
     endpoints: tuple[str, ...]
     padding_idx: int = -1
+    merged_grad: bool = False  # the trainer sends a row per distinct id (`ParamPlan.merged_grad`)
 
     @property
     def shard_rows(self) -> int:

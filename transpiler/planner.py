@@ -235,7 +235,8 @@ class PlanPartitioner(Partitioner):
                 if cand.kind == "mod":
                     (param,) = unit
                     costs = [mod_shard_cost(param.optimizer, param.dtype, param.shape, i, cand.grid[0], job,
-                                            self.rates, stats.get(param.name)) for i in range(cand.grid[0])]
+                                            self.rates, stats.get(param.name), param.merged_grad)
+                             for i in range(cand.grid[0])]
                     whole = Partition(0, param.rows, 0, param.cols)
                     cache[key] = [_Part(i, [(param, whole)], c.time_us(self.rates), c.memory_bytes, pinned=True)
                                   for i, c in enumerate(costs)]

@@ -100,7 +100,8 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     elif table is not None:
         var = block.var(table.param)
         plan.table = TablePlan(table.param, table.grad, tuple(var.shape), var.dtype, options.endpoints,
-                               tables[table.param].padding_idx)
+                               tables[table.param].padding_idx,
+                               merged_grad=table.grad_producer.type in MERGING_GRAD_OPS)
     if options.partitioner is not None:
         _partition(plan, options, [*bundle.analysis.chains, *([table] if table is not None else [])])
         if table is not None:
@@ -174,7 +175,7 @@ def _keep_table_sharded(plan: Plan, options: TranspileOptions, padding_idx: int)
                              f"{servers!r}; it must name distinct pservers 0..{count - 1}")
     plan.params.remove(param)
     plan.table = TablePlan(param.param, param.grad, param.shape, param.dtype,
-                           tuple(options.endpoints[s] for s in servers), padding_idx)
+                           tuple(options.endpoints[s] for s in servers), padding_idx, merged_grad=param.merged_grad)
 
 
 def dispatch_order(params: list[ParamPlan], options: TranspileOptions) -> list[int]:
