@@ -17,7 +17,7 @@ and the table's grad, the barriers). Id sets, each 8 draws rotated per round:
   sends, Paddle's MergeAdd; the CTR example's three slots do).
 
 Per width, a least-squares fit of the pserver's CPU µs per round to
-`fixed + a·(grad rows received) + b·(rows prefetched) + c·(distinct rows updated)`; the
+`fixed + a·(grad rows received) + b·(rows prefetched, and updated: they move together)`; the
 fit's residual on each set says whether Zipf ids cost other than their counts.
 """
 
@@ -83,13 +83,14 @@ def counts(draws) -> tuple[float, float, float]:
 
 
 def fit(rows: list[dict]) -> dict[str, float]:
-    x = np.array([[1.0, r["sent"], r["fetched"], r["updated"]] for r in rows])
+    """Least squares: fixed + per grad row sent + per distinct row (prefetched by a trainer,
+    and updated: the two move together, 0.9-1x, so one term)."""
+    x = np.array([[1.0, r["sent"], r["fetched"]] for r in rows])
     y = np.array([r["cpu_us"] for r in rows])
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
     for r, p in zip(rows, x @ coef, strict=True):
         r["fit_us"] = round(float(p), 1)
-    return {"fixed_us": float(coef[0]), "per_sent_row_us": float(coef[1]), "per_fetched_row_us": float(coef[2]),
-            "per_updated_row_us": float(coef[3])}
+    return {"fixed_us": float(coef[0]), "per_sent_row_us": float(coef[1]), "per_fetched_row_us": float(coef[2])}
 
 
 def main() -> int:
@@ -123,7 +124,7 @@ def main() -> int:
     for width, res in out["widths"].items():
         f = res["fit"]
         print(f"width {width}: fixed {f['fixed_us']:.0f} us + {f['per_sent_row_us']:.3f} per grad row sent "
-              f"+ {f['per_fetched_row_us']:.3f} per row prefetched + {f['per_updated_row_us']:.3f} per row updated")
+              f"+ {f['per_fetched_row_us']:.3f} per row prefetched (and updated)")
         print(f"  {'set':20s} {'sent':>7s} {'fetched':>7s} {'updated':>7s} {'cpu us':>8s} {'fit us':>8s}  runs")
         for r in res["sets"]:
             print(f"  {r['set']:20s} {r['sent']:7.0f} {r['fetched']:7.0f} {r['updated']:7.0f} {r['cpu_us']:8.0f} "
