@@ -470,6 +470,19 @@ def test_calibrate_measures_sparse_rows_on_a_real_sync_pserver():
     assert 0 < synced["row_cpu_us"] < 1_000 and synced["wire_us"] >= 0
 
 
+def test_measure_sync_ids_serves_two_prefetching_trainers_their_id_sets():
+    """`measure_sync_ids` drives a real sync pserver as two prefetching trainers do (rows
+    prefetched, grads sent, barriers) with the id sets given: 4,096 grad rows a trainer
+    cost it more CPU per round than 64, and draws rotate per round."""
+    from transpiler.calibrate import measure_sync_ids
+
+    rng = np.random.default_rng(0)
+    few = [[rng.integers(0, 16_384, 64)] for _ in range(2)]
+    many = [[rng.integers(0, 16_384, 4096), rng.integers(0, 16_384, 4096)] for _ in range(2)]
+    small, big = measure_sync_ids([few, many], width=16, rounds=8, blocks=1)
+    assert 0 < small < big < 200_000
+
+
 def test_calibrate_copy_rate_is_per_element_and_memcpy_like():
     from transpiler.calibrate import measure_copy
 

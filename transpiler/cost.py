@@ -22,8 +22,10 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
   buffers `T·n·s` (sync, T > 1);
 - traffic (dense): in `T·n·s` (grads), out `T·n·s` (params trainers receive); a sparse
   grad carries a row per lookup, `l` per trainer (ids repeat; `l` from `IdStats`): in
-  `T·l·(cols·s + 8)`; a prefetched table sends the `r` distinct rows asked for: out
-  `T·r·cols·s`, ids in `T·r·8`;
+  `T·l·(cols·s + 8)`, or a row per distinct id of the trainer's step, `r`, when the
+  trainer merged it (`merged`: it sums several lookups' grads, Paddle's MergeAdd, as the
+  CTR net's three slots do; `ParamPlan.merged_grad`); a prefetched table sends the `r`
+  distinct rows asked for: out `T·r·cols·s`, ids in `T·r·8`;
 - RPCs: per trainer a send batch and a fetch batch to each pserver holding a partition
   (in sync mode carrying the barriers), and a prefetch call per prefetched partition;
   each var a batch carries costs `var_us`;
@@ -31,7 +33,7 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
   rates, float64 its own `op@fp64` ones, copies by their bytes); sparse
   grads touch `r` rows instead of `n / cols` (unless the optimizer updates every row), each
   such row costing `update_row_us` beside its elements' rates, their
-  `T·l` grad rows are merged at `row_us + cols·merge_us` each (no `sum` rate), and
+  `T·l` grad rows (`T·r` when merged) are merged at `row_us + cols·merge_us` each (no `sum` rate), and
   each grad row costs `id_us` on every partition its id reaches; an optimizer in `SPARSE_COPIES` copies its whole param and state per run
   on an async pserver (`(1 + sliced)·n·copy_us`; a sync one updates the rows in place); each run of the partition's optimize block costs `block_us`
   (once a step in sync mode, once per trainer's grad in async mode).
