@@ -27,6 +27,8 @@ real pservers' CPU per step.
   round at a time, the rows merged and updated in place): the CPU per grad row at widths
   64 and 16, less `merge_us` and `scale` + Adagrad's rates on the distinct rows: the
   slope per float sets `sync_sparse_bandwidth` (what a sync job's sparse bytes cost);
+- (`measure_sync_ids`, for `benchmarks/sparse_ids.py`: a real sync pserver fed given id
+  sets by two prefetching trainers, CPU per round);
 - against a real sync pserver (`measure_dense`: `measure_sync_round` serves a net of
   fc layers, Momentum, to 2 trainer threads that replay their traffic with
   `transpiler.replay` and wait `THINK` between rounds as real trainers compute): `rpc_us`
@@ -444,11 +446,13 @@ def measure_sync_ids(id_sets, width: int = PSERVER_WIDTH, table_rows: int = PSER
     """A real **sync** pserver (the CTR `local-table` program, `[table_rows, width]` fp32 +
     Adagrad) in a child process, served to `len(id_sets[0])` trainer threads that each
     round, as a prefetching trainer does: prefetch the rows of their ids' distinct values,
-    send the 4 small dense grads and `emb@GRAD` (a row per lookup, `ids` as given), the send
-    barrier, a param fetched behind the fetch barrier. For each entry of `id_sets` (a list
-    of int64 id arrays, one per trainer) the pserver's CPU µs per round (/proc, the median
-    of `blocks` blocks of `rounds`). What the ids cost apart from their count: the same
-    lookups drawn as Zipf or uniform ids give the per-lookup and per-distinct-row terms."""
+    send the 4 small dense grads and `emb@GRAD` (a grad row per id as given: pass the ids
+    merged, `np.unique`, for a trainer that merges its grad), the send barrier, a param
+    fetched behind the fetch barrier. For each entry of `id_sets` (per trainer an int64 id
+    array, or a list of them that the rounds take in turn) the pserver's CPU µs per round
+    (/proc, the median of `blocks` blocks of `rounds`). Not part of `calibrate`:
+    `benchmarks/sparse_ids.py` fits per grad row and per distinct row with it, Zipf and
+    uniform ids alike."""
     import numpy as np
 
     from ops.rpc.client import RpcClient
