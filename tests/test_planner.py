@@ -547,3 +547,19 @@ def test_cli_plan_reports_a_table_kept_id_mod_k(capsys, tmp_path):
     assert len(data["table"]["endpoints"]) == 4 and "emb" not in [p["param"] for p in data["params"]]
     assert {"param": "emb", "kind": "mod", "grid": [1, 1, 1, 1], "pservers": data["table"]["endpoints"]} in \
         data["cost"]["params"]
+
+
+def test_a_table_whose_trainer_merges_its_grads_gets_a_wider_hot_band():
+    """A trainer that merges its table's grad (`merged_grad`) sends the hot ids once a step,
+    not once per lookup: the hot band's estimate falls, so the bands of equal estimated time
+    give it more rows than when every lookup sends a row."""
+    rng = np.random.default_rng(1)
+    sample = (rng.zipf(1.1, 50_000) - 1) % 100_000
+    bands = {}
+    for merged in (False, True):
+        table = dense("emb", (100_000, 64), "adagrad", sparse=True, table=True, merged_grad=merged)
+        planner = PlanPartitioner(id_samples={"emb": sample}, batch_size=2000, kinds={"emb": ("row",)})
+        parts, _ = run(planner, [table], 4)["emb"]
+        bands[merged] = parts[0].rows
+        assert max(planner.loads) / min(planner.loads) < 1.05  # still balanced, by its own estimate
+    assert bands[True] > 2 * bands[False]
