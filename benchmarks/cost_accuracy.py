@@ -1,7 +1,7 @@
 """The cost model's time estimate against measured pservers, on three workloads.
 
     python3 benchmarks/cost_accuracy.py [--quick] [--only mlp resnet50 zipf] [--rounds 1]
-                                        [--rates RATES.json] [--json]
+                                        [--rates RATES.json] [--calibrate [--calibrated-out R.json]] [--json]
 
 Workloads (sync, every pserver's CPU read from /proc, docs/planner.md#accuracy):
 
@@ -31,11 +31,16 @@ the pservers the measurement separates by more than `--tie` (10%: closer than th
 the run-to-run noise of this machine, and no order is claimed). The wall step also counts
 the trainers' own compute (and waiting), which the pserver model does not; it is printed
 beside, not compared.
+
+`--calibrate` runs `pstranspile calibrate` in the same process before the workloads (under
+the load they will see) and reports the estimates with those rates too, beside the
+built-in (or `--rates`) ones, against the same measurements (`--calibrated-out` saves them).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -364,9 +369,24 @@ def main() -> int:
     parser.add_argument("--rates", help="rates from `pstranspile calibrate` (default: the built-in ones)")
     parser.add_argument("--measured", type=Path, action="append", default=[],
                         help="take the runs of these earlier --json outputs instead of measuring (re-predict only)")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="calibrate first, in this run and under its load, and report the estimates with "
+                             "those rates beside the built-in (or --rates) ones")
+    parser.add_argument("--calibrated-out", type=Path, help="with --calibrate: write the rates it measured here")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rates = load_rates(args.rates)
+    in_run = None
+    if args.calibrated_out and not args.calibrate:
+        parser.error("--calibrated-out needs --calibrate")
+    if args.calibrate:
+        from transpiler.calibrate import calibrate
+
+        load = os.getloadavg()[0]
+        in_run = calibrate(progress=lambda text: print(f"calibrate: {text}", file=sys.stderr, flush=True))
+        in_run = dataclasses.replace(in_run, source=f"{in_run.source}, in this run (load average {load:.1f})")
+        if args.calibrated_out:
+            args.calibrated_out.write_text(json.dumps(in_run.to_json(), indent=1) + "\n")
     earlier: dict[str, list] = {}
     for path in args.measured:
         for name, found in json.loads(path.read_text())["workloads"].items():
@@ -384,10 +404,21 @@ def main() -> int:
             print(f"{name}: {runs[-1]} (model {predicted})", file=sys.stderr, flush=True)
         out[name] = {"pservers": work.pservers, "trainers": work.trainers, "steps": steps, "warm": warm,
                      **compare(predicted, runs, args.tie)}
+        if in_run is not None:
+            out[name]["in_run"] = {k: v for k, v in compare(work.predict(in_run), runs, args.tie).items() if k != "runs"}
     if args.json:
-        print(json.dumps({"rates": rates.source, "workloads": out}, indent=1))
+        print(json.dumps({"rates": rates.source, "in_run_rates": in_run.to_json() if in_run else None,
+                          "workloads": out}, indent=1))
         return 0
-    print(f"rates: {rates.source}; per pserver ms per step: model estimate vs measured CPU (from /proc)")
+    report(rates.source, out, args.tie)
+    if in_run is not None:
+        print()
+        report(in_run.source, {name: {**r["in_run"], "runs": r["runs"]} for name, r in out.items()}, args.tie)
+    return 0
+
+
+def report(source: str, out: dict, tie: float) -> None:
+    print(f"rates: {source}; per pserver ms per step: model estimate vs measured CPU (from /proc)")
     print(f"{'workload':<11} {'pserver':>7} {'est ms':>9} {'cpu ms':>9} {'est/cpu':>8}")
     for name, r in out.items():
         for p, (e, c, q) in enumerate(zip(r["est_ms"], r["pserver_cpu_ms"], r["ratio"], strict=True)):
@@ -400,9 +431,8 @@ def main() -> int:
         print(f"{name:<11} {r['est_step_ms']:>9.2f} {r['slowest_cpu_ms']:>11.2f} {r['step_ratio']:>6.3f} {spread:>11} "
               f"{r['spearman']:>8.3f} {str(r['slowest_matches']):>10} {pairs:>21} {r['wall_step_ms']:>12.1f}")
     print(f"spread: slowest / least loaded pserver, measured / estimated; pairs: the pservers the measurement puts more "
-          f"than {args.tie:.0%} apart, the model orders alike / all (those it puts within {args.tie:.0%}: tied); "
+          f"than {tie:.0%} apart, the model orders alike / all (those it puts within {tie:.0%}: tied); "
           "the wall step includes the trainers' own compute")
-    return 0
 
 
 if __name__ == "__main__":

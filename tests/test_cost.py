@@ -124,6 +124,61 @@ def test_sparse_costs_count_grad_rows_per_lookup_and_whole_copies():
     assert sum(h.compute_us for h in halves) == pytest.approx(2 * sgd.compute_us)  # every id on both ranges
 
 
+def test_a_trainer_that_merges_its_sparse_grad_sends_a_row_per_distinct_id():
+    """`merged` (the trainer sums several lookups' grads, a MergeAdd, before sending): each
+    trainer's grad carries a row per distinct id of its step, so its bytes, merge and
+    per-row work follow the distinct rows, not the lookups; the lookups, the rows fetched
+    and updated are the same either way."""
+    rates = Rates(bandwidth=1e9, sync_sparse_bandwidth=1e8, rpc_us=0.0, row_us=0.25, var_us=0.0, block_us=0.0,
+                  id_us=0.5, copy_us=0.0, merge_us=0.01, update_row_us=0.0,
+                  op_us={"sum": 0.0, "scale": 0.0, "sgd": 0.0, "adagrad": 0.0})
+    stats = IdStats.from_sample(np.array([0] * 90 + list(range(1, 11))), height=100, ids_per_step=50)
+    _, one = stats.rows(0, 100, 1)  # distinct ids of one trainer's 50
+    assert one < 10  # row 0 is 90% of the lookups
+    each = block_cost("adagrad", DType.FP32, 0, 100, 8, Job(2), rates, sparse=True, prefetch=True, ids=stats)
+    merged = block_cost("adagrad", DType.FP32, 0, 100, 8, Job(2), rates, sparse=True, prefetch=True, ids=stats,
+                        merged=True)
+    assert (merged.lookups, merged.rows, merged.bytes_out) == (each.lookups, each.rows, each.bytes_out)
+    assert each.bytes_in == pytest.approx(100 * (8 * 4 + 8) + 2 * one * 8)  # + the ids prefetched
+    assert merged.bytes_in == pytest.approx(2 * one * (8 * 4 + 8) + 2 * one * 8)
+    assert each.compute_us == pytest.approx(100 * (0.25 + 8 * 0.01 + 0.5))
+    assert merged.compute_us == pytest.approx(2 * one * (0.25 + 8 * 0.01 + 0.5))
+    saved = (100 - 2 * one) * ((8 * 4 + 8) / 1e8 * 1e6 + 0.25 + 8 * 0.01 + 0.5)
+    assert each.time_us(rates) - merged.time_us(rates) == pytest.approx(saved)
+    uniform = IdStats.uniform_rows(100_000, 50)  # ids that barely repeat: the same cost
+    a = block_cost("sgd", DType.FP32, 0, 100_000, 8, Job(2), rates, sparse=True, ids=uniform)
+    b = block_cost("sgd", DType.FP32, 0, 100_000, 8, Job(2), rates, sparse=True, ids=uniform, merged=True)
+    assert b.time_us(rates) == pytest.approx(a.time_us(rates), rel=1e-3)
+
+
+def test_the_plan_says_whether_the_trainer_merges_a_sparse_grad():
+    """A table looked up several times (the CTR net's three slots: their grads summed, a
+    MergeAdd) sends merged rows; a single lookup's grad is sent as it is, a row per lookup
+    (`ParamPlan.merged_grad`, which `plan_costs` prices)."""
+    import sys
+
+    from pass_support import tiny
+
+    sys.path.insert(0, str(PADDLE_PROGRAMS.parents[2] / "examples"))
+    try:
+        import train_ctr
+    finally:
+        sys.path.pop(0)
+
+    main, startup = train_ctr.build_ctr("local-table", 1000, 8)
+    ctr = transpile(main, startup, pservers=["127.0.0.1:1", "127.0.0.1:2"], trainers=2)
+    assert [(p.param, p.merged_grad) for p in ctr.plan.params if p.sparse] == [("emb", True)]
+    main, startup = tiny(embedding="sparse")
+    single = transpile(main, startup, pservers=["127.0.0.1:1", "127.0.0.1:2"], trainers=2)
+    assert [(p.param, p.merged_grad) for p in single.plan.params if p.sparse] == [("emb", False)]
+    stats = {"emb": IdStats.from_sample(np.array([0] * 90 + list(range(1, 11))), height=1000, ids_per_step=50)}
+    merged = plan_costs(ctr.plan, Rates(), stats)
+    for param in ctr.plan.params:
+        param.merged_grad = False
+    each = plan_costs(ctr.plan, Rates(), stats)
+    assert sum(r.cost.bytes_in for r in merged) < sum(r.cost.bytes_in for r in each)
+
+
 def test_a_sparse_update_costs_update_row_us_per_distinct_row_it_writes():
     """`update_row_us` is paid once per distinct row a sparse update writes: on a sync
     pserver the rows distinct across the trainers, on an async one each trainer's rows per
@@ -373,7 +428,7 @@ def test_fixed_costs_per_rpc_var_and_block_add_up_per_pserver():
     rates = Rates(bandwidth=1e30, sparse_bandwidth=1e30, rpc_us=100.0, var_us=10.0, block_us=50.0,
                   op_us=dict.fromkeys(("sum", "scale", "momentum"), 0.0))
     block = types.SimpleNamespace(cols=None, rows=10, row_offset=0, name="w.block0")
-    param = types.SimpleNamespace(param="w", shape=(10, 4), optimizer="momentum", dtype=DType.FP32, sparse=False,
+    param = types.SimpleNamespace(param="w", shape=(10, 4), optimizer="momentum", dtype=DType.FP32, sparse=False, merged_grad=False,
                                   remote_prefetch=False, blocks=[block, block, block],
                                   endpoints=["a", "a", "b"])
     plan = types.SimpleNamespace(trainers=3, sync_mode=True, endpoints=["a", "b", "c"], params=[param], table=None)
@@ -413,6 +468,19 @@ def test_calibrate_measures_sparse_rows_on_a_real_sync_pserver():
 
     synced = measure_sync_sparse(0.0, 0.0, id_counts=(128, 4096), rounds=5)
     assert 0 < synced["row_cpu_us"] < 1_000 and synced["wire_us"] >= 0
+
+
+def test_measure_sync_ids_serves_two_prefetching_trainers_their_id_sets():
+    """`measure_sync_ids` drives a real sync pserver as two prefetching trainers do (rows
+    prefetched, grads sent, barriers) with the id sets given: 4,096 grad rows a trainer
+    cost it more CPU per round than 64, and draws rotate per round."""
+    from transpiler.calibrate import measure_sync_ids
+
+    rng = np.random.default_rng(0)
+    few = [[rng.integers(0, 16_384, 64)] for _ in range(2)]
+    many = [[rng.integers(0, 16_384, 4096), rng.integers(0, 16_384, 4096)] for _ in range(2)]
+    small, big = measure_sync_ids([few, many], width=16, rounds=8, blocks=1)
+    assert 0 < small < big < 200_000
 
 
 def test_calibrate_copy_rate_is_per_element_and_memcpy_like():

@@ -448,7 +448,8 @@ def test_id_mod_shards_on_all_or_a_subset_of_the_pservers(only, monkeypatch):
     main, startup = train_ctr.build_ctr("distributed", 40_000, 16, "adagrad")
     eps = [f"127.0.0.1:{i}" for i in range(1, 5)]
     paddle = transpile(main, startup, pservers=eps, trainers=2, verify=True)
-    planner = PlanPartitioner(kinds={"emb": ("mod",)}, id_samples={"emb": _hot_ids_sample(40_000)}, batch_size=512)
+    # a batch whose distinct ids need every pserver (the trainer merges its grad rows: hot ids are cheap)
+    planner = PlanPartitioner(kinds={"emb": ("mod",)}, id_samples={"emb": _hot_ids_sample(40_000)}, batch_size=4096)
     result = transpile(main, startup, pservers=eps, trainers=2, partitioner=planner, verify=True)
     shards = result.plan.table.endpoints
     assert len(set(shards)) == len(shards) == (only or 4) and "emb" not in [p.param for p in result.plan.params]
@@ -536,8 +537,8 @@ def test_cli_plan_reports_a_table_kept_id_mod_k(capsys, tmp_path):
     startup.save(tmp_path / "startup.pb")
     np.save(tmp_path / "ids.npy", _hot_ids_sample(40_000))
     base = ["plan", tmp_path / "main.pb", "--pservers", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3,127.0.0.1:4",
-            "--trainers", "2", "--id-sample", tmp_path / "ids.npy", "--batch-size", "1024", "--partitioner", "plan"]
-    code, out, err = cli(capsys, *base)
+            "--trainers", "2", "--id-sample", tmp_path / "ids.npy", "--batch-size", "4096", "--partitioner", "plan"]
+    code, out, err = cli(capsys, *base)  # (a smaller batch's distinct rows fit row bands on 3 pservers)
     assert code == 0, err
     assert re.search(r"^emb +mod +id%4 +4$", out, re.M)
     code, out, err = cli(capsys, *base, "--json")
@@ -546,3 +547,19 @@ def test_cli_plan_reports_a_table_kept_id_mod_k(capsys, tmp_path):
     assert len(data["table"]["endpoints"]) == 4 and "emb" not in [p["param"] for p in data["params"]]
     assert {"param": "emb", "kind": "mod", "grid": [1, 1, 1, 1], "pservers": data["table"]["endpoints"]} in \
         data["cost"]["params"]
+
+
+def test_a_table_whose_trainer_merges_its_grads_gets_a_wider_hot_band():
+    """A trainer that merges its table's grad (`merged_grad`) sends the hot ids once a step,
+    not once per lookup: the hot band's estimate falls, so the bands of equal estimated time
+    give it more rows than when every lookup sends a row."""
+    rng = np.random.default_rng(1)
+    sample = (rng.zipf(1.1, 50_000) - 1) % 100_000
+    bands = {}
+    for merged in (False, True):
+        table = dense("emb", (100_000, 64), "adagrad", sparse=True, table=True, merged_grad=merged)
+        planner = PlanPartitioner(id_samples={"emb": sample}, batch_size=2000, kinds={"emb": ("row",)})
+        parts, _ = run(planner, [table], 4)["emb"]
+        bands[merged] = parts[0].rows
+        assert max(planner.loads) / min(planner.loads) < 1.05  # still balanced, by its own estimate
+    assert bands[True] > 2 * bands[False]

@@ -27,6 +27,8 @@ real pservers' CPU per step.
   round at a time, the rows merged and updated in place): the CPU per grad row at widths
   64 and 16, less `merge_us` and `scale` + Adagrad's rates on the distinct rows: the
   slope per float sets `sync_sparse_bandwidth` (what a sync job's sparse bytes cost);
+- (`measure_sync_ids`, for `benchmarks/sparse_ids.py`: a real sync pserver fed given id
+  sets by two prefetching trainers, CPU per round);
 - against a real sync pserver (`measure_dense`: `measure_sync_round` serves a net of
   fc layers, Momentum, to 2 trainer threads that replay their traffic with
   `transpiler.replay` and wait `THINK` between rounds as real trainers compute): `rpc_us`
@@ -437,6 +439,78 @@ def measure_sync_sparse(merge_us: float, update_us: float, id_counts: tuple[int,
         print(f"sync pserver cpu us per grad row {raw} at widths {widths}, beyond merge and update {rest}: "
               f"{per_float:.5f} per float", file=sys.stderr)
     return {"wire_us": max(per_float, 0.0), "row_cpu_us": raw[1]}
+
+
+def measure_sync_ids(id_sets, width: int = PSERVER_WIDTH, table_rows: int = PSERVER_ROWS, rounds: int = 40,
+                     blocks: int = 3, think: float = 0.0) -> list[float]:
+    """A real **sync** pserver (the CTR `local-table` program, `[table_rows, width]` fp32 +
+    Adagrad) in a child process, served to `len(id_sets[0])` trainer threads that each
+    round, as a prefetching trainer does: prefetch the rows of their ids' distinct values,
+    send the 4 small dense grads and `emb@GRAD` (a grad row per id as given: pass the ids
+    merged, `np.unique`, for a trainer that merges its grad), the send barrier, a param
+    fetched behind the fetch barrier. For each entry of `id_sets` (per trainer an int64 id
+    array, or a list of them that the rounds take in turn) the pserver's CPU µs per round
+    (/proc, the median of `blocks` blocks of `rounds`). Not part of `calibrate`:
+    `benchmarks/sparse_ids.py` fits per grad row and per distinct row with it, Zipf and
+    uniform ids alike."""
+    import numpy as np
+
+    from ops.rpc.client import RpcClient
+    from ops.tensor import SelectedRows
+
+    trainers = len(id_sets[0])
+    dense = {"ctr_fc.b@GRAD": (32,), "ctr_fc.w@GRAD": (3 * width, 32), "ctr_out.b@GRAD": (2,),
+             "ctr_out.w@GRAD": (32, 2)}
+    child = subprocess.Popen([sys.executable, "-c", _PSERVER, str(ROOT), str(table_rows), str(width), "sync",
+                              str(trainers)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
+    clients: list[Any] = []
+    try:
+        endpoint = child.stdout.readline().strip()
+        if not endpoint:
+            raise RuntimeError("the calibration sync pserver did not start")
+        clients = [RpcClient(t, timeout=60.0) for t in range(trainers)]
+        grads = {name: np.full(shape, 1e-4, np.float32) for name, shape in dense.items()}
+        figures = []
+        for n, draws in enumerate(id_sets):
+            # per trainer a list of draws (a round takes the next), or one array for every round
+            draws = [[d] if np.ndim(d[0]) == 0 else list(d) for d in draws]
+            sparse = [[SelectedRows(np.asarray(i, np.int64), np.full((len(i), width), 1e-4, np.float32), table_rows)
+                       for i in mine] for mine in draws]
+            wanted = [[np.unique(i) for i in mine] for mine in draws]
+
+            def trainer(t: int, count: int) -> None:
+                if count < 0:  # the startup's fetch barrier
+                    clients[t].fetch_barrier([endpoint], [(endpoint, "ctr_out.b")])
+                for r in range(count):
+                    clients[t].prefetch(endpoint, "emb", wanted[t][r % len(wanted[t])])
+                    suffix = f".trainer_{t}" if trainers > 1 else ""  # a sync pserver's grad buffer per trainer
+                    for name, value in grads.items():
+                        clients[t].send_async(endpoint, name + suffix, value)
+                    clients[t].send_async(endpoint, "emb@GRAD" + suffix, sparse[t][r % len(sparse[t])])
+                    clients[t].send_barrier([endpoint], defer=True)
+                    clients[t].fetch_barrier([endpoint], [(endpoint, "ctr_out.b")])
+                    if think:
+                        time.sleep(think)
+
+            def run(count: int) -> None:
+                _each_trainer(trainers, lambda t: trainer(t, count))
+
+            if n == 0:
+                run(-1)
+            run(5)
+            spent = []
+            for _ in range(blocks):
+                cpu0 = _cpu_seconds(child.pid)
+                run(rounds)
+                spent.append((_cpu_seconds(child.pid) - cpu0) / rounds * 1e6)
+            figures.append(statistics.median(spent))
+        for client in clients:
+            client.complete([endpoint])
+        child.wait(timeout=60)
+        return figures
+    finally:
+        _stop(child, clients)
 
 
 _COPIER = r"""

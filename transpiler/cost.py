@@ -22,8 +22,10 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
   buffers `T·n·s` (sync, T > 1);
 - traffic (dense): in `T·n·s` (grads), out `T·n·s` (params trainers receive); a sparse
   grad carries a row per lookup, `l` per trainer (ids repeat; `l` from `IdStats`): in
-  `T·l·(cols·s + 8)`; a prefetched table sends the `r` distinct rows asked for: out
-  `T·r·cols·s`, ids in `T·r·8`;
+  `T·l·(cols·s + 8)`, or a row per distinct id of the trainer's step, `r`, when the
+  trainer merged it (`merged`: it sums several lookups' grads, Paddle's MergeAdd, as the
+  CTR net's three slots do; `ParamPlan.merged_grad`); a prefetched table sends the `r`
+  distinct rows asked for: out `T·r·cols·s`, ids in `T·r·8`;
 - RPCs: per trainer a send batch and a fetch batch to each pserver holding a partition
   (in sync mode carrying the barriers), and a prefetch call per prefetched partition;
   each var a batch carries costs `var_us`;
@@ -31,7 +33,7 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
   rates, float64 its own `op@fp64` ones, copies by their bytes); sparse
   grads touch `r` rows instead of `n / cols` (unless the optimizer updates every row), each
   such row costing `update_row_us` beside its elements' rates, their
-  `T·l` grad rows are merged at `row_us + cols·merge_us` each (no `sum` rate), and
+  `T·l` grad rows (`T·r` when merged) are merged at `row_us + cols·merge_us` each (no `sum` rate), and
   each grad row costs `id_us` on every partition its id reaches; an optimizer in `SPARSE_COPIES` copies its whole param and state per run
   on an async pserver (`(1 + sliced)·n·copy_us`; a sync one updates the rows in place); each run of the partition's optimize block costs `block_us`
   (once a step in sync mode, once per trainer's grad in async mode).
@@ -361,9 +363,11 @@ class Job:
 
 def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: int, job: Job, rates: Rates, *,
                sparse: bool = False, prefetch: bool = False, ids: IdStats | None = None,
-               optimizer_attrs: Mapping[str, Any] | None = None) -> Cost:
+               optimizer_attrs: Mapping[str, Any] | None = None, merged: bool = False) -> Cost:
     """One partition's cost (see the module docstring). Each partition has its own copy of
-    the optimizer's `[1]` scalars (beta powers)."""
+    the optimizer's `[1]` scalars (beta powers). `merged`: the trainer sends a sparse grad
+    with its duplicate rows merged (it sums several lookups' grads: `ParamPlan.merged_grad`),
+    a row per distinct id of its step, not a row per lookup."""
     slots = optimizer_slots(optimizer)
     size = dtype.itemsize
     n = rows * cols
@@ -380,8 +384,10 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
         lookups, touched_one = stats.rows(start_row, start_row + rows, 1)
         _, touched_all = stats.rows(start_row, start_row + rows, t)
         cost.lookups, cost.rows = lookups * t, touched_one * t
-        # a lookup's grad carries a row per lookup (ids repeating: merged on the pserver)
-        cost.bytes_in = lookups * t * (cols * size + ID_BYTES)
+        # the grad rows a pserver receives and merges: a row per lookup (ids repeating), or
+        # per distinct id of each trainer's step when the trainer merged them
+        grad_rows = (touched_one if merged else lookups) * t
+        cost.bytes_in = grad_rows * (cols * size + ID_BYTES)
         if prefetch:  # rows asked for and sent, the param itself never received whole
             cost.bytes_in += t * touched_one * ID_BYTES
             cost.bytes_out = t * touched_one * cols * size
@@ -392,14 +398,14 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
         cost.async_sparse_bytes = 0.0 if job.sync_mode else cost.sparse_bytes
         every = slots.updates_every_row((optimizer_attrs or {}).get) if optimizer_attrs is not None else slots.every_row
         updated = rows if every else (touched_all if job.sync_mode else touched_one * t)
-        merge_rows = lookups * t
+        merge_rows = grad_rows
         cost.compute_us = (merge_rows * (rates.row_us + cols * rates.merge_us) + updated * cols * rates.op("scale", dtype)
                            + updated * cols * rates.op(optimizer, dtype) + (0.0 if every else updated * rates.update_row_us))
         if not job.sync_mode:
             cost.compute_us += (t - 1) * updated * cols * rates.op(optimizer, dtype) if every else 0.0
         # per grad row taken: the request work beside its bytes, on every partition the id
         # reaches (a column cut: on all of them)
-        cost.compute_us += lookups * t * rates.id_us
+        cost.compute_us += grad_rows * rates.id_us
         if not every and sparse_step_copies(optimizer, job.sync_mode):
             fresh = rates.fault_us if n * size >= MMAP_THRESHOLD else 0.0  # fresh pages each step
             cost.compute_us += runs * (1 + len(slots.sliced)) * n * (rates.copy_us + fresh) * size / 4  # per fp32
@@ -432,21 +438,22 @@ def table_shard_cost(table, shard: int, job: Job, rates: Rates, ids: IdStats | N
     _, merged = stats.residue_rows(shard, shards, job.trainers)
     t = job.trainers
     cost.lookups, cost.rows = lookups * t, one * t
-    cost.bytes_in = t * one * ID_BYTES + t * lookups * (width * size + ID_BYTES)
+    sent = one if table.merged_grad else lookups  # grad rows per trainer (see block_cost's `merged`)
+    cost.bytes_in = t * one * ID_BYTES + t * sent * (width * size + ID_BYTES)
     cost.bytes_out = t * one * width * size
     cost.sparse_bytes = cost.bytes_in + cost.bytes_out
     cost.async_sparse_bytes = 0.0 if job.sync_mode else cost.sparse_bytes
     cost.rpcs = t  # the prefetch (the grads travel in the batches)
     cost.vars = 2 * t
-    cost.compute_us = (lookups * t * (rates.row_us + width * rates.merge_us)
+    cost.compute_us = (sent * t * (rates.row_us + width * rates.merge_us)
                        + merged * (width * rates.op("sgd", table.dtype) + rates.update_row_us)
-                       + lookups * t * rates.id_us
+                       + sent * t * rates.id_us
                        + (1 if job.sync_mode else t) * rates.block_us)
     return cost
 
 
 def mod_shard_cost(optimizer: str, dtype: DType, shape: Sequence[int], shard: int, shards: int, job: Job,
-                   rates: Rates, ids: IdStats | None) -> Cost:
+                   rates: Rates, ids: IdStats | None, merged: bool = False) -> Cost:
     """The distributed table kept as Paddle shards it, `id % shards`, its shard `shard` under
     `optimizer` (the planner's `mod` candidate): `table_shard_cost`, plus the optimizer's
     sliced state as shards of the table's (the shard's shape), its scalar state, and its rate
@@ -454,7 +461,7 @@ def mod_shard_cost(optimizer: str, dtype: DType, shape: Sequence[int], shard: in
     the shard may create)."""
     from transpiler.plan import TablePlan
 
-    table = TablePlan("", "", tuple(shape), dtype, tuple(str(i) for i in range(shards)))
+    table = TablePlan("", "", tuple(shape), dtype, tuple(str(i) for i in range(shards)), merged_grad=merged)
     cost = table_shard_cost(table, shard, job, rates, ids)
     slots = optimizer_slots(optimizer)
     cost.memory["optimizer_state"] = (len(slots.sliced) * math.prod(table.shard_shape)
@@ -492,7 +499,8 @@ def plan_costs(plan, rates: Rates | None = None, ids: Mapping[str, IdStats] | No
             cols = block.cols if block.cols is not None else width
             rows = block.rows if param.shape else 1
             cost = block_cost(param.optimizer, param.dtype, block.row_offset, rows, cols, job, rates,
-                              sparse=param.sparse, prefetch=param.remote_prefetch, ids=ids.get(param.param))
+                              sparse=param.sparse, prefetch=param.remote_prefetch, ids=ids.get(param.param),
+                              merged=param.merged_grad)
             out[endpoint].cost.add(cost)
             out[endpoint].partitions.append(block.name)
     if plan.table is not None:
@@ -657,9 +665,10 @@ def resident_bytes(plan, endpoint: str, ids: Mapping[str, IdStats] | None = None
             out["optimizer_state"] += (len(slots.sliced) * n + len(slots.unsliced)) * size
             if param.sparse:
                 stats = ids.get(param.param) or IdStats.uniform_rows(param.shape[0], 1)
-                lookups, _ = stats.rows(block.row_offset, block.row_offset + block.rows, 1)
+                lookups, distinct = stats.rows(block.row_offset, block.row_offset + block.rows, 1)
                 copies = 2 if plan.per_trainer_grads else 1
-                out["grads"] += round(copies * t * lookups * (cols * size + ID_BYTES))
+                sent = distinct if param.merged_grad else lookups
+                out["grads"] += round(copies * t * sent * (cols * size + ID_BYTES))
                 if sparse_step_copies(param.optimizer, plan.sync_mode) and not slots.every_row:
                     for array in range(1 + len(slots.sliced)):
                         out["step_copies"] += n * size if n * size < MMAP_THRESHOLD else 0

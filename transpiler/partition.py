@@ -55,6 +55,7 @@ class ParamInfo:
     table: bool = False  # trainers prefetch its rows (a remote-prefetch sparse table, or the distributed one)
     distributed: bool = False  # the distributed lookup table (`is_distributed`: auto-grown pieces)
     row_cuts_only: bool = False  # a pserver op needs its whole rows (a norm): no column cut
+    merged_grad: bool = False  # the trainer sends a row per distinct id (it merges its lookups' grads)
 
     @property
     def rows(self) -> int:

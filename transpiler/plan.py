@@ -83,6 +83,10 @@ class ParamPlan:
     endpoints: list[str] = field(default_factory=list)  # one per block
     sparse: bool = False  # SELECTED_ROWS grads (an is_sparse embedding table)
     remote_prefetch: bool = False  # trainers fetch rows from the blocks instead of receiving the table
+    # The trainer merges the sparse grad's rows before sending (it sums several lookups'
+    # grads, a MergeAdd): a trainer sends a row per distinct id, not per lookup. Read from
+    # the trainer program; the cost model's grad rows (not in the plan's JSON).
+    merged_grad: bool = False
     # The distributed lookup table (`is_distributed`) cut by a partitioner: each block is an
     # auto-grown SELECTED_ROWS piece on its pserver (rows created on first touch, addressed
     # by `id - row_offset`), prefetched like a `remote_prefetch` table.
@@ -126,6 +130,7 @@ class TablePlan:
     dtype: DType
     endpoints: tuple[str, ...]
     padding_idx: int = -1
+    merged_grad: bool = False  # the trainer sends a row per distinct id (`ParamPlan.merged_grad`)
 
     @property
     def shard_rows(self) -> int:

@@ -188,7 +188,8 @@ class PlanPartitioner(Partitioner):
 
     def part_cost(self, param: ParamInfo, part: Partition, job: Job, stats: Mapping[str, IdStats]) -> Cost:
         return block_cost(param.optimizer, param.dtype, part.start_row, part.rows, part.cols, job, self.rates,
-                          sparse=param.sparse, prefetch=param.table, ids=stats.get(param.name))
+                          sparse=param.sparse, prefetch=param.table, ids=stats.get(param.name),
+                          merged=param.merged_grad)
 
     def weighted_bands(self, unit: Sequence[ParamInfo], count: int, job: Job, stats: Mapping[str, IdStats]
                        ) -> list[tuple[int, int]]:
@@ -234,7 +235,8 @@ class PlanPartitioner(Partitioner):
                 if cand.kind == "mod":
                     (param,) = unit
                     costs = [mod_shard_cost(param.optimizer, param.dtype, param.shape, i, cand.grid[0], job,
-                                            self.rates, stats.get(param.name)) for i in range(cand.grid[0])]
+                                            self.rates, stats.get(param.name), param.merged_grad)
+                             for i in range(cand.grid[0])]
                     whole = Partition(0, param.rows, 0, param.cols)
                     cache[key] = [_Part(i, [(param, whole)], c.time_us(self.rates), c.memory_bytes, pinned=True)
                                   for i, c in enumerate(costs)]

@@ -47,6 +47,10 @@ NEEDS_WHOLE_PARAM = frozenset({"lars_momentum", "lamb", "dgc_momentum", "clip_by
 # read the grad its `grad_to_block_id` names; such a param is kept whole.
 ELEMENTWISE_BEFORE_NORM = frozenset({"scale", "sum"})
 
+# Trainer ops that leave a SelectedRows grad with its duplicate rows merged (the `sum` of
+# several lookups' grads is Paddle's MergeAdd): the trainer then sends a row per distinct id.
+MERGING_GRAD_OPS = frozenset({"sum", "merge_selected_rows"})
+
 
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     block = bundle.origin.global_block()
@@ -82,6 +86,7 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
                 blocks=make_blocks(chain.param, shape, sizes),
                 sparse=chain.sparse,
                 remote_prefetch=lookups is not None and lookups.remote_prefetch,
+                merged_grad=chain.sparse and chain.grad_producer.type in MERGING_GRAD_OPS,
             )
         )
     table = bundle.analysis.distributed_table
@@ -91,11 +96,12 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         var = block.var(table.param)
         plan.params.append(ParamPlan(param=table.param, grad=table.grad, shape=tuple(var.shape), dtype=var.dtype,
                                      optimizer=table.optimizer.type, sparse=True, remote_prefetch=True,
-                                     distributed=True))
+                                     distributed=True, merged_grad=table.grad_producer.type in MERGING_GRAD_OPS))
     elif table is not None:
         var = block.var(table.param)
         plan.table = TablePlan(table.param, table.grad, tuple(var.shape), var.dtype, options.endpoints,
-                               tables[table.param].padding_idx)
+                               tables[table.param].padding_idx,
+                               merged_grad=table.grad_producer.type in MERGING_GRAD_OPS)
     if options.partitioner is not None:
         _partition(plan, options, [*bundle.analysis.chains, *([table] if table is not None else [])])
         if table is not None:
@@ -133,7 +139,8 @@ def _partition(plan: Plan, options: TranspileOptions, chains) -> None:
     partitioner.reset()
     whole_rows = {chain.param for chain in chains if any(op.type in NEEDS_WHOLE_PARAM for op in chain.ops)}
     infos = [ParamInfo(param.param, param.shape, param.dtype, param.optimizer, param.sparse, param.remote_prefetch,
-                       param.distributed, row_cuts_only=param.param in whole_rows) for param in plan.params]
+                       param.distributed, row_cuts_only=param.param in whole_rows, merged_grad=param.merged_grad)
+             for param in plan.params]
     partitioner.prepare(infos)
     for param, info in zip(plan.params, infos, strict=True):
         parts = checked_partitions(info, partitioner.partitions(info), who)
@@ -168,7 +175,7 @@ def _keep_table_sharded(plan: Plan, options: TranspileOptions, padding_idx: int)
                              f"{servers!r}; it must name distinct pservers 0..{count - 1}")
     plan.params.remove(param)
     plan.table = TablePlan(param.param, param.grad, param.shape, param.dtype,
-                           tuple(options.endpoints[s] for s in servers), padding_idx)
+                           tuple(options.endpoints[s] for s in servers), padding_idx, merged_grad=param.merged_grad)
 
 
 def dispatch_order(params: list[ParamPlan], options: TranspileOptions) -> list[int]:
