@@ -44,6 +44,8 @@ from transpiler.runtime.metrics import read_metrics  # noqa: E402
 
 
 ROWS, WIDTH, ZIPF, TRAINERS, PSERVERS, SLOTS = 1_000_000, 64, 1.1, 2, 4, 3
+CORES = os.cpu_count() or 1
+MODES = {"job": "the real job", "replay": "trainers replay the pserver traffic: real prefetch and grad rows, no compute"}
 IDS_ENV, BATCH_ENV, RATES_ENV = "PLANNER_BENCH_IDS", "PLANNER_BENCH_IDS_PER_STEP", "PLANNER_BENCH_RATES"
 
 
@@ -131,7 +133,10 @@ def model(name: str, sample: np.ndarray, per_step: int, rates_path: str | None) 
             "emb_grid": [len(band) for band in emb.bands()]}
 
 
-def run_job(name: str, steps: int, batch: int, env: dict) -> dict:
+def run_job(name: str, steps: int, batch: int, env: dict, mode: str = "job") -> dict:
+    """One job of `mode` (`job`: the real training; `replay`: the trainers replay the
+    step's pserver traffic, `train_ctr.py --replay`) under partitioner `name`."""
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, "-m", "transpiler", "launch", "--pservers", str(PSERVERS), "--trainers",
                    str(TRAINERS), "--log-dir", f"{tmp}/logs", "-q", "--timeout", "600"]
@@ -140,11 +145,12 @@ def run_job(name: str, steps: int, batch: int, env: dict) -> dict:
             command += ["--partitioner", spec]
         command += ["--", sys.executable, str(REPO / "examples" / "train_ctr.py"), "--variant", "local-table",
                     "--rows", str(ROWS), "--width", str(WIDTH), "--zipf", str(ZIPF), "--hot-first",
-                    "--steps", str(steps), "--batch", str(batch)]
+                    "--steps", str(steps), "--batch", str(batch)] + (["--replay"] if mode == "replay" else [])
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600, check=False)
         if done.returncode != 0:
             raise SystemExit(f"{name}: the job failed\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
         records = read_metrics(f"{tmp}/logs")
+        trainer_cpu = [trainer_cpu_ms(Path(f"{tmp}/logs/trainer.{t}.log")) for t in range(TRAINERS)]
     from partition import steady_rate  # benchmarks/partition.py, this script's folder: only the driver runs it
 
     warm = min(5, steps // 4)
@@ -165,11 +171,69 @@ def run_job(name: str, steps: int, batch: int, env: dict) -> dict:
         a, b = usable[0], usable[-1]
         made = step_at(b["time"]) - step_at(a["time"])
         cpu.append(round((b["cpu_seconds"] - a["cpu_seconds"]) / made * 1e3, 3) if made > 0 else None)
-    return {"steps_per_s": round(steps_per_s, 3), "step_ms": round(1e3 / steps_per_s, 3), "pserver_cpu_ms": cpu}
+    known = [c for c in cpu if c is not None]
+    return {"steps_per_s": round(steps_per_s, 3), "step_ms": round(1e3 / steps_per_s, 3), "pserver_cpu_ms": cpu,
+            "trainer_cpu_ms": trainer_cpu, "pservers_cpu_ms": round(sum(known), 3),
+            "total_cpu_ms": round(sum(known) + sum(trainer_cpu), 3), "load": round(load, 2)}
+
+
+def trainer_cpu_ms(log: Path) -> float:
+    """A trainer's CPU ms per step, from `train_ctr.py`'s last line (`CPU x ms/step`)."""
+    for line in reversed(log.read_text().splitlines()):
+        if "ms/step" in line and "CPU " in line:
+            return float(line.rsplit("CPU ", 1)[1].split()[0])
+    raise SystemExit(f"{log}: no `CPU x ms/step` line (train_ctr.py's summary)")
 
 
 def ranking(values) -> list[int]:
     return sorted(range(len(values)), key=lambda i: -values[i])
+
+
+def slowest(run: dict) -> float:
+    return max(c for c in run["pserver_cpu_ms"] if c is not None)
+
+
+def summarise(runs: list[dict], model_row: dict, name: str) -> dict:
+    """Medians of a partitioner's runs in one mode, beside the model's estimate."""
+    steps_per_s = statistics.median(r["steps_per_s"] for r in runs)
+    cpu = [statistics.median(r["pserver_cpu_ms"][p] for r in runs if r["pserver_cpu_ms"][p] is not None)
+           for p in range(PSERVERS)]
+    est = model_row["est_ms"]
+    return {"partitioner": name, "emb_grid": model_row["emb_grid"], "steps_per_s": steps_per_s,
+            "step_ms": round(1e3 / steps_per_s, 3), "pserver_cpu_ms": cpu, "slowest_cpu_ms": max(cpu),
+            "pservers_cpu_ms": statistics.median(r["pservers_cpu_ms"] for r in runs),
+            "trainer_cpu_ms": statistics.median(statistics.mean(r["trainer_cpu_ms"]) for r in runs),
+            "total_cpu_ms": statistics.median(r["total_cpu_ms"] for r in runs),
+            # 2 cores: a step can take no less than all the processes' CPU of a step over the cores
+            "cpu_bound_ms": round(statistics.median(r["total_cpu_ms"] for r in runs) / CORES, 3),
+            "est_ms": est, "est_step_ms": max(est), "est_total_ms": round(sum(est), 3),
+            "est_lookups": model_row["lookups"],
+            "ranking_matches": ranking(cpu) == ranking(est), "slowest_matches": ranking(cpu)[0] == ranking(est)[0],
+            "est_vs_slowest_cpu": round(max(est) / max(cpu), 3)}
+
+
+def against_plan(rows: list[dict], runs: dict[str, list[dict]]) -> None:
+    """The plan's ratios against each partitioner: of the medians, and per round (the
+    jobs of a round ran back to back, under the same load) with their median."""
+    base = {r["partitioner"]: r for r in rows}
+    if "plan" not in base:
+        return
+    plan_runs = runs["plan"]
+    for r in rows:
+        theirs = runs[r["partitioner"]]
+        r["plan_speedup"] = round(base["plan"]["steps_per_s"] / r["steps_per_s"], 3)
+        r["plan_slowest_cpu_ratio"] = round(r["slowest_cpu_ms"] / base["plan"]["slowest_cpu_ms"], 3)
+        r["plan_total_cpu_ratio"] = round(r["total_cpu_ms"] / base["plan"]["total_cpu_ms"], 3)
+        r["plan_speedup_per_round"] = [round(a["steps_per_s"] / b["steps_per_s"], 3)
+                                       for a, b in zip(plan_runs, theirs, strict=True)]
+        r["plan_slowest_cpu_ratio_per_round"] = [round(slowest(b) / slowest(a), 3)
+                                                 for a, b in zip(plan_runs, theirs, strict=True)]
+        r["plan_total_cpu_ratio_per_round"] = [round(b["total_cpu_ms"] / a["total_cpu_ms"], 3)
+                                               for a, b in zip(plan_runs, theirs, strict=True)]
+        for key in ("plan_speedup", "plan_slowest_cpu_ratio", "plan_total_cpu_ratio"):
+            r[f"{key}_median_of_rounds"] = statistics.median(r[f"{key}_per_round"])
+        r["plan_wins_rounds"] = sum(a > 1 and b > 1 for a, b in zip(r["plan_speedup_per_round"],
+                                                                    r["plan_slowest_cpu_ratio_per_round"], strict=True))
 
 
 def main() -> int:
@@ -179,9 +243,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rates", help="rates from `pstranspile calibrate` (default: the built-in ones)")
     parser.add_argument("--only", nargs="*", default=["paddle", "balanced", "plan"])
+    parser.add_argument("--modes", nargs="*", choices=MODES, default=list(MODES),
+                        help="job: the real training; replay: the trainers replay the pserver traffic only "
+                             "(default: both, interleaved)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     per_step = ids_per_trainer_step(args.batch)
+    runs: dict[str, dict[str, list[dict]]] = {mode: {name: [] for name in args.only} for mode in args.modes}
     with tempfile.TemporaryDirectory() as tmp:
         sample = id_sample(200_000)
         np.save(f"{tmp}/ids.npy", sample)
@@ -190,65 +258,46 @@ def main() -> int:
         if args.rates:
             env[RATES_ENV] = str(Path(args.rates).resolve())
         os.environ.update({IDS_ENV: env[IDS_ENV], BATCH_ENV: env[BATCH_ENV], RATES_ENV: env.get(RATES_ENV, "")})
-        results: dict[str, dict] = {}
-        for name in args.only:
-            results[name] = {"model": model(name, sample, per_step, args.rates), "runs": []}
+        models = {name: model(name, sample, per_step, args.rates) for name in args.only}
         for round_index in range(args.rounds):
             shift = round_index % len(args.only)  # each partitioner first in turn: no place in the round favoured
-            for name in args.only[shift:] + args.only[:shift]:
-                run = run_job(name, args.steps, args.batch, env)
-                results[name]["runs"].append(run)
-                print(f"{name}: {run}", file=sys.stderr, flush=True)
-    rows = []
-    for name, found in results.items():
-        runs = found["runs"]
-        steps_per_s = statistics.median(r["steps_per_s"] for r in runs)
-        cpu = [statistics.median(r["pserver_cpu_ms"][p] for r in runs if r["pserver_cpu_ms"][p] is not None)
-               for p in range(PSERVERS)]
-        est = found["model"]["est_ms"]
-        rows.append({"partitioner": name, "emb_grid": found["model"]["emb_grid"], "steps_per_s": steps_per_s,
-                     "step_ms": round(1e3 / steps_per_s, 3), "pserver_cpu_ms": cpu, "slowest_cpu_ms": max(cpu),
-                     "est_ms": est, "est_step_ms": max(est), "est_lookups": found["model"]["lookups"],
-                     "ranking_matches": ranking(cpu) == ranking(est),
-                     "slowest_matches": ranking(cpu)[0] == ranking(est)[0],
-                     "est_vs_slowest_cpu": round(max(est) / max(cpu), 3)})
-    base = {r["partitioner"]: r for r in rows}
-    if "plan" in base:
-        plan_runs = results["plan"]["runs"]
-        for r in rows:
-            r["plan_speedup"] = round(base["plan"]["steps_per_s"] / r["steps_per_s"], 3)
-            r["plan_slowest_cpu_ratio"] = round(r["slowest_cpu_ms"] / base["plan"]["slowest_cpu_ms"], 3)
-            # the same ratios within each round (the jobs of a round ran back to back, under the
-            # same load), and their medians: steadier than the ratio of medians on a shared machine
-            theirs = results[r["partitioner"]]["runs"]
-            r["plan_speedup_per_round"] = [round(a["steps_per_s"] / b["steps_per_s"], 3)
-                                           for a, b in zip(plan_runs, theirs, strict=True)]
-            r["plan_slowest_cpu_ratio_per_round"] = [
-                round(max(c for c in b["pserver_cpu_ms"] if c is not None)
-                      / max(c for c in a["pserver_cpu_ms"] if c is not None), 3)
-                for a, b in zip(plan_runs, theirs, strict=True)]
-            r["plan_speedup_median_of_rounds"] = statistics.median(r["plan_speedup_per_round"])
-            r["plan_slowest_cpu_ratio_median_of_rounds"] = statistics.median(r["plan_slowest_cpu_ratio_per_round"])
+            for mode in args.modes[round_index % len(args.modes):] + args.modes[:round_index % len(args.modes)]:
+                for name in args.only[shift:] + args.only[:shift]:
+                    run = run_job(name, args.steps, args.batch, env, mode)
+                    runs[mode][name].append(run)
+                    print(f"round {round_index} {mode} {name}: {run}", file=sys.stderr, flush=True)
+    tables = {}
+    for mode in args.modes:
+        rows = [summarise(runs[mode][name], models[name], name) for name in args.only]
+        against_plan(rows, runs[mode])
+        tables[mode] = rows
     if args.json:
-        print(json.dumps({"batch": args.batch, "steps": args.steps, "ids_per_trainer_step": per_step, "rows": rows},
-                         indent=1))
+        print(json.dumps({"batch": args.batch, "steps": args.steps, "ids_per_trainer_step": per_step,
+                          "modes": tables, "runs": runs}, indent=1))
         return 0
-    print(f"[1M, 64] table, Zipf({ZIPF}) hot-first, {TRAINERS} trainers x {PSERVERS} pservers, batch {args.batch}, "
-          f"{args.steps} steps, {args.rounds} round(s)")
-    print(f"{'partitioner':<10} {'grid':<12} {'steps/s':>8} {'slowest cpu ms':>15} {'est step ms':>12} "
-          f"{'rank ok':>8} {'plan x':>7}  per-pserver cpu ms (measured) | est ms (model)")
-    for r in rows:
-        print(f"{r['partitioner']:<10} {str(r['emb_grid']):<12} {r['steps_per_s']:>8.2f} {r['slowest_cpu_ms']:>15.2f} "
-              f"{r['est_step_ms']:>12.2f} {str(r['ranking_matches']):>8} {r.get('plan_speedup', 1.0):>7.2f}  "
-              f"{r['pserver_cpu_ms']} | {r['est_ms']}")
-    if "plan" in base:
-        print("the plan against each (ratio of medians; median of the per-round ratios; per round):")
+    print(f"[1M, 64] table, Zipf({ZIPF}) hot-first, {TRAINERS} trainers x {PSERVERS} pservers on {CORES} cores, "
+          f"batch {args.batch}, {args.steps} steps, {args.rounds} round(s), load average "
+          f"{min(r['load'] for m in runs.values() for rs in m.values() for r in rs):.1f}-"
+          f"{max(r['load'] for m in runs.values() for rs in m.values() for r in rs):.1f}")
+    for mode, rows in tables.items():
+        print(f"-- {mode} ({MODES[mode]})")
+        print(f"{'partitioner':<10} {'steps/s':>8} {'step ms':>8} {'slowest ps':>10} {'all ps':>7} {'trainer':>8} "
+              f"{'all cpu/2':>9} {'est ms':>7}  per-pserver cpu ms (measured) | est ms (model)")
         for r in rows:
-            if r["partitioner"] != "plan":
-                print(f"  vs {r['partitioner']:<9} steps/s x{r['plan_speedup']:.3f}; "
-                      f"x{r['plan_speedup_median_of_rounds']:.3f} {r['plan_speedup_per_round']}   "
-                      f"slowest pserver CPU {r['partitioner']}/plan {r['plan_slowest_cpu_ratio']:.3f}; "
-                      f"{r['plan_slowest_cpu_ratio_median_of_rounds']:.3f} {r['plan_slowest_cpu_ratio_per_round']}")
+            print(f"{r['partitioner']:<10} {r['steps_per_s']:>8.2f} {r['step_ms']:>8.2f} {r['slowest_cpu_ms']:>10.2f} "
+                  f"{r['pservers_cpu_ms']:>7.2f} {r['trainer_cpu_ms']:>8.2f} {r['cpu_bound_ms']:>9.2f} "
+                  f"{r['est_step_ms']:>7.2f}  {r['pserver_cpu_ms']} | {r['est_ms']}")
+        if any("plan_speedup" in r for r in rows):
+            print("the plan against each (ratio of medians; median of the per-round ratios; per round):")
+            for r in rows:
+                if r["partitioner"] != "plan":
+                    print(f"  vs {r['partitioner']:<9} steps/s x{r['plan_speedup']:.3f}; "
+                          f"x{r['plan_speedup_median_of_rounds']:.3f} {r['plan_speedup_per_round']}\n"
+                          f"     slowest pserver CPU {r['partitioner']}/plan {r['plan_slowest_cpu_ratio']:.3f}; "
+                          f"{r['plan_slowest_cpu_ratio_median_of_rounds']:.3f} {r['plan_slowest_cpu_ratio_per_round']}\n"
+                          f"     all processes' CPU {r['partitioner']}/plan {r['plan_total_cpu_ratio']:.3f}; "
+                          f"{r['plan_total_cpu_ratio_median_of_rounds']:.3f} {r['plan_total_cpu_ratio_per_round']}\n"
+                          f"     rounds the plan wins both: {r['plan_wins_rounds']} of {len(r['plan_speedup_per_round'])}")
     return 0
 
 
