@@ -240,7 +240,7 @@ def test_cli_plan_errors_are_one_line(capsys, tmp_path):
     assert code == 2 and err.count("\n") == 1
     assert "no plan fits --pserver-memory 1.00 MiB" in err and "over" in err
     code, _, err = cli(capsys, *base, "--pserver-memory", "8GiB")
-    assert code == 2 and "--pserver-memory and --colocate belong to --partitioner plan" in err
+    assert code == 2 and "--pserver-memory, --pserver-cores and --colocate belong to --partitioner plan" in err
     code, _, err = cli(capsys, *base, "--partitioner", "plan", "--pserver-memory", "lots")
     assert code == 2 and "'lots' is not a size" in err
     code, _, err = cli(capsys, *base, "--id-sample", tmp_path / "none.npy")
@@ -546,3 +546,22 @@ def test_cli_plan_reports_a_table_kept_id_mod_k(capsys, tmp_path):
     assert len(data["table"]["endpoints"]) == 4 and "emb" not in [p["param"] for p in data["params"]]
     assert {"param": "emb", "kind": "mod", "grid": [1, 1, 1, 1], "pservers": data["table"]["endpoints"]} in \
         data["cost"]["params"]
+
+
+@pytest.mark.parametrize("cores, parts", [(None, 4), (4, 4), (2, 2), (1, 1)])
+def test_pservers_sharing_cores_cut_a_param_into_as_many_parts_as_cores(cores, parts):
+    """One big param, 4 pservers sharing `cores` cores: a step takes at least the larger of
+    the slowest pserver's time and all the pservers' time over the cores, and each part
+    adds its own per-block work. Optimum: one part per core (`cores` parts on distinct
+    pservers): fewer leaves a core idle, more adds work no core is free to run."""
+    params = [dense("w", (4000, 1000), "adam")]
+    planner = PlanPartitioner(rates=RATES, cores=cores)
+    placed = run(planner, params, 4)
+    got, servers = placed["w"]
+    assert len(got) == parts and len(set(servers)) == parts
+    assert max(p.numel for p in got) == min(p.numel for p in got)
+
+
+def test_pserver_cores_must_be_positive():
+    with pytest.raises(TranspileError, match="cores must be >= 1"):
+        PlanPartitioner(cores=0)
