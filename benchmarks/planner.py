@@ -45,6 +45,7 @@ from transpiler.runtime.metrics import read_metrics  # noqa: E402
 
 ROWS, WIDTH, ZIPF, TRAINERS, PSERVERS, SLOTS = 1_000_000, 64, 1.1, 2, 4, 3
 CORES = os.cpu_count() or 1
+PARTITIONERS = ("paddle", "balanced", "plan", "plan-cores")
 MODES = {"job": "the real job", "replay": "trainers replay the pserver traffic: real prefetch and grad rows, no compute"}
 IDS_ENV, BATCH_ENV, RATES_ENV = "PLANNER_BENCH_IDS", "PLANNER_BENCH_IDS_PER_STEP", "PLANNER_BENCH_RATES"
 
@@ -95,6 +96,14 @@ class ZipfPlan(PlanPartitioner):
                          rates=load_rates(os.environ.get(RATES_ENV) or None))
 
 
+class ZipfPlanShared(ZipfPlan):
+    """`ZipfPlan` told that the pservers share this machine's cores (`--pserver-cores`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cores = CORES
+
+
 def id_sample(count: int, seed: int = 7) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return ((rng.zipf(ZIPF, count) - 1) % ROWS).astype(np.int64)
@@ -112,7 +121,8 @@ def programs():
 
 
 def partitioner_spec(name: str):
-    return {"paddle": None, "balanced": "benchmarks.planner:Balanced", "plan": "benchmarks.planner:ZipfPlan"}[name]
+    return {"paddle": None, "balanced": "benchmarks.planner:Balanced", "plan": "benchmarks.planner:ZipfPlan",
+            "plan-cores": "benchmarks.planner:ZipfPlanShared"}[name]
 
 
 def model(name: str, sample: np.ndarray, per_step: int, rates_path: str | None) -> dict:
@@ -122,7 +132,7 @@ def model(name: str, sample: np.ndarray, per_step: int, rates_path: str | None) 
     main, startup = programs()
     eps = ",".join(f"127.0.0.1:{7100 + i}" for i in range(PSERVERS))
     spec = partitioner_spec(name)
-    partitioner = None if spec is None else (ZipfPlan() if name == "plan" else Balanced())
+    partitioner = None if spec is None else {"plan": ZipfPlan, "plan-cores": ZipfPlanShared, "balanced": Balanced}[name]()
     result = transpile(main, startup, pservers=eps, trainers=TRAINERS, partitioner=partitioner)
     rates = load_rates(rates_path)
     stats = {"emb": IdStats.from_sample(sample, ROWS, per_step)}
@@ -130,7 +140,8 @@ def model(name: str, sample: np.ndarray, per_step: int, rates_path: str | None) 
     emb = result.plan.param("emb")
     return {"est_ms": [round(c.time_us / 1e3, 3) for c in costs], "memory": [c.cost.memory_bytes for c in costs],
             "lookups": [round(c.cost.lookups, 1) for c in costs],
-            "emb_grid": [len(band) for band in emb.bands()]}
+            "emb_grid": [len(band) for band in emb.bands()],
+            "emb_blocks": [(b.row_offset, b.rows, ep) for b, ep in zip(emb.blocks, emb.endpoints, strict=True)]}
 
 
 def run_job(name: str, steps: int, batch: int, env: dict, mode: str = "job") -> dict:
@@ -199,7 +210,8 @@ def summarise(runs: list[dict], model_row: dict, name: str) -> dict:
     cpu = [statistics.median(r["pserver_cpu_ms"][p] for r in runs if r["pserver_cpu_ms"][p] is not None)
            for p in range(PSERVERS)]
     est = model_row["est_ms"]
-    return {"partitioner": name, "emb_grid": model_row["emb_grid"], "steps_per_s": steps_per_s,
+    return {"partitioner": name, "emb_grid": model_row["emb_grid"], "emb_blocks": model_row["emb_blocks"],
+            "steps_per_s": steps_per_s,
             "step_ms": round(1e3 / steps_per_s, 3), "pserver_cpu_ms": cpu, "slowest_cpu_ms": max(cpu),
             "pservers_cpu_ms": statistics.median(r["pservers_cpu_ms"] for r in runs),
             "trainer_cpu_ms": statistics.median(statistics.mean(r["trainer_cpu_ms"]) for r in runs),
@@ -212,28 +224,32 @@ def summarise(runs: list[dict], model_row: dict, name: str) -> dict:
             "est_vs_slowest_cpu": round(max(est) / max(cpu), 3)}
 
 
-def against_plan(rows: list[dict], runs: dict[str, list[dict]]) -> None:
-    """The plan's ratios against each partitioner: of the medians, and per round (the
-    jobs of a round ran back to back, under the same load) with their median."""
+def against(ref: str, rows: list[dict], runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Partitioner `ref`'s ratios against each other one: of the medians, and per round
+    (the jobs of a round ran back to back, under the same load) with their median."""
     base = {r["partitioner"]: r for r in rows}
-    if "plan" not in base:
-        return
-    plan_runs = runs["plan"]
+    if ref not in base:
+        return {}
+    out = {}
     for r in rows:
-        theirs = runs[r["partitioner"]]
-        r["plan_speedup"] = round(base["plan"]["steps_per_s"] / r["steps_per_s"], 3)
-        r["plan_slowest_cpu_ratio"] = round(r["slowest_cpu_ms"] / base["plan"]["slowest_cpu_ms"], 3)
-        r["plan_total_cpu_ratio"] = round(r["total_cpu_ms"] / base["plan"]["total_cpu_ms"], 3)
-        r["plan_speedup_per_round"] = [round(a["steps_per_s"] / b["steps_per_s"], 3)
-                                       for a, b in zip(plan_runs, theirs, strict=True)]
-        r["plan_slowest_cpu_ratio_per_round"] = [round(slowest(b) / slowest(a), 3)
-                                                 for a, b in zip(plan_runs, theirs, strict=True)]
-        r["plan_total_cpu_ratio_per_round"] = [round(b["total_cpu_ms"] / a["total_cpu_ms"], 3)
-                                               for a, b in zip(plan_runs, theirs, strict=True)]
-        for key in ("plan_speedup", "plan_slowest_cpu_ratio", "plan_total_cpu_ratio"):
-            r[f"{key}_median_of_rounds"] = statistics.median(r[f"{key}_per_round"])
-        r["plan_wins_rounds"] = sum(a > 1 and b > 1 for a, b in zip(r["plan_speedup_per_round"],
-                                                                    r["plan_slowest_cpu_ratio_per_round"], strict=True))
+        if r["partitioner"] == ref:
+            continue
+        mine, theirs = runs[ref], runs[r["partitioner"]]
+        found = {"speedup": round(base[ref]["steps_per_s"] / r["steps_per_s"], 3),
+                 "slowest_cpu_ratio": round(r["slowest_cpu_ms"] / base[ref]["slowest_cpu_ms"], 3),
+                 "total_cpu_ratio": round(r["total_cpu_ms"] / base[ref]["total_cpu_ms"], 3),
+                 "speedup_per_round": [round(a["steps_per_s"] / b["steps_per_s"], 3)
+                                       for a, b in zip(mine, theirs, strict=True)],
+                 "slowest_cpu_ratio_per_round": [round(slowest(b) / slowest(a), 3)
+                                                 for a, b in zip(mine, theirs, strict=True)],
+                 "total_cpu_ratio_per_round": [round(b["total_cpu_ms"] / a["total_cpu_ms"], 3)
+                                               for a, b in zip(mine, theirs, strict=True)]}
+        for key in ("speedup", "slowest_cpu_ratio", "total_cpu_ratio"):
+            found[f"{key}_median_of_rounds"] = statistics.median(found[f"{key}_per_round"])
+        found["wins_both_rounds"] = sum(a > 1 and b > 1 for a, b in zip(
+            found["speedup_per_round"], found["slowest_cpu_ratio_per_round"], strict=True))
+        out[r["partitioner"]] = found
+    return out
 
 
 def main() -> int:
@@ -242,7 +258,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=512, help="the global batch (default 512)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rates", help="rates from `pstranspile calibrate` (default: the built-in ones)")
-    parser.add_argument("--only", nargs="*", default=["paddle", "balanced", "plan"])
+    parser.add_argument("--only", nargs="*", choices=PARTITIONERS, default=list(PARTITIONERS))
     parser.add_argument("--modes", nargs="*", choices=MODES, default=list(MODES),
                         help="job: the real training; replay: the trainers replay the pserver traffic only "
                              "(default: both, interleaved)")
@@ -266,14 +282,14 @@ def main() -> int:
                     run = run_job(name, args.steps, args.batch, env, mode)
                     runs[mode][name].append(run)
                     print(f"round {round_index} {mode} {name}: {run}", file=sys.stderr, flush=True)
-    tables = {}
+    tables, ratios = {}, {}
     for mode in args.modes:
         rows = [summarise(runs[mode][name], models[name], name) for name in args.only]
-        against_plan(rows, runs[mode])
         tables[mode] = rows
+        ratios[mode] = {ref: against(ref, rows, runs[mode]) for ref in ("plan", "plan-cores") if ref in args.only}
     if args.json:
-        print(json.dumps({"batch": args.batch, "steps": args.steps, "ids_per_trainer_step": per_step,
-                          "modes": tables, "runs": runs}, indent=1))
+        print(json.dumps({"batch": args.batch, "steps": args.steps, "ids_per_trainer_step": per_step, "cores": CORES,
+                          "modes": tables, "ratios": ratios, "runs": runs}, indent=1))
         return 0
     print(f"[1M, 64] table, Zipf({ZIPF}) hot-first, {TRAINERS} trainers x {PSERVERS} pservers on {CORES} cores, "
           f"batch {args.batch}, {args.steps} steps, {args.rounds} round(s), load average "
@@ -287,17 +303,17 @@ def main() -> int:
             print(f"{r['partitioner']:<10} {r['steps_per_s']:>8.2f} {r['step_ms']:>8.2f} {r['slowest_cpu_ms']:>10.2f} "
                   f"{r['pservers_cpu_ms']:>7.2f} {r['trainer_cpu_ms']:>8.2f} {r['cpu_bound_ms']:>9.2f} "
                   f"{r['est_step_ms']:>7.2f}  {r['pserver_cpu_ms']} | {r['est_ms']}")
-        if any("plan_speedup" in r for r in rows):
-            print("the plan against each (ratio of medians; median of the per-round ratios; per round):")
-            for r in rows:
-                if r["partitioner"] != "plan":
-                    print(f"  vs {r['partitioner']:<9} steps/s x{r['plan_speedup']:.3f}; "
-                          f"x{r['plan_speedup_median_of_rounds']:.3f} {r['plan_speedup_per_round']}\n"
-                          f"     slowest pserver CPU {r['partitioner']}/plan {r['plan_slowest_cpu_ratio']:.3f}; "
-                          f"{r['plan_slowest_cpu_ratio_median_of_rounds']:.3f} {r['plan_slowest_cpu_ratio_per_round']}\n"
-                          f"     all processes' CPU {r['partitioner']}/plan {r['plan_total_cpu_ratio']:.3f}; "
-                          f"{r['plan_total_cpu_ratio_median_of_rounds']:.3f} {r['plan_total_cpu_ratio_per_round']}\n"
-                          f"     rounds the plan wins both: {r['plan_wins_rounds']} of {len(r['plan_speedup_per_round'])}")
+        for ref, found in ratios[mode].items():
+            print(f"{ref} against each (ratio of medians; median of the per-round ratios; per round):")
+            for other, f in found.items():
+                print(f"  vs {other:<10} steps/s x{f['speedup']:.3f}; x{f['speedup_median_of_rounds']:.3f} "
+                      f"{f['speedup_per_round']}\n"
+                      f"     slowest pserver CPU {other}/{ref} {f['slowest_cpu_ratio']:.3f}; "
+                      f"{f['slowest_cpu_ratio_median_of_rounds']:.3f} {f['slowest_cpu_ratio_per_round']}\n"
+                      f"     all processes' CPU {other}/{ref} {f['total_cpu_ratio']:.3f}; "
+                      f"{f['total_cpu_ratio_median_of_rounds']:.3f} {f['total_cpu_ratio_per_round']}\n"
+                      f"     rounds {ref} wins both (steps/s and slowest CPU): {f['wins_both_rounds']} of "
+                      f"{len(f['speedup_per_round'])}")
     return 0
 
 
