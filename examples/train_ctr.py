@@ -36,6 +36,11 @@ its dense params, and its rows written into the table (other rows keep the start
 random values; they are never read). `--checkpoint DIR` asks the pservers to save
 their table shards at the end into their checkpoint dir DIR (every process is given
 it; the notice names `<table>_<i>` inside it: pserver `i` writes `DIR/<table>_<i>`).
+`--replay` (trainers under `launch`) replays each step's pserver traffic without the
+model's compute (`transpiler.replay.sparse_replay`: the batch's ids prefetched, random
+grads of those rows and of the dense params sent, the barriers; no loss): what
+`benchmarks/planner.py` measures the pservers with. The last line gives the process's CPU
+ms per step (the first quarter of the steps, at most 5, left out).
 """
 
 from __future__ import annotations

@@ -5,8 +5,14 @@ A trainer program's RPC ops, run as `ops/rpc/kernels.py` runs them: every `send`
 when `recv`s and a `fetch_barrier` follow, as the kernels do), every `recv` and the fetch
 barrier. `pstranspile calibrate` measures a real sync pserver's per-round, per-block and
 per-byte CPU with it; `benchmarks/cost_accuracy.py` drives ResNet-50's pservers with it.
-Dense grads only: a trainer program with a sparse lookup (a prefetch, a SelectedRows grad)
-is refused.
+Dense grads only: `rpc_ops` refuses a trainer program with a sparse lookup (a prefetch, a
+SelectedRows grad).
+
+A trainer program with a prefetched table is replayed by `sparse_replay` instead: the
+program itself, reduced to its RPC ops and the ops that turn a lookup's grad into the
+SelectedRows blocks sent, run by the executor's real kernels on each batch's ids, with
+the forward and backward compute replaced by fed grads (`examples/train_ctr.py --replay`,
+`benchmarks/planner.py`'s `replay` mode: the same bytes as the real job, step by step).
 """
 
 from __future__ import annotations
