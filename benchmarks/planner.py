@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -157,7 +158,13 @@ def run_job(name: str, steps: int, batch: int, env: dict, mode: str = "job") -> 
         command += ["--", sys.executable, str(REPO / "examples" / "train_ctr.py"), "--variant", "local-table",
                     "--rows", str(ROWS), "--width", str(WIDTH), "--zipf", str(ZIPF), "--hot-first",
                     "--steps", str(steps), "--batch", str(batch)] + (["--replay"] if mode == "replay" else [])
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600, check=False)
+        for attempt in range(3):
+            shutil.rmtree(f"{tmp}/logs", ignore_errors=True)
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600, check=False)
+            # a free port the launcher picked, taken by another job on the machine before its pserver bound it
+            if done.returncode == 0 or "is in use" not in done.stdout + done.stderr:
+                break
+            print(f"{name}: a pserver's port was taken meanwhile; again ({attempt + 1})", file=sys.stderr, flush=True)
         if done.returncode != 0:
             raise SystemExit(f"{name}: the job failed\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
         records = read_metrics(f"{tmp}/logs")
