@@ -51,14 +51,14 @@ def test_rpc_ops_refuse_a_sparse_table():
         rpc_ops(result.trainer)
 
 
-def _ctr(rows: int = 1000, width: int = 8, trainer_id: int = 0):
+def _ctr(rows: int = 1000, width: int = 8, trainer_id: int = 0, variant: str = "local-table"):
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     import train_ctr
 
-    main, startup = train_ctr.build_ctr("local-table", rows, width)
+    main, startup = train_ctr.build_ctr(variant, rows, width)
     return transpile(main, startup, pservers=["127.0.0.1:6170", "127.0.0.1:6171"], trainers=2, trainer_id=trainer_id)
 
 
@@ -89,12 +89,21 @@ def test_sparse_replay_keeps_the_rpc_ops_and_the_table_grad_s_plumbing_only():
     assert grad.array.shape == (4, 8) and grad.array.dtype == np.float32 and grad.lod[0].tolist() == [0, 2, 3, 4]
 
 
+def test_sparse_replay_of_the_distributed_table_keeps_its_id_split_and_prefetch():
+    replayed = sparse_replay(_ctr(variant="distributed").trainer)
+    assert [op.type for op in replayed.program.global_block().ops] == (
+        ["split_ids", "prefetch"] + ["send"] * 4 + ["lookup_table_grad"] * 3
+        + ["sum", "split_ids", "send", "send_barrier"] + ["recv"] * 4 + ["fetch_barrier"])
+    assert replayed.id_slots == ["slot0", "slot1", "slot2"] and len(replayed.dense_grads) == 4
+
+
 def test_sparse_replay_refuses_a_program_without_a_prefetched_table():
     with pytest.raises(TranspileError, match="prefetches no table"):
         sparse_replay(_mlp().trainer)
 
 
-def test_a_replayed_ctr_job_sends_and_receives_what_the_real_job_does(tmp_path):
+@pytest.mark.parametrize("variant", ["local-table", "distributed"])
+def test_a_replayed_ctr_job_sends_and_receives_what_the_real_job_does(tmp_path, variant):
     """`train_ctr.py --replay` against real pservers: trainer 0's bytes sent and received,
     step by step (the prefetched rows, the SelectedRows grads of the batch's ids, the dense
     grads and params), equal the real job's; no loss is computed."""
@@ -104,7 +113,7 @@ def test_a_replayed_ctr_job_sends_and_receives_what_the_real_job_does(tmp_path):
 
     traffic = {}
     for mode in ("job", "replay"):
-        args = (str(EXAMPLES / "train_ctr.py"), "--variant", "local-table", "--rows", "5000", "--width", "8",
+        args = (str(EXAMPLES / "train_ctr.py"), "--variant", variant, "--rows", "5000", "--width", "8",
                 "--steps", "4", "--batch", "32") + (("--replay",) if mode == "replay" else ())
         launch_script(tmp_path / mode, args, pservers=2, trainers=2)
         log = (tmp_path / mode / "logs" / "trainer.0.log").read_text()

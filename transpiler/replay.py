@@ -121,12 +121,13 @@ def replay(client, main, startup, steps: int, on_step: Callable[[int], None] | N
     client.complete(ops.endpoints)
 
 
-
 # ops a sparse replay keeps besides the RPC ops: what turns a lookup's grad into the
-# SelectedRows blocks a trainer sends (the grad of the lookup's output is fed instead)
+# SelectedRows blocks a trainer sends (the grad of the lookup's output is fed instead),
+# and what turns the ids into a prefetch's requests (the distributed table's `split_ids`)
 SPARSE_PLUMBING = ("lookup_table_grad", "lookup_table_v2_grad", "sum", "split_selected_rows",
-                   "split_selected_rows_by_columns", "merge_selected_rows")
-RPC_OPS = ("send", "send_barrier", "recv", "fetch_barrier", "distributed_lookup_table")
+                   "split_selected_rows_by_columns", "merge_selected_rows", "split_ids")
+PREFETCHES = ("distributed_lookup_table", "prefetch")
+RPC_OPS = ("send", "send_barrier", "recv", "fetch_barrier", *PREFETCHES)
 
 
 @dataclass
@@ -149,6 +150,9 @@ class SparseReplay:
     width: int
     dtype: object
 
+    def __post_init__(self) -> None:
+        self._rows = _grad_rows(4096, self.width, self.dtype)
+
     def feed(self, batch) -> dict:
         """The feeds of one replayed step from the job's feeds `batch` (its id slots used,
         the rest ignored)."""
@@ -165,9 +169,6 @@ class SparseReplay:
             value = self._rows[:count]
             out[grad] = LoDTensor(value, ids.lod) if isinstance(ids, LoDTensor) and ids.lod else value
         return out | self.dense_grads
-
-    def __post_init__(self) -> None:
-        self._rows = _grad_rows(4096, self.width, self.dtype)
 
 
 def _grad_rows(count: int, width: int, dtype) -> object:
@@ -188,21 +189,27 @@ def sparse_replay(program, seed: int = 0) -> SparseReplay:
     block = replay_program.global_block()
     writers = {name: op for op in block.ops for name in op.output_names}
     fed: dict[str, str | None] = {}  # var fed -> the Ids slot of its lookup (None: a dense grad)
-    lookups = [op for op in block.ops if op.type == "distributed_lookup_table"]
+    lookups = [op for op in block.ops if op.type in PREFETCHES]
     if not lookups:
-        raise TranspileError("replay: the trainer program prefetches no table (no distributed_lookup_table); "
-                             "replay its dense traffic with `replay`")
-    tables = {op.input("W")[0] for op in lookups}
+        raise TranspileError("replay: the trainer program prefetches no table (no distributed_lookup_table or "
+                             "prefetch op); replay its dense traffic with `replay`")
     keep = {i for i, op in enumerate(block.ops) if op.type in RPC_OPS}
     index_of = {id(op): i for i, op in enumerate(block.ops)}
-    todo = [name for op in block.ops if op.type == "send" for name in op.input("X")]
+    tables: set[str] = set()
+    slots: set[str] = set()
+    # backwards from what the RPC ops read: the plumbing kept, compute fed, a var nothing writes (an id feed) read
+    todo = [name for op in block.ops if op.type in ("send", *PREFETCHES)
+            for name in (op.input("Ids") if op.type == "distributed_lookup_table" else op.input("X"))]
     seen: set[str] = set()
     while todo:
         name = todo.pop()
         op = writers.get(name)
-        if name in seen or op is None or op.type in RPC_OPS:
+        if name in seen or (op is not None and op.type in RPC_OPS):
             continue
         seen.add(name)
+        if op is None:
+            slots.add(name)
+            continue
         if op.type not in SPARSE_PLUMBING:
             var = block.vars.get(name)
             if var is not None and var.kind == VarKind.SELECTED_ROWS:
@@ -212,15 +219,15 @@ def sparse_replay(program, seed: int = 0) -> SparseReplay:
             continue
         keep.add(index_of[id(op)])
         if op.type.startswith("lookup_table"):
-            if op.input("W")[0] not in tables:
-                raise TranspileError(f"replay: {op.type} of {op.input('W')[0]!r}, a table the trainer does not "
-                                     "prefetch")
+            tables.add(op.input("W")[0])
             fed[op.input("Out@GRAD")[0]] = op.input("Ids")[0]
+            slots.add(op.input("Ids")[0])
         else:
             todo += list(op.input_names)
     block.remove_ops([op for i, op in enumerate(block.ops) if i not in keep])
-    if len(tables) > 1:
-        raise TranspileError(f"replay: {len(tables)} prefetched tables ({', '.join(sorted(tables))}); one is replayed")
+    if len(tables) != 1:
+        raise TranspileError(f"replay: the trainer sends the grads of {len(tables)} looked-up tables "
+                             f"({', '.join(sorted(tables)) or 'none'}); one prefetched table is replayed")
     table = block.var(next(iter(tables)))
     width = int(np.prod([int(d) for d in table.shape[1:]]))
     dtype = DType(table.dtype).to_numpy()
@@ -233,6 +240,5 @@ def sparse_replay(program, seed: int = 0) -> SparseReplay:
         if var is None or var.shape is None or any(int(d) < 0 for d in var.shape):
             raise TranspileError(f"replay: cannot size the sent var {name!r} (shape {getattr(var, 'shape', None)})")
         dense[name] = (rng.standard_normal([int(d) for d in var.shape]) * 1e-3).astype(DType(var.dtype).to_numpy())
-    slots = sorted({s for op in lookups for s in op.input("Ids")} | {s for s in fed.values() if s is not None})
-    return SparseReplay(replay_program, slots, sorted((g, s) for g, s in fed.items() if s is not None), dense,
+    return SparseReplay(replay_program, sorted(slots), sorted((g, s) for g, s in fed.items() if s is not None), dense,
                         width, dtype)
