@@ -1,24 +1,35 @@
 """The cost model and the planner against real sync jobs (docs/planner.md).
 
-    python3 benchmarks/planner.py [--steps 60] [--batch 512] [--rounds 3] [--rates RATES.json] [--json]
+    python3 benchmarks/planner.py [--steps 60] [--batch 512] [--rounds 3] [--rates RATES.json]
+                                  [--only P ...] [--modes job replay] [--json]
 
 Workload: `examples/train_ctr.py --variant local-table --rows 1000000 --width 64 --zipf 1.1
 --hot-first` (a `[1M, 64]` fp32 table prefetched from its blocks, ids Zipf(1.1) with the hot
 ids the first rows; 3 slots of 1-4 ids per example), 2 trainers x 4 pservers, sync, under
-three partitioners, interleaved (`--rounds` times, each round starting with the next one):
+four partitioners, interleaved (`--rounds` times, each round starting with the next one):
 
 - `paddle`: Paddle's slicing and round robin (the default);
 - `balanced`: Paddle's slicing, blocks placed largest first on the least-loaded pserver
   (the `balanced` split method, as a partitioner: `Balanced` below);
 - `plan`: `--partitioner plan` with an id sample drawn as the job draws its ids
-  (`ZipfPlan` below reads it from `PLANNER_BENCH_IDS`).
+  (`ZipfPlan` below reads it from `PLANNER_BENCH_IDS`);
+- `plan-cores`: the same told that the pservers share this machine's cores
+  (`--pserver-cores`, `ZipfPlanShared`).
 
-Per job: steady steps/s of trainer 0 (after the warm-up steps) and each pserver's CPU
+and in two modes, alternating per round: `job` (the real training) and `replay` (the
+trainers run `train_ctr.py --replay`: the batch's ids prefetched, SelectedRows grads of
+those rows and the dense grads sent, the barriers; no forward or backward: the pservers
+see the job's traffic, the trainers' CPU drops by their compute).
+
+Per job: steady steps/s of trainer 0 (after the warm-up steps), each pserver's CPU
 seconds per step (the difference of two of its usage records, divided by the steps
-trainer 0 made between them); beside them the model's estimate per pserver (`plan_costs`
-with the same id statistics) and whether its ranking of the pservers matches the measured
-one. The model is per pserver: its estimated step is the slowest pserver's time, which
-the measured step (1 / steps/s, trainers' own compute included) bounds from above.
+trainer 0 made between them), each trainer's CPU per step (`train_ctr.py`'s last line),
+all of them summed (a step takes at least that over the machine's cores when they are
+fewer than the processes) and the load average; beside them the model's estimate per
+pserver (`plan_costs` with the same id statistics) and whether its ranking of the
+pservers matches the measured one. The model is per pserver: its estimated step is the
+slowest pserver's time, which the measured step (1 / steps/s, trainers' own compute
+included) bounds from above.
 """
 
 from __future__ import annotations
