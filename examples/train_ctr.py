@@ -36,6 +36,11 @@ its dense params, and its rows written into the table (other rows keep the start
 random values; they are never read). `--checkpoint DIR` asks the pservers to save
 their table shards at the end into their checkpoint dir DIR (every process is given
 it; the notice names `<table>_<i>` inside it: pserver `i` writes `DIR/<table>_<i>`).
+`--replay` (trainers under `launch`) replays each step's pserver traffic without the
+model's compute (`transpiler.replay.sparse_replay`: the batch's ids prefetched, random
+grads of those rows and of the dense params sent, the barriers; no loss): what
+`benchmarks/planner.py` measures the pservers with. The last line gives the process's CPU
+ms per step (the first quarter of the steps, at most 5, left out).
 """
 
 from __future__ import annotations
@@ -253,9 +258,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--init", type=Path, help="local runs: start from the params and rows of this .npz")
     parser.add_argument("--checkpoint", type=Path, help="at the end, have the pservers save their table shards here")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--replay", action="store_true",
+                        help="trainers: replay the step's pserver traffic only (the batch's ids prefetched, random grads "
+                             "of those rows and of the dense params sent; no forward or backward compute, no loss)")
     args = parser.parse_args(argv)
     if args.rows < 2 or args.steps < 0 or args.batch < 1:
         parser.error("--rows must be >= 2, --steps >= 0 and --batch >= 1")
+    if args.replay and (args.save or args.init or args.checkpoint):
+        parser.error("--replay trains nothing: no --save, --init or --checkpoint")
     if args.table_optimizer is not None and (args.variant != "distributed" or args.main is not None):
         parser.error("--table-optimizer is for ctr.py's distributed table (--variant distributed, no --main)")
     return args
@@ -298,17 +308,23 @@ def main(argv: list[str] | None = None) -> int:
                 write_rows(session, table, saved[f"ids/{table}"], saved[f"init_rows/{table}"])
         initial = session.params(dense)
         init_rows = {t: read_rows(session, t, ids) for t, ids in touched.items()}
-        losses, traffic = [], []
+        losses, traffic, cpu = [], [], []
         stats = session.client.stats if session.client is not None else None
+        replayed = replay_of(session) if args.replay else None
         started = time.perf_counter()
         for step in range(args.steps):
             before = stats.snapshot() if stats is not None else {}
-            value, = session.run(shard(data.batch(step, args.batch), role), loss=loss)
-            losses.append(float(np.asarray(value).reshape(-1)[0]))
+            cpu.append(time.process_time())
+            if replayed is not None:
+                replay_step(session, replayed, shard(data.batch(step, args.batch), role))
+            else:
+                value, = session.run(shard(data.batch(step, args.batch), role), loss=loss)
+                losses.append(float(np.asarray(value).reshape(-1)[0]))
             if stats is not None:
                 delta = stats.delta(stats.snapshot(), before)
                 traffic.append((sum(r[1] for r in delta.values()), sum(r[2] for r in delta.values())))
         seconds = time.perf_counter() - started
+        cpu.append(time.process_time())
         final = session.params(dense)
         final_rows = {t: read_rows(session, t, ids) for t, ids in touched.items()}
         if args.checkpoint is not None and role.is_trainer and role.trainer_id == 0:
@@ -318,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     sent = np.mean([t[0] for t in traffic]) if traffic else 0.0
     print(f"{who}: {args.steps} steps in {seconds:.2f} s, loss {losses[0] if losses else float('nan'):.4f} -> "
           f"{losses[-1] if losses else float('nan'):.4f}; peak RSS {peak / 1024:.1f} MiB (at start "
-          f"{baseline / 1024:.1f} MiB); sent {sent / 1024:.1f} KiB/step", flush=True)
+          f"{baseline / 1024:.1f} MiB); sent {sent / 1024:.1f} KiB/step; CPU {cpu_ms_per_step(cpu):.2f} ms/step",
+          flush=True)
     if args.save is not None:
         args.save.mkdir(parents=True, exist_ok=True)
         arrays = {f"init/{k}": v for k, v in initial.items()} | {f"final/{k}": v for k, v in final.items()}
@@ -330,6 +347,31 @@ def main(argv: list[str] | None = None) -> int:
         name = f"trainer_{role.trainer_id}" if role.is_trainer else "local"
         np.savez(args.save / f"{name}.npz", **arrays)
     return 0
+
+
+def cpu_ms_per_step(marks: list[float]) -> float:
+    """This process's CPU ms per step from the CPU clock at each step's start and the
+    loop's end, the first quarter (at most 5 steps: warm-up) left out; nan without steps."""
+    warm = min(5, (len(marks) - 1) // 4)
+    steps = len(marks) - 1 - warm
+    return (marks[-1] - marks[warm]) / steps * 1e3 if steps > 0 else float("nan")
+
+
+def replay_of(session: Session):
+    """`--replay`: the trainer program reduced to its pserver traffic (`transpiler.replay.sparse_replay`)."""
+    from transpiler.replay import sparse_replay
+
+    if session.client is None:
+        raise SystemExit("train_ctr.py: --replay replays a trainer's pserver traffic; run it under `launch`")
+    return sparse_replay(session.program, seed=session.role.trainer_id)
+
+
+def replay_step(session: Session, replayed, feed: Mapping[str, Any]) -> None:
+    """One replayed step, counted and reported (no loss) as `Session.run` does a step."""
+    session.executor.run(replayed.program, feed=replayed.feed(feed), scope=session.scope)
+    session.steps += 1
+    if session.steps % session.progress_every == 0 or session.steps == 1:
+        session.report(None)
 
 
 def checkpoint(session: Session) -> None:

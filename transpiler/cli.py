@@ -526,6 +526,9 @@ TRANSPILE_ARGS = (
     arg("--pserver-memory", metavar="SIZE",
         help="--partitioner plan: each pserver's memory cap, e.g. 8GiB, 512MiB (params, optimizer state, grad "
              "buffers; docs/planner.md)"),
+    arg("--pserver-cores", type=int, metavar="N",
+        help="--partitioner plan: the CPU cores the pservers share, when fewer than one each (e.g. all pservers "
+             "on one 2-core host): the plan then minimises their total time over N as well (docs/planner.md)"),
     arg("--colocate", action="append", default=[], metavar="A,B..",
         help="--partitioner plan: keep these params together (cut alike, partition i of each on one pserver); "
              "repeatable"),
@@ -651,8 +654,8 @@ def _partitioner(args: argparse.Namespace):
     colocation groups, the rates and the id sample."""
     planned = (args.partitioner or "").strip().lower() == "plan"
     if not planned:
-        if args.pserver_memory or args.colocate:
-            raise UsageError("--pserver-memory and --colocate belong to --partitioner plan")
+        if args.pserver_memory or args.colocate or args.pserver_cores is not None:
+            raise UsageError("--pserver-memory, --pserver-cores and --colocate belong to --partitioner plan")
         return args.partitioner
     from transpiler.cost import parse_bytes
     from transpiler.planner import PlanPartitioner
@@ -666,7 +669,7 @@ def _partitioner(args: argparse.Namespace):
         groups.append(group)
     return PlanPartitioner(memory_cap=parse_bytes(args.pserver_memory) if args.pserver_memory else None,
                            colocate=groups, rates=rates, id_samples={name: sample} if sample is not None else None,
-                           batch_size=args.batch_size)
+                           batch_size=args.batch_size, cores=args.pserver_cores)
 
 
 @command(

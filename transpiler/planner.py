@@ -17,7 +17,9 @@ a subset of the pservers) and a placer, greedy and deterministic:
    pserver with the least estimated time that has memory left (ties: the lower index,
    preferring a pserver not yet holding a part of this unit), and scored by (the larger
    of the slowest pserver's time and the mean time once the params still to place are
-   added whole; then the unit's added time; then its part count);
+   added whole, or with `cores` (pservers sharing fewer cores than there are pservers,
+   `--pserver-cores`) their total time over the cores; then the unit's added time; then
+   its part count);
 3. the best candidate is kept; if no candidate fits the cap, one `TranspileError` names
    the cap, the param and by how much the best placement is over;
 4. a local search then moves a part off the slowest pserver, or swaps it with a smaller
@@ -98,15 +100,21 @@ class PlanPartitioner(Partitioner):
     """`partitioner="plan"`: see the module docstring. `memory_cap` bytes per pserver (None:
     no cap), `colocate` groups of param names, `kinds` per param the cuts allowed (`KINDS`),
     `rates` (`transpiler.cost.Rates`), `ids` a table's `IdStats` by param name, `batch_size`
-    the ids per trainer step of a sparse param without a sample (uniform ids)."""
+    the ids per trainer step of a sparse param without a sample (uniform ids), `cores` the
+    CPU cores the pservers share when they share fewer than one each (None: a core or more
+    each): their step then takes at least their total time over the cores, which the
+    score's bound uses in place of the mean."""
 
     name = "plan"
 
     def __init__(self, *, memory_cap: int | None = None, colocate: Sequence[Sequence[str]] = (),
                  kinds: Mapping[str, Iterable[str]] | None = None, rates: Rates | None = None,
                  ids: Mapping[str, IdStats] | None = None, id_samples: Mapping[str | None, object] | None = None,
-                 batch_size: int = 128) -> None:
+                 batch_size: int = 128, cores: int | None = None) -> None:
         super().__init__()
+        if cores is not None and cores < 1:
+            raise TranspileError(f"plan: the pservers' cores must be >= 1, got {cores}")
+        self.cores = cores
         if memory_cap is not None and memory_cap <= 0:
             raise TranspileError(f"plan: the pserver memory cap must be positive, got {memory_cap}")
         if batch_size < 1:
@@ -220,6 +228,7 @@ class PlanPartitioner(Partitioner):
 
     def search(self, params: Sequence[ParamInfo]) -> dict[str, tuple[list[Partition], list[int]]]:
         servers = max(1, self.servers)
+        shared = servers if self.cores is None else min(servers, self.cores)
         job = Job(self.trainers, self.sync_mode)
         stats = self._stats(params)
         units = self._units(params)
@@ -305,8 +314,9 @@ class PlanPartitioner(Partitioner):
                     continue
                 where, slowest, total = placed
                 # the slowest pserver, or the mean load once the rest is placed whole if that is
-                # higher: a cut's extra RPCs then count against it even while pservers are idle
-                bound = max(slowest, (total + remaining) / servers)
+                # higher: a cut's extra RPCs then count against it even while pservers are idle;
+                # pservers sharing `cores` < servers cores: their total over the cores
+                bound = max(slowest, (total + remaining) / shared)
                 score = (round(bound, 6), round(sum(p.time_us for p in parts), 6), len(parts))
                 if best is None or score < best[0]:
                     best = (score, cand, parts, where)

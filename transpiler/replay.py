@@ -5,8 +5,14 @@ A trainer program's RPC ops, run as `ops/rpc/kernels.py` runs them: every `send`
 when `recv`s and a `fetch_barrier` follow, as the kernels do), every `recv` and the fetch
 barrier. `pstranspile calibrate` measures a real sync pserver's per-round, per-block and
 per-byte CPU with it; `benchmarks/cost_accuracy.py` drives ResNet-50's pservers with it.
-Dense grads only: a trainer program with a sparse lookup (a prefetch, a SelectedRows grad)
-is refused.
+Dense grads only: `rpc_ops` refuses a trainer program with a sparse lookup (a prefetch, a
+SelectedRows grad).
+
+A trainer program with a prefetched table is replayed by `sparse_replay` instead: the
+program itself, reduced to its RPC ops and the ops that turn a lookup's grad into the
+SelectedRows blocks sent, run by the executor's real kernels on each batch's ids, with
+the forward and backward compute replaced by fed grads (`examples/train_ctr.py --replay`,
+`benchmarks/planner.py`'s `replay` mode: the same bytes as the real job, step by step).
 """
 
 from __future__ import annotations
@@ -114,3 +120,125 @@ def replay(client, main, startup, steps: int, on_step: Callable[[int], None] | N
             on_step(step)
     client.complete(ops.endpoints)
 
+
+# ops a sparse replay keeps besides the RPC ops: what turns a lookup's grad into the
+# SelectedRows blocks a trainer sends (the grad of the lookup's output is fed instead),
+# and what turns the ids into a prefetch's requests (the distributed table's `split_ids`)
+SPARSE_PLUMBING = ("lookup_table_grad", "lookup_table_v2_grad", "sum", "split_selected_rows",
+                   "split_selected_rows_by_columns", "merge_selected_rows", "split_ids")
+PREFETCHES = ("distributed_lookup_table", "prefetch")
+RPC_OPS = ("send", "send_barrier", "recv", "fetch_barrier", *PREFETCHES)
+
+
+@dataclass
+class SparseReplay:
+    """A trainer program reduced to its pserver traffic, its sparse part real.
+
+    `program` keeps the trainer's RPC ops (the table's prefetch, every send, the barriers,
+    the recvs) and the ops between a table lookup's grad and its sends (`SPARSE_PLUMBING`:
+    `lookup_table_grad`, the `sum` of the slots' grads, the split into the table's blocks),
+    which the real kernels run; the forward and backward compute is gone. Each step is fed
+    the batch's ids (the lookups prefetch those rows, and their grads are SelectedRows of
+    those rows, as in the job) and, in place of the compute, the grad of every lookup's
+    output (`grad_of_lookups`: random rows of the table's width, one per id) and every
+    dense grad sent (`dense_grads`: random values of the declared shape, drawn once)."""
+
+    program: object
+    id_slots: list[str]
+    grad_of_lookups: list[tuple[str, str]]  # (the lookup's output grad fed, its Ids slot)
+    dense_grads: dict[str, object]
+    width: int
+    dtype: object
+
+    def __post_init__(self) -> None:
+        self._rows = _grad_rows(4096, self.width, self.dtype)
+
+    def feed(self, batch) -> dict:
+        """The feeds of one replayed step from the job's feeds `batch` (its id slots used,
+        the rest ignored)."""
+        import numpy as np
+
+        from ops.tensor import LoDTensor
+
+        out = {slot: batch[slot] for slot in self.id_slots}
+        for grad, slot in self.grad_of_lookups:
+            ids = out[slot]
+            count = int(np.asarray(ids.array if isinstance(ids, LoDTensor) else ids).size)
+            if count > self._rows.shape[0]:
+                self._rows = _grad_rows(count * 2, self.width, self.dtype)
+            value = self._rows[:count]
+            out[grad] = LoDTensor(value, ids.lod) if isinstance(ids, LoDTensor) and ids.lod else value
+        return out | self.dense_grads
+
+
+def _grad_rows(count: int, width: int, dtype) -> object:
+    import numpy as np
+
+    return (np.random.default_rng(count).standard_normal((count, width)) * 1e-3).astype(dtype)
+
+
+def sparse_replay(program, seed: int = 0) -> SparseReplay:
+    """`program` (a transpiled trainer program with a prefetched or distributed table)
+    reduced to its traffic (see `SparseReplay`). An op that produces a sent var and is
+    neither compute to replace nor `SPARSE_PLUMBING` raises `TranspileError`."""
+    import numpy as np
+
+    from transpiler.ir.types import DType, VarKind
+
+    replay_program = program.clone()
+    block = replay_program.global_block()
+    writers = {name: op for op in block.ops for name in op.output_names}
+    fed: dict[str, str | None] = {}  # var fed -> the Ids slot of its lookup (None: a dense grad)
+    lookups = [op for op in block.ops if op.type in PREFETCHES]
+    if not lookups:
+        raise TranspileError("replay: the trainer program prefetches no table (no distributed_lookup_table or "
+                             "prefetch op); replay its dense traffic with `replay`")
+    keep = {i for i, op in enumerate(block.ops) if op.type in RPC_OPS}
+    index_of = {id(op): i for i, op in enumerate(block.ops)}
+    tables: set[str] = set()
+    slots: set[str] = set()
+    # backwards from what the RPC ops read: the plumbing kept, compute fed, a var nothing writes (an id feed) read
+    todo = [name for op in block.ops if op.type in ("send", *PREFETCHES)
+            for name in (op.input("Ids") if op.type == "distributed_lookup_table" else op.input("X"))]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        op = writers.get(name)
+        if name in seen or (op is not None and op.type in RPC_OPS):
+            continue
+        seen.add(name)
+        if op is None:
+            slots.add(name)
+            continue
+        if op.type not in SPARSE_PLUMBING:
+            var = block.vars.get(name)
+            if var is not None and var.kind == VarKind.SELECTED_ROWS:
+                raise TranspileError(f"replay: the sent SelectedRows {name!r} comes from a {op.type} op, which the "
+                                     "replay cannot stand in for")
+            fed[name] = None  # compute the replay replaces: fed
+            continue
+        keep.add(index_of[id(op)])
+        if op.type.startswith("lookup_table"):
+            tables.add(op.input("W")[0])
+            fed[op.input("Out@GRAD")[0]] = op.input("Ids")[0]
+            slots.add(op.input("Ids")[0])
+        else:
+            todo += list(op.input_names)
+    block.remove_ops([op for i, op in enumerate(block.ops) if i not in keep])
+    if len(tables) != 1:
+        raise TranspileError(f"replay: the trainer sends the grads of {len(tables)} looked-up tables "
+                             f"({', '.join(sorted(tables)) or 'none'}); one prefetched table is replayed")
+    table = block.var(next(iter(tables)))
+    width = int(np.prod([int(d) for d in table.shape[1:]]))
+    dtype = DType(table.dtype).to_numpy()
+    rng = np.random.default_rng(seed)
+    dense = {}
+    for name, slot in sorted(fed.items()):
+        if slot is not None:
+            continue
+        var = block.vars.get(name)
+        if var is None or var.shape is None or any(int(d) < 0 for d in var.shape):
+            raise TranspileError(f"replay: cannot size the sent var {name!r} (shape {getattr(var, 'shape', None)})")
+        dense[name] = (rng.standard_normal([int(d) for d in var.shape]) * 1e-3).astype(DType(var.dtype).to_numpy())
+    return SparseReplay(replay_program, sorted(slots), sorted((g, s) for g, s in fed.items() if s is not None), dense,
+                        width, dtype)

@@ -16,7 +16,7 @@ from ops import catalogue
 from ops.kernels.broadcast import operands, reduce_to
 from ops.kernels.context import KernelError, OpContext
 from ops.kernels.registry import register
-from ops.tensor import LoDTensor, SelectedRows
+from ops.tensor import LoDTensor, SelectedRows, scatter_add_rows
 from transpiler.ir.types import DType
 
 # ------------------------------------------------------------------ elementwise
@@ -378,7 +378,7 @@ def sum_(ctx: OpContext) -> None:
         np.add(out, array, out=out)
     for v in values:
         if isinstance(v, SelectedRows):
-            np.add.at(out, v.rows, v.active_value().astype(out.dtype, copy=False))
+            scatter_add_rows(out, v.rows, v.active_value().astype(out.dtype, copy=False))
     ctx.set_output("Out", out, lod=first.lod if isinstance(first, LoDTensor) else None)
 
 

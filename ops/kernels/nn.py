@@ -7,7 +7,7 @@ import numpy as np
 
 from ops.kernels.context import KernelError, OpContext
 from ops.kernels.registry import register
-from ops.tensor import SelectedRows
+from ops.tensor import SelectedRows, scatter_add_rows
 
 # Paddle's SoftmaxFunctor clips shifted logits at -64 so exp() never goes denormal.
 SOFTMAX_CLIP = -64.0
@@ -108,7 +108,7 @@ def _lookup_grad(ctx: OpContext) -> None:
         ctx.set_output("W@GRAD", SelectedRows(ids.copy(), np.ascontiguousarray(grads), height))
         return
     table = np.zeros(shape, dtype=dout.dtype)
-    np.add.at(table, ids, grads)
+    scatter_add_rows(table, ids, np.ascontiguousarray(grads))
     ctx.set_output("W@GRAD", table)
 
 
