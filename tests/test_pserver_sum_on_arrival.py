@@ -6,6 +6,7 @@ torn arrival fails the round naming trainer and var; no grad-sized array per ste
 from __future__ import annotations
 
 import itertools
+import math
 import socket
 import threading
 import tracemalloc
@@ -68,6 +69,11 @@ def _recorder(scope: Scope, seen: list):
         seen.append(np.array(scope.find_var("w@GRAD").array))  # a copy: the accumulator is reused
 
     return run_block
+
+
+@pytest.fixture(autouse=True)
+def small_grads_summed(monkeypatch):
+    monkeypatch.setattr(arrival_sum, "MIN_BYTES", 0)  # these tests' grads are small (240 kB)
 
 
 @pytest.fixture
@@ -378,3 +384,30 @@ def test_an_accumulator_a_persistable_views_is_not_summed_into_again(monkeypatch
             c.complete([ps.address])
         ps.join()
     assert not ps.errors
+
+
+def test_a_grad_under_the_threshold_keeps_its_sum_op_and_the_last_copy_counts(monkeypatch):
+    """Only a grad of `MIN_BYTES` or more is summed on arrival: a smaller one keeps the
+    `sum` op, so a second copy in a round replaces the first, as before."""
+    monkeypatch.setenv(bulk.BULK_ENV, "on")
+    monkeypatch.setattr(arrival_sum, "MIN_BYTES", math.prod(SHAPE) * 4 + 1)
+    scope, seen = Scope(), []
+    scope.set_var("w", LoDTensor(np.ones(SHAPE, F32)))
+    grads = _grads(2, F32, 301)
+
+    def run_block(idx: int) -> None:  # what the block's `sum` would read
+        seen.append([np.array(scope.find_var(f"w@GRAD.trainer_{t}").array) for t in range(2)])
+
+    with running_pserver(scope=scope, run_block=run_block, **_config(2, F32)) as ps:
+        clients = [ps.client(t) for t in range(2)]
+        for c in clients:
+            c.fetch_barrier([ps.address])
+        clients[0].send(ps.address, "w@GRAD.trainer_0", LoDTensor(np.full(SHAPE, 5, F32)))
+        clients[0].send(ps.address, "w@GRAD.trainer_0", LoDTensor(grads[0]))
+        _round(ps, clients, grads, [1])
+        for c in clients:
+            c.complete([ps.address])
+        ps.join()
+    assert not ps.errors
+    (got,) = seen
+    assert all(np.array_equal(_bits(got[t]), _bits(grads[t])) for t in range(2))

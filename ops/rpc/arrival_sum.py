@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+MIN_BYTES = 256 << 10  # a grad smaller than this keeps its `sum` op (the bulk channel's own threshold)
 CHUNK_BYTES = 2 << 20  # bytes received, then added, at a time: measured, docs/runtime.md "Summed on arrival"
 
 NONE, RECEIVING, HELD, DONE = "none", "receiving", "held", "done"
@@ -257,4 +258,4 @@ class Arrivals:
         return self.acc, self.lod
 
 
-__all__ = ["ADD", "BASE", "CHUNK_BYTES", "HOLD", "Arrivals", "SumPlan", "TornSum", "find_plans"]
+__all__ = ["ADD", "BASE", "CHUNK_BYTES", "HOLD", "MIN_BYTES", "Arrivals", "SumPlan", "TornSum", "find_plans"]

@@ -123,6 +123,7 @@ import grpc
 import numpy as np
 
 from ops.rpc import bulk
+from ops.rpc import arrival_sum
 from ops.rpc.arrival_sum import ADD, BASE, HOLD, Arrivals, SumPlan, TornSum
 from ops.rpc.auth import Gate, ServerAuth
 from ops.rpc.bind import check_bindable
@@ -380,8 +381,13 @@ class PServer(OwnDirRpc):
                 server.stop(None)
                 raise BindError(f"pserver {self.config.endpoint}: {exc.strerror or exc}") from None
         if self._bulk is not None and self.config.sync_mode and not self.config.refuse_nonfinite:
-            # non-finite grads are refused whole, before anything is stored: not summed on arrival
+            # non-finite grads are refused whole, before anything is stored: not summed on arrival.
+            # Only big grads (`MIN_BYTES`, the bulk channel's threshold): a sum on arrival cannot take a
+            # copy back, so a second copy in a round is refused; a small grad keeps the `sum` op,
+            # where the last copy of a round still counts, and costs no memory worth saving.
             for plan in self.config.arrival_sums:
+                if math.prod(plan.shape) * plan.dtype.itemsize < arrival_sum.MIN_BYTES:
+                    continue
                 arrivals = Arrivals(plan)
                 self._sum_list.append(arrivals)
                 self._sums.update((name, arrivals) for name in plan.inputs)
