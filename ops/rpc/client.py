@@ -17,7 +17,8 @@ other call sends a deferred barrier first, as `send_barrier` would have. Without
 `SendBatch` per pserver for what is queued, and any get, recv or `wait_pending` flushes
 first, so a var is never read before the send queued ahead of it.
 
-Early sends (issue 30, `PSTRANSPILE_EARLY_SEND=auto|on|off`, `early_choice`): in a sync
+Early sends (issue 30, `PSTRANSPILE_EARLY_SEND=off|auto|on`, `early_choice`; `off` by
+default, as they did not pay where measured: docs/runtime.md, "Early sends"): in a sync
 step (`send_async(early=True)`, the kernel's choice when a `send_barrier` follows), a dense
 var bound for a pserver's bulk channel — of `EARLY_MIN` bytes or more under `auto`, any
 size under `on` — starts going at once, as a `SendBatch` of its own on that pserver's
@@ -80,7 +81,7 @@ from proto import rpc_pb2
 Counts = tuple[int, int, int]  # calls, bytes sent, bytes received
 
 EARLY_ENV = "PSTRANSPILE_EARLY_SEND"
-EARLY_CHOICES = ("auto", "on", "off")
+EARLY_CHOICES = ("off", "auto", "on")  # `off` the default: measured not to pay on 2 cores (docs/runtime.md)
 EARLY_MIN = 1 << 20  # bytes: under `auto`, a dense var this big goes early (docs/runtime.md, "Early sends")
 EARLY_QUEUE = 8  # early sends waiting or in flight per pserver
 
@@ -90,7 +91,7 @@ class EarlyChoiceError(EnvChoiceError):
 
 
 def early_choice(environ: Mapping[str, str] | None = None) -> str:
-    """`auto` (the default), `on` or `off`; `EarlyChoiceError` for anything else."""
+    """`off` (the default), `auto` or `on`; `EarlyChoiceError` for anything else."""
     return env_choice(environ, EARLY_ENV, EARLY_CHOICES, EarlyChoiceError)
 
 
