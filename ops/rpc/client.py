@@ -18,7 +18,7 @@ other call sends a deferred barrier first, as `send_barrier` would have. Without
 first, so a var is never read before the send queued ahead of it.
 
 Early sends (issue 30, `PSTRANSPILE_EARLY_SEND=off|auto|on`, `early_choice`; `off` by
-default, as they did not pay where measured: docs/runtime.md, "Early sends"): in a sync
+default, as they won nothing clear where measured: docs/runtime.md, "Early sends"): in a sync
 step (`send_async(early=True)`, the kernel's choice when a `send_barrier` follows), a dense
 var bound for a pserver's bulk channel — of `EARLY_MIN` bytes or more under `auto`, any
 size under `on` — starts going at once, as a `SendBatch` of its own on that pserver's
@@ -81,7 +81,7 @@ from proto import rpc_pb2
 Counts = tuple[int, int, int]  # calls, bytes sent, bytes received
 
 EARLY_ENV = "PSTRANSPILE_EARLY_SEND"
-EARLY_CHOICES = ("off", "auto", "on")  # `off` the default: measured not to pay on 2 cores (docs/runtime.md)
+EARLY_CHOICES = ("off", "auto", "on")  # `off` the default: no clear win measured on 2 cores (docs/runtime.md)
 EARLY_MIN = 1 << 20  # bytes: under `auto`, a dense var this big goes early (docs/runtime.md, "Early sends")
 EARLY_QUEUE = 8  # early sends waiting or in flight per pserver
 
