@@ -10,7 +10,8 @@ imports nothing of this package: Paddle must see its own programs, run its own w
 the feeds) for `mlp` (784-512-512-10, softmax cross-entropy, Adam) and `emb` (a 100k x 64
 `is_sparse` embedding, which Fluid 1.8 marks `remote_prefetch`, + fc 64 + fc 10, SGD), and
 `wide4096` / `wide8192` / `wide16384` (x -> fc S relu -> fc 10, SGD: a 64 MB / 256 MB / 1 GB
-weight, issue 30).
+weight, issue 30), and `deep2048` (x -> 3 x fc 2048 relu -> fc 10, SGD: three 16 MB
+weights, room for early sends).
 
 `run` trains one workload in the role Paddle's environment variables give (`TRAINING_ROLE`,
 `PADDLE_PSERVER_ENDPOINTS`, `PADDLE_TRAINERS_NUM`, `PADDLE_TRAINER_ID`,
@@ -81,7 +82,23 @@ def wide(size: int):
     return body
 
 
-WORKLOADS = {"mlp": mlp, "emb": emb, "wide4096": wide(4096), "wide8192": wide(8192), "wide16384": wide(16384)}
+def deep(size: int, layers: int):
+    """x[batch, size] -> `layers` x fc size (relu) -> fc 10, SGD: several big weights, each
+    grad ready while backward still runs the layers below it (room for early sends)."""
+
+    def body():
+        hidden = x = fluid.data(name="x", shape=[-1, size], dtype="float32")
+        for _ in range(layers):
+            hidden = fluid.layers.fc(hidden, size, act="relu")
+        loss = classify(hidden, fluid.optimizer.SGD(learning_rate=0.01))
+        return loss, [("x", [size], "float32", None), LABEL]
+
+    body.__doc__ = f"x[batch, {size}] -> {layers} x fc {size} (relu) -> fc 10, SGD."
+    return body
+
+
+WORKLOADS = {"mlp": mlp, "emb": emb, "wide4096": wide(4096), "wide8192": wide(8192), "wide16384": wide(16384),
+             "deep2048": deep(2048, 3)}
 
 
 def build(out: str) -> None:

@@ -44,7 +44,9 @@ sampled from /proc with the CPU; the largest of its trainers, which report it on
 process must hold (a trainer: params and their grads; a pserver: its share of the params
 and optimizer state and one grad per trainer) as a ratio. `--case wide1g` (not in the
 default set: four processes of several GB) does the same with a 1 GB weight (S = 16384,
-a twentieth of `--steps`).
+a twentieth of `--steps`). `--case deep2048` (not in the default set either: issue 30's
+early sends) trains x[32, 2048] -> 3 x fc 2048 (relu) -> fc 10 with SGD, three 16 MB
+weights whose grads are ready one by one during backward (half of `--steps`).
 
 Exits 0 with one line when Paddle 1.8.5 cannot be installed here.
 """
@@ -132,6 +134,10 @@ CASES = (
          moved_mb=2 * TRAINERS * 4096 * 4096 * 4 / 2**20, param_mb=wide_params_mb(4096)),
     Case("wide256", "x[8, 8192] -> fc 8192 -> fc 10, SGD (256 MB weight), batch 4", "wide8192", 4, steps_share=0.1,
          moved_mb=2 * TRAINERS * 8192 * 8192 * 4 / 2**20, param_mb=wide_params_mb(8192)),
+    # Several big weights: each grad can start to its pserver while backward computes the layers below.
+    Case("deep2048", "x[32, 2048] -> 3 x fc 2048 -> fc 10, SGD (3 x 16 MB weights), batch 16", "deep2048", 16,
+         steps_share=0.5, default=False, moved_mb=2 * TRAINERS * 3 * 2048 * 2048 * 4 / 2**20,
+         param_mb=(3 * (2048 * 2048 + 2048) + 2048 * 10 + 10) * 4 / 2**20),
     # Not in the default set (`--case wide1g`): 4 processes of several GB each.
     Case("wide1g", "x[8, 16384] -> fc 16384 -> fc 10, SGD (1 GB weight), batch 4", "wide16384", 4, steps_share=0.05,
          moved_mb=2 * TRAINERS * 16384 * 16384 * 4 / 2**20, param_mb=wide_params_mb(16384), default=False),

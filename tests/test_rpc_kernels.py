@@ -20,9 +20,11 @@ class RecordingClient:
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
+        self.early: dict[str, bool] = {}  # name -> the send kernel's `early`
 
-    def send_async(self, endpoint: str, name: str, value, *, merge_add: bool = False) -> None:
+    def send_async(self, endpoint: str, name: str, value, *, merge_add: bool = False, early: bool = False) -> None:
         self.calls.append(("send", endpoint, name))
+        self.early[name] = early
 
     def flush(self) -> None:
         self.calls.append(("flush",))
@@ -87,3 +89,18 @@ def test_a_send_barrier_without_a_fetch_barrier_after_it_is_not_deferred():
     block.add_op("recv", {}, {"Out": ["w"]}, {"epmap": [EP]})
     calls = run_twice(program)
     assert [call for call in calls if call[0] == "send_barrier"] == [("send_barrier", (EP,), False)] * 2
+
+
+def test_a_send_may_go_early_only_when_a_send_barrier_follows_it():
+    """Early sends (`RpcClient.send_async(early=True)`) are for a sync step: a `send` with a
+    `send_barrier` after it; an async `send` (no barrier) keeps its queue-and-flush."""
+    client = RecordingClient()
+    exe = Executor(env={"rpc": client, "trainer_id": 0})
+    program = trainer_program()
+    exe.run(program, feed={"g": np.ones(1, np.float32)}, scope=Scope())
+    assert client.early == {"g": True}
+    async_program = Program.empty()
+    async_program.global_block().add_op("send", {"X": ["g"]}, {}, {"epmap": [EP]})
+    client.early.clear()
+    exe.run(async_program, feed={"g": np.ones(1, np.float32)}, scope=Scope())
+    assert client.early == {"g": False} and client.calls[-1] == ("flush",)

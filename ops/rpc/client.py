@@ -17,6 +17,20 @@ other call sends a deferred barrier first, as `send_barrier` would have. Without
 `SendBatch` per pserver for what is queued, and any get, recv or `wait_pending` flushes
 first, so a var is never read before the send queued ahead of it.
 
+Early sends (issue 30, `PSTRANSPILE_EARLY_SEND=off|auto|on`, `early_choice`; `off` by
+default, as they won nothing clear where measured: docs/runtime.md, "Early sends"): in a sync
+step (`send_async(early=True)`, the kernel's choice when a `send_barrier` follows), a dense
+var bound for a pserver's bulk channel — of `EARLY_MIN` bytes or more under `auto`, any
+size under `on` — starts going at once, as a `SendBatch` of its own on that pserver's
+ordered stream (one thread, at most `EARLY_QUEUE` sends waiting or in flight: a `send`
+blocks, at most the call deadline, while its pserver's stream is full), so the grad moves
+while the executor goes on with backward. The stream's `_Queued` holds the value (and a
+view of its array) until the pserver took it, so the executor's reference counts
+(`OpContext.reusable_input`, `output_buffer`) see it held and no kernel writes into it.
+Any later call to that pserver (the step's `SendFetchBatch`, a get, a barrier) first waits
+for its early sends and raises the first one's failure, as the send would have failed in
+that call; the small vars stay queued for the one final message.
+
 Every failure is an `RpcError` naming the call, the var and the pserver, and carrying
 the pserver's own reason when it gave one (a trainer that vanished, say).
 
@@ -55,6 +69,7 @@ import numpy as np
 
 from ops.rpc import bulk
 from ops.rpc.auth import ClientAuth, Handshake
+from ops.rpc.env_choice import EnvChoiceError, env_choice
 from ops.rpc.errors import RpcError
 from ops.rpc.malloc import keep_freed_memory
 from ops.rpc.service import CHANNEL_OPTIONS, METHODS, SERVICE_NAME, WATCH_SECONDS, call_deadline, default_timeout
@@ -64,6 +79,20 @@ from proto import rpc_pb2
 
 
 Counts = tuple[int, int, int]  # calls, bytes sent, bytes received
+
+EARLY_ENV = "PSTRANSPILE_EARLY_SEND"
+EARLY_CHOICES = ("off", "auto", "on")  # `off` the default: no clear win measured on 2 cores (docs/runtime.md)
+EARLY_MIN = 1 << 20  # bytes: under `auto`, a dense var this big goes early (docs/runtime.md, "Early sends")
+EARLY_QUEUE = 8  # early sends waiting or in flight per pserver
+
+
+class EarlyChoiceError(EnvChoiceError):
+    """`PSTRANSPILE_EARLY_SEND` names no choice."""
+
+
+def early_choice(environ: Mapping[str, str] | None = None) -> str:
+    """`off` (the default), `auto` or `on`; `EarlyChoiceError` for anything else."""
+    return env_choice(environ, EARLY_ENV, EARLY_CHOICES, EarlyChoiceError)
 
 
 class RpcStats:
@@ -171,6 +200,17 @@ class _Queued:
     merge_add: bool
 
 
+class _EarlyStream:
+    """One pserver's early sends (module docstring): an ordered stream on its own thread,
+    at most `EARLY_QUEUE` sends waiting or in flight; `started` lists them (future, what,
+    endpoint) until a later call to the pserver waits for them."""
+
+    def __init__(self, name: str) -> None:
+        self.pool = _futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.slots = threading.Semaphore(EARLY_QUEUE)
+        self.started: list[tuple[Any, str, str]] = []
+
+
 def _into_of(endpoint: str, names: Sequence[str], into: Mapping[tuple[str, str], np.ndarray]) -> dict[str, np.ndarray]:
     """The destinations of `endpoint`'s fetched `names` (by name) that `into` holds."""
     return {name: into[(endpoint, name)] for name in names if (endpoint, name) in into}
@@ -216,7 +256,9 @@ class RpcClient:
 
     `auth` is the job token and TLS to present (default: the environment's,
     `ClientAuth.from_env`); `handshake`, what this trainer was started as, travels with
-    every call so a pserver of another job shape refuses it (`ops.rpc.auth`)."""
+    every call so a pserver of another job shape refuses it (`ops.rpc.auth`).
+
+    `early` is the early-send choice (default `PSTRANSPILE_EARLY_SEND`, `early_choice`)."""
 
     def __init__(
         self,
@@ -226,6 +268,7 @@ class RpcClient:
         connect_timeout: float | None = None,
         auth: ClientAuth | None = None,
         handshake: Handshake | None = None,
+        early: str | None = None,
     ) -> None:
         keep_freed_memory()  # a step's MB buffers reuse their pages (ops.rpc.malloc)
         self.trainer_id = int(trainer_id)
@@ -242,6 +285,8 @@ class RpcClient:
         self._closed = False
         self.stats = RpcStats()
         self._pool = _futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"rpc-trainer{self.trainer_id}")
+        self.early = early_choice() if early is None else early_choice({EARLY_ENV: early})
+        self._streams: dict[str, _EarlyStream] = {}  # endpoint -> its early sends
 
     # ------------------------------------------------------------ connections
     def _endpoint(self, endpoint: str) -> _Endpoint:
@@ -289,9 +334,12 @@ class RpcClient:
             return None
         return channel
 
-    def _invoke(self, ep: _Endpoint, method: str, request: Any, timeout: float) -> Any:
-        """One call's reply: a batch over the bulk channel when `ep` has one, else gRPC."""
+    def _invoke(self, ep: _Endpoint, method: str, request: Any, timeout: float, *, early: bool = False) -> Any:
+        """One call's reply: a batch over the bulk channel when `ep` has one, else gRPC. A
+        batch that is not an early send goes after `ep`'s early sends have (`_wait_early`)."""
         if isinstance(request, _Batch):
+            if not early:
+                self._wait_early(ep.endpoint)
             if ep.bulk is not None and ep.lost is None:
                 reply, sent, received = ep.bulk.call(
                     request.method, request.bulk_items(), barrier=request.barrier, fetch=request.fetch,
@@ -365,14 +413,76 @@ class RpcClient:
         self.send_async(endpoint, name, value, merge_add=merge_add)
         self.wait_pending()
 
-    def send_async(self, endpoint: str, name: str, value: Any, *, merge_add: bool = False) -> None:
+    def send_async(self, endpoint: str, name: str, value: Any, *, merge_add: bool = False, early: bool = False) -> None:
         """Queue `value` as `name` for `endpoint`; the next barrier, `flush`, get or
-        `wait_pending` sends it. Scope values are replaced, never changed in place, so
-        the pieces may hold the value's own buffer until then."""
+        `wait_pending` sends it. Scope values are replaced, never changed in place (a
+        kernel writes into an array only when nothing but the scope holds it), so the
+        pieces may hold the value's own buffer until then. With `early` (a sync step: a
+        barrier follows), a var that goes early (`_goes_early`) starts now on the
+        pserver's stream instead (module docstring)."""
         self._send_deferred_barrier()  # a var queued after a barrier belongs to the next round
         message = var_parts(name, value, trainer_id=self.trainer_id, merge_add=merge_add)
+        queued = _Queued(name, message, value, merge_add)
+        if early and self._goes_early(endpoint, queued):
+            self._start_early(endpoint, queued)
+            return
         with self._lock:
-            self._queued.setdefault(endpoint, []).append(_Queued(name, message, value, merge_add))
+            self._queued.setdefault(endpoint, []).append(queued)
+
+    def _goes_early(self, endpoint: str, queued: _Queued) -> bool:
+        """Whether `queued` starts at once: early sends are not `off`, it is a dense tensor
+        (not `merge_add`), of `EARLY_MIN` bytes or more unless they are `on`, and its
+        pserver's bulk channel is open."""
+        if self.early == "off" or queued.merge_add:
+            return False
+        value = queued.value
+        array = value.array if isinstance(value, LoDTensor) else value if isinstance(value, np.ndarray) else None
+        if array is None or (self.early == "auto" and array.nbytes < EARLY_MIN):
+            return False
+        ep = self._endpoint(endpoint)
+        return ep.bulk is not None and ep.lost is None
+
+    def _start_early(self, endpoint: str, queued: _Queued) -> None:
+        """Hand `queued` to `endpoint`'s stream, waiting (at most the call deadline) for a
+        free place in it."""
+        what = f"send of {queued.name}"
+        with self._lock:
+            if self._closed:
+                raise RpcError(f"trainer {self.trainer_id}'s RPC client is closed")
+            stream = self._streams.get(endpoint)
+            if stream is None:
+                stream = self._streams[endpoint] = _EarlyStream(f"rpc-trainer{self.trainer_id}-early")
+        if not stream.slots.acquire(timeout=self.deadline):
+            raise RpcError(f"trainer {self.trainer_id}: {what} on pserver {endpoint} timed out after "
+                           f"{self.deadline:g} s waiting for the early sends before it")
+        batch = _Batch("SendBatch", self.trainer_id, (queued,))
+        try:
+            future = stream.pool.submit(self._run_early, self._endpoint(endpoint), batch, stream.slots)
+        except BaseException:  # the client closed meanwhile
+            stream.slots.release()
+            raise RpcError(f"trainer {self.trainer_id}'s RPC client is closed") from None
+        with self._lock:
+            stream.started.append((future, what, endpoint))
+
+    def _run_early(self, ep: _Endpoint, batch: _Batch, slots: threading.Semaphore) -> Any:
+        """An early send, on its pserver's stream (frees its place when done)."""
+        try:
+            return self._invoke(ep, "SendBatch", batch, self.deadline, early=True)
+        finally:
+            slots.release()
+
+    def _wait_early(self, endpoint: str | None = None) -> None:
+        """Wait for `endpoint`'s early sends so far (every pserver's when None); raise the
+        first failure as the send's own (`_gather`)."""
+        with self._lock:
+            streams = list(self._streams.items())
+            started = []
+            for ep, stream in streams:
+                if endpoint is None or ep == endpoint:
+                    started += stream.started
+                    stream.started = []
+        if started:
+            self._gather(started)
 
     def _take_queued(self) -> dict[str, list[_Queued]]:
         with self._lock:
@@ -400,6 +510,7 @@ class RpcClient:
             pending, self._pending = self._pending, []
         if pending:
             self._gather(pending)
+        self._wait_early()
 
     def get(self, endpoint: str, name: str) -> Any:
         """The pserver's value of `name`."""
@@ -496,6 +607,7 @@ class RpcClient:
             pending, self._pending = self._pending, []
         self._gather(pending)
         self._call_all(calls)
+        self._wait_early()  # a pserver the calls did not go to
 
     def fetch_barrier(self, endpoints: Sequence[str], requests: Iterable[tuple[str, str]] = (),
                       into: Mapping[tuple[str, str], np.ndarray] | None = None) -> list[Any]:
@@ -523,8 +635,10 @@ class RpcClient:
         calls = [self._send_fetch_call(ep, queued.get(ep, []), ep in send_barrier, wanted.get(ep, []),
                                        ep in fetch_barrier, _into_of(ep, wanted.get(ep, []), into))
                  for ep in endpoints]
+        replies = self._call_all(calls)
+        self._wait_early()  # a pserver the calls did not go to
         got: dict[tuple[str, str], Any] = {}
-        for endpoint, reply in zip(endpoints, self._call_all(calls), strict=True):
+        for endpoint, reply in zip(endpoints, replies, strict=True):
             got.update(self._values_of(endpoint, wanted.get(endpoint, []), reply))
         return [got[request] for request in requests]
 
@@ -559,6 +673,8 @@ class RpcClient:
         if failed:
             with self._lock:
                 self._pending, self._queued = [], {}  # a failed trainer's sends no longer matter
+                for stream in self._streams.values():
+                    stream.started = []
             self._deferred_barrier = None
         else:
             self._send_deferred_barrier()
@@ -582,8 +698,11 @@ class RpcClient:
             self._closed = True
             endpoints, self._endpoints = self._endpoints, {}
             self._pending, self._queued = [], {}
+            streams, self._streams = self._streams, {}
         self._deferred_barrier = None
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for stream in streams.values():  # its thread ends after the send in flight (bounded by its deadline)
+            stream.pool.shutdown(wait=False, cancel_futures=True)
         for ep in endpoints.values():
             if ep.bulk is not None:
                 ep.bulk.close()

@@ -3,8 +3,9 @@
 
 Each reaches the trainer's `RpcClient` through `ctx.env["rpc"]`, else through
 `get_client(trainer_id attr)`. A step is few messages (see `ops.rpc.client`): `send`
-only queues its vars; the `send_barrier` sends each pserver one message with its vars
-and the barrier. Without a later `send` or `send_barrier` in the block (async mode), the
+only queues its vars (a big dense grad of a sync step starts at once on the bulk
+channel: early sends, `ops.rpc.client`); the `send_barrier` sends each pserver one
+message with its vars and the barrier. Without a later `send` or `send_barrier` in the block (async mode), the
 last `send` flushes the queue, one message per pserver. A `recv` followed by a
 `fetch_barrier` before anything reads what it receives (the sync trainer program, every
 trainer startup) only registers what it wants: the `fetch_barrier` fetches it all, one
@@ -77,7 +78,7 @@ def send(ctx: OpContext) -> None:
         if len(blocks) != len(send_varnames):
             raise KernelError(f"send: {len(blocks)} blocks for {len(send_varnames)} send_varnames")
         for name, endpoint, block in zip(send_varnames, epmap, blocks, strict=True):
-            client.send_async(endpoint, name, block, merge_add=merge_add)
+            client.send_async(endpoint, name, block, merge_add=merge_add, early=_barrier_after(ctx))
         _maybe_flush(ctx, client)
         return
     if len(names) == 1 and len(epmap) > 1:
@@ -90,8 +91,18 @@ def send(ctx: OpContext) -> None:
         value = ctx.scope.find_var(name)
         if value is None:
             raise KernelError(f"send: var {name!r} has no value in the scope")
-        client.send_async(endpoint, name, value, merge_add=merge_add)
+        client.send_async(endpoint, name, value, merge_add=merge_add, early=_barrier_after(ctx))
     _maybe_flush(ctx, client)
+
+
+def _barrier_after(ctx: OpContext) -> bool:
+    """True when a `send_barrier` comes later in the block (a sync or half-async step): the
+    var may start at once on the bulk channel (`RpcClient.send_async`, early sends) rather
+    than wait for the step's last message. Memoised."""
+    found = ctx.memo.get("barrier_after")
+    if found is None:
+        found = ctx.memo["barrier_after"] = any(op.type == "send_barrier" for op in _ops_after(ctx))
+    return found
 
 
 def _maybe_flush(ctx: OpContext, client: RpcClient) -> None:
