@@ -10,6 +10,7 @@ import math
 import socket
 import threading
 import tracemalloc
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -71,6 +72,19 @@ def _recorder(scope: Scope, seen: list):
     return run_block
 
 
+@contextmanager
+def _serving(fanin: int, dtype, seen: list):
+    """A pserver summing `w@GRAD` of `fanin` trainers (its blocks record the sum into
+    `seen`), and its trainers' clients, past their startup fetch barrier."""
+    scope = Scope()
+    scope.set_var("w", LoDTensor(np.ones(SHAPE, dtype)))
+    with running_pserver(scope=scope, run_block=_recorder(scope, seen), **_config(fanin, dtype)) as ps:
+        clients = [ps.client(t) for t in range(fanin)]
+        for c in clients:
+            c.fetch_barrier([ps.address])
+        yield ps, clients
+
+
 @pytest.fixture(autouse=True)
 def small_grads_summed(monkeypatch):
     monkeypatch.setattr(arrival_sum, "MIN_BYTES", 0)  # these tests' grads are small (240 kB)
@@ -112,14 +126,10 @@ def _round(ps, clients, grads, order, *, together=False, skip=()):
 @pytest.mark.parametrize("fanin", [2, 3])
 def test_every_arrival_order_gives_the_sum_kernel_s_bits(monkeypatch, small_chunks, fanin, dtype):
     monkeypatch.setenv(bulk.BULK_ENV, "on")
-    scope, seen = Scope(), []
-    scope.set_var("w", LoDTensor(np.ones(SHAPE, dtype)))
+    seen = []
     orders = list(itertools.permutations(range(fanin)))
     expected = []
-    with running_pserver(scope=scope, run_block=_recorder(scope, seen), **_config(fanin, dtype)) as ps:
-        clients = [ps.client(t) for t in range(fanin)]
-        for c in clients:
-            c.fetch_barrier([ps.address])
+    with _serving(fanin, dtype, seen) as (ps, clients):
         for i, order in enumerate([*orders, *orders]):  # one after another, then all at once
             grads = _grads(fanin, dtype, i)
             _round(ps, clients, grads, order, together=i >= len(orders))
@@ -140,12 +150,8 @@ def test_every_arrival_order_gives_the_sum_kernel_s_bits(monkeypatch, small_chun
 def test_grpc_and_bulk_arrivals_mix_exactly(monkeypatch, small_chunks):
     """Trainer 1 on gRPC (its channel off), 0 and 2 on the bulk channel, in every order."""
     monkeypatch.setenv(bulk.BULK_ENV, "on")
-    scope, seen, expected = Scope(), [], []
-    scope.set_var("w", LoDTensor(np.ones(SHAPE, F32)))
-    with running_pserver(scope=scope, run_block=_recorder(scope, seen), **_config(3, F32)) as ps:
-        clients = [ps.client(t) for t in range(3)]
-        for c in clients:
-            c.fetch_barrier([ps.address])
+    seen, expected = [], []
+    with _serving(3, F32, seen) as (ps, clients):
         clients[1]._endpoints[ps.address].bulk = None  # as PSTRANSPILE_BULK=off on that trainer
         for i, order in enumerate(itertools.permutations(range(3))):
             grads = _grads(3, F32, 100 + i)
@@ -163,12 +169,8 @@ def test_grpc_and_bulk_arrivals_mix_exactly(monkeypatch, small_chunks):
 @pytest.mark.parametrize("gone", [0, 1, 2])
 def test_a_completed_trainer_s_grad_is_added_as_zeros_in_its_turn(monkeypatch, gone):
     monkeypatch.setenv(bulk.BULK_ENV, "on")
-    scope, seen, expected = Scope(), [], []
-    scope.set_var("w", LoDTensor(np.ones(SHAPE, F64)))
-    with running_pserver(scope=scope, run_block=_recorder(scope, seen), **_config(3, F64)) as ps:
-        clients = [ps.client(t) for t in range(3)]
-        for c in clients:
-            c.fetch_barrier([ps.address])
+    seen, expected = [], []
+    with _serving(3, F64, seen) as (ps, clients):
         clients[gone].complete([ps.address])
         left = [t for t in range(3) if t != gone]
         for i, order in enumerate([left, left[::-1]]):
@@ -191,12 +193,8 @@ def test_a_torn_arrival_fails_the_round_naming_trainer_and_var(monkeypatch, smal
     """Trainer 0's grad is in; trainer 1's call breaks mid-payload (a truncated frame)
     after some of its chunks were added: the pserver fails, and never runs the round."""
     monkeypatch.setenv(bulk.BULK_ENV, "on")
-    scope, seen = Scope(), []
-    scope.set_var("w", LoDTensor(np.ones(SHAPE, F32)))
-    with running_pserver(scope=scope, run_block=_recorder(scope, seen), **_config(2, F32)) as ps:
-        clients = [ps.client(t) for t in range(2)]
-        for c in clients:
-            c.fetch_barrier([ps.address])
+    seen = []
+    with _serving(2, F32, seen) as (ps, clients):
         clients[0].send(ps.address, "w@GRAD.trainer_0", LoDTensor(np.ones(SHAPE, F32)))
         head = {"x": ps.server._bulk.secret, "k": None, "t": 1, "a": False,
                 "v": [_dense("w@GRAD.trainer_1", SHAPE)]}
@@ -331,13 +329,9 @@ def test_a_second_copy_in_one_round_is_refused_and_the_first_stays(monkeypatch, 
     from ops.rpc import RpcError
 
     monkeypatch.setenv(bulk.BULK_ENV, "on")
-    scope, seen = Scope(), []
-    scope.set_var("w", LoDTensor(np.ones(SHAPE, F32)))
+    seen = []
     grads = _grads(2, F32, 300)
-    with running_pserver(scope=scope, run_block=_recorder(scope, seen), **_config(2, F32)) as ps:
-        clients = [ps.client(t) for t in range(2)]
-        for c in clients:
-            c.fetch_barrier([ps.address])
+    with _serving(2, F32, seen) as (ps, clients):
         if channel == "grpc":
             clients[0]._endpoints[ps.address].bulk = None
         clients[0].send(ps.address, "w@GRAD.trainer_0", LoDTensor(grads[0]))
