@@ -1,6 +1,6 @@
 """Ours beside Fluid 1.8.5 on the same Paddle-built programs: 2 pservers x 2 trainers, sync.
 
-    python benchmarks/vs_paddle18.py [--steps 200] [--warmup 20] [--repeat 3] [--quick] [--local-only] [--case emb ...]
+    python benchmarks/vs_paddle18.py [--steps 200] [--warmup 20] [--repeat 3] [--quick] [--local-only] [--ours-only] [--case emb ...]
     make bench-paddle
 
 Fluid 1.8.5, in its own venv (`tools/paddle_env.py`), builds the workloads and saves their
@@ -44,7 +44,10 @@ sampled from /proc with the CPU; the largest of its trainers, which report it on
 process must hold (a trainer: params and their grads; a pserver: its share of the params
 and optimizer state and one grad per trainer) as a ratio. `--case wide1g` (not in the
 default set: four processes of several GB) does the same with a 1 GB weight (S = 16384,
-a twentieth of `--steps`). `--case deep2048` (not in the default set either: issue 30's
+a twentieth of `--steps`); Paddle's side of it would need more memory than this 24 GB
+machine has (its 256 MB peaks, ~1.9 GB a pserver and ~1.5 GB a trainer, four times over),
+so `--ours-only --case wide1g` runs ours alone (Paddle still builds the program) and
+prints our figures against the raw stream and what must be held. `--case deep2048` (not in the default set either: issue 30's
 early sends) trains x[32, 2048] -> 3 x fc 2048 (relu) -> fc 10 with SGD, three 16 MB
 weights whose grads are ready one by one during backward (half of `--steps`).
 
@@ -550,6 +553,32 @@ def print_table(results: list[tuple[Case, Measurement, Measurement]], args: argp
             print(f"{case.label}: ours with " + " ".join(f"{k}={v}" for k, v in case.ours_settings) + ".")
 
 
+def print_ours(results: list[tuple[Case, None, Measurement]], args: argparse.Namespace) -> None:
+    """`--ours-only`: our figures alone, against the raw stream and what must be held."""
+    print(f"ps-transpiler alone, Paddle-built programs, {PSERVERS} pservers x {TRAINERS} trainers, sync, 127.0.0.1 "
+          f"({time.strftime('%Y-%m-%d', time.gmtime())}, {machine()}); median of {args.repeat} runs of "
+          f"{args.steps} timed steps (times each case's share: wide1g a twentieth) after {args.warmup} warm-up")
+    rate, core_ms = raw_stream() if any(case.moved_mb for case, _, _ in results) else (0.0, 0.0)
+    idle = idle_mb()
+    if rate:
+        print(f"One raw Python TCP loopback stream, measured now: {rate:,.0f} MB/s at {core_ms:.2f} core-ms/MB.")
+    print(f"An idle process of ours: {mb(idle)}.")
+    print()
+    print("| workload | steps/s | CPU ms/step | MB/s (of the raw stream) | core-ms/MB "
+          "| peak RSS pserver / trainer (x must hold; x must hold + idle) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for case, _, ours in results:
+        moved = ours.steps_per_s * case.moved_mb
+        stream = f"{moved:,.0f} ({moved / rate:.0%})" if case.moved_mb and rate else "-"
+        per_mb = f"{ours.cpu_ms / case.moved_mb:.2f}" if case.moved_mb else "-"
+        peaks = []
+        for role in ("pserver", "trainer"):
+            peak, needs = getattr(ours, f"{role}_peak_mb"), case.needs_mb(role) if case.param_mb else 0
+            with_idle = f"; {peak / (needs + idle):.2f}x" if peak and needs and idle else ""
+            peaks.append(f"{mb(peak)} ({peak / needs:.2f}x{with_idle})" if peak and needs else mb(peak))
+        print(f"| {case.label} | {ours.steps_per_s:.2f} | {ours.cpu_ms:.1f} | {stream} | {per_mb} | {' / '.join(peaks)} |")
+
+
 IDLE_CODE = ("import numpy, grpc, ops.executor, ops.kernels, ops.rpc.server, ops.rpc.client, ops.rpc.bulk; "
              "print(next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:')))")
 
@@ -603,11 +632,11 @@ def build(python: Path, out: Path) -> None:
         raise RunFailed(f"building the workloads with Paddle failed: {done.stderr.strip()[-2000:]}")
 
 
-def compare(python: Path, work: Path, case: Case, args: argparse.Namespace) -> tuple[Measurement, Measurement]:
-    """Paddle, ours, Paddle, ours, ...: the medians."""
+def compare(python: Path, work: Path, case: Case, args: argparse.Namespace) -> tuple[Measurement | None, Measurement]:
+    """Paddle, ours, Paddle, ours, ...: the medians (Paddle's None with `--ours-only`)."""
     steps = max(1, round(args.steps * case.steps_share))
     folder = work / case.workload
-    runs: dict[str, list[Measurement]] = {"paddle": [], "ours": []}
+    runs: dict[str, list[Measurement]] = {"ours": []} if args.ours_only else {"paddle": [], "ours": []}
     for rep in range(args.repeat):
         for who in runs:
             logs = work / "logs" / f"{case.workload}-{case.batch}{'-local' if case.local else ''}-{who}-{rep}"
@@ -621,6 +650,8 @@ def compare(python: Path, work: Path, case: Case, args: argparse.Namespace) -> t
                   f"{got.cpu_ms:.1f} CPU ms/step ({got.pserver_cpu_ms:.1f} on pservers), other load {got.elsewhere:.2f} cores, "
                   f"peak RSS pserver / trainer {mb(got.pserver_peak_mb)} / {mb(got.trainer_peak_mb)}",
                   file=sys.stderr, flush=True)
+    if args.ours_only:
+        return None, median(runs["ours"])
     counted = None if case.local else count_paddle_rpcs(python, work, case, min(steps, RPC_COUNT_STEPS), args.warmup)
     return replace(median(runs["paddle"]), rpcs=counted), median(runs["ours"])
 
@@ -644,6 +675,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short smoke run: 20 steps, 5 warm-up, 1 repeat")
     parser.add_argument("--keep", type=Path, help="keep programs and logs here (default: a temporary folder)")
     parser.add_argument("--local-only", action="store_true", help="only the local row (no pservers)")
+    parser.add_argument("--ours-only", action="store_true",
+                        help="run only our side (a size whose Paddle side does not fit in memory: --case wide1g)")
     parser.add_argument("--case", choices=[case.key for case in CASES], action="append",
                         help="only this workload (repeatable; default: all)")
     args = parser.parse_args(argv)
@@ -666,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
         except RunFailed as error:
             print(f"vs_paddle18: {error}", file=sys.stderr)
             return 1
-    print_table(results, args)
+    (print_ours if args.ours_only else print_table)(results, args)
     return 0
 
 
