@@ -73,12 +73,13 @@ def _recorder(scope: Scope, seen: list):
 
 
 @contextmanager
-def _serving(fanin: int, dtype, seen: list):
-    """A pserver summing `w@GRAD` of `fanin` trainers (its blocks record the sum into
-    `seen`), and its trainers' clients, past their startup fetch barrier."""
+def _serving(fanin: int, dtype, seen: list, recorder=_recorder):
+    """A pserver summing `w@GRAD` of `fanin` trainers (its blocks record the sum, or what
+    `recorder` records, into `seen`), and its trainers' clients, past their startup fetch
+    barrier."""
     scope = Scope()
     scope.set_var("w", LoDTensor(np.ones(SHAPE, dtype)))
-    with running_pserver(scope=scope, run_block=_recorder(scope, seen), **_config(fanin, dtype)) as ps:
+    with running_pserver(scope=scope, run_block=recorder(scope, seen), **_config(fanin, dtype)) as ps:
         clients = [ps.client(t) for t in range(fanin)]
         for c in clients:
             c.fetch_barrier([ps.address])
@@ -385,17 +386,13 @@ def test_a_grad_under_the_threshold_keeps_its_sum_op_and_the_last_copy_counts(mo
     `sum` op, so a second copy in a round replaces the first, as before."""
     monkeypatch.setenv(bulk.BULK_ENV, "on")
     monkeypatch.setattr(arrival_sum, "MIN_BYTES", math.prod(SHAPE) * 4 + 1)
-    scope, seen = Scope(), []
-    scope.set_var("w", LoDTensor(np.ones(SHAPE, F32)))
+    seen = []
     grads = _grads(2, F32, 301)
 
-    def run_block(idx: int) -> None:  # what the block's `sum` would read
-        seen.append([np.array(scope.find_var(f"w@GRAD.trainer_{t}").array) for t in range(2)])
+    def copies(scope: Scope, seen: list):  # what the block's `sum` would read
+        return lambda idx: seen.append([np.array(scope.find_var(f"w@GRAD.trainer_{t}").array) for t in range(2)])
 
-    with running_pserver(scope=scope, run_block=run_block, **_config(2, F32)) as ps:
-        clients = [ps.client(t) for t in range(2)]
-        for c in clients:
-            c.fetch_barrier([ps.address])
+    with _serving(2, F32, seen, copies) as (ps, clients):
         clients[0].send(ps.address, "w@GRAD.trainer_0", LoDTensor(np.full(SHAPE, 5, F32)))
         clients[0].send(ps.address, "w@GRAD.trainer_0", LoDTensor(grads[0]))
         _round(ps, clients, grads, [1])
