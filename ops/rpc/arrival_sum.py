@@ -62,6 +62,10 @@ class SumPlan:
     block: int
     op_index: int
 
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
 
 def find_plans(program: Any, optimize_blocks: Iterable[int], received: Iterable[str],
                templates: Mapping[str, tuple[tuple[int, ...], Any]], sparse: Iterable[str],
@@ -115,7 +119,7 @@ class Arrivals:
         self.n = len(plan.inputs)
         self.position = {name: k for k, name in enumerate(plan.inputs)}
         self.size = math.prod(plan.shape)
-        self.nbytes = self.size * plan.dtype.itemsize
+        self.nbytes = plan.nbytes
         self.chunk = max(1, (chunk_bytes or CHUNK_BYTES) // plan.dtype.itemsize)  # elements
         # kept across rounds, shaped and owning its memory: the scope's value of `out`, which
         # the ops after the skipped `sum` (a `scale`) may then update in place
@@ -163,10 +167,13 @@ class Arrivals:
             else:
                 mode = HOLD
         self.state[k] = RECEIVING
+        self._ensure_acc()
+        return mode
+
+    def _ensure_acc(self) -> None:
         if self.acc is None:
             self.acc = np.empty(self.plan.shape, self.plan.dtype)
             self.allocations += 1
-        return mode
 
     def flat(self) -> np.ndarray:
         """The accumulator as one dimension (a view)."""
@@ -216,9 +223,7 @@ class Arrivals:
             state = self.state[k]
             if state == DONE:
                 continue
-            if state != HELD:
-                return
-            if k == self.base:  # cannot happen: a base is never held
+            if state != HELD:  # a base is never held: it arrives straight into the accumulator
                 return
             np.add(acc, self.held[k], out=acc)
             self.state[k], self.progress[k] = DONE, self.size
@@ -237,9 +242,7 @@ class Arrivals:
         busy = [self.plan.inputs[k] for k, s in enumerate(self.state) if s == RECEIVING]
         if busy:
             raise TornSum(f"{', '.join(busy)} still arriving when the round's barriers were all in")
-        if self.acc is None:
-            self.acc = np.empty(self.plan.shape, self.plan.dtype)
-            self.allocations += 1
+        self._ensure_acc()
         acc = self.flat()
         zero = self.plan.dtype.type(0)
         if self.base is None:  # neither x0 nor x1 arrived: 0 + 0

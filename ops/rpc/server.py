@@ -111,7 +111,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent import futures
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -386,7 +386,7 @@ class PServer(OwnDirRpc):
             # copy back, so a second copy in a round is refused; a small grad keeps the `sum` op,
             # where the last copy of a round still counts, and costs no memory worth saving.
             for plan in self.config.arrival_sums:
-                if math.prod(plan.shape) * plan.dtype.itemsize < arrival_sum.MIN_BYTES:
+                if plan.nbytes < arrival_sum.MIN_BYTES:
                     continue
                 arrivals = Arrivals(plan)
                 self._sum_list.append(arrivals)
@@ -550,9 +550,7 @@ class PServer(OwnDirRpc):
         """Sum into the array each summed grad holds already (the startup program's, a
         persistable var's), when it is this process's alone: no second grad-sized array
         beside it through the first round."""
-        outs = {arrivals.plan.out for arrivals in self._sum_list}
-        values = (self.scope.find_var(name) for name in self.config.persistables if name not in outs)
-        held = bulk.MemoryExtents(value.array for value in values if isinstance(value, LoDTensor))
+        held = self._persistable_memory({arrivals.plan.out for arrivals in self._sum_list})
         for arrivals in self._sum_list:
             value, plan = self.scope.find_var(arrivals.plan.out), arrivals.plan
             if type(value) is not LoDTensor:
@@ -565,9 +563,7 @@ class PServer(OwnDirRpc):
     def _release_aliased_sums(self) -> None:
         """An accumulator a persistable var other than its grad now views (a kernel kept a
         view of the summed grad) is not summed into again: the next round makes a new one."""
-        outs = {arrivals.plan.out for arrivals in self._sum_list}
-        values = (self.scope.find_var(name) for name in self.config.persistables if name not in outs)
-        held = bulk.MemoryExtents(value.array for value in values if isinstance(value, LoDTensor))
+        held = self._persistable_memory({arrivals.plan.out for arrivals in self._sum_list})
         for arrivals in self._sum_list:
             if arrivals.acc is not None and held.overlaps(arrivals.acc):
                 arrivals.acc = None
@@ -955,9 +951,8 @@ class PServer(OwnDirRpc):
         expected = self._expected
         for var in head.vars:
             if var.dtype is not None:
-                stand_in = LoDTensor(np.broadcast_to(np.zeros((), var.dtype), var.shape))
                 try:
-                    expected.check_var(WireVar(var.name, stand_in, trainer_id=tid, merge_add=var.merge_add), tid)
+                    expected.check_var(WireVar(var.name, LoDTensor(_stand_in(var)), trainer_id=tid, merge_add=var.merge_add), tid)
                 except Refused as exc:
                     raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
             elif not expected.open and var.name not in expected.received and not (
@@ -978,7 +973,7 @@ class PServer(OwnDirRpc):
         planned = [var for var in head.vars if var.dtype is not None and var.name in self._sums] if sync else []
         for var in planned:  # everything a payload could be refused for, before any is summed
             try:
-                LoDTensor(np.broadcast_to(np.zeros((), var.dtype), var.shape), [list(level) for level in var.lod])
+                LoDTensor(_stand_in(var), [list(level) for level in var.lod])
             except ValueError as exc:
                 raise bulk.FrameError(f"var {var.name!r}: {exc}") from None
         modes: dict[str, str] = {}
@@ -1011,8 +1006,7 @@ class PServer(OwnDirRpc):
                     continue
                 if var.name in pending:
                     self._receive_summed(conn, tid, var, pending.pop(var.name))
-                    stand_in = np.broadcast_to(np.zeros((), var.dtype), var.shape)  # no memory: what `Expected` checks
-                    found.append(WireVar(var.name, LoDTensor(stand_in), trainer_id=tid, merge_add=var.merge_add))
+                    found.append(WireVar(var.name, LoDTensor(_stand_in(var)), trainer_id=tid, merge_add=var.merge_add))
                     continue
                 into = self._bulk_buffer(tid, var, taken, held) if sync and var.nbytes else None
                 value = bulk.receive_value(conn.sock, var, into)  # a read-only view, as gRPC's
@@ -1076,11 +1070,9 @@ class PServer(OwnDirRpc):
         arrivals = self._sums[name]
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         with arrivals.cond:
-            earlier = arrivals.torn
-        message = earlier or (f"step {self._round + 1}: trainer {tid}'s send of {name} broke off with {got} of its "
-                              f"{arrivals.nbytes} bytes in the sum of {arrivals.plan.out} (summed on arrival); "
-                              f"the round cannot run on a partial sum ({reason})")
-        with arrivals.cond:
+            message = arrivals.torn or (f"step {self._round + 1}: trainer {tid}'s send of {name} broke off with {got} "
+                                        f"of its {arrivals.nbytes} bytes in the sum of {arrivals.plan.out} (summed on "
+                                        f"arrival); the round cannot run on a partial sum ({reason})")
             arrivals.tear(arrivals.position[name], message)
         self._set_failure(f"pserver {self.config.endpoint}: {message}")
 
@@ -1110,9 +1102,14 @@ class PServer(OwnDirRpc):
         a pserver of a big model receives hundreds of vars and holds hundreds of
         persistables."""
         if not held:
-            values = (self.scope.find_var(name) for name in self.config.persistables)
-            held.append(bulk.MemoryExtents(value.array for value in values if isinstance(value, LoDTensor)))
+            held.append(self._persistable_memory())
         return held[0].overlaps(buffer)
+
+    def _persistable_memory(self, leave_out: Iterable[str] = ()) -> bulk.MemoryExtents:
+        """The memory the pserver's persistable dense vars hold (but `leave_out`'s)."""
+        skip = set(leave_out)
+        values = (self.scope.find_var(name) for name in self.config.persistables if name not in skip)
+        return bulk.MemoryExtents(value.array for value in values if isinstance(value, LoDTensor))
 
     def _rpc_GetVariable(self, request: WireVar, context: Any) -> bytes:  # noqa: N802
         def body() -> bytes:
@@ -1426,9 +1423,15 @@ class PServer(OwnDirRpc):
                 raise _Abort(grpc.StatusCode.INTERNAL, f"{where} failed: {reason}") from None
 
 
+def _stand_in(var: bulk.VarHead) -> np.ndarray:
+    """An array of `var`'s dtype and shape that takes no memory: what `Expected` checks of a
+    var before (or instead of) its payload."""
+    return np.broadcast_to(np.zeros((), var.dtype), var.shape)
+
+
 def _scratch(conn: bulk.Connection, nbytes: int) -> np.ndarray:
     """The connection's chunk buffer (one thread uses a connection): made once, reused."""
-    found = getattr(conn, "scratch", None)
+    found = conn.scratch
     if found is None or found.nbytes < nbytes:
         found = np.empty(nbytes, np.uint8)
         conn.scratch = found
