@@ -362,105 +362,22 @@ def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: 
         _stop(child, [client] if client is not None else [])
 
 
-def measure_sync_sparse(merge_us: float, update_us: float, id_counts: tuple[int, int] = (512, 8192),
-                        widths: tuple[int, int] = (PSERVER_WIDTH // 4, PSERVER_WIDTH), rounds: int = 60,
-                        trainers: int = 1) -> dict[str, float]:
-    """A real **sync** pserver (the CTR example's `local-table` program, `[16384, w]` fp32 +
-    Adagrad, `trainers` trainers: the rows merged and updated in place) in a child process,
-    driven a round at a time as trainers drive it (a thread per trainer: its 4 small dense
-    grads and `emb@GRAD`, a row per lookup from `2k` ids, in one batch; the send barrier; a
-    param fetched behind the fetch barrier): its CPU per round (/proc, the median of 3
-    blocks of `rounds`) at `k` rows per trainer (`id_counts`) on tables `widths` floats
-    wide, less the merge (`merge_us` per element of every grad row) and the update
-    (`update_us` per element of every distinct row, counted). The slope of the rest per
-    grad row, per float between the widths, is the pserver's CPU per float of a sparse
-    row's bytes (`wire_us`); `row_cpu_us` the measured CPU per grad row on the wider table."""
+def _sync_table_rounds(width: int, table_rows: int, trainers: int, sets, rounds: int, blocks: int,
+                       think: float = 0.0) -> list[float]:
+    """A real **sync** pserver of the CTR example's `local-table` program (`[table_rows,
+    width]` fp32 + Adagrad, `trainers` trainers) in a child process, driven a round at a
+    time as trainers drive it: a thread per trainer, each round (a prefetch of its rows
+    when given,) its 4 small dense grads and `emb@GRAD` under its own per-trainer names,
+    the send barrier, a param fetched behind the fetch barrier, then `think` seconds. For
+    each entry of `sets` (per trainer a list of `(rows to prefetch or None, emb@GRAD)`
+    that the rounds take in turn) the pserver's CPU µs per round (/proc, the median of
+    `blocks` blocks of `rounds`)."""
     import numpy as np
 
     from ops.rpc.client import RpcClient
-    from ops.tensor import SelectedRows
 
-    rest, raw = [], []
-    for width in widths:  # the CTR net: 3 lookups concatenated, fc 32, fc 2
-        dense = {"ctr_fc.b@GRAD": (32,), "ctr_fc.w@GRAD": (3 * width, 32), "ctr_out.b@GRAD": (2,),
-                 "ctr_out.w@GRAD": (32, 2)}
-        child = subprocess.Popen([sys.executable, "-c", _PSERVER, str(ROOT), str(PSERVER_ROWS), str(width), "sync",
-                                  str(trainers)], stdout=subprocess.PIPE, text=True,
-                                 env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
-        clients = []
-        try:
-            endpoint = child.stdout.readline().strip()
-            if not endpoint:
-                raise RuntimeError("the calibration sync pserver did not start")
-            clients = [RpcClient(t, timeout=60.0) for t in range(trainers)]
-            rng = np.random.default_rng(0)
-            grads = {name: np.full(shape, 1e-4, np.float32) for name, shape in dense.items()}
-            figures, adjusted = [], []
-            for k in id_counts:
-                ids = [rng.integers(0, 2 * k, size=k).astype(np.int64) * (PSERVER_ROWS // (2 * k))
-                       for _ in range(trainers)]
-                sparse = [SelectedRows(i, np.full((k, width), 1e-4, np.float32), PSERVER_ROWS) for i in ids]
-                distinct = len(np.unique(np.concatenate(ids)))
-
-                def trainer(t: int, count: int) -> None:
-                    if count < 0:  # the startup's fetch barrier
-                        clients[t].fetch_barrier([endpoint], [(endpoint, "ctr_out.b")])
-                    for _ in range(count):
-                        for name, value in grads.items():
-                            clients[t].send_async(endpoint, name, value)
-                        clients[t].send_async(endpoint, "emb@GRAD", sparse[t])
-                        clients[t].send_barrier([endpoint], defer=True)
-                        clients[t].fetch_barrier([endpoint], [(endpoint, "ctr_out.b")])
-
-                def run(count: int) -> None:
-                    _each_trainer(trainers, lambda t: trainer(t, count))
-
-                if k == id_counts[0]:
-                    run(-1)
-                run(5)
-                blocks = []
-                for _ in range(3):
-                    cpu0 = _cpu_seconds(child.pid)
-                    run(rounds)
-                    blocks.append((_cpu_seconds(child.pid) - cpu0) / rounds * 1e6)
-                figures.append(statistics.median(blocks))
-                adjusted.append(figures[-1] - trainers * k * width * merge_us - distinct * width * update_us)
-            rows = trainers * (id_counts[1] - id_counts[0])
-            raw.append((figures[1] - figures[0]) / rows)
-            rest.append((adjusted[1] - adjusted[0]) / rows)
-            clients[0].complete([endpoint])
-            for client in clients[1:]:
-                client.complete([endpoint])
-            child.wait(timeout=60)
-        finally:
-            _stop(child, clients)
-    per_float = (rest[1] - rest[0]) / (widths[1] - widths[0])
-    if os.environ.get("PSTRANSPILE_CALIBRATE_DEBUG"):
-        print(f"sync pserver cpu us per grad row {raw} at widths {widths}, beyond merge and update {rest}: "
-              f"{per_float:.5f} per float", file=sys.stderr)
-    return {"wire_us": max(per_float, 0.0), "row_cpu_us": raw[1]}
-
-
-def measure_sync_ids(id_sets, width: int = PSERVER_WIDTH, table_rows: int = PSERVER_ROWS, rounds: int = 40,
-                     blocks: int = 3, think: float = 0.0) -> list[float]:
-    """A real **sync** pserver (the CTR `local-table` program, `[table_rows, width]` fp32 +
-    Adagrad) in a child process, served to `len(id_sets[0])` trainer threads that each
-    round, as a prefetching trainer does: prefetch the rows of their ids' distinct values,
-    send the 4 small dense grads and `emb@GRAD` (a grad row per id as given: pass the ids
-    merged, `np.unique`, for a trainer that merges its grad), the send barrier, a param
-    fetched behind the fetch barrier. For each entry of `id_sets` (per trainer an int64 id
-    array, or a list of them that the rounds take in turn) the pserver's CPU µs per round
-    (/proc, the median of `blocks` blocks of `rounds`). Not part of `calibrate`:
-    `benchmarks/sparse_ids.py` fits per grad row and per distinct row with it, Zipf and
-    uniform ids alike."""
-    import numpy as np
-
-    from ops.rpc.client import RpcClient
-    from ops.tensor import SelectedRows
-
-    trainers = len(id_sets[0])
     dense = {"ctr_fc.b@GRAD": (32,), "ctr_fc.w@GRAD": (3 * width, 32), "ctr_out.b@GRAD": (2,),
-             "ctr_out.w@GRAD": (32, 2)}
+             "ctr_out.w@GRAD": (32, 2)}  # the CTR net: 3 lookups concatenated, fc 32, fc 2
     child = subprocess.Popen([sys.executable, "-c", _PSERVER, str(ROOT), str(table_rows), str(width), "sync",
                               str(trainers)], stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
@@ -471,23 +388,21 @@ def measure_sync_ids(id_sets, width: int = PSERVER_WIDTH, table_rows: int = PSER
             raise RuntimeError("the calibration sync pserver did not start")
         clients = [RpcClient(t, timeout=60.0) for t in range(trainers)]
         grads = {name: np.full(shape, 1e-4, np.float32) for name, shape in dense.items()}
+        suffix = [f".trainer_{t}" if trainers > 1 else "" for t in range(trainers)]  # a sync pserver's per-trainer grads
         figures = []
-        for n, draws in enumerate(id_sets):
-            # per trainer a list of draws (a round takes the next), or one array for every round
-            draws = [[d] if np.ndim(d[0]) == 0 else list(d) for d in draws]
-            sparse = [[SelectedRows(np.asarray(i, np.int64), np.full((len(i), width), 1e-4, np.float32), table_rows)
-                       for i in mine] for mine in draws]
-            wanted = [[np.unique(i) for i in mine] for mine in draws]
+        for n, per_trainer in enumerate(sets):
 
             def trainer(t: int, count: int) -> None:
                 if count < 0:  # the startup's fetch barrier
                     clients[t].fetch_barrier([endpoint], [(endpoint, "ctr_out.b")])
+                mine = per_trainer[t]
                 for r in range(count):
-                    clients[t].prefetch(endpoint, "emb", wanted[t][r % len(wanted[t])])
-                    suffix = f".trainer_{t}" if trainers > 1 else ""  # a sync pserver's grad buffer per trainer
+                    wanted, sparse = mine[r % len(mine)]
+                    if wanted is not None:
+                        clients[t].prefetch(endpoint, "emb", wanted)
                     for name, value in grads.items():
-                        clients[t].send_async(endpoint, name + suffix, value)
-                    clients[t].send_async(endpoint, "emb@GRAD" + suffix, sparse[t][r % len(sparse[t])])
+                        clients[t].send_async(endpoint, name + suffix[t], value)
+                    clients[t].send_async(endpoint, "emb@GRAD" + suffix[t], sparse)
                     clients[t].send_barrier([endpoint], defer=True)
                     clients[t].fetch_barrier([endpoint], [(endpoint, "ctr_out.b")])
                     if think:
@@ -511,6 +426,71 @@ def measure_sync_ids(id_sets, width: int = PSERVER_WIDTH, table_rows: int = PSER
         return figures
     finally:
         _stop(child, clients)
+
+
+def measure_sync_sparse(merge_us: float, update_us: float, id_counts: tuple[int, int] = (512, 8192),
+                        widths: tuple[int, int] = (PSERVER_WIDTH // 4, PSERVER_WIDTH), rounds: int = 60,
+                        trainers: int = 1) -> dict[str, float]:
+    """A real **sync** pserver (the CTR example's `local-table` program, `[16384, w]` fp32 +
+    Adagrad, `trainers` trainers: the rows merged and updated in place) in a child process,
+    driven a round at a time as trainers drive it (a thread per trainer: its 4 small dense
+    grads and `emb@GRAD`, a row per lookup from `2k` ids, in one batch; the send barrier; a
+    param fetched behind the fetch barrier): its CPU per round (/proc, the median of 3
+    blocks of `rounds`) at `k` rows per trainer (`id_counts`) on tables `widths` floats
+    wide, less the merge (`merge_us` per element of every grad row) and the update
+    (`update_us` per element of every distinct row, counted). The slope of the rest per
+    grad row, per float between the widths, is the pserver's CPU per float of a sparse
+    row's bytes (`wire_us`); `row_cpu_us` the measured CPU per grad row on the wider table."""
+    import numpy as np
+
+    from ops.tensor import SelectedRows
+
+    rest, raw = [], []
+    for width in widths:
+        rng = np.random.default_rng(0)
+        sets, distinct = [], []
+        for k in id_counts:
+            ids = [rng.integers(0, 2 * k, size=k).astype(np.int64) * (PSERVER_ROWS // (2 * k))
+                   for _ in range(trainers)]
+            sets.append([[(None, SelectedRows(i, np.full((k, width), 1e-4, np.float32), PSERVER_ROWS))] for i in ids])
+            distinct.append(len(np.unique(np.concatenate(ids))))
+        figures = _sync_table_rounds(width, PSERVER_ROWS, trainers, sets, rounds, blocks=3)
+        adjusted = [f - trainers * k * width * merge_us - d * width * update_us
+                    for f, k, d in zip(figures, id_counts, distinct, strict=True)]
+        rows = trainers * (id_counts[1] - id_counts[0])
+        raw.append((figures[1] - figures[0]) / rows)
+        rest.append((adjusted[1] - adjusted[0]) / rows)
+    per_float = (rest[1] - rest[0]) / (widths[1] - widths[0])
+    if os.environ.get("PSTRANSPILE_CALIBRATE_DEBUG"):
+        print(f"sync pserver cpu us per grad row {raw} at widths {widths}, beyond merge and update {rest}: "
+              f"{per_float:.5f} per float", file=sys.stderr)
+    return {"wire_us": max(per_float, 0.0), "row_cpu_us": raw[1]}
+
+
+def measure_sync_ids(id_sets, width: int = PSERVER_WIDTH, table_rows: int = PSERVER_ROWS, rounds: int = 40,
+                     blocks: int = 3, think: float = 0.0) -> list[float]:
+    """A real **sync** pserver (the CTR `local-table` program, `[table_rows, width]` fp32 +
+    Adagrad) in a child process, served to `len(id_sets[0])` trainer threads that each
+    round, as a prefetching trainer does: prefetch the rows of their ids' distinct values,
+    send the 4 small dense grads and `emb@GRAD` (a grad row per id as given: pass the ids
+    merged, `np.unique`, for a trainer that merges its grad), the send barrier, a param
+    fetched behind the fetch barrier. For each entry of `id_sets` (per trainer an int64 id
+    array, or a list of them that the rounds take in turn) the pserver's CPU µs per round
+    (/proc, the median of `blocks` blocks of `rounds`). Not part of `calibrate`:
+    `benchmarks/sparse_ids.py` fits per grad row and per distinct row with it, Zipf and
+    uniform ids alike."""
+    import numpy as np
+
+    from ops.tensor import SelectedRows
+
+    sets = []
+    for draws in id_sets:
+        # per trainer a list of draws (a round takes the next), or one array for every round
+        draws = [[d] if np.ndim(d[0]) == 0 else list(d) for d in draws]
+        sets.append([[(np.unique(i), SelectedRows(np.asarray(i, np.int64),
+                                                  np.full((len(i), width), 1e-4, np.float32), table_rows))
+                      for i in mine] for mine in draws])
+    return _sync_table_rounds(width, table_rows, len(id_sets[0]), sets, rounds, blocks, think)
 
 
 _COPIER = r"""
