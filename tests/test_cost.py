@@ -404,16 +404,22 @@ def test_sparse_bytes_of_a_sync_job_go_at_the_sync_rate_an_async_job_at_sparse_b
     assert Rates().sync_sparse_bandwidth == SYNC_SPARSE_BANDWIDTH
 
 
-def test_rates_without_sync_sparse_bandwidth_keep_its_default(tmp_path):
-    data = Rates(sync_sparse_bandwidth=7e8, source="x").to_json()
-    assert data["sync_sparse_bandwidth"] == 7e8 and "sync_sparse_bandwidth" in data["units"]
+@pytest.mark.parametrize("field, value, default, bad", [
+    ("sync_sparse_bandwidth", 7e8, SYNC_SPARSE_BANDWIDTH, -1),
+    ("sparse_bandwidth", 3e8, Rates.sparse_bandwidth, 0),
+])
+def test_rates_without_a_later_field_keep_its_default(tmp_path, field, value, default, bad):
+    """A rates file from before a field existed loads with the field's default; a bad
+    value is refused."""
+    data = Rates(**{field: value}, source="x").to_json()
+    assert data[field] == value and field in data["units"]
     path = tmp_path / "rates.json"
     path.write_text(json.dumps(data))
-    assert load_rates(path).sync_sparse_bandwidth == 7e8
-    del data["sync_sparse_bandwidth"]
+    assert getattr(load_rates(path), field) == value
+    del data[field]
     path.write_text(json.dumps(data))
-    assert load_rates(path).sync_sparse_bandwidth == SYNC_SPARSE_BANDWIDTH
-    path.write_text(json.dumps(data | {"sync_sparse_bandwidth": -1}))
+    assert getattr(load_rates(path), field) == default
+    path.write_text(json.dumps(data | {field: bad}))
     with pytest.raises(TranspileError, match="rates must be positive"):
         load_rates(path)
 
@@ -436,20 +442,6 @@ def test_fixed_costs_per_rpc_var_and_block_add_up_per_pserver():
     assert a.time_us == pytest.approx(2 * 3 * 100 + 2 * (2 * 3 * 10 + 50))
     assert b.time_us == pytest.approx(2 * 3 * 100 + 2 * 3 * 10 + 50)
     assert c.time_us == 0 and not c.partitions
-
-
-def test_rates_without_sparse_bandwidth_keep_its_default(tmp_path):
-    data = Rates(sparse_bandwidth=3e8, source="x").to_json()
-    assert data["sparse_bandwidth"] == 3e8 and "sparse_bandwidth" in data["units"]
-    path = tmp_path / "rates.json"
-    path.write_text(json.dumps(data))
-    assert load_rates(path).sparse_bandwidth == 3e8
-    del data["sparse_bandwidth"]
-    path.write_text(json.dumps(data))
-    assert load_rates(path).sparse_bandwidth == Rates.sparse_bandwidth
-    path.write_text(json.dumps(data | {"sparse_bandwidth": 0}))
-    with pytest.raises(TranspileError, match="rates must be positive"):
-        load_rates(path)
 
 
 def test_calibrate_times_a_real_sync_round():
