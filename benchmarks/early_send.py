@@ -25,16 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import vs_paddle18 as harness  # noqa: E402
 
+from ops.rpc.client import EARLY_CHOICES, EARLY_ENV  # noqa: E402
 from tools.paddle_env import PaddleUnavailable, ensure  # noqa: E402
 
-ENV = "PSTRANSPILE_EARLY_SEND"
 DEFAULT_CASES = ("mlp64", "wide64", "wide256", "deep2048")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", choices=[c.key for c in harness.CASES if not c.local], action="append")
-    parser.add_argument("--choice", choices=["off", "auto", "on"], action="append",
+    parser.add_argument("--choice", choices=EARLY_CHOICES, action="append",
                         help="settings to compare (repeatable; default: off, auto); ratios are to the first")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per run (times the case's share)")
     parser.add_argument("--warmup", type=int, default=10)
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                 for choice in choices:
                     logs = work / "logs" / f"{case.key}-{choice}-{rep}"
                     logs.mkdir(parents=True, exist_ok=True)
-                    os.environ[ENV] = choice
+                    os.environ[EARLY_ENV] = choice
                     try:
                         got = harness.run_ours(work / case.workload, case, steps, args.warmup, logs)
                     except harness.RunFailed as error:
