@@ -52,6 +52,11 @@ ELEMENTWISE_BEFORE_NORM = frozenset({"scale", "sum"})
 MERGING_GRAD_OPS = frozenset({"sum", "merge_selected_rows"})
 
 
+def _merges_rows(grad_producer) -> bool:
+    """Whether the op that writes a grad leaves its duplicate rows merged."""
+    return grad_producer.type in MERGING_GRAD_OPS
+
+
 def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
     block = bundle.origin.global_block()
     plan = Plan(
@@ -86,7 +91,7 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
                 blocks=make_blocks(chain.param, shape, sizes),
                 sparse=chain.sparse,
                 remote_prefetch=lookups is not None and lookups.remote_prefetch,
-                merged_grad=chain.sparse and chain.grad_producer.type in MERGING_GRAD_OPS,
+                merged_grad=chain.sparse and _merges_rows(chain.grad_producer),
             )
         )
     table = bundle.analysis.distributed_table
@@ -96,12 +101,12 @@ def run(bundle: Bundle, options: TranspileOptions) -> Bundle:
         var = block.var(table.param)
         plan.params.append(ParamPlan(param=table.param, grad=table.grad, shape=tuple(var.shape), dtype=var.dtype,
                                      optimizer=table.optimizer.type, sparse=True, remote_prefetch=True,
-                                     distributed=True, merged_grad=table.grad_producer.type in MERGING_GRAD_OPS))
+                                     distributed=True, merged_grad=_merges_rows(table.grad_producer)))
     elif table is not None:
         var = block.var(table.param)
         plan.table = TablePlan(table.param, table.grad, tuple(var.shape), var.dtype, options.endpoints,
                                tables[table.param].padding_idx,
-                               merged_grad=table.grad_producer.type in MERGING_GRAD_OPS)
+                               merged_grad=_merges_rows(table.grad_producer))
     if options.partitioner is not None:
         _partition(plan, options, [*bundle.analysis.chains, *([table] if table is not None else [])])
         if table is not None:
