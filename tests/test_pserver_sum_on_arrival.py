@@ -96,6 +96,13 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(arrival_sum, "CHUNK_BYTES", 4096)  # many chunks per grad (60 for float32)
 
 
+def _complete(ps, clients) -> None:
+    """Every trainer says it is done, and the pserver's loop ends."""
+    for c in clients:
+        c.complete([ps.address])
+    ps.join()
+
+
 def _round(ps, clients, grads, order, *, together=False, skip=()):
     """One round: each trainer in `order` sends its grad (one after another, or all at once
     with `together`), then every trainer's barriers."""
@@ -139,9 +146,7 @@ def test_every_arrival_order_gives_the_sum_kernel_s_bits(monkeypatch, small_chun
         assert arrivals.streamed == fanin * len(expected)  # all of them off the bulk channel, in chunks
         assert ps.server.skip_ops == {(1, 0)}
         assert not any(name.startswith("w@GRAD") for _, name in ps.server._bulk_buffers)
-        for c in clients:
-            c.complete([ps.address])
-        ps.join()
+        _complete(ps, clients)
     assert not ps.errors
     assert len(seen) == len(expected)
     for got, want in zip(seen, expected, strict=True):
@@ -159,9 +164,7 @@ def test_grpc_and_bulk_arrivals_mix_exactly(monkeypatch, small_chunks):
             _round(ps, clients, grads, order)
             expected.append(_kernel_sum(grads))
         assert ps.server._sums["w@GRAD.trainer_0"].streamed == 2 * len(expected)
-        for c in clients:
-            c.complete([ps.address])
-        ps.join()
+        _complete(ps, clients)
     assert not ps.errors
     for got, want in zip(seen, expected, strict=True):
         assert np.array_equal(_bits(got), _bits(want))
@@ -249,9 +252,7 @@ def test_no_grad_sized_array_is_made_per_step_once_warm(monkeypatch):
         assert arrivals.allocations == made == 1 and arrivals.acc is acc and np.shares_memory(acc, initial)
         assert ps.scope.find_var("w@GRAD").array is acc  # its own memory: a `scale` after it may work in place
         assert peak < grads[0].nbytes // 2, f"{peak} bytes traced in 3 rounds against a grad of {grads[0].nbytes}"
-        for c in clients:
-            c.complete([ps.address])
-        ps.join()
+        _complete(ps, clients)
     assert not ps.errors
 
 
@@ -339,9 +340,7 @@ def test_a_second_copy_in_one_round_is_refused_and_the_first_stays(monkeypatch, 
         with pytest.raises(RpcError, match="sent twice in step 1; the pserver sums w@GRAD as its parts arrive"):
             clients[0].send(ps.address, "w@GRAD.trainer_0", LoDTensor(np.full(SHAPE, 5, F32)))
         _round(ps, clients, grads, [1])
-        for c in clients:
-            c.complete([ps.address])
-        ps.join()
+        _complete(ps, clients)
     assert not ps.errors
     (got,) = seen
     assert np.array_equal(_bits(got), _bits(_kernel_sum(grads)))
@@ -375,9 +374,7 @@ def test_an_accumulator_a_persistable_views_is_not_summed_into_again(monkeypatch
         assert not np.shares_memory(accs[0], accs[1])
         assert np.array_equal(_bits(ps.scope.find_var("kept").array), _bits(_kernel_sum(grads)[10:20]))
         assert np.array_equal(_bits(accs[0][10:20]), _bits(first))  # round 1's sum, as `kept` first saw it
-        for c in clients:
-            c.complete([ps.address])
-        ps.join()
+        _complete(ps, clients)
     assert not ps.errors
 
 
@@ -396,9 +393,7 @@ def test_a_grad_under_the_threshold_keeps_its_sum_op_and_the_last_copy_counts(mo
         clients[0].send(ps.address, "w@GRAD.trainer_0", LoDTensor(np.full(SHAPE, 5, F32)))
         clients[0].send(ps.address, "w@GRAD.trainer_0", LoDTensor(grads[0]))
         _round(ps, clients, grads, [1])
-        for c in clients:
-            c.complete([ps.address])
-        ps.join()
+        _complete(ps, clients)
     assert not ps.errors
     (got,) = seen
     assert all(np.array_equal(_bits(got[t]), _bits(grads[t])) for t in range(2))
