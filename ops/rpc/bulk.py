@@ -457,7 +457,6 @@ class Connection:
         self._peek = socket.socket(fileno=sock.fileno()) if isinstance(sock, ssl.SSLSocket) else sock
         self._peek_owned = self._peek is not sock
         self.go_sent = False
-        self.scratch: np.ndarray | None = None  # the pserver's chunk buffer for sums on arrival (one thread a connection)
 
     def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise BulkAbort(code, details)

@@ -285,6 +285,8 @@ class PServer(OwnDirRpc):
         self._bulk: bulk.BulkListener | None = None  # the bulk channel (`ops.rpc.bulk`), when offered
         self._bulk_buffers: dict[tuple[int, str], np.ndarray] = {}  # sync: (trainer, var) -> its receive buffer
         self._bulk_lock = threading.Lock()
+        # Chunk buffers of sums on arrival not in use (`_chunk_buffer`): one per add at once, not one per connection.
+        self._chunk_buffers: list[np.ndarray] = []
         # Sums on arrival (`ops.rpc.arrival_sum`), on once the channel opens: received var ->
         # its grad's sum, and the (block, op index) of the `sum` ops the executor skips then.
         self._sums: dict[str, Arrivals] = {}
@@ -1045,19 +1047,24 @@ class PServer(OwnDirRpc):
                 bulk.recv_into(sock, into, what)
                 done = size
             else:
-                scratch = _scratch(conn, chunk * arrivals.plan.dtype.itemsize).view(arrivals.plan.dtype)
+                buffer = self._chunk_buffer(chunk * arrivals.plan.dtype.itemsize)
+                scratch = buffer[:chunk * arrivals.plan.dtype.itemsize].view(arrivals.plan.dtype)
                 failed = lambda: self._failure or (  # noqa: E731
                     f"pserver {self.config.endpoint} is shutting down" if self._stopping else None)
-                while done < size:
-                    end = min(size, done + chunk)
-                    part = scratch[:end - done]
-                    bulk.recv_into(sock, part, what)
-                    with arrivals.cond:  # every input before this one wrote [.., end): none writes it now
-                        arrivals.wait_turn(k, end, failed, self.config.timeout)
-                    np.add(acc[done:end], part, out=acc[done:end])
-                    with arrivals.cond:
-                        arrivals.advance(k, end)
-                    done = end
+                try:
+                    while done < size:
+                        end = min(size, done + chunk)
+                        part = scratch[:end - done]
+                        bulk.recv_into(sock, part, what)
+                        with arrivals.cond:  # every input before this one wrote [.., end): none writes it now
+                            arrivals.wait_turn(k, end, failed, self.config.timeout)
+                        np.add(acc[done:end], part, out=acc[done:end])
+                        with arrivals.cond:
+                            arrivals.advance(k, end)
+                        done = end
+                finally:
+                    with self._bulk_lock:
+                        self._chunk_buffers.append(buffer)
             with arrivals.cond:
                 arrivals.finish(k, mode, [list(level) for level in var.lod] or None)
         except BaseException as exc:
@@ -1075,6 +1082,17 @@ class PServer(OwnDirRpc):
                                         f"arrival); the round cannot run on a partial sum ({reason})")
             arrivals.tear(arrivals.position[name], message)
         self._set_failure(f"pserver {self.config.endpoint}: {message}")
+
+    def _chunk_buffer(self, nbytes: int) -> np.ndarray:
+        """A chunk buffer of at least `nbytes` for one add on arrival, the caller's until it
+        gives it back to `_chunk_buffers`: the pserver keeps as many as adds ran at once
+        (one, with 2 trainers and one big grad), not one per connection (issue 30: 2 MB a
+        trainer on a pserver's peak)."""
+        with self._bulk_lock:
+            for i, found in enumerate(self._chunk_buffers):
+                if found.nbytes >= nbytes:
+                    return self._chunk_buffers.pop(i)
+        return np.empty(nbytes, np.uint8)
 
     def _bulk_buffer(self, tid: int, var: bulk.VarHead, taken: list[tuple[tuple[int, str], np.ndarray]],
                      held: list[bulk.MemoryExtents]) -> np.ndarray:
@@ -1427,15 +1445,6 @@ def _stand_in(var: bulk.VarHead) -> np.ndarray:
     """An array of `var`'s dtype and shape that takes no memory: what `Expected` checks of a
     var before (or instead of) its payload."""
     return np.broadcast_to(np.zeros((), var.dtype), var.shape)
-
-
-def _scratch(conn: bulk.Connection, nbytes: int) -> np.ndarray:
-    """The connection's chunk buffer (one thread uses a connection): made once, reused."""
-    found = conn.scratch
-    if found is None or found.nbytes < nbytes:
-        found = np.empty(nbytes, np.uint8)
-        conn.scratch = found
-    return found[:nbytes]
 
 
 class _SharedReply:
