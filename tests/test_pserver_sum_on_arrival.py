@@ -219,6 +219,26 @@ def test_a_torn_arrival_fails_the_round_naming_trainer_and_var(monkeypatch, smal
             "(summed on arrival); the round cannot run on a partial sum") in message, message
 
 
+def test_the_trainers_adds_share_one_chunk_buffer(monkeypatch, small_chunks):
+    """Each trainer adds in its turn (the other arrived first), one add at a time: the
+    pserver keeps one chunk buffer, not one per connection."""
+    monkeypatch.setenv(bulk.BULK_ENV, "on")
+    seen, expected = [], []
+    with _serving(2, F32, seen) as (ps, clients):
+        for i, order in enumerate([(0, 1), (1, 0), (0, 1)]):
+            grads = _grads(2, F32, i)
+            _round(ps, clients, grads, order)
+            expected.append(_kernel_sum(grads))
+        buffers = ps.server._chunk_buffers
+        assert len(buffers) == 1 and buffers[0].nbytes == arrival_sum.CHUNK_BYTES
+        for c in clients:
+            c.complete([ps.address])
+        ps.join()
+    assert not ps.errors
+    for got, want in zip(seen, expected, strict=True):
+        assert np.array_equal(_bits(got), _bits(want))
+
+
 def test_no_grad_sized_array_is_made_per_step_once_warm(monkeypatch):
     monkeypatch.setenv(bulk.BULK_ENV, "on")
     scope = Scope()
