@@ -533,9 +533,7 @@ def print_table(results: list[tuple[Case, Measurement, Measurement]], args: argp
               "trainer):")
         print()
         idle = idle_mb()
-        print(f"An idle process of ours (Python, numpy, gRPC and the runtime imported, nothing held): "
-              f"{idle:,.0f} MB; the last column compares our peak with what must be held plus that." if idle else
-              "An idle process of ours: not measured.")
+        print(floor_line(idle) + (" The last column compares our peak with what must be held plus the first." if idle else ""))
         print()
         print("| workload | process | must hold | Paddle 1.8.5 peak (x needed) | ours peak (x needed) "
               "| ours peak / (must hold + idle) |")
@@ -562,7 +560,7 @@ def print_ours(results: list[tuple[Case, None, Measurement]], args: argparse.Nam
     idle = idle_mb()
     if rate:
         print(f"One raw Python TCP loopback stream, measured now: {rate:,.0f} MB/s at {core_ms:.2f} core-ms/MB.")
-    print(f"An idle process of ours: {mb(idle)}.")
+    print(floor_line(idle))
     print()
     print("| workload | steps/s | CPU ms/step | MB/s (of the raw stream) | core-ms/MB "
           "| peak RSS pserver / trainer (x must hold; x must hold + idle) |")
@@ -579,19 +577,28 @@ def print_ours(results: list[tuple[Case, None, Measurement]], args: argparse.Nam
         print(f"| {case.label} | {ours.steps_per_s:.2f} | {ours.cpu_ms:.1f} | {stream} | {per_mb} | {' / '.join(peaks)} |")
 
 
-IDLE_CODE = ("import numpy, grpc, ops.executor, ops.kernels, ops.rpc.server, ops.rpc.client, ops.rpc.bulk; "
-             "print(next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:')))")
+PEAK_LINE = "print(next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:')))"
+IDLE_CODE = f"import numpy, grpc, ops.executor, ops.kernels, ops.rpc.server, ops.rpc.client, ops.rpc.bulk; {PEAK_LINE}"
+FLOOR_CODE = f"import numpy, grpc; {PEAK_LINE}"  # what no runtime of ours can go below
 
 
-def idle_mb() -> float | None:
+def idle_mb(code: str = IDLE_CODE) -> float | None:
     """The peak RSS (MB) of a process of ours that imported what a pserver or a trainer
-    runs on and holds nothing: the floor under every peak in the memory table."""
+    runs on and holds nothing: the floor under every peak in the memory table. With
+    `FLOOR_CODE`: of a Python that imported numpy and gRPC alone."""
     try:
-        done = subprocess.run([sys.executable, "-c", IDLE_CODE], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
         return int(done.stdout.split()[-1]) / 1024 if done.returncode == 0 else None
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
         return None
+
+
+def floor_line(idle: float | None) -> str:
+    """The idle process's peak beside Python + numpy + gRPC's alone."""
+    floor = idle_mb(FLOOR_CODE)
+    return (f"An idle process of ours (Python, numpy, gRPC and the runtime imported, nothing held): {mb(idle)}; "
+            f"Python with numpy and gRPC alone: {mb(floor)}.")
 
 
 def raw_stream(total_mb: int = 2048, chunk_mb: int = 32) -> tuple[float, float]:
