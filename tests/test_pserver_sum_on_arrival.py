@@ -219,24 +219,23 @@ def test_a_torn_arrival_fails_the_round_naming_trainer_and_var(monkeypatch, smal
             "(summed on arrival); the round cannot run on a partial sum") in message, message
 
 
-def test_the_trainers_adds_share_one_chunk_buffer(monkeypatch, small_chunks):
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_the_trainers_adds_share_one_chunk_buffer(monkeypatch, small_chunks, dtype):
     """Each trainer adds in its turn (the other arrived first), one add at a time: the
     pserver keeps one chunk buffer, not one per connection."""
     monkeypatch.setenv(bulk.BULK_ENV, "on")
     seen, expected = [], []
-    with _serving(2, F32, seen) as (ps, clients):
+    with _serving(2, dtype, seen) as (ps, clients):
         for i, order in enumerate([(0, 1), (1, 0), (0, 1)]):
-            grads = _grads(2, F32, i)
+            grads = _grads(2, dtype, i)
             _round(ps, clients, grads, order)
             expected.append(_kernel_sum(grads))
         buffers = ps.server._chunk_buffers
         assert len(buffers) == 1 and buffers[0].nbytes == arrival_sum.CHUNK_BYTES
-        for c in clients:
-            c.complete([ps.address])
-        ps.join()
+        _complete(ps, clients)
     assert not ps.errors
     for got, want in zip(seen, expected, strict=True):
-        assert np.array_equal(_bits(got), _bits(want))
+        assert got.dtype == dtype and np.array_equal(_bits(got), _bits(want))
 
 
 def test_no_grad_sized_array_is_made_per_step_once_warm(monkeypatch):
@@ -261,6 +260,7 @@ def test_no_grad_sized_array_is_made_per_step_once_warm(monkeypatch):
         for order in [(0, 1, 2), (2, 1, 0)]:  # warm: the accumulator, and trainer 2's kept buffer
             _round(ps, clients, grads, order)
         made, acc = arrivals.allocations, arrivals.acc
+        pooled = len(ps.server._chunk_buffers)
         tracemalloc.start()
         try:
             for order in [(2, 1, 0), (1, 0, 2), (0, 2, 1)]:
@@ -268,6 +268,10 @@ def test_no_grad_sized_array_is_made_per_step_once_warm(monkeypatch):
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
+        # the chunk buffers' pool grows once, to the adds that ran at once: at most 2 of 3 inputs
+        grown = len(ps.server._chunk_buffers) - pooled
+        assert 0 <= grown and len(ps.server._chunk_buffers) <= 2
+        peak -= grown * arrival_sum.CHUNK_BYTES
         # summed into the startup's array: one grad-sized array made, trainer 2's kept buffer
         assert arrivals.allocations == made == 1 and arrivals.acc is acc and np.shares_memory(acc, initial)
         assert ps.scope.find_var("w@GRAD").array is acc  # its own memory: a `scale` after it may work in place
