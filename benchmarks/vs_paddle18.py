@@ -42,7 +42,8 @@ the CPU per MB moved; then each role's peak RSS (VmHWM: the largest of the run's
 sampled from /proc with the CPU; the largest of its trainers, which report it on their
 `timing:` line right after the last step), median over the runs, beside what such a
 process must hold (a trainer: params and their grads; a pserver: its share of the params
-and optimizer state and one grad per trainer) as a ratio. `--case wide1g` (not in the
+and optimizer state and one grad per trainer) as a ratio, and the peaks of an idle process
+of ours and of a Python with numpy and gRPC alone (the floor under every peak). `--case wide1g` (not in the
 default set: four processes of several GB) does the same with a 1 GB weight (S = 16384,
 a twentieth of `--steps`); Paddle's side of it would need more memory than this 24 GB
 machine has (its 256 MB peaks, ~1.9 GB a pserver and ~1.5 GB a trainer, four times over),
