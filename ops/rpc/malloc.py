@@ -25,9 +25,9 @@ The threshold compares a malloc chunk, the size asked for plus a 16-byte header,
 must sit clearly above the biggest buffer to reuse: at 1 GB exactly, a 1 GB weight's grad
 (16384 × 16384 float32, exactly 1 << 30 bytes) was still mapped fresh each step (the
 trainer's resident memory fell by 1 GB and came back, 512 huge-page faults a step, each
-zeroing 2 MB), ~0.55 CPU s a trainer per step. With 2047 MB, `wide1g` went from 1.01 to 0.67–0.72
-core-ms per MB moved (run R in `benchmarks/RESULTS.md`). 2047 MB is the largest whole MB
-mallopt's int takes; glibc 2.36 accepts it (checked with a C program: `mallopt` returned 1
+zeroing 2 MB), 0.57–1.36 CPU s a trainer per step. With 2047 MB, `wide1g` went from 1.40
+to 0.71 core-ms per MB moved (medians on a loaded machine, run R in `benchmarks/RESULTS.md`).
+2047 MB is the largest whole MB mallopt's int takes; glibc 2.36 accepts it (checked with a C program: `mallopt` returned 1
 and a 1 GB malloc/free loop faulted only its first time), but older glibc (2.26's source,
 for one) refuses any mmap threshold above 32 MB; there the runtime sets that
 (`CAPPED_MMAP_THRESHOLD`) instead of leaving malloc untuned. A single buffer of 2 GB or more
