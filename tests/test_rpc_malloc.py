@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from conftest import TESTS
+from ops.heap import CAPPED_MMAP_THRESHOLD, MMAP_THRESHOLD, TRIM_THRESHOLD
 from ops.rpc.malloc import MALLOC_ENV, MallocChoiceError, malloc_choice, user_tuned
 
 REPO = TESTS.parent
@@ -156,3 +157,63 @@ def test_a_pserver_bounds_its_malloc_arenas_unless_told_not_to():
     assert fresh_python(code, **{MALLOC_ENV: "default"}) == "False"
     assert fresh_python(code, MALLOC_ARENA_MAX="4") == "False"
     assert user_tuned({"MALLOC_ARENA_MAX": "4"})
+
+
+# Issue 30's 1 GB weight: its grad is exactly 1 << 30 bytes, a malloc chunk of 1 GB + 16
+# bytes. Written through (numpy, as a kernel's output), freed, 4 times; prints the minor page
+# faults of rounds 2-4 and the mmap threshold set.
+GB_FAULTS = """
+import resource
+import numpy as np
+import ops.rpc.malloc as m
+assert m.keep_freed_memory()
+def rounds(n):
+    for _ in range(n):
+        grad = np.empty(1 << 28, np.float32)
+        grad.fill(1.0)
+        del grad
+rounds(1)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+rounds(3)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, m.mmap_threshold)
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+def test_a_1_gb_buffer_is_reused_not_mapped_fresh_each_step():
+    """The mmap threshold compares the chunk, header included: at exactly 1 GB, a 1 GB
+    weight's grad was mapped fresh and zeroed every step (512 huge-page or 262,144 small-page
+    faults a round); under 2047 MB its pages are reused. (An older glibc that refuses the big
+    threshold gets the capped one, which cannot keep 1 GB: skipped there.)"""
+    faults, threshold = fresh_python(GB_FAULTS).split()
+    if int(threshold) != MMAP_THRESHOLD:
+        pytest.skip(f"this glibc refused the {MMAP_THRESHOLD}-byte mmap threshold")
+    print(f"minor page faults over 3 rounds of a 1 GB array: {faults}")
+    assert int(faults) < 100
+
+
+def test_a_glibc_that_refuses_the_big_threshold_gets_the_capped_one(monkeypatch):
+    """Older glibc refuses an mmap threshold above HEAP_MAX_SIZE / 2 (32 MB): the runtime
+    then sets that one and its trim threshold, rather than leaving malloc untuned."""
+    import ops.rpc.malloc as m
+
+    calls: list[tuple[int, int]] = []
+
+    def old_glibc(param: int, value: int) -> bool:
+        calls.append((param, value))
+        return not (param == m._M_MMAP_THRESHOLD and value > CAPPED_MMAP_THRESHOLD)
+
+    monkeypatch.setattr(m, "_mallopt_one", old_glibc)
+    monkeypatch.setattr(m, "mmap_threshold", None)
+    assert m._mallopt() and m.mmap_threshold == CAPPED_MMAP_THRESHOLD
+    assert calls == [(m._M_MMAP_THRESHOLD, MMAP_THRESHOLD), (m._M_MMAP_THRESHOLD, CAPPED_MMAP_THRESHOLD),
+                     (m._M_TRIM_THRESHOLD, TRIM_THRESHOLD)]
+    calls.clear()
+    monkeypatch.setattr(m, "_mallopt_one", lambda param, value: calls.append((param, value)) or False)
+    assert not m._mallopt() and len(calls) == 2  # no mallopt at all: nothing tuned, no trim set
+
+
+def test_the_mmap_threshold_keeps_a_1_gb_buffer_and_fits_mallopt_s_int():
+    """The threshold is a whole number of MB above a 1 GB buffer's chunk and below 2**31."""
+    assert (1 << 30) + 16 < MMAP_THRESHOLD < 2**31 and MMAP_THRESHOLD % (1 << 20) == 0
+    assert CAPPED_MMAP_THRESHOLD < MMAP_THRESHOLD <= TRIM_THRESHOLD < 2**31

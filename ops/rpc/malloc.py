@@ -14,11 +14,24 @@ pservers' share 12–15 → 8–9 ms); the embedding from 114–164 to 165–208
 Big params (issue 30) needed more: a 256 MB weight's blocks (128 MB per pserver) were over
 that 64 MB mmap threshold, and a thread's own malloc arena cannot hold a chunk bigger than
 its 64 MB heaps at all, so every such buffer was mapped fresh and zeroed every step (45–50%
-of all CPU in page faults). So the mmap threshold is 1 GB, the trim threshold 2 GB, and a
-process of a program with a param of `BIG_PARAM` bytes or more uses ONE arena (`bound_arenas`,
-`arenas_for`; `Session` applies it before the process starts a thread), the main one,
-whose heap grows with `brk` to any size: x[8, 8192] -> fc 8192 -> fc 10, 2 × 2
-sync, went from 3.8 to 1.3–1.5 CPU s/step (Fluid 1.8.5: 1.0) (`benchmarks/vs_paddle18.py`, `wide256`).
+of all CPU in page faults). So the mmap threshold is 2047 MB (`ops.heap.MMAP_THRESHOLD`), the
+trim threshold 2 GB, and a process of a program with a param of `BIG_PARAM` bytes or more
+uses ONE arena (`bound_arenas`, `arenas_for`; `Session` applies it before the process starts
+a thread), the main one, whose heap grows with `brk` to any size: x[8, 8192] -> fc 8192 ->
+fc 10, 2 × 2 sync, went from 3.8 to 1.3–1.5 CPU s/step (Fluid 1.8.5: 1.0)
+(`benchmarks/vs_paddle18.py`, `wide256`).
+
+The threshold compares a malloc chunk, the size asked for plus a 16-byte header, so it
+must sit clearly above the biggest buffer to reuse: at 1 GB exactly, a 1 GB weight's grad
+(16384 × 16384 float32, exactly 1 << 30 bytes) was still mapped fresh each step (the
+trainer's resident memory fell by 1 GB and came back, 512 huge-page faults a step, each
+zeroing 2 MB), 0.57–1.36 CPU s a trainer per step. With 2047 MB, `wide1g` went from 1.40
+to 0.71 core-ms per MB moved (medians on a loaded machine, run R in `benchmarks/RESULTS.md`).
+2047 MB is the largest whole MB mallopt's int takes; glibc 2.36 accepts it (checked with a C program: `mallopt` returned 1
+and a 1 GB malloc/free loop faulted only its first time), but older glibc (2.26's source,
+for one) refuses any mmap threshold above 32 MB; there the runtime sets that
+(`CAPPED_MMAP_THRESHOLD`) instead of leaving malloc untuned. A single buffer of 2 GB or more
+is still mapped fresh every step, as is a heap top of 2 GB or more freed at once (trimmed).
 
 The cost: a process's resident memory stays near its peak instead of shrinking between
 steps (at most the trim threshold above what it uses; the peak itself is unchanged). `mallopt` applies it from
@@ -37,7 +50,7 @@ import platform
 import threading
 from collections.abc import Mapping
 
-from ops.heap import MMAP_THRESHOLD, TRIM_THRESHOLD
+from ops.heap import CAPPED_MMAP_THRESHOLD, MMAP_THRESHOLD, TRIM_THRESHOLD
 from ops.rpc.env_choice import EnvChoiceError, env_choice
 
 MALLOC_ENV = "PSTRANSPILE_MALLOC"
@@ -51,6 +64,7 @@ USER_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_T
 _lock = threading.Lock()
 _applied: bool | None = None  # None: not asked yet in this process
 _arenas: bool | None = None
+mmap_threshold: int | None = None  # the mmap threshold `keep_freed_memory` set, if any
 
 
 class MallocChoiceError(EnvChoiceError):
@@ -121,8 +135,14 @@ def _mallopt_one(param: int, value: int) -> bool:
 def _mallopt() -> bool:
     # the mmap threshold first, as setting either one stops glibc's own adjustment of both
     # (a trim threshold alone left the mmap threshold at 128 kB: every MB buffer mapped and
-    # unmapped, measured 1.5x the CPU).
-    return _mallopt_one(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and _mallopt_one(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    # unmapped, measured 1.5x the CPU). An older glibc that refuses the big one still takes
+    # `CAPPED_MMAP_THRESHOLD` (its largest), rather than nothing tuned at all.
+    global mmap_threshold
+    for threshold in (MMAP_THRESHOLD, CAPPED_MMAP_THRESHOLD):
+        if _mallopt_one(_M_MMAP_THRESHOLD, threshold):
+            mmap_threshold = threshold
+            return _mallopt_one(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    return False
 
 
 __all__ = ["BIG_ARENAS", "BIG_PARAM", "CHOICES", "MALLOC_ENV", "PSERVER_ARENAS", "arenas_for", "MallocChoiceError", "bound_arenas", "keep_freed_memory", "malloc_choice", "user_tuned"]
