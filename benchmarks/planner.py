@@ -58,7 +58,7 @@ from transpiler.runtime.metrics import read_metrics  # noqa: E402
 ROWS, WIDTH, ZIPF, TRAINERS, PSERVERS, SLOTS = 1_000_000, 64, 1.1, 2, 4, 3
 CORES = os.cpu_count() or 1
 PARTITIONERS = ("paddle", "balanced", "plan", "plan-cores")
-EXTRA = ("plan-cores-2pct",)  # only with --only: the plan-cores objective at a 2% tolerance (run Q's comparison)
+EXTRA = ("plan-cores-10pct",)  # only with --only: the plan-cores objective at a 10% tolerance (run Q's comparison)
 MODES = {"job": "the real job", "replay": "trainers replay the pserver traffic: real prefetch and grad rows, no compute"}
 IDS_ENV, BATCH_ENV, RATES_ENV = "PLANNER_BENCH_IDS", "PLANNER_BENCH_IDS_PER_STEP", "PLANNER_BENCH_RATES"
 
@@ -117,12 +117,12 @@ class ZipfPlanShared(ZipfPlan):
         self.cores = CORES
 
 
-class ZipfPlanSharedTight(ZipfPlanShared):
-    """`ZipfPlanShared` with a 2% tolerance on the step bound (`PlanPartitioner(tolerance=)`)."""
+class ZipfPlanSharedLoose(ZipfPlanShared):
+    """`ZipfPlanShared` with a 10% tolerance on the step bound (`PlanPartitioner(tolerance=)`)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.tolerance = 0.02
+        self.tolerance = 0.1
 
 
 def id_sample(count: int, seed: int = 7) -> np.ndarray:
@@ -144,7 +144,7 @@ def programs():
 def partitioner_spec(name: str):
     return {"paddle": None, "balanced": "benchmarks.planner:Balanced", "plan": "benchmarks.planner:ZipfPlan",
             "plan-cores": "benchmarks.planner:ZipfPlanShared",
-            "plan-cores-2pct": "benchmarks.planner:ZipfPlanSharedTight"}[name]
+            "plan-cores-10pct": "benchmarks.planner:ZipfPlanSharedLoose"}[name]
 
 
 def model(name: str, sample: np.ndarray, per_step: int, rates_path: str | None) -> dict:
@@ -155,7 +155,7 @@ def model(name: str, sample: np.ndarray, per_step: int, rates_path: str | None) 
     eps = ",".join(f"127.0.0.1:{7100 + i}" for i in range(PSERVERS))
     spec = partitioner_spec(name)
     partitioner = None if spec is None else {"plan": ZipfPlan, "plan-cores": ZipfPlanShared, "balanced": Balanced,
-                                             "plan-cores-2pct": ZipfPlanSharedTight}[name]()
+                                             "plan-cores-10pct": ZipfPlanSharedLoose}[name]()
     result = transpile(main, startup, pservers=eps, trainers=TRAINERS, partitioner=partitioner)
     rates = load_rates(rates_path)
     stats = {"emb": IdStats.from_sample(sample, ROWS, per_step)}
@@ -316,7 +316,7 @@ def main() -> int:
     for mode in args.modes:
         rows = [summarise(runs[mode][name], models[name], name) for name in args.only]
         tables[mode] = rows
-        ratios[mode] = {ref: against(ref, rows, runs[mode]) for ref in ("plan", "plan-cores", "plan-cores-2pct")
+        ratios[mode] = {ref: against(ref, rows, runs[mode]) for ref in ("plan", "plan-cores", "plan-cores-10pct")
                         if ref in args.only}
     found = json.dumps({"batch": args.batch, "steps": args.steps, "ids_per_trainer_step": per_step, "cores": CORES,
                         "modes": tables, "ratios": ratios, "runs": runs}, indent=1)

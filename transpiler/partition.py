@@ -207,9 +207,22 @@ PARTITIONERS: dict[str, type[Partitioner]] = {
 
 
 def _plan_partitioner() -> Partitioner:
-    from transpiler.planner import PlanPartitioner  # the cost model imports numpy: only when asked for
+    """`plan` with its defaults, and the cores the pservers share from `PSTRANSPILE_PSERVER_CORES`
+    (a count, or `off`; what `launch --partitioner plan` sets on a host with fewer cores than
+    pservers)."""
+    import os
 
-    return PlanPartitioner()
+    from transpiler.planner import PlanPartitioner  # the cost model imports numpy: only when asked for
+    from transpiler.runtime.role import PSERVER_CORES_ENV
+
+    value = os.environ.get(PSERVER_CORES_ENV, "").strip()
+    cores = None
+    if value and value.lower() != "off":
+        try:
+            cores = int(value)
+        except ValueError:
+            raise TranspileError(f"{PSERVER_CORES_ENV}={value!r}: give a core count >= 1, or off") from None
+    return PlanPartitioner(cores=cores)
 
 
 def resolve_partitioner(spec: str | type[Partitioner] | Partitioner | None) -> Partitioner:
