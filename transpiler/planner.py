@@ -15,15 +15,25 @@ a subset of the pservers) and a placer, greedy and deterministic:
    unit of its params (cut the same way, partition i of each on the same pserver);
 2. for each unit, every candidate cut is placed part by part (largest first) on the
    pserver with the least estimated time that has memory left (ties: the lower index,
-   preferring a pserver not yet holding a part of this unit), and scored by (the larger
-   of the slowest pserver's time and the mean time once the params still to place are
-   added whole, or with `cores` (pservers sharing fewer cores than there are pservers,
-   `--pserver-cores`) their total time over the cores; then the unit's added time; then
-   its part count);
+   preferring a pserver not yet holding a part of this unit), and scored by its step bound
+   (the larger of the slowest pserver's time and the mean time once the params still to
+   place are added whole, or with `cores` (pservers sharing fewer cores than there are
+   pservers, `--pserver-cores`) their total time over the cores); among the cuts within
+   `tolerance` (TOLERANCE, 2%) of the least bound, the least bound on the slowest pserver,
+   then the unit's added time, then its part count;
 3. the best candidate is kept; if no candidate fits the cap, one `TranspileError` names
    the cap, the param and by how much the best placement is over;
 4. a local search then moves a part off the slowest pserver, or swaps it with a smaller
-   one, while that lowers the slowest time (`improve`; a shard of `id % k` stays put).
+   one, while that lowers the slowest time (`improve`; a shard of `id % k` stays put);
+5. whole plans are compared (`choose`): the search's (at the tolerance and at 0; without
+   the cores' bound too when `cores` is given) and Paddle's and `balanced`'s placements as
+   seeds (`paddle_seed`, `balanced_seed`, each improved by step 4). The objective is
+   lexicographic: the step bound (`max(slowest, total / cores)`), plans within the
+   tolerance of the least counting as equal; then the lightest slowest pserver; then the
+   fewest RPCs and bytes. Pareto first: when some plans are not worse than both baselines
+   on both the bound and the slowest pserver, only those are compared, so the plan kept
+   is never worse than Paddle's or `balanced`'s estimate on either measure when one
+   exists.
 
 The result depends only on the params, the pserver and trainer counts and the options (the
 rates, the id sample, the cap): every trainer computes the same plan.
