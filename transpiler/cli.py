@@ -920,7 +920,8 @@ def serve_command(args: argparse.Namespace) -> int:
 def launch_command(args: argparse.Namespace) -> int:
     from transpiler.config import split_endpoint_list
     from transpiler.runtime.launch import LaunchConfig, launch
-    from transpiler.runtime.role import PARTITIONER_ENV, PSERVER_CORES_ENV
+    from transpiler.partition import PSERVER_CORES_ENV
+    from transpiler.runtime.role import PARTITIONER_ENV
 
     args.pservers = pserver_count(args.pservers, args.endpoints)
     command = list(args.command)

@@ -206,6 +206,11 @@ PARTITIONERS: dict[str, type[Partitioner]] = {
 }
 
 
+# `plan`'s `--pserver-cores` for every process (a count, or `off`): `launch` sets this machine's
+# core count when its pservers outnumber the cores (every process of a local launch on one host).
+PSERVER_CORES_ENV = "PSTRANSPILE_PSERVER_CORES"
+
+
 def _plan_partitioner() -> Partitioner:
     """`plan` with its defaults, and the cores the pservers share from `PSTRANSPILE_PSERVER_CORES`
     (a count, or `off`; what `launch --partitioner plan` sets on a host with fewer cores than
@@ -213,7 +218,6 @@ def _plan_partitioner() -> Partitioner:
     import os
 
     from transpiler.planner import PlanPartitioner  # the cost model imports numpy: only when asked for
-    from transpiler.runtime.role import PSERVER_CORES_ENV
 
     value = os.environ.get(PSERVER_CORES_ENV, "").strip()
     cores = None

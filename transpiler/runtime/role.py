@@ -49,9 +49,6 @@ CHECKPOINT_EVERY_ENV = "PSTRANSPILE_CHECKPOINT_EVERY"
 RESTORE_ENV = "PSTRANSPILE_RESTORE"
 # The partitioner every process transpiles with (`transpiler.partition`; `launch --partitioner`).
 PARTITIONER_ENV = "PSTRANSPILE_PARTITIONER"
-# `plan`'s `--pserver-cores` for every process (a count, or `off`): `launch` sets this machine's
-# core count when its pservers outnumber the cores (every process of a local launch on one host).
-PSERVER_CORES_ENV = "PSTRANSPILE_PSERVER_CORES"
 RESTORE_IF_ANY_ENV = "PSTRANSPILE_RESTORE_IF_ANY"  # a launcher's restart: a {pserver} template with no checkpoint yet starts from scratch
 
 LOCAL, TRAINER, PSERVER = "local", "trainer", "pserver"
