@@ -14,7 +14,10 @@ four partitioners, interleaved (`--rounds` times, each round starting with the n
 - `plan`: `--partitioner plan` with an id sample drawn as the job draws its ids
   (`ZipfPlan` below reads it from `PLANNER_BENCH_IDS`);
 - `plan-cores`: the same told that the pservers share this machine's cores
-  (`--pserver-cores`, `ZipfPlanShared`).
+  (`--pserver-cores`, `ZipfPlanShared`): the planner's lexicographic objective (the step
+  bound within 2%, then the slowest pserver), never worse than `paddle`'s and `balanced`'s
+  estimates on either when it can be (docs/planner.md);
+- `plan-cores-10pct` (only with `--only`): `plan-cores` at a 10% tolerance (run Q).
 
 and in two modes, alternating per round: `job` (the real training) and `replay` (the
 trainers run `train_ctr.py --replay`: the batch's ids prefetched, SelectedRows grads of
@@ -27,7 +30,8 @@ trainer 0 made between them), each trainer's CPU per step (`train_ctr.py`'s last
 all of them summed (a step takes at least that over the machine's cores when they are
 fewer than the processes) and the load average; beside them the model's estimate per
 pserver (`plan_costs` with the same id statistics) and whether its ranking of the
-pservers matches the measured one. The model is per pserver: its estimated step is the
+pservers matches the measured one; last, the four ratios of each plan (steps/s and the
+slowest pserver's CPU against `paddle` and against `balanced`). The model is per pserver: its estimated step is the
 slowest pserver's time, which the measured step (1 / steps/s, trainers' own compute
 included) bounds from above.
 """
@@ -49,9 +53,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from transpiler.partition import Partition, Partitioner  # noqa: E402
-from transpiler.plan import slice_sizes  # noqa: E402
-from transpiler.planner import PlanPartitioner  # noqa: E402
+from transpiler.partition import Partitioner  # noqa: E402
+from transpiler.planner import PlanPartitioner, balanced_seed  # noqa: E402
 from transpiler.runtime.metrics import read_metrics  # noqa: E402
 
 
@@ -70,26 +73,7 @@ class Balanced(Partitioner):
     name = "balanced"
 
     def prepare(self, params) -> None:
-        blocks = []
-        for param in params:
-            sizes = slice_sizes(param.shape, self.servers, 8192)
-            row = 0
-            for size in sizes:
-                rows = size // param.cols
-                blocks.append((param.name, Partition(row, row + rows, 0, param.cols)))
-                row += rows
-        load = [0] * self.servers
-        self._placed: dict[str, tuple[list[Partition], list[int]]] = {}
-        for index in sorted(range(len(blocks)), key=lambda i: -blocks[i][1].numel):
-            name, part = blocks[index]
-            server = min(range(self.servers), key=lambda s: (load[s], s))
-            load[server] += part.numel
-            parts, where = self._placed.setdefault(name, ([], []))
-            parts.append(part)
-            where.append(server)
-        for name, (parts, where) in self._placed.items():
-            order = sorted(range(len(parts)), key=lambda i: parts[i].start_row)
-            self._placed[name] = ([parts[i] for i in order], [where[i] for i in order])
+        self._placed = balanced_seed(params, self.servers)  # the planner's own seed: one copy of the rule
 
     def partitions(self, param):
         return self._placed[param.name][0]

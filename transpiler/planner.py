@@ -225,6 +225,16 @@ class PlanPartitioner(Partitioner):
                           sparse=param.sparse, prefetch=param.table, ids=stats.get(param.name),
                           merged=param.merged_grad)
 
+    def _part(self, index: int, pieces: list[tuple[ParamInfo, Partition]], costs: Sequence[Cost],
+              pinned: bool = False) -> _Part:
+        """Part `index` of a unit (a partition per member) with its members' costs summed."""
+        return _Part(index, pieces, sum(c.time_us(self.rates) for c in costs), sum(c.memory_bytes for c in costs),
+                     pinned, sum(c.rpcs for c in costs), sum(c.bytes_in + c.bytes_out for c in costs))
+
+    def _priced(self, index: int, pieces: list[tuple[ParamInfo, Partition]], job: Job,
+                stats: Mapping[str, IdStats]) -> _Part:
+        return self._part(index, pieces, [self.part_cost(p, piece, job, stats) for p, piece in pieces])
+
     def weighted_bands(self, unit: Sequence[ParamInfo], count: int, job: Job, stats: Mapping[str, IdStats]
                        ) -> list[tuple[int, int]]:
         """`count` row bands of the unit's params whose estimated times are near equal: band
@@ -263,18 +273,13 @@ class PlanPartitioner(Partitioner):
         cap = self.memory_cap
         cache: dict[tuple[str, Candidate], list[_Part]] = {}
 
-        def part_of(index: int, pieces: list[tuple[ParamInfo, Partition]], costs: list[Cost], pinned: bool = False
-                    ) -> _Part:
-            return _Part(index, pieces, sum(c.time_us(self.rates) for c in costs), sum(c.memory_bytes for c in costs),
-                         pinned, sum(c.rpcs for c in costs), sum(c.bytes_in + c.bytes_out for c in costs))
-
         def parts_of(unit: list[ParamInfo], cand: Candidate) -> list[_Part]:
             key = ("\0".join(p.name for p in unit), cand)
             if key not in cache:
                 if cand.kind == "mod":
                     (param,) = unit
                     whole = Partition(0, param.rows, 0, param.cols)
-                    cache[key] = [part_of(i, [(param, whole)], [mod_shard_cost(
+                    cache[key] = [self._part(i, [(param, whole)], [mod_shard_cost(
                         param.optimizer, param.dtype, param.shape, i, cand.grid[0], job, self.rates,
                         stats.get(param.name), param.merged_grad)], pinned=True) for i in range(cand.grid[0])]
                     return cache[key]
@@ -283,8 +288,7 @@ class PlanPartitioner(Partitioner):
                     cut = [[Partition(r0, r1, 0, p.cols) for r0, r1 in bands] for p in unit]
                 else:
                     cut = [grid_partitions(p, cand.grid) for p in unit]
-                cache[key] = [part_of(i, list(zip(unit, pieces, strict=True)),
-                                      [self.part_cost(p, piece, job, stats) for p, piece in zip(unit, pieces, strict=True)])
+                cache[key] = [self._priced(i, list(zip(unit, pieces, strict=True)), job, stats)
                               for i, pieces in enumerate(zip(*cut, strict=True))]
             return cache[key]
 
@@ -443,13 +447,8 @@ class PlanPartitioner(Partitioner):
                 if [(p.start_row, p.end_row) for p in mine] != rows or list(theirs) != list(where):
                     return None
                 members.append(mine)
-            parts = []
-            for i, pieces in enumerate(zip(*members, strict=True)):
-                pairs = list(zip(unit, pieces, strict=True))
-                costs = [self.part_cost(p, piece, job, stats) for p, piece in pairs]
-                parts.append(_Part(i, pairs, sum(c.time_us(self.rates) for c in costs),
-                                   sum(c.memory_bytes for c in costs), False, sum(c.rpcs for c in costs),
-                                   sum(c.bytes_in + c.bytes_out for c in costs)))
+            parts = [self._priced(i, list(zip(unit, pieces, strict=True)), job, stats)
+                     for i, pieces in enumerate(zip(*members, strict=True))]
             chosen.append((unit, parts, list(where)))
         return chosen
 
