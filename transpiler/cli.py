@@ -920,6 +920,7 @@ def serve_command(args: argparse.Namespace) -> int:
 def launch_command(args: argparse.Namespace) -> int:
     from transpiler.config import split_endpoint_list
     from transpiler.runtime.launch import LaunchConfig, launch
+    from transpiler.partition import PSERVER_CORES_ENV
     from transpiler.runtime.role import PARTITIONER_ENV
 
     args.pservers = pserver_count(args.pservers, args.endpoints)
@@ -943,6 +944,11 @@ def launch_command(args: argparse.Namespace) -> int:
         raise UsageError("--max-restarts and --checkpoint-every need --checkpoint-dir")
     if not args.cpus_per_process > 0:
         raise UsageError(f"--cpus-per-process must be positive, got {args.cpus_per_process:g}")
+    env = {**_launch_tls_env(args), **({PARTITIONER_ENV: args.partitioner} if args.partitioner else {})}
+    cores = os.cpu_count() or 1
+    if ((args.partitioner or "").strip().lower() == "plan" and args.backend == "local"
+            and PSERVER_CORES_ENV not in os.environ and cores < args.pservers):
+        env[PSERVER_CORES_ENV] = str(cores)  # every process on this host: the plan counts the cores they share
     result = launch(
         LaunchConfig(
             command=tuple(command),
@@ -951,7 +957,7 @@ def launch_command(args: argparse.Namespace) -> int:
             sync_mode=not args.async_mode,
             host=args.host,
             endpoints=endpoints,
-            env={**_launch_tls_env(args), **({PARTITIONER_ENV: args.partitioner} if args.partitioner else {})},
+            env=env,
             log_dir=Path(args.log_dir),
             rpc_timeout=args.timeout,
             exit_grace=args.exit_grace,

@@ -206,10 +206,27 @@ PARTITIONERS: dict[str, type[Partitioner]] = {
 }
 
 
+# `plan`'s `--pserver-cores` for every process (a count, or `off`): `launch` sets this machine's
+# core count when its pservers outnumber the cores (every process of a local launch on one host).
+PSERVER_CORES_ENV = "PSTRANSPILE_PSERVER_CORES"
+
+
 def _plan_partitioner() -> Partitioner:
+    """`plan` with its defaults, and the cores the pservers share from `PSTRANSPILE_PSERVER_CORES`
+    (a count, or `off`; what `launch --partitioner plan` sets on a host with fewer cores than
+    pservers)."""
+    import os
+
     from transpiler.planner import PlanPartitioner  # the cost model imports numpy: only when asked for
 
-    return PlanPartitioner()
+    value = os.environ.get(PSERVER_CORES_ENV, "").strip()
+    cores = None
+    if value and value.lower() != "off":
+        try:
+            cores = int(value)
+        except ValueError:
+            raise TranspileError(f"{PSERVER_CORES_ENV}={value!r}: give a core count >= 1, or off") from None
+    return PlanPartitioner(cores=cores)
 
 
 def resolve_partitioner(spec: str | type[Partitioner] | Partitioner | None) -> Partitioner:

@@ -15,15 +15,25 @@ a subset of the pservers) and a placer, greedy and deterministic:
    unit of its params (cut the same way, partition i of each on the same pserver);
 2. for each unit, every candidate cut is placed part by part (largest first) on the
    pserver with the least estimated time that has memory left (ties: the lower index,
-   preferring a pserver not yet holding a part of this unit), and scored by (the larger
-   of the slowest pserver's time and the mean time once the params still to place are
-   added whole, or with `cores` (pservers sharing fewer cores than there are pservers,
-   `--pserver-cores`) their total time over the cores; then the unit's added time; then
-   its part count);
+   preferring a pserver not yet holding a part of this unit), and scored by its step bound
+   (the larger of the slowest pserver's time and the mean time once the params still to
+   place are added whole, or with `cores` (pservers sharing fewer cores than there are
+   pservers, `--pserver-cores`) their total time over the cores); among the cuts within
+   `tolerance` (TOLERANCE, 2%) of the least bound, the least bound on the slowest pserver,
+   then the unit's added time, then its part count;
 3. the best candidate is kept; if no candidate fits the cap, one `TranspileError` names
    the cap, the param and by how much the best placement is over;
 4. a local search then moves a part off the slowest pserver, or swaps it with a smaller
-   one, while that lowers the slowest time (`improve`; a shard of `id % k` stays put).
+   one, while that lowers the slowest time (`improve`; a shard of `id % k` stays put);
+5. whole plans are compared (`choose`): the search's (at the tolerance and at 0; without
+   the cores' bound too when `cores` is given) and Paddle's and `balanced`'s placements as
+   seeds (`paddle_seed`, `balanced_seed`, each improved by step 4). The objective is
+   lexicographic: the step bound (`max(slowest, total / cores)`), plans within the
+   tolerance of the least counting as equal; then the lightest slowest pserver; then the
+   fewest RPCs and bytes. Pareto first: when some plans are not worse than both baselines
+   on both the bound and the slowest pserver, only those are compared, so the plan kept
+   is never worse than Paddle's or `balanced`'s estimate on either measure when one
+   exists.
 
 The result depends only on the params, the pserver and trainer counts and the options (the
 rates, the id sample, the cap): every trainer computes the same plan.
@@ -41,6 +51,13 @@ from transpiler.partition import Partition, Partitioner, ParamInfo
 
 KINDS = ("whole", "row", "column", "2-D", "mod")
 
+# Plans whose step bound is within TOLERANCE (relative) of the best one are equal on it: the
+# next criterion (the slowest pserver) decides between them. Measured on the Zipf table on 2
+# shared cores (RESULTS.md, run Q): at 10% the plan takes a third band, its slowest pserver
+# 1.14x lighter than at 2% but the real job's steps/s x0.79; 2% keeps a cut that adds a
+# pserver's fixed per-RPC work from passing as free.
+TOLERANCE = 0.02
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -57,6 +74,8 @@ class _Part:
     time_us: float
     memory: int
     pinned: bool = False  # a shard of `id % k`: its pserver is fixed once placed (no two shards on one)
+    rpcs: float = 0.0  # per step, as the cost model counts them
+    nbytes: float = 0.0  # in and out per step
 
 
 def even_cuts(total: int, count: int) -> list[tuple[int, int]]:
@@ -110,8 +129,13 @@ class PlanPartitioner(Partitioner):
     def __init__(self, *, memory_cap: int | None = None, colocate: Sequence[Sequence[str]] = (),
                  kinds: Mapping[str, Iterable[str]] | None = None, rates: Rates | None = None,
                  ids: Mapping[str, IdStats] | None = None, id_samples: Mapping[str | None, object] | None = None,
-                 batch_size: int = 128, cores: int | None = None) -> None:
+                 batch_size: int = 128, cores: int | None = None, baselines: bool = True,
+                 tolerance: float = TOLERANCE) -> None:
         super().__init__()
+        self.baselines = baselines
+        if not 0 <= tolerance < 1:
+            raise TranspileError(f"plan: the tolerance must be in [0, 1), got {tolerance}")
+        self.tolerance = tolerance
         if cores is not None and cores < 1:
             raise TranspileError(f"plan: the pservers' cores must be >= 1, got {cores}")
         self.cores = cores
@@ -135,6 +159,8 @@ class PlanPartitioner(Partitioner):
         self._mod: dict[str, list[int]] = {}  # the distributed table kept `id % k`: its shards' pservers
         self.loads: list[float] = []  # estimated µs per step per pserver, after `prepare`
         self.memory: list[int] = []
+        self.chosen_from = ""  # which whole plan was kept (`choose`), after `prepare`
+        self.considered: list[dict] = []  # every whole plan's estimated measures, after `prepare`
 
     # -- the Partitioner protocol
     def prepare(self, params: Sequence[ParamInfo]) -> None:
@@ -199,6 +225,16 @@ class PlanPartitioner(Partitioner):
                           sparse=param.sparse, prefetch=param.table, ids=stats.get(param.name),
                           merged=param.merged_grad)
 
+    def _part(self, index: int, pieces: list[tuple[ParamInfo, Partition]], costs: Sequence[Cost],
+              pinned: bool = False) -> _Part:
+        """Part `index` of a unit (a partition per member) with its members' costs summed."""
+        return _Part(index, pieces, sum(c.time_us(self.rates) for c in costs), sum(c.memory_bytes for c in costs),
+                     pinned, sum(c.rpcs for c in costs), sum(c.bytes_in + c.bytes_out for c in costs))
+
+    def _priced(self, index: int, pieces: list[tuple[ParamInfo, Partition]], job: Job,
+                stats: Mapping[str, IdStats]) -> _Part:
+        return self._part(index, pieces, [self.part_cost(p, piece, job, stats) for p, piece in pieces])
+
     def weighted_bands(self, unit: Sequence[ParamInfo], count: int, job: Job, stats: Mapping[str, IdStats]
                        ) -> list[tuple[int, int]]:
         """`count` row bands of the unit's params whose estimated times are near equal: band
@@ -233,8 +269,7 @@ class PlanPartitioner(Partitioner):
         stats = self._stats(params)
         units = self._units(params)
         # a send batch and a fetch batch per trainer to every pserver (all are expected to hold a part)
-        loads = [2 * job.trainers * self.rates.rpc_us] * servers
-        memory = [0] * servers
+        base = 2 * job.trainers * self.rates.rpc_us
         cap = self.memory_cap
         cache: dict[tuple[str, Candidate], list[_Part]] = {}
 
@@ -243,24 +278,18 @@ class PlanPartitioner(Partitioner):
             if key not in cache:
                 if cand.kind == "mod":
                     (param,) = unit
-                    costs = [mod_shard_cost(param.optimizer, param.dtype, param.shape, i, cand.grid[0], job,
-                                            self.rates, stats.get(param.name), param.merged_grad)
-                             for i in range(cand.grid[0])]
                     whole = Partition(0, param.rows, 0, param.cols)
-                    cache[key] = [_Part(i, [(param, whole)], c.time_us(self.rates), c.memory_bytes, pinned=True)
-                                  for i, c in enumerate(costs)]
+                    cache[key] = [self._part(i, [(param, whole)], [mod_shard_cost(
+                        param.optimizer, param.dtype, param.shape, i, cand.grid[0], job, self.rates,
+                        stats.get(param.name), param.merged_grad)], pinned=True) for i in range(cand.grid[0])]
                     return cache[key]
                 if cand.weighted:
                     bands = self.weighted_bands(unit, cand.grid[0], job, stats)
                     cut = [[Partition(r0, r1, 0, p.cols) for r0, r1 in bands] for p in unit]
                 else:
                     cut = [grid_partitions(p, cand.grid) for p in unit]
-                out = []
-                for i, pieces in enumerate(zip(*cut, strict=True)):
-                    costs = [self.part_cost(p, piece, job, stats) for p, piece in zip(unit, pieces, strict=True)]
-                    out.append(_Part(i, list(zip(unit, pieces, strict=True)), sum(c.time_us(self.rates) for c in costs),
-                                     sum(c.memory_bytes for c in costs)))
-                cache[key] = out
+                cache[key] = [self._priced(i, list(zip(unit, pieces, strict=True)), job, stats)
+                              for i, pieces in enumerate(zip(*cut, strict=True))]
             return cache[key]
 
         if cap is not None:
@@ -269,6 +298,65 @@ class PlanPartitioner(Partitioner):
                 raise TranspileError(f"no plan fits --pserver-memory {format_bytes(cap)}: the params with their "
                                      f"optimizer state and grad buffers need {format_bytes(need)}, {servers} pserver(s) "
                                      f"hold {format_bytes(servers * cap)} ({format_bytes(need - servers * cap)} over)")
+        allowed = {}
+        for unit in units:
+            kinds = set(KINDS)
+            for p in unit:
+                kinds &= set(self.kinds.get(p.name, KINDS))
+            allowed[unit[0].name] = kinds
+
+        # the whole plans compared: the greedy search's (with the cores' bound, and without it
+        # when the cores are fewer than the pservers), and Paddle's and `balanced`'s placements
+        # as seeds, each improved by the local search; the baselines as they are
+        plans = [_Plan("search", *self._greedy(units, servers, shared, base, cap, parts_of, allowed, self.tolerance))]
+        if self.tolerance > 0:  # the least bound the search finds: what the tolerance is taken from, once
+            plans.append(_Plan("search, least bound", *self._greedy(units, servers, shared, base, cap, parts_of,
+                                                                    allowed, 0.0)))
+        if shared < servers:
+            try:
+                plans.append(_Plan("search without --pserver-cores",
+                                   *self._greedy(units, servers, servers, base, cap, parts_of, allowed,
+                                                 self.tolerance)))
+            except TranspileError:
+                pass
+        baselines = []
+        seeds = (("paddle", paddle_seed), ("balanced", balanced_seed)) if self.baselines else ()
+        for name, make in seeds:
+            seed = make(params, servers)
+            chosen = self._seeded(seed, units, allowed, job, stats, parts_of)
+            if chosen is None:
+                continue
+            loads, memory = _tally(chosen, servers, base)
+            if cap is not None and max(memory) > cap:
+                continue
+            baselines.append(_Plan(name, chosen, loads, memory))
+            copy = [(u, parts, list(where)) for u, parts, where in chosen]
+            loads, memory = list(loads), list(memory)
+            improve(copy, loads, memory, cap)
+            plans.append(_Plan(f"{name} improved", copy, loads, memory))
+        for plan in plans:
+            improve(plan.chosen, plan.loads, plan.memory, cap)
+        pick, self.considered = choose(plans, baselines, shared, self.tolerance)
+        self.chosen_from = pick.source
+        result: dict[str, tuple[list[Partition], list[int]]] = {}
+        for unit, parts, where in pick.chosen:
+            if parts[0].pinned:  # `id % k`: the transpiler keeps the table whole, sharded by id
+                (param,) = unit
+                result[param.name] = ([Partition(0, param.rows, 0, param.cols)], [where[0]])
+                self._mod[param.name] = list(where)
+                continue
+            for member_index, param in enumerate(unit):
+                result[param.name] = ([part.partitions[member_index][1] for part in parts], list(where))
+        self.loads, self.memory = list(pick.loads), list(pick.memory)
+        return result
+
+    def _greedy(self, units, servers: int, shared: int, base: float, cap: int | None, parts_of, allowed,
+                tolerance: float):
+        """The greedy placement (module docstring, steps 1-3) with the step bound over
+        `shared` cores, each unit's cut chosen within `tolerance` of its least bound;
+        (chosen, loads, memory)."""
+        loads = [base] * servers
+        memory = [0] * servers
 
         def place(parts: list[_Part]) -> tuple[list[int], float] | None | float:
             """Greedy placement of one candidate's parts; the servers per part, or the least
@@ -291,55 +379,184 @@ class PlanPartitioner(Partitioner):
                 trial_mem[best] += part.memory
             return where, max(trial_loads), sum(trial_loads)
 
-        result: dict[str, tuple[list[Partition], list[int]]] = {}
         whole = Candidate("whole", (1, 1))
         order = sorted(units, key=lambda u: (-sum(p.time_us for p in parts_of(u, whole)), u[0].name))
         remaining = sum(p.time_us for u in order for p in parts_of(u, whole))
         chosen: list[tuple[list[ParamInfo], list[_Part], list[int]]] = []
         for unit in order:
             remaining -= sum(p.time_us for p in parts_of(unit, whole))
-            allowed = set(KINDS)
-            for p in unit:
-                allowed &= set(self.kinds.get(p.name, KINDS))
-            options = candidates(unit, servers, allowed)
+            options = candidates(unit, servers, allowed[unit[0].name])
             if not options:
                 raise TranspileError(f"plan: no partition kind is allowed for {' and '.join(p.name for p in unit)!r}")
-            best = None
+            scored = []
             overflow = math.inf
-            for cand in options:
+            for index, cand in enumerate(options):
                 parts = parts_of(unit, cand)
                 placed = place(parts)
                 if isinstance(placed, float):
                     overflow = min(overflow, placed)
                     continue
                 where, slowest, total = placed
-                # the slowest pserver, or the mean load once the rest is placed whole if that is
-                # higher: a cut's extra RPCs then count against it even while pservers are idle;
-                # pservers sharing `cores` < servers cores: their total over the cores
+                # the step bound: the slowest pserver, or the mean load once the rest is placed
+                # whole if that is higher (a cut's extra RPCs then count against it even while
+                # pservers are idle); pservers sharing `cores` < servers cores: their total over
+                # the cores. Then, among the cuts within TOLERANCE of the best bound, the least
+                # bound on the slowest pserver once the rest is placed (the larger of the slowest
+                # and the mean over every pserver; with a core or more each, the bound itself),
+                # the unit's added time, its part count.
                 bound = max(slowest, (total + remaining) / shared)
-                score = (round(bound, 6), round(sum(p.time_us for p in parts), 6), len(parts))
-                if best is None or score < best[0]:
-                    best = (score, cand, parts, where)
-            if best is None:
+                light = max(slowest, (total + remaining) / servers)
+                scored.append(((bound, light, sum(p.time_us for p in parts), len(parts), index), parts, where))
+            if not scored:
                 names = " and ".join(f"{p.name!r} {list(p.shape)}" for p in unit)
                 raise TranspileError(f"no plan fits --pserver-memory {format_bytes(cap)}: param {names} fits on no "
                                      f"pserver in any cut, the best is {format_bytes(overflow)} over the cap")
-            _, cand, parts, where = best
+            limit = within(min(s[0][0] for s in scored), tolerance)
+            _, parts, where = min((s for s in scored if s[0][0] <= limit),
+                                  key=lambda s: (_key(s[0][1]), _key(s[0][2]), s[0][3], s[0][4]))
             for part in parts:
                 loads[where[part.index]] += part.time_us
                 memory[where[part.index]] += part.memory
             chosen.append((unit, parts, where))
-        improve(chosen, loads, memory, cap)
-        for unit, parts, where in chosen:
-            if parts[0].pinned:  # `id % k`: the transpiler keeps the table whole, sharded by id
-                (param,) = unit
-                result[param.name] = ([Partition(0, param.rows, 0, param.cols)], [where[0]])
-                self._mod[param.name] = list(where)
+        return chosen, loads, memory
+
+    def _seeded(self, seed: Mapping[str, tuple[list[Partition], list[int]]], units, allowed, job: Job,
+                stats: Mapping[str, IdStats], parts_of):
+        """A baseline's placement (`paddle_seed`, `balanced_seed`) as the search's units and
+        parts; None if it breaks a constraint (a colocated group cut or placed apart, a
+        partition kind not allowed)."""
+        chosen = []
+        for unit in units:
+            first = unit[0]
+            cut, where = seed[first.name]
+            if any(p.distributed for p in unit[1:]) or (first.distributed and len(unit) > 1):
+                return None  # Paddle's `id % k` table shares its cut with nothing
+            if first.distributed and cut == "mod":
+                mod = Candidate("mod", (len(where), 1))
+                if mod not in candidates(unit, len(where), allowed[first.name]):
+                    return None
+                chosen.append((unit, parts_of(unit, mod), list(where)))
                 continue
-            for member_index, param in enumerate(unit):
-                result[param.name] = ([part.partitions[member_index][1] for part in parts], list(where))
-        self.loads, self.memory = loads, memory
-        return result
+            kind = "whole" if len(cut) == 1 else "row"
+            if kind not in allowed[first.name]:
+                return None
+            rows = [(p.start_row, p.end_row) for p in cut]
+            members = []
+            for param in unit:
+                mine, theirs = seed[param.name]
+                if [(p.start_row, p.end_row) for p in mine] != rows or list(theirs) != list(where):
+                    return None
+                members.append(mine)
+            parts = [self._priced(i, list(zip(unit, pieces, strict=True)), job, stats)
+                     for i, pieces in enumerate(zip(*members, strict=True))]
+            chosen.append((unit, parts, list(where)))
+        return chosen
+
+
+
+
+def within(best: float, tolerance: float = TOLERANCE) -> float:
+    return best * (1 + tolerance) + 1e-6
+
+
+def _key(value: float) -> float:
+    return round(value, 6)
+
+
+@dataclass
+class _Plan:
+    source: str
+    chosen: list
+    loads: list[float]
+    memory: list[int]
+
+    def measures(self, shared: int) -> dict[str, float]:
+        parts = [part for _, parts, _ in self.chosen for part in parts]
+        return {"bound_us": max(max(self.loads), sum(self.loads) / shared), "slowest_us": max(self.loads),
+                "total_us": sum(self.loads), "rpcs": sum(p.rpcs for p in parts), "bytes": sum(p.nbytes for p in parts)}
+
+
+def choose(plans: Sequence[_Plan], baselines: Sequence[_Plan], shared: int, tolerance: float = TOLERANCE
+           ) -> tuple[_Plan, list[dict]]:
+    """The plan kept, and every plan's measures (`PlanPartitioner.considered`): among the
+    plans not worse than every baseline on both the step bound and the slowest pserver
+    (all of them when none is), those within TOLERANCE of the least bound, then the
+    lightest slowest pserver, the fewest RPCs, the fewest bytes, the first in order."""
+    found = [p.measures(shared) for p in plans]
+    base = [b.measures(shared) for b in baselines]
+    pareto = [i for i, m in enumerate(found)
+              if all(m["bound_us"] <= b["bound_us"] + 1e-6 and m["slowest_us"] <= b["slowest_us"] + 1e-6 for b in base)]
+    pool = pareto or list(range(len(plans)))
+    limit = within(min(found[i]["bound_us"] for i in pool), tolerance)
+    pick = min((i for i in pool if found[i]["bound_us"] <= limit),
+               key=lambda i: (_key(found[i]["slowest_us"]), _key(found[i]["rpcs"]), _key(found[i]["bytes"]), i))
+    considered = [{"source": p.source, **{k: round(v, 3) for k, v in m.items()}, "dominates_baselines": i in pareto,
+                   "chosen": i == pick} for i, (p, m) in enumerate(zip(plans, found, strict=True))]
+    considered += [{"source": f"{b.source} (baseline)", **{k: round(v, 3) for k, v in m.items()}}
+                   for b, m in zip(baselines, base, strict=True)]
+    return plans[pick], considered
+
+
+def _tally(chosen, servers: int, base: float) -> tuple[list[float], list[int]]:
+    loads, memory = [base] * servers, [0] * servers
+    for _, parts, where in chosen:
+        for part in parts:
+            loads[where[part.index]] += part.time_us
+            memory[where[part.index]] += part.memory
+    return loads, memory
+
+
+def paddle_seed(params: Sequence[ParamInfo], servers: int, min_block_size: int = 8192
+                ) -> dict[str, tuple[list[Partition] | str, list[int]]]:
+    """Paddle's placement with its defaults (the `paddle` partitioner): each param cut by
+    `slice_variable` (whole-row blocks of at least `min_block_size` elements, at most one per
+    pserver), the blocks dealt round robin in program order, continuing from param to
+    param; the distributed table `id % servers`, shard i on pserver i ("mod")."""
+    out: dict[str, tuple[list[Partition] | str, list[int]]] = {}
+    cursor = 0
+    for param in params:
+        if param.distributed:
+            out[param.name] = ("mod", list(range(servers)))
+            continue
+        cut = _paddle_blocks(param, servers, min_block_size)
+        out[param.name] = (cut, [(cursor + i) % servers for i in range(len(cut))])
+        cursor = (cursor + len(cut)) % servers
+    return out
+
+
+def balanced_seed(params: Sequence[ParamInfo], servers: int, min_block_size: int = 8192
+                  ) -> dict[str, tuple[list[Partition] | str, list[int]]]:
+    """The `balanced` split method's placement: Paddle's blocks, the largest first, each on
+    the pserver with the fewest elements (ties: the lower index; equal blocks in program
+    order); the distributed table as Paddle shards it."""
+    blocks = [(param.name, part) for param in params if not param.distributed
+              for part in _paddle_blocks(param, servers, min_block_size)]
+    load = [0] * servers
+    where: dict[int, int] = {}
+    for index in sorted(range(len(blocks)), key=lambda i: -blocks[i][1].numel):
+        server = min(range(servers), key=lambda s: (load[s], s))
+        load[server] += blocks[index][1].numel
+        where[index] = server
+    out: dict[str, tuple[list[Partition] | str, list[int]]] = {}
+    for index, (name, part) in enumerate(blocks):
+        cut, servers_of = out.setdefault(name, ([], []))
+        cut.append(part)
+        servers_of.append(where[index])
+    for param in params:
+        if param.distributed:
+            out[param.name] = ("mod", list(range(servers)))
+    return out
+
+
+def _paddle_blocks(param: ParamInfo, servers: int, min_block_size: int) -> list[Partition]:
+    from transpiler.plan import slice_sizes
+
+    cut, row = [], 0
+    for size in slice_sizes(param.shape, servers, min_block_size):
+        rows = size // param.cols if param.cols else param.rows
+        cut.append(Partition(row, row + rows, 0, param.cols))
+        row += rows
+    return cut
 
 
 def improve(chosen, loads: list[float], memory: list[int], cap: int | None, rounds: int = 1000) -> None:
