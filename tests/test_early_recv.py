@@ -215,7 +215,7 @@ def test_a_pending_var_is_waited_for_boundedly_and_a_failed_one_raises_until_rew
 
 
 def test_the_setting_is_checked():
-    assert client_module.recv_choice({}) == "off"
-    assert client_module.recv_choice({client_module.RECV_ENV: " Auto "}) == "auto"
-    with pytest.raises(EnvChoiceError, match=r"PSTRANSPILE_EARLY_RECV='soon': expected one of off, auto, on"):
+    assert client_module.recv_choice({}) == "auto"
+    assert client_module.recv_choice({client_module.RECV_ENV: " Off "}) == "off"
+    with pytest.raises(EnvChoiceError, match=r"PSTRANSPILE_EARLY_RECV='soon': expected one of auto, off, on"):
         check_env_choices({client_module.RECV_ENV: "soon"})
