@@ -39,7 +39,7 @@ from ops.kernels.context import KernelError, OpContext
 from ops.rpc.client import RpcClient
 from ops.rpc.errors import RpcError
 from ops.scope import Scope
-from ops.tensor import LoDTensor, SelectedRows
+from ops.tensor import LoDTensor
 
 UNREAD = 1 << 40  # the order of a var the block never reads
 Deferred = list[tuple[OpContext, list[tuple[str, str]]]]  # (recv op's context, its (endpoint, name) requests)
@@ -259,9 +259,9 @@ def _tiles(whole: np.ndarray, arrays: list[np.ndarray]) -> bool:
 
 
 def _dense(value: Any) -> np.ndarray:
-    if isinstance(value, SelectedRows):
-        return value.to_dense()
-    return value.array
+    from ops.rpc.kernels import _dense as dense  # the recv kernel's own (ops.rpc.kernels imports this module)
+
+    return dense(value)
 
 
 def _check_shape(ctx: OpContext, name: str, value: Any) -> None:
