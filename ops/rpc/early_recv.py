@@ -1,4 +1,4 @@
-"""Early receives (issue 30, `PSTRANSPILE_EARLY_RECV=off|auto|on`): a sync trainer's
+"""Early receives (issue 30, `PSTRANSPILE_EARLY_RECV=auto|off|on`, `auto` by default): a sync trainer's
 `fetch_barrier` that returns before the params are in.
 
 The sync trainer program ends `send_barrier, recv..., fetch_barrier, concat...`: the
