@@ -1,7 +1,8 @@
-"""Early sends on and off (issue 30, `PSTRANSPILE_EARLY_SEND`): our runtime alone, on the
-Paddle-built workloads of `vs_paddle18.py`, 2 pservers x 2 trainers sync on 127.0.0.1.
+"""Early sends or early receives on and off (issue 30, `PSTRANSPILE_EARLY_SEND`,
+`PSTRANSPILE_EARLY_RECV` with `--vary recv`): our runtime alone, on the Paddle-built
+workloads of `vs_paddle18.py`, 2 pservers x 2 trainers sync on 127.0.0.1.
 
-    python benchmarks/early_send.py [--case deep2048 ...] [--steps 30] [--warmup 10] [--repeat 3] [--choice off --choice auto]
+    python benchmarks/early_send.py [--vary send|recv] [--case deep2048 ...] [--steps 30] [--warmup 10] [--repeat 3] [--choice off --choice auto]
 
 Fluid 1.8.5 (its venv, `tools/paddle_env.py`) builds the programs once; then, per case,
 the runs alternate between the choices (off, auto, off, auto, ...) so that the shared
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import vs_paddle18 as harness  # noqa: E402
 
-from ops.rpc.client import EARLY_CHOICES, EARLY_ENV  # noqa: E402
+from ops.rpc.client import EARLY_CHOICES, EARLY_ENV, RECV_CHOICES, RECV_ENV  # noqa: E402
 from tools.paddle_env import PaddleUnavailable, ensure  # noqa: E402
 
 DEFAULT_CASES = ("mlp64", "wide64", "wide256", "deep2048")
@@ -33,8 +34,10 @@ DEFAULT_CASES = ("mlp64", "wide64", "wide256", "deep2048")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vary", choices=("send", "recv"), default="send",
+                        help=f"the setting compared: {EARLY_ENV} (send, the default) or {RECV_ENV} (recv)")
     parser.add_argument("--case", choices=[c.key for c in harness.CASES if not c.local], action="append")
-    parser.add_argument("--choice", choices=EARLY_CHOICES, action="append",
+    parser.add_argument("--choice", choices=sorted(set(EARLY_CHOICES) | set(RECV_CHOICES)), action="append",
                         help="settings to compare (repeatable; default: off, auto); ratios are to the first")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per run (times the case's share)")
     parser.add_argument("--warmup", type=int, default=10)
@@ -42,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="keep programs and logs here")
     args = parser.parse_args(argv)
     choices = args.choice or ["off", "auto"]
+    variable = EARLY_ENV if args.vary == "send" else RECV_ENV
     cases = [c for c in harness.CASES if c.key in (args.case or DEFAULT_CASES)]
     try:
         python = ensure("1.8.5", log=lambda line: print(line, file=sys.stderr))
@@ -59,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                 for choice in choices:
                     logs = work / "logs" / f"{case.key}-{choice}-{rep}"
                     logs.mkdir(parents=True, exist_ok=True)
-                    os.environ[EARLY_ENV] = choice
+                    os.environ[variable] = choice
                     try:
                         got = harness.run_ours(work / case.workload, case, steps, args.warmup, logs)
                     except harness.RunFailed as error:
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((case, {c: (statistics.median(m.steps_per_s for m in ms), statistics.median(m.cpu_ms for m in ms))
                                 for c, ms in runs.items()}))
     first = choices[0]
-    print(f"Early sends, ours only, 2 pservers x 2 trainers sync, median of {args.repeat} alternating runs")
+    print(f"{'Early sends' if args.vary == 'send' else 'Early receives'} ({variable}), ours only, 2 pservers x 2 trainers sync, median of {args.repeat} alternating runs")
     print()
     print("| workload | " + " | ".join(f"{c}: steps/s, CPU ms/step" for c in choices) + " | "
           + " | ".join(f"{c}/{first} steps/s" for c in choices[1:]) + " |")

@@ -183,9 +183,12 @@ class Executor:
         if liveness is not None and not (top or (run.update_in_place and liveness.served)):
             liveness = None
         keep = run.keep
-        skip = run.skip_ops
         for i, (op, spec, memo) in enumerate(prepared.steps):
-            if skip and (block.idx, i) in skip:  # done by whoever filled `skip_ops` (a sum on arrival)
+            # Done by whoever filled `skip_ops`: a pserver's sum on arrival, or a trainer's
+            # `fetch_barrier` receiving params early (it adds the `concat`s after it, so
+            # `skip_ops` is read afresh for each op).
+            skip = run.skip_ops
+            if skip and (block.idx, i) in skip:
                 continue
             dying = EMPTY if liveness is None else liveness.dying[i]
             if keep and dying:
@@ -378,7 +381,11 @@ def _execution_error(block: Block, index: int, op: Op, scope: Scope, exc: Except
     inputs = []
     for slot, names in op.inputs.items():
         for name in names:
-            inputs.append((slot, name, describe(scope.find_var(name))))
+            try:
+                found = describe(scope.find_var(name))
+            except PsTranspilerError:  # a var whose early receive failed (ops.rpc.early_recv)
+                found = "not received"
+            inputs.append((slot, name, found))
     reason = str(exc) if isinstance(exc, PsTranspilerError) else f"{type(exc).__name__}: {exc}"
     try:
         text = op_line(op, index)

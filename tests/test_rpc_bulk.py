@@ -557,6 +557,9 @@ class _FakeClient:
     def __init__(self, blocks: dict[str, np.ndarray], fail: bool = False):
         self.blocks, self.fail, self.into = blocks, fail, None
 
+    def receives_early(self) -> bool:  # no early receives (tests/test_early_recv.py)
+        return False
+
     def fetch_barrier(self, endpoints, requests, into=None):
         self.into = dict(into or {})
         values = []

@@ -70,15 +70,19 @@ class Frame:
         the run's outermost scope; else the scope of the innermost running block that
         declares it; else the nearest scope holding it; else this frame's scope. Returns
         the value `name` had in that scope (None if none)."""
+        return self.target(name).exchange(name, value)
+
+    def target(self, name: str) -> Scope:
+        """The scope `write` binds `name` in."""
         frame: Frame | None = self
         while frame is not None:
             block = frame.block
             if block.has_var(name):
                 outer = frame.parent is not None and block.var(name).persistable
-                return (frame.outermost().scope if outer else frame.scope).exchange(name, value)
+                return frame.outermost().scope if outer else frame.scope
             frame = frame.parent
         owner = self.scope.find_scope(name)
-        return (owner if owner is not None else self.scope).exchange(name, value)
+        return owner if owner is not None else self.scope
 
     def outermost(self) -> Frame:
         frame = self

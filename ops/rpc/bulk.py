@@ -706,11 +706,13 @@ class BulkClient:
 
     def call(self, method: str, items: Sequence[tuple[VarHead, list[Piece]]], *, barrier: bool = False,
              fetch: Sequence[str] = (), fetch_barrier: bool = False, timeout: float,
-             into: Mapping[str, np.ndarray] | None = None) -> tuple[WireBatch, int, int]:
+             into: Mapping[str, np.ndarray] | None = None,
+             arrived: Callable[[str, Any], None] | None = None) -> tuple[WireBatch, int, int]:
         """(the reply, bytes sent, bytes received) of one call; `BulkCallError` on failure.
         A fetched dense var named in `into` is received into that array when its shape and
         dtype are the reply's (the trainer's param, `ops.rpc.kernels.fetch_barrier`), else
-        into a new one."""
+        into a new one. `arrived(name, value)` is told of each fetched var as soon as it is
+        in, before the next one is received (a trainer's early receive, `ops.rpc.client`)."""
         head = {"x": self.offer.secret, "t": self.trainer_id, "a": bool(barrier), "f": bool(fetch_barrier),
                 "g": list(fetch), "v": [h.encode() for h, _ in items]}
         if self.token is not None:
@@ -758,6 +760,8 @@ class BulkClient:
                 value = receive_value(sock, var, dest, check=check)
                 found.append(value if isinstance(value, WireVar) else WireVar(var.name, value))
                 received += var.nbytes
+                if arrived is not None:
+                    arrived(found[-1].name, found[-1].value)
             ok = True
             return WireBatch(0, False, tuple(found)), sent, received + PREFIX.size + length
         except TimeoutError:

@@ -31,6 +31,15 @@ Any later call to that pserver (the step's `SendFetchBatch`, a get, a barrier) f
 for its early sends and raises the first one's failure, as the send would have failed in
 that call; the small vars stay queued for the one final message.
 
+Early receives (issue 30, `PSTRANSPILE_EARLY_RECV=auto|off|on`, `recv_choice`, `auto` by
+default: docs/runtime.md, "Early receives"): `fetch_barrier_early` sends the step's one `SendFetchBatch` per pserver
+and returns without its replies; they come in on the client's own `recv` thread, and each
+fetched var is handed to `arrived(endpoint, name, value)` as soon as it is in (the bulk
+channel: var by var; gRPC: reply by reply), so the executor goes on with the next step
+while the params arrive (`ops.rpc.kernels.fetch_barrier` makes the scope wait for each
+one). Every later call (a send, a fetch, a barrier, `complete`, `close`) first waits for
+it, at most the call deadline, and raises its failure once.
+
 Every failure is an `RpcError` naming the call, the var and the pserver, and carrying
 the pserver's own reason when it gave one (a trainer that vanished, say).
 
@@ -58,7 +67,7 @@ from __future__ import annotations
 import ssl
 import sys
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent import futures as _futures
 from dataclasses import dataclass, field
 from functools import partial
@@ -84,6 +93,8 @@ EARLY_ENV = "PSTRANSPILE_EARLY_SEND"
 EARLY_CHOICES = ("off", "auto", "on")  # `off` the default: no clear win measured on 2 cores (docs/runtime.md)
 EARLY_MIN = 1 << 20  # bytes: under `auto`, a dense var this big goes early (docs/runtime.md, "Early sends")
 EARLY_QUEUE = 8  # early sends waiting or in flight per pserver
+RECV_ENV = "PSTRANSPILE_EARLY_RECV"
+RECV_CHOICES = ("auto", "off", "on")  # `auto` the default: it measured faster (docs/runtime.md, "Early receives")
 
 
 class EarlyChoiceError(EnvChoiceError):
@@ -93,6 +104,18 @@ class EarlyChoiceError(EnvChoiceError):
 def early_choice(environ: Mapping[str, str] | None = None) -> str:
     """`off` (the default), `auto` or `on`; `EarlyChoiceError` for anything else."""
     return env_choice(environ, EARLY_ENV, EARLY_CHOICES, EarlyChoiceError)
+
+
+class RecvChoiceError(EnvChoiceError):
+    """`PSTRANSPILE_EARLY_RECV` names no choice."""
+
+
+def recv_choice(environ: Mapping[str, str] | None = None) -> str:
+    """`auto` (the default), `off` or `on`; `RecvChoiceError` for anything else."""
+    return env_choice(environ, RECV_ENV, RECV_CHOICES, RecvChoiceError)
+
+
+Arrived = Callable[[str, str, Any], None]  # (endpoint, name, value) of a fetched var, as soon as it is in
 
 
 class RpcStats:
@@ -228,6 +251,7 @@ class _Batch:
     fetch: tuple[str, ...] = ()
     fetch_barrier: bool = False
     into: Mapping[str, np.ndarray] = field(default_factory=dict)  # the bulk channel: fetched name -> its destination
+    arrived: Callable[[str, Any], None] | None = None  # told of each fetched var as it comes in (early receives)
 
     def grpc_request(self) -> Any:
         if self.method == "FetchBatch":
@@ -258,7 +282,8 @@ class RpcClient:
     `ClientAuth.from_env`); `handshake`, what this trainer was started as, travels with
     every call so a pserver of another job shape refuses it (`ops.rpc.auth`).
 
-    `early` is the early-send choice (default `PSTRANSPILE_EARLY_SEND`, `early_choice`)."""
+    `early` is the early-send choice (default `PSTRANSPILE_EARLY_SEND`, `early_choice`),
+    `early_recv` the early-receive one (default `PSTRANSPILE_EARLY_RECV`, `recv_choice`)."""
 
     def __init__(
         self,
@@ -269,6 +294,7 @@ class RpcClient:
         auth: ClientAuth | None = None,
         handshake: Handshake | None = None,
         early: str | None = None,
+        early_recv: str | None = None,
     ) -> None:
         keep_freed_memory()  # a step's MB buffers reuse their pages (ops.rpc.malloc)
         self.trainer_id = int(trainer_id)
@@ -287,6 +313,9 @@ class RpcClient:
         self._pool = _futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"rpc-trainer{self.trainer_id}")
         self.early = early_choice() if early is None else early_choice({EARLY_ENV: early})
         self._streams: dict[str, _EarlyStream] = {}  # endpoint -> its early sends
+        self.early_recv = recv_choice() if early_recv is None else recv_choice({RECV_ENV: early_recv})
+        self._recv_pool: _futures.ThreadPoolExecutor | None = None  # the early receives' thread
+        self._recv: Any = None  # the early receive in flight (its future), until a later call waits for it
 
     # ------------------------------------------------------------ connections
     def _endpoint(self, endpoint: str) -> _Endpoint:
@@ -343,10 +372,15 @@ class RpcClient:
             if ep.bulk is not None and ep.lost is None:
                 reply, sent, received = ep.bulk.call(
                     request.method, request.bulk_items(), barrier=request.barrier, fetch=request.fetch,
-                    fetch_barrier=request.fetch_barrier, timeout=timeout, into=request.into)
+                    fetch_barrier=request.fetch_barrier, timeout=timeout, into=request.into, arrived=request.arrived)
                 self.stats.add(method, sent, received)
                 return rpc_pb2.VoidMessage() if method == "SendBatch" else reply
-            request = request.grpc_request()
+            arrived = request.arrived
+            reply = ep.calls[method](request.grpc_request(), timeout=timeout)
+            if arrived is not None:
+                for var in reply.vars:
+                    arrived(var.name, var.value)
+            return reply
         return ep.calls[method](request, timeout=timeout)
 
     def _watch(self, ep: _Endpoint) -> None:
@@ -420,6 +454,7 @@ class RpcClient:
         pieces may hold the value's own buffer until then. With `early` (a sync step: a
         barrier follows), a var that goes early (`_goes_early`) starts now on the
         pserver's stream instead (module docstring)."""
+        self._wait_recv()
         self._send_deferred_barrier()  # a var queued after a barrier belongs to the next round
         message = var_parts(name, value, trainer_id=self.trainer_id, merge_add=merge_add)
         queued = _Queued(name, message, value, merge_add)
@@ -505,6 +540,7 @@ class RpcClient:
 
     def wait_pending(self) -> None:
         """Send what is queued and wait for every send so far; raise the first failure."""
+        self._wait_recv()
         self.flush()
         with self._lock:
             pending, self._pending = self._pending, []
@@ -594,7 +630,9 @@ class RpcClient:
         self._send_barrier_now(endpoints)
 
     def _send_deferred_barrier(self) -> None:
-        """Send a deferred send barrier (and the vars queued before it) now."""
+        """Send a deferred send barrier (and the vars queued before it) now (after the early
+        receive in flight)."""
+        self._wait_recv()
         endpoints, self._deferred_barrier = self._deferred_barrier, None
         if endpoints is not None:
             self._send_barrier_now(endpoints)
@@ -615,6 +653,7 @@ class RpcClient:
         `endpoints`: one `FetchBatch` per pserver, or one `SendFetchBatch` when a send
         barrier was deferred. A request in `into` is received into that array on the bulk
         channel (when the reply's shape and dtype are its own; gRPC ignores it)."""
+        self._wait_recv()
         send_barrier, self._deferred_barrier = self._deferred_barrier, None
         if send_barrier is None:
             return self._fetch(requests, endpoints, into or {})
@@ -625,29 +664,104 @@ class RpcClient:
         """One `SendFetchBatch` per pserver concerned: its queued vars, its send barrier (for
         `send_barrier`), the names `requests` want of it and its fetch barrier (for
         `fetch_barrier`), in that order; the values, in `requests`' order."""
+        requests = list(requests)
+        endpoints, wanted, calls = self._send_fetch_calls(send_barrier, requests, fetch_barrier, into)
+        got = self._finish_send_fetch(endpoints, wanted, calls)
+        return [got[request] for request in requests]
+
+    def _send_fetch_calls(self, send_barrier: Sequence[str], requests: list[tuple[str, str]],
+                          fetch_barrier: Sequence[str], into: Mapping[tuple[str, str], np.ndarray],
+                          arrived: Arrived | None = None,
+                          ) -> tuple[list[str], dict[str, list[str]], list[tuple[str, str, _Batch, str]]]:
+        """The pservers, the names wanted of each and the calls of `_send_and_fetch`, with
+        the queued vars taken (on the caller's thread: a later `send` is the next round's)."""
         queued = self._take_queued()
         with self._lock:
             pending, self._pending = self._pending, []
         self._gather(pending)
-        requests = list(requests)
         wanted = _names_by_endpoint(requests)
         endpoints = list(dict.fromkeys([*send_barrier, *queued, *fetch_barrier, *wanted]))
         calls = [self._send_fetch_call(ep, queued.get(ep, []), ep in send_barrier, wanted.get(ep, []),
-                                       ep in fetch_barrier, _into_of(ep, wanted.get(ep, []), into))
+                                       ep in fetch_barrier, _into_of(ep, wanted.get(ep, []), into),
+                                       None if arrived is None else partial(arrived, ep))
                  for ep in endpoints]
+        return endpoints, wanted, calls
+
+    def _finish_send_fetch(self, endpoints: list[str], wanted: dict[str, list[str]],
+                           calls: list[tuple[str, str, _Batch, str]]) -> dict[tuple[str, str], Any]:
         replies = self._call_all(calls)
         self._wait_early()  # a pserver the calls did not go to
         got: dict[tuple[str, str], Any] = {}
         for endpoint, reply in zip(endpoints, replies, strict=True):
             got.update(self._values_of(endpoint, wanted.get(endpoint, []), reply))
-        return [got[request] for request in requests]
+        return got
+
+    # ------------------------------------------------------------ early receives
+    def receives_early(self) -> bool:
+        """Whether `fetch_barrier_early` may be used now: early receives are not `off` and a
+        send barrier was deferred (the sync trainer program's one `SendFetchBatch`)."""
+        return self.early_recv != "off" and self._deferred_barrier is not None
+
+    def has_bulk(self, endpoint: str) -> bool:
+        """Whether calls to `endpoint` take its bulk channel (it offers one, not lost)."""
+        ep = self._endpoint(endpoint)
+        return ep.bulk is not None and ep.lost is None
+
+    def fetch_barrier_early(self, endpoints: Sequence[str], requests: Iterable[tuple[str, str]],
+                            into: Mapping[tuple[str, str], np.ndarray], arrived: Arrived,
+                            failed: Callable[[BaseException], None]) -> None:
+        """`fetch_barrier` (after a deferred send barrier) whose replies come in on the
+        client's `recv` thread: each fetched var goes to `arrived` as soon as it is in;
+        `failed(error)` is told if the call fails (then any var not yet arrived never
+        will). Returns once the calls are made, not answered; every later call of the
+        client waits for them first (module docstring)."""
+        self._wait_recv()
+        send_barrier, self._deferred_barrier = self._deferred_barrier, None
+        if send_barrier is None:
+            raise RpcError(f"trainer {self.trainer_id}: an early receive needs a deferred send barrier")
+        call = self._send_fetch_calls(send_barrier, list(requests), endpoints, into, arrived)
+        with self._lock:
+            if self._closed:
+                raise RpcError(f"trainer {self.trainer_id}'s RPC client is closed")
+            if self._recv_pool is None:
+                self._recv_pool = _futures.ThreadPoolExecutor(max_workers=1,
+                                                              thread_name_prefix=f"rpc-trainer{self.trainer_id}-recv")
+            self._recv = self._recv_pool.submit(self._receive, call, failed)
+
+    def _receive(self, call: tuple[list[str], dict[str, list[str]], list[tuple[str, str, _Batch, str]]],
+                 failed: Callable[[BaseException], None]) -> None:
+        """The early receive's body (on the `recv` thread). Nothing of the replies is kept:
+        their arrays are the params', whose reference counts say who may reuse them."""
+        try:
+            self._finish_send_fetch(*call)
+        except BaseException as exc:
+            failed(exc)
+            raise
+
+    def _wait_recv(self, *, quiet: bool = False) -> None:
+        """Wait for the early receive in flight (at most the call deadline and a little: the
+        calls have their own) and raise its failure, once (not with `quiet`)."""
+        future = self._recv
+        if future is None:
+            return
+        self._recv = None
+        limit = self.deadline + 5.0
+        try:
+            future.result(timeout=limit)
+        except _futures.TimeoutError:
+            if not quiet:
+                raise RpcError(f"trainer {self.trainer_id}: the fetch barrier's replies did not come in "
+                               f"within {limit:g} s") from None
+        except BaseException:
+            if not quiet:
+                raise
 
     def _send_fetch_call(self, endpoint: str, queued: list[_Queued], barrier: bool, names: list[str],
                          fetch_barrier: bool, into: Mapping[str, np.ndarray] | None = None,
-                         ) -> tuple[str, str, _Batch, str]:
+                         arrived: Callable[[str, Any], None] | None = None) -> tuple[str, str, _Batch, str]:
         """The call (for `_call_all`) of one `SendFetchBatch`."""
         request = _Batch("SendFetchBatch", self.trainer_id, tuple(queued), barrier=barrier, fetch=tuple(names),
-                         fetch_barrier=fetch_barrier, into=into or {})
+                         fetch_barrier=fetch_barrier, into=into or {}, arrived=arrived)
         what = "send barrier and fetch barrier" if barrier and fetch_barrier else "send and fetch"
         return endpoint, "SendFetchBatch", request, what
 
@@ -671,6 +785,7 @@ class RpcClient:
         (a failure notice must not hang on a pserver that is gone)."""
         message = rpc_pb2.CompleteMessage(trainer_id=self.trainer_id, failed=failed, reason=reason)
         if failed:
+            self._wait_recv(quiet=True)  # its failure is what is being reported, or beside it
             with self._lock:
                 self._pending, self._queued = [], {}  # a failed trainer's sends no longer matter
                 for stream in self._streams.values():
@@ -694,6 +809,9 @@ class RpcClient:
         self._gather([(self._future(ep, method, message), what, ep) for ep in endpoints])
 
     def close(self) -> None:
+        """Close the channels, after the early receive in flight (bounded; its failure is
+        raised by the scope's readers of the vars it concerns)."""
+        self._wait_recv(quiet=True)
         with self._lock:
             self._closed = True
             endpoints, self._endpoints = self._endpoints, {}
@@ -701,6 +819,9 @@ class RpcClient:
             streams, self._streams = self._streams, {}
         self._deferred_barrier = None
         self._pool.shutdown(wait=False, cancel_futures=True)
+        recv_pool, self._recv_pool = self._recv_pool, None
+        if recv_pool is not None:
+            recv_pool.shutdown(wait=True)  # idle: the receive was waited for
         for stream in streams.values():  # its thread ends after the send in flight (bounded by its deadline)
             stream.pool.shutdown(wait=False, cancel_futures=True)
         for ep in endpoints.values():

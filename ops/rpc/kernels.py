@@ -9,7 +9,8 @@ message with its vars and the barrier. Without a later `send` or `send_barrier` 
 last `send` flushes the queue, one message per pserver. A `recv` followed by a
 `fetch_barrier` before anything reads what it receives (the sync trainer program, every
 trainer startup) only registers what it wants: the `fetch_barrier` fetches it all, one
-message per pserver with the barrier, and writes the values. Which of these applies is
+message per pserver with the barrier, and writes the values (or, with early receives,
+returns before they are in: `ops.rpc.early_recv`). Which of these applies is
 a fact of the op's place in its block, worked out once per prepared block (`ctx.memo`).
 A `send_barrier` followed by `recv`s and a `fetch_barrier` (the sync trainer program)
 defers its message: the `fetch_barrier` sends each pserver one `SendFetchBatch`, grads
@@ -31,6 +32,7 @@ import numpy as np
 
 from ops.kernels.context import KernelError, OpContext
 from ops.kernels.registry import register
+from ops.rpc import early_recv
 from ops.rpc.client import RpcClient, get_client
 from ops.tensor import LoDTensor, SelectedRows
 from transpiler.ir import Op
@@ -217,8 +219,14 @@ def fetch_barrier(ctx: OpContext) -> None:
     deferred = ctx.env.pop(DEFERRED_KEY, [])
     requests = [request for _, wanted in deferred for request in wanted]
     into, params = _destinations(ctx, deferred)
+    endpoints = [str(ep) for ep in ctx.attr("endpoints")]
+    # Early receives (`ops.rpc.early_recv`): `auto` where the bulk channel receives some
+    # param straight into its array, `on` wherever the block allows.
+    if (deferred and client.receives_early()
+            and (client.early_recv == "on" or any(client.has_bulk(ep) for ep, _ in into))
+            and early_recv.receive_early(ctx, client, endpoints, deferred, into, params)):
+        return
     try:
-        endpoints = [str(ep) for ep in ctx.attr("endpoints")]
         values = iter(client.fetch_barrier(endpoints, requests, into) if into
                       else client.fetch_barrier(endpoints, requests))
     except BaseException:
