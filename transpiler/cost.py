@@ -59,6 +59,7 @@ from typing import Any
 
 from ops.catalogue.optimizer_ops import OPTIMIZER_SLOTS, optimizer_slots
 from ops.heap import MMAP_THRESHOLD
+from ops.rpc.arrival_sum import MIN_BYTES as ARRIVAL_SUM_BYTES
 from transpiler.errors import TranspileError
 from transpiler.ir.types import DType
 
@@ -76,6 +77,21 @@ RATES_SCHEMA = "pstranspile.rates/1"
 SPARSE_COPIES = frozenset({"adagrad", "adam", "ftrl"})
 
 
+# The op-rate key of a grad summed on arrival: µs per element a sync pserver adds into the
+# grad's kept accumulator as a trainer's copy arrives (`ops.rpc.arrival_sum`: the receive
+# writes the first copy in place, each later one is added chunk by chunk, no `sum` op runs).
+SUM_ON_ARRIVAL = "sum_on_arrival"
+
+
+def sums_on_arrival(nbytes: int, job: Job) -> bool:
+    """Does a real sync pserver sum this dense grad on arrival rather than run its `sum` op?
+    Yes for a grad of `arrival_sum.MIN_BYTES` (256 kB) or more with per-trainer copies (sync,
+    2+ trainers): such a pserver offers the bulk channel (`PSTRANSPILE_BULK=auto`, its
+    threshold is the same) and skips the optimize block's leading `sum`; a smaller grad keeps
+    the op (docs/runtime.md "Summed on arrival")."""
+    return job.per_trainer_grads and nbytes >= ARRIVAL_SUM_BYTES
+
+
 def sparse_step_copies(optimizer: str, sync_mode: bool) -> bool:
     """Does a sparse update by `optimizer` copy its whole param and state each run? Only on
     an async pserver: a sync one orders every read before the updates, so Adagrad, FTRL and
@@ -87,6 +103,10 @@ def sparse_step_copies(optimizer: str, sync_mode: bool) -> bool:
 # (2026-11-27, the median of 10 runs under load, each the best of 5 repeats): µs per float32
 # element, the executor's kernels.
 DEFAULT_OP_US = {
+    # per element of a trainer's copy added into a grad summed on arrival (`SUM_ON_ARRIVAL`,
+    # `calibrate.measure_arrival_add`: in-place adds of 2 MB chunks into a 16 MB accumulator;
+    # the median of 5 calibrations, 2026-11-27, load average 8-12)
+    SUM_ON_ARRIVAL: 0.00020, "sum_on_arrival@fp64": 0.00040,
     "sum": 0.00017, "scale": 0.00016, "sgd": 0.00032, "momentum": 0.00137, "adam": 0.00142, "adamw": 0.00144,
     "adagrad": 0.00148, "rmsprop": 0.0027, "adamax": 0.00227, "ftrl": 0.0068, "decayed_adagrad": 0.00192,
     "lars_momentum": 0.00242, "lamb": 0.0050,
@@ -144,6 +164,8 @@ class Rates:
             return self.op(op_type) * dtype.itemsize / 4
         if op_type in self.op_us:
             return float(self.op_us[op_type])
+        if op_type == SUM_ON_ARRIVAL:  # a table without it (built in Python): the `sum` op's rate
+            return self.op("sum")
         if op_type in OPTIMIZER_SLOTS:  # an optimizer without its own rate: priced by its state
             slots = optimizer_slots(op_type)
             return float(self.op_us["sgd"]) + len(slots.sliced) * float(self.op_us["momentum"] - self.op_us["sgd"])
@@ -412,8 +434,9 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
     else:
         cost.bytes_in = t * n * size
         cost.bytes_out = t * n * size
-        if job.sync_mode:
-            cost.compute_us = ((t - 1) * n * rates.op("sum", dtype) + n * rates.op("scale", dtype)
+        if job.sync_mode:  # a big grad is summed as it arrives, a small one by the block's `sum`
+            summed = SUM_ON_ARRIVAL if sums_on_arrival(n * size, job) else "sum"
+            cost.compute_us = ((t - 1) * n * rates.op(summed, dtype) + n * rates.op("scale", dtype)
                                + n * rates.op(optimizer, dtype))
         else:
             cost.compute_us = t * n * rates.op(optimizer, dtype)
