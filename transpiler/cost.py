@@ -30,7 +30,10 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
   (in sync mode carrying the barriers), and a prefetch call per prefetched partition;
   each var a batch carries costs `var_us`;
 - compute: `(T-1)·n·sum + n·scale + n·<optimizer>` µs-per-element rates (`Rates`: float32
-  rates, float64 its own `op@fp64` ones, copies by their bytes); sparse
+  rates, float64 its own `op@fp64` ones, copies by their bytes), where a dense grad of
+  `arrival_sum.MIN_BYTES` or more with per-trainer copies (`sums_on_arrival`) has no `sum`
+  op: the pserver adds each copy into its accumulator as it arrives, `(T-1)·n` elements at
+  the `sum_on_arrival` rate (the receive itself is the bytes' `bandwidth`); sparse
   grads touch `r` rows instead of `n / cols` (unless the optimizer updates every row), each
   such row costing `update_row_us` beside its elements' rates, their
   `T·l` grad rows (`T·r` when merged) are merged at `row_us + cols·merge_us` each (no `sum` rate), and
@@ -105,8 +108,8 @@ def sparse_step_copies(optimizer: str, sync_mode: bool) -> bool:
 DEFAULT_OP_US = {
     # per element of a trainer's copy added into a grad summed on arrival (`SUM_ON_ARRIVAL`,
     # `calibrate.measure_arrival_add`: in-place adds of 2 MB chunks into a 16 MB accumulator;
-    # the median of 5 calibrations, 2026-11-27, load average 8-12)
-    SUM_ON_ARRIVAL: 0.00020, "sum_on_arrival@fp64": 0.00040,
+    # 3 calibrations, 2026-11-27, load average 10-13: 0.00020-0.00021, float64 0.00040-0.00058)
+    SUM_ON_ARRIVAL: 0.00020, "sum_on_arrival@fp64": 0.00050,
     "sum": 0.00017, "scale": 0.00016, "sgd": 0.00032, "momentum": 0.00137, "adam": 0.00142, "adamw": 0.00144,
     "adagrad": 0.00148, "rmsprop": 0.0027, "adamax": 0.00227, "ftrl": 0.0068, "decayed_adagrad": 0.00192,
     "lars_momentum": 0.00242, "lamb": 0.0050,
@@ -131,7 +134,11 @@ class Rates:
     # the defaults: `pstranspile calibrate` on the shared 2-core VM, 2026-11-27, under load
     # (load average 2-5: other helpers' jobs and a benchmark of ours): the median of 10 runs,
     # the range in brackets (the small fixed figures move by 2x between runs)
-    bandwidth: float = 1.57e9  # a real sync pserver taking dense grads and sending params (1.33-1.96e9)
+    # a real sync pserver taking dense grads (big ones summed on arrival, on the bulk channel)
+    # and sending params: `calibrate.measure_dense`'s slope between two nets of big grads,
+    # the median of 3 calibrations at load average 11-13, 2026-11-27 (2.5-5.3e9); the one
+    # wide layer measured before gave 1.33-1.96e9, its out-of-cache Momentum charged to the bytes
+    bandwidth: float = 2.8e9
     rpc_us: float = 385.0  # a real sync pserver's CPU per batch a trainer sends or fetches a round (267-473)
     op_us: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_US))
     row_us: float = 0.053  # per sparse grad row the pserver's block merges (a lookup; 0.029-0.18)
