@@ -558,6 +558,27 @@ def test_calibrate_times_a_real_sync_round():
     assert 0 < one < 50_000
 
 
+def test_calibrate_arrival_add_rate_is_per_element_and_add_like():
+    """`measure_arrival_add`: the in-place chunked add a pserver does per element of a copy
+    summed on arrival, µs per element, in float32 and float64 (`sum_on_arrival@fp64`)."""
+    from transpiler.calibrate import measure_arrival_add
+
+    f32 = measure_arrival_add(elements=1 << 20, repeat=3)
+    f64 = measure_arrival_add(elements=1 << 20, repeat=3, dtype="float64")
+    assert 0 < f32 < 0.01 and 0 < f64 < 0.02  # a memcpy-like pass: ~0.0002 on the 2-core VM
+
+
+def test_calibrate_dense_refuses_nets_whose_weights_are_not_summed_on_arrival():
+    """`measure_dense` prices the bytes as a real model's big grads travel: widths whose
+    weights fall under `arrival_sum.MIN_BYTES` would measure the `sum` op's path instead,
+    and are refused before anything runs."""
+    from transpiler.calibrate import DENSE_WIDTHS, measure_dense
+
+    assert all(sums_on_arrival(w * w * 4, Job(2)) for w in DENSE_WIDTHS)
+    with pytest.raises(ValueError, match="summed on arrival"):
+        measure_dense(dict(DEFAULT_OP_US), 0.0, widths=(255, 1024))
+
+
 def test_calibrate_measures_sparse_rows_on_a_real_sync_pserver():
     """`measure_sync_sparse` drives a real sync pserver (rows updated in place) a round at
     a time: a grad row of 64 floats costs it CPU, and the per-float rest is a rate."""
