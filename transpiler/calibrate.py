@@ -694,7 +694,7 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
     `sum` op); the median of `pairs` pairs measured back to back (one pair's slope moved
     2x under load). Its weights are grads of 256 kB or more, so the pserver takes them as it
     takes a real model's big grads: on the bulk channel, summed on arrival (one wide layer
-    instead, whose ops run out of cache at 2-4x their measured rate, priced the bytes at
+    instead, whose ops run out of cache at 2-5x their measured rate, priced the bytes at
     half their speed: 1.4 against ~3 GB/s, the dense estimates 1.4-1.6x their measured
     CPU). The trainers wait `think` seconds between rounds, as real ones compute theirs:
     a pserver woken from idle each round spends ~1.5x the CPU per round of one kept busy

@@ -136,7 +136,7 @@ class Rates:
     # the range in brackets (the small fixed figures move by 2x between runs)
     # a real sync pserver taking dense grads (big ones summed on arrival, on the bulk channel)
     # and sending params: `calibrate.measure_dense`'s slope between two nets of big grads,
-    # the median of 3 calibrations at load average 11-13, 2026-11-27 (2.5-5.3e9); the one
+    # the median of 5 calibrations at load average 11-18, 2026-11-27 (2.5-5.3e9); the one
     # wide layer measured before gave 1.33-1.96e9, its out-of-cache Momentum charged to the bytes
     bandwidth: float = 2.8e9
     rpc_us: float = 385.0  # a real sync pserver's CPU per batch a trainer sends or fetches a round (267-473)
