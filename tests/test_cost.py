@@ -579,6 +579,30 @@ def test_calibrate_dense_refuses_nets_whose_weights_are_not_summed_on_arrival():
         measure_dense(dict(DEFAULT_OP_US), 0.0, widths=(255, 1024))
 
 
+def test_calibrate_dense_recovers_the_rates_of_a_pserver_that_costs_what_the_model_says(monkeypatch):
+    """`measure_dense` against pservers whose CPU per round is the model's own estimate
+    (`plan_costs` with known rates, in place of `measure_sync_round`): it gives back the
+    bandwidth (the two wide nets' weights summed on arrival, their biases by the `sum` op,
+    as the model prices them), `block_us` and `rpc_us` it was given."""
+    from transpiler import calibrate
+
+    rates = Rates(bandwidth=3e9, rpc_us=300.0, var_us=0.0, block_us=50.0,
+                  op_us={**DEFAULT_OP_US, SUM_ON_ARRIVAL: 0.0004, "sum": 0.002, "scale": 0.0003, "momentum": 0.001})
+
+    def modelled(main, startup, steps, warm=3, trainers=2, think=0.0):
+        result = transpile(main, startup, pservers=["127.0.0.1:1"], trainers=trainers)
+        return plan_costs(result.plan, rates)[0].time_us
+
+    monkeypatch.setattr(calibrate, "measure_sync_round", modelled)
+    dense = calibrate.measure_dense(dict(rates.op_us), 0.0)
+    assert dense["bandwidth"] == pytest.approx(3e9, rel=1e-9) and dense["bandwidths"] == [dense["bandwidth"]] * 3
+    # the tiny nets' own bytes and ops ride on the fixed figures: under 1%
+    assert dense["block_us"] == pytest.approx(50.0, rel=0.01) and dense["rpc_us"] == pytest.approx(300.0, rel=0.01)
+    # pservers that ran the `sum` op on the weights too would cost more: not that bandwidth
+    monkeypatch.setattr("transpiler.cost.sums_on_arrival", lambda nbytes, job: False)
+    assert calibrate.measure_dense(dict(rates.op_us), 0.0)["bandwidth"] < 0.9 * 3e9
+
+
 def test_calibrate_measures_sparse_rows_on_a_real_sync_pserver():
     """`measure_sync_sparse` drives a real sync pserver (rows updated in place) a round at
     a time: a grad row of 64 floats costs it CPU, and the per-float rest is a rate."""
