@@ -14,7 +14,8 @@ import pytest
 from conftest import PADDLE_CASES, PADDLE_PROGRAMS, REAL_MODEL_CASES, load_case_json
 from transpiler.api import transpile
 from transpiler.cost import (
-    MEMORY_KINDS, Cost, IdStats, Job, Rates, block_cost, declared_memory, load_rates, parse_bytes, plan_costs,
+    DEFAULT_OP_US, MEMORY_KINDS, SUM_ON_ARRIVAL, Cost, IdStats, Job, Rates, block_cost, declared_memory, load_rates,
+    parse_bytes, plan_costs, sums_on_arrival,
     SYNC_SPARSE_BANDWIDTH, read_id_sample, var_bytes,
 )
 from transpiler.errors import TranspileError
@@ -101,6 +102,110 @@ def test_dense_block_traffic_and_compute():
     async_cost = block_cost("sgd", DType.FP32, 0, 100, 10, Job(trainers=3, sync_mode=False), rates)
     assert async_cost.memory["grad_buffers"] == 0
     assert async_cost.compute_us == pytest.approx(3 * n * 0.003 + 3 * 7.0)  # the block runs per trainer's grad
+
+
+def test_a_big_dense_grad_is_summed_on_arrival_a_small_one_by_the_sum_op():
+    """A sync pserver with 2+ trainers sums a dense grad of `arrival_sum.MIN_BYTES` (256 kB)
+    or more as its copies arrive (`sum_on_arrival` per element added), a smaller one by the
+    optimize block's `sum` op; one trainer sums nothing, an async pserver neither: hand-worked
+    figures on both sides of the threshold, float32 and float64."""
+    from ops.rpc.arrival_sum import MIN_BYTES
+
+    rates = Rates(bandwidth=1e9, rpc_us=0.0, var_us=0.0, block_us=5.0,
+                  op_us={"sum": 0.004, SUM_ON_ARRIVAL: 0.001, f"{SUM_ON_ARRIVAL}@fp64": 0.003, "sum@fp64": 0.009,
+                         "scale": 0.0, "scale@fp64": 0.0, "sgd": 0.0, "sgd@fp64": 0.0})
+    big = MIN_BYTES // 4  # float32 elements: exactly at the threshold
+    at = block_cost("sgd", DType.FP32, 0, big // 64, 64, Job(trainers=3), rates)
+    assert at.compute_us == pytest.approx(2 * big * 0.001 + 5.0)  # two copies added on arrival, no `sum`
+    below = block_cost("sgd", DType.FP32, 0, big // 64 - 1, 64, Job(trainers=3), rates)
+    assert below.compute_us == pytest.approx(2 * (big - 64) * 0.004 + 5.0)  # the `sum` op
+    wide = block_cost("sgd", DType.FP64, 0, big // 128, 64, Job(trainers=2), rates)  # MIN_BYTES in float64
+    assert wide.compute_us == pytest.approx(big // 2 * 0.003 + 5.0)
+    narrow = block_cost("sgd", DType.FP64, 0, big // 128 - 1, 64, Job(trainers=2), rates)
+    assert narrow.compute_us == pytest.approx((big // 2 - 64) * 0.009 + 5.0)
+    assert block_cost("sgd", DType.FP32, 0, big, 1, Job(trainers=1), rates).compute_us == pytest.approx(5.0)
+    assert block_cost("sgd", DType.FP32, 0, big, 1, Job(trainers=2, sync_mode=False), rates).compute_us == \
+        pytest.approx(2 * 5.0)
+    # the memory is what the programs declare, summed on arrival or not: a buffer per trainer
+    assert at.memory["grad_buffers"] == 3 * MIN_BYTES and below.memory["grad_buffers"] == 3 * (MIN_BYTES - 256)
+    assert sums_on_arrival(MIN_BYTES, Job(2)) and not sums_on_arrival(MIN_BYTES - 1, Job(2))
+    assert not sums_on_arrival(MIN_BYTES, Job(1)) and not sums_on_arrival(MIN_BYTES, Job(2, sync_mode=False))
+
+
+@pytest.mark.parametrize("case", ["mlp", "mlp-fp64", "edge"])
+def test_the_model_sums_on_arrival_exactly_the_grads_a_real_pserver_does(monkeypatch, case):
+    """The Paddle-built MLP (2 trainers, 2 pservers, float32 and float64) and two fc layers
+    on one pserver whose weights are one row under and exactly 256 kB (`edge`): each real
+    pserver, started with the default settings, skips the `sum` ops of the grads the model
+    prices as summed on arrival (`server.skip_ops`) and keeps the others' (their sizes
+    compared, pserver by pserver)."""
+    import threading
+
+    from ops.rpc import bulk
+    from ops.rpc.serve import serve_program
+    from ops.rpc.service import NONFINITE_ENV
+    from transpiler.api import as_float64
+    from transpiler.runtime.launch import free_endpoints
+
+    monkeypatch.delenv(bulk.BULK_ENV, raising=False)
+    monkeypatch.delenv(NONFINITE_ENV, raising=False)
+    if case == "edge":
+        from transpiler.calibrate import dense_programs
+
+        main, startup = dense_programs(2, 256, 255)  # weights [255, 256] and [256, 256] float32
+        eps = free_endpoints(1)
+    else:
+        folder = PADDLE_PROGRAMS / "mlp_adam_2ps"
+        main, startup = Program.load(folder / "main.pb"), Program.load(folder / "startup.pb")
+        if case == "mlp-fp64":
+            main, startup = as_float64(main), as_float64(startup)
+        eps = free_endpoints(2)
+    result = transpile(main, startup, pservers=eps, trainers=2)
+    job = Job(2)
+    seen = 0
+    for endpoint in eps:
+        model = {True: [], False: []}
+        for param in result.plan.params:
+            for block, where in zip(param.blocks, param.endpoints, strict=True):
+                if where == endpoint:
+                    size = block.rows * (block.cols or math.prod(param.shape[1:])) * param.dtype.itemsize
+                    model[sums_on_arrival(size, job)].append(size)
+        program, program_startup = result.pservers[endpoint]
+        started, done = threading.Event(), threading.Event()
+        found = {}
+
+        def ready(server, found=found, started=started, done=done):
+            found["skip"] = set(server.skip_ops)
+            started.set()
+            done.wait(30)
+            server.stop()
+
+        thread = threading.Thread(target=serve_program, args=(program, program_startup),
+                                  kwargs=dict(endpoint=endpoint, ready=ready, log=None, timeout=30.0), daemon=True)
+        thread.start()
+        assert started.wait(60)
+        done.set()
+        thread.join(30)
+        runtime = {True: [], False: []}
+        for block in program.blocks:
+            for i, op in enumerate(block.ops):
+                if op.type == "sum" and i == 0:
+                    out = block.var(op.outputs["Out"][0]) if block.has_var(op.outputs["Out"][0]) else \
+                        program.global_block().var(op.outputs["Out"][0])
+                    runtime[(block.idx, i) in found["skip"]].append(var_bytes(out))
+        assert sorted(runtime[True]) == sorted(model[True]) and sorted(runtime[False]) == sorted(model[False])
+        seen += len(model[True])
+    assert seen == (1 if case == "edge" else 2)  # the 256 kB weight; a block of `h1.w` on each pserver
+
+
+def test_a_rate_table_without_the_arrival_add_prices_it_as_the_sum_op():
+    """`Rates` built in Python with an op table that lacks `sum_on_arrival` price the adds
+    at the `sum` op's rate (float64: twice that, as an op without an `@fp64` rate); the defaults and a
+    rates file carry their own."""
+    rates = Rates(op_us={"sum": 0.002, "sum@fp64": 0.005})
+    assert rates.op(SUM_ON_ARRIVAL) == 0.002 and rates.op(SUM_ON_ARRIVAL, DType.FP64) == pytest.approx(0.004)
+    assert Rates().op(SUM_ON_ARRIVAL) == DEFAULT_OP_US[SUM_ON_ARRIVAL]
+    assert Rates().op(SUM_ON_ARRIVAL, DType.FP64) == DEFAULT_OP_US[f"{SUM_ON_ARRIVAL}@fp64"]
 
 
 def test_sparse_costs_count_grad_rows_per_lookup_and_whole_copies():
@@ -451,6 +556,51 @@ def test_calibrate_times_a_real_sync_round():
 
     one = measure_sync_round(*dense_programs(1, 4, 4), steps=20, warm=2)
     assert 0 < one < 50_000
+
+
+def test_calibrate_arrival_add_rate_is_per_element_and_add_like():
+    """`measure_arrival_add`: the in-place chunked add a pserver does per element of a copy
+    summed on arrival, µs per element, in float32 and float64 (`sum_on_arrival@fp64`)."""
+    from transpiler.calibrate import measure_arrival_add
+
+    f32 = measure_arrival_add(elements=1 << 20, repeat=3)
+    f64 = measure_arrival_add(elements=1 << 20, repeat=3, dtype="float64")
+    assert 0 < f32 < 0.01 and 0 < f64 < 0.02  # a memcpy-like pass: ~0.0002 on the 2-core VM
+
+
+def test_calibrate_dense_refuses_nets_whose_weights_are_not_summed_on_arrival():
+    """`measure_dense` prices the bytes as a real model's big grads travel: widths whose
+    weights fall under `arrival_sum.MIN_BYTES` would measure the `sum` op's path instead,
+    and are refused before anything runs."""
+    from transpiler.calibrate import DENSE_WIDTHS, measure_dense
+
+    assert all(sums_on_arrival(w * w * 4, Job(2)) for w in DENSE_WIDTHS)
+    with pytest.raises(ValueError, match="summed on arrival"):
+        measure_dense(dict(DEFAULT_OP_US), 0.0, widths=(255, 1024))
+
+
+def test_calibrate_dense_recovers_the_rates_of_a_pserver_that_costs_what_the_model_says(monkeypatch):
+    """`measure_dense` against pservers whose CPU per round is the model's own estimate
+    (`plan_costs` with known rates, in place of `measure_sync_round`): it gives back the
+    bandwidth (the two wide nets' weights summed on arrival, their biases by the `sum` op,
+    as the model prices them), `block_us` and `rpc_us` it was given."""
+    from transpiler import calibrate
+
+    rates = Rates(bandwidth=3e9, rpc_us=300.0, var_us=0.0, block_us=50.0,
+                  op_us={**DEFAULT_OP_US, SUM_ON_ARRIVAL: 0.0004, "sum": 0.002, "scale": 0.0003, "momentum": 0.001})
+
+    def modelled(main, startup, steps, warm=3, trainers=2, think=0.0):
+        result = transpile(main, startup, pservers=["127.0.0.1:1"], trainers=trainers)
+        return plan_costs(result.plan, rates)[0].time_us
+
+    monkeypatch.setattr(calibrate, "measure_sync_round", modelled)
+    dense = calibrate.measure_dense(dict(rates.op_us), 0.0)
+    assert dense["bandwidth"] == pytest.approx(3e9, rel=1e-9) and dense["bandwidths"] == [dense["bandwidth"]] * 3
+    # the tiny nets' own bytes and ops ride on the fixed figures: under 1%
+    assert dense["block_us"] == pytest.approx(50.0, rel=0.01) and dense["rpc_us"] == pytest.approx(300.0, rel=0.01)
+    # pservers that ran the `sum` op on the weights too would cost more: not that bandwidth
+    monkeypatch.setattr("transpiler.cost.sums_on_arrival", lambda nbytes, job: False)
+    assert calibrate.measure_dense(dict(rates.op_us), 0.0)["bandwidth"] < 0.9 * 3e9
 
 
 def test_calibrate_measures_sparse_rows_on_a_real_sync_pserver():

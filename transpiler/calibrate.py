@@ -33,8 +33,11 @@ real pservers' CPU per step.
   fc layers, Momentum, to 2 trainer threads that replay their traffic with
   `transpiler.replay` and wait `THINK` between rounds as real trainers compute): `rpc_us`
   per trainer batch (a 1-layer tiny net's round), `block_us` per partition (16 layers
-  against 1), `bandwidth` (a 2048 x 2048 layer's bytes in and out over the CPU it adds,
-  its ops taken off).
+  against 1), `bandwidth` (8 layers 1024 wide against 8 layers 512 wide: the bytes in
+  and out they add over the CPU they add, their ops taken off; every weight 1 MB or more,
+  so it travels the bulk channel and is summed on arrival, as a real model's big grads);
+- `sum_on_arrival` (an op rate, `measure_arrival_add`): per element of a trainer's copy
+  of a big grad added into its accumulator in 2 MB chunks, as the pserver does.
 
 30-60 s on the shared 2-core VM (more when it is loaded). The figures go to a JSON file
 (`Rates.to_json`) that `plan --rates` and `PlanPartitioner(rates=load_rates(path))` read.
@@ -53,7 +56,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from transpiler.cost import DEFAULT_OP_US, ID_BYTES, Rates
+from transpiler.cost import DEFAULT_OP_US, ID_BYTES, SUM_ON_ARRIVAL, Rates
 
 _SERVER = r"""
 import sys
@@ -147,13 +150,16 @@ OP_ATTRS = {"momentum": {"mu": 0.9}, "lars_momentum": {"mu": 0.9, "lars_coeff": 
 
 
 def _time_op(op_type: str, inputs, outputs, attrs, repeat: int) -> float:
+    """The least CPU seconds (this process's: a pserver's load is its CPU) of `repeat` runs.
+    Not the wall time: on a loaded machine a run descheduled midway measured an op at 10x
+    its rate (`adam` 0.019 against 0.0016 µs per element at load average 13-18)."""
     from ops.testing import run_op
 
     best = float("inf")
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = time.process_time()
         run_op(op_type, inputs, outputs, attrs)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, time.process_time() - start)
     return best
 
 
@@ -187,6 +193,30 @@ def measure_ops(op_types=None, big: int = 1 << 20, small: int = 1 << 16, repeat:
         except Exception:  # noqa: BLE001 - an op the generic inputs do not suit keeps its default rate
             continue
     return out
+
+
+def measure_arrival_add(elements: int = 1 << 22, repeat: int = 5, dtype: str = "float32") -> float:
+    """µs per element a sync pserver spends adding a trainer's copy of a grad summed on
+    arrival into its accumulator (`ops.rpc.server._receive_summed`): each chunk of
+    `arrival_sum.CHUNK_BYTES` received into one scratch buffer, then added in place into
+    its slice of an `elements`-long accumulator (16 MB in float32: beyond the caches, as a
+    pserver's grads are). The best of `repeat` passes over the accumulator; the receive
+    itself is the dense `bandwidth`'s."""
+    import numpy as np
+
+    from ops.rpc.arrival_sum import CHUNK_BYTES
+
+    acc = np.ones(elements, dtype)
+    chunk = max(CHUNK_BYTES // acc.itemsize, 1)
+    part = np.full(chunk, 1e-3, dtype)
+    best = float("inf")
+    for _ in range(repeat + 1):  # the first pass warms
+        start = time.process_time()
+        for done in range(0, elements, chunk):
+            end = min(elements, done + chunk)
+            np.add(acc[done:end], part[:end - done], out=acc[done:end])
+        best = min(best, time.process_time() - start)
+    return best / elements * 1e6
 
 
 BLOCK_WIDTH = 64  # the wider of `measure_sparse_block`'s tables: its per-row figures
@@ -646,29 +676,57 @@ def _stop(child: subprocess.Popen, clients: Sequence[Any]) -> None:
 THINK = 0.01  # seconds a replaying trainer waits between rounds, as a trainer computing its passes
 
 
+DENSE_LAYERS = 8  # `measure_dense`'s two wide nets: this many fc layers each
+DENSE_WIDTHS = (512, 1024)  # their widths: every weight (1 MB, 4 MB) summed on arrival, on the bulk channel
+
+
 def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRAINERS, small_steps: int = 100,
-                  big: int = 2048, big_steps: int = 12, many: int = 16, think: float = THINK) -> dict[str, float]:
+                  big_steps: int = 6, many: int = 16, think: float = THINK, layers: int = DENSE_LAYERS,
+                  widths: tuple[int, int] = DENSE_WIDTHS, pairs: int = 3) -> dict[str, float]:
     """A real sync pserver, `trainers` trainers (`measure_sync_round`): `rpc_us` = half a
     trainer's share of one round of a 1-layer tiny net (its 2 partitions' blocks and vars
     taken off: each trainer sends a batch and fetches one), `block_us` = the extra CPU per
     partition of a `many`-layer tiny net (its `2·trainers` vars taken off), `bandwidth` =
-    the bytes of a `big` x `big` layer (in and out, every trainer) over the CPU it adds to
-    the tiny net's round (its `sum`, `scale`, `momentum` taken off at `ops` rates). The
-    trainers wait `think` seconds between rounds, as real ones compute theirs: a pserver
-    woken from idle each round spends ~1.5x the CPU per round of one kept busy (800-1000
-    against 1200-1800 µs measured on the shared 2-core VM)."""
+    the slope between two nets of `layers` fc layers `widths[0]` and `widths[1]` wide
+    (the same partitions, so their blocks and RPCs cancel): the bytes the wider one adds (in
+    and out, every trainer) over the CPU it adds, less its ops at the `ops` rates (`scale`,
+    `momentum`, and the sums: a weight summed on arrival at `sum_on_arrival`, a bias by the
+    `sum` op); the median of `pairs` pairs measured back to back (one pair's slope moved
+    2x under load). Its weights are grads of 256 kB or more, so the pserver takes them as it
+    takes a real model's big grads: on the bulk channel, summed on arrival (one wide layer
+    instead, whose ops run out of cache at 2-5x their measured rate, priced the bytes at
+    half their speed: 1.4 against ~3 GB/s, the dense estimates 1.4-1.6x their measured
+    CPU). The trainers wait `think` seconds between rounds, as real ones compute theirs:
+    a pserver woken from idle each round spends ~1.5x the CPU per round of one kept busy
+    (800-1000 against 1200-1800 µs measured on the shared 2-core VM)."""
+    from transpiler.cost import ARRIVAL_SUM_BYTES
+
+    if min(widths) ** 2 * 4 < ARRIVAL_SUM_BYTES:
+        raise ValueError(f"measure_dense: widths {widths} give weights below the {ARRIVAL_SUM_BYTES} bytes summed on arrival")
     tiny = measure_sync_round(*dense_programs(1, 4, 4), small_steps, think=think)
     wide = measure_sync_round(*dense_programs(many, 4, 4), small_steps // 2, think=think)
     per_partition = max((wide - tiny) / (2 * (many - 1)), 0.0)
     block_us = max(per_partition - 2 * trainers * var_us, 0.0)
     rpc_us = max((tiny - 2 * per_partition) / (2 * trainers), 0.0)
-    n = big * big + big
-    heavy = measure_sync_round(*dense_programs(1, big, big), big_steps, think=think)
-    work = n * ((trainers - 1) * ops["sum"] + ops["scale"] + ops["momentum"])
-    moved = 2 * trainers * n * 4
-    bandwidth = moved / max(heavy - tiny - work, 0.1 * heavy, 1.0) * 1e6  # a floor: noise cannot make it infinite
+    work, moved = [], []
+    for width in widths:
+        weights, biases = layers * width * width, layers * width
+        work.append((weights + biases) * (ops["scale"] + ops["momentum"])
+                    + (trainers - 1) * (weights * ops[SUM_ON_ARRIVAL] + biases * ops["sum"]))
+        moved.append(2 * trainers * (weights + biases) * 4)
+    slopes, narrow, broad = [], [], []
+    for _ in range(pairs):  # back to back, under the same load: the median pair's slope
+        rounds = [measure_sync_round(*dense_programs(layers, width, width), big_steps, think=think) for width in widths]
+        narrow.append(rounds[0])
+        broad.append(rounds[1])
+        spent = rounds[1] - rounds[0] - (work[1] - work[0])
+        # a floor: noise cannot make it infinite
+        slopes.append((moved[1] - moved[0]) / max(spent, 0.1 * (rounds[1] - rounds[0]), 1.0) * 1e6)
+    bandwidth = statistics.median(slopes)
+    rounds = [statistics.median(narrow), statistics.median(broad)]
     return {"rpc_us": rpc_us, "block_us": block_us, "bandwidth": bandwidth, "round_us": tiny,
-            "per_partition_us": per_partition, "big_round_us": heavy}
+            "per_partition_us": per_partition, "narrow_round_us": rounds[0], "big_round_us": rounds[1],
+            "bandwidths": slopes}
 
 
 def calibrate(progress=None) -> Rates:
@@ -678,6 +736,8 @@ def calibrate(progress=None) -> Rates:
     ops = dict(DEFAULT_OP_US)
     ops.update(measure_ops())
     ops.update({f"{k}@fp64": v for k, v in measure_ops(FP64_OPS, dtype="float64").items()})
+    ops[SUM_ON_ARRIVAL] = measure_arrival_add()
+    ops[f"{SUM_ON_ARRIVAL}@fp64"] = measure_arrival_add(dtype="float64")
     say(f"  {', '.join(f'{k} {v:.4f}' for k, v in sorted(ops.items()))}")
     say("a pserver's sparse block (executor, sync: in place; async: copying): us per lookup, per row updated, "
         "per element copied")
@@ -714,7 +774,8 @@ def calibrate(progress=None) -> Rates:
     dense = measure_dense(ops, real["var_us"])
     say(f"  rpc {dense['rpc_us']:.0f}, block {dense['block_us']:.1f}, {dense['bandwidth'] / 1e6:,.0f} MB/s "
         f"(rounds: tiny {dense['round_us']:.0f} us, +{dense['per_partition_us']:.0f} us per partition, "
-        f"a 4M-float layer {dense['big_round_us'] / 1e3:.1f} ms)")
+        f"{DENSE_LAYERS} layers {DENSE_WIDTHS[0]} / {DENSE_WIDTHS[1]} wide {dense['narrow_round_us'] / 1e3:.1f} / "
+        f"{dense['big_round_us'] / 1e3:.1f} ms)")
     host = os.uname().nodename if hasattr(os, "uname") else "this machine"
     source = f"calibrate on {host}, {time.strftime('%Y-%m-%d')}, {time.perf_counter() - started:.0f}s"
     return Rates(bandwidth=dense["bandwidth"], rpc_us=dense["rpc_us"], op_us=ops, row_us=row_us,

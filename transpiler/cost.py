@@ -30,7 +30,10 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
   (in sync mode carrying the barriers), and a prefetch call per prefetched partition;
   each var a batch carries costs `var_us`;
 - compute: `(T-1)·n·sum + n·scale + n·<optimizer>` µs-per-element rates (`Rates`: float32
-  rates, float64 its own `op@fp64` ones, copies by their bytes); sparse
+  rates, float64 its own `op@fp64` ones, copies by their bytes), where a dense grad of
+  `arrival_sum.MIN_BYTES` or more with per-trainer copies (`sums_on_arrival`) has no `sum`
+  op: the pserver adds each copy into its accumulator as it arrives, `(T-1)·n` elements at
+  the `sum_on_arrival` rate (the receive itself is the bytes' `bandwidth`); sparse
   grads touch `r` rows instead of `n / cols` (unless the optimizer updates every row), each
   such row costing `update_row_us` beside its elements' rates, their
   `T·l` grad rows (`T·r` when merged) are merged at `row_us + cols·merge_us` each (no `sum` rate), and
@@ -59,6 +62,7 @@ from typing import Any
 
 from ops.catalogue.optimizer_ops import OPTIMIZER_SLOTS, optimizer_slots
 from ops.heap import MMAP_THRESHOLD
+from ops.rpc.arrival_sum import MIN_BYTES as ARRIVAL_SUM_BYTES
 from transpiler.errors import TranspileError
 from transpiler.ir.types import DType
 
@@ -76,6 +80,21 @@ RATES_SCHEMA = "pstranspile.rates/1"
 SPARSE_COPIES = frozenset({"adagrad", "adam", "ftrl"})
 
 
+# The op-rate key of a grad summed on arrival: µs per element a sync pserver adds into the
+# grad's kept accumulator as a trainer's copy arrives (`ops.rpc.arrival_sum`: the receive
+# writes the first copy in place, each later one is added chunk by chunk, no `sum` op runs).
+SUM_ON_ARRIVAL = "sum_on_arrival"
+
+
+def sums_on_arrival(nbytes: int, job: Job) -> bool:
+    """Does a real sync pserver sum this dense grad on arrival rather than run its `sum` op?
+    Yes for a grad of `arrival_sum.MIN_BYTES` (256 kB) or more with per-trainer copies (sync,
+    2+ trainers): such a pserver offers the bulk channel (`PSTRANSPILE_BULK=auto`, its
+    threshold is the same) and skips the optimize block's leading `sum`; a smaller grad keeps
+    the op (docs/runtime.md "Summed on arrival")."""
+    return job.per_trainer_grads and nbytes >= ARRIVAL_SUM_BYTES
+
+
 def sparse_step_copies(optimizer: str, sync_mode: bool) -> bool:
     """Does a sparse update by `optimizer` copy its whole param and state each run? Only on
     an async pserver: a sync one orders every read before the updates, so Adagrad, FTRL and
@@ -87,6 +106,10 @@ def sparse_step_copies(optimizer: str, sync_mode: bool) -> bool:
 # (2026-11-27, the median of 10 runs under load, each the best of 5 repeats): µs per float32
 # element, the executor's kernels.
 DEFAULT_OP_US = {
+    # per element of a trainer's copy added into a grad summed on arrival (`SUM_ON_ARRIVAL`,
+    # `calibrate.measure_arrival_add`: in-place adds of 2 MB chunks into a 16 MB accumulator;
+    # 3 calibrations, 2026-11-27, load average 10-13: 0.00020-0.00021, float64 0.00040-0.00058)
+    SUM_ON_ARRIVAL: 0.00020, "sum_on_arrival@fp64": 0.00050,
     "sum": 0.00017, "scale": 0.00016, "sgd": 0.00032, "momentum": 0.00137, "adam": 0.00142, "adamw": 0.00144,
     "adagrad": 0.00148, "rmsprop": 0.0027, "adamax": 0.00227, "ftrl": 0.0068, "decayed_adagrad": 0.00192,
     "lars_momentum": 0.00242, "lamb": 0.0050,
@@ -111,7 +134,11 @@ class Rates:
     # the defaults: `pstranspile calibrate` on the shared 2-core VM, 2026-11-27, under load
     # (load average 2-5: other helpers' jobs and a benchmark of ours): the median of 10 runs,
     # the range in brackets (the small fixed figures move by 2x between runs)
-    bandwidth: float = 1.57e9  # a real sync pserver taking dense grads and sending params (1.33-1.96e9)
+    # a real sync pserver taking dense grads (big ones summed on arrival, on the bulk channel)
+    # and sending params: `calibrate.measure_dense`'s slope between two nets of big grads,
+    # the median of 5 calibrations at load average 11-18, 2026-11-27 (2.5-5.3e9); the one
+    # wide layer measured before gave 1.33-1.96e9, its out-of-cache Momentum charged to the bytes
+    bandwidth: float = 2.8e9
     rpc_us: float = 385.0  # a real sync pserver's CPU per batch a trainer sends or fetches a round (267-473)
     op_us: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_US))
     row_us: float = 0.053  # per sparse grad row the pserver's block merges (a lookup; 0.029-0.18)
@@ -144,6 +171,8 @@ class Rates:
             return self.op(op_type) * dtype.itemsize / 4
         if op_type in self.op_us:
             return float(self.op_us[op_type])
+        if op_type == SUM_ON_ARRIVAL:  # a table without it (built in Python): the `sum` op's rate
+            return self.op("sum")
         if op_type in OPTIMIZER_SLOTS:  # an optimizer without its own rate: priced by its state
             slots = optimizer_slots(op_type)
             return float(self.op_us["sgd"]) + len(slots.sliced) * float(self.op_us["momentum"] - self.op_us["sgd"])
@@ -412,8 +441,9 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
     else:
         cost.bytes_in = t * n * size
         cost.bytes_out = t * n * size
-        if job.sync_mode:
-            cost.compute_us = ((t - 1) * n * rates.op("sum", dtype) + n * rates.op("scale", dtype)
+        if job.sync_mode:  # a big grad is summed as it arrives, a small one by the block's `sum`
+            summed = SUM_ON_ARRIVAL if sums_on_arrival(n * size, job) else "sum"
+            cost.compute_us = ((t - 1) * n * rates.op(summed, dtype) + n * rates.op("scale", dtype)
                                + n * rates.op(optimizer, dtype))
         else:
             cost.compute_us = t * n * rates.op(optimizer, dtype)
