@@ -217,3 +217,41 @@ def test_the_mmap_threshold_keeps_a_1_gb_buffer_and_fits_mallopt_s_int():
     """The threshold is a whole number of MB above a 1 GB buffer's chunk and below 2**31."""
     assert (1 << 30) + 16 < MMAP_THRESHOLD < 2**31 and MMAP_THRESHOLD % (1 << 20) == 0
     assert CAPPED_MMAP_THRESHOLD < MMAP_THRESHOLD <= TRIM_THRESHOLD < 2**31
+
+
+# `fresh_pages_from`: calibrate's way of pricing the fresh pages an array over the 2047 MB
+# threshold gets, on a 32 MB one. Prints the minor faults of 3 rounds inside it, after it
+# (the heap grown back once, then kept), and whether it lowered the threshold.
+FRESH_FAULTS = """
+import resource
+import numpy as np
+import ops.rpc.malloc as m
+assert m.keep_freed_memory()
+def faults(n):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(n):
+        a = np.empty(1 << 23, np.float32)
+        a.fill(1.0)
+        del a
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+faults(1)
+with m.fresh_pages_from(1 << 25) as lowered:
+    inside = faults(3)
+faults(1)
+print(inside, faults(3), lowered, m.mmap_threshold)
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+def test_fresh_pages_from_maps_such_buffers_fresh_then_keeps_them_again():
+    inside, after, lowered, threshold = fresh_python(FRESH_FAULTS).split()
+    assert lowered == "True" and int(threshold) in (MMAP_THRESHOLD, CAPPED_MMAP_THRESHOLD)
+    # 32 MB a round: 16 huge pages or 8192 small ones each time inside; none once kept again
+    assert int(inside) >= 3 * 16 and int(after) < 10, (inside, after)
+
+
+def test_fresh_pages_from_does_nothing_where_malloc_is_not_tuned():
+    out = fresh_python("import ops.rpc.malloc as m\n"
+                       "with m.fresh_pages_from(1 << 20) as lowered: print(lowered, m.mmap_threshold)",
+                       **{MALLOC_ENV: "default"})
+    assert out == "False None"

@@ -48,7 +48,8 @@ import ctypes
 import os
 import platform
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from ops.heap import CAPPED_MMAP_THRESHOLD, MMAP_THRESHOLD, TRIM_THRESHOLD
 from ops.rpc.env_choice import EnvChoiceError, env_choice
@@ -121,6 +122,25 @@ def bound_arenas(environ: Mapping[str, str] | None = None, count: int = PSERVER_
         return _arenas
 
 
+@contextmanager
+def fresh_pages_from(nbytes: int) -> Iterator[bool]:
+    """Within: a buffer of `nbytes` or more is mapped fresh and unmapped when freed, as one
+    over the kept threshold is (`pstranspile calibrate` prices those pages on a table that
+    fits in memory; over 2047 MB it would not). Yields whether that holds: only where
+    `keep_freed_memory` tuned this process; the kept threshold is back after."""
+    with _lock:
+        kept = mmap_threshold if _applied else None
+        lowered = kept is not None and nbytes < kept and _mallopt_one(_M_MMAP_THRESHOLD, nbytes)
+        if lowered:  # the heap's free top would serve such a buffer before any mmap: give it back
+            ctypes.CDLL(None).malloc_trim(0)
+    try:
+        yield lowered
+    finally:
+        if lowered:
+            with _lock:
+                _mallopt_one(_M_MMAP_THRESHOLD, kept)
+
+
 def _mallopt_one(param: int, value: int) -> bool:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
@@ -145,4 +165,4 @@ def _mallopt() -> bool:
     return False
 
 
-__all__ = ["BIG_ARENAS", "BIG_PARAM", "CHOICES", "MALLOC_ENV", "PSERVER_ARENAS", "arenas_for", "MallocChoiceError", "bound_arenas", "keep_freed_memory", "malloc_choice", "user_tuned"]
+__all__ = ["BIG_ARENAS", "BIG_PARAM", "CHOICES", "MALLOC_ENV", "PSERVER_ARENAS", "arenas_for", "MallocChoiceError", "bound_arenas", "fresh_pages_from", "keep_freed_memory", "malloc_choice", "user_tuned"]
