@@ -235,7 +235,9 @@ def _destinations(ctx: OpContext, deferred: list[tuple[OpContext, list[tuple[str
     """Where the bulk channel may receive the fetched param blocks: the rows of the param
     they are joined into, when the ops right after this one are `concat`s (axis 0) of
     blocks it fetches, in order, into a param that nothing but the scope holds
-    (`OpContext.unshared_array`) and that no op before its `concat` names. The `concat`
+    (`OpContext.unshared_array`), or into a new array when the scope holds no value of the
+    param (released after its last read: `ops.executor.Liveness.released`), and that no op
+    before its `concat` names. The `concat`
     then finds its blocks tiling the param and copies nothing (`_joined_already`): the
     same bits as a join of new arrays, no param-sized array per step. ((endpoint, name)
     -> view, the params concerned.)"""
@@ -271,14 +273,29 @@ def _rows_of(ctx: OpContext, param: str, blocks: tuple[str, ...]) -> list[np.nda
         if var is None or var.shape is None or not var.shape or any(d < 0 for d in var.shape):
             return None
         shapes.append(tuple(var.shape))
-    array = ctx.unshared_array(param)
+    absent = ctx.scope.find_var(param) is None
+    array = _fresh(ctx, param) if absent else ctx.unshared_array(param)
     if array is None or any(s[1:] != array.shape[1:] for s in shapes) or sum(s[0] for s in shapes) != array.shape[0]:
         return None
+    if absent:
+        ctx.frame.write(param, LoDTensor(array))
     views, start = [], 0
     for shape in shapes:
         views.append(array[start : start + shape[0]])
         start += shape[0]
     return views
+
+
+def _fresh(ctx: OpContext, param: str) -> np.ndarray | None:
+    """A new array for `param` when the scope holds none (the executor released it after
+    its last read, `ops.executor.Liveness.released`): the blocks are received into it, as
+    into the old one. None when its declared shape or dtype is not fully known, or on a
+    pserver."""
+    var = ctx.decl(param)
+    if (ctx.run.concurrent_readers or ctx.run.update_in_place or var is None or var.dtype is None
+            or var.shape is None or not var.shape or any(d < 0 for d in var.shape)):
+        return None
+    return np.empty(tuple(var.shape), var.dtype.to_numpy())
 
 
 @register("checkpoint_notify")
