@@ -456,7 +456,7 @@ def _replaced_params(block: Block, ops: tuple[Op, ...], elsewhere: set[str]) -> 
 def _whole_write(op: Op, name: str) -> bool:
     """True when `op` (a `WHOLE_WRITERS` op) writes `name` whole: a `recv` that runs
     (`do_not_run` 0) into its `Out`, a `concat` into its `Out`."""
-    if name not in op.outputs.get("Out", ()):
+    if op.type not in WHOLE_WRITERS or name not in op.outputs.get("Out", ()):
         return False
     return op.type != "recv" or not int(op.attr("do_not_run", 0) or 0)
 
