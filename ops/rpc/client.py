@@ -58,7 +58,7 @@ from __future__ import annotations
 import ssl
 import sys
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent import futures as _futures
 from dataclasses import dataclass, field
 from functools import partial
@@ -211,9 +211,33 @@ class _EarlyStream:
         self.started: list[tuple[Any, str, str]] = []
 
 
-def _into_of(endpoint: str, names: Sequence[str], into: Mapping[tuple[str, str], np.ndarray]) -> dict[str, np.ndarray]:
-    """The destinations of `endpoint`'s fetched `names` (by name) that `into` holds."""
-    return {name: into[(endpoint, name)] for name in names if (endpoint, name) in into}
+def _into_of(endpoint: str, names: Sequence[str], into: Mapping[tuple[str, str], np.ndarray]) -> Mapping[str, np.ndarray]:
+    """The destinations of `endpoint`'s fetched `names` (by name) that `into` holds, each
+    looked up only when the reply needs it (`ops.rpc.kernels` makes a released param's new
+    array then, once this trainer's sends are out)."""
+    return _Into(endpoint, [name for name in names if (endpoint, name) in into], into) if into else {}
+
+
+class _Into(Mapping):
+    """`_into_of`'s mapping: a name's destination is `into[(endpoint, name)]`, asked for
+    when the bulk channel receives that var."""
+
+    def __init__(self, endpoint: str, names: list[str], into: Mapping[tuple[str, str], np.ndarray]) -> None:
+        self._endpoint, self._names, self._into = endpoint, frozenset(names), into
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._into[(self._endpoint, name)]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 @dataclass(frozen=True)
