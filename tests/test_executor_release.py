@@ -288,8 +288,10 @@ def test_the_param_and_its_grad_are_no_longer_alive_together(monkeypatch):
 
 def train(main, startup, feeds, *, release: bool, monkeypatch) -> dict[int, dict[str, bytes]]:
     """2 pservers x 2 trainers sync, in threads: each trainer's params after the steps."""
-    if not release:
-        monkeypatch.setattr(executor_module, "_replaced_params", lambda *args: {})
+    found: list[dict[str, int]] = []
+    real = executor_module._replaced_params
+    monkeypatch.setattr(executor_module, "_replaced_params",
+                        lambda *args: found.append(real(*args)) or found[-1] if release else {})
     endpoints = tuple(free_endpoints(2))
     results: dict[int, dict[str, bytes]] = {}
     errors: list[BaseException] = []
@@ -319,6 +321,7 @@ def train(main, startup, feeds, *, release: bool, monkeypatch) -> dict[int, dict
     assert not any(t.is_alive() for t in threads), "training hung"
     assert not errors, errors
     monkeypatch.undo()
+    assert any("w1" in each for each in found) == release  # the trainers' main programs released w1
     return results
 
 
