@@ -34,8 +34,10 @@ every grad at once. Only when: a `fetch_barrier` comes later in the block, the b
 no control flow and is the run's own (not a served or a sub-block), the var is a dense
 `LoDTensor` with a fully known shape, no other block names it, it is not fed or fetched
 by the run, and no op between the read and the writer names it as anything but a
-shape-only input. The writer makes a new array (the bulk channel receives the blocks
-straight into it, `ops.rpc.kernels`). A startup program never releases: its params are
+shape-only input. The param's array becomes the buffer its grad is computed into
+(`Liveness.heirs`: `mul_grad`'s Y@GRAD, through the op's spare), and the writer makes a
+new array (the bulk channel receives the blocks straight into it, `ops.rpc.kernels`,
+once the grads are sent and freed). A startup program never releases: its params are
 written by their initialisers, not read first. If the step fails between the release
 and the write, the value is gone (a failed receive would have torn it anyway): a later
 run or fetch that needs it fails naming the var and the step (`Executor.lost`), until
@@ -258,14 +260,15 @@ class Executor:
         computes into a recycled buffer (`OpContext.output_buffer`) goes back to that op as
         its spare when nothing else holds it (not this op's output, no view, no queued
         send): next step it is computed into again instead of a new array (no page faults
-        where malloc returns big blocks to the kernel)."""
+        where malloc returns big blocks to the kernel). A released param's array goes the
+        same way to the op computing its grad (`Liveness.heirs`)."""
         for name in dying:
             owner = scope.find_scope(name)
             if owner is None:
                 continue
             value = owner.local_var(name)
             owner.erase(name)
-            writer = liveness.writers.get(name)
+            writer = liveness.writers.get(name) or liveness.heirs.get(name)
             if writer is None or type(value) is not LoDTensor:
                 continue
             spares = prepared.steps[writer[0]][2].get(SPARES)
@@ -347,7 +350,7 @@ class Liveness:
     `released`: the params among them, dropped because a later op writes them whole
     (module docstring)."""
 
-    __slots__ = ("dying", "served", "signature", "writers", "released")
+    __slots__ = ("dying", "served", "signature", "writers", "released", "heirs")
 
     def __init__(self, block: Block, ops: tuple[Op, ...], signature: tuple[int, ...]) -> None:
         self.signature = signature
@@ -401,10 +404,16 @@ class Liveness:
                     self.writers[name] = (j, *found)
                     break
         self.released: frozenset[str] = EMPTY
+        # released param -> (op index, slot, position) of the op whose output takes its
+        # array as a spare: its grad, computed later in the step (`mul_grad`'s Y@GRAD)
+        self.heirs: dict[str, tuple[int, str, int]] = {}
         if not self.served and not loop_body:
             for name, i in _replaced_params(block, ops, elsewhere).items():
                 dying[i].add(name)
                 self.released |= {name}
+                heir = _heir(ops, name, i)
+                if heir is not None:
+                    self.heirs[name] = heir
         self.dying: tuple[frozenset[str], ...] = tuple(frozenset(d) if d else EMPTY for d in dying)
 
 
@@ -413,6 +422,26 @@ WHOLE_WRITERS = ("recv", "concat")
 # Inputs an op names but reads only the declared shape of, unless it computes the given
 # output: `mul_grad` needs Y's values for X@GRAD only.
 SHAPE_ONLY_UNLESS = {"mul_grad": {"Y": "X@GRAD"}}
+
+
+# An op's output slot whose value has the shape and dtype of an input (the grad of it).
+GRAD_SLOTS = {"mul_grad": {"Y": "Y@GRAD"}}
+
+
+def _heir(ops: tuple[Op, ...], name: str, released: int) -> tuple[int, str, int] | None:
+    """The first op after `released` that computes the grad of `name` (`GRAD_SLOTS`)
+    before any op writes `name`: (its index, the grad's slot, 0). Its kernel computes into
+    the released array (`OpContext.output_buffer`) instead of a new one, so the memory
+    goes from the param to its grad whatever malloc would have done."""
+    for j in range(released + 1, len(ops)):
+        op = ops[j]
+        if name in op.output_names:
+            return None
+        for source, target in GRAD_SLOTS.get(op.type, {}).items():
+            args = [n for n in op.outputs.get(target, ()) if n and n != EMPTY_VAR_NAME]
+            if name in op.inputs.get(source, ()) and len(args) == 1:
+                return j, target, 0
+    return None
 
 
 def _reads(op: Op) -> set[str]:
