@@ -72,6 +72,11 @@ def test_the_params_a_sync_trainer_releases_and_where():
     # w1's last read is the forward mul (its mul_grad computes no X@GRAD: x is data)
     assert released(trainer) == [("b1", *_at(ops, "elementwise_add_grad", "b1")), ("b2", *_at(ops, "elementwise_add_grad", "b2")),
                                  ("w1", 0, "mul"), ("w2", *_at(ops, "mul_grad", "w2"))]
+    # w1's array becomes its grad's buffer at its mul_grad; w2 is released after its own
+    # mul_grad (which reads it for X@GRAD): no later op to take its array
+    block = trainer.global_block()
+    heirs = Liveness(block, block.ops, ()).heirs
+    assert heirs == {"w1": (_at(ops, "mul_grad", "w1")[0], "Y@GRAD", 0)}
     main, startup = fixture("mlp_adam_2ps")  # built by Paddle 2.6
     result = transpile(main, startup, pservers=EPS, trainers=2)
     assert released(result.trainer) == [("h1.b", 24, "elementwise_add_grad"), ("h1.w", 0, "mul"),
@@ -281,6 +286,25 @@ def test_the_param_and_its_grad_are_no_longer_alive_together(monkeypatch):
     w = n * n * 4
     assert peaks[False] >= 2 * w  # w, w@GRAD (and g) alive at once
     assert peaks[True] < peaks[False] - w // 2, peaks
+
+
+def test_the_grad_is_computed_into_the_released_param_s_array(monkeypatch):
+    grad_ops = (MUL, ("mul_grad", {"X": ["x"], "Y": ["w"], "Out@GRAD": ["out"]}, {"X@GRAD": [], "Y@GRAD": ["w@GRAD"]},
+                      {"x_num_col_dims": 1, "y_num_col_dims": 1}))
+    program = tail(*grad_ops)
+    block = program.global_block()
+    assert Liveness(block, block.ops, ()).heirs == {"w": (1, "Y@GRAD", 0)}
+    fake, scope, feed = _running(monkeypatch)
+    exe = Executor(free_dead=True)
+    exe.run(program, feed=feed, scope=scope)  # the op's spare slot exists from its first run
+    for _ in range(2):
+        w = scope.find_var("w").array
+        address, want = w.__array_interface__["data"][0], feed["x"].T @ (feed["x"] @ w)
+        del w
+        (grad,) = exe.run(program, feed=feed, fetch_list=["w@GRAD"], scope=scope)
+        assert grad.__array_interface__["data"][0] == address
+        np.testing.assert_array_equal(grad, want)
+        assert scope.find_var("w").array.__array_interface__["data"][0] != address  # received into a new one
 
 
 # ------------------------------------------------------------ the same bits
