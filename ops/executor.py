@@ -268,12 +268,15 @@ class Executor:
                 continue
             value = owner.local_var(name)
             owner.erase(name)
-            writer = liveness.writers.get(name) or liveness.heirs.get(name)
+            heir = liveness.heirs.get(name)
+            writer = heir or liveness.writers.get(name)
             if writer is None or type(value) is not LoDTensor:
                 continue
             spares = prepared.steps[writer[0]][2].get(SPARES)
             key = writer[1:]
-            if spares is None or key not in spares or spares[key] is not None:
+            # A released param's array takes the heir's slot even when it holds a spare:
+            # that one is then freed (the grad needs one buffer, not two).
+            if spares is None or key not in spares or (spares[key] is not None and heir is None):
                 continue
             array = value.array
             del value
