@@ -370,3 +370,14 @@ def test_training_gives_the_same_bits_with_and_without_the_release(monkeypatch, 
         runs[release] = train(main, startup, feeds, release=release, monkeypatch=monkeypatch)
     assert runs[True][0] == runs[True][1] == runs[False][0] == runs[False][1]
     assert set(runs[True][0]) == {"w1", "b1", "w2", "b2"}
+
+
+def test_session_params_names_a_param_a_failed_step_left_unbound():
+    main, startup = wide()
+    session = Session(main, startup, out=io.StringIO())
+    session.start()
+    assert set(session.params()) == {"w1", "b1", "w2", "b2"}
+    session.scope.erase("w1")
+    session.executor.lost["w1"] = "var 'w1' has no value: it was released after op 0 (mul) of block 0 of step 3, ..."
+    with pytest.raises(Exception, match=r"var 'w1' has no value: it was released after op 0 \(mul\)"):
+        session.params()
