@@ -421,12 +421,10 @@ class RpcClient:
                         fetch_barrier=request.fetch_barrier, timeout=timeout, into=request.into, on_sent=signal)
                     self.stats.add(method, sent, received)
                     return rpc_pb2.VoidMessage() if method == "SendBatch" else reply
-                request = request.grpc_request()
-                if signal is not None:
-                    signal()
+                request = request.grpc_request()  # gRPC ignores `into`: nothing waits on its send
             finally:
                 if signal is not None:
-                    signal()  # a call that failed before sending: the others' receives must not wait on it
+                    signal()  # sent already (a no-op), gRPC's, or failed before sending: nobody waits on it
         return ep.calls[method](request, timeout=timeout)
 
     def _watch(self, ep: _Endpoint) -> None:
