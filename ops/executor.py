@@ -24,6 +24,25 @@ to the blocks `listen_and_serv` runs; never to a loop body or another control-fl
 sub-block. Without `free_dead` (the default), temporaries stay in the scope after a
 run, as in Paddle.
 
+Releasing a param the step replaces (issue 30, `Liveness.released`): in a sync trainer
+program (a block with a `fetch_barrier`), a param is received wholly every step, by a
+`recv` of it or a `concat` of its received blocks; from its last read in the step (the
+forward `mul`: a `mul_grad` that computes no X@GRAD reads only the shape of Y) until
+that write, its value is dead. With `free_dead` it is dropped from the scope there, so
+malloc can give its pages to the grads: a trainer then no longer holds every param and
+every grad at once. Only when: a `fetch_barrier` comes later in the block, the block has
+no control flow and is the run's own (not a served or a sub-block), the var is a dense
+`LoDTensor` with a fully known shape, no other block names it, it is not fed or fetched
+by the run, and no op between the read and the writer names it as anything but a
+shape-only input. The param's array becomes the buffer its grad is computed into
+(`Liveness.heirs`: `mul_grad`'s Y@GRAD, through the op's spare), and the writer makes a
+new array (the bulk channel receives the blocks straight into it, `ops.rpc.kernels`,
+once the grads are sent and freed). A startup program never releases: its params are
+written by their initialisers, not read first. If the step fails between the release
+and the write, the value is gone (a failed receive would have torn it anyway): a later
+run or fetch that needs it fails naming the var and the step (`Executor.lost`), until
+something binds it again.
+
 Randomness: an op with a non-zero `seed` attr is reproducible on its own (Paddle's
 rule). For `seed` 0 (Paddle: "random"), the executor's `seed` decides: an int makes
 the draws a pure function of (executor seed, output var name, how many times this
@@ -64,7 +83,7 @@ from ops.tensor import LoDTensor, SelectedRows, describe
 from transpiler.errors import PsTranspilerError, UnknownOpError
 from transpiler.ir import Block, Op, Program, Var
 from transpiler.ir.printer import op_line
-from transpiler.ir.types import EMPTY_VAR_NAME
+from transpiler.ir.types import EMPTY_VAR_NAME, VarKind
 
 
 class ExecutionError(PsTranspilerError):
@@ -122,6 +141,9 @@ class Executor:
         self._stream_draws: tuple[int | None, dict[str, int]] = (None, {})
         self._lock = threading.Lock()
         self._prepared: weakref.WeakKeyDictionary[Block, _Prepared] = weakref.WeakKeyDictionary()
+        # Released params (module docstring) a failed step left unbound: name -> why. Read
+        # when a run or a fetch misses one; an entry whose var is bound again is stale.
+        self.lost: dict[str, str] = {}
 
     # -- public API
     def run(
@@ -152,7 +174,8 @@ class Executor:
             rng_factory=self.rng,
             run_block=lambda idx, sc, parent: self._run_block(run, program.block(idx), sc, parent),
         )
-        run.keep = frozenset(item.name if isinstance(item, Var) else str(item) for item in fetches)
+        # Never freed or released: what the run fetches, and what it is fed.
+        run.keep = frozenset(item.name if isinstance(item, Var) else str(item) for item in fetches) | frozenset(feed or ())
         run.update_in_place, run.concurrent_readers = update_in_place, concurrent_readers
         self._run_block(run, block, scope, None, top=True)
         return [self._fetch(scope, item, return_numpy) for item in fetches]
@@ -183,6 +206,7 @@ class Executor:
         if liveness is not None and not (top or (run.update_in_place and liveness.served)):
             liveness = None
         keep = run.keep
+        released: dict[str, int] = {}  # this run's released params not yet written again -> op index
         for i, (op, spec, memo) in enumerate(prepared.steps):
             # Done by whoever filled `skip_ops`: a pserver's sum on arrival, or a trainer's
             # `fetch_barrier` receiving params early (it adds the `concat`s after it, so
@@ -195,12 +219,43 @@ class Executor:
                 dying = dying - keep
             try:
                 spec.fn(OpContext(op, frame, run, spec, memo, dying))
-            except (ExecutionError, UnknownOpError):
-                raise  # from a sub-block: its report already names the precise place
+            except (ExecutionError, UnknownOpError) as exc:  # from a sub-block: its report names the place
+                self._note_lost(block, scope, released, i)
+                if isinstance(exc, ExecutionError) and self.lost:
+                    raise self._explained(exc, scope) from exc.__cause__
+                raise
             except Exception as exc:
-                raise _execution_error(block, i, op, scope, exc) from exc
+                self._note_lost(block, scope, released, i)
+                raise self._explained(_execution_error(block, i, op, scope, exc), scope) from exc
+            if released:
+                for name in op.output_names:
+                    released.pop(name, None)
             if dying:
                 self._free(prepared, liveness, i, op, scope, dying)
+                if liveness.released and dying & liveness.released:
+                    released.update((name, i) for name in dying & liveness.released)
+        if top and self.lost:
+            self.lost = {name: why for name, why in self.lost.items() if scope.find_var(name) is None}
+
+    def _note_lost(self, block: Block, scope: Scope, released: dict[str, int], failed: int) -> None:
+        """A step failed at op `failed` after releasing params it had not written again:
+        remember why they are unbound, for the next run or fetch that misses them."""
+        step = "" if self.stream is None else f" of step {self.stream}"
+        for name, index in released.items():
+            if scope.find_var(name) is None:
+                self.lost[name] = (f"var {name!r} has no value: it was released after op {index} "
+                                   f"({block.ops[index].type}) of block {block.idx}{step}, to be received again later in "
+                                   f"the step, and the step failed at op {failed} ({block.ops[failed].type}) before that; "
+                                   "restore the params (a checkpoint, or the startup program) before running again")
+
+    def _explained(self, error: ExecutionError, scope: Scope) -> ExecutionError:
+        """`error` with the reason of a lost input (a released param of a failed step) first."""
+        missing = [self.lost[name] for _, name, desc in error.inputs
+                   if desc == "missing" and name in self.lost and scope.find_var(name) is None]
+        if not missing:
+            return error
+        return ExecutionError(missing[0] + "; " + error.reason, block=error.block, op_index=error.op_index,
+                              op_type=error.op_type, inputs=error.inputs)
 
     @staticmethod
     def _free(prepared: _Prepared, liveness: Liveness, index: int, op: Op, scope: Scope, dying: frozenset[str]) -> None:
@@ -208,19 +263,23 @@ class Executor:
         computes into a recycled buffer (`OpContext.output_buffer`) goes back to that op as
         its spare when nothing else holds it (not this op's output, no view, no queued
         send): next step it is computed into again instead of a new array (no page faults
-        where malloc returns big blocks to the kernel)."""
+        where malloc returns big blocks to the kernel). A released param's array goes the
+        same way to the op computing its grad (`Liveness.heirs`)."""
         for name in dying:
             owner = scope.find_scope(name)
             if owner is None:
                 continue
             value = owner.local_var(name)
             owner.erase(name)
-            writer = liveness.writers.get(name)
+            heir = liveness.heirs.get(name)
+            writer = heir or liveness.writers.get(name)
             if writer is None or type(value) is not LoDTensor:
                 continue
             spares = prepared.steps[writer[0]][2].get(SPARES)
             key = writer[1:]
-            if spares is None or key not in spares or spares[key] is not None:
+            # A released param's array takes the heir's slot even when it holds a spare:
+            # that one is then freed (the grad needs one buffer, not two).
+            if spares is None or key not in spares or (spares[key] is not None and heir is None):
                 continue
             array = value.array
             del value
@@ -238,11 +297,12 @@ class Executor:
             self._prepared[block] = prepared
         return prepared
 
-    @staticmethod
-    def _fetch(scope: Scope, item: str | Var, return_numpy: bool) -> Any:
+    def _fetch(self, scope: Scope, item: str | Var, return_numpy: bool) -> Any:
         name = item.name if isinstance(item, Var) else str(item)
         value = scope.find_var(name)
         if value is None:
+            if name in self.lost:
+                raise FetchError(f"fetch: {self.lost[name]}")
             raise FetchError(f"fetch: var {name!r} has no value in the scope after the run")
         if not return_numpy:
             return value
@@ -292,9 +352,11 @@ SERVED_BY = ("listen_and_serv",)
 class Liveness:
     """Which temporaries of a block die after which op: `dying[i]` are the vars op `i`
     reads last, that the executor may drop from the scope after it (see the module
-    docstring for what is never freed). `served`: a block `listen_and_serv` runs."""
+    docstring for what is never freed). `served`: a block `listen_and_serv` runs.
+    `released`: the params among them, dropped because a later op writes them whole
+    (module docstring)."""
 
-    __slots__ = ("dying", "served", "signature", "writers")
+    __slots__ = ("dying", "served", "signature", "writers", "released", "heirs")
 
     def __init__(self, block: Block, ops: tuple[Op, ...], signature: tuple[int, ...]) -> None:
         self.signature = signature
@@ -347,7 +409,91 @@ class Liveness:
                 if found is not None:
                     self.writers[name] = (j, *found)
                     break
+        self.released: frozenset[str] = EMPTY
+        # released param -> (op index, slot, position) of the op whose output takes its
+        # array as a spare: its grad, computed later in the step (`mul_grad`'s Y@GRAD)
+        self.heirs: dict[str, tuple[int, str, int]] = {}
+        if not self.served and not loop_body:
+            for name, i in _replaced_params(block, ops, elsewhere).items():
+                dying[i].add(name)
+                self.released |= {name}
+                heir = _heir(ops, name, i)
+                if heir is not None:
+                    self.heirs[name] = heir
         self.dying: tuple[frozenset[str], ...] = tuple(frozenset(d) if d else EMPTY for d in dying)
+
+
+# Ops that write their output whole and read nothing of what it held (`Liveness.released`).
+WHOLE_WRITERS = ("recv", "concat")
+# Inputs an op names but reads only the declared shape of, unless it computes the given
+# output: `mul_grad` needs Y's values for X@GRAD only.
+SHAPE_ONLY_UNLESS = {"mul_grad": {"Y": "X@GRAD"}}
+
+
+# An op's output slot whose value has the shape and dtype of an input (the grad of it).
+GRAD_SLOTS = {"mul_grad": {"Y": "Y@GRAD"}}
+
+
+def _heir(ops: tuple[Op, ...], name: str, released: int) -> tuple[int, str, int] | None:
+    """The first op after `released` that computes the grad of `name` (`GRAD_SLOTS`)
+    before any op writes `name`: (its index, the grad's slot, 0). Its kernel computes into
+    the released array (`OpContext.output_buffer`) instead of a new one, so the memory
+    goes from the param to its grad whatever malloc would have done."""
+    for j in range(released + 1, len(ops)):
+        op = ops[j]
+        if name in op.output_names:
+            return None
+        for source, target in GRAD_SLOTS.get(op.type, {}).items():
+            args = [n for n in op.outputs.get(target, ()) if n and n != EMPTY_VAR_NAME]
+            if name in op.inputs.get(source, ()) and len(args) == 1:
+                return j, target, 0
+    return None
+
+
+def _reads(op: Op) -> set[str]:
+    """The vars whose values `op` reads (its inputs but the shape-only ones)."""
+    unless = SHAPE_ONLY_UNLESS.get(op.type)
+    if unless is None:
+        return set(op.input_names)
+    names = set()
+    for slot, args in op.inputs.items():
+        needed_for = unless.get(slot)
+        if needed_for is not None and not any(n and n != EMPTY_VAR_NAME for n in op.outputs.get(needed_for, ())):
+            continue
+        names.update(args)
+    return names
+
+
+def _replaced_params(block: Block, ops: tuple[Op, ...], elsewhere: set[str]) -> dict[str, int]:
+    """Persistable vars the block reads and later writes whole without reading them in
+    between (a sync trainer's params, received each step): name -> the index of the op
+    that reads it last before that write (module docstring for the conditions)."""
+    if not any(op.type == "fetch_barrier" for op in ops) or any(op.sub_block_indices() for op in ops):
+        return {}
+    found: dict[str, int] = {}
+    last_read: dict[str, int] = {}  # name -> its last read, while no op wrote it since
+    for i, op in enumerate(ops):
+        reads = _reads(op)
+        for name in op.output_names:
+            read = last_read.pop(name, None)
+            if read is None or name in reads or not _whole_write(op, name) or name in elsewhere:
+                continue
+            var = block.find_var(name)
+            if (var is not None and var.persistable and var.kind is VarKind.LOD_TENSOR
+                    and var.shape is not None and all(d >= 0 for d in var.shape)):
+                found.setdefault(name, read)
+        for name in reads:
+            if name and name != EMPTY_VAR_NAME:
+                last_read[name] = i
+    return found
+
+
+def _whole_write(op: Op, name: str) -> bool:
+    """True when `op` (a `WHOLE_WRITERS` op) writes `name` whole: a `recv` that runs
+    (`do_not_run` 0) into its `Out`, a `concat` into its `Out`."""
+    if op.type not in WHOLE_WRITERS or name not in op.outputs.get("Out", ()):
+        return False
+    return op.type != "recv" or not int(op.attr("do_not_run", 0) or 0)
 
 
 def _output_slot(op: Op, name: str) -> tuple[str, int] | None:

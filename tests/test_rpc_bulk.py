@@ -643,3 +643,46 @@ def test_memory_extents_answer_what_may_share_memory_answers_pair_by_pair():
     for probe, answer in zip(probes, answers, strict=True):
         assert extents.overlaps(probe) == answer, probe.shape
     assert not bulk.MemoryExtents([]).overlaps(base)
+
+
+def test_a_sent_grad_is_let_go_before_a_destination_is_asked_for():
+    """The bulk channel drops a call's vars once sent, and a fetch's destination is asked
+    for only when every call of the step has sent: a trainer's grad is freed before a
+    released param's new array is made (`ops.executor.Liveness.released`)."""
+    import gc
+    import weakref
+    from collections.abc import Mapping
+
+    scope = _scope()
+    with running_pserver(scope=scope, run_block=_sgd(scope, 1), **_config()) as ps:
+        client = ps.client(0)
+        client.fetch_barrier([ps.address])
+        grad = np.full((300, 200), 2, F32)
+        alive = weakref.ref(grad)
+        asked: list[bool] = []
+
+        class Later(Mapping):  # as ops.rpc.kernels' destinations: made when asked for
+            def __getitem__(self, key):
+                gc.collect()
+                asked.append(alive() is None)
+                return np.empty((300, 200), F32)
+
+            def __contains__(self, key):
+                return key == (ps.address, "w")
+
+            def __iter__(self):
+                return iter([(ps.address, "w")])
+
+            def __len__(self):
+                return 1
+
+        client.send_async(ps.address, "w@GRAD", LoDTensor(grad))
+        client.send_async(ps.address, "emb@GRAD", SelectedRows([1], np.ones((1, 4), F32), height=10))
+        del grad
+        client.send_barrier([ps.address], defer=True)
+        (w,) = client.fetch_barrier([ps.address], [(ps.address, "w")], Later())
+        assert asked == [True]  # asked for once, the grad gone by then
+        np.testing.assert_array_equal(w.array, np.full((300, 200), 1 - 2, F32))
+        client.complete([ps.address])
+        ps.join()
+    assert not ps.errors

@@ -208,14 +208,33 @@ def mul(ctx: OpContext) -> None:
 
 @register("mul_grad")
 def mul_grad(ctx: OpContext) -> None:
-    x, y, dout = ctx.input("X"), ctx.input("Y"), ctx.input("Out@GRAD")
+    """Without X@GRAD, Y's values are not needed, only its shape: then a Y the program
+    declares with a fully known shape is not read (the executor may have released it,
+    `ops.executor.Liveness.released`)."""
+    x, dout = ctx.input("X"), ctx.input("Out@GRAD")
     xn, yn = int(ctx.attr("x_num_col_dims")), int(ctx.attr("y_num_col_dims"))
-    x2, y2 = _flatten(x, xn), _flatten(y, yn)
-    d2 = dout.reshape(x2.shape[0], y2.shape[1])
-    if ctx.has_output("X@GRAD"):
-        ctx.set_output("X@GRAD", _matmul(ctx, "X@GRAD", d2, y2.T, x.shape), lod=ctx.lod("X"))
+    want_dx = ctx.has_output("X@GRAD")
+    y = ctx.input("Y") if want_dx else None
+    y_shape = y.shape if y is not None else _declared_shape(ctx, "Y")
+    x2 = _flatten(x, xn)
+    y_rows, y_cols = math.prod(y_shape[:yn]), math.prod(y_shape[yn:])
+    d2 = dout.reshape(x2.shape[0], y_cols)
+    if want_dx:
+        ctx.set_output("X@GRAD", _matmul(ctx, "X@GRAD", d2, _flatten(y, yn).T, x.shape), lod=ctx.lod("X"))
     if ctx.has_output("Y@GRAD"):
-        ctx.set_output("Y@GRAD", _matmul(ctx, "Y@GRAD", x2.T, d2, y.shape))
+        if x2.shape[1] != y_rows:
+            raise KernelError(f"mul_grad: X flattens to {list(x2.shape)}, Y {[y_rows, y_cols]}: they do not multiply")
+        ctx.set_output("Y@GRAD", _matmul(ctx, "Y@GRAD", x2.T, d2, y_shape))
+
+
+def _declared_shape(ctx: OpContext, slot: str) -> tuple[int, ...]:
+    """The shape of the slot's value; when the scope holds none (a released param), the
+    var's declared shape if fully known (else the usual missing-input error)."""
+    if ctx.optional_value(slot) is None and ctx.has_input(slot):
+        var = ctx.decl(ctx.input_names(slot)[0])
+        if var is not None and var.shape is not None and all(d >= 0 for d in var.shape):
+            return tuple(var.shape)
+    return ctx.input(slot).shape
 
 
 # ------------------------------------------------------------------- reductions

@@ -706,13 +706,15 @@ class BulkClient:
 
     def call(self, method: str, items: Sequence[tuple[VarHead, list[Piece]]], *, barrier: bool = False,
              fetch: Sequence[str] = (), fetch_barrier: bool = False, timeout: float,
-             into: Mapping[str, np.ndarray] | None = None,
+             into: Mapping[str, np.ndarray] | None = None, on_sent: Callable[[], None] | None = None,
              arrived: Callable[[str, Any], None] | None = None) -> tuple[WireBatch, int, int]:
         """(the reply, bytes sent, bytes received) of one call; `BulkCallError` on failure.
         A fetched dense var named in `into` is received into that array when its shape and
         dtype are the reply's (the trainer's param, `ops.rpc.kernels.fetch_barrier`), else
-        into a new one. `arrived(name, value)` is told of each fetched var as soon as it is
-        in, before the next one is received (a trainer's early receive, `ops.rpc.client`)."""
+        into a new one. A list `items` is emptied once sent, so that what it holds can be
+        freed while the reply is awaited; then `on_sent` is called. `arrived(name, value)`
+        is told of each fetched var as soon as it is in, before the next one is received (a
+        trainer's early receive, `ops.rpc.client`)."""
         head = {"x": self.offer.secret, "t": self.trainer_id, "a": bool(barrier), "f": bool(fetch_barrier),
                 "g": list(fetch), "v": [h.encode() for h, _ in items]}
         if self.token is not None:
@@ -742,6 +744,10 @@ class BulkClient:
                 if status != STATUS_GO:
                     self._raise(sock, status, length)
                 sent += send_pieces(sock, [p for _, pieces in items for p in pieces], check)
+            if isinstance(items, list):
+                items.clear()  # sent: the values may be freed before the reply (the caller's grads)
+            if on_sent is not None:
+                on_sent()
             status, length = recv_prefix(sock, REPLY_MAGIC, "the pserver's reply", check)
             if status != STATUS_OK:
                 self._raise(sock, status, length)

@@ -67,7 +67,7 @@ from __future__ import annotations
 import ssl
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent import futures as _futures
 from dataclasses import dataclass, field
 from functools import partial
@@ -213,7 +213,7 @@ class _Endpoint:
         self.lost: str | None = None  # why the Watch line broke (a frozen pserver's keepalive): no bulk calls then
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _Queued:
     """A var queued for a pserver: its message's pieces (gRPC) and its value (the bulk channel)."""
 
@@ -221,6 +221,12 @@ class _Queued:
     parts: Parts
     value: Any
     merge_add: bool
+
+    def drop(self) -> None:
+        """Let go of the value: the bulk channel holds its pieces until they are sent and
+        no longer, so a grad's memory is free before the reply arrives (a released param's
+        new array reuses it, `ops.executor.Liveness.released`)."""
+        self.parts, self.value = (), None
 
 
 class _EarlyStream:
@@ -234,9 +240,72 @@ class _EarlyStream:
         self.started: list[tuple[Any, str, str]] = []
 
 
-def _into_of(endpoint: str, names: Sequence[str], into: Mapping[tuple[str, str], np.ndarray]) -> dict[str, np.ndarray]:
-    """The destinations of `endpoint`'s fetched `names` (by name) that `into` holds."""
-    return {name: into[(endpoint, name)] for name in names if (endpoint, name) in into}
+def _into_of(endpoint: str, names: Sequence[str], into: Mapping[tuple[str, str], np.ndarray],
+             sent: _Sent | None = None) -> Mapping[str, np.ndarray]:
+    """The destinations of `endpoint`'s fetched `names` (by name) that `into` holds, each
+    looked up only when the reply needs it, and after `sent` (every call of the step has
+    sent its vars): `ops.rpc.kernels` makes a released param's new array then, when this
+    trainer's grads are freed."""
+    return _Into(endpoint, [name for name in names if (endpoint, name) in into], into, sent) if into else {}
+
+
+CALL_WORKERS = 16  # threads of a client's pool of parallel calls
+
+
+class _Sent:
+    """Set once each of `calls` calls has sent its vars (or failed): a countdown the
+    receiving threads wait on before asking for a destination (`_Into`)."""
+
+    def __init__(self, calls: int, deadline: float) -> None:
+        self._left, self._deadline = calls, deadline
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        if calls <= 0:
+            self._event.set()
+
+    def one(self) -> Callable[[], None]:
+        """A call's signal: the first use counts, later ones do nothing."""
+        used = []
+
+        def signal() -> None:
+            with self._lock:
+                if used:
+                    return
+                used.append(True)
+                self._left -= 1
+                if self._left <= 0:
+                    self._event.set()
+
+        return signal
+
+    def wait(self) -> None:
+        if not self._event.wait(self._deadline):
+            raise RpcError(f"the step's other calls did not send their vars within {self._deadline:g} s")
+
+
+class _Into(Mapping):
+    """`_into_of`'s mapping: a name's destination is `into[(endpoint, name)]`, asked for
+    when the bulk channel receives that var."""
+
+    def __init__(self, endpoint: str, names: list[str], into: Mapping[tuple[str, str], np.ndarray],
+                 sent: _Sent | None) -> None:
+        self._endpoint, self._names, self._into, self._sent = endpoint, frozenset(names), into, sent
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._names:
+            raise KeyError(name)
+        if self._sent is not None:
+            self._sent.wait()
+        return self._into[(self._endpoint, name)]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 @dataclass(frozen=True)
@@ -252,6 +321,7 @@ class _Batch:
     fetch_barrier: bool = False
     into: Mapping[str, np.ndarray] = field(default_factory=dict)  # the bulk channel: fetched name -> its destination
     arrived: Callable[[str, Any], None] | None = None  # told of each fetched var as it comes in (early receives)
+    sent: Callable[[], None] | None = None  # called once its vars are sent (or the call failed): `_Sent`
 
     def grpc_request(self) -> Any:
         if self.method == "FetchBatch":
@@ -310,7 +380,7 @@ class RpcClient:
         self._lock = threading.Lock()
         self._closed = False
         self.stats = RpcStats()
-        self._pool = _futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"rpc-trainer{self.trainer_id}")
+        self._pool = _futures.ThreadPoolExecutor(max_workers=CALL_WORKERS, thread_name_prefix=f"rpc-trainer{self.trainer_id}")
         self.early = early_choice() if early is None else early_choice({EARLY_ENV: early})
         self._streams: dict[str, _EarlyStream] = {}  # endpoint -> its early sends
         self.early_recv = recv_choice() if early_recv is None else recv_choice({RECV_ENV: early_recv})
@@ -367,16 +437,26 @@ class RpcClient:
         """One call's reply: a batch over the bulk channel when `ep` has one, else gRPC. A
         batch that is not an early send goes after `ep`'s early sends have (`_wait_early`)."""
         if isinstance(request, _Batch):
-            if not early:
-                self._wait_early(ep.endpoint)
-            if ep.bulk is not None and ep.lost is None:
-                reply, sent, received = ep.bulk.call(
-                    request.method, request.bulk_items(), barrier=request.barrier, fetch=request.fetch,
-                    fetch_barrier=request.fetch_barrier, timeout=timeout, into=request.into, arrived=request.arrived)
-                self.stats.add(method, sent, received)
-                return rpc_pb2.VoidMessage() if method == "SendBatch" else reply
-            arrived = request.arrived
-            reply = ep.calls[method](request.grpc_request(), timeout=timeout)
+            signal = request.sent
+            try:
+                if not early:
+                    self._wait_early(ep.endpoint)
+                if ep.bulk is not None and ep.lost is None:
+                    items = request.bulk_items()
+                    for queued in request.queued:  # the call lets go of `items` once sent (no retry reads them)
+                        queued.drop()
+                    reply, sent, received = ep.bulk.call(
+                        request.method, items, barrier=request.barrier, fetch=request.fetch,
+                        fetch_barrier=request.fetch_barrier, timeout=timeout, into=request.into, on_sent=signal,
+                        arrived=request.arrived)
+                    self.stats.add(method, sent, received)
+                    return rpc_pb2.VoidMessage() if method == "SendBatch" else reply
+                arrived = request.arrived
+                request = request.grpc_request()  # gRPC ignores `into`: nothing waits on its send
+            finally:
+                if signal is not None:
+                    signal()  # sent already (a no-op), gRPC's, or failed before sending: nobody waits on it
+            reply = ep.calls[method](request, timeout=timeout)
             if arrived is not None:
                 for var in reply.vars:
                     arrived(var.name, var.value)
@@ -681,9 +761,13 @@ class RpcClient:
         self._gather(pending)
         wanted = _names_by_endpoint(requests)
         endpoints = list(dict.fromkeys([*send_barrier, *queued, *fetch_barrier, *wanted]))
+        # Receives wait for every call's sends only when all calls run at once (one on this
+        # thread, the rest on the pool): else a queued call could not send.
+        sent = _Sent(len(endpoints), self.deadline) if into and len(endpoints) <= CALL_WORKERS + 1 else None
         calls = [self._send_fetch_call(ep, queued.get(ep, []), ep in send_barrier, wanted.get(ep, []),
-                                       ep in fetch_barrier, _into_of(ep, wanted.get(ep, []), into),
-                                       None if arrived is None else partial(arrived, ep))
+                                       ep in fetch_barrier, _into_of(ep, wanted.get(ep, []), into, sent),
+                                       None if arrived is None else partial(arrived, ep),
+                                       sent.one() if sent is not None else None)
                  for ep in endpoints]
         return endpoints, wanted, calls
 
@@ -758,10 +842,11 @@ class RpcClient:
 
     def _send_fetch_call(self, endpoint: str, queued: list[_Queued], barrier: bool, names: list[str],
                          fetch_barrier: bool, into: Mapping[str, np.ndarray] | None = None,
-                         arrived: Callable[[str, Any], None] | None = None) -> tuple[str, str, _Batch, str]:
+                         arrived: Callable[[str, Any], None] | None = None,
+                         sent: Callable[[], None] | None = None) -> tuple[str, str, _Batch, str]:
         """The call (for `_call_all`) of one `SendFetchBatch`."""
         request = _Batch("SendFetchBatch", self.trainer_id, tuple(queued), barrier=barrier, fetch=tuple(names),
-                         fetch_barrier=fetch_barrier, into=into or {}, arrived=arrived)
+                         fetch_barrier=fetch_barrier, into=into or {}, arrived=arrived, sent=sent)
         what = "send barrier and fetch barrier" if barrier and fetch_barrier else "send and fetch"
         return endpoint, "SendFetchBatch", request, what
 

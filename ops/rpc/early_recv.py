@@ -84,10 +84,10 @@ class _Group:
     """A param a `concat` joins: its blocks in order, what has arrived, the array they
     were received into (None: not received into)."""
 
-    __slots__ = ("target", "blocks", "values", "whole")
+    __slots__ = ("target", "blocks", "values", "received_into")
 
-    def __init__(self, target: _Target, blocks: tuple[str, ...], whole: np.ndarray | None) -> None:
-        self.target, self.blocks, self.whole = target, blocks, whole
+    def __init__(self, target: _Target, blocks: tuple[str, ...], received_into: bool) -> None:
+        self.target, self.blocks, self.received_into = target, blocks, received_into
         self.values: dict[str, Any] = {}
 
 
@@ -161,11 +161,9 @@ def receive_early(ctx: OpContext, client: RpcClient, endpoints: list[str], defer
     param_set = set(params)
     groups: dict[str, _Group] = {}
     for _, param, xs in shape.concats:
-        whole = None
-        if param in param_set:
-            view = into.get(next(r for r, dests in routes.items() if any(o == xs[0] for _, o in dests)))
-            whole = view.base if view is not None else None
-        groups[param] = _Group(target(param), xs, whole)
+        # Where its blocks went is asked once they are in: a released param's array is made
+        # only when its first block arrives (`ops.rpc.kernels._Destinations`), after the grads left.
+        groups[param] = _Group(target(param), xs, param in param_set)
     lock = threading.Lock()
 
     def settle(tgt: _Target, value: Any = None) -> None:
@@ -207,7 +205,7 @@ def receive_early(ctx: OpContext, client: RpcClient, endpoints: list[str], defer
                 group.values[out] = value
                 if len(group.values) == len(group.blocks):
                     try:
-                        settle(tgt, _joined(group))
+                        settle(tgt, _joined(group, into))
                     except ValueError as exc:  # blocks that do not join (np.concatenate's reason)
                         fail(tgt, RpcError(f"{what}: var {tgt.name!r}: its blocks do not join ({exc})"))
                     group.values.clear()
@@ -235,14 +233,16 @@ def receive_early(ctx: OpContext, client: RpcClient, endpoints: list[str], defer
     return True
 
 
-def _joined(group: _Group) -> Any:
+def _joined(group: _Group, into: Any) -> Any:
     """The param's value once its blocks are all in: None (keep the scope's) when they were
-    received straight into its rows and tile it, else their concatenation (the `concat`
-    kernel's bits)."""
+    received straight into its rows and tile it, the array they were received into when
+    that is a new one (a param released after its last read, `ops.executor.Liveness`),
+    else their concatenation (the `concat` kernel's bits)."""
     arrays = [_dense(group.values[name]) for name in group.blocks]
-    whole = group.whole
-    if whole is not None and _tiles(whole, arrays):
-        return None
+    if group.received_into:
+        whole, new = into.whole(group.target.name)
+        if whole is not None and _tiles(whole, arrays):
+            return LoDTensor(whole) if new else None
     return LoDTensor(np.concatenate(arrays, axis=0))
 
 

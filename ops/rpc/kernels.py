@@ -25,7 +25,8 @@ endpoints without sections (the async lr-decay counter) goes to every one of the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -234,23 +235,26 @@ def fetch_barrier(ctx: OpContext) -> None:
         # ("not in the scope") instead of computing with it.
         ctx.scope.erase(*params)
         raise
+    into.bind()
     for recv_ctx, wanted in deferred:
         _write_outs(recv_ctx, [next(values) for _ in wanted])
 
 
 def _destinations(ctx: OpContext, deferred: list[tuple[OpContext, list[tuple[str, str]]]]
-                  ) -> tuple[dict[tuple[str, str], np.ndarray], list[str]]:
+                  ) -> tuple[_Destinations, list[str]]:
     """Where the bulk channel may receive the fetched param blocks: the rows of the param
     they are joined into, when the ops right after this one are `concat`s (axis 0) of
     blocks it fetches, in order, into a param that nothing but the scope holds
-    (`OpContext.unshared_array`) and that no op before its `concat` names. The `concat`
-    then finds its blocks tiling the param and copies nothing (`_joined_already`): the
-    same bits as a join of new arrays, no param-sized array per step. ((endpoint, name)
-    -> view, the params concerned.)"""
+    (`OpContext.unshared_array`) and that no op before its `concat` names, or that the
+    scope holds no value of (released after its last read, `ops.executor.Liveness`:
+    then into a new array, made when its first block arrives). The `concat` then finds
+    its blocks tiling the param and copies nothing (`_joined_already`): the same bits as
+    a join of new arrays, no param-sized array per step. ((endpoint, name) -> view, the
+    params concerned.)"""
     source = {}
     for recv_ctx, wanted in deferred:
         source.update(zip(recv_ctx.output_names("Out"), wanted, strict=True))
-    into: dict[tuple[str, str], np.ndarray] = {}
+    into = _Destinations(ctx)
     params: list[str] = []
     if not source:
         return into, params
@@ -261,32 +265,106 @@ def _destinations(ctx: OpContext, deferred: list[tuple[OpContext, list[tuple[str
         if (len(outs) != 1 or len(xs) < 2 or int(op.attr("axis", 0)) != 0 or outs[0] in source or outs[0] in xs
                 or any(x not in source for x in xs) or len(set(xs)) != len(xs)):
             break
-        views = _rows_of(ctx, outs[0], xs)
-        if views is None:
-            continue
-        params.append(outs[0])
-        for x, view in zip(xs, views, strict=True):
-            into[source[x]] = view
+        if into.plan(outs[0], [source[x] for x in xs], xs):
+            params.append(outs[0])
     return into, params
 
 
-def _rows_of(ctx: OpContext, param: str, blocks: tuple[str, ...]) -> list[np.ndarray] | None:
-    """Views of `param`'s array that `blocks` tile along axis 0, by their declared shapes,
-    when the array is the scope's alone; else None."""
-    shapes = []
-    for name in blocks:
-        var = ctx.decl(name)
-        if var is None or var.shape is None or not var.shape or any(d < 0 for d in var.shape):
-            return None
-        shapes.append(tuple(var.shape))
-    array = ctx.unshared_array(param)
-    if array is None or any(s[1:] != array.shape[1:] for s in shapes) or sum(s[0] for s in shapes) != array.shape[0]:
+class _Destinations(Mapping):
+    """(endpoint, name) -> the rows of its param a fetched block is received into. A
+    param the scope holds no value of gets a new array when its first block arrives (on
+    a receiving thread: this trainer's grads are sent by then, so malloc may give it
+    their memory); `bind` puts those in the scope afterwards, on the op's thread."""
+
+    def __init__(self, ctx: OpContext) -> None:
+        self._ctx = ctx
+        self._views: dict[tuple[str, str], np.ndarray] = {}
+        self._later: dict[tuple[str, str], tuple[str, int, int]] = {}  # -> (param, first row, last row + 1)
+        self._made: dict[str, np.ndarray] = {}
+        self._held: dict[str, np.ndarray] = {}  # param -> the scope's array its blocks are received into
+        self._lock = threading.Lock()
+
+    def plan(self, param: str, requests: list[tuple[str, str]], blocks: tuple[str, ...]) -> bool:
+        """Receive `requests` (the `blocks` of `param`, in order) into `param`'s rows when
+        their declared shapes tile it; False (nothing planned) otherwise."""
+        ctx = self._ctx
+        shapes = []
+        for name in blocks:
+            var = ctx.decl(name)
+            if var is None or var.shape is None or not var.shape or any(d < 0 for d in var.shape):
+                return False
+            shapes.append(tuple(var.shape))
+        if ctx.scope.find_var(param) is None:
+            shape = _declared(ctx, param)
+            if shape is None or not _tiles(shapes, shape):
+                return False
+            start = 0
+            for request, block_shape in zip(requests, shapes, strict=True):
+                self._later[request] = (param, start, start + block_shape[0])
+                start += block_shape[0]
+            return True
+        array = ctx.unshared_array(param)
+        if array is None or not _tiles(shapes, array.shape):
+            return False
+        start = 0
+        for request, block_shape in zip(requests, shapes, strict=True):
+            self._views[request] = array[start : start + block_shape[0]]
+            start += block_shape[0]
+        self._held[param] = array
+        return True
+
+    def whole(self, param: str) -> tuple[np.ndarray | None, bool]:
+        """The array `param`'s blocks were received into, and whether it is a new one (a
+        released param's, which its reader must bind: an early receive, `ops.rpc.early_recv`);
+        (None, False) before any block of a released param arrived, or for an unplanned one."""
+        held = self._held.get(param)
+        if held is not None:
+            return held, False
+        with self._lock:
+            made = self._made.get(param)
+        return made, made is not None
+
+    def __getitem__(self, key: tuple[str, str]) -> np.ndarray:
+        view = self._views.get(key)
+        if view is not None:
+            return view
+        param, start, stop = self._later[key]
+        with self._lock:
+            array = self._made.get(param)
+            if array is None:
+                var = self._ctx.decl(param)
+                array = self._made[param] = np.empty(tuple(var.shape), var.dtype.to_numpy())
+        return array[start:stop]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._views or key in self._later
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter([*self._views, *self._later])
+
+    def __len__(self) -> int:
+        return len(self._views) + len(self._later)
+
+    def bind(self) -> None:
+        """Bind the new arrays made for released params (their blocks are in them)."""
+        for param, array in self._made.items():
+            self._ctx.frame.write(param, LoDTensor(array))
+        self._made = {}
+
+
+def _declared(ctx: OpContext, param: str) -> tuple[int, ...] | None:
+    """`param`'s declared shape when it and its dtype are fully known and no other thread
+    reads the scope (not on a pserver), else None."""
+    var = ctx.decl(param)
+    if (ctx.run.concurrent_readers or ctx.run.update_in_place or var is None or var.dtype is None
+            or var.shape is None or not var.shape or any(d < 0 for d in var.shape)):
         return None
-    views, start = [], 0
-    for shape in shapes:
-        views.append(array[start : start + shape[0]])
-        start += shape[0]
-    return views
+    return tuple(var.shape)
+
+
+def _tiles(shapes: list[tuple[int, ...]], whole: tuple[int, ...]) -> bool:
+    """True when blocks of `shapes` stacked along axis 0 make `whole`."""
+    return all(s[1:] == tuple(whole[1:]) for s in shapes) and sum(s[0] for s in shapes) == whole[0]
 
 
 @register("checkpoint_notify")

@@ -375,6 +375,8 @@ class Session:
             value = self.scope.find_var(name)
             if isinstance(value, LoDTensor):
                 out[name] = np.array(value.array)
+            elif value is None and name in self.executor.lost:  # released by a step that then failed
+                raise PsTranspilerError(self.executor.lost[name])
         return out
 
     def pull(self, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
