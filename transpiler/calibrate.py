@@ -695,8 +695,8 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
     (the same partitions, so their blocks and RPCs cancel): the bytes the wider one adds (in
     and out, every trainer) over the CPU it adds, less its ops at the `ops` rates (`scale`,
     `momentum`, and the sums: a weight summed on arrival at `sum_on_arrival`, a bias by the
-    `sum` op); the median of `pairs` pairs measured back to back (one pair's slope moved
-    2x under load). Its weights are grads of 256 kB or more, so the pserver takes them as it
+    `sum` op); the tiny nets' rounds the median of `pairs` each, the slope the median of
+    `pairs` pairs measured back to back (one pair's slope moved 2x under load). Its weights are grads of 256 kB or more, so the pserver takes them as it
     takes a real model's big grads: on the bulk channel, summed on arrival (one wide layer
     instead, whose ops run out of cache at 2-5x their measured rate, priced the bytes at
     half their speed: 1.4 against ~3 GB/s, the dense estimates 1.4-1.6x their measured
@@ -707,8 +707,13 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
 
     if min(widths) ** 2 * 4 < ARRIVAL_SUM_BYTES:
         raise ValueError(f"measure_dense: widths {widths} give weights below the {ARRIVAL_SUM_BYTES} bytes summed on arrival")
-    tiny = measure_sync_round(*dense_programs(1, 4, 4), small_steps, think=think)
-    wide = measure_sync_round(*dense_programs(many, 4, 4), small_steps // 2, think=think)
+    # The fixed costs, the median of `pairs` rounds each: one tiny round read 2,200 µs in one
+    # quiet calibration and 3,800 in the next (rpc_us 493 against 893, the MLP's estimate
+    # 1.15x against 1.94x its measured CPU), a pserver woken from idle at the wrong moment.
+    tiny = statistics.median(measure_sync_round(*dense_programs(1, 4, 4), small_steps, think=think)
+                             for _ in range(pairs))
+    wide = statistics.median(measure_sync_round(*dense_programs(many, 4, 4), small_steps // 2, think=think)
+                             for _ in range(pairs))
     per_partition = max((wide - tiny) / (2 * (many - 1)), 0.0)
     block_us = max(per_partition - 2 * trainers * var_us, 0.0)
     rpc_us = max((tiny - 2 * per_partition) / (2 * trainers), 0.0)
