@@ -183,7 +183,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, m.mmap_thresh
 def test_a_1_gb_buffer_is_reused_not_mapped_fresh_each_step():
     """The mmap threshold compares the chunk, header included: at exactly 1 GB, a 1 GB
     weight's grad was mapped fresh and zeroed every step (512 huge-page or 262,144 small-page
-    faults a round); under 1536 MB its pages are reused. (An older glibc that refuses the big
+    faults a round); under 2047 MB its pages are reused. (An older glibc that refuses the big
     threshold gets the capped one, which cannot keep 1 GB: skipped there.)"""
     faults, threshold = fresh_python(GB_FAULTS).split()
     if int(threshold) != MMAP_THRESHOLD:
@@ -219,7 +219,7 @@ def test_the_mmap_threshold_keeps_a_1_gb_buffer_and_fits_mallopt_s_int():
     assert CAPPED_MMAP_THRESHOLD < MMAP_THRESHOLD <= TRIM_THRESHOLD < 2**31
 
 
-# `fresh_pages_from`: calibrate's way of pricing the fresh pages an array over the 1536 MB
+# `fresh_pages_from`: calibrate's way of pricing the fresh pages an array over the 2047 MB
 # threshold gets, on a 32 MB one. Prints the minor faults of 3 rounds inside it, after it
 # (the heap grown back once, then kept), and whether it lowered the threshold.
 FRESH_FAULTS = """

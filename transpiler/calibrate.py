@@ -239,7 +239,7 @@ def measure_sparse_block(rows: int = 250_000, counts: tuple[int, int] = (500, 40
       the sync path at `counts[0]`, over the `2·rows·width` elements copied, is `copy_us`;
       with the table `big_rows` rows, its arrays given fresh pages every step as arrays over
       the mmap threshold of `ops.rpc.malloc` get them (`fresh_pages_from`: the threshold
-      itself, 1536 MB, is too big to measure here), the excess per element beyond it, `fault_us`."""
+      itself, 2047 MB, is too big to measure here), the excess per element beyond it, `fault_us`."""
     import numpy as np
 
     from ops.executor import Executor

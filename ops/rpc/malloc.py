@@ -14,7 +14,7 @@ pservers' share 12–15 → 8–9 ms); the embedding from 114–164 to 165–208
 Big params (issue 30) needed more: a 256 MB weight's blocks (128 MB per pserver) were over
 that 64 MB mmap threshold, and a thread's own malloc arena cannot hold a chunk bigger than
 its 64 MB heaps at all, so every such buffer was mapped fresh and zeroed every step (45–50%
-of all CPU in page faults). So the mmap threshold is 1536 MB (`ops.heap.MMAP_THRESHOLD`), the
+of all CPU in page faults). So the mmap threshold is 2047 MB (`ops.heap.MMAP_THRESHOLD`), the
 trim threshold 2 GB, and a process of a program with a param of `BIG_PARAM` bytes or more
 uses ONE arena (`bound_arenas`, `arenas_for`; `Session` applies it before the process starts
 a thread), the main one, whose heap grows with `brk` to any size: x[8, 8192] -> fc 8192 ->
@@ -27,14 +27,11 @@ must sit clearly above the biggest buffer to reuse: at 1 GB exactly, a 1 GB weig
 trainer's resident memory fell by 1 GB and came back, 512 huge-page faults a step, each
 zeroing 2 MB), 0.57–1.36 CPU s a trainer per step. With 2047 MB, `wide1g` went from 1.40
 to 0.71 core-ms per MB moved (medians on a loaded machine, run R in `benchmarks/RESULTS.md`).
-It is 1536 MB now: at 2047 MB (the largest whole MB mallopt's int takes) a 256 MB trainer
-that releases its weight before computing the grad still peaked at 576 MB, at 1025–1900 MB
-at 322 (`ops.heap`). glibc 2.36 accepts such thresholds (checked with a C program:
-`mallopt` returned 1 and a 1 GB malloc/free loop faulted only its first time), but older
-glibc (2.26's source, for one) refuses any mmap threshold above 32 MB; there the runtime
-sets that (`CAPPED_MMAP_THRESHOLD`) instead of leaving malloc untuned. A single buffer
-of 1.5 GB or more is still mapped fresh every step, as is a heap top of 2 GB or more freed
-at once (trimmed).
+2047 MB is the largest whole MB mallopt's int takes; glibc 2.36 accepts it (checked with a C program: `mallopt` returned 1
+and a 1 GB malloc/free loop faulted only its first time), but older glibc (2.26's source,
+for one) refuses any mmap threshold above 32 MB; there the runtime sets that
+(`CAPPED_MMAP_THRESHOLD`) instead of leaving malloc untuned. A single buffer of 2 GB or more
+is still mapped fresh every step, as is a heap top of 2 GB or more freed at once (trimmed).
 
 The cost: a process's resident memory stays near its peak instead of shrinking between
 steps (at most the trim threshold above what it uses; the peak itself is unchanged). `mallopt` applies it from
@@ -129,7 +126,7 @@ def bound_arenas(environ: Mapping[str, str] | None = None, count: int = PSERVER_
 def fresh_pages_from(nbytes: int) -> Iterator[bool]:
     """Within: a buffer of `nbytes` or more is mapped fresh and unmapped when freed, as one
     over the kept threshold is (`pstranspile calibrate` prices those pages on a table that
-    fits in memory; over 1536 MB it would not). Yields whether that holds: only where
+    fits in memory; over 2047 MB it would not). Yields whether that holds: only where
     `keep_freed_memory` tuned this process; the kept threshold is back after."""
     with _lock:
         kept = mmap_threshold if _applied else None
