@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import difflib
 import json
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -73,3 +75,18 @@ def paddle_case(request) -> Path:
 
 def load_case_json(case: Path) -> tuple[dict, dict]:
     return json.loads((case / "case.json").read_text()), json.loads((case / "expected.json").read_text())
+
+
+def run_job_threads(pserver: Callable[[str], None], endpoints: Sequence[str], trainer: Callable[[int], None],
+                    trainers: int, errors: list[BaseException]) -> None:
+    """A distributed job in threads: `pserver(endpoint)` for each endpoint and
+    `trainer(tid)` for each trainer, all joined (bounded); fails if one hangs or any
+    thread put an exception in `errors`."""
+    threads = [threading.Thread(target=pserver, args=(ep,)) for ep in endpoints]
+    threads += [threading.Thread(target=trainer, args=(tid,)) for tid in range(trainers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(t.is_alive() for t in threads), "training hung"
+    assert not errors, errors

@@ -8,12 +8,11 @@ error a failed step leaves behind, and the peak it saves."""
 from __future__ import annotations
 
 import io
-import threading
 import tracemalloc
 
 import numpy as np
 import pytest
-from conftest import PADDLE_PROGRAMS
+from conftest import PADDLE_PROGRAMS, run_job_threads
 
 from ops import executor as executor_module
 from ops.executor import ExecutionError, Executor, FetchError, Liveness
@@ -354,14 +353,7 @@ def train(main, startup, feeds, *, release: bool, monkeypatch) -> dict[int, dict
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
-    threads = [threading.Thread(target=pserver, args=(ep,)) for ep in endpoints]
-    threads += [threading.Thread(target=trainer, args=(tid,)) for tid in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not any(t.is_alive() for t in threads), "training hung"
-    assert not errors, errors
+    run_job_threads(pserver, endpoints, trainer, 2, errors)
     monkeypatch.undo()
     assert any("w1" in each for each in found) == release  # the trainers' main programs released w1
     return results

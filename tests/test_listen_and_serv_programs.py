@@ -7,11 +7,11 @@ the kernels' own errors."""
 from __future__ import annotations
 
 import io
-import threading
 
 import numpy as np
 import pytest
 
+from conftest import run_job_threads
 from ops.executor import ExecutionError, Executor
 from ops.rpc.serve import ServeError, serve_program
 from ops.scope import Scope
@@ -78,14 +78,7 @@ def train_in_threads(main, startup, *, pservers: int, trainers: int, sync_mode: 
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
-    threads = [threading.Thread(target=pserver, args=(ep,)) for ep in endpoints]
-    threads += [threading.Thread(target=trainer, args=(tid,)) for tid in range(trainers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not any(t.is_alive() for t in threads), "training hung"
-    assert not errors, errors
+    run_job_threads(pserver, endpoints, trainer, trainers, errors)
     return results, scopes
 
 
