@@ -1,5 +1,7 @@
-"""The malloc thresholds the RPC processes set (`ops.rpc.malloc`), here so that the cost
-model (`transpiler.cost`), which sits below the RPC layer, reads the same figures."""
+"""The runtime's size thresholds that the cost model (`transpiler.cost`, which sits below
+the RPC layer) prices by: the malloc thresholds the RPC processes set (`ops.rpc.malloc`)
+and the smallest grad a sync pserver sums on arrival (`ops.rpc.arrival_sum`), here so that
+both read the same figures."""
 
 # bytes: a buffer whose malloc chunk (its size plus glibc's 16-byte header) is below this
 # comes from the heap, so its pages are reused step after step; at or above it, glibc maps
@@ -12,3 +14,6 @@ TRIM_THRESHOLD = (2 << 30) - 1  # bytes free at a heap's top before glibc return
 # one above HEAP_MAX_SIZE / 2 (32 MB on 64-bit); glibc 2.36 takes any int. `ops.rpc.malloc`
 # falls back to it when the big one is refused.
 CAPPED_MMAP_THRESHOLD = 32 << 20
+# bytes: a sync pserver sums a trainer's grad this big or bigger as it arrives
+# (`ops.rpc.arrival_sum.MIN_BYTES`); a smaller one keeps its `sum` op (the bulk channel's own threshold)
+ARRIVAL_SUM_MIN_BYTES = 256 << 10

@@ -61,8 +61,8 @@ from pathlib import Path
 from typing import Any
 
 from ops.catalogue.optimizer_ops import OPTIMIZER_SLOTS, optimizer_slots
+from ops.heap import ARRIVAL_SUM_MIN_BYTES as ARRIVAL_SUM_BYTES
 from ops.heap import MMAP_THRESHOLD
-from ops.rpc.arrival_sum import MIN_BYTES as ARRIVAL_SUM_BYTES
 from transpiler.errors import TranspileError
 from transpiler.ir.types import DType
 

@@ -40,7 +40,9 @@ from typing import Any
 
 import numpy as np
 
-MIN_BYTES = 256 << 10  # a grad smaller than this keeps its `sum` op (the bulk channel's own threshold)
+from ops.heap import ARRIVAL_SUM_MIN_BYTES
+
+MIN_BYTES = ARRIVAL_SUM_MIN_BYTES  # a grad smaller than this keeps its `sum` op (`ops.heap`)
 CHUNK_BYTES = 2 << 20  # bytes received, then added, at a time: measured, docs/runtime.md "Summed on arrival"
 
 NONE, RECEIVING, HELD, DONE = "none", "receiving", "held", "done"
