@@ -165,18 +165,23 @@ def _joined_already(ctx: OpContext, xs: list[np.ndarray], axis: int) -> np.ndarr
     tensor = ctx.scope.find_var(names[0])
     if type(tensor) is not LoDTensor:
         return None
-    whole = tensor.array
+    return tensor.array if tiles_rows(tensor.array, xs) else None
+
+
+def tiles_rows(whole: np.ndarray, xs: list[np.ndarray]) -> bool:
+    """Whether `xs` are views of `whole`'s rows that tile it in order along axis 0, each
+    where the one before ends (a param whose blocks were received straight into it)."""
     if not whole.flags.c_contiguous or whole.ndim == 0:
-        return None
+        return False
     start = whole.__array_interface__["data"][0]
     offset = 0
     for x in xs:
         if (x.base is None or x.dtype != whole.dtype or x.ndim != whole.ndim or x.shape[1:] != whole.shape[1:]
                 or not x.flags.c_contiguous or x.__array_interface__["data"][0] != start + offset
                 or not np.may_share_memory(x, whole)):
-            return None
+            return False
         offset += x.nbytes
-    return whole if offset == whole.nbytes else None
+    return offset == whole.nbytes
 
 
 @register("concat_grad")

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ops.kernels.context import KernelError, OpContext
+from ops.kernels.tensor_ops import tiles_rows
 from ops.rpc.client import RpcClient
 from ops.rpc.errors import RpcError
 from ops.scope import Scope
@@ -98,21 +99,17 @@ def _shape(ctx: OpContext, deferred: Deferred) -> _Shape | None:
     key = "early_recv_shape"
     if key in ctx.memo:
         return ctx.memo[key]
+    from ops.rpc.kernels import joins_after  # (ops.rpc.kernels imports this module)
+
     outs = {name for recv_ctx, _ in deferred for name in recv_ctx.output_names("Out")}
     ops = ctx.block.ops
-    index = next(i for i, op in enumerate(ops) if op is ctx.op)
     concats = []
     joined: set[str] = set()
-    for i in range(index + 1, len(ops)):
-        op = ops[i]
-        if op.type != "concat":
-            break
-        xs, out = tuple(op.inputs.get("X", ())), op.outputs.get("Out", ())
-        if (len(out) != 1 or int(op.attr("axis", 0)) != 0 or op.inputs.get("AxisTensor") or out[0] in outs
-                or out[0] in xs or any(x not in outs or x in joined for x in xs) or len(set(xs)) != len(xs)):
+    for i, op, param, xs in joins_after(ctx, outs):
+        if op.inputs.get("AxisTensor") or any(x in joined for x in xs):
             break
         joined.update(xs)
-        concats.append((i, out[0], xs))
+        concats.append((i, param, xs))
     first_read: dict[str, int] = {}
     shape: _Shape | None = _Shape(tuple(concats), first_read)
     for i, op in enumerate(ops):
@@ -241,21 +238,9 @@ def _joined(group: _Group, into: Any) -> Any:
     arrays = [_dense(group.values[name]) for name in group.blocks]
     if group.received_into:
         whole, new = into.whole(group.target.name)
-        if whole is not None and _tiles(whole, arrays):
+        if whole is not None and tiles_rows(whole, arrays):
             return LoDTensor(whole) if new else None
     return LoDTensor(np.concatenate(arrays, axis=0))
-
-
-def _tiles(whole: np.ndarray, arrays: list[np.ndarray]) -> bool:
-    """Whether `arrays` are `whole`'s rows in order, each where the next begins."""
-    start = whole.__array_interface__["data"][0]
-    offset = 0
-    for array in arrays:
-        if (array.dtype != whole.dtype or not array.flags.c_contiguous
-                or array.__array_interface__["data"][0] != start + offset):
-            return False
-        offset += array.nbytes
-    return offset == whole.nbytes
 
 
 def _dense(value: Any) -> np.ndarray:

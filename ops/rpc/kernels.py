@@ -26,7 +26,7 @@ endpoints without sections (the async lr-decay counter) goes to every one of the
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -119,9 +119,13 @@ def _maybe_flush(ctx: OpContext, client: RpcClient) -> None:
 
 def _ops_after(ctx: OpContext) -> tuple[Op, ...]:
     """The ops after this one in its block."""
+    return ctx.block.ops[_op_index(ctx) + 1 :]
+
+
+def _op_index(ctx: OpContext) -> int:
+    """This op's index in its block."""
     ops = ctx.block.ops
-    index = next((i for i, op in enumerate(ops) if op is ctx.op), len(ops))
-    return ops[index + 1 :]
+    return next((i for i, op in enumerate(ops) if op is ctx.op), len(ops))
 
 
 @register("recv")
@@ -258,16 +262,32 @@ def _destinations(ctx: OpContext, deferred: list[tuple[OpContext, list[tuple[str
     params: list[str] = []
     if not source:
         return into, params
-    for op in _ops_after(ctx):
+    for _, _, param, xs in joins_after(ctx, source):
+        if len(xs) < 2:
+            break
+        if into.plan(param, [source[x] for x in xs], xs):
+            params.append(param)
+    return into, params
+
+
+def joins_after(ctx: OpContext, fetched: Container[str]) -> list[tuple[int, Op, str, tuple[str, ...]]]:
+    """The `concat`s right after this op (up to the first op that is not one of them)
+    that join distinct `fetched` blocks along axis 0 into a var neither fetched nor among
+    its blocks: (index in the block, the op, its Out, its X), in order. The `fetch_barrier`
+    receives such blocks into the param's rows (`_destinations`), or joins them as they
+    arrive (`ops.rpc.early_recv`)."""
+    ops = ctx.block.ops
+    joins = []
+    for i in range(_op_index(ctx) + 1, len(ops)):
+        op = ops[i]
         if op.type != "concat":
             break
-        xs, outs = op.inputs.get("X", ()), op.outputs.get("Out", ())
-        if (len(outs) != 1 or len(xs) < 2 or int(op.attr("axis", 0)) != 0 or outs[0] in source or outs[0] in xs
-                or any(x not in source for x in xs) or len(set(xs)) != len(xs)):
+        xs, outs = tuple(op.inputs.get("X", ())), op.outputs.get("Out", ())
+        if (len(outs) != 1 or int(op.attr("axis", 0)) != 0 or outs[0] in fetched or outs[0] in xs
+                or any(x not in fetched for x in xs) or len(set(xs)) != len(xs)):
             break
-        if into.plan(outs[0], [source[x] for x in xs], xs):
-            params.append(outs[0])
-    return into, params
+        joins.append((i, op, outs[0], xs))
+    return joins
 
 
 class _Destinations(Mapping):
@@ -288,28 +308,25 @@ class _Destinations(Mapping):
         """Receive `requests` (the `blocks` of `param`, in order) into `param`'s rows when
         their declared shapes tile it; False (nothing planned) otherwise."""
         ctx = self._ctx
-        shapes = []
-        for name in blocks:
-            var = ctx.decl(name)
-            if var is None or var.shape is None or not var.shape or any(d < 0 for d in var.shape):
-                return False
-            shapes.append(tuple(var.shape))
+        shapes = [_fixed_shape(ctx.decl(name)) for name in blocks]
+        if None in shapes:
+            return False
+        rows, start = [], 0
+        for shape in shapes:
+            rows.append((start, start + shape[0]))
+            start += shape[0]
         if ctx.scope.find_var(param) is None:
             shape = _declared(ctx, param)
             if shape is None or not _tiles(shapes, shape):
                 return False
-            start = 0
-            for request, block_shape in zip(requests, shapes, strict=True):
-                self._later[request] = (param, start, start + block_shape[0])
-                start += block_shape[0]
+            for request, (first, stop) in zip(requests, rows, strict=True):
+                self._later[request] = (param, first, stop)
             return True
         array = ctx.unshared_array(param)
         if array is None or not _tiles(shapes, array.shape):
             return False
-        start = 0
-        for request, block_shape in zip(requests, shapes, strict=True):
-            self._views[request] = array[start : start + block_shape[0]]
-            start += block_shape[0]
+        for request, (first, stop) in zip(requests, rows, strict=True):
+            self._views[request] = array[first:stop]
         self._held[param] = array
         return True
 
@@ -356,8 +373,14 @@ def _declared(ctx: OpContext, param: str) -> tuple[int, ...] | None:
     """`param`'s declared shape when it and its dtype are fully known and no other thread
     reads the scope (not on a pserver), else None."""
     var = ctx.decl(param)
-    if (ctx.run.concurrent_readers or ctx.run.update_in_place or var is None or var.dtype is None
-            or var.shape is None or not var.shape or any(d < 0 for d in var.shape)):
+    if ctx.run.concurrent_readers or ctx.run.update_in_place or var is None or var.dtype is None:
+        return None
+    return _fixed_shape(var)
+
+
+def _fixed_shape(var) -> tuple[int, ...] | None:
+    """A declared var's shape when it has one and every dim is known, else None."""
+    if var is None or var.shape is None or not var.shape or any(d < 0 for d in var.shape):
         return None
     return tuple(var.shape)
 
