@@ -519,10 +519,10 @@ def test_a_connection_idle_too_long_or_closed_by_the_pserver_is_replaced():
         client = ps.client(0)
         client.send(ps.address, "w", LoDTensor(np.ones(4, F32)))
         channel = client._endpoints[ps.address].bulk
-        (old, since), = channel._idle
-        channel._idle = [(old, since - channel.offer.idle)]  # past half the pserver's idle limit: not reused
+        (old, ring, since), = channel._idle
+        channel._idle = [(old, ring, since - channel.offer.idle)]  # past half the pserver's idle limit: not reused
         client.send(ps.address, "w", LoDTensor(np.full(4, 2, F32)))
-        (second, _), = channel._idle
+        (second, _, _), = channel._idle
         assert second is not old and old.fileno() == -1
         second.shutdown(socket.SHUT_RDWR)  # as the pserver's end closing it: seen, dropped, a new one opened
         assert client.get(ps.address, "w").array.tolist() == [2] * 4

@@ -38,15 +38,21 @@ its pserver offers one, unless its own setting is `off`.
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import hmac
+import ipaddress
 import itertools
 import json
 import math
+import mmap
+import os
+import re
 import secrets
 import select
 import socket
 import ssl
+import stat
 import struct
 import threading
 import time
@@ -78,7 +84,7 @@ METHOD = "BulkChannel"  # the gRPC method announcing the channel (not in proto/r
 REQUEST_MAGIC, REPLY_MAGIC = b"PSB1", b"PSR1"
 PREFIX = struct.Struct("<4sBI")  # magic, method (request) or status (reply), header bytes
 MAX_HEADER = 1 << 20  # bytes of one frame's header
-METHODS = {1: "SendBatch", 2: "SendFetchBatch", 3: "FetchBatch"}
+METHODS = {1: "SendBatch", 2: "SendFetchBatch", 3: "FetchBatch", 4: "Ring"}  # Ring: a shared-memory ring, asked once
 METHOD_CODE = {name: code for code, name in METHODS.items()}
 STATUS_OK, STATUS_GO = 0, 255
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -89,8 +95,19 @@ FIRST_FRAME_SECONDS = 10.0  # a new connection's first header must arrive within
 PROBE_SECONDS = 10.0  # a trainer gives up on reaching a channel after this (gRPC carries everything then)
 
 
+SHM_ENV = "PSTRANSPILE_BULK_SHM"
+SHM_CHOICES = ("auto", "on", "off")
+SHM_DIR = "/dev/shm"
+RING_SLOTS = 2  # slots of a connection's ring: measured, docs/runtime.md "Shared memory"
+SLOT_BYTES = 512 << 10
+NOTE = struct.Struct("<4sIQ")  # writer -> reader: slot i holds n bytes of the payload now
+FREE = struct.Struct("<4sI")  # reader -> writer: slot i may be written again
+NOTE_MAGIC, FREE_MAGIC = b"PSN1", b"PSF1"
+_RING_NAME = re.compile(r"psb-[0-9a-f]{32}\Z")
+
+
 class BulkChoiceError(EnvChoiceError):
-    """`PSTRANSPILE_BULK` names no choice."""
+    """`PSTRANSPILE_BULK` (or `PSTRANSPILE_BULK_SHM`) names no choice."""
 
 
 class FrameError(Exception):
@@ -105,6 +122,25 @@ class FrameError(Exception):
 def bulk_choice(environ: Mapping[str, str] | None = None) -> str:
     """`auto` (the default), `on` or `off`; `BulkChoiceError` for anything else."""
     return env_choice(environ, BULK_ENV, CHOICES, BulkChoiceError)
+
+
+def shm_choice(environ: Mapping[str, str] | None = None) -> str:
+    """`PSTRANSPILE_BULK_SHM`: `auto` (the default: a shared-memory ring with a peer on a
+    loopback address), `on` (with any peer that can open it: same host), `off`."""
+    return env_choice(environ, SHM_ENV, SHM_CHOICES, BulkChoiceError)
+
+
+def loopback(host: str) -> bool:
+    """Whether `host` names this host's loopback (127.0.0.0/8, ::1, localhost)."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def bulk_port(grpc_port: int = 0, environ: Mapping[str, str] | None = None) -> int:
@@ -167,6 +203,7 @@ class RequestHead:
     fetch: tuple[str, ...]
     fetch_barrier: bool
     vars: tuple[VarHead, ...]
+    ring: bool = False  # the payloads, both ways, travel through the connection's shared-memory ring
 
     @property
     def payload_bytes(self) -> int:
@@ -225,7 +262,7 @@ def decode_request_head(method_code: int, raw: bytes, max_vars: int = 1 << 16) -
     if type(head) is not dict:
         raise FrameError("the header is not an object")
     token = head.get("k")
-    flags = [head.get(key, False) for key in ("a", "f")]
+    flags = [head.get(key, False) for key in ("a", "f", "s")]
     if any(type(flag) is not bool for flag in flags):
         raise FrameError("a barrier flag is not a boolean")
     fetch = tuple(_str(n, "a name to fetch") for n in _list(head.get("g", []), "the names to fetch", max_vars))
@@ -238,6 +275,7 @@ def decode_request_head(method_code: int, raw: bytes, max_vars: int = 1 << 16) -
         fetch=fetch,
         fetch_barrier=flags[1],
         vars=tuple(_var_head(v) for v in _list(head.get("v", []), "the vars", max_vars)),
+        ring=flags[2],
     )
 
 
@@ -344,18 +382,24 @@ def recv_prefix(sock: socket.socket, magic: bytes, what: str, check: Check | Non
 
 
 def receive_value(sock: socket.socket, head: VarHead, into: np.ndarray | None = None,
-                  check: Check | None = None) -> Any:
-    """One var's value off the socket: a dense tensor received into `into` (or a new
-    array), a message received and decoded in place."""
+                  check: Check | None = None, ring: RingReader | None = None) -> Any:
+    """One var's value off the socket (or its `ring`): a dense tensor received into `into`
+    (or a new array), a message received and decoded in place (a ring's bytes are copied
+    out first: a peer cannot change what is being decoded)."""
     if head.dtype is None:
         buffer = bytearray(head.nbytes)
-        recv_into(sock, buffer, f"var {head.name!r}", check)
+        if ring is not None:
+            ring.read_into(buffer, f"var {head.name!r}")
+        else:
+            recv_into(sock, buffer, f"var {head.name!r}", check)
         try:
             return decode_var(memoryview(buffer))
         except WireError as exc:
             raise FrameError(str(exc)) from None
     array = into if into is not None else np.empty(head.shape, head.dtype)
-    if head.nbytes:
+    if head.nbytes and ring is not None:
+        ring.read_into(array, f"var {head.name!r}")
+    elif head.nbytes:
         recv_into(sock, array, f"var {head.name!r}", check)
     view = array.view()
     view.flags.writeable = False  # as gRPC's arrays: kernels never write their inputs (and `into` is reused)
@@ -385,15 +429,22 @@ class MemoryExtents:
         return below > 0 and self._reach[below - 1] > low
 
 
-def reply_pieces(values: Sequence[tuple[str, Any]]) -> list[Piece]:
-    """A successful reply carrying `values` (name, value), ready for `send_pieces`."""
+def reply_parts(values: Sequence[tuple[str, Any]]) -> tuple[list[Piece], list[list[Piece]]]:
+    """A successful reply carrying `values` (name, value): its prefix and header, and
+    each var's payload pieces."""
     heads, payload = [], []
     for name, value in values:
         head, pieces = outgoing(name, value)
         heads.append(head.encode())
-        payload += pieces
+        payload.append(pieces)
     raw = _header_bytes({"v": heads})
-    return [PREFIX.pack(REPLY_MAGIC, STATUS_OK, len(raw)), raw, *payload]
+    return [PREFIX.pack(REPLY_MAGIC, STATUS_OK, len(raw)), raw], payload
+
+
+def reply_pieces(values: Sequence[tuple[str, Any]]) -> list[Piece]:
+    """A successful reply carrying `values` (name, value), ready for `send_pieces`."""
+    frame, payload = reply_parts(values)
+    return [*frame, *(piece for pieces in payload for piece in pieces)]
 
 
 def error_frame(code: grpc.StatusCode, details: str) -> bytes:
@@ -410,6 +461,222 @@ def readable(sock: socket.socket) -> bool:
     poller = select.poll()
     poller.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
     return bool(poller.poll(0))
+
+
+# ------------------------------------------------------------------ shared memory
+
+
+class RingError(Exception):
+    """A shared-memory ring that cannot be made or opened here (the payloads go by TCP)."""
+
+
+_CREATED: set[str] = set()  # segments this process made and has not unlinked yet: unlinked at exit
+_CREATED_LOCK = threading.Lock()
+
+
+@atexit.register
+def _unlink_created() -> None:
+    with _CREATED_LOCK:
+        paths = list(_CREATED)
+        _CREATED.clear()
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+class Ring:
+    """A connection's shared-memory ring (issue 30): `slots` slots of `slot_bytes` in one
+    segment of /dev/shm that a pserver makes (`create`: a random name, mode 0600, told
+    only in the answer to an authenticated `Ring` request) and its trainer on the same
+    host opens (`attach`). The name is unlinked as soon as the trainer has opened it (by
+    the trainer, and by the pserver at the connection's next frame), when the connection
+    closes, and at exit: only a process killed in that one round trip leaves it behind.
+    The payloads then cross as one copy into a slot and the reader's own use of it (a
+    sum, a copy into the param), where TCP costs a copy into the kernel and one out; the
+    frames, the headers and the notes that hand a slot over stay on the TCP connection."""
+
+    def __init__(self, buffer: mmap.mmap, name: str, slots: int, slot_bytes: int, owner: bool) -> None:
+        self._map = buffer
+        self.name = name
+        self.slots = slots
+        self.slot_bytes = slot_bytes
+        self._owner = owner
+        self._linked = owner
+        self.slot = [np.frombuffer(buffer, np.uint8, slot_bytes, i * slot_bytes) for i in range(slots)]
+
+    @property
+    def path(self) -> str:
+        return os.path.join(SHM_DIR, self.name)
+
+    @classmethod
+    def create(cls, slots: int = RING_SLOTS, slot_bytes: int = SLOT_BYTES) -> Ring:
+        name = f"psb-{secrets.token_hex(16)}"
+        path = os.path.join(SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise RingError(f"cannot create {path} ({exc.strerror or exc})") from None
+        with _CREATED_LOCK:
+            _CREATED.add(path)
+        try:
+            os.fchmod(fd, 0o600)  # whatever the umask
+            os.ftruncate(fd, slots * slot_bytes)
+            buffer = mmap.mmap(fd, slots * slot_bytes)
+        except OSError as exc:
+            _forget(path)
+            raise RingError(f"cannot size or map {path} ({exc.strerror or exc})") from None
+        finally:
+            os.close(fd)
+        return cls(buffer, name, slots, slot_bytes, owner=True)
+
+    @classmethod
+    def attach(cls, name: Any, slots: Any, slot_bytes: Any) -> Ring:
+        """Open the pserver's segment: a name of ours, a regular file of this user, mode
+        0600, of exactly `slots` × `slot_bytes`; then unlink its name."""
+        if type(name) is not str or not _RING_NAME.match(name):
+            raise RingError("the ring's name is not one a pserver makes")
+        slots = _int(slots, "the ring's slots", 1, 64)
+        slot_bytes = _int(slot_bytes, "the ring's slot size", 4096, 64 << 20)
+        if slot_bytes % 4096:
+            raise RingError(f"a slot of {slot_bytes} bytes is not whole pages")
+        path = os.path.join(SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise RingError(f"cannot open {path} ({exc.strerror or exc})") from None
+        try:
+            info = os.fstat(fd)
+            if (not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077
+                    or info.st_size != slots * slot_bytes):
+                raise RingError(f"{path} is not a ring this user's pserver made (owner, mode or size)")
+            buffer = mmap.mmap(fd, slots * slot_bytes)
+        except OSError as exc:
+            raise RingError(f"cannot map {path} ({exc.strerror or exc})") from None
+        finally:
+            os.close(fd)
+        ring = cls(buffer, name, slots, slot_bytes, owner=False)
+        ring._linked = True
+        ring.unlink()
+        return ring
+
+    def unlink(self) -> None:
+        """Remove the segment's name (the memory lives while a process maps it)."""
+        if not self._linked:
+            return
+        self._linked = False
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        if self._owner:
+            _forget(self.path)
+
+    def close(self) -> None:
+        self.unlink()
+        self.slot = []
+        try:
+            self._map.close()
+        except BufferError:  # a view of a slot is still alive somewhere: unmapped when it goes
+            pass
+
+
+def _forget(path: str) -> None:
+    with _CREATED_LOCK:
+        _CREATED.discard(path)
+
+
+class RingWriter:
+    """One direction of one call's payloads through `ring`: each var's bytes cut into
+    slots (a var starts a slot), a `NOTE` on `sock` per filled slot, and a `FREE` awaited
+    before a slot is filled again. `refused(status, length)` is what a reply prefix in
+    place of a `FREE` means (the pserver's error; the trainer's side raises it)."""
+
+    def __init__(self, sock: socket.socket, ring: Ring, check: Check | None = None,
+                 refused: Callable[[int, int], None] | None = None) -> None:
+        self.sock, self.ring, self.check, self.refused = sock, ring, check, refused
+        self.posted = self.freed = 0  # slots handed over, given back
+
+    def _take_free(self) -> None:
+        raw = bytearray(FREE.size)
+        recv_into(self.sock, memoryview(raw)[:4], "a slot's release", self.check)
+        if bytes(raw[:4]) == REPLY_MAGIC and self.refused is not None:
+            rest = bytearray(PREFIX.size - 4)
+            recv_into(self.sock, rest, "the pserver's answer", self.check)
+            status, length = struct.unpack("<BI", rest)
+            self.refused(status, length)
+            raise FrameError("a reply in place of a slot's release")
+        recv_into(self.sock, memoryview(raw)[4:], "a slot's release", self.check)
+        magic, slot = FREE.unpack(raw)
+        if magic != FREE_MAGIC or slot != self.freed % self.ring.slots:
+            raise FrameError(f"a slot release {bytes(magic)!r} of slot {slot} where slot "
+                             f"{self.freed % self.ring.slots} was due")
+        self.freed += 1
+
+    def write(self, pieces: Sequence[Piece]) -> int:
+        """Send one var's payload `pieces`; the bytes sent."""
+        ring, size, fill, slot, total = self.ring, self.ring.slot_bytes, 0, None, 0
+        for piece in pieces:
+            view = _view(piece)
+            off = 0
+            while off < len(view):
+                if slot is None:
+                    if self.posted - self.freed >= ring.slots:
+                        self._take_free()
+                    slot = ring.slot[self.posted % ring.slots]
+                n = min(size - fill, len(view) - off)
+                slot[fill:fill + n] = np.frombuffer(view, np.uint8, n, off)
+                fill, off, total = fill + n, off + n, total + n
+                if fill == size:
+                    self._post(fill)
+                    fill, slot = 0, None
+        if fill:
+            self._post(fill)
+        return total
+
+    def _post(self, n: int) -> None:
+        _send(self.sock, NOTE.pack(NOTE_MAGIC, self.posted % self.ring.slots, n), self.check)
+        self.posted += 1
+
+    def flush(self) -> None:
+        """Wait until the reader gave every slot back: the TCP stream is the frames' again."""
+        while self.freed < self.posted:
+            self._take_free()
+
+
+class RingReader:
+    """The reading end of `RingWriter`: every `NOTE` checked (its magic, the slot due next,
+    the length the header's sizes say) before the slot is read, a `FREE` sent once the
+    slot is used."""
+
+    def __init__(self, sock: socket.socket, ring: Ring, check: Check | None = None) -> None:
+        self.sock, self.ring, self.check = sock, ring, check
+        self.taken = 0
+
+    def chunks(self, nbytes: int, what: str) -> Iterable[np.ndarray]:
+        """A var's `nbytes`, slot by slot (uint8 views of the slots, each valid until the
+        next is asked for)."""
+        ring, done, raw = self.ring, 0, bytearray(NOTE.size)
+        while done < nbytes:
+            due, n = self.taken % ring.slots, min(ring.slot_bytes, nbytes - done)
+            recv_into(self.sock, raw, f"the slot note of {what}", self.check)
+            magic, slot, length = NOTE.unpack(raw)
+            if magic != NOTE_MAGIC:
+                raise FrameError(f"not a slot note (magic {bytes(magic)!r}) in {what}")
+            if slot != due or length != n:
+                raise FrameError(f"a slot note of slot {slot} with {length} bytes in {what}, where slot {due} with "
+                                 f"{n} bytes was due")
+            yield ring.slot[slot][:n]
+            _send(self.sock, FREE.pack(FREE_MAGIC, slot), self.check)
+            self.taken += 1
+            done += n
+
+    def read_into(self, buffer: Any, what: str) -> None:
+        dest, off = memoryview(buffer).cast("B"), 0
+        for data in self.chunks(len(dest), what):
+            dest[off:off + len(data)] = data
+            off += len(data)
 
 
 # ------------------------------------------------------------------ TLS
@@ -457,6 +724,40 @@ class Connection:
         self._peek = socket.socket(fileno=sock.fileno()) if isinstance(sock, ssl.SSLSocket) else sock
         self._peek_owned = self._peek is not sock
         self.go_sent = False
+        self.ring: Ring | None = None  # the connection's shared-memory ring, once offered
+        self.reader: RingReader | None = None  # the current request's payloads come through the ring
+
+    def start(self, head: RequestHead) -> None:
+        """A request frame arrived: the ring's name goes (the trainer opened it or never
+        will); a trainer that could not open the ring sends over TCP, and the ring goes too."""
+        if self.ring is not None:
+            self.ring.unlink()
+            if not head.ring:
+                self.ring.close()
+                self.ring = None
+        if head.ring and self.ring is None:
+            raise FrameError("a request through a shared-memory ring this connection has not")
+        self.reader = RingReader(self.sock, self.ring) if head.ring else None
+
+    def recv_into(self, buffer: Any, what: str) -> None:
+        """Fill `buffer` with the next payload bytes (the ring's or the socket's)."""
+        if self.reader is not None:
+            self.reader.read_into(buffer, what)
+        else:
+            recv_into(self.sock, buffer, what)
+
+    def send_reply(self, values: Sequence[tuple[str, Any]]) -> None:
+        """A successful reply: its header on the socket, its payloads through the ring
+        when the request came through it."""
+        frame, payload = reply_parts(values)
+        if self.reader is None:
+            send_pieces(self.sock, [*frame, *(piece for pieces in payload for piece in pieces)])
+            return
+        send_pieces(self.sock, frame)
+        writer = RingWriter(self.sock, self.ring)
+        for pieces in payload:
+            writer.write(pieces)
+        writer.flush()
 
     def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise BulkAbort(code, details)
@@ -475,6 +776,10 @@ class Connection:
         self.go_sent = True
 
     def close(self) -> None:
+        if self.ring is not None:
+            self.reader = None
+            self.ring.close()
+            self.ring = None
         if self._peek_owned:
             self._peek.detach()  # the descriptor is the TLS socket's
         try:
@@ -490,7 +795,7 @@ class BulkListener:
 
     def __init__(self, host: str, *, token: str | None, tls: Tls | None, timeout: float, max_connections: int,
                  handle: Callable[[Connection, RequestHead], None], max_vars: int = 1 << 16,
-                 log: Callable[[str], None] = lambda text: None, port: int = 0) -> None:
+                 log: Callable[[str], None] = lambda text: None, port: int = 0, shm: str = "off") -> None:
         family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -507,6 +812,8 @@ class BulkListener:
         self._secret = self.secret.encode()
         self._token = None if token is None else token.encode("utf-8")
         self._tls = server_context(tls) if tls is not None and tls.cert is not None else None
+        self._shm = "off" if self._tls is not None else shm  # with TLS the payloads stay in TLS
+        self._ring_failed = False  # logged once
         self._timeout = timeout
         self._max = max_connections
         self._handle = handle
@@ -555,6 +862,7 @@ class BulkListener:
     def _serve(self, raw: socket.socket) -> None:
         conn: Connection | None = None
         try:
+            peer = str(raw.getpeername()[0])
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             raw.settimeout(FIRST_FRAME_SECONDS)
             sock = self._tls.wrap_socket(raw, server_side=True) if self._tls is not None else raw
@@ -585,6 +893,10 @@ class BulkListener:
                 sock.settimeout(self._timeout)
                 conn.go_sent = False
                 try:
+                    if head.method == "Ring":
+                        self._offer_ring(conn, head, peer)
+                        continue
+                    conn.start(head)
                     self._handle(conn, head)
                 except BulkAbort as exc:
                     self._refuse(conn, exc.code, exc.details)
@@ -609,6 +921,26 @@ class BulkListener:
                 conn.close()
             else:
                 raw.close()
+
+    def _offer_ring(self, conn: Connection, head: RequestHead, peer: str) -> None:
+        """Answer a `Ring` request: a new shared-memory ring's name and size when this
+        pserver's `PSTRANSPILE_BULK_SHM` allows one for `peer` (`auto`: a loopback
+        address) and /dev/shm takes it, else none (the payloads go by TCP)."""
+        if head.vars or head.fetch or head.barrier or head.fetch_barrier or head.ring:
+            raise FrameError("a Ring request carries fields it has not")
+        if conn.ring is not None:
+            raise FrameError("a second Ring request on one connection")
+        ring = None
+        if self._shm == "on" or (self._shm == "auto" and loopback(peer)):
+            try:
+                ring = Ring.create()
+            except RingError as exc:
+                if not self._ring_failed:
+                    self._ring_failed = True
+                    self._log(f"bulk channel: no shared-memory ring ({exc}); payloads go by TCP")
+        conn.ring = ring
+        raw = _header_bytes({"r": ring.name, "n": ring.slots, "b": ring.slot_bytes} if ring is not None else {"r": None})
+        conn.sock.sendall(PREFIX.pack(REPLY_MAGIC, STATUS_OK, len(raw)) + raw)
 
     def _refuse(self, conn: Connection, code: grpc.StatusCode, details: str) -> None:
         try:
@@ -659,7 +991,7 @@ class BulkClient:
     at a time."""
 
     def __init__(self, host: str, offer: Offer, *, token: str | None, tls: Tls | None, trainer_id: int,
-                 connect_timeout: float, lost: Callable[[], str | None] = lambda: None) -> None:
+                 connect_timeout: float, lost: Callable[[], str | None] = lambda: None, shm: str = "off") -> None:
         self.host = host.strip("[]")
         self.offer = offer
         self.token = token
@@ -667,42 +999,78 @@ class BulkClient:
         self._tls = client_context(tls) if tls is not None else None
         self._connect_timeout = connect_timeout
         self._lost = lost  # why the pserver's gRPC connection failed (its keepalive: a frozen pserver), or None
-        self._idle: list[tuple[socket.socket, float]] = []  # (connection, when it went idle)
+        choice = "off" if tls is not None else shm
+        self._want_ring = choice == "on" or (choice == "auto" and loopback(self.host))
+        self.ring_failure: str | None = None  # why the last ring asked for could not be opened
+        self._idle: list[tuple[socket.socket, Ring | None, float]] = []  # (connection, its ring, when it went idle)
         self._lock = threading.Lock()
         self._closed = False
 
-    def _take(self) -> socket.socket:
+    def _take(self) -> tuple[socket.socket, Ring | None]:
         with self._lock:
             while self._idle:
-                sock, since = self._idle.pop()
+                sock, ring, since = self._idle.pop()
                 # not one the pserver closed (idle too long), is about to close, or sent something unasked on
                 if time.monotonic() - since < self.offer.idle / 2 and not readable(sock):
-                    return sock
-                sock.close()
+                    return sock, ring
+                _drop(sock, ring)
         sock = socket.create_connection((self.host, self.offer.port), timeout=self._connect_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self._tls is not None:
             sock = self._tls.wrap_socket(sock, server_hostname=self.host)
-        return sock
+        try:
+            return sock, self._ask_ring(sock) if self._want_ring else None
+        except BaseException:
+            sock.close()
+            raise
+
+    def _ask_ring(self, sock: socket.socket) -> Ring | None:
+        """A shared-memory ring for a new connection to a pserver on this host, or None
+        (the pserver offers none, or it cannot be opened here: `ring_failure` says why)."""
+        head = {"x": self.offer.secret, "t": self.trainer_id}
+        if self.token is not None:
+            head["k"] = self.token
+        raw = _header_bytes(head)
+        sock.sendall(PREFIX.pack(REQUEST_MAGIC, METHOD_CODE["Ring"], len(raw)) + raw)
+        try:
+            status, length = recv_prefix(sock, REPLY_MAGIC, "the pserver's ring")
+            if status != STATUS_OK:
+                self._raise(sock, status, length)
+            body = bytearray(length)
+            recv_into(sock, body, "the pserver's ring")
+            offer = json.loads(bytes(body).decode())
+            if type(offer) is not dict:
+                raise FrameError("a malformed ring offer")
+        except (FrameError, ValueError, UnicodeDecodeError) as exc:
+            raise OSError(f"the pserver's answer to a ring request: {exc}") from None
+        except BulkCallError as exc:
+            raise OSError(f"the pserver refused a ring request: {exc.details()}") from None
+        if offer.get("r") is None:
+            return None
+        try:
+            return Ring.attach(offer.get("r"), offer.get("n"), offer.get("b"))
+        except (RingError, FrameError) as exc:
+            self.ring_failure = str(exc)
+            return None
 
     def probe(self) -> None:
         """Open one connection now (kept for the first call): `OSError` or `ssl.SSLError`
         when the pserver's channel cannot be reached from here (a firewall, say)."""
-        self._give_back(self._take())
+        self._give_back(*self._take())
 
-    def _give_back(self, sock: socket.socket) -> None:
+    def _give_back(self, sock: socket.socket, ring: Ring | None) -> None:
         with self._lock:
             if not self._closed:
-                self._idle.append((sock, time.monotonic()))
+                self._idle.append((sock, ring, time.monotonic()))
                 return
-        sock.close()
+        _drop(sock, ring)
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for sock, _ in idle:
-            sock.close()
+        for sock, ring, _ in idle:
+            _drop(sock, ring)
 
     def call(self, method: str, items: Sequence[tuple[VarHead, list[Piece]]], *, barrier: bool = False,
              fetch: Sequence[str] = (), fetch_barrier: bool = False, timeout: float,
@@ -719,11 +1087,13 @@ class BulkClient:
                 "g": list(fetch), "v": [h.encode() for h, _ in items]}
         if self.token is not None:
             head["k"] = self.token
-        raw = _header_bytes(head)
         try:
-            sock = self._take()
+            sock, ring = self._take()
         except OSError as exc:
             raise BulkCallError(grpc.StatusCode.UNAVAILABLE, f"cannot open the bulk channel ({exc})") from None
+        if ring is not None:
+            head["s"] = True
+        raw = _header_bytes(head)
         ok = False
         deadline = time.monotonic() + timeout
 
@@ -743,7 +1113,13 @@ class BulkClient:
                 received += PREFIX.size + length
                 if status != STATUS_GO:
                     self._raise(sock, status, length)
-                sent += send_pieces(sock, [p for _, pieces in items for p in pieces], check)
+                if ring is not None:
+                    writer = RingWriter(sock, ring, check, refused=lambda code, size: self._raise(sock, code, size))
+                    for _, pieces in items:
+                        sent += writer.write(pieces)
+                    writer.flush()
+                else:
+                    sent += send_pieces(sock, [p for _, pieces in items for p in pieces], check)
             if isinstance(items, list):
                 items.clear()  # sent: the values may be freed before the reply (the caller's grads)
             if on_sent is not None:
@@ -758,12 +1134,13 @@ class BulkClient:
             except (ValueError, KeyError, TypeError, UnicodeDecodeError):
                 raise FrameError("a malformed reply header") from None
             found = []
+            reader = RingReader(sock, ring, check) if ring is not None else None
             for raw_var in _list(heads, "the reply's vars", 1 << 20):
                 var = _var_head(raw_var)
                 dest = into.get(var.name) if into else None
                 if dest is not None and (var.dtype is None or dest.shape != var.shape or dest.dtype != var.dtype):
                     dest = None
-                value = receive_value(sock, var, dest, check=check)
+                value = receive_value(sock, var, dest, check=check, ring=reader)
                 found.append(value if isinstance(value, WireVar) else WireVar(var.name, value))
                 received += var.nbytes
                 if arrived is not None:
@@ -779,9 +1156,9 @@ class BulkClient:
             raise BulkCallError(grpc.StatusCode.UNAVAILABLE, f"the bulk channel broke ({exc})") from None
         finally:
             if ok:
-                self._give_back(sock)
+                self._give_back(sock, ring)
             else:
-                sock.close()
+                _drop(sock, ring)
 
     @staticmethod
     def _raise(sock: socket.socket, status: int, length: int) -> None:
@@ -794,10 +1171,17 @@ class BulkClient:
         raise BulkCallError(_CODES.get(status, grpc.StatusCode.UNKNOWN), details)
 
 
+def _drop(sock: socket.socket, ring: Ring | None) -> None:
+    sock.close()
+    if ring is not None:
+        ring.close()
+
+
 def announce_request() -> bytes:
     return rpc_pb2.VoidMessage().SerializeToString()
 
 
 __all__ = ["BULK_ENV", "BULK_MIN", "CHOICES", "METHOD", "BulkAbort", "BulkCallError", "BulkChoiceError", "BulkClient",
-           "BulkListener", "Connection", "FrameError", "MemoryExtents", "Offer", "RequestHead", "VarHead", "bulk_choice", "bulk_port",
-           "decode_request_head", "offers_bulk", "outgoing", "receive_value", "reply_pieces", "send_pieces"]
+           "BulkListener", "Connection", "FrameError", "MemoryExtents", "Offer", "RequestHead", "Ring", "RingError",
+           "RingReader", "RingWriter", "SHM_ENV", "VarHead", "bulk_choice", "bulk_port", "decode_request_head", "loopback",
+           "offers_bulk", "outgoing", "receive_value", "reply_parts", "reply_pieces", "send_pieces", "shm_choice"]

@@ -424,13 +424,16 @@ class RpcClient:
             return None
         channel = bulk.BulkClient(ep.endpoint.rpartition(":")[0], offer, token=self.auth.token, tls=self.auth.tls,
                                   trainer_id=self.trainer_id, connect_timeout=min(self.connect_timeout, bulk.PROBE_SECONDS),
-                                  lost=lambda: ep.lost)
+                                  lost=lambda: ep.lost, shm=bulk.shm_choice())
         try:
             channel.probe()
         except (OSError, ssl.SSLError) as exc:  # e.g. a firewall that lets only gRPC's port through
             print(f"trainer {self.trainer_id}: pserver {ep.endpoint}'s bulk channel (port {offer.port}) cannot be "
                   f"reached ({exc}); its tensors go over gRPC", file=sys.stderr, flush=True)
             return None
+        if channel.ring_failure is not None:
+            print(f"trainer {self.trainer_id}: pserver {ep.endpoint}'s shared-memory ring cannot be opened here "
+                  f"({channel.ring_failure}); its payloads go by TCP", file=sys.stderr, flush=True)
         return channel
 
     def _invoke(self, ep: _Endpoint, method: str, request: Any, timeout: float, *, early: bool = False) -> Any:

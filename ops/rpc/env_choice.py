@@ -1,7 +1,7 @@
 """The runtime's `PSTRANSPILE_*` settings that name one of a few choices, read one way.
 
 `PSTRANSPILE_GRPC_ENGINE` (`ops.rpc.engine`), `PSTRANSPILE_MALLOC` (`ops.rpc.malloc`),
-`PSTRANSPILE_BULK` (`ops.rpc.bulk`), `PSTRANSPILE_EARLY_SEND` and `PSTRANSPILE_EARLY_RECV` (`ops.rpc.client`) are read with `env_choice`; `check_env_choices` is what `launch` and `pstranspile serve`
+`PSTRANSPILE_BULK` and `PSTRANSPILE_BULK_SHM` (`ops.rpc.bulk`), `PSTRANSPILE_EARLY_SEND` and `PSTRANSPILE_EARLY_RECV` (`ops.rpc.client`) are read with `env_choice`; `check_env_choices` is what `launch` and `pstranspile serve`
 ask before starting anything, so a typo is one clear error there rather than a setting
 silently ignored in every process.
 """
@@ -29,7 +29,7 @@ def env_choice(environ: Mapping[str, str] | None, variable: str, choices: tuple[
 
 def check_env_choices(environ: Mapping[str, str] | None = None) -> None:
     """Raise `EnvChoiceError` for the first of the runtime's settings `environ` gets wrong."""
-    from ops.rpc.bulk import bulk_choice, bulk_port
+    from ops.rpc.bulk import bulk_choice, bulk_port, shm_choice
     from ops.rpc.client import early_choice, recv_choice
     from ops.rpc.engine import engine_env  # they read their settings with `env_choice`
     from ops.rpc.malloc import malloc_choice
@@ -38,6 +38,7 @@ def check_env_choices(environ: Mapping[str, str] | None = None) -> None:
     malloc_choice(environ)
     bulk_choice(environ)
     bulk_port(0, environ)
+    shm_choice(environ)
     early_choice(environ)
     recv_choice(environ)
 

@@ -378,7 +378,7 @@ class PServer(OwnDirRpc):
                     where.rpartition(":")[0], token=self.config.auth.token, tls=self.config.auth.tls,
                     timeout=self.config.timeout, handle=self._bulk_call,
                     max_connections=self.config.fanin * (IN_FLIGHT_CAP["send"] + IN_FLIGHT_CAP["fetch"]) + 8,
-                    max_vars=fields or (1 << 16), port=bulk.bulk_port(port))
+                    max_vars=fields or (1 << 16), port=bulk.bulk_port(port), shm=bulk.shm_choice(), log=self._log)
             except OSError as exc:
                 server.stop(None)
                 raise BindError(f"pserver {self.config.endpoint}: {exc.strerror or exc}") from None
@@ -933,7 +933,7 @@ class PServer(OwnDirRpc):
 
     @staticmethod
     def _bulk_reply(conn: bulk.Connection, values: list[tuple[str, Any]]) -> None:
-        bulk.send_pieces(conn.sock, bulk.reply_pieces(values))
+        conn.send_reply(values)
 
     def _bulk_check(self, head: bulk.RequestHead) -> None:
         """Refuse a bulk request from its header alone, before its payload is read: the
@@ -1004,14 +1004,14 @@ class PServer(OwnDirRpc):
         try:
             for var in head.vars:
                 if var.dtype is None:
-                    found.append(bulk.receive_value(conn.sock, var))
+                    found.append(bulk.receive_value(conn.sock, var, ring=conn.reader))
                     continue
                 if var.name in pending:
                     self._receive_summed(conn, tid, var, pending.pop(var.name))
                     found.append(WireVar(var.name, LoDTensor(_stand_in(var)), trainer_id=tid, merge_add=var.merge_add))
                     continue
                 into = self._bulk_buffer(tid, var, taken, held) if sync and var.nbytes else None
-                value = bulk.receive_value(conn.sock, var, into)  # a read-only view, as gRPC's
+                value = bulk.receive_value(conn.sock, var, into, ring=conn.reader)  # a read-only view, as gRPC's
                 found.append(WireVar(var.name, value, trainer_id=tid, merge_add=var.merge_add))
         except BaseException as exc:
             for name in pending:  # claimed, not reached: its sum waits for it in vain
@@ -1030,22 +1030,33 @@ class PServer(OwnDirRpc):
         arrivals = self._sums[var.name]
         k, acc, size, chunk = arrivals.position[var.name], arrivals.flat(), arrivals.size, arrivals.chunk
         what = f"var {var.name!r}"
-        sock, done = conn.sock, 0
+        done, itemsize = 0, arrivals.plan.dtype.itemsize
         with arrivals.cond:
             arrivals.streamed += 1
         try:
             if mode == BASE:
                 while done < size:
                     end = min(size, done + chunk)
-                    bulk.recv_into(sock, acc[done:end], what)
+                    conn.recv_into(acc[done:end], what)
                     with arrivals.cond:
                         arrivals.advance(k, end)
                     done = end
             elif mode == HOLD:
                 with arrivals.cond:
                     into = arrivals.buffer(k)
-                bulk.recv_into(sock, into, what)
+                conn.recv_into(into, what)
                 done = size
+            elif conn.reader is not None:  # added straight from the shared-memory ring's slots, no chunk buffer
+                failed = lambda: self._failure or (  # noqa: E731
+                    f"pserver {self.config.endpoint} is shutting down" if self._stopping else None)
+                for data in conn.reader.chunks(size * itemsize, what):
+                    end = done + len(data) // itemsize
+                    with arrivals.cond:  # every input before this one wrote [.., end): none writes it now
+                        arrivals.wait_turn(k, end, failed, self.config.timeout)
+                    np.add(acc[done:end], data.view(arrivals.plan.dtype), out=acc[done:end])
+                    with arrivals.cond:
+                        arrivals.advance(k, end)
+                    done = end
             else:
                 buffer = self._chunk_buffer(chunk * arrivals.plan.dtype.itemsize)
                 scratch = buffer[:chunk * arrivals.plan.dtype.itemsize].view(arrivals.plan.dtype)
@@ -1055,7 +1066,7 @@ class PServer(OwnDirRpc):
                     while done < size:
                         end = min(size, done + chunk)
                         part = scratch[:end - done]
-                        bulk.recv_into(sock, part, what)
+                        bulk.recv_into(conn.sock, part, what)
                         with arrivals.cond:  # every input before this one wrote [.., end): none writes it now
                             arrivals.wait_turn(k, end, failed, self.config.timeout)
                         np.add(acc[done:end], part, out=acc[done:end])
@@ -1068,7 +1079,7 @@ class PServer(OwnDirRpc):
             with arrivals.cond:
                 arrivals.finish(k, mode, [list(level) for level in var.lod] or None)
         except BaseException as exc:
-            self._tear(tid, var.name, done * arrivals.plan.dtype.itemsize, exc)
+            self._tear(tid, var.name, done * itemsize, exc)
             raise
 
     def _tear(self, tid: int, name: str, got: int, exc: BaseException) -> None:
