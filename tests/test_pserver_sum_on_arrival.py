@@ -219,11 +219,14 @@ def test_a_torn_arrival_fails_the_round_naming_trainer_and_var(monkeypatch, smal
             "(summed on arrival); the round cannot run on a partial sum") in message, message
 
 
+@pytest.mark.parametrize("shm", ["off", "on"])
 @pytest.mark.parametrize("dtype", [F32, F64])
-def test_the_trainers_adds_share_one_chunk_buffer(monkeypatch, small_chunks, dtype):
+def test_the_trainers_adds_share_one_chunk_buffer(monkeypatch, small_chunks, dtype, shm):
     """Each trainer adds in its turn (the other arrived first), one add at a time: the
-    pserver keeps one chunk buffer, not one per connection."""
+    pserver keeps one chunk buffer, not one per connection; through shared-memory rings,
+    none (a copy is added from its slots), and the same bits."""
     monkeypatch.setenv(bulk.BULK_ENV, "on")
+    monkeypatch.setenv(bulk.SHM_ENV, shm)
     seen, expected = [], []
     with _serving(2, dtype, seen) as (ps, clients):
         for i, order in enumerate([(0, 1), (1, 0), (0, 1)]):
@@ -231,7 +234,11 @@ def test_the_trainers_adds_share_one_chunk_buffer(monkeypatch, small_chunks, dty
             _round(ps, clients, grads, order)
             expected.append(_kernel_sum(grads))
         buffers = ps.server._chunk_buffers
-        assert len(buffers) == 1 and buffers[0].nbytes == arrival_sum.CHUNK_BYTES
+        if shm == "off":
+            assert len(buffers) == 1 and buffers[0].nbytes == arrival_sum.CHUNK_BYTES
+        else:
+            assert buffers == [] and all(ring is not None for client in clients
+                                         for _, ring, _ in client._endpoints[ps.address].bulk._idle)
         _complete(ps, clients)
     assert not ps.errors
     for got, want in zip(seen, expected, strict=True):

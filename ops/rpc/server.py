@@ -1034,7 +1034,13 @@ class PServer(OwnDirRpc):
         with arrivals.cond:
             arrivals.streamed += 1
         try:
-            if mode == BASE:
+            if conn.reader is not None:  # through the shared-memory ring: slot by slot, no chunk buffer
+                progress = [0]
+                try:
+                    self._sum_from_ring(conn.reader, arrivals, k, mode, what, progress)
+                finally:
+                    done = progress[0]
+            elif mode == BASE:
                 while done < size:
                     end = min(size, done + chunk)
                     conn.recv_into(acc[done:end], what)
@@ -1046,17 +1052,6 @@ class PServer(OwnDirRpc):
                     into = arrivals.buffer(k)
                 conn.recv_into(into, what)
                 done = size
-            elif conn.reader is not None:  # added straight from the shared-memory ring's slots, no chunk buffer
-                failed = lambda: self._failure or (  # noqa: E731
-                    f"pserver {self.config.endpoint} is shutting down" if self._stopping else None)
-                for data in conn.reader.chunks(size * itemsize, what):
-                    end = done + len(data) // itemsize
-                    with arrivals.cond:  # every input before this one wrote [.., end): none writes it now
-                        arrivals.wait_turn(k, end, failed, self.config.timeout)
-                    np.add(acc[done:end], data.view(arrivals.plan.dtype), out=acc[done:end])
-                    with arrivals.cond:
-                        arrivals.advance(k, end)
-                    done = end
             else:
                 buffer = self._chunk_buffer(chunk * arrivals.plan.dtype.itemsize)
                 scratch = buffer[:chunk * arrivals.plan.dtype.itemsize].view(arrivals.plan.dtype)
@@ -1081,6 +1076,35 @@ class PServer(OwnDirRpc):
         except BaseException as exc:
             self._tear(tid, var.name, done * itemsize, exc)
             raise
+
+    def _sum_from_ring(self, reader: bulk.RingReader, arrivals: Arrivals, k: int, mode: str, what: str,
+                       progress: list[int]) -> None:
+        """`_receive_summed` through the connection's shared-memory ring, a slot at a time:
+        BASE copies a slot into the accumulator, HOLD into the kept buffer, ADD adds it
+        from the slot once the inputs before it wrote those elements. `progress[0]`: the
+        elements in the sum so far (for `_tear`; a held arrival counts once whole)."""
+        dtype, acc = arrivals.plan.dtype, arrivals.flat()
+        if mode == HOLD:
+            with arrivals.cond:
+                acc = arrivals.buffer(k)
+        failed = lambda: self._failure or (  # noqa: E731
+            f"pserver {self.config.endpoint} is shutting down" if self._stopping else None)
+        done = 0
+        for data in reader.chunks(arrivals.size * dtype.itemsize, what):
+            end = done + len(data) // dtype.itemsize
+            part = data.view(dtype)
+            if mode == ADD:
+                with arrivals.cond:  # every input before this one wrote [.., end): none writes it now
+                    arrivals.wait_turn(k, end, failed, self.config.timeout)
+                np.add(acc[done:end], part, out=acc[done:end])
+            else:
+                acc[done:end] = part
+            if mode != HOLD:
+                with arrivals.cond:
+                    arrivals.advance(k, end)
+                progress[0] = end
+            done = end
+        progress[0] = done
 
     def _tear(self, tid: int, name: str, got: int, exc: BaseException) -> None:
         """Trainer `tid`'s `name` broke off after `got` bytes while its grad's sum waited for
