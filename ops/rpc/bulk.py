@@ -1115,8 +1115,7 @@ class BulkClient:
                     self._raise(sock, status, length)
                 if ring is not None:
                     writer = RingWriter(sock, ring, check, refused=lambda code, size: self._raise(sock, code, size))
-                    for _, pieces in items:
-                        sent += writer.write(pieces)
+                    sent += sum(writer.write(pieces) for _, pieces in items)  # no name left holding a grad
                     writer.flush()
                 else:
                     sent += send_pieces(sock, [p for _, pieces in items for p in pieces], check)
