@@ -92,6 +92,7 @@ OPEN_LIMIT = (2 << 30) - 1  # bytes of one request to a pserver without a progra
 SMALL_PIECE = 64 * 1024  # bytes: pieces under this are joined before a send (one syscall, not many)
 CHECK_SECONDS = 1.0  # a trainer waiting on the channel checks this often that the pserver is still there
 FIRST_FRAME_SECONDS = 10.0  # a new connection's first header must arrive within this
+REFUSE_DRAIN_SECONDS = 1.0  # a pserver reads on after a refusal, until the trainer closes, at most this
 PROBE_SECONDS = 10.0  # a trainer gives up on reaching a channel after this (gRPC carries everything then)
 
 
@@ -511,7 +512,8 @@ class Ring:
         return os.path.join(SHM_DIR, self.name)
 
     @classmethod
-    def create(cls, slots: int = RING_SLOTS, slot_bytes: int = SLOT_BYTES) -> Ring:
+    def create(cls, slots: int | None = None, slot_bytes: int | None = None) -> Ring:
+        slots, slot_bytes = slots or RING_SLOTS, slot_bytes or SLOT_BYTES
         name = f"psb-{secrets.token_hex(16)}"
         path = os.path.join(SHM_DIR, name)
         try:
@@ -726,6 +728,7 @@ class Connection:
         self.go_sent = False
         self.ring: Ring | None = None  # the connection's shared-memory ring, once offered
         self.reader: RingReader | None = None  # the current request's payloads come through the ring
+        self.ring_used = False
 
     def start(self, head: RequestHead) -> None:
         """A request frame arrived: the ring's name goes (the trainer opened it or never
@@ -814,6 +817,7 @@ class BulkListener:
         self._tls = server_context(tls) if tls is not None and tls.cert is not None else None
         self._shm = "off" if self._tls is not None else shm  # with TLS the payloads stay in TLS
         self._ring_failed = False  # logged once
+        self.rings = 0  # connections whose payloads went through a shared-memory ring
         self._timeout = timeout
         self._max = max_connections
         self._handle = handle
@@ -896,7 +900,12 @@ class BulkListener:
                     if head.method == "Ring":
                         self._offer_ring(conn, head, peer)
                         continue
+                    fresh = conn.ring is not None and not conn.ring_used
                     conn.start(head)
+                    if fresh and head.ring:
+                        conn.ring_used = True
+                        with self._lock:
+                            self.rings += 1
                     self._handle(conn, head)
                 except BulkAbort as exc:
                     self._refuse(conn, exc.code, exc.details)
@@ -943,10 +952,20 @@ class BulkListener:
         conn.sock.sendall(PREFIX.pack(REPLY_MAGIC, STATUS_OK, len(raw)) + raw)
 
     def _refuse(self, conn: Connection, code: grpc.StatusCode, details: str) -> None:
+        """Send the refusal, then read what the trainer still sends (for at most
+        `REFUSE_DRAIN_SECONDS`) until it closes: a socket closed with bytes unread resets
+        the connection, and the trainer might lose the refusal (a slot note on its way
+        when a ring's payload was refused)."""
         try:
             conn.sock.settimeout(1.0)
             conn.sock.sendall(error_frame(code, details))
-        except OSError:
+            conn.sock.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + REFUSE_DRAIN_SECONDS
+            while (left := deadline - time.monotonic()) > 0:
+                conn.sock.settimeout(left)
+                if not conn.sock.recv(1 << 16):
+                    break
+        except (OSError, ValueError):
             pass
 
 

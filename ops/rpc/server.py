@@ -422,6 +422,9 @@ class PServer(OwnDirRpc):
                 done = f"{self._round} step(s)" if self.config.sync_mode else f"{self._round} grad(s) applied"
                 self._log(f"pserver {self.config.endpoint}: all {self.config.fanin} trainer(s) completed after {done}")
                 self._log(self.rpc_summary())
+                if self._bulk is not None and self._bulk.rings:
+                    self._log(f"pserver {self.config.endpoint}: {self._bulk.rings} bulk connection(s) carried their "
+                              "payloads through shared memory")
         finally:
             self.shutdown()
 
