@@ -203,6 +203,7 @@ class _Abort(Exception):
 # per pserver at a time; one more of a kind is refused at once (RESOURCE_EXHAUSTED)
 # instead of parking a server thread, so a flood of sends cannot starve the gets and
 # barriers the round waits for. The thread pool holds every trainer's quota.
+_SENDS = frozenset({"SendBatch", "SendFetchBatch", "SendVariable", "SendBarrier"})  # the calls that send into a round
 IN_FLIGHT_CAP = {"send": 2, "fetch": 2, "prefetch": 8, "checkpoint": 1, "checkpoint set": 2}
 _KIND = {
     "SendBatch": "send", "SendVariable": "send", "SendBarrier": "send", "SendFetchBatch": "send",
@@ -712,7 +713,10 @@ class PServer(OwnDirRpc):
                 state.by_kind[kind] = count + 1
             state.inflight += 1
             state.last_seen = time.monotonic()
-            state.last_what = f"{what} at step {self._round + (0 if self._phase is Phase.GET else 1)}" if self.config.sync_mode else what
+            # a call that sends belongs to the next round even while this one's GET phase lasts
+            # (a faster trainer's next step, the other trainer still fetching)
+            ahead = method in _SENDS or self._phase is not Phase.GET
+            state.last_what = f"{what} at step {self._round + ahead}" if self.config.sync_mode else what
         try:
             yield
         finally:
