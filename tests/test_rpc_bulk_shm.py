@@ -1,7 +1,8 @@
 """The bulk channel's shared-memory rings (`ops.rpc.bulk.Ring`, issue 30): a trainer and a
-pserver on one host hand payloads over in slots of a /dev/shm segment instead of TCP.
-Training through rings equals training over TCP bit for bit (a Paddle-built program with
-a dense fc and a distributed table, float32 and float64, launched as processes); the
+pserver on one host hand big payloads over in slots of a /dev/shm segment instead of TCP.
+Training through rings equals training over TCP bit for bit (Paddle-built programs: an
+Adam MLP whose big blocks cross in the rings, and a distributed table whose small vars
+stay in the TCP stream; float32 and float64, launched as processes); the
 segment is the pserver's, mode 0600, named only to an authenticated peer and unlinked as
 soon as the trainer opened it, when a connection ends and at exit (no /dev/shm leak, even
 with a trainer or a pserver killed); forged slot notes and ring requests are refused; a
@@ -56,10 +57,21 @@ def _no_new_segments(before: set[str], within: float = 5.0) -> set[str]:
 # ------------------------------------------------------------------ training, bit for bit
 
 
+def _ring_slots(tmp: Path, pservers: int = 2) -> int:
+    """The slots the pservers' rings handed over, from their logs (0: no ring)."""
+    total = 0
+    for i in range(pservers):
+        for line in (tmp / "logs" / f"pserver.{i}.log").read_text().splitlines():
+            if "shared-memory ring, " in line:
+                total += int(line.split("shared-memory ring, ")[1].split(" slot")[0])
+    return total
+
+
 def _train_ctr(tmp: Path, shm: str, float64: bool) -> dict[str, np.ndarray]:
     """The Fluid 1.8.5 CTR program (a distributed lookup table, dense fc layers, SGD), 2
-    pservers x 2 trainers as processes, every tensor on the bulk channel; trainer 0's saved
-    arrays, and the pservers' word on the rings."""
+    pservers x 2 trainers as processes, every tensor on the bulk channel (its vars are
+    small: they cross in the TCP stream of connections that have a ring); trainer 0's
+    saved final params and rows."""
     folder = PADDLE_PROGRAMS / "fluid18_ctr_dist_sgd_2ps"
     command = (sys.executable, str(EXAMPLES / "train_ctr.py"), "--main", str(folder / "main.pb"), "--steps", "6",
                "--batch", "16", "--rows", "1000", "--quiet", "--save", str(tmp / "params"),
@@ -67,21 +79,42 @@ def _train_ctr(tmp: Path, shm: str, float64: bool) -> dict[str, np.ndarray]:
     launch_ok(tmp, command, pservers=2, trainers=2, sync_mode=True, timeout=60,
               env={bulk.BULK_ENV: "on", bulk.SHM_ENV: shm})
     logs = "".join((tmp / "logs" / f"pserver.{i}.log").read_text() for i in range(2))
-    used = logs.count("carried their payloads through shared memory")
-    assert used == (2 if shm == "on" else 0), logs
+    assert ("with a shared-memory ring" in logs) == (shm == "on"), logs
     saved = dict(np.load(tmp / "params" / "trainer_0.npz"))
     return {k: v for k, v in saved.items() if k.startswith(("final/", "final_rows/"))}
 
 
+def _train_mlp(tmp: Path, shm: str, float64: bool) -> dict[str, np.ndarray]:
+    """Paddle 2.6's MLP with Adam (`mlp_adam_2ps`: `h1.w`'s 400 kB blocks cross in the
+    rings), 2 pservers x 2 trainers as processes; trainer 0's final params."""
+    from e2e_support import launch_training, save, trained_params
+
+    from transpiler.ir import Program
+    from transpiler.ir.precision import as_float64
+
+    folder = PADDLE_PROGRAMS / "mlp_adam_2ps"
+    main, startup = Program.load(folder / "main.pb"), Program.load(folder / "startup.pb")
+    if float64:
+        main, startup = as_float64(main), as_float64(startup)
+    main_pb, startup_pb = save(tmp, main, startup)
+    launch_training(tmp, main_pb, startup_pb, pservers=2, env={bulk.BULK_ENV: "on", bulk.SHM_ENV: shm})
+    slots = _ring_slots(tmp)
+    assert (slots > 0) == (shm == "on"), slots
+    return trained_params(tmp, 0)[1]
+
+
 @pytest.mark.parametrize("float64", [False, True], ids=["float32", "float64"])
-def test_training_through_rings_equals_tcp_bit_for_bit(tmp_path, float64):
+@pytest.mark.parametrize("train", [_train_mlp, _train_ctr], ids=["mlp_adam_2ps", "fluid18_ctr_dist_sgd_2ps"])
+def test_training_through_rings_equals_tcp_bit_for_bit(tmp_path, train, float64):
     before = _segments()
-    rings = _train_ctr(tmp_path / "shm", "on", float64)
-    tcp = _train_ctr(tmp_path / "tcp", "off", float64)
-    assert rings.keys() == tcp.keys() and any(k.startswith("final_rows/") for k in rings) and len(rings) > 2
+    rings = train(tmp_path / "shm", "on", float64)
+    tcp = train(tmp_path / "tcp", "off", float64)
+    assert rings.keys() == tcp.keys() and len(rings) > 2
     for key in rings:
         assert rings[key].dtype == (F64 if float64 else F32), key
         assert rings[key].tobytes() == tcp[key].tobytes(), key
+    if train is _train_ctr:
+        assert any(k.startswith("final_rows/") for k in rings)
     assert not _no_new_segments(before), "a shared-memory segment outlived the job"
 
 
@@ -89,6 +122,7 @@ def test_in_threads_rings_carry_dense_rows_and_messages_and_give_tcp_s_bits(monk
     """Dense grads summed on arrival and SelectedRows through a ring of small slots (many
     slot turns a var), against TCP; the trainer's ring exists and its name is gone."""
     monkeypatch.setattr(bulk, "SLOT_BYTES", 8192)
+    monkeypatch.setattr(bulk, "RING_VAR_MIN", 1)  # the SelectedRows too
     from test_rpc_bulk import _train
 
     slots = []
@@ -103,6 +137,7 @@ def test_in_threads_rings_carry_dense_rows_and_messages_and_give_tcp_s_bits(monk
     before = _segments()
     w_ring, emb_ring, _ = _train(monkeypatch, "on", F64)
     assert len(slots) > 4 * 3 * 300 * 200 * 8 // 8192 and max(slots) == 8192  # both ways, every step, slot by slot
+    assert min(slots) < 200  # a SelectedRows' message
     del slots[:]
     monkeypatch.setenv(bulk.SHM_ENV, "off")
     w_tcp, emb_tcp, _ = _train(monkeypatch, "on", F64)
@@ -264,7 +299,8 @@ def _attached(port: int, secret: str) -> tuple[socket.socket, bulk.Ring]:
     return sock, bulk.Ring.attach(offer["r"], offer["n"], offer["b"])
 
 
-def test_forged_slot_notes_and_ring_requests_are_refused_and_nothing_is_applied():
+def test_forged_slot_notes_and_ring_requests_are_refused_and_nothing_is_applied(monkeypatch):
+    monkeypatch.setattr(bulk, "RING_VAR_MIN", 1)
     scope = _scope()
     with running_pserver(scope=scope, run_block=_sgd(scope, 1), **_config(auth=ServerAuth(token=TOKEN))) as ps:
         port, secret = ps.server._bulk.port, ps.server._bulk.secret
@@ -346,6 +382,7 @@ def test_a_pserver_refusal_mid_payload_reaches_the_trainer_through_the_ring(monk
     refusal where the slot's release would be, and raises it."""
     scope = _scope()
     monkeypatch.setattr(bulk, "SLOT_BYTES", 8192)
+    monkeypatch.setattr(bulk, "RING_VAR_MIN", 1)
     with running_pserver(scope=scope, run_block=_sgd(scope, 1), **_config(sync_mode=False)) as ps:
         client = ps.client(0)
         real = bulk.RingReader.chunks

@@ -101,6 +101,7 @@ SHM_CHOICES = ("auto", "on", "off")
 SHM_DIR = "/dev/shm"
 RING_SLOTS = 2  # slots of a connection's ring: measured, docs/runtime.md "Shared memory"
 SLOT_BYTES = 512 << 10
+RING_VAR_MIN = 256 << 10  # bytes: a var this big crosses in the ring; a smaller one in the TCP stream, as before
 NOTE = struct.Struct("<4sIQ")  # writer -> reader: slot i holds n bytes of the payload now
 FREE = struct.Struct("<4sI")  # reader -> writer: slot i may be written again
 NOTE_MAGIC, FREE_MAGIC = b"PSN1", b"PSF1"
@@ -387,6 +388,7 @@ def receive_value(sock: socket.socket, head: VarHead, into: np.ndarray | None = 
     """One var's value off the socket (or its `ring`): a dense tensor received into `into`
     (or a new array), a message received and decoded in place (a ring's bytes are copied
     out first: a peer cannot change what is being decoded)."""
+    ring = ring if ring is not None and ring_carries(head.nbytes) else None
     if head.dtype is None:
         buffer = bytearray(head.nbytes)
         if ring is not None:
@@ -430,22 +432,18 @@ class MemoryExtents:
         return below > 0 and self._reach[below - 1] > low
 
 
-def reply_parts(values: Sequence[tuple[str, Any]]) -> tuple[list[Piece], list[list[Piece]]]:
+def reply_parts(values: Sequence[tuple[str, Any]]) -> tuple[list[Piece], list[tuple[VarHead, list[Piece]]]]:
     """A successful reply carrying `values` (name, value): its prefix and header, and
-    each var's payload pieces."""
-    heads, payload = [], []
-    for name, value in values:
-        head, pieces = outgoing(name, value)
-        heads.append(head.encode())
-        payload.append(pieces)
-    raw = _header_bytes({"v": heads})
-    return [PREFIX.pack(REPLY_MAGIC, STATUS_OK, len(raw)), raw], payload
+    each var's head and payload pieces."""
+    items = [outgoing(name, value) for name, value in values]
+    raw = _header_bytes({"v": [head.encode() for head, _ in items]})
+    return [PREFIX.pack(REPLY_MAGIC, STATUS_OK, len(raw)), raw], items
 
 
 def reply_pieces(values: Sequence[tuple[str, Any]]) -> list[Piece]:
     """A successful reply carrying `values` (name, value), ready for `send_pieces`."""
-    frame, payload = reply_parts(values)
-    return [*frame, *(piece for pieces in payload for piece in pieces)]
+    frame, items = reply_parts(values)
+    return [*frame, *(piece for _, pieces in items for piece in pieces)]
 
 
 def error_frame(code: grpc.StatusCode, details: str) -> bytes:
@@ -681,6 +679,35 @@ class RingReader:
             off += len(data)
 
 
+def ring_carries(nbytes: int) -> bool:
+    """Whether a var of `nbytes` crosses in a connection's ring (`RING_VAR_MIN`): both ends
+    read it from the header, so the stream's order is the header's either way."""
+    return nbytes >= RING_VAR_MIN
+
+
+def send_vars(sock: socket.socket, ring: Ring | None, items: Iterable[tuple[VarHead, Sequence[Piece]]],
+              check: Check | None = None, refused: Callable[[int, int], None] | None = None, *,
+              slots: bool = False) -> int:
+    """Send the payloads of `items` in order: the big vars through `ring` (`ring_carries`),
+    the others on `sock` (small pieces joined, as `send_pieces`); once all is sent, wait
+    until the reader gave every slot back. The bytes sent (with `slots`: the slots used)."""
+    if ring is None:
+        return send_pieces(sock, [piece for _, pieces in items for piece in pieces], check)
+    writer, small, total = RingWriter(sock, ring, check, refused), [], 0
+    for head, pieces in items:
+        if not ring_carries(head.nbytes):
+            small.extend(pieces)
+            continue
+        if small:
+            total += send_pieces(sock, small, check)
+            small = []
+        total += writer.write(pieces)
+    if small:
+        total += send_pieces(sock, small, check)
+    writer.flush()
+    return writer.posted if slots else total
+
+
 # ------------------------------------------------------------------ TLS
 
 
@@ -729,6 +756,7 @@ class Connection:
         self.ring: Ring | None = None  # the connection's shared-memory ring, once offered
         self.reader: RingReader | None = None  # the current request's payloads come through the ring
         self.ring_used = False
+        self.slots = 0  # slots handed over, both ways
 
     def start(self, head: RequestHead) -> None:
         """A request frame arrived: the ring's name goes (the trainer opened it or never
@@ -740,27 +768,23 @@ class Connection:
                 self.ring = None
         if head.ring and self.ring is None:
             raise FrameError("a request through a shared-memory ring this connection has not")
+        if self.reader is not None:
+            self.slots += self.reader.taken
         self.reader = RingReader(self.sock, self.ring) if head.ring else None
 
-    def recv_into(self, buffer: Any, what: str) -> None:
-        """Fill `buffer` with the next payload bytes (the ring's or the socket's)."""
-        if self.reader is not None:
-            self.reader.read_into(buffer, what)
-        else:
-            recv_into(self.sock, buffer, what)
+    def ring_carries(self, var: VarHead) -> bool:
+        """Whether `var`'s payload in the current request comes through the ring."""
+        return self.reader is not None and ring_carries(var.nbytes)
 
     def send_reply(self, values: Sequence[tuple[str, Any]]) -> None:
-        """A successful reply: its header on the socket, its payloads through the ring
-        when the request came through it."""
-        frame, payload = reply_parts(values)
+        """A successful reply: its header on the socket, its big vars through the ring
+        when the request came with one (`send_vars`)."""
+        frame, items = reply_parts(values)
         if self.reader is None:
-            send_pieces(self.sock, [*frame, *(piece for pieces in payload for piece in pieces)])
+            send_pieces(self.sock, [*frame, *(piece for _, pieces in items for piece in pieces)])
             return
         send_pieces(self.sock, frame)
-        writer = RingWriter(self.sock, self.ring)
-        for pieces in payload:
-            writer.write(pieces)
-        writer.flush()
+        self.slots += send_vars(self.sock, self.ring, items, slots=True)
 
     def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise BulkAbort(code, details)
@@ -779,8 +803,10 @@ class Connection:
         self.go_sent = True
 
     def close(self) -> None:
-        if self.ring is not None:
+        if self.reader is not None:
+            self.slots += self.reader.taken
             self.reader = None
+        if self.ring is not None:
             self.ring.close()
             self.ring = None
         if self._peek_owned:
@@ -817,7 +843,8 @@ class BulkListener:
         self._tls = server_context(tls) if tls is not None and tls.cert is not None else None
         self._shm = "off" if self._tls is not None else shm  # with TLS the payloads stay in TLS
         self._ring_failed = False  # logged once
-        self.rings = 0  # connections whose payloads went through a shared-memory ring
+        self.rings = 0  # connections with a shared-memory ring the trainer opened
+        self.slots = 0  # slots those rings handed over, both ways (of the connections ended)
         self._timeout = timeout
         self._max = max_connections
         self._handle = handle
@@ -926,10 +953,16 @@ class BulkListener:
                 self._count -= 1
                 if conn is not None:
                     self._open.discard(conn)
+                    self.slots += conn.slots
             if conn is not None:
                 conn.close()
             else:
                 raw.close()
+
+    def ring_slots(self) -> int:
+        """Slots the rings handed over so far, both ways."""
+        with self._lock:
+            return self.slots + sum(c.slots + (c.reader.taken if c.reader is not None else 0) for c in self._open)
 
     def _offer_ring(self, conn: Connection, head: RequestHead, peer: str) -> None:
         """Answer a `Ring` request: a new shared-memory ring's name and size when this
@@ -1132,12 +1165,7 @@ class BulkClient:
                 received += PREFIX.size + length
                 if status != STATUS_GO:
                     self._raise(sock, status, length)
-                if ring is not None:
-                    writer = RingWriter(sock, ring, check, refused=lambda code, size: self._raise(sock, code, size))
-                    sent += sum(writer.write(pieces) for _, pieces in items)  # no name left holding a grad
-                    writer.flush()
-                else:
-                    sent += send_pieces(sock, [p for _, pieces in items for p in pieces], check)
+                sent += send_vars(sock, ring, items, check, refused=lambda code, size: self._raise(sock, code, size))
             if isinstance(items, list):
                 items.clear()  # sent: the values may be freed before the reply (the caller's grads)
             if on_sent is not None:
@@ -1202,4 +1230,5 @@ def announce_request() -> bytes:
 __all__ = ["BULK_ENV", "BULK_MIN", "CHOICES", "METHOD", "BulkAbort", "BulkCallError", "BulkChoiceError", "BulkClient",
            "BulkListener", "Connection", "FrameError", "MemoryExtents", "Offer", "RequestHead", "Ring", "RingError",
            "RingReader", "RingWriter", "SHM_ENV", "VarHead", "bulk_choice", "bulk_port", "decode_request_head", "loopback",
-           "offers_bulk", "outgoing", "receive_value", "reply_parts", "reply_pieces", "send_pieces", "shm_choice"]
+           "offers_bulk", "outgoing", "receive_value", "reply_parts", "reply_pieces", "ring_carries", "send_pieces", "send_vars",
+           "shm_choice"]

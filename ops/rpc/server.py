@@ -424,8 +424,8 @@ class PServer(OwnDirRpc):
                 self._log(f"pserver {self.config.endpoint}: all {self.config.fanin} trainer(s) completed after {done}")
                 self._log(self.rpc_summary())
                 if self._bulk is not None and self._bulk.rings:
-                    self._log(f"pserver {self.config.endpoint}: {self._bulk.rings} bulk connection(s) carried their "
-                              "payloads through shared memory")
+                    self._log(f"pserver {self.config.endpoint}: {self._bulk.rings} bulk connection(s) with a "
+                              f"shared-memory ring, {self._bulk.ring_slots()} slot(s) handed over")
         finally:
             self.shutdown()
 
@@ -1041,7 +1041,7 @@ class PServer(OwnDirRpc):
         with arrivals.cond:
             arrivals.streamed += 1
         try:
-            if conn.reader is not None:  # through the shared-memory ring: slot by slot, no chunk buffer
+            if conn.ring_carries(var):  # through the shared-memory ring: slot by slot, no chunk buffer
                 progress = [0]
                 try:
                     self._sum_from_ring(conn.reader, arrivals, k, mode, what, progress)
@@ -1050,14 +1050,14 @@ class PServer(OwnDirRpc):
             elif mode == BASE:
                 while done < size:
                     end = min(size, done + chunk)
-                    conn.recv_into(acc[done:end], what)
+                    bulk.recv_into(conn.sock, acc[done:end], what)
                     with arrivals.cond:
                         arrivals.advance(k, end)
                     done = end
             elif mode == HOLD:
                 with arrivals.cond:
                     into = arrivals.buffer(k)
-                conn.recv_into(into, what)
+                bulk.recv_into(conn.sock, into, what)
                 done = size
             else:
                 buffer = self._chunk_buffer(chunk * arrivals.plan.dtype.itemsize)
