@@ -21,7 +21,8 @@ arrival in its turn adds chunk i once every earlier input has written chunk i
 (`progress`, under the var's condition): two connections never write one chunk at once,
 and the first arrival never waits, so every wait ends (the earliest claim never waits;
 each wait is on an earlier claim). A wait is bounded (the pserver's timeout) and ends at
-once when the round fails.
+once when the round fails. Through a shared-memory ring (`ops.rpc.bulk.Ring`) the chunk is
+a slot, added straight from it (no chunk buffer); the order and the bits are the same.
 
 Torn sums. A call that breaks after it started writing into the accumulator leaves a
 partial sum: `Arrivals.tear` marks it and the pserver fails the round with one error

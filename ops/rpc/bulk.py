@@ -34,6 +34,19 @@ TLS configured the channel is TLS with the same certificates (`ops.rpc.auth.Tls`
 a pserver whose program has a var of `BULK_MIN` bytes or more (the measurement that chose
 it is in docs/runtime.md); `on` always, `off` never. A trainer uses the channel wherever
 its pserver offers one, unless its own setting is `off`.
+
+Shared memory (`PSTRANSPILE_BULK_SHM=auto|on|off`, `shm_choice`; docs/runtime.md "Shared
+memory"). On one host the kernel's two TCP copies are most of a payload's cost; a copy into
+shared memory and the reader's own use of it (a sum, a copy into the param) cost less than
+half (`benchmarks/shm_channel.py`). So a trainer's new connection to a pserver on a
+loopback address (`auto`; `on`: any address, for a peer on the host's own) first asks for a
+`Ring` (method 4, checked like every frame); the pserver makes one (`Ring.create`) and
+names it in its answer; the trainer opens it (`Ring.attach`) or, failing, goes on over TCP.
+A request then says (`"s"`) that it holds the ring, and in it and in its reply every var
+of `RING_VAR_MIN` bytes or more crosses in the ring's slots (`RingWriter`, `RingReader`):
+the writer fills a slot and sends a `NOTE` (slot, length) on the TCP stream, the reader
+checks it (the slot due next, the exact length the header implies), uses the slot and
+sends a `FREE` back; smaller vars stay in the TCP stream, in header order. Never with TLS.
 """
 
 from __future__ import annotations
@@ -469,14 +482,14 @@ class RingError(Exception):
     """A shared-memory ring that cannot be made or opened here (the payloads go by TCP)."""
 
 
-_CREATED: set[str] = set()  # segments this process made and has not unlinked yet: unlinked at exit
+_CREATED: dict[str, int] = {}  # segments made and not unlinked yet -> the pid that made them: unlinked at its exit
 _CREATED_LOCK = threading.Lock()
 
 
 @atexit.register
 def _unlink_created() -> None:
     with _CREATED_LOCK:
-        paths = list(_CREATED)
+        paths = [path for path, pid in _CREATED.items() if pid == os.getpid()]  # not a forked child's parent's
         _CREATED.clear()
     for path in paths:
         try:
@@ -519,7 +532,7 @@ class Ring:
         except OSError as exc:
             raise RingError(f"cannot create {path} ({exc.strerror or exc})") from None
         with _CREATED_LOCK:
-            _CREATED.add(path)
+            _CREATED[path] = os.getpid()
         try:
             os.fchmod(fd, 0o600)  # whatever the umask
             os.ftruncate(fd, slots * slot_bytes)
@@ -584,7 +597,7 @@ class Ring:
 
 def _forget(path: str) -> None:
     with _CREATED_LOCK:
-        _CREATED.discard(path)
+        _CREATED.pop(path, None)
 
 
 class RingWriter:
