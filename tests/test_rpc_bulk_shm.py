@@ -459,3 +459,25 @@ def test_loopback_and_the_setting_are_read_one_way(monkeypatch):
     assert bulk.shm_choice({}) == "auto" and bulk.shm_choice({bulk.SHM_ENV: " OFF "}) == "off"
     with pytest.raises(EnvChoiceError, match="PSTRANSPILE_BULK_SHM='yes'"):
         check_env_choices({bulk.SHM_ENV: "yes"})
+
+
+def test_a_pserver_that_cannot_make_a_ring_says_so_once_and_tcp_carries_all(monkeypatch, tmp_path):
+    monkeypatch.setattr(bulk, "SHM_DIR", str(tmp_path / "missing"))
+    logged: list[str] = []
+    scope = _scope()
+    with running_pserver(scope=scope, run_block=_sgd(scope, 1), **_config()) as ps:
+        ps.server._bulk._log = logged.append
+        client = ps.client(0)
+        client.fetch_barrier([ps.address])
+        client.send_async(ps.address, "w@GRAD", LoDTensor(np.full((300, 200), 0.25, F32)))
+        client.send_async(ps.address, "emb@GRAD", SelectedRows([2], np.full((1, 4), 0.5, F32), height=10))
+        client.send_barrier([ps.address], defer=True)
+        (got,) = client.fetch_barrier([ps.address], [(ps.address, "w")])
+        assert np.all(got.array == 0.75)
+        assert all(ring is None for _, ring, _ in client._endpoints[ps.address].bulk._idle)
+        assert ps.server._bulk.rings == 0
+        client.complete([ps.address])
+        ps.join()
+    assert not ps.errors
+    said = [line for line in logged if "no shared-memory ring" in line]
+    assert len(said) == 1 and "cannot create" in said[0] and "payloads go by TCP" in said[0]

@@ -535,9 +535,14 @@ class Ring:
             _CREATED[path] = os.getpid()
         try:
             os.fchmod(fd, 0o600)  # whatever the umask
-            os.ftruncate(fd, slots * slot_bytes)
+            # the pages reserved now (ENOSPC here), not at a first write into a full /dev/shm (SIGBUS)
+            os.posix_fallocate(fd, 0, slots * slot_bytes)
             buffer = mmap.mmap(fd, slots * slot_bytes)
         except OSError as exc:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
             _forget(path)
             raise RingError(f"cannot size or map {path} ({exc.strerror or exc})") from None
         finally:
