@@ -481,3 +481,17 @@ def test_a_pserver_that_cannot_make_a_ring_says_so_once_and_tcp_carries_all(monk
     assert not ps.errors
     said = [line for line in logged if "no shared-memory ring" in line]
     assert len(said) == 1 and "cannot create" in said[0] and "payloads go by TCP" in said[0]
+
+
+def test_a_trainer_asks_for_a_ring_by_its_pserver_s_address_and_never_with_tls(tmp_path):
+    offer = bulk.Offer(1234, "0" * 64)
+
+    def wants(host: str, shm: str, tls=None) -> bool:
+        return bulk.BulkClient(host, offer, token=None, tls=tls, trainer_id=0, connect_timeout=1.0, shm=shm)._want_ring
+
+    assert wants("127.0.0.1", "auto") and wants("[::1]", "auto") and wants("localhost", "auto")
+    assert not wants("10.1.2.3", "auto") and wants("10.1.2.3", "on")  # on: a peer on the host's own address
+    assert not wants("127.0.0.1", "off")
+    from ops.rpc.auth import Tls
+
+    assert not wants("127.0.0.1", "on", Tls())
