@@ -495,3 +495,24 @@ def test_a_trainer_asks_for_a_ring_by_its_pserver_s_address_and_never_with_tls(t
     from ops.rpc.auth import Tls
 
     assert not wants("127.0.0.1", "on", Tls())
+
+
+def test_a_pserver_that_refuses_ring_requests_leaves_the_channel_to_tcp(monkeypatch, capfd):
+    """A pserver of a version without rings refuses the `Ring` method as unknown: the
+    trainer asks no more and carries everything over TCP on the channel."""
+    monkeypatch.delitem(bulk.METHODS, bulk.METHOD_CODE["Ring"])  # the pserver's decoder no longer knows it
+    scope = _scope()
+    with running_pserver(scope=scope, run_block=_sgd(scope, 1), **_config()) as ps:
+        client = ps.client(0)
+        client.fetch_barrier([ps.address])
+        client.send_async(ps.address, "w@GRAD", LoDTensor(np.full((300, 200), 0.25, F32)))
+        client.send_async(ps.address, "emb@GRAD", SelectedRows([2], np.full((1, 4), 0.5, F32), height=10))
+        client.send_barrier([ps.address], defer=True)
+        (got,) = client.fetch_barrier([ps.address], [(ps.address, "w")])
+        assert np.all(got.array == 0.75)
+        channel = client._endpoints[ps.address].bulk
+        assert channel is not None and not channel._want_ring and all(ring is None for _, ring, _ in channel._idle)
+        client.complete([ps.address])
+        ps.join()
+    assert not ps.errors
+    assert "the pserver refused a ring (a malformed bulk frame: unknown method 4)" in capfd.readouterr().err

@@ -527,6 +527,8 @@ class Ring:
         slots, slot_bytes = slots or RING_SLOTS, slot_bytes or SLOT_BYTES
         name = f"psb-{secrets.token_hex(16)}"
         path = os.path.join(SHM_DIR, name)
+        if not hasattr(os, "posix_fallocate"):
+            raise RingError("this system has no posix_fallocate to reserve a ring's pages")
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
@@ -1084,15 +1086,26 @@ class BulkClient:
                 if time.monotonic() - since < self.offer.idle / 2 and not readable(sock):
                     return sock, ring
                 _drop(sock, ring)
+        sock = self._connect()
+        if not self._want_ring:
+            return sock, None
+        try:
+            return sock, self._ask_ring(sock)
+        except BulkCallError as exc:  # a pserver that refuses rings (another version): none asked again
+            sock.close()
+            self._want_ring = False
+            self.ring_failure = f"the pserver refused a ring ({exc.details()})"
+        except BaseException:
+            sock.close()
+            raise
+        return self._connect(), None
+
+    def _connect(self) -> socket.socket:
         sock = socket.create_connection((self.host, self.offer.port), timeout=self._connect_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self._tls is not None:
             sock = self._tls.wrap_socket(sock, server_hostname=self.host)
-        try:
-            return sock, self._ask_ring(sock) if self._want_ring else None
-        except BaseException:
-            sock.close()
-            raise
+        return sock
 
     def _ask_ring(self, sock: socket.socket) -> Ring | None:
         """A shared-memory ring for a new connection to a pserver on this host, or None
@@ -1113,8 +1126,6 @@ class BulkClient:
                 raise FrameError("a malformed ring offer")
         except (FrameError, ValueError, UnicodeDecodeError) as exc:
             raise OSError(f"the pserver's answer to a ring request: {exc}") from None
-        except BulkCallError as exc:
-            raise OSError(f"the pserver refused a ring request: {exc.details()}") from None
         if offer.get("r") is None:
             return None
         try:
