@@ -764,7 +764,9 @@ class BulkAbort(Exception):
 
 class Connection:
     """A pserver's end of one connection; `context` for the pserver's waits (`is_active`:
-    the trainer has not closed it) and refusals (`abort` raises `BulkAbort`)."""
+    the trainer has not closed it) and refusals (`abort` raises `BulkAbort`). With a
+    shared-memory `ring`, a request that holds it reads its big vars through `reader`
+    and sends its reply's through the ring too."""
 
     def __init__(self, sock: socket.socket, timeout: float) -> None:
         self.sock = sock
