@@ -338,6 +338,10 @@ def test_forged_slot_notes_and_ring_requests_are_refused_and_nothing_is_applied(
         assert code is bad and "not a slot note" in reason
         code, reason = forged(b"\0" * 5)  # a note cut short: the connection ends
         assert code == -1 or code is bad
+        rng = np.random.default_rng(30)
+        for _ in range(4):  # random bytes where a note belongs
+            code, reason = forged(rng.integers(0, 256, bulk.NOTE.size, dtype=np.uint8).tobytes())
+            assert code is bad and "slot note" in reason
         # a request through a ring the connection has not; Ring requests out of place
         status, reason = _raw_request(port, _frame(1, {**good, "v": [w]}))
         assert CODE[status] is bad and "ring this connection has not" in reason
