@@ -35,6 +35,7 @@ from ops.tensor import LoDTensor, SelectedRows
 
 F32, F64 = np.float32, np.float64
 SHM = Path(bulk.SHM_DIR)
+pytestmark = pytest.mark.skipif(not SHM.is_dir() or not hasattr(os, "posix_fallocate"), reason="needs /dev/shm")
 
 
 @pytest.fixture(autouse=True)
