@@ -433,7 +433,7 @@ def test_a_trainer_that_cannot_open_the_ring_sends_over_tcp(monkeypatch, capfd):
         client.complete([ps.address])
         ps.join()
     assert not ps.errors
-    assert "shared-memory ring cannot be opened here (a test's /dev/shm that cannot be opened)" in capfd.readouterr().err
+    assert "shared-memory ring is not used here (a test's /dev/shm that cannot be opened)" in capfd.readouterr().err
     assert not _no_new_segments(before)
 
 

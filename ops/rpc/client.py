@@ -432,7 +432,7 @@ class RpcClient:
                   f"reached ({exc}); its tensors go over gRPC", file=sys.stderr, flush=True)
             return None
         if channel.ring_failure is not None:
-            print(f"trainer {self.trainer_id}: pserver {ep.endpoint}'s shared-memory ring cannot be opened here "
+            print(f"trainer {self.trainer_id}: pserver {ep.endpoint}'s shared-memory ring is not used here "
                   f"({channel.ring_failure}); its payloads go by TCP", file=sys.stderr, flush=True)
         return channel
 
