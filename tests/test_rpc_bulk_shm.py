@@ -450,8 +450,10 @@ def test_the_choice_on_either_side(monkeypatch, pserver, trainer, host, rings):
         monkeypatch.setenv(bulk.SHM_ENV, trainer)
         client = ps.client(0)
         client.send(ps.address, "w@GRAD", LoDTensor(np.ones((300, 200), F32)))
-        (_, ring, _), = client._endpoints[ps.address].bulk._idle
+        channel = client._endpoints[ps.address].bulk
+        (_, ring, _), = channel._idle
         assert (ring is not None) == rings and (ps.server._bulk.rings == 1) == rings
+        assert channel._want_ring == rings  # one offer of none is enough: not asked again
         client.complete([ps.address])
         ps.join()
     assert not ps.errors

@@ -1129,10 +1129,12 @@ class BulkClient:
         except (FrameError, ValueError, UnicodeDecodeError) as exc:
             raise OSError(f"the pserver's answer to a ring request: {exc}") from None
         if offer.get("r") is None:
+            self._want_ring = False  # the pserver's choice and this host's address do not change
             return None
         try:
             return Ring.attach(offer.get("r"), offer.get("n"), offer.get("b"))
         except (RingError, FrameError) as exc:
+            self._want_ring = False  # the next would fail alike: not asked again
             self.ring_failure = str(exc)
             return None
 
