@@ -641,6 +641,15 @@ def _without(mapping: dict, key: str) -> dict:
 # ------------------------------------------------------------------------- Block
 
 
+def var_bytes(var: Var) -> int:
+    """Bytes of a var's declared shape (0 for no shape or a -1 dimension)."""
+    if var.shape is None or var.dtype is None:
+        return 0
+    if any(int(d) < 0 for d in var.shape):
+        return 0
+    return math.prod(int(d) for d in var.shape) * DType(var.dtype).itemsize
+
+
 class Block:
     """An ordered list of ops and a table of var declarations, with a parent block."""
 
