@@ -51,6 +51,15 @@ def _references_of_a_sole_local() -> int:
 SOLE_LOCAL_REFERENCES = _references_of_a_sole_local() if sys.implementation.name == "cpython" else -1
 
 
+BATCH_SHARD = "batch_shard"
+"""`RunContext.env` key: `(trainer_id, trainers)` of a sync trainer that runs rows
+`[i*b, (i+1)*b)` of every global batch (`Role.shard`, batch split evenly). The dropout
+mask of an element is a function of the op's per-run key and the element's index in the
+*global* batch, so N trainers draw, between them, exactly the mask local training draws
+on the whole batch. Here rather than beside dropout (`ops.kernels.transformer`): a process
+loads that family only to run its ops."""
+
+
 class KernelError(PsTranspilerError):
     """A kernel met inputs or attrs it cannot run with (the executor adds where)."""
 

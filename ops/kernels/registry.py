@@ -136,6 +136,15 @@ def _load(op_types: Iterable[str] | None = None) -> None:
                 raise UnknownOpError(f"module {module} was declared to register {', '.join(missing)} but did not")
 
 
+def load_kernels(op_types: Iterable[str]) -> None:
+    """Import now the modules declared for any of `op_types` (`register_lazily`), rather
+    than at their first run: a process that is about to allocate big arrays (a step's
+    params and grads) loads its code first, so the objects a late import makes do not land
+    in the holes those arrays leave when freed, where the next one of their size would no
+    longer fit. Op types without a kernel are left to the executor to report."""
+    _load(op_types)
+
+
 def _defaults(op_type: str, entry: OpDef | None, local: Mapping[str, Any]) -> dict[str, Any]:
     """The catalogue entry's defaults, plus `local` for the attrs the entry does not declare."""
     if entry is None:

@@ -523,6 +523,8 @@ class PServer(OwnDirRpc):
                 self.scope.set_var(name, self._zeros(name))
         if self._sum_list:
             self._complete_sums(step)
+        with self._bulk_lock:  # TRIAL
+            self._chunk_buffers.clear()
         lr = self.config.lr_decay_block
         if lr >= 0:
             self._run(lr, "the lr-decay block", step)
