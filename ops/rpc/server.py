@@ -107,7 +107,6 @@ import enum
 import math
 import os
 import re
-import shutil
 import sys
 import threading
 import time
@@ -1406,6 +1405,8 @@ class PServer(OwnDirRpc):
                 self._table_saves.remove(path)
             self._table_saves.append(path)
             old, self._table_saves = self._table_saves[: -checkpointer.keep], self._table_saves[-checkpointer.keep:]
+        import shutil  # here: a pserver that never saves a table need not load it
+
         root = Path(os.path.realpath(checkpointer.root))
         for stale in old:
             shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() and not stale.is_symlink() else stale.unlink(missing_ok=True)
