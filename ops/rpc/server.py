@@ -286,6 +286,7 @@ class PServer(OwnDirRpc):
         self._bulk_lock = threading.Lock()
         # Chunk buffers of sums on arrival not in use (`_chunk_buffer`): one per add at once, not one per connection.
         self._chunk_buffers: list[np.ndarray] = []
+        self.chunk_buffers_made = 0  # (tests: how many adds ran at once)
         # Sums on arrival (`ops.rpc.arrival_sum`), on once the channel opens: received var ->
         # its grad's sum, and the (block, op index) of the `sum` ops the executor skips then.
         self._sums: dict[str, Arrivals] = {}
@@ -522,7 +523,11 @@ class PServer(OwnDirRpc):
                 self.scope.set_var(name, self._zeros(name))
         if self._sum_list:
             self._complete_sums(step)
-        with self._bulk_lock:  # TRIAL
+        with self._bulk_lock:
+            # The adds are over: their chunk buffers go back to malloc, so an optimizer's own
+            # piece (sgd's lr * Grad) takes their pages instead of growing the heap, and the
+            # next round's adds take them back (pages kept mapped: ops.rpc.malloc). Issue 30:
+            # the 64 MB pserver's peak, 1 MB.
             self._chunk_buffers.clear()
         lr = self.config.lr_decay_block
         if lr >= 0:
@@ -1048,8 +1053,9 @@ class PServer(OwnDirRpc):
                 bulk.recv_into(sock, into, what)
                 done = size
             else:
-                buffer = self._chunk_buffer(chunk * arrivals.plan.dtype.itemsize)
-                scratch = buffer[:chunk * arrivals.plan.dtype.itemsize].view(arrivals.plan.dtype)
+                nbytes = min(chunk, size) * arrivals.plan.dtype.itemsize  # a grad under a chunk: its size
+                buffer = self._chunk_buffer(nbytes)
+                scratch = buffer[:nbytes].view(arrivals.plan.dtype)
                 failed = lambda: self._failure or (  # noqa: E731
                     f"pserver {self.config.endpoint} is shutting down" if self._stopping else None)
                 try:
@@ -1086,13 +1092,14 @@ class PServer(OwnDirRpc):
 
     def _chunk_buffer(self, nbytes: int) -> np.ndarray:
         """A chunk buffer of at least `nbytes` for one add on arrival, the caller's until it
-        gives it back to `_chunk_buffers`: the pserver keeps as many as adds ran at once
-        (one, with 2 trainers and one big grad), not one per connection (issue 30: 2 MB a
-        trainer on a pserver's peak)."""
+        gives it back to `_chunk_buffers`: a round keeps as many as adds ran at once (one,
+        with 2 trainers and one big grad), not one per connection (issue 30: a chunk a
+        trainer on a pserver's peak); the optimize gives them back to malloc."""
         with self._bulk_lock:
             for i, found in enumerate(self._chunk_buffers):
                 if found.nbytes >= nbytes:
                     return self._chunk_buffers.pop(i)
+            self.chunk_buffers_made += 1
         return np.empty(nbytes, np.uint8)
 
     def _bulk_buffer(self, tid: int, var: bulk.VarHead, taken: list[tuple[tuple[int, str], np.ndarray]],
