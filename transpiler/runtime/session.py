@@ -167,7 +167,7 @@ class Session:
         # allocates the params (`load_kernels`: a family or an RPC module imported mid-step
         # put its objects in the hole a freed weight left, and the trainer's next weight-sized
         # array went to fresh memory: its 64 MB peak 128 -> 192 MB).
-        ran = self.result.pservers[self.role.current_endpoint] if self.role.is_pserver else (self.program, self.startup_program)
+        ran = self.result.pservers.get(self.role.current_endpoint, ()) if self.role.is_pserver else (self.program, self.startup_program)
         load_kernels({op.type for program in ran for block in program.blocks for op in block.ops})
         checkpoint_dir, checkpoint_every, restore = launcher_checkpoint_options(checkpoint_dir, checkpoint_every, restore)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
