@@ -128,7 +128,7 @@ def sgd(ctx: OpContext) -> None:
         out = param
         flat_grad, flat_param = grad.reshape(-1), param.reshape(-1)
         chunk = _sgd_chunk(param.dtype)
-        scratch = np.empty(min(chunk, flat_param.size), param.dtype)
+        scratch = ctx.scratch(min(chunk, flat_param.size), param.dtype)  # a pserver lends its chunk buffer
         for start in range(0, flat_param.size, chunk):
             piece = flat_param[start:start + chunk]
             step = np.multiply(flat_grad[start:start + chunk], lr, dtype=param.dtype, out=scratch[:piece.size])

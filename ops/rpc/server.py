@@ -287,6 +287,7 @@ class PServer(OwnDirRpc):
         # Chunk buffers of sums on arrival not in use (`_chunk_buffer`): one per add at once, not one per connection.
         self._chunk_buffers: list[np.ndarray] = []
         self.chunk_buffers_made = 0  # (tests: how many adds ran at once)
+        self._lending_to: int | None = None  # the thread running a sync round's optimize blocks
         # Sums on arrival (`ops.rpc.arrival_sum`), on once the channel opens: received var ->
         # its grad's sum, and the (block, op index) of the `sum` ops the executor skips then.
         self._sums: dict[str, Arrivals] = {}
@@ -523,18 +524,16 @@ class PServer(OwnDirRpc):
                 self.scope.set_var(name, self._zeros(name))
         if self._sum_list:
             self._complete_sums(step)
-        with self._bulk_lock:
-            # The adds are over: their chunk buffers go back to malloc, so an optimizer's own
-            # piece (sgd's lr * Grad) takes their pages instead of growing the heap, and the
-            # next round's adds take them back (pages kept mapped: ops.rpc.malloc). Issue 30:
-            # the 64 MB pserver's peak, 1 MB.
-            self._chunk_buffers.clear()
-        lr = self.config.lr_decay_block
-        if lr >= 0:
-            self._run(lr, "the lr-decay block", step)
-        for idx in self.config.optimize_blocks:
-            if idx != lr:
-                self._run(idx, f"optimize block {idx}", step)
+        self._lending_to = threading.get_ident()  # `lend_chunk_buffer`: to this thread's blocks only
+        try:
+            lr = self.config.lr_decay_block
+            if lr >= 0:
+                self._run(lr, "the lr-decay block", step)
+            for idx in self.config.optimize_blocks:
+                if idx != lr:
+                    self._run(idx, f"optimize block {idx}", step)
+        finally:
+            self._lending_to = None
         if self._sum_list:
             self._release_aliased_sums()
 
@@ -1090,11 +1089,22 @@ class PServer(OwnDirRpc):
             arrivals.tear(arrivals.position[name], message)
         self._set_failure(f"pserver {self.config.endpoint}: {message}")
 
+    def lend_chunk_buffer(self, nbytes: int) -> np.ndarray | None:
+        """An idle chunk buffer of at least `nbytes` for a kernel of a sync round's optimize
+        blocks to compute a temporary in (`RunContext.lend_scratch`: sgd's `lr * Grad`
+        piece), or None. Only to the thread running those blocks, while it runs them: the
+        round's adds are over and the next round's have not begun, so no add takes the
+        buffer meanwhile (issue 30: the piece's 512 kB off the pserver's peak)."""
+        if self._lending_to != threading.get_ident():
+            return None  # a block run elsewhere (a prefetch, a checkpoint's save) or between rounds
+        with self._bulk_lock:
+            return next((found for found in self._chunk_buffers if found.nbytes >= nbytes), None)
+
     def _chunk_buffer(self, nbytes: int) -> np.ndarray:
         """A chunk buffer of at least `nbytes` for one add on arrival, the caller's until it
-        gives it back to `_chunk_buffers`: a round keeps as many as adds ran at once (one,
-        with 2 trainers and one big grad), not one per connection (issue 30: a chunk a
-        trainer on a pserver's peak); the optimize gives them back to malloc."""
+        gives it back to `_chunk_buffers`: the pserver keeps as many as adds ran at once
+        (one, with 2 trainers and one big grad), not one per connection (issue 30: a chunk a
+        trainer on a pserver's peak)."""
         with self._bulk_lock:
             for i, found in enumerate(self._chunk_buffers):
                 if found.nbytes >= nbytes:
