@@ -323,10 +323,11 @@ class _Prepared:
     def __init__(self, block: Block, ops: tuple[Op, ...]) -> None:
         self.ops = ops
         self.version = block.version
-        self.generation = registry.generation()
         self.steps: tuple[tuple[Op, KernelSpec, dict[str, Any]], ...] = tuple(
             (op, _kernel_for(block, i, op), {}) for i, op in enumerate(ops)
         )
+        # after the lookups: one may have imported a family registered by name (`register_lazily`)
+        self.generation = registry.generation()
         self._liveness: Liveness | None = None
 
     def liveness(self, block: Block) -> Liveness:

@@ -154,7 +154,7 @@ def run_sync(program: Program, scope: Scope) -> None:
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_sgd_in_place_in_chunks_gives_the_bits_of_the_whole_array_path(dtype, monkeypatch):
-    monkeypatch.setattr(optimizers, "SGD_CHUNK", 1000)  # a few chunks, one partial
+    monkeypatch.setattr(optimizers, "SGD_CHUNK_BYTES", 1000 * np.dtype(dtype).itemsize)  # a few chunks, one partial
     rng = np.random.default_rng(0)
     param, grad = rng.standard_normal(4321).astype(dtype), rng.standard_normal(4321).astype(dtype)
     lr = np.array([0.1], dtype)

@@ -236,7 +236,7 @@ def test_the_trainers_adds_share_one_chunk_buffer(monkeypatch, small_chunks, dty
             expected.append(_kernel_sum(grads))
         buffers = ps.server._chunk_buffers
         if shm == "off":
-            assert len(buffers) == 1 and buffers[0].nbytes == arrival_sum.CHUNK_BYTES
+            assert len(buffers) == 1 and buffers[0].nbytes == arrival_sum.CHUNK_BYTES and ps.server.chunk_buffers_made == 1
         else:
             assert buffers == [] and all(ring is not None for client in clients
                                          for _, ring, _ in client._endpoints[ps.address].bulk._idle)
@@ -429,3 +429,59 @@ def test_a_grad_under_the_threshold_keeps_its_sum_op_and_the_last_copy_counts(mo
     assert not ps.errors
     (got,) = seen
     assert all(np.array_equal(_bits(got[t]), _bits(grads[t])) for t in range(2))
+
+
+def test_the_optimize_blocks_borrow_the_idle_chunk_buffer_for_sgd_s_piece(monkeypatch, small_chunks):
+    """sgd's `lr * Grad` piece is computed in the pserver's idle chunk buffer while a sync
+    round's optimize blocks run (issue 30: no memory of its own), and to the same bits;
+    outside those blocks, or from another thread, nothing is lent."""
+    from test_executor_liveness import program_with
+
+    from ops.executor import Executor
+    from ops.kernels import optimizers
+
+    monkeypatch.setenv(bulk.BULK_ENV, "on")
+    monkeypatch.setattr(optimizers, "SGD_CHUNK_BYTES", 4096)  # pieces of the chunk buffer's size
+    lent: list = []
+    scope = Scope()
+    w0 = np.random.default_rng(3).standard_normal(SHAPE).astype(F32)
+    scope.set_var("w", LoDTensor(w0.copy()))
+    scope.set_var("lr", LoDTensor(np.array([0.5], F32)))
+    program = program_with(("sgd", {"Param": ["w"], "Grad": ["w@GRAD"], "LearningRate": ["lr"]}, {"ParamOut": ["w"]}, {}),
+                           persistable=("w", "w@GRAD", "lr"))
+    holder: dict = {}
+
+    def run_sgd(idx: int) -> None:  # the optimize block, through an executor whose run lends the server's buffers
+        server = holder["server"]
+
+        def lend(nbytes):
+            found = server.lend_chunk_buffer(nbytes)
+            lent.append(found is not None and any(found is b for b in server._chunk_buffers))
+            return found
+
+        exe = Executor(free_dead=True)
+        original = exe._run_block
+
+        def run_block(run, *args, **kwargs):
+            run.lend_scratch = lend
+            return original(run, *args, **kwargs)
+
+        exe._run_block = run_block
+        exe.run(program, scope=scope, update_in_place=True)
+
+    grads = _grads(2, F32, 5)
+    for g in grads:
+        g[np.isnan(g)] = 0
+    with running_pserver(scope=scope, run_block=run_sgd, **_config(2, F32)) as ps:
+        holder["server"] = ps.server
+        clients = [ps.client(t) for t in range(2)]
+        for c in clients:
+            c.fetch_barrier([ps.address])
+        _round(ps, clients, grads, (0, 1))
+        assert ps.server.lend_chunk_buffer(16) is None  # between rounds
+        _complete(ps, clients)
+    assert not ps.errors
+    assert lent and all(lent)  # every piece in the pool's buffer
+    summed = _kernel_sum(grads)
+    want = np.subtract(w0, np.multiply(summed, np.float32(0.5), dtype=F32))
+    assert np.array_equal(_bits(scope.find_var("w").array), _bits(want))

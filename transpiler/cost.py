@@ -64,6 +64,7 @@ from ops.catalogue.optimizer_ops import OPTIMIZER_SLOTS, optimizer_slots
 from ops.heap import ARRIVAL_SUM_MIN_BYTES as ARRIVAL_SUM_BYTES
 from ops.heap import MMAP_THRESHOLD
 from transpiler.errors import TranspileError
+from transpiler.ir.program import var_bytes  # here since the runtime reads it: a pserver need not import this module
 from transpiler.ir.types import DType
 
 MEMORY_KINDS = ("params", "optimizer_state", "grad_buffers", "merged_grads", "table", "other")
@@ -546,15 +547,6 @@ def plan_costs(plan, rates: Rates | None = None, ids: Mapping[str, IdStats] | No
 
 
 # -- what the pserver programs declare -------------------------------------------------------
-
-def var_bytes(var) -> int:
-    """Bytes of a var's declared shape (0 for no shape or a -1 dimension)."""
-    if var.shape is None or var.dtype is None:
-        return 0
-    if any(int(d) < 0 for d in var.shape):
-        return 0
-    return math.prod(int(d) for d in var.shape) * DType(var.dtype).itemsize
-
 
 @dataclass
 class DeclaredMemory:

@@ -2,15 +2,15 @@
 
 A leaf module (the standard library only), so every layer can use it: the IR saves
 programs, the output layer a transpile result, the passes their dump folders, the RPC
-layer table shards.
+layer table shards. `tempfile` and `shutil` (with `bz2`, `lzma`, `random`, ...) are
+imported by the functions that write: most processes never write a file, and what a
+process imports stays resident (issue 30).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import stat
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
@@ -29,6 +29,8 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
             write(handle)
         return
     _check_parent(path)
+    import tempfile
+
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -67,6 +69,9 @@ def write_files(
         raise NotADirectoryError(f"{out_dir} is a file, not a directory")
     _check_parent(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    import shutil
+    import tempfile
+
     staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
     try:
         os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700 would stick to a new out_dir

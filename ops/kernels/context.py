@@ -51,6 +51,15 @@ def _references_of_a_sole_local() -> int:
 SOLE_LOCAL_REFERENCES = _references_of_a_sole_local() if sys.implementation.name == "cpython" else -1
 
 
+BATCH_SHARD = "batch_shard"
+"""`RunContext.env` key: `(trainer_id, trainers)` of a sync trainer that runs rows
+`[i*b, (i+1)*b)` of every global batch (`Role.shard`, batch split evenly). The dropout
+mask of an element is a function of the op's per-run key and the element's index in the
+*global* batch, so N trainers draw, between them, exactly the mask local training draws
+on the whole batch. Here rather than beside dropout (`ops.kernels.transformer`): a process
+loads that family only to run its ops."""
+
+
 class KernelError(PsTranspilerError):
     """A kernel met inputs or attrs it cannot run with (the executor adds where)."""
 
@@ -118,6 +127,11 @@ class RunContext:
         # (block index, op index) of ops the run skips: a sync pserver's `sum`s of received
         # grads it did as they arrived (`ops.rpc.arrival_sum`; the pserver fills it).
         self.skip_ops: set[tuple[int, int]] | frozenset[tuple[int, int]] = frozenset()
+        # A buffer of at least n bytes the run lends a kernel for a temporary it drops before
+        # it returns, or None (`OpContext.scratch`): a sync pserver lends its idle chunk
+        # buffers of sums on arrival while its optimize blocks run (issue 30: sgd's
+        # `lr * Grad` piece then takes no memory of its own).
+        self.lend_scratch: Callable[[int], np.ndarray | None] | None = None
         self._rng_factory = rng_factory
         self._run_block = run_block
 
@@ -317,6 +331,17 @@ class OpContext:
         return (not self.run.concurrent_readers and array.flags.c_contiguous
                 and _references(tensor) == SOLE_LOCAL_REFERENCES + 1
                 and _references(array) == SOLE_LOCAL_REFERENCES + 1)
+
+    def scratch(self, size: int, dtype: np.dtype) -> np.ndarray:
+        """`size` elements of `dtype` for a temporary the kernel drops before it returns (its
+        values undefined): the run's lent buffer when it has one that big
+        (`RunContext.lend_scratch`), else a new array."""
+        dtype = np.dtype(dtype)
+        nbytes = size * dtype.itemsize
+        lent = self.run.lend_scratch(nbytes) if self.run.lend_scratch is not None else None
+        if lent is None:
+            return np.empty(size, dtype)
+        return lent.reshape(-1).view(np.uint8)[:nbytes].view(dtype)
 
     def reusable_input(self, slot: str, shape: tuple[int, ...], dtype: np.dtype, i: int = 0) -> np.ndarray | None:
         """The array of input `slot`'s `i`-th arg, for the kernel to compute an output into

@@ -127,10 +127,11 @@ def sgd(ctx: OpContext) -> None:
         # bits: each element's two operations are those of the whole-array path).
         out = param
         flat_grad, flat_param = grad.reshape(-1), param.reshape(-1)
-        scratch = np.empty(min(SGD_CHUNK, flat_param.size), param.dtype)
-        for start in range(0, flat_param.size, SGD_CHUNK):
-            piece = flat_param[start:start + SGD_CHUNK]
-            step = np.multiply(flat_grad[start:start + SGD_CHUNK], lr, dtype=param.dtype, out=scratch[:piece.size])
+        chunk = _sgd_chunk(param.dtype)
+        scratch = ctx.scratch(min(chunk, flat_param.size), param.dtype)  # a pserver lends its chunk buffer
+        for start in range(0, flat_param.size, chunk):
+            piece = flat_param[start:start + chunk]
+            step = np.multiply(flat_grad[start:start + chunk], lr, dtype=param.dtype, out=scratch[:piece.size])
             np.subtract(piece, step, out=piece)
     else:
         step = np.multiply(grad, lr, dtype=param.dtype, out=reuse)
@@ -138,12 +139,21 @@ def sgd(ctx: OpContext) -> None:
     ctx.set_output("ParamOut", out, lod=ctx.lod("Param"))
 
 
-SGD_CHUNK = 1 << 18  # elements of lr * Grad computed at a time by an in-place dense sgd
+# bytes of lr * Grad computed at a time by an in-place dense sgd: its scratch, in a pserver's
+# peak beside the params (issue 30). 512 kB: the 64 MB pserver's peak is 0.5 MB lower than at
+# 1 MB, for 0.4 ms more per 32 MB of float32 (one ufunc call pair per chunk; 0.7 ms float64),
+# measured (docs/runtime.md "Where a peak goes").
+SGD_CHUNK_BYTES = 512 << 10
+
+
+def _sgd_chunk(dtype: np.dtype) -> int:
+    """Elements of a chunk of `SGD_CHUNK_BYTES`."""
+    return max(1, SGD_CHUNK_BYTES // np.dtype(dtype).itemsize)
 
 
 def _chunkable(grad: np.ndarray, param: np.ndarray) -> bool:
     """Both C-contiguous (their flat views are views), and big enough to be worth it."""
-    return param.size > SGD_CHUNK and grad.flags.c_contiguous and param.flags.c_contiguous
+    return param.size > _sgd_chunk(param.dtype) and grad.flags.c_contiguous and param.flags.c_contiguous
 
 
 # --------------------------------------------------------------------- momentum

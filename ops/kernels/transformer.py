@@ -10,7 +10,7 @@ import numpy as np
 
 from ops.catalogue.opdef import ShapeError
 from ops.catalogue.transformer_ops import unsqueeze_dims
-from ops.kernels.context import KernelError, OpContext
+from ops.kernels.context import BATCH_SHARD, KernelError, OpContext  # BATCH_SHARD: the env key dropout reads
 from ops.kernels.registry import register
 
 # ---------------------------------------------------------------------- matmul_v2
@@ -169,13 +169,6 @@ def layer_norm_grad(ctx: OpContext) -> None:
 
 
 # ------------------------------------------------------------------------ dropout
-
-BATCH_SHARD = "batch_shard"
-"""`RunContext.env` key: `(trainer_id, trainers)` of a sync trainer that runs rows
-`[i*b, (i+1)*b)` of every global batch (`Role.shard`, batch split evenly). The dropout
-mask of an element is a function of the op's per-run key and the element's index in the
-*global* batch, so N trainers draw, between them, exactly the mask local training draws
-on the whole batch."""
 
 _GOLDEN = 0x9E3779B97F4A7C15
 

@@ -2,7 +2,12 @@
 
 Importing this package registers the RPC kernels (`send`, `recv`, `send_barrier`,
 `fetch_barrier`, `checkpoint_notify`, `prefetch`, `distributed_lookup_table`,
-`listen_and_serv`) and `save` into the kernel registry.
+`listen_and_serv`, `pserver_allreduce_sum`) and `save` into the kernel registry, by name:
+the module of a kernel is imported when a program first runs one of its ops
+(`register_lazily`), and `PServer`, `RpcClient`, ... below when first used. So a pserver
+never loads the trainer's client and kernels, nor a trainer the server: what a process
+imports stays resident for its whole run (issue 30, docs/runtime.md "Where a peak goes";
+`tests/test_rpc_lazy_imports.py`).
 
 | module | what |
 |---|---|
@@ -27,18 +32,60 @@ Importing this package registers the RPC kernels (`send`, `recv`, `send_barrier`
 
 from __future__ import annotations
 
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 from ops.rpc.engine import prefer_poller
 
 prefer_poller()  # PSTRANSPILE_GRPC_ENGINE, before anything below imports gRPC (it reads its engine once)
 
-from ops import kernels as _kernels  # noqa: F401  (the registry, and the local kernels first)
-from ops.rpc import kernels, listen_and_serv, prefetch, reduce, table_io  # noqa: F401  (registers)
-from ops.rpc.client import PrefetchRequest, RpcClient, RpcStats, close_clients, get_client
-from ops.rpc.errors import PserverError, RpcError
-from ops.rpc.server import PServer, ServeConfig
-from ops.rpc.wire import WireError, WireVar, decode_var, encode_var
+from ops import kernels as _kernels  # noqa: E402  (the registry, and the local kernels first)
+from ops.rpc.errors import PserverError, RpcError  # noqa: E402
+from ops.rpc.wire import WireError, WireVar, decode_var, encode_var  # noqa: E402
+
+# module -> the op types it registers when imported (`tests/test_rpc_lazy_imports.py` checks them)
+KERNEL_MODULES: dict[str, tuple[str, ...]] = {
+    "ops.rpc.kernels": ("send", "recv", "send_barrier", "fetch_barrier", "checkpoint_notify"),
+    "ops.rpc.prefetch": ("prefetch", "distributed_lookup_table"),
+    "ops.rpc.listen_and_serv": ("listen_and_serv",),
+    "ops.rpc.reduce": ("pserver_allreduce_sum",),
+    "ops.rpc.table_io": ("save",),
+}
+for _module, _op_types in KERNEL_MODULES.items():
+    _kernels.register_lazily(_module, _op_types)
+
+# name -> the module that defines it, imported at first use (PEP 562)
+_LAZY_NAMES = {
+    "PrefetchRequest": "ops.rpc.client",
+    "RpcClient": "ops.rpc.client",
+    "RpcStats": "ops.rpc.client",
+    "close_clients": "ops.rpc.client",
+    "get_client": "ops.rpc.client",
+    "PServer": "ops.rpc.server",
+    "ServeConfig": "ops.rpc.server",
+}
+
+if TYPE_CHECKING:
+    from ops.rpc.client import PrefetchRequest, RpcClient, RpcStats, close_clients, get_client
+    from ops.rpc.server import PServer, ServeConfig
+
+
+def __getattr__(name: str) -> Any:
+    """A name of `_LAZY_NAMES`, or a submodule not imported yet (`ops.rpc.server` after a
+    bare `import ops.rpc`, as when this package imported them all)."""
+    module = _LAZY_NAMES.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    if name.isidentifier() and (Path(__file__).parent / f"{name}.py").is_file():
+        return importlib.import_module(f"{__name__}.{name}")  # binds itself as this package's attribute
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
+    "KERNEL_MODULES",
     "PServer",
     "PrefetchRequest",
     "PserverError",

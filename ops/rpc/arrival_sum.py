@@ -44,7 +44,7 @@ import numpy as np
 from ops.heap import ARRIVAL_SUM_MIN_BYTES
 
 MIN_BYTES = ARRIVAL_SUM_MIN_BYTES  # a grad smaller than this keeps its `sum` op (`ops.heap`)
-CHUNK_BYTES = 2 << 20  # bytes received, then added, at a time: measured, docs/runtime.md "Summed on arrival"
+CHUNK_BYTES = 512 << 10  # bytes received, then added, at a time: measured, docs/runtime.md "Summed on arrival"
 
 NONE, RECEIVING, HELD, DONE = "none", "receiving", "held", "done"
 BASE, ADD, HOLD = "base", "add", "hold"  # how an arrival writes: into the accumulator, added to it, kept aside

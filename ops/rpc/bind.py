@@ -21,8 +21,11 @@ def check_bindable(where: str, *, who: str) -> None:
     port = int(port_text)
     if port == 0:
         return  # any free port
+    # An ASCII name as bytes: a str goes through the `idna` codec, whose import (with
+    # `stringprep` and `unicodedata`) would stay resident in the pserver (0.3 MB).
+    name = (host.encode("ascii") if host.isascii() else host) if host else None
     try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise BindError(f"{who}: cannot listen on {where}: host {host!r} does not resolve ({exc.strerror})") from None
     for family, kind, proto, _, address in infos:

@@ -71,9 +71,7 @@ import json
 import math
 import os
 import re
-import shutil
 import struct
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -380,6 +378,9 @@ class Checkpointer:
         earlier, interrupted save of that step is replaced; a complete checkpoint is
         left as it is. `info` (the pserver's mode and the updates it had applied) is
         recorded in PART.json as `state`."""
+        import shutil
+        import tempfile
+
         step = step_of(name)
         if step is None:
             raise CheckpointPathError(f"checkpoint name {name!r} is not ckpt-<step>")
@@ -553,6 +554,8 @@ class Checkpointer:
         incomplete ones newer than that, only the `INCOMPLETE_KEEP` written last are kept
         (and step `protect`, the part just written): notices of steps no other pserver
         saves, or trainer 0 never commits, cannot fill the disk."""
+        import shutil
+
         found = sorted(((s, p) for p in self.root.iterdir() if (s := step_of(p.name)) is not None), reverse=True)
         complete = [s for s, p in found if (p / MANIFEST).is_file()]
         kept = set(complete[: self.keep])
@@ -609,6 +612,8 @@ def write_job_manifest(template: Path | str, name: str, parts: int, plan_text: s
     it, write `<job root>/name/MANIFEST.json` (every part's vars and `locations`) and
     `latest`, and keep the newest `keep` job manifests. Returns the job-level checkpoint
     folder."""
+    import shutil
+
     step = step_of(name)
     if step is None:
         raise CheckpointPathError(f"checkpoint name {name!r} is not ckpt-<step>")

@@ -17,16 +17,18 @@ import math
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ops.rpc.checkpoint import CheckpointReader
-from ops.rpc.client import RpcClient
 from ops.rpc.tensor_file import encode_tensor
 from ops.tensor import LoDTensor, SelectedRows
 from transpiler.errors import PsTranspilerError
 from transpiler.fileio import write_files
+
+if TYPE_CHECKING:  # `pull` is given a client; `write_vars` (a trainer's --save, a pserver's script) needs none
+    from ops.rpc.client import RpcClient
 
 
 class FetchError(PsTranspilerError):

@@ -173,6 +173,7 @@ def listen_and_serv(ctx: OpContext) -> None:
         run_in=lambda idx, own: ctx.run.run_block(idx, own, None),
     )
     ctx.run.skip_ops = server.skip_ops  # the `sum`s the server does on arrival (filled when it starts)
+    ctx.run.lend_scratch = server.lend_chunk_buffer  # its idle chunk buffers, to the optimize blocks' kernels
     peers = reduce.needs_peers(ctx.run.program)  # a cross-pserver sum in the blocks (ops.rpc.reduce)
     if peers is not None:
         server.peer_reduce = reduce.PeerReduce(config.endpoint, peers, config.timeout)

@@ -34,7 +34,11 @@ for one) refuses any mmap threshold above 32 MB; there the runtime sets that
 is still mapped fresh every step, as is a heap top of 2 GB or more freed at once (trimmed).
 
 The cost: a process's resident memory stays near its peak instead of shrinking between
-steps (at most the trim threshold above what it uses; the peak itself is unchanged). `mallopt` applies it from
+steps (at most the trim threshold above what it uses; the peak itself is unchanged). So
+`keep_freed_memory` first gives back what the heap holds free when it is called
+(`malloc_trim`): a pserver calls it once its startup program ran, after the imports, the
+transpile and the params' initialisation freed their temporaries, which would otherwise
+stay mapped in the peak (1.6 MB of the 64 MB pserver's, docs/runtime.md "Where a peak goes"). `mallopt` applies it from
 inside the process at any time, so it holds wherever the runtime runs (`launch`, Ray
 actors, `serve`, a script started by hand): `RpcClient` and `PServer` call `keep_freed_memory`.
 It does nothing where the user tuned malloc themselves (`MALLOC_MMAP_THRESHOLD_`,
@@ -91,6 +95,8 @@ def keep_freed_memory(environ: Mapping[str, str] | None = None) -> bool:
     with _lock:
         if _applied is None:
             _applied = choice == "keep" and not user_tuned(environ) and _mallopt()
+            if _applied:
+                _trim()
         return _applied
 
 
@@ -139,6 +145,17 @@ def fresh_pages_from(nbytes: int) -> Iterator[bool]:
         if lowered:
             with _lock:
                 _mallopt_one(_M_MMAP_THRESHOLD, kept)
+
+
+def _trim() -> None:
+    """Give the kernel the pages the heap holds free now, at the top and between chunks in
+    use: what loading modules, transpiling and a pserver's startup program freed before
+    the process was tuned. Kept mapped from here on, they would only count in its peak
+    (the steps reuse what the steps free). Once per process: a walk of the free chunks."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _mallopt_one(param: int, value: int) -> bool:

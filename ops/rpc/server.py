@@ -107,7 +107,6 @@ import enum
 import math
 import os
 import re
-import shutil
 import sys
 import threading
 import time
@@ -288,6 +287,8 @@ class PServer(OwnDirRpc):
         self._bulk_lock = threading.Lock()
         # Chunk buffers of sums on arrival not in use (`_chunk_buffer`): one per add at once, not one per connection.
         self._chunk_buffers: list[np.ndarray] = []
+        self.chunk_buffers_made = 0  # (tests: how many adds ran at once)
+        self._lending_to: int | None = None  # the thread running a sync round's optimize blocks
         # Sums on arrival (`ops.rpc.arrival_sum`), on once the channel opens: received var ->
         # its grad's sum, and the (block, op index) of the `sum` ops the executor skips then.
         self._sums: dict[str, Arrivals] = {}
@@ -527,12 +528,16 @@ class PServer(OwnDirRpc):
                 self.scope.set_var(name, self._zeros(name))
         if self._sum_list:
             self._complete_sums(step)
-        lr = self.config.lr_decay_block
-        if lr >= 0:
-            self._run(lr, "the lr-decay block", step)
-        for idx in self.config.optimize_blocks:
-            if idx != lr:
-                self._run(idx, f"optimize block {idx}", step)
+        self._lending_to = threading.get_ident()  # `lend_chunk_buffer`: to this thread's blocks only
+        try:
+            lr = self.config.lr_decay_block
+            if lr >= 0:
+                self._run(lr, "the lr-decay block", step)
+            for idx in self.config.optimize_blocks:
+                if idx != lr:
+                    self._run(idx, f"optimize block {idx}", step)
+        finally:
+            self._lending_to = None
         if self._sum_list:
             self._release_aliased_sums()
 
@@ -1060,8 +1065,9 @@ class PServer(OwnDirRpc):
                 bulk.recv_into(conn.sock, into, what)
                 done = size
             else:
-                buffer = self._chunk_buffer(chunk * arrivals.plan.dtype.itemsize)
-                scratch = buffer[:chunk * arrivals.plan.dtype.itemsize].view(arrivals.plan.dtype)
+                nbytes = min(chunk, size) * arrivals.plan.dtype.itemsize  # a grad under a chunk: its size
+                buffer = self._chunk_buffer(nbytes)
+                scratch = buffer[:nbytes].view(arrivals.plan.dtype)
                 failed = lambda: self._failure or (  # noqa: E731
                     f"pserver {self.config.endpoint} is shutting down" if self._stopping else None)
                 try:
@@ -1125,15 +1131,27 @@ class PServer(OwnDirRpc):
             arrivals.tear(arrivals.position[name], message)
         self._set_failure(f"pserver {self.config.endpoint}: {message}")
 
+    def lend_chunk_buffer(self, nbytes: int) -> np.ndarray | None:
+        """An idle chunk buffer of at least `nbytes` for a kernel of a sync round's optimize
+        blocks to compute a temporary in (`RunContext.lend_scratch`: sgd's `lr * Grad`
+        piece), or None. Only to the thread running those blocks, while it runs them: the
+        round's adds are over and the next round's have not begun, so no add takes the
+        buffer meanwhile (issue 30: the piece's 512 kB off the pserver's peak)."""
+        if self._lending_to != threading.get_ident():
+            return None  # a block run elsewhere (a prefetch, a checkpoint's save) or between rounds
+        with self._bulk_lock:
+            return next((found for found in self._chunk_buffers if found.nbytes >= nbytes), None)
+
     def _chunk_buffer(self, nbytes: int) -> np.ndarray:
         """A chunk buffer of at least `nbytes` for one add on arrival, the caller's until it
         gives it back to `_chunk_buffers`: the pserver keeps as many as adds ran at once
-        (one, with 2 trainers and one big grad), not one per connection (issue 30: 2 MB a
+        (one, with 2 trainers and one big grad), not one per connection (issue 30: a chunk a
         trainer on a pserver's peak)."""
         with self._bulk_lock:
             for i, found in enumerate(self._chunk_buffers):
                 if found.nbytes >= nbytes:
                     return self._chunk_buffers.pop(i)
+            self.chunk_buffers_made += 1
         return np.empty(nbytes, np.uint8)
 
     def _bulk_buffer(self, tid: int, var: bulk.VarHead, taken: list[tuple[tuple[int, str], np.ndarray]],
@@ -1446,6 +1464,8 @@ class PServer(OwnDirRpc):
                 self._table_saves.remove(path)
             self._table_saves.append(path)
             old, self._table_saves = self._table_saves[: -checkpointer.keep], self._table_saves[-checkpointer.keep:]
+        import shutil  # here: a pserver that never saves a table need not load it
+
         root = Path(os.path.realpath(checkpointer.root))
         for stale in old:
             shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() and not stale.is_symlink() else stale.unlink(missing_ok=True)

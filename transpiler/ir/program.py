@@ -638,6 +638,15 @@ def _without(mapping: dict, key: str) -> dict:
     return {k: v for k, v in mapping.items() if k != key}
 
 
+def var_bytes(var: Var) -> int:
+    """Bytes of a var's declared shape (0 for no shape or a -1 dimension)."""
+    if var.shape is None or var.dtype is None:
+        return 0
+    if any(int(d) < 0 for d in var.shape):
+        return 0
+    return math.prod(int(d) for d in var.shape) * DType(var.dtype).itemsize
+
+
 # ------------------------------------------------------------------------- Block
 
 

@@ -52,7 +52,8 @@ from typing import Any, TextIO
 import numpy as np
 
 from ops.executor import Executor
-from ops.kernels.transformer import BATCH_SHARD
+from ops.kernels import load_kernels
+from ops.kernels.context import BATCH_SHARD
 from ops.rpc.auth import Handshake, plan_fingerprint
 from ops.rpc.checkpoint import (
     DEFAULT_KEEP,
@@ -69,17 +70,15 @@ from ops.rpc.checkpoint import (
     warm_start_files,
 )
 from ops.rpc import own_dirs
-from ops.rpc.client import RpcClient  # importing ops.rpc registers the RPC kernels
-from ops.rpc.fetch import pull, write_vars
-from ops.rpc.malloc import arenas_for, bound_arenas, keep_freed_memory
-from ops.rpc.serve import serve_program
+from ops.rpc.fetch import pull, write_vars  # importing ops.rpc registers the RPC kernels
+from ops.rpc.malloc import arenas_for, bound_arenas, malloc_choice
 from ops.scope import Scope
 from ops.tensor import LoDTensor
 from transpiler.api import TranspileResult, transpile
 from transpiler.config import DistributeTranspilerConfig
-from transpiler.cost import var_bytes
 from transpiler.errors import PsTranspilerError
 from transpiler.ir import Program
+from transpiler.ir.program import var_bytes
 from transpiler.runtime.metrics import METRICS_ENV, MetricsWriter
 from transpiler.runtime.progress import Progress, Usage, format_progress, format_usage
 from transpiler.runtime.role import CHECKPOINT_DIR_ENV, CHECKPOINT_EVERY_ENV, PARTITIONER_ENV, RESTORE_ENV, RESTORE_IF_ANY_ENV, Role
@@ -127,8 +126,10 @@ class Session:
         if self.role.is_distributed:
             # Before this process starts a thread (a pserver's usage reports, the RPC threads):
             # a thread that got an arena of its own keeps it, and such an arena maps a big
-            # param's buffers fresh every step (ops.rpc.malloc).
-            keep_freed_memory()
+            # param's buffers fresh every step (ops.rpc.malloc). The thresholds come with the
+            # `PServer` or the `RpcClient`, which trim the heap then: what the transpile and a
+            # pserver's startup program freed is given back, not kept in the peak.
+            malloc_choice()  # a bad PSTRANSPILE_MALLOC fails here, before the transpile
             arenas = arenas_for(largest_param(main))
             if arenas is not None:
                 bound_arenas(count=arenas)
@@ -153,6 +154,8 @@ class Session:
         self.client = None
         env: dict[str, Any] = {}
         if self.role.is_trainer:
+            from ops.rpc.client import RpcClient  # here: a pserver never loads the client (ops/rpc/__init__.py)
+
             handshake = Handshake(self.role.trainer_id, self.role.trainers, self.sync_mode, self.plan_fingerprint)
             self.client = RpcClient(self.role.trainer_id, timeout=self.role.rpc_timeout, handshake=handshake)
             env["rpc"] = self.client
@@ -160,6 +163,12 @@ class Session:
             env[BATCH_SHARD] = (self.role.trainer_id, self.role.trainers)
         self.scope = Scope()
         self.executor = Executor(seed=seed, env=env, free_dead=True)  # temporaries dropped after their last read
+        # The code of every kernel this process will run, loaded before its startup program
+        # allocates the params (`load_kernels`: a family or an RPC module imported mid-step
+        # put its objects in the hole a freed weight left, and the trainer's next weight-sized
+        # array went to fresh memory: its 64 MB peak 128 -> 192 MB).
+        ran = self.result.pservers.get(self.role.current_endpoint, ()) if self.role.is_pserver else (self.program, self.startup_program)
+        load_kernels({op.type for program in ran for block in program.blocks for op in block.ops})
         checkpoint_dir, checkpoint_every, restore = launcher_checkpoint_options(checkpoint_dir, checkpoint_every, restore)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.checkpoint_every = max(0, int(checkpoint_every))
@@ -213,6 +222,8 @@ class Session:
             held = plan.by_endpoint().get(self.role.current_endpoint, [])
             print(f"pserver {self.role.current_endpoint}: {len(held)} partition(s) of {len({p.param for p, _ in held})} "
                   f"param(s), partitioner {plan.partitioner}", file=self.out or sys.stdout, flush=True)
+        from ops.rpc.serve import serve_program  # here: a trainer never loads the server (ops/rpc/__init__.py)
+
         self._finished = True
         done = self._report_usage()
         try:
