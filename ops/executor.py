@@ -230,6 +230,8 @@ class Executor:
             if released:
                 for name in op.output_names:
                     released.pop(name, None)
+            if liveness is not None and i in liveness.heir_slots:
+                _drop_unclaimed(memo, liveness.heir_slots[i])
             if dying:
                 self._free(prepared, liveness, i, op, scope, dying)
                 if liveness.released and dying & liveness.released:
@@ -275,17 +277,26 @@ class Executor:
             writer = heir or liveness.writers.get(name)
             if writer is None or type(value) is not LoDTensor:
                 continue
-            spares = prepared.steps[writer[0]][2].get(SPARES)
+            memo = prepared.steps[writer[0]][2]
             key = writer[1:]
-            # A released param's array takes the heir's slot even when it holds a spare:
-            # that one is then freed (the grad needs one buffer, not two).
-            if spares is None or key not in spares or (spares[key] is not None and heir is None):
+            # A released param's array takes the heir's slot even when it holds a spare
+            # (that one is then freed: the grad needs one buffer, not two), and even before
+            # the heir ever ran (the first step): else that step's grad is a new array,
+            # which malloc may place beside the freed param instead of in it (a peak of a
+            # whole param more, depending on what else the heap holds). The run drops it
+            # again if the heir's kernel does not take it (`_drop_unclaimed`).
+            spares = memo.setdefault(SPARES, {}) if heir is not None else memo.get(SPARES)
+            if spares is None or (heir is None and (key not in spares or spares[key] is not None)):
                 continue
             array = value.array
             del value
             # Only an array nothing else holds (a queued send's views keep it: dropped, it
-            # is freed when the send lets go, not kept past it as a spare).
-            if _references(array) == SOLE_LOCAL_REFERENCES:
+            # is freed when the send lets go, not kept past it as a spare). A released
+            # param's goes to its heir even while others hold it: an early receive's thread
+            # may still hold views of the array it just filled for a moment after the op
+            # went on. The heir's `output_buffer` counts the references again when it takes
+            # it, and the run drops it after the heir (`_drop_unclaimed`): kept a step at most.
+            if heir is not None or _references(array) == SOLE_LOCAL_REFERENCES:
                 spares[key] = array
 
     def _prepare(self, block: Block) -> _Prepared:
@@ -357,7 +368,7 @@ class Liveness:
     `released`: the params among them, dropped because a later op writes them whole
     (module docstring)."""
 
-    __slots__ = ("dying", "served", "signature", "writers", "released", "heirs")
+    __slots__ = ("dying", "served", "signature", "writers", "released", "heirs", "heir_slots")
 
     def __init__(self, block: Block, ops: tuple[Op, ...], signature: tuple[int, ...]) -> None:
         self.signature = signature
@@ -421,6 +432,7 @@ class Liveness:
                 heir = _heir(ops, name, i)
                 if heir is not None:
                     self.heirs[name] = heir
+        self.heir_slots: dict[int, tuple[str, int]] = {j: (slot, k) for j, slot, k in self.heirs.values()}
         self.dying: tuple[frozenset[str], ...] = tuple(frozenset(d) if d else EMPTY for d in dying)
 
 
@@ -433,6 +445,15 @@ SHAPE_ONLY_UNLESS = {"mul_grad": {"Y": "X@GRAD"}}
 
 # An op's output slot whose value has the shape and dtype of an input (the grad of it).
 GRAD_SLOTS = {"mul_grad": {"Y": "Y@GRAD"}}
+
+
+def _drop_unclaimed(memo: dict[str, Any], key: tuple[str, int]) -> None:
+    """After a heir op ran: a released param's array its kernel did not compute into (a
+    mixed-dtype `mul_grad`, say) is not kept as a spare past it, so the param's memory is
+    freed, not held until the next step."""
+    spares = memo.get(SPARES)
+    if spares and spares.get(key) is not None:
+        spares[key] = None
 
 
 def _heir(ops: tuple[Op, ...], name: str, released: int) -> tuple[int, str, int] | None:

@@ -324,6 +324,58 @@ def test_the_grad_is_computed_into_the_released_param_s_array(monkeypatch):
         assert scope.find_var("w").array.__array_interface__["data"][0] != address  # received into a new one
 
 
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_the_first_step_s_grad_takes_the_param_s_array_even_while_a_view_lingers(monkeypatch, dtype):
+    """From the first run on (the heir never ran before), and while something else still
+    holds a view of the released array when it is released (an early receive's thread, a
+    moment after it filled it): the grad is computed into it once the view is gone, so the
+    param's memory never depends on where malloc puts a new array (issue 30: the 64 MB
+    trainer peaked at 192 MB instead of 129 in some runs)."""
+    grad_ops = (MUL, ("mul_grad", {"X": ["x"], "Y": ["w"], "Out@GRAD": ["out"]}, {"X@GRAD": [], "Y@GRAD": ["w@GRAD"]},
+                      {"x_num_col_dims": 1, "y_num_col_dims": 1}))
+    program = tail(*grad_ops, dtype=dtype)
+    fake, scope, feed = _running(monkeypatch, dtype)
+    exe = Executor(free_dead=True)
+    for step in range(3):
+        fake.into = None
+        w = scope.find_var("w").array
+        address, want = w.__array_interface__["data"][0], feed["x"].T @ (feed["x"] @ w)
+        lingering = [w[:1]]  # released at `mul` with this view alive; gone before `mul_grad`
+        del w
+        mul_grad = executor_module.Executor._free
+
+        def free(prepared, liveness, index, op, scope, dying, real=mul_grad):
+            real(prepared, liveness, index, op, scope, dying)
+            lingering.clear()  # what held the view lets go after the release, before the heir
+
+        monkeypatch.setattr(executor_module.Executor, "_free", staticmethod(free))
+        (grad,) = exe.run(program, feed=feed, fetch_list=["w@GRAD"], scope=scope)
+        monkeypatch.setattr(executor_module.Executor, "_free", staticmethod(mul_grad))
+        assert grad.__array_interface__["data"][0] == address, f"step {step}: the grad is a new array"
+        np.testing.assert_array_equal(grad, want)
+
+
+def test_a_released_array_the_heir_cannot_take_is_not_kept_past_it(monkeypatch):
+    """A view that outlives the heir: the grad is a new array, the released one is not
+    kept as the heir's spare (it would hold a whole param until the next step), and its
+    values are untouched."""
+    grad_ops = (MUL, ("mul_grad", {"X": ["x"], "Y": ["w"], "Out@GRAD": ["out"]}, {"X@GRAD": [], "Y@GRAD": ["w@GRAD"]},
+                      {"x_num_col_dims": 1, "y_num_col_dims": 1}))
+    program = tail(*grad_ops)
+    fake, scope, feed = _running(monkeypatch)
+    exe = Executor(free_dead=True)
+    old = scope.find_var("w").array
+    kept = old.copy()
+    view = old[:1]
+    del old
+    (grad,) = exe.run(program, feed=feed, fetch_list=["w@GRAD"], scope=scope)
+    assert not np.shares_memory(grad, view)
+    np.testing.assert_array_equal(view, kept[:1])
+    block = program.global_block()
+    memo = exe._prepare(block).steps[1][2]
+    assert all(spare is None or not np.shares_memory(spare, view) for spare in memo.get("spares", {}).values())
+
+
 # ------------------------------------------------------------ the same bits
 
 
