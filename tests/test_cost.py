@@ -346,14 +346,25 @@ def test_sparse_block_rows_follow_the_id_distribution():
     assert hot.rpcs == cold.rpcs == 2  # a prefetch call per trainer
 
 
-def test_pserver_rpcs_are_one_send_and_one_fetch_batch_per_trainer():
+def test_pserver_rpcs_are_one_send_fetch_batch_per_trainer_in_sync_mode_two_in_async():
+    """A sync trainer sends each pserver ONE `SendFetchBatch` a step (its grads, the send
+    barrier, the params it fetches, the fetch barrier: `RpcClient.send_barrier(defer=True)`);
+    an async one a `SendBatch` and a `FetchBatch` (`cost.batch_rpcs`). Priced at `rpc_us`
+    each: three trainers, 3 RPCs a pserver in sync mode, 6 in async mode."""
     folder = PADDLE_PROGRAMS / "mlp_adam_2ps"
-    result = transpile(Program.load(folder / "main.pb"), Program.load(folder / "startup.pb"),
-                       pservers="127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", trainers=3, slice_var_up=False)
-    rows = plan_costs(result.plan)
-    for row in rows:
-        assert row.cost.rpcs == (6 if row.partitions else 0)
-        assert row.cost.vars == 6 * len(row.partitions)
+    for sync, calls in ((True, 3), (False, 6)):
+        result = transpile(Program.load(folder / "main.pb"), Program.load(folder / "startup.pb"),
+                           pservers="127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", trainers=3, slice_var_up=False,
+                           sync_mode=sync)
+        rows = plan_costs(result.plan)
+        for row in rows:
+            assert row.cost.rpcs == (calls if row.partitions else 0)
+            assert row.cost.vars == 6 * len(row.partitions)
+        rates = Rates(rpc_us=1000.0)
+        priced = plan_costs(result.plan, rates)
+        free = plan_costs(result.plan, dataclasses.replace(rates, rpc_us=0.0))
+        for row, base in zip(priced, free, strict=True):
+            assert row.time_us - base.time_us == pytest.approx(1000.0 * (calls if row.partitions else 0))
 
 
 def test_id_stats_uniform_and_residues():
@@ -530,8 +541,8 @@ def test_rates_without_a_later_field_keep_its_default(tmp_path, field, value, de
 
 
 def test_fixed_costs_per_rpc_var_and_block_add_up_per_pserver():
-    """Every pserver holding a partition takes a send batch and a fetch batch a trainer
-    (`rpc_us` each), a grad in and a param out per partition a trainer (`var_us`) and runs
+    """Every pserver holding a partition takes a `SendFetchBatch` a trainer (`rpc_us`
+    each: one RPC, sync), a grad in and a param out per partition a trainer (`var_us`) and runs
     each partition's block once a round (`block_us`): with zero per-byte and per-element
     rates the estimate is exactly those."""
     import types
@@ -544,8 +555,8 @@ def test_fixed_costs_per_rpc_var_and_block_add_up_per_pserver():
                                   endpoints=["a", "a", "b"])
     plan = types.SimpleNamespace(trainers=3, sync_mode=True, endpoints=["a", "b", "c"], params=[param], table=None)
     a, b, c = plan_costs(plan, rates)
-    assert a.time_us == pytest.approx(2 * 3 * 100 + 2 * (2 * 3 * 10 + 50))
-    assert b.time_us == pytest.approx(2 * 3 * 100 + 2 * 3 * 10 + 50)
+    assert a.time_us == pytest.approx(3 * 100 + 2 * (2 * 3 * 10 + 50))
+    assert b.time_us == pytest.approx(3 * 100 + 2 * 3 * 10 + 50)
     assert c.time_us == 0 and not c.partitions
 
 
@@ -589,15 +600,17 @@ def test_calibrate_dense_recovers_the_rates_of_a_pserver_that_costs_what_the_mod
     rates = Rates(bandwidth=3e9, rpc_us=300.0, var_us=0.0, block_us=50.0,
                   op_us={**DEFAULT_OP_US, SUM_ON_ARRIVAL: 0.0004, "sum": 0.002, "scale": 0.0003, "momentum": 0.001})
 
-    def modelled(main, startup, steps, warm=3, trainers=2, think=0.0):
+    def modelled(main, startup, steps, warm=3, trainers=2, think=0.0, blocks=1):
         result = transpile(main, startup, pservers=["127.0.0.1:1"], trainers=trainers)
-        return plan_costs(result.plan, rates)[0].time_us
+        return [plan_costs(result.plan, rates)[0].time_us] * blocks
 
-    monkeypatch.setattr(calibrate, "measure_sync_round", modelled)
+    monkeypatch.setattr(calibrate, "measure_sync_rounds", modelled)
     dense = calibrate.measure_dense(dict(rates.op_us), 0.0)
     assert dense["bandwidth"] == pytest.approx(3e9, rel=1e-9) and dense["bandwidths"] == [dense["bandwidth"]] * 3
-    # the tiny nets' own bytes and ops ride on the fixed figures: under 1%
+    # the tiny nets' own bytes and ops ride on the fixed figures: under 1%; rpc_us per call
+    # (a SendFetchBatch a trainer), each pserver's figure reported as the noise
     assert dense["block_us"] == pytest.approx(50.0, rel=0.01) and dense["rpc_us"] == pytest.approx(300.0, rel=0.01)
+    assert dense["rpc_us_each"] == pytest.approx([300.0] * 3, rel=0.01)
     # pservers that ran the `sum` op on the weights too would cost more: not that bandwidth
     monkeypatch.setattr("transpiler.cost.sums_on_arrival", lambda nbytes, job: False)
     assert calibrate.measure_dense(dict(rates.op_us), 0.0)["bandwidth"] < 0.9 * 3e9

@@ -40,7 +40,7 @@ def run(planner: PlanPartitioner, params, servers: int, trainers: int = 2):
 
 
 def loads(planner, params, placed, servers, trainers=2):
-    total = [2 * trainers * planner.rates.rpc_us] * servers  # the send and fetch batches, as the planner counts
+    total = [trainers * planner.rates.rpc_us] * servers  # a SendFetchBatch per trainer, as the planner counts
     for p in params:
         for part, server in zip(*placed[p.name], strict=True):
             total[server] += block_cost(p.optimizer, p.dtype, part.start_row, part.rows, part.cols, Job(trainers),

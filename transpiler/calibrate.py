@@ -56,7 +56,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from transpiler.cost import DEFAULT_OP_US, ID_BYTES, SUM_ON_ARRIVAL, Rates
+from transpiler.cost import DEFAULT_OP_US, ID_BYTES, SUM_ON_ARRIVAL, Job, Rates, batch_rpcs
 
 _SERVER = r"""
 import sys
@@ -75,6 +75,32 @@ server.stop(0)
 """
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+# Prepended to a calibration pserver's script: a thread that answers each line on stdin with
+# the process's CPU seconds (`time.process_time`: every thread's, ns resolution). /proc's
+# figure is in clock ticks (10 ms): a tiny round of 1.3 ms read over 100 rounds moved by a
+# tick, ±8%, and a wide net's 6 rounds of 15 ms by 11% (`bandwidth` 3.5 against 5.0 GB/s
+# in two calibrations a minute apart).
+_CPU_PROBE = r"""
+import sys as _sys, threading as _threading, time as _time
+def _answer():
+    while _sys.stdin.readline():
+        _sys.stdout.write(f"cpu {_time.process_time()!r}\n")
+        _sys.stdout.flush()
+_threading.Thread(target=_answer, daemon=True, name="cpu-probe").start()
+"""
+
+
+def _probe_cpu(child: subprocess.Popen) -> float:
+    """CPU seconds of a calibration pserver started with `_CPU_PROBE` (stdin and stdout pipes,
+    text mode): asked on its stdin, read from its stdout."""
+    child.stdin.write("\n")
+    child.stdin.flush()
+    line = child.stdout.readline()
+    if not line.startswith("cpu "):
+        raise RuntimeError(f"the calibration pserver answered {line.strip()!r} for its CPU")
+    return float(line.split()[1])
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -331,6 +357,7 @@ serve_program(pserver, pserver_startup, ready=lambda server: print(endpoint, flu
 # rows: 2x the most ids a grad draws from; small, so the async pserver's whole-table copies
 # (a fixed cost per send) stay a small part of the CPU whose slope per row is measured
 PSERVER_ROWS, PSERVER_WIDTH = 16_384, 64
+SYNC_TRAINERS = 2  # the trainers of the sync measurements
 
 
 def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: float, calls: int = 400,
@@ -343,8 +370,8 @@ def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: 
     from ops.rpc.client import RpcClient
     from ops.tensor import SelectedRows
 
-    child = subprocess.Popen([sys.executable, "-c", _PSERVER, str(ROOT), str(PSERVER_ROWS), str(width)],
-                             stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1",
+    child = subprocess.Popen([sys.executable, "-c", _CPU_PROBE + _PSERVER, str(ROOT), str(PSERVER_ROWS), str(width)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1",
                                                                      "OPENBLAS_NUM_THREADS": "1"})
     client = None
     try:
@@ -356,10 +383,10 @@ def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: 
         def cpu_per_call(call, count: int) -> float:
             for _ in range(max(3, count // 10)):
                 call()
-            cpu0 = _cpu_seconds(child.pid)
+            cpu0 = _probe_cpu(child)
             for _ in range(count):
                 call()
-            return (_cpu_seconds(child.pid) - cpu0) / count * 1e6
+            return (_probe_cpu(child) - cpu0) / count * 1e6
 
         get_us = cpu_per_call(lambda: client.get(endpoint, "learning_rate_0"), calls)
         small = np.full(2, 1e-3, np.float32)
@@ -412,8 +439,8 @@ def _sync_table_rounds(width: int, table_rows: int, trainers: int, sets, rounds:
 
     dense = {"ctr_fc.b@GRAD": (32,), "ctr_fc.w@GRAD": (3 * width, 32), "ctr_out.b@GRAD": (2,),
              "ctr_out.w@GRAD": (32, 2)}  # the CTR net: 3 lookups concatenated, fc 32, fc 2
-    child = subprocess.Popen([sys.executable, "-c", _PSERVER, str(ROOT), str(table_rows), str(width), "sync",
-                              str(trainers)], stdout=subprocess.PIPE, text=True,
+    child = subprocess.Popen([sys.executable, "-c", _CPU_PROBE + _PSERVER, str(ROOT), str(table_rows), str(width), "sync",
+                              str(trainers)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
     clients: list[Any] = []
     try:
@@ -450,9 +477,9 @@ def _sync_table_rounds(width: int, table_rows: int, trainers: int, sets, rounds:
             run(5)
             spent = []
             for _ in range(blocks):
-                cpu0 = _cpu_seconds(child.pid)
+                cpu0 = _probe_cpu(child)
                 run(rounds)
-                spent.append((_cpu_seconds(child.pid) - cpu0) / rounds * 1e6)
+                spent.append((_probe_cpu(child) - cpu0) / rounds * 1e6)
             figures.append(statistics.median(spent))
         for client in clients:
             client.complete([endpoint])
@@ -499,6 +526,46 @@ def measure_sync_sparse(merge_us: float, update_us: float, id_counts: tuple[int,
         print(f"sync pserver cpu us per grad row {raw} at widths {widths}, beyond merge and update {rest}: "
               f"{per_float:.5f} per float", file=sys.stderr)
     return {"wire_us": max(per_float, 0.0), "row_cpu_us": raw[1]}
+
+
+PREFETCH_COUNTS = (8, 1024)  # `measure_prefetch`: rows a trainer prefetches a round, few and many
+
+
+def measure_prefetch(width: int = PSERVER_WIDTH, counts: tuple[int, int] = PREFETCH_COUNTS, rounds: int = 30,
+                     repeats: int = 3, trainers: int = SYNC_TRAINERS, think: float = 0.0) -> dict[str, Any]:
+    """A real **sync** pserver (the CTR `local-table` program, `[16384, width]` fp32 +
+    Adagrad) driven as `trainers` prefetching trainers drive it (`_sync_table_rounds`: each
+    round a prefetch, the small dense grads and an 8-row `emb@GRAD`, the barriers), each
+    trainer prefetching `counts[0]` distinct rows a round, then `counts[1]`, then none,
+    `repeats` times over (interleaved: a drift of the machine's load falls on all three):
+    its CPU per prefetched row beyond the few (`row_us`: the ids in, the gather and the rows
+    out; the median of the repeats, `row_us_each` each one's) and per prefetch call
+    (`call_us`: the few against none, a check on `rpc_us`). `prefetch_bandwidth` = the
+    bytes of a row (`ID_BYTES` + `width` floats) over `row_us`."""
+    import numpy as np
+
+    from ops.tensor import SelectedRows
+
+    rng = np.random.default_rng(0)
+
+    def distinct(k: int):
+        return np.sort(rng.choice(PSERVER_ROWS, k, replace=False)).astype(np.int64)
+
+    sets = []
+    for _ in range(repeats):
+        for count in (counts[0], counts[1], None):
+            per_trainer = []
+            for _ in range(trainers):
+                grad = distinct(8)
+                per_trainer.append([(distinct(count) if count else None,
+                                     SelectedRows(grad, np.full((len(grad), width), 1e-4, np.float32), PSERVER_ROWS))])
+            sets.append(per_trainer)
+    figures = _sync_table_rounds(width, PSERVER_ROWS, trainers, sets, rounds, 1, think)
+    rows = [(figures[i + 1] - figures[i]) / (trainers * (counts[1] - counts[0])) for i in range(0, len(figures), 3)]
+    calls = [(figures[i] - figures[i + 2]) / trainers for i in range(0, len(figures), 3)]
+    row_us = max(statistics.median(rows), 1e-6)
+    return {"row_us": row_us, "call_us": statistics.median(calls), "row_us_each": rows,
+            "prefetch_bandwidth": (ID_BYTES + width * 4) / row_us * 1e6}
 
 
 def measure_sync_ids(id_sets, width: int = PSERVER_WIDTH, table_rows: int = PSERVER_ROWS, rounds: int = 40,
@@ -581,7 +648,6 @@ serve_program(Program.load(sys.argv[2]), Program.load(sys.argv[3]), endpoint=sys
               ready=lambda server: print("ready", flush=True), log=None, timeout=600.0)
 """
 
-SYNC_TRAINERS = 2
 
 
 def dense_programs(layers_count: int, width: int, in_width: int):
@@ -600,10 +666,19 @@ def dense_programs(layers_count: int, width: int, in_width: int):
 
 
 def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int = SYNC_TRAINERS,
-                       think: float = 0.0) -> float:
+                       think: float = 0.0, blocks: int = 1) -> float:
+    """A real sync pserver's CPU µs per step (one round) serving `main`'s params to
+    `trainers` trainers replaying their traffic: the median of `measure_sync_rounds`'
+    `blocks` blocks."""
+    return statistics.median(measure_sync_rounds(main, startup, steps, warm, trainers, think, blocks))
+
+
+def measure_sync_rounds(main, startup, steps: int, warm: int = 3, trainers: int = SYNC_TRAINERS,
+                        think: float = 0.0, blocks: int = 1) -> list[float]:
     """A real sync pserver's CPU µs per step (one round) serving `main`'s params to
     `trainers` trainers replaying their traffic (`transpiler.replay`, a thread each), the
-    pserver in a child process, its CPU from /proc over `steps` steps after `warm`."""
+    pserver in a child process, its CPU (`_CPU_PROBE`) read after `warm` steps and every
+    `steps // blocks` steps after: a figure per block of `steps // blocks` rounds."""
     import tempfile
 
     from ops.rpc.client import RpcClient
@@ -611,6 +686,8 @@ def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int =
     from transpiler.replay import replay
     from transpiler.runtime.launch import free_endpoints
 
+    per_block = max(steps // max(blocks, 1), 1)
+    marked = {warm + k * per_block for k in range(max(blocks, 1) + 1)}
     endpoint = free_endpoints(1)[0]
     programs = [transpile(main, startup, pservers=[endpoint], trainers=trainers, trainer_id=t, sync_mode=True)
                 for t in range(trainers)]
@@ -618,9 +695,9 @@ def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int =
     with tempfile.TemporaryDirectory() as tmp:
         Path(f"{tmp}/main.pb").write_bytes(pserver.to_bytes())
         Path(f"{tmp}/startup.pb").write_bytes(pserver_startup.to_bytes())
-        child = subprocess.Popen([sys.executable, "-c", _SYNC_PSERVER, str(ROOT), f"{tmp}/main.pb", f"{tmp}/startup.pb",
-                                  endpoint], stdout=subprocess.PIPE, text=True,
-                                 env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
+        child = subprocess.Popen([sys.executable, "-c", _CPU_PROBE + _SYNC_PSERVER, str(ROOT), f"{tmp}/main.pb",
+                                  f"{tmp}/startup.pb", endpoint], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True, env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
         clients = []
         try:
             if child.stdout.readline().strip() != "ready":
@@ -628,8 +705,8 @@ def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int =
             marks: dict[int, float] = {}
 
             def mark(step: int) -> None:
-                if step in (warm, warm + steps):
-                    marks[step] = _cpu_seconds(child.pid)
+                if step in marked:
+                    marks[step] = _probe_cpu(child)
                 if think:
                     time.sleep(think)
 
@@ -637,7 +714,7 @@ def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int =
                 time.sleep(think)
 
             def run(t: int) -> None:
-                replay(clients[t], programs[t].trainer, programs[t].trainer_startup, warm + steps,
+                replay(clients[t], programs[t].trainer, programs[t].trainer_startup, max(marked),
                        mark if t == 0 else (pause if think else None))
 
             clients = [RpcClient(t, timeout=120.0) for t in range(trainers)]
@@ -645,8 +722,8 @@ def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int =
             child.wait(timeout=60)
         finally:
             _stop(child, clients)
-    return (marks[warm + steps] - marks[warm]) / steps * 1e6
-
+    at = sorted(marked)
+    return [(marks[b] - marks[a]) / per_block * 1e6 for a, b in zip(at, at[1:])]
 
 
 def _each_trainer(trainers: int, work: Callable[[int], None]) -> None:
@@ -672,6 +749,8 @@ def _stop(child: subprocess.Popen, clients: Sequence[Any]) -> None:
     """Close a measurement's clients and kill its pserver child if it is still running."""
     for client in clients:
         client.close()
+    if child.stdin is not None:
+        child.stdin.close()
     if child.poll() is None:
         child.kill()
         child.wait()
@@ -684,19 +763,21 @@ DENSE_LAYERS = 8  # `measure_dense`'s two wide nets: this many fc layers each
 DENSE_WIDTHS = (512, 1024)  # their widths: every weight (1 MB, 4 MB) summed on arrival, on the bulk channel
 
 
-def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRAINERS, small_steps: int = 100,
-                  big_steps: int = 6, many: int = 16, think: float = THINK, layers: int = DENSE_LAYERS,
-                  widths: tuple[int, int] = DENSE_WIDTHS, pairs: int = 3) -> dict[str, float]:
-    """A real sync pserver, `trainers` trainers (`measure_sync_round`): `rpc_us` = half a
+def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRAINERS, small_steps: int = 80,
+                  big_steps: int = 8, many: int = 16, think: float = THINK, layers: int = DENSE_LAYERS,
+                  widths: tuple[int, int] = DENSE_WIDTHS, pairs: int = 3, blocks: int = 4) -> dict[str, Any]:
+    """A real sync pserver, `trainers` trainers (`measure_sync_rounds`): `rpc_us` = a
     trainer's share of one round of a 1-layer tiny net (its 2 partitions' blocks and vars
-    taken off: each trainer sends a batch and fetches one), `block_us` = the extra CPU per
-    partition of a `many`-layer tiny net (its `2·trainers` vars taken off), `bandwidth` =
-    the slope between two nets of `layers` fc layers `widths[0]` and `widths[1]` wide
-    (the same partitions, so their blocks and RPCs cancel): the bytes the wider one adds (in
-    and out, every trainer) over the CPU it adds, less its ops at the `ops` rates (`scale`,
-    `momentum`, and the sums: a weight summed on arrival at `sum_on_arrival`, a bias by the
-    `sum` op); the tiny nets' rounds the median of `pairs` each, the slope the median of
-    `pairs` pairs measured back to back (one pair's slope moved 2x under load). Its weights are grads of 256 kB or more, so the pserver takes them as it
+    taken off: each trainer sends one `SendFetchBatch`, `cost.batch_rpcs`), `block_us` =
+    the extra CPU per partition of a `many`-layer tiny net (its `2·trainers` vars taken
+    off), `bandwidth` = the slope between two nets of `layers` fc layers `widths[0]` and
+    `widths[1]` wide (the same partitions, so their blocks and RPCs cancel): the bytes the
+    wider one adds (in and out, every trainer) over the CPU it adds, less its ops at the
+    `ops` rates (`scale`, `momentum`, and the sums: a weight summed on arrival at
+    `sum_on_arrival`, a bias by the `sum` op); the tiny nets' rounds the median of `pairs`
+    pservers' `blocks` blocks each (`rpc_us_each`: each pserver's own figure, the noise),
+    the slope the median of `pairs` pairs measured back to back (one pair's slope moved 2x
+    under load). Its weights are grads of 256 kB or more, so the pserver takes them as it
     takes a real model's big grads: on the bulk channel, summed on arrival (one wide layer
     instead, whose ops run out of cache at 2-5x their measured rate, priced the bytes at
     half their speed: 1.4 against ~3 GB/s, the dense estimates 1.4-1.6x their measured
@@ -707,16 +788,22 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
 
     if min(widths) ** 2 * 4 < ARRIVAL_SUM_BYTES:
         raise ValueError(f"measure_dense: widths {widths} give weights below the {ARRIVAL_SUM_BYTES} bytes summed on arrival")
-    # The fixed costs, the median of `pairs` rounds each: one tiny round read 2,200 µs in one
-    # quiet calibration and 3,800 in the next (rpc_us 493 against 893, the MLP's estimate
-    # 1.15x against 1.94x its measured CPU), a pserver woken from idle at the wrong moment.
-    tiny = statistics.median(measure_sync_round(*dense_programs(1, 4, 4), small_steps, think=think)
-                             for _ in range(pairs))
-    wide = statistics.median(measure_sync_round(*dense_programs(many, 4, 4), small_steps // 2, think=think)
-                             for _ in range(pairs))
+    # The fixed costs, the median of `pairs` pservers' `blocks` blocks each: one tiny round
+    # read 2,200 µs in one quiet calibration and 3,800 in the next (rpc_us then 493 against
+    # 893 per half call, the MLP's estimate 1.15x against 1.94x its measured CPU), a pserver
+    # woken from idle at the wrong moment; the spread of the pservers' medians is reported.
+    tiny_runs = [measure_sync_rounds(*dense_programs(1, 4, 4), small_steps, think=think, blocks=blocks)
+                 for _ in range(pairs)]
+    wide_runs = [measure_sync_rounds(*dense_programs(many, 4, 4), small_steps // 2, think=think, blocks=blocks)
+                 for _ in range(pairs)]
+    tiny = statistics.median(f for run in tiny_runs for f in run)
+    wide = statistics.median(f for run in wide_runs for f in run)
     per_partition = max((wide - tiny) / (2 * (many - 1)), 0.0)
     block_us = max(per_partition - 2 * trainers * var_us, 0.0)
-    rpc_us = max((tiny - 2 * per_partition) / (2 * trainers), 0.0)
+    # each trainer's one SendFetchBatch a round (`cost.batch_rpcs`), beside the 2 partitions' blocks
+    calls = batch_rpcs(Job(trainers, True))
+    rpc_us = max((tiny - 2 * per_partition) / calls, 0.0)
+    tiny_each = [max((statistics.median(run) - 2 * per_partition) / calls, 0.0) for run in tiny_runs]
     work, moved = [], []
     for width in widths:
         weights, biases = layers * width * width, layers * width
@@ -725,7 +812,8 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
         moved.append(2 * trainers * (weights + biases) * 4)
     slopes, narrow, broad = [], [], []
     for _ in range(pairs):  # back to back, under the same load: the median pair's slope
-        rounds = [measure_sync_round(*dense_programs(layers, width, width), big_steps, think=think) for width in widths]
+        rounds = [statistics.median(measure_sync_rounds(*dense_programs(layers, width, width), big_steps, think=think,
+                                                        blocks=2)) for width in widths]
         narrow.append(rounds[0])
         broad.append(rounds[1])
         spent = rounds[1] - rounds[0] - (work[1] - work[0])
@@ -735,7 +823,7 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
     rounds = [statistics.median(narrow), statistics.median(broad)]
     return {"rpc_us": rpc_us, "block_us": block_us, "bandwidth": bandwidth, "round_us": tiny,
             "per_partition_us": per_partition, "narrow_round_us": rounds[0], "big_round_us": rounds[1],
-            "bandwidths": slopes}
+            "bandwidths": slopes, "rpc_us_each": tiny_each}
 
 
 def calibrate(progress=None) -> Rates:
@@ -779,15 +867,23 @@ def calibrate(progress=None) -> Rates:
     synced = measure_sync_sparse(merge_us, ops["scale"] + ops["adagrad"])
     sync_sparse_bandwidth = 4 / synced["wire_us"] * 1e6 if synced["wire_us"] > 0 else echo_bandwidth
     say(f"  sparse rows {sync_sparse_bandwidth / 1e6:,.0f} MB/s ({synced['row_cpu_us']:.2f} us per 64-float grad row)")
+    say(f"a real sync pserver, {SYNC_TRAINERS} trainers prefetching: bytes/s of prefetched rows")
+    fetched = measure_prefetch(think=THINK)
+    say(f"  prefetched rows {fetched['prefetch_bandwidth'] / 1e6:,.0f} MB/s ({fetched['row_us']:.3f} us per "
+        f"{PSERVER_WIDTH}-float row; a prefetch call {fetched['call_us']:.0f} us)")
     say(f"a real sync pserver, {SYNC_TRAINERS} trainers replaying dense traffic: us per round, per block, dense bytes/s")
     dense = measure_dense(ops, real["var_us"])
     say(f"  rpc {dense['rpc_us']:.0f}, block {dense['block_us']:.1f}, {dense['bandwidth'] / 1e6:,.0f} MB/s "
         f"(rounds: tiny {dense['round_us']:.0f} us, +{dense['per_partition_us']:.0f} us per partition, "
         f"{DENSE_LAYERS} layers {DENSE_WIDTHS[0]} / {DENSE_WIDTHS[1]} wide {dense['narrow_round_us'] / 1e3:.1f} / "
-        f"{dense['big_round_us'] / 1e3:.1f} ms)")
+        f"{dense['big_round_us'] / 1e3:.1f} ms; noise: rpc per pserver "
+        f"{', '.join(f'{v:.0f}' for v in dense['rpc_us_each'])}, MB/s per pair "
+        f"{', '.join(f'{v / 1e6:,.0f}' for v in dense['bandwidths'])})")
     host = os.uname().nodename if hasattr(os, "uname") else "this machine"
     source = f"calibrate on {host}, {time.strftime('%Y-%m-%d')}, {time.perf_counter() - started:.0f}s"
     return Rates(bandwidth=dense["bandwidth"], rpc_us=dense["rpc_us"], op_us=ops, row_us=row_us,
                  var_us=real["var_us"], block_us=dense["block_us"], id_us=id_us, copy_us=copy_us,
                  merge_us=merge_us, fault_us=block["fault_us"], source=source, sparse_bandwidth=sparse_bandwidth,
-                 update_row_us=update_row_us, sync_sparse_bandwidth=sync_sparse_bandwidth)
+                 update_row_us=update_row_us, sync_sparse_bandwidth=sync_sparse_bandwidth,
+                 prefetch_bandwidth=fetched["prefetch_bandwidth"],
+                 noise={"rpc_us": dense["rpc_us_each"], "bandwidth": dense["bandwidths"]})

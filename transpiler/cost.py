@@ -72,7 +72,12 @@ ID_BYTES = 8  # an int64 row id on the wire
 # updated in place): the median of 11 runs on the shared 2-core VM, 2026-11-27, load average
 # 0.2-0.7 (424-895 MB/s): near the async figure (440), not the dense `bandwidth` (1,570)
 SYNC_SPARSE_BANDWIDTH = 5.6e8
-RATES_SCHEMA = "pstranspile.rates/1"
+PREFETCH_BANDWIDTH = 1.6e9  # PROVISIONAL
+RATES_SCHEMA = "pstranspile.rates/2"
+# The first schema counted a sync step's one `SendFetchBatch` per trainer as two RPCs (a send
+# batch and a fetch batch, as trainers sent them before the deferred send barrier): its
+# `rpc_us` is half a call. `load_rates` reads such a file with `rpc_us` doubled.
+RATES_SCHEMA_V1 = "pstranspile.rates/1"
 # Optimizers whose kernel, on a SelectedRows grad of rows it updates alone, copies the whole
 # param and every sliced state before writing the rows (ops/kernels/optimizers.py): such an
 # update costs `(1 + sliced) · n · copy_us` per run however few rows it touches. (`sgd`
@@ -139,7 +144,7 @@ class Rates:
     # the median of 5 calibrations at load average 11-18, 2026-11-27 (2.5-5.3e9); the one
     # wide layer measured before gave 1.33-1.96e9, its out-of-cache Momentum charged to the bytes
     bandwidth: float = 2.8e9
-    rpc_us: float = 385.0  # a real sync pserver's CPU per batch a trainer sends or fetches a round (267-473)
+    rpc_us: float = 700.0  # PROVISIONAL
     op_us: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_US))
     row_us: float = 0.053  # per sparse grad row the pserver's block merges (a lookup; 0.029-0.18)
     var_us: float = 0.0  # one more var in a request (8 grads in one SendBatch: 0 in 10 runs)
@@ -161,6 +166,14 @@ class Rates:
     # per byte of sparse rows beyond the merge and the update, measured on a sync pserver
     # driven a round at a time (`calibrate.measure_sync_sparse`)
     sync_sparse_bandwidth: float = SYNC_SPARSE_BANDWIDTH
+    # a prefetch's ids in and rows out, beside its call (`rpc_us`): the pserver's CPU per
+    # byte (`calibrate.measure_prefetch`: a real sync pserver prefetched from 2,048 rows
+    # against 8 a round, 64 floats wide); a gather and one reply, cheaper per byte than a
+    # grad's rows, which are decoded, merged and written
+    prefetch_bandwidth: float = PREFETCH_BANDWIDTH
+    # what calibrate measured of its own noise (`pstranspile calibrate`: each repeat's figure
+    # of the rates it takes a median of), for the report; not used by the model
+    noise: Mapping[str, Sequence[float]] = field(default_factory=dict)
 
     def op(self, op_type: str, dtype: DType | None = None) -> float:
         """µs per element of `op_type` on `dtype` (float32 when None; float64 has its own
@@ -190,6 +203,7 @@ class Rates:
                       "fault_us": "us more per element copied over the mmap threshold",
                       "sparse_bandwidth": "bytes/s of sparse rows (grads in, prefetched rows out), async pserver",
                       "sync_sparse_bandwidth": "bytes/s of sparse rows on a sync pserver",
+                      "prefetch_bandwidth": "bytes/s of a prefetch's ids in and rows out",
                       "update_row_us": "us per distinct row a sparse update writes"},
             "bandwidth": self.bandwidth,
             "rpc_us": self.rpc_us,
@@ -202,8 +216,10 @@ class Rates:
             "fault_us": self.fault_us,
             "sparse_bandwidth": self.sparse_bandwidth,
             "sync_sparse_bandwidth": self.sync_sparse_bandwidth,
+            "prefetch_bandwidth": self.prefetch_bandwidth,
             "update_row_us": self.update_row_us,
             "op_us": dict(sorted(self.op_us.items())),
+            "noise": {k: [float(v) for v in values] for k, values in sorted(self.noise.items())},
         }
 
 
@@ -216,21 +232,24 @@ def load_rates(path: str | Path | None) -> Rates:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise TranspileError(f"rates {path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
-    if not isinstance(data, dict) or data.get("schema") != RATES_SCHEMA:
+    if not isinstance(data, dict) or data.get("schema") not in (RATES_SCHEMA, RATES_SCHEMA_V1):
         raise TranspileError(f"rates {path}: not a `pstranspile calibrate` file (schema {RATES_SCHEMA})")
+    per_call = 2.0 if data.get("schema") == RATES_SCHEMA_V1 else 1.0  # a /1 file's rpc_us is half a call
     try:
         ops = dict(DEFAULT_OP_US)
         ops.update({str(k): float(v) for k, v in data.get("op_us", {}).items()})
-        rates = Rates(float(data["bandwidth"]), float(data["rpc_us"]), ops, float(data.get("row_us", Rates.row_us)),
+        rates = Rates(float(data["bandwidth"]), per_call * float(data["rpc_us"]), ops, float(data.get("row_us", Rates.row_us)),
                       float(data.get("var_us", Rates.var_us)), float(data.get("block_us", Rates.block_us)),
                       float(data.get("id_us", Rates.id_us)), float(data.get("copy_us", Rates.copy_us)),
                       float(data.get("merge_us", Rates.merge_us)), float(data.get("fault_us", Rates.fault_us)),
                       str(path), float(data.get("sparse_bandwidth", Rates.sparse_bandwidth)),
                       float(data.get("update_row_us", Rates.update_row_us)),
-                      float(data.get("sync_sparse_bandwidth", Rates.sync_sparse_bandwidth)))
+                      float(data.get("sync_sparse_bandwidth", Rates.sync_sparse_bandwidth)),
+                      float(data.get("prefetch_bandwidth", Rates.prefetch_bandwidth)),
+                      {str(k): tuple(float(x) for x in v) for k, v in data.get("noise", {}).items()})
     except (KeyError, TypeError, ValueError) as exc:
         raise TranspileError(f"rates {path}: bad field ({exc})") from None
-    if rates.bandwidth <= 0 or min(rates.sparse_bandwidth, rates.sync_sparse_bandwidth) <= 0 or min(rates.rpc_us, rates.row_us, rates.var_us, rates.block_us, rates.id_us,
+    if rates.bandwidth <= 0 or min(rates.sparse_bandwidth, rates.sync_sparse_bandwidth, rates.prefetch_bandwidth) <= 0 or min(rates.rpc_us, rates.row_us, rates.var_us, rates.block_us, rates.id_us,
                                    rates.copy_us, rates.merge_us, rates.fault_us, rates.update_row_us) < 0 or any(v < 0 for v in ops.values()):
         raise TranspileError(f"rates {path}: rates must be positive")
     return rates
@@ -351,7 +370,8 @@ class Cost:
     lookups: float = 0.0  # ids looked up (or sent as grad rows) per step
     rows: float = 0.0  # distinct rows touched per step
     sparse_bytes: float = 0.0  # of bytes_in + bytes_out: sparse grad rows, ids and prefetched rows
-    async_sparse_bytes: float = 0.0  # of sparse_bytes: an async job's (priced at `sparse_bandwidth`)
+    async_sparse_bytes: float = 0.0  # of sparse_bytes: an async job's grad rows (priced at `sparse_bandwidth`)
+    prefetch_bytes: float = 0.0  # of sparse_bytes: prefetches' ids in and rows out (`prefetch_bandwidth`)
 
     def add(self, other: Cost) -> None:
         for kind, value in other.memory.items():
@@ -365,6 +385,7 @@ class Cost:
         self.rows += other.rows
         self.sparse_bytes += other.sparse_bytes
         self.async_sparse_bytes += other.async_sparse_bytes
+        self.prefetch_bytes += other.prefetch_bytes
 
     @property
     def memory_bytes(self) -> int:
@@ -372,9 +393,10 @@ class Cost:
 
     def time_us(self, rates: Rates) -> float:
         dense = self.bytes_in + self.bytes_out - self.sparse_bytes
-        synced = self.sparse_bytes - self.async_sparse_bytes
+        synced = self.sparse_bytes - self.async_sparse_bytes - self.prefetch_bytes
         return (self.compute_us + dense / rates.bandwidth * 1e6 + synced / rates.sync_sparse_bandwidth * 1e6
                 + self.async_sparse_bytes / rates.sparse_bandwidth * 1e6
+                + self.prefetch_bytes / rates.prefetch_bandwidth * 1e6
                 + self.rpcs * rates.rpc_us + self.vars * rates.var_us)
 
 
@@ -388,6 +410,15 @@ class Job:
     @property
     def per_trainer_grads(self) -> bool:
         return self.sync_mode and self.trainers > 1
+
+
+def batch_rpcs(job: Job) -> int:
+    """The RPCs a pserver holding a partition takes per step for the trainers' grads and
+    params, beside any prefetch: in sync mode one `SendFetchBatch` per trainer (its grads,
+    the send barrier, the params it fetches and the fetch barrier: `RpcClient.send_barrier(
+    defer=True)`, what the kernels and `transpiler.replay` do), in async mode a `SendBatch`
+    and a `FetchBatch` per trainer."""
+    return job.trainers if job.sync_mode else 2 * job.trainers
 
 
 def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: int, job: Job, rates: Rates, *,
@@ -424,7 +455,8 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
         else:
             cost.bytes_out = t * n * size
         cost.sparse_bytes = cost.bytes_in + (cost.bytes_out if prefetch else 0.0)
-        cost.async_sparse_bytes = 0.0 if job.sync_mode else cost.sparse_bytes
+        cost.prefetch_bytes = t * touched_one * (ID_BYTES + cols * size) if prefetch else 0.0
+        cost.async_sparse_bytes = 0.0 if job.sync_mode else cost.sparse_bytes - cost.prefetch_bytes
         every = slots.updates_every_row((optimizer_attrs or {}).get) if optimizer_attrs is not None else slots.every_row
         updated = rows if every else (touched_all if job.sync_mode else touched_one * t)
         merge_rows = grad_rows
@@ -472,7 +504,8 @@ def table_shard_cost(table, shard: int, job: Job, rates: Rates, ids: IdStats | N
     cost.bytes_in = t * one * ID_BYTES + t * sent * (width * size + ID_BYTES)
     cost.bytes_out = t * one * width * size
     cost.sparse_bytes = cost.bytes_in + cost.bytes_out
-    cost.async_sparse_bytes = 0.0 if job.sync_mode else cost.sparse_bytes
+    cost.prefetch_bytes = t * one * (ID_BYTES + width * size)  # the ids asked for, the rows sent
+    cost.async_sparse_bytes = 0.0 if job.sync_mode else cost.sparse_bytes - cost.prefetch_bytes
     cost.rpcs = t  # the prefetch (the grads travel in the batches)
     cost.vars = 2 * t
     cost.compute_us = (sent * t * (rates.row_us + width * rates.merge_us)
@@ -538,8 +571,8 @@ def plan_costs(plan, rates: Rates | None = None, ids: Mapping[str, IdStats] | No
             out[endpoint].cost.add(table_shard_cost(plan.table, shard, job, rates, ids.get(plan.table.table)))
             out[endpoint].partitions.append(f"{plan.table.table} shard {shard}")
     for row in out.values():
-        if row.partitions:  # a send batch and a fetch batch per trainer (sync: with the barriers)
-            row.cost.rpcs += 2 * job.trainers
+        if row.partitions:  # each trainer's batches (sync: one SendFetchBatch with the barriers)
+            row.cost.rpcs += batch_rpcs(job)
     for row in out.values():
         row.time_us = row.cost.time_us(rates)
     return list(out.values())
