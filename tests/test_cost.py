@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from transpiler.api import transpile
 from transpiler.cost import (
     DEFAULT_OP_US, MEMORY_KINDS, SUM_ON_ARRIVAL, Cost, IdStats, Job, Rates, block_cost, declared_memory, load_rates,
     parse_bytes, plan_costs, sums_on_arrival,
-    SYNC_SPARSE_BANDWIDTH, read_id_sample, var_bytes,
+    PREFETCH_BANDWIDTH, SYNC_SPARSE_BANDWIDTH, read_id_sample, var_bytes,
 )
 from transpiler.errors import TranspileError
 from transpiler.ir import Program
@@ -523,6 +524,7 @@ def test_sparse_bytes_of_a_sync_job_go_at_the_sync_rate_an_async_job_at_sparse_b
 @pytest.mark.parametrize("field, value, default, bad", [
     ("sync_sparse_bandwidth", 7e8, SYNC_SPARSE_BANDWIDTH, -1),
     ("sparse_bandwidth", 3e8, Rates.sparse_bandwidth, 0),
+    ("prefetch_bandwidth", 9e8, PREFETCH_BANDWIDTH, 0),
 ])
 def test_rates_without_a_later_field_keep_its_default(tmp_path, field, value, default, bad):
     """A rates file from before a field existed loads with the field's default; a bad
@@ -665,3 +667,111 @@ def test_float64_ops_have_their_own_rates():
     two = block_cost("adagrad", DType.FP64, 0, 1000, 8, Job(2, False), copies, sparse=True, ids=stats)
     assert two.compute_us == pytest.approx(2 * one.compute_us) == pytest.approx(2 * 2 * 2 * 8000 * 0.001)
     assert block_cost("adagrad", DType.FP64, 0, 1000, 8, Job(2), copies, sparse=True, ids=stats).compute_us == 0.0
+
+
+def test_prefetched_rows_go_at_the_prefetch_rate_grad_rows_at_the_sparse_rate():
+    """A prefetch's ids in and rows out (`Cost.prefetch_bytes`) are priced at
+    `prefetch_bandwidth`, the grad rows at `sync_sparse_bandwidth` (sync) or
+    `sparse_bandwidth` (async), the call itself at `rpc_us`: hand-worked figures for a
+    prefetched row block and for a distributed table's shard, sync and async."""
+    from transpiler.cost import mod_shard_cost
+
+    rates = Rates(bandwidth=1e12, sparse_bandwidth=1e8, sync_sparse_bandwidth=4e8, prefetch_bandwidth=2e9,
+                  rpc_us=500.0, op_us={"sum": 0.0, "scale": 0.0, "sgd": 0.0}, row_us=0.0, var_us=0.0, block_us=0.0,
+                  id_us=0.0, merge_us=0.0, update_row_us=0.0, copy_us=0.0)
+    stats = IdStats.uniform_rows(100, 100)  # every trainer looks up each row once a step, on average
+    touched = 100 * -math.expm1(100 * math.log1p(-1 / 100))  # distinct rows a trainer's step asks for
+    grads = 2 * 100 * (8 * 4 + 8)  # 2 trainers' grad rows (a row per lookup) and their ids
+    fetched = 2 * touched * (8 + 8 * 4)  # 2 trainers' ids asked for and rows sent
+    for sync, grad_rate in ((True, 4e8), (False, 1e8)):
+        cost = block_cost("sgd", DType.FP32, 0, 100, 8, Job(2, sync), rates, sparse=True, prefetch=True, ids=stats)
+        assert cost.prefetch_bytes == pytest.approx(fetched)
+        assert cost.sparse_bytes == pytest.approx(grads + fetched)
+        assert cost.async_sparse_bytes == pytest.approx(0.0 if sync else grads)
+        assert cost.rpcs == 2  # a prefetch call a trainer (the batches are the pserver's, in plan_costs)
+        assert cost.time_us(rates) == pytest.approx(grads / grad_rate * 1e6 + fetched / 2e9 * 1e6 + 2 * 500.0)
+        shard = mod_shard_cost("sgd", DType.FP32, (100, 8), 0, 1, Job(2, sync), rates, stats)
+        assert shard.prefetch_bytes == pytest.approx(fetched)
+        assert shard.time_us(rates) == pytest.approx(grads / grad_rate * 1e6 + fetched / 2e9 * 1e6 + 2 * 500.0)
+    # added up, each part keeps its rate
+    total = Cost()
+    for sync in (True, False):
+        total.add(block_cost("sgd", DType.FP32, 0, 100, 8, Job(2, sync), rates, sparse=True, prefetch=True, ids=stats))
+    assert total.time_us(rates) == pytest.approx(grads / 4e8 * 1e6 + grads / 1e8 * 1e6 + 2 * fetched / 2e9 * 1e6
+                                                 + 4 * 500.0)
+
+
+def test_rates_of_the_first_schema_count_rpc_us_per_half_call(tmp_path):
+    """A `pstranspile.rates/1` file priced a sync step's one `SendFetchBatch` a trainer as
+    two RPCs: it loads with `rpc_us` doubled, a `/2` file as written, anything else refused."""
+    data = Rates(rpc_us=350.0, source="x").to_json()
+    assert data["schema"] == "pstranspile.rates/2"
+    (tmp_path / "v2.json").write_text(json.dumps(data))
+    (tmp_path / "v1.json").write_text(json.dumps(data | {"schema": "pstranspile.rates/1"}))
+    (tmp_path / "v9.json").write_text(json.dumps(data | {"schema": "pstranspile.rates/9"}))
+    assert load_rates(tmp_path / "v2.json").rpc_us == 350.0
+    assert load_rates(tmp_path / "v1.json").rpc_us == 700.0
+    with pytest.raises(TranspileError, match="not a `pstranspile calibrate` file"):
+        load_rates(tmp_path / "v9.json")
+
+
+def test_rates_keep_calibrate_noise_figures(tmp_path):
+    """`Rates.noise` (what calibrate measured of its own spread) goes to the file and back;
+    the model does not read it."""
+    rates = Rates(noise={"rpc_us": (600.0, 650.0, 700.0), "bandwidth": (3e9, 4e9)}, source="x")
+    (tmp_path / "r.json").write_text(json.dumps(rates.to_json()))
+    back = load_rates(tmp_path / "r.json")
+    assert back.noise == {"bandwidth": (3e9, 4e9), "rpc_us": (600.0, 650.0, 700.0)}
+    assert Rates().noise == {} and Rates().to_json()["noise"] == {}
+
+
+def test_calibrate_dense_takes_the_median_block_past_an_outlier(monkeypatch):
+    """`measure_dense`'s fixed figures are the median over every block of every pserver:
+    a tiny-net pserver woken at the wrong moment (one block at 2.5x, as X2's 3,800 against
+    2,000 µs; one whole pserver at 1.5x) moves neither `rpc_us` nor `block_us` by more than
+    a percent, and each pserver's own `rpc_us` shows the spread."""
+    from transpiler import calibrate
+
+    rates = Rates(bandwidth=3e9, rpc_us=600.0, var_us=0.0, block_us=50.0,
+                  op_us={**DEFAULT_OP_US, SUM_ON_ARRIVAL: 0.0004, "sum": 0.002, "scale": 0.0003, "momentum": 0.001})
+    calls = {"tiny": 0}
+
+    def modelled(main, startup, steps, warm=3, trainers=2, think=0.0, blocks=1):
+        result = transpile(main, startup, pservers=["127.0.0.1:1"], trainers=trainers)
+        value = plan_costs(result.plan, rates)[0].time_us
+        if len(result.plan.params) == 2:  # the 1-layer tiny net
+            calls["tiny"] += 1
+            if calls["tiny"] == 1:
+                return [value, value, 2.5 * value, value][:blocks]
+            if calls["tiny"] == 3:
+                return [1.5 * value] * blocks
+        return [value] * blocks
+
+    monkeypatch.setattr(calibrate, "measure_sync_rounds", modelled)
+    dense = calibrate.measure_dense(dict(rates.op_us), 0.0)
+    assert calls["tiny"] == 3
+    assert dense["rpc_us"] == pytest.approx(600.0, rel=0.01) and dense["block_us"] == pytest.approx(50.0, rel=0.01)
+    each = dense["rpc_us_each"]
+    assert each[0] == pytest.approx(600.0, rel=0.01) and each[2] > 1.5 * 600.0
+
+
+def test_calibrate_sync_rounds_are_read_per_block_by_the_pservers_own_clock():
+    """`measure_sync_rounds` reads the pserver's CPU through its probe (`process_time`, not
+    /proc's 10 ms ticks) after the warm-up and after each block: `blocks` figures, each a
+    real round's CPU (a 1-layer net: above 0, under 50 ms), not multiples of a tick."""
+    from transpiler.calibrate import dense_programs, measure_sync_rounds
+
+    figures = measure_sync_rounds(*dense_programs(1, 4, 4), steps=20, warm=2, blocks=2)
+    assert len(figures) == 2 and all(0 < f < 50_000 for f in figures)
+    tick = 1e6 / os.sysconf("SC_CLK_TCK") / 10  # µs of a tick spread over a block's 10 rounds
+    assert any(abs(f / tick - round(f / tick)) > 1e-6 for f in figures)
+
+
+def test_calibrate_measures_prefetched_rows_on_a_real_sync_pserver():
+    """`measure_prefetch` drives a real sync pserver as two prefetching trainers do: more
+    rows prefetched cost it more CPU, a rate in bytes/s follows from the per-row figure."""
+    from transpiler.calibrate import PSERVER_WIDTH, measure_prefetch
+
+    found = measure_prefetch(counts=(8, 512), rounds=8, repeats=1)
+    assert len(found["row_us_each"]) == 1 and found["row_us"] > 0
+    assert found["prefetch_bandwidth"] == pytest.approx((8 + PSERVER_WIDTH * 4) / found["row_us"] * 1e6)

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import PADDLE_PROGRAMS
 from transpiler.api import transpile
-from transpiler.cost import Job, Rates, block_cost, declared_memory, mod_shard_cost, plan_costs
+from transpiler.cost import Job, Rates, batch_rpcs, block_cost, declared_memory, mod_shard_cost, plan_costs
 from transpiler.errors import TranspileError
 from transpiler.ir import Program
 from transpiler.ir.types import DType
@@ -670,7 +670,7 @@ def test_a_hot_first_table_on_shared_cores_gets_bands_of_equal_time():
     held = sorted(tight.loads)[-2:]
     assert held[1] / held[0] < 1.05  # the two bands' pservers near equal
     stats = tight._stats([table])
-    even = [2 * 2 * tight.rates.rpc_us] * 4
+    even = [batch_rpcs(Job(2)) * tight.rates.rpc_us] * 4  # a SendFetchBatch a trainer
     for server, part in enumerate(grid_partitions(table, (2, 1))):
         even[server] += tight.part_cost(table, part, Job(2), stats).time_us(tight.rates)
     assert sum(even) == pytest.approx(sum(tight.loads), rel=0.02) and max(tight.loads) < 0.9 * max(even)

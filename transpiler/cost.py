@@ -26,9 +26,10 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
   trainer merged it (`merged`: it sums several lookups' grads, Paddle's MergeAdd, as the
   CTR net's three slots do; `ParamPlan.merged_grad`); a prefetched table sends the `r`
   distinct rows asked for: out `T·r·cols·s`, ids in `T·r·8`;
-- RPCs: per trainer a send batch and a fetch batch to each pserver holding a partition
-  (in sync mode carrying the barriers), and a prefetch call per prefetched partition;
-  each var a batch carries costs `var_us`;
+- RPCs (`batch_rpcs`): per trainer one `SendFetchBatch` to each pserver holding a
+  partition in sync mode (grads, send barrier, params fetched, fetch barrier: one call), a
+  `SendBatch` and a `FetchBatch` in async mode, and a prefetch call per prefetched
+  partition, each `rpc_us`; each var a batch carries costs `var_us`;
 - compute: `(T-1)·n·sum + n·scale + n·<optimizer>` µs-per-element rates (`Rates`: float32
   rates, float64 its own `op@fp64` ones, copies by their bytes), where a dense grad of
   `arrival_sum.MIN_BYTES` or more with per-trainer copies (`sums_on_arrival`) has no `sum`
@@ -41,12 +42,12 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
   on an async pserver (`(1 + sliced)·n·copy_us`; a sync one updates the rows in place); each run of the partition's optimize block costs `block_us`
   (once a step in sync mode, once per trainer's grad in async mode).
 Estimated pserver time per step = compute + dense bytes (in + out) / bandwidth + sparse
-bytes (grad rows and ids in, prefetched rows out: `Cost.sparse_bytes`) / sync_sparse_bandwidth
-(a sync job) or sparse_bandwidth (async)
-+ RPCs × rpc_us + vars × var_us: the pserver's CPU µs per step, which
+grad bytes (grad rows and their ids) / sync_sparse_bandwidth (a sync job) or
+sparse_bandwidth (async) + prefetch bytes (ids in, rows out: `Cost.prefetch_bytes`) /
+prefetch_bandwidth + RPCs × rpc_us + vars × var_us: the pserver's CPU µs per step, which
 `benchmarks/cost_accuracy.py` compares with real pservers' CPU from /proc. The fixed rates
 (`rpc_us`, `block_us`: a real sync pserver's round replayed by `transpiler.replay`;
-`var_us`, `id_us`) and both bandwidths are measured against real pservers by `pstranspile
+`var_us`, `id_us`) and the bandwidths are measured against real pservers by `pstranspile
 calibrate`; a column cut multiplies the per-id and per-block work by the number of
 ranges, a row cut does not.
 """
@@ -72,7 +73,10 @@ ID_BYTES = 8  # an int64 row id on the wire
 # updated in place): the median of 11 runs on the shared 2-core VM, 2026-11-27, load average
 # 0.2-0.7 (424-895 MB/s): near the async figure (440), not the dense `bandwidth` (1,570)
 SYNC_SPARSE_BANDWIDTH = 5.6e8
-PREFETCH_BANDWIDTH = 1.6e9  # PROVISIONAL
+# a prefetch's ids in and rows out on a sync pserver (`calibrate.measure_prefetch`, 4,096
+# rows against 8 a trainer's round, 64 floats wide): 1.03 and 1.12e9 in two runs at load
+# average 5-6, 2026-11-27 (0.86-1.46e9 at 1,024 rows, noisier); twice a grad row's rate
+PREFETCH_BANDWIDTH = 1.1e9
 RATES_SCHEMA = "pstranspile.rates/2"
 # The first schema counted a sync step's one `SendFetchBatch` per trainer as two RPCs (a send
 # batch and a fetch batch, as trainers sent them before the deferred send barrier): its
@@ -144,14 +148,20 @@ class Rates:
     # the median of 5 calibrations at load average 11-18, 2026-11-27 (2.5-5.3e9); the one
     # wide layer measured before gave 1.33-1.96e9, its out-of-cache Momentum charged to the bytes
     bandwidth: float = 2.8e9
-    rpc_us: float = 700.0  # PROVISIONAL
+    # a real sync pserver's CPU per RPC (a trainer's SendFetchBatch, a prefetch): the median
+    # of 4 calibrations at load average 3.5-5.5, 2026-11-27 (674-727; per half call before,
+    # 385 = 770 per call, the median of 10 runs read in /proc's 10 ms ticks)
+    rpc_us: float = 685.0
     op_us: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_US))
-    row_us: float = 0.053  # per sparse grad row the pserver's block merges (a lookup; 0.029-0.18)
+    # the sparse block's rates, the median of the same 4 calibrations: the merge became a
+    # flat-index scatter-add (run L), 3-4x cheaper than the 10 runs before measured
+    # (row_us 0.053, merge_us 0.0086, update_row_us 0.39)
+    row_us: float = 0.029  # per sparse grad row the pserver's block merges (a lookup; 0.016-0.042)
     var_us: float = 0.0  # one more var in a request (8 grads in one SendBatch: 0 in 10 runs)
     block_us: float = 70.0  # one optimize block run with its vars (a sync round's CPU per partition: 53-123)
     id_us: float = 0.0  # per sparse grad row received, beyond its bytes and the block's work (0 in 3 runs)
     copy_us: float = 0.00041  # per element an async sparse update copies, every core copying (0.00033-0.00047)
-    merge_us: float = 0.0086  # per element of a sparse grad row the block merges (sum's scatter-add; 0.0074-0.0101)
+    merge_us: float = 0.0024  # per element of a sparse grad row the block merges (sum's scatter-add; 0.0016-0.0038)
     fault_us: float = 0.000007  # more per element copied into an array over the mmap threshold (0-0.00008)
     source: str = "defaults"
     # a real pserver taking a sparse grad's rows (and sending prefetched rows): its CPU per
@@ -161,7 +171,7 @@ class Rates:
     sparse_bandwidth: float = 4.4e8
     # per distinct row a sparse update writes (a sync pserver: in place), beside its
     # per-element `scale` and optimizer rates: the merged rows' sort, gathers and scatters
-    update_row_us: float = 0.39  # (0.27-1.52)
+    update_row_us: float = 0.32  # (0.27-0.37)
     # the same on a sync pserver (the rows merged and updated in place, no copies): its CPU
     # per byte of sparse rows beyond the merge and the update, measured on a sync pserver
     # driven a round at a time (`calibrate.measure_sync_sparse`)
