@@ -11,7 +11,7 @@ import pytest
 
 from conftest import PADDLE_PROGRAMS
 from transpiler.api import transpile
-from transpiler.cost import Job, Rates, batch_rpcs, block_cost, declared_memory, mod_shard_cost, plan_costs
+from transpiler.cost import SYNC_SPARSE_BANDWIDTH, Job, Rates, batch_rpcs, block_cost, declared_memory, mod_shard_cost, plan_costs
 from transpiler.errors import TranspileError
 from transpiler.ir import Program
 from transpiler.ir.types import DType
@@ -97,7 +97,9 @@ def test_skewed_table_is_cut_by_columns():
     rng = np.random.default_rng(0)
     sample = np.minimum(rng.zipf(1.1, 100_000), 10_000) - 1
     table = dense("emb", (10_000, 64), sparse=True, table=True)
-    rates = Rates(bandwidth=1e8, rpc_us=100.0, op_us=dict(RATES.op_us), row_us=0.01, var_us=0.0)
+    # every rate the optimum depends on stated (the built-in ones move with calibrations)
+    rates = Rates(bandwidth=1e8, rpc_us=100.0, op_us=dict(RATES.op_us), row_us=0.01, var_us=0.0, merge_us=0.0086,
+                  update_row_us=0.39, prefetch_bandwidth=SYNC_SPARSE_BANDWIDTH)
     planner = PlanPartitioner(rates=rates, id_samples={"emb": sample}, batch_size=4096)
     placed = run(planner, [table], 4)
     parts, servers = placed["emb"]
@@ -658,9 +660,9 @@ def test_a_hot_first_table_on_shared_cores_gets_bands_of_equal_time():
     """A hot-first Zipf table on 4 pservers sharing 2 cores. The least step bound (the
     pservers' total over the cores): 2 row bands on 2 pservers. At a 2% tolerance, bands of
     equal rows and of equal time have the same bound and the equal-time ones the lighter
-    slowest pserver (a short hot band): they are kept. At the default 10%, 3 bands of equal
-    time are within it (one more band's fixed work) and lighter still on the slowest; 4
-    bands (Paddle's count) are not."""
+    slowest pserver (a short hot band): they are kept. At 15%, 3 bands of equal time are
+    within it (one more band's fixed work: each trainer's SendFetchBatch and prefetch, at
+    `rpc_us` each) and lighter still on the slowest; 4 bands (Paddle's count) are not."""
     rng = np.random.default_rng(1)
     sample = (rng.zipf(1.1, 50_000) - 1) % 100_000
     table = dense("emb", (100_000, 64), "adagrad", sparse=True, table=True, merged_grad=True)
@@ -675,15 +677,15 @@ def test_a_hot_first_table_on_shared_cores_gets_bands_of_equal_time():
         even[server] += tight.part_cost(table, part, Job(2), stats).time_us(tight.rates)
     assert sum(even) == pytest.approx(sum(tight.loads), rel=0.02) and max(tight.loads) < 0.9 * max(even)
 
-    planner = PlanPartitioner(id_samples={"emb": sample}, batch_size=2000, cores=2, tolerance=0.1)
+    planner = PlanPartitioner(id_samples={"emb": sample}, batch_size=2000, cores=2, tolerance=0.15)
     parts, servers = run(planner, [table], 4)["emb"]
     assert len(parts) == 3 and len(set(servers)) == 3 and parts[0].rows < parts[1].rows < parts[2].rows
     least = min(c["bound_us"] for c in planner.considered)
     assert least == pytest.approx(sum(tight.loads) / 2)  # the 2 bands' bound is the least found
     kept = max(max(planner.loads), sum(planner.loads) / 2)
-    assert least < kept <= 1.1 * least and max(planner.loads) < 0.9 * max(tight.loads)
+    assert least < kept <= 1.15 * least and max(planner.loads) < 0.9 * max(tight.loads)
     four = next(c for c in planner.considered if c["source"] == "search without --pserver-cores")
-    assert four["bound_us"] > 1.1 * least
+    assert four["bound_us"] > 1.15 * least
 
 
 def test_plan_by_name_takes_the_pserver_cores_from_the_environment(monkeypatch):
