@@ -778,7 +778,12 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
     `sum_on_arrival`, a bias by the `sum` op); the tiny nets' rounds the median of `pairs`
     pservers' `blocks` blocks each (`rpc_us_each`: each pserver's own figure, the noise),
     the slope the median of `pairs` pairs measured back to back (one pair's slope moved 2x
-    under load). Its weights are grads of 256 kB or more, so the pserver takes them as it
+    under load); `bulk_var_us` = per big var a trainer sends or fetches on the bulk
+    channel, from a third net in each pair, `4·layers` layers `widths[0] / 2` wide (the
+    narrow net's weight bytes in 4x the vars, each still summed on arrival), less its
+    extra partitions at `per_partition` (47 µs in two runs at load average 3-5: ResNet-50's
+    29 big vars a pserver cost it 5.5 ms a step that neither the bytes nor the blocks
+    priced). Its weights are grads of 256 kB or more, so the pserver takes them as it
     takes a real model's big grads: on the bulk channel, summed on arrival (one wide layer
     instead, whose ops run out of cache at 2-5x their measured rate, priced the bytes at
     half their speed: 1.4 against ~3 GB/s, the dense estimates 1.4-1.6x their measured
@@ -787,7 +792,7 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
     (800-1000 against 1200-1800 µs measured on the shared 2-core VM)."""
     from transpiler.cost import ARRIVAL_SUM_BYTES
 
-    if min(widths) ** 2 * 4 < ARRIVAL_SUM_BYTES:
+    if (min(widths) // 2) ** 2 * 4 < ARRIVAL_SUM_BYTES:
         raise ValueError(f"measure_dense: widths {widths} give weights below the {ARRIVAL_SUM_BYTES} bytes summed on arrival")
     # The fixed costs, the median of `pairs` pservers' `blocks` blocks each: one tiny round
     # read 2,200 µs in one quiet calibration and 3,800 in the next (rpc_us then 493 against
@@ -805,26 +810,39 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
     calls = batch_rpcs(Job(trainers, True))
     rpc_us = max((tiny - 2 * per_partition) / calls, 0.0)
     tiny_each = [max((statistics.median(run) - 2 * per_partition) / calls, 0.0) for run in tiny_runs]
+    # the nets: `layers` fc layers at each width, and 4x as many half as wide (the narrow
+    # net's weight bytes in 4x the vars, each still summed on arrival)
+    nets = [(layers, width) for width in widths] + [(4 * layers, widths[0] // 2)]
     work, moved = [], []
-    for width in widths:
-        weights, biases = layers * width * width, layers * width
+    for count, width in nets:
+        weights, biases = count * width * width, count * width
         work.append((weights + biases) * (ops["scale"] + ops["momentum"])
                     + (trainers - 1) * (weights * ops[SUM_ON_ARRIVAL] + biases * ops["sum"]))
         moved.append(2 * trainers * (weights + biases) * 4)
-    slopes, narrow, broad = [], [], []
+    slopes, narrow, broad, manys = [], [], [], []
     for _ in range(pairs):  # back to back, under the same load: the median pair's slope
-        rounds = [statistics.median(measure_sync_rounds(*dense_programs(layers, width, width), big_steps, think=think,
-                                                        blocks=2)) for width in widths]
+        rounds = [statistics.median(measure_sync_rounds(*dense_programs(count, width, width), big_steps, think=think,
+                                                        blocks=2)) for count, width in nets]
         narrow.append(rounds[0])
         broad.append(rounds[1])
+        manys.append(rounds[2])
         spent = rounds[1] - rounds[0] - (work[1] - work[0])
         # a floor: noise cannot make it infinite
         slopes.append((moved[1] - moved[0]) / max(spent, 0.1 * (rounds[1] - rounds[0]), 1.0) * 1e6)
     bandwidth = statistics.median(slopes)
+    # the many-vars net against the narrow one: its extra partitions (a weight and a bias
+    # each) at `per_partition`, its few extra bytes (the biases) and ops at their rates; the
+    # rest per big var a trainer sends (its grad) or fetches (its param) on the bulk channel
+    extra_parts = 2 * (nets[2][0] - nets[0][0])
+    transfers = (nets[2][0] - nets[0][0]) * 2 * trainers
+    known = extra_parts * per_partition + (work[2] - work[0]) + (moved[2] - moved[0]) / bandwidth * 1e6
+    bulk_each = [max((m - n - known) / transfers, 0.0) for m, n in zip(manys, narrow, strict=True)]
+    bulk_var_us = statistics.median(bulk_each)
     rounds = [statistics.median(narrow), statistics.median(broad)]
     return {"rpc_us": rpc_us, "block_us": block_us, "bandwidth": bandwidth, "round_us": tiny,
             "per_partition_us": per_partition, "narrow_round_us": rounds[0], "big_round_us": rounds[1],
-            "bandwidths": slopes, "rpc_us_each": tiny_each}
+            "bandwidths": slopes, "rpc_us_each": tiny_each, "bulk_var_us": bulk_var_us,
+            "bulk_var_us_each": bulk_each}
 
 
 def calibrate(progress=None) -> Rates:
@@ -889,12 +907,14 @@ def calibrate(progress=None) -> Rates:
         f"{DENSE_LAYERS} layers {DENSE_WIDTHS[0]} / {DENSE_WIDTHS[1]} wide {dense['narrow_round_us'] / 1e3:.1f} / "
         f"{dense['big_round_us'] / 1e3:.1f} ms; noise: rpc per pserver "
         f"{', '.join(f'{v:.0f}' for v in dense['rpc_us_each'])}, MB/s per pair "
-        f"{', '.join(f'{v / 1e6:,.0f}' for v in dense['bandwidths'])})")
+        f"{', '.join(f'{v / 1e6:,.0f}' for v in dense['bandwidths'])}); per big var on the bulk channel "
+        f"{dense['bulk_var_us']:.0f} us (each pair {', '.join(f'{v:.0f}' for v in dense['bulk_var_us_each'])})")
     host = os.uname().nodename if hasattr(os, "uname") else "this machine"
     source = f"calibrate on {host}, {time.strftime('%Y-%m-%d')}, {time.perf_counter() - started:.0f}s"
     return Rates(bandwidth=dense["bandwidth"], rpc_us=dense["rpc_us"], op_us=ops, row_us=row_us,
                  var_us=var_us, block_us=block_us, id_us=id_us, copy_us=copy_us,
                  merge_us=merge_us, fault_us=block["fault_us"], source=source, sparse_bandwidth=sparse_bandwidth,
                  update_row_us=update_row_us, sync_sparse_bandwidth=sync_sparse_bandwidth,
-                 prefetch_bandwidth=prefetch_bandwidth,
-                 noise={"rpc_us": dense["rpc_us_each"], "bandwidth": dense["bandwidths"]})
+                 prefetch_bandwidth=prefetch_bandwidth, bulk_var_us=dense["bulk_var_us"],
+                 noise={"rpc_us": dense["rpc_us_each"], "bandwidth": dense["bandwidths"],
+                        "bulk_var_us": dense["bulk_var_us_each"], "prefetch_row_us": fetched["row_us_each"]})

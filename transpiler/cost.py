@@ -77,6 +77,7 @@ SYNC_SPARSE_BANDWIDTH = 5.6e8
 # rows against 8 a trainer's round, 64 floats wide): 1.03 and 1.12e9 in two runs at load
 # average 5-6, 2026-11-27 (0.86-1.46e9 at 1,024 rows, noisier); twice a grad row's rate
 PREFETCH_BANDWIDTH = 1.1e9
+BULK_VAR_US = 47.0  # PROVISIONAL
 RATES_SCHEMA = "pstranspile.rates/2"
 # The first schema counted a sync step's one `SendFetchBatch` per trainer as two RPCs (a send
 # batch and a fetch batch, as trainers sent them before the deferred send barrier): its
@@ -181,6 +182,11 @@ class Rates:
     # against 8 a round, 64 floats wide); a gather and one reply, cheaper per byte than a
     # grad's rows, which are decoded, merged and written
     prefetch_bandwidth: float = PREFETCH_BANDWIDTH
+    # per transfer of a dense var over the bulk channel (a grad of `arrival_sum.MIN_BYTES` or
+    # more summed on arrival, in, or its param, out; per trainer), beside its bytes and its
+    # partition's `block_us`: `calibrate.measure_dense`, 32 fc layers 256 wide against 8 of
+    # 512 (the same bytes, 4x the vars)
+    bulk_var_us: float = BULK_VAR_US
     # what calibrate measured of its own noise (`pstranspile calibrate`: each repeat's figure
     # of the rates it takes a median of), for the report; not used by the model
     noise: Mapping[str, Sequence[float]] = field(default_factory=dict)
@@ -214,6 +220,7 @@ class Rates:
                       "sparse_bandwidth": "bytes/s of sparse rows (grads in, prefetched rows out), async pserver",
                       "sync_sparse_bandwidth": "bytes/s of sparse rows on a sync pserver",
                       "prefetch_bandwidth": "bytes/s of a prefetch's ids in and rows out",
+                      "bulk_var_us": "us per dense var sent or fetched on the bulk channel, per trainer",
                       "update_row_us": "us per distinct row a sparse update writes"},
             "bandwidth": self.bandwidth,
             "rpc_us": self.rpc_us,
@@ -227,6 +234,7 @@ class Rates:
             "sparse_bandwidth": self.sparse_bandwidth,
             "sync_sparse_bandwidth": self.sync_sparse_bandwidth,
             "prefetch_bandwidth": self.prefetch_bandwidth,
+            "bulk_var_us": self.bulk_var_us,
             "update_row_us": self.update_row_us,
             "op_us": dict(sorted(self.op_us.items())),
             "noise": {k: [float(v) for v in values] for k, values in sorted(self.noise.items())},
@@ -256,11 +264,12 @@ def load_rates(path: str | Path | None) -> Rates:
                       float(data.get("update_row_us", Rates.update_row_us)),
                       float(data.get("sync_sparse_bandwidth", Rates.sync_sparse_bandwidth)),
                       float(data.get("prefetch_bandwidth", Rates.prefetch_bandwidth)),
+                      float(data.get("bulk_var_us", Rates.bulk_var_us)),
                       {str(k): tuple(float(x) for x in v) for k, v in data.get("noise", {}).items()})
     except (KeyError, TypeError, ValueError) as exc:
         raise TranspileError(f"rates {path}: bad field ({exc})") from None
     if rates.bandwidth <= 0 or min(rates.sparse_bandwidth, rates.sync_sparse_bandwidth, rates.prefetch_bandwidth) <= 0 or min(rates.rpc_us, rates.row_us, rates.var_us, rates.block_us, rates.id_us,
-                                   rates.copy_us, rates.merge_us, rates.fault_us, rates.update_row_us) < 0 or any(v < 0 for v in ops.values()):
+                                   rates.copy_us, rates.merge_us, rates.fault_us, rates.update_row_us, rates.bulk_var_us) < 0 or any(v < 0 for v in ops.values()):
         raise TranspileError(f"rates {path}: rates must be positive")
     return rates
 
@@ -382,6 +391,7 @@ class Cost:
     sparse_bytes: float = 0.0  # of bytes_in + bytes_out: sparse grad rows, ids and prefetched rows
     async_sparse_bytes: float = 0.0  # of sparse_bytes: an async job's grad rows (priced at `sparse_bandwidth`)
     prefetch_bytes: float = 0.0  # of sparse_bytes: prefetches' ids in and rows out (`prefetch_bandwidth`)
+    bulk_vars: float = 0.0  # dense vars sent or fetched on the bulk channel (`bulk_var_us` each)
 
     def add(self, other: Cost) -> None:
         for kind, value in other.memory.items():
@@ -396,6 +406,7 @@ class Cost:
         self.sparse_bytes += other.sparse_bytes
         self.async_sparse_bytes += other.async_sparse_bytes
         self.prefetch_bytes += other.prefetch_bytes
+        self.bulk_vars += other.bulk_vars
 
     @property
     def memory_bytes(self) -> int:
@@ -407,7 +418,7 @@ class Cost:
         return (self.compute_us + dense / rates.bandwidth * 1e6 + synced / rates.sync_sparse_bandwidth * 1e6
                 + self.async_sparse_bytes / rates.sparse_bandwidth * 1e6
                 + self.prefetch_bytes / rates.prefetch_bandwidth * 1e6
-                + self.rpcs * rates.rpc_us + self.vars * rates.var_us)
+                + self.rpcs * rates.rpc_us + self.vars * rates.var_us + self.bulk_vars * rates.bulk_var_us)
 
 
 @dataclass(frozen=True)
@@ -484,7 +495,9 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
         cost.bytes_in = t * n * size
         cost.bytes_out = t * n * size
         if job.sync_mode:  # a big grad is summed as it arrives, a small one by the block's `sum`
-            summed = SUM_ON_ARRIVAL if sums_on_arrival(n * size, job) else "sum"
+            bulk = sums_on_arrival(n * size, job)
+            summed = SUM_ON_ARRIVAL if bulk else "sum"
+            cost.bulk_vars = 2 * t if bulk else 0.0  # its grad in and its param out, each trainer
             cost.compute_us = ((t - 1) * n * rates.op(summed, dtype) + n * rates.op("scale", dtype)
                                + n * rates.op(optimizer, dtype))
         else:
