@@ -599,7 +599,7 @@ def test_calibrate_dense_recovers_the_rates_of_a_pserver_that_costs_what_the_mod
     as the model prices them), `block_us` and `rpc_us` it was given."""
     from transpiler import calibrate
 
-    rates = Rates(bandwidth=3e9, rpc_us=300.0, var_us=0.0, block_us=50.0, bulk_var_us=40.0,
+    rates = Rates(bandwidth=3e9, rpc_us=300.0, var_us=0.0, block_us=50.0, big_var_us=40.0,
                   op_us={**DEFAULT_OP_US, SUM_ON_ARRIVAL: 0.0004, "sum": 0.002, "scale": 0.0003, "momentum": 0.001})
 
     def modelled(main, startup, steps, warm=3, trainers=2, think=0.0, blocks=1):
@@ -610,7 +610,7 @@ def test_calibrate_dense_recovers_the_rates_of_a_pserver_that_costs_what_the_mod
     dense = calibrate.measure_dense(dict(rates.op_us), 0.0)
     assert dense["bandwidth"] == pytest.approx(3e9, rel=1e-9) and dense["bandwidths"] == [dense["bandwidth"]] * 3
     # the many-vars net's extra big vars, each sent and fetched by each trainer
-    assert dense["bulk_var_us"] == pytest.approx(40.0, rel=0.01) and len(dense["bulk_var_us_each"]) == 3
+    assert dense["big_var_us"] == pytest.approx(40.0, rel=0.01) and len(dense["big_var_us_each"]) == 3
     # the tiny nets' own bytes and ops ride on the fixed figures: under 1%; rpc_us per call
     # (a SendFetchBatch a trainer), each pserver's figure reported as the noise
     assert dense["block_us"] == pytest.approx(50.0, rel=0.01) and dense["rpc_us"] == pytest.approx(300.0, rel=0.01)
@@ -779,23 +779,28 @@ def test_calibrate_measures_prefetched_rows_on_a_real_sync_pserver():
     assert found["prefetch_bandwidth"] == pytest.approx((8 + PSERVER_WIDTH * 4) / found["row_us"] * 1e6)
 
 
-def test_big_dense_grads_cost_a_bulk_var_per_trainer_each_way():
-    """A dense grad of `arrival_sum.MIN_BYTES` or more in a sync job of 2+ trainers travels
-    the bulk channel, summed on arrival: each trainer's grad in and param out cost
-    `bulk_var_us` beside the bytes (`Cost.bulk_vars` = 2·T); a smaller grad, a single
-    trainer's or an async job's does not."""
-    rates = Rates(bandwidth=1e30, rpc_us=0.0, var_us=0.0, block_us=0.0, bulk_var_us=40.0,
+def test_big_dense_vars_cost_big_var_us_per_trainer_each_way():
+    """A dense partition of `BIG_VAR_BYTES` (64 kB) or more costs `big_var_us` per trainer
+    each way (its grad in, its param out: `Cost.big_vars` = 2·T), beside its bytes, in sync
+    and async jobs, on the bulk channel or not; a smaller one does not (its partition's
+    `block_us` holds it). So cutting a big param into smaller parts never dodges it: two
+    equal halves of 400 kB cost twice the vars of the whole, plus a block."""
+    from transpiler.cost import BIG_VAR_BYTES
+
+    rates = Rates(bandwidth=1e30, rpc_us=0.0, var_us=0.0, block_us=0.0, big_var_us=40.0,
                   op_us=dict.fromkeys(("sum", "scale", "momentum", SUM_ON_ARRIVAL), 0.0))
-    big = 256 * 256  # 256 kB of float32: summed on arrival
-    cases = [(Job(3), big, 6), (Job(3), big - 256, 0), (Job(1), big, 0), (Job(3, False), big, 0),
-             (Job(2), big // 2 * 2, 4)]
-    for job, n, vars_ in cases:
-        cost = block_cost("momentum", DType.FP32, 0, n // 256, 256, job, rates)
-        assert cost.bulk_vars == vars_
+    assert BIG_VAR_BYTES == 64 << 10
+    rows = BIG_VAR_BYTES // (4 * 64)  # a [rows, 64] float32 block of exactly 64 kB
+    cases = [(Job(3), rows, 6), (Job(3), rows - 1, 0), (Job(1), rows, 2), (Job(3, False), rows, 6), (Job(2), 4 * rows, 4)]
+    for job, height, vars_ in cases:
+        cost = block_cost("momentum", DType.FP32, 0, height, 64, job, rates)
+        assert cost.big_vars == vars_
         assert cost.time_us(rates) == pytest.approx(40.0 * vars_)
-    # float64: half the elements reach the same bytes
-    assert block_cost("momentum", DType.FP64, 0, big // 512, 256, Job(2), rates).bulk_vars == 4
+    assert block_cost("momentum", DType.FP64, 0, rows // 2, 64, Job(2), rates).big_vars == 4  # the bytes count
+    whole = block_cost("momentum", DType.FP32, 0, 6 * rows, 64, Job(2), rates)
+    halves = [block_cost("momentum", DType.FP32, i * 3 * rows, 3 * rows, 64, Job(2), rates) for i in range(2)]
+    assert sum(h.big_vars for h in halves) == 2 * whole.big_vars == 8
     total = Cost()
-    total.add(block_cost("momentum", DType.FP32, 0, big // 256, 256, Job(2), rates))
-    total.add(block_cost("momentum", DType.FP32, 0, 1, 256, Job(2), rates))
-    assert total.bulk_vars == 4 and total.time_us(rates) == pytest.approx(160.0)
+    total.add(whole)
+    total.add(block_cost("momentum", DType.FP32, 0, 1, 64, Job(2), rates))
+    assert total.big_vars == 4 and total.time_us(rates) == pytest.approx(160.0)

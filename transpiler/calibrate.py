@@ -778,7 +778,7 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
     `sum_on_arrival`, a bias by the `sum` op); the tiny nets' rounds the median of `pairs`
     pservers' `blocks` blocks each (`rpc_us_each`: each pserver's own figure, the noise),
     the slope the median of `pairs` pairs measured back to back (one pair's slope moved 2x
-    under load); `bulk_var_us` = per big var a trainer sends or fetches on the bulk
+    under load); `big_var_us` = per big var a trainer sends or fetches on the bulk
     channel, from a third net in each pair, `4·layers` layers `widths[0] / 2` wide (the
     narrow net's weight bytes in 4x the vars, each still summed on arrival), less its
     extra partitions at `per_partition` (47 µs in two runs at load average 3-5: ResNet-50's
@@ -838,12 +838,12 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
     transfers = (nets[2][0] - nets[0][0]) * 2 * trainers
     known = extra_parts * per_partition + (work[2] - work[0]) + (moved[2] - moved[0]) / bandwidth * 1e6
     bulk_each = [max((m - n - known) / transfers, 0.0) for m, n in zip(manys, narrow, strict=True)]
-    bulk_var_us = statistics.median(bulk_each)
+    big_var_us = statistics.median(bulk_each)
     rounds = [statistics.median(narrow), statistics.median(broad)]
     return {"rpc_us": rpc_us, "block_us": block_us, "bandwidth": bandwidth, "round_us": tiny,
             "per_partition_us": per_partition, "narrow_round_us": rounds[0], "big_round_us": rounds[1],
-            "bandwidths": slopes, "rpc_us_each": tiny_each, "bulk_var_us": bulk_var_us,
-            "bulk_var_us_each": bulk_each}
+            "bandwidths": slopes, "rpc_us_each": tiny_each, "big_var_us": big_var_us,
+            "big_var_us_each": bulk_each}
 
 
 def calibrate(progress=None) -> Rates:
@@ -909,13 +909,13 @@ def calibrate(progress=None) -> Rates:
         f"{dense['big_round_us'] / 1e3:.1f} ms; noise: rpc per pserver "
         f"{', '.join(f'{v:.0f}' for v in dense['rpc_us_each'])}, MB/s per pair "
         f"{', '.join(f'{v / 1e6:,.0f}' for v in dense['bandwidths'])}); per big var on the bulk channel "
-        f"{dense['bulk_var_us']:.0f} us (each pair {', '.join(f'{v:.0f}' for v in dense['bulk_var_us_each'])})")
+        f"{dense['big_var_us']:.0f} us (each pair {', '.join(f'{v:.0f}' for v in dense['big_var_us_each'])})")
     host = os.uname().nodename if hasattr(os, "uname") else "this machine"
     source = f"calibrate on {host}, {time.strftime('%Y-%m-%d')}, {time.perf_counter() - started:.0f}s"
     return Rates(bandwidth=dense["bandwidth"], rpc_us=dense["rpc_us"], op_us=ops, row_us=row_us,
                  var_us=var_us, block_us=block_us, id_us=id_us, copy_us=copy_us,
                  merge_us=merge_us, fault_us=block["fault_us"], source=source, sparse_bandwidth=sparse_bandwidth,
                  update_row_us=update_row_us, sync_sparse_bandwidth=sync_sparse_bandwidth,
-                 prefetch_bandwidth=prefetch_bandwidth, bulk_var_us=dense["bulk_var_us"],
+                 prefetch_bandwidth=prefetch_bandwidth, big_var_us=dense["big_var_us"],
                  noise={"rpc_us": dense["rpc_us_each"], "bandwidth": dense["bandwidths"],
-                        "bulk_var_us": dense["bulk_var_us_each"], "prefetch_row_us": fetched["row_us_each"]})
+                        "big_var_us": dense["big_var_us_each"], "prefetch_row_us": fetched["row_us_each"]})

@@ -77,7 +77,15 @@ SYNC_SPARSE_BANDWIDTH = 5.6e8
 # rows against 8 a trainer's round, 64 floats wide): 1.03 and 1.12e9 in two runs at load
 # average 5-6, 2026-11-27 (0.86-1.46e9 at 1,024 rows, noisier); twice a grad row's rate
 PREFETCH_BANDWIDTH = 1.1e9
-BULK_VAR_US = 47.0  # PROVISIONAL
+# per dense var of `BIG_VAR_BYTES` or more a trainer sends (its grad) or fetches (its param),
+# beside its bytes and its partition's `block_us` (`calibrate.measure_dense`: 32 fc layers
+# 256 wide against 8 of 512, the same bytes in 4x the vars, on the bulk channel): 47-51 us
+# in 3 measurements at load average 3-7, 70-81 in 3 at 7-10, 2026-11-27. Smaller vars cost
+# less (15-21 us at 64 kB over gRPC, 8-25 at 16 kB: not priced, `block_us` holds a tiny
+# var's), a 255 kB var over gRPC no less than a 256 kB one on the bulk channel: priced from
+# 64 kB on, either path, so that no cut of a param looks cheaper for dodging it.
+BIG_VAR_US = 50.0
+BIG_VAR_BYTES = 64 << 10
 RATES_SCHEMA = "pstranspile.rates/2"
 # The first schema counted a sync step's one `SendFetchBatch` per trainer as two RPCs (a send
 # batch and a fetch batch, as trainers sent them before the deferred send barrier): its
@@ -145,10 +153,12 @@ class Rates:
     # (load average 2-5: other helpers' jobs and a benchmark of ours): the median of 10 runs,
     # the range in brackets (the small fixed figures move by 2x between runs)
     # a real sync pserver taking dense grads (big ones summed on arrival, on the bulk channel)
-    # and sending params: `calibrate.measure_dense`'s slope between two nets of big grads,
-    # the median of 5 calibrations at load average 11-18, 2026-11-27 (2.5-5.3e9); the one
-    # wide layer measured before gave 1.33-1.96e9, its out-of-cache Momentum charged to the bytes
-    bandwidth: float = 2.8e9
+    # and sending params: `calibrate.measure_dense`'s slope between two nets of big grads
+    # (the same vars: each var's own cost, `big_var_us`, cancels), the median of 11
+    # calibrations at load average 3.5-10, 2026-11-27 (2.4-5.1e9). Before `big_var_us` the
+    # built-in figure was 2.8e9, what ResNet-50's pservers pay per byte with their 29 big
+    # vars' costs in it (run P: ~3e9); the one wide layer before that gave 1.33-1.96e9
+    bandwidth: float = 4.2e9
     # a real sync pserver's CPU per RPC (a trainer's SendFetchBatch, a prefetch): the median
     # of 4 calibrations at load average 3.5-5.5, 2026-11-27 (674-727; per half call before,
     # 385 = 770 per call, the median of 10 runs read in /proc's 10 ms ticks)
@@ -182,11 +192,9 @@ class Rates:
     # against 8 a round, 64 floats wide); a gather and one reply, cheaper per byte than a
     # grad's rows, which are decoded, merged and written
     prefetch_bandwidth: float = PREFETCH_BANDWIDTH
-    # per transfer of a dense var over the bulk channel (a grad of `arrival_sum.MIN_BYTES` or
-    # more summed on arrival, in, or its param, out; per trainer), beside its bytes and its
-    # partition's `block_us`: `calibrate.measure_dense`, 32 fc layers 256 wide against 8 of
-    # 512 (the same bytes, 4x the vars)
-    bulk_var_us: float = BULK_VAR_US
+    # per transfer of a dense var of `BIG_VAR_BYTES` or more (a trainer's grad in, its param
+    # out), beside its bytes and its partition's `block_us` (see `BIG_VAR_US`)
+    big_var_us: float = BIG_VAR_US
     # what calibrate measured of its own noise (`pstranspile calibrate`: each repeat's figure
     # of the rates it takes a median of), for the report; not used by the model
     noise: Mapping[str, Sequence[float]] = field(default_factory=dict)
@@ -220,7 +228,7 @@ class Rates:
                       "sparse_bandwidth": "bytes/s of sparse rows (grads in, prefetched rows out), async pserver",
                       "sync_sparse_bandwidth": "bytes/s of sparse rows on a sync pserver",
                       "prefetch_bandwidth": "bytes/s of a prefetch's ids in and rows out",
-                      "bulk_var_us": "us per dense var sent or fetched on the bulk channel, per trainer",
+                      "big_var_us": "us per dense var of 64 kB or more sent or fetched, per trainer",
                       "update_row_us": "us per distinct row a sparse update writes"},
             "bandwidth": self.bandwidth,
             "rpc_us": self.rpc_us,
@@ -234,7 +242,7 @@ class Rates:
             "sparse_bandwidth": self.sparse_bandwidth,
             "sync_sparse_bandwidth": self.sync_sparse_bandwidth,
             "prefetch_bandwidth": self.prefetch_bandwidth,
-            "bulk_var_us": self.bulk_var_us,
+            "big_var_us": self.big_var_us,
             "update_row_us": self.update_row_us,
             "op_us": dict(sorted(self.op_us.items())),
             "noise": {k: [float(v) for v in values] for k, values in sorted(self.noise.items())},
@@ -264,12 +272,12 @@ def load_rates(path: str | Path | None) -> Rates:
                       float(data.get("update_row_us", Rates.update_row_us)),
                       float(data.get("sync_sparse_bandwidth", Rates.sync_sparse_bandwidth)),
                       float(data.get("prefetch_bandwidth", Rates.prefetch_bandwidth)),
-                      float(data.get("bulk_var_us", Rates.bulk_var_us)),
+                      float(data.get("big_var_us", Rates.big_var_us)),
                       {str(k): tuple(float(x) for x in v) for k, v in data.get("noise", {}).items()})
     except (KeyError, TypeError, ValueError) as exc:
         raise TranspileError(f"rates {path}: bad field ({exc})") from None
     if rates.bandwidth <= 0 or min(rates.sparse_bandwidth, rates.sync_sparse_bandwidth, rates.prefetch_bandwidth) <= 0 or min(rates.rpc_us, rates.row_us, rates.var_us, rates.block_us, rates.id_us,
-                                   rates.copy_us, rates.merge_us, rates.fault_us, rates.update_row_us, rates.bulk_var_us) < 0 or any(v < 0 for v in ops.values()):
+                                   rates.copy_us, rates.merge_us, rates.fault_us, rates.update_row_us, rates.big_var_us) < 0 or any(v < 0 for v in ops.values()):
         raise TranspileError(f"rates {path}: rates must be positive")
     return rates
 
@@ -391,7 +399,7 @@ class Cost:
     sparse_bytes: float = 0.0  # of bytes_in + bytes_out: sparse grad rows, ids and prefetched rows
     async_sparse_bytes: float = 0.0  # of sparse_bytes: an async job's grad rows (priced at `sparse_bandwidth`)
     prefetch_bytes: float = 0.0  # of sparse_bytes: prefetches' ids in and rows out (`prefetch_bandwidth`)
-    bulk_vars: float = 0.0  # dense vars sent or fetched on the bulk channel (`bulk_var_us` each)
+    big_vars: float = 0.0  # dense vars of `BIG_VAR_BYTES` or more sent or fetched (`big_var_us` each)
 
     def add(self, other: Cost) -> None:
         for kind, value in other.memory.items():
@@ -406,7 +414,7 @@ class Cost:
         self.sparse_bytes += other.sparse_bytes
         self.async_sparse_bytes += other.async_sparse_bytes
         self.prefetch_bytes += other.prefetch_bytes
-        self.bulk_vars += other.bulk_vars
+        self.big_vars += other.big_vars
 
     @property
     def memory_bytes(self) -> int:
@@ -418,7 +426,7 @@ class Cost:
         return (self.compute_us + dense / rates.bandwidth * 1e6 + synced / rates.sync_sparse_bandwidth * 1e6
                 + self.async_sparse_bytes / rates.sparse_bandwidth * 1e6
                 + self.prefetch_bytes / rates.prefetch_bandwidth * 1e6
-                + self.rpcs * rates.rpc_us + self.vars * rates.var_us + self.bulk_vars * rates.bulk_var_us)
+                + self.rpcs * rates.rpc_us + self.vars * rates.var_us + self.big_vars * rates.big_var_us)
 
 
 @dataclass(frozen=True)
@@ -495,13 +503,13 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
         cost.bytes_in = t * n * size
         cost.bytes_out = t * n * size
         if job.sync_mode:  # a big grad is summed as it arrives, a small one by the block's `sum`
-            bulk = sums_on_arrival(n * size, job)
-            summed = SUM_ON_ARRIVAL if bulk else "sum"
-            cost.bulk_vars = 2 * t if bulk else 0.0  # its grad in and its param out, each trainer
+            summed = SUM_ON_ARRIVAL if sums_on_arrival(n * size, job) else "sum"
             cost.compute_us = ((t - 1) * n * rates.op(summed, dtype) + n * rates.op("scale", dtype)
                                + n * rates.op(optimizer, dtype))
         else:
             cost.compute_us = t * n * rates.op(optimizer, dtype)
+        # its grad in and its param out, each trainer: a big var's own cost beside its bytes
+        cost.big_vars = 2 * t if n * size >= BIG_VAR_BYTES else 0.0
     cost.compute_us += runs * rates.block_us
     return cost
 
