@@ -84,7 +84,7 @@ def test_whole_params_are_packed_optimally():
     """Sizes 3,3,2,2,2 kept whole on 2 pservers: greedy alone gives 7|5 (the classic LPT
     miss), the known optimum is 3+3 | 2+2+2."""
     rates = Rates(bandwidth=1e12, rpc_us=0.0, op_us={"sum": 0.0, "scale": 0.0, "sgd": 1.0}, row_us=0.0, var_us=0.0,
-                  block_us=0.0)
+                  block_us=0.0, big_var_us=0.0)
     params = [dense(n, (size * 1000, 1)) for n, size in zip("abcde", (2, 3, 2, 3, 2), strict=True)]
     planner = PlanPartitioner(rates=rates, kinds={n: ("whole",) for n in "abcde"})
     placed = run(planner, params, 2, trainers=1)

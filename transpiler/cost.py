@@ -29,7 +29,9 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
 - RPCs (`batch_rpcs`): per trainer one `SendFetchBatch` to each pserver holding a
   partition in sync mode (grads, send barrier, params fetched, fetch barrier: one call), a
   `SendBatch` and a `FetchBatch` in async mode, and a prefetch call per prefetched
-  partition, each `rpc_us`; each var a batch carries costs `var_us`;
+  partition, each `rpc_us`; each var a batch carries costs `var_us`, and a dense partition
+  `big_var_us` per trainer each way (its grad in, param out), a share by its bytes below
+  `BIG_VAR_BYTES`;
 - compute: `(T-1)·n·sum + n·scale + n·<optimizer>` µs-per-element rates (`Rates`: float32
   rates, float64 its own `op@fp64` ones, copies by their bytes), where a dense grad of
   `arrival_sum.MIN_BYTES` or more with per-trainer copies (`sums_on_arrival`) has no `sum`
@@ -44,7 +46,8 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
 Estimated pserver time per step = compute + dense bytes (in + out) / bandwidth + sparse
 grad bytes (grad rows and their ids) / sync_sparse_bandwidth (a sync job) or
 sparse_bandwidth (async) + prefetch bytes (ids in, rows out: `Cost.prefetch_bytes`) /
-prefetch_bandwidth + RPCs × rpc_us + vars × var_us: the pserver's CPU µs per step, which
+prefetch_bandwidth + RPCs × rpc_us + vars × var_us + big vars × big_var_us: the pserver's
+CPU µs per step, which
 `benchmarks/cost_accuracy.py` compares with real pservers' CPU from /proc. The fixed rates
 (`rpc_us`, `block_us`: a real sync pserver's round replayed by `transpiler.replay`;
 `var_us`, `id_us`) and the bandwidths are measured against real pservers by `pstranspile
@@ -80,12 +83,12 @@ PREFETCH_BANDWIDTH = 1.1e9
 # per dense var of `BIG_VAR_BYTES` or more a trainer sends (its grad) or fetches (its param),
 # beside its bytes and its partition's `block_us` (`calibrate.measure_dense`: 32 fc layers
 # 256 wide against 8 of 512, the same bytes in 4x the vars, on the bulk channel): 47-51 us
-# in 3 measurements at load average 3-7, 70-81 in 3 at 7-10, 2026-11-27. Smaller vars cost
-# less (15-21 us at 64 kB over gRPC, 8-25 at 16 kB: not priced, `block_us` holds a tiny
-# var's), a 255 kB var over gRPC no less than a 256 kB one on the bulk channel: priced from
-# 64 kB on, either path, so that no cut of a param looks cheaper for dodging it.
+# in 3 measurements at load average 3-7, 70-81 in 3 at 7-10, 2026-11-27. A smaller var
+# costs its share by bytes (measured 15-21 us at 64 kB over gRPC, 8-25 at 16 kB; a 255 kB
+# var over gRPC no less than a 256 kB one on the bulk channel): on either path, and no cut
+# of a param makes it cheaper (two halves cost what the whole does, or more).
 BIG_VAR_US = 50.0
-BIG_VAR_BYTES = 64 << 10
+BIG_VAR_BYTES = 256 << 10
 RATES_SCHEMA = "pstranspile.rates/2"
 # The first schema counted a sync step's one `SendFetchBatch` per trainer as two RPCs (a send
 # batch and a fetch batch, as trainers sent them before the deferred send barrier): its
@@ -193,7 +196,8 @@ class Rates:
     # grad's rows, which are decoded, merged and written
     prefetch_bandwidth: float = PREFETCH_BANDWIDTH
     # per transfer of a dense var of `BIG_VAR_BYTES` or more (a trainer's grad in, its param
-    # out), beside its bytes and its partition's `block_us` (see `BIG_VAR_US`)
+    # out; a smaller var its share by bytes), beside its bytes and its partition's `block_us`
+    # (see `BIG_VAR_US`)
     big_var_us: float = BIG_VAR_US
     # what calibrate measured of its own noise (`pstranspile calibrate`: each repeat's figure
     # of the rates it takes a median of), for the report; not used by the model
@@ -228,7 +232,7 @@ class Rates:
                       "sparse_bandwidth": "bytes/s of sparse rows (grads in, prefetched rows out), async pserver",
                       "sync_sparse_bandwidth": "bytes/s of sparse rows on a sync pserver",
                       "prefetch_bandwidth": "bytes/s of a prefetch's ids in and rows out",
-                      "big_var_us": "us per dense var of 64 kB or more sent or fetched, per trainer",
+                      "big_var_us": "us per dense var of 256 kB or more sent or fetched, per trainer (a smaller one: its share by bytes)",
                       "update_row_us": "us per distinct row a sparse update writes"},
             "bandwidth": self.bandwidth,
             "rpc_us": self.rpc_us,
@@ -399,7 +403,7 @@ class Cost:
     sparse_bytes: float = 0.0  # of bytes_in + bytes_out: sparse grad rows, ids and prefetched rows
     async_sparse_bytes: float = 0.0  # of sparse_bytes: an async job's grad rows (priced at `sparse_bandwidth`)
     prefetch_bytes: float = 0.0  # of sparse_bytes: prefetches' ids in and rows out (`prefetch_bandwidth`)
-    big_vars: float = 0.0  # dense vars of `BIG_VAR_BYTES` or more sent or fetched (`big_var_us` each)
+    big_vars: float = 0.0  # dense vars sent or fetched, in `BIG_VAR_BYTES` units up to one a var (`big_var_us` each)
 
     def add(self, other: Cost) -> None:
         for kind, value in other.memory.items():
@@ -508,8 +512,9 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
                                + n * rates.op(optimizer, dtype))
         else:
             cost.compute_us = t * n * rates.op(optimizer, dtype)
-        # its grad in and its param out, each trainer: a big var's own cost beside its bytes
-        cost.big_vars = 2 * t if n * size >= BIG_VAR_BYTES else 0.0
+        # its grad in and its param out, each trainer: a var's own cost beside its bytes, whole
+        # from `BIG_VAR_BYTES` on, a smaller var's share by its bytes
+        cost.big_vars = 2 * t * min(1.0, n * size / BIG_VAR_BYTES)
     cost.compute_us += runs * rates.block_us
     return cost
 
