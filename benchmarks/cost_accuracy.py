@@ -25,7 +25,8 @@ steps (after `warm` steps) divided by the steps trainer 0 made meanwhile; and th
 with the built-in rates or `--rates`) estimates each pserver's ms per step (`est_ms`: CPU
 work, the bytes at the calibrated pserver rate, the fixed per-RPC / per-var / per-block
 costs); its step-time estimate is the slowest pserver's. Printed per pserver: predicted,
-measured CPU, their ratio; per workload: the slowest's ratio, Spearman's rank correlation of
+measured CPU (the median of `--rounds`; beside it the lowest and highest round and the
+estimate over each, so a round outside 25% shows), their ratio; per workload: the slowest's ratio, Spearman's rank correlation of
 predicted and measured, whether the slowest pserver is the same, and the pairwise order of
 the pservers the measurement separates by more than `--tie` (10%: closer than that is within
 the run-to-run noise of this machine, and no order is claimed). The wall step also counts
@@ -35,6 +36,8 @@ beside, not compared.
 `--calibrate` runs `pstranspile calibrate` in the same process before the workloads (under
 the load they will see) and reports the estimates with those rates too, beside the
 built-in (or `--rates`) ones, against the same measurements (`--calibrated-out` saves them).
+The calibration's own repeats (`Rates.noise`) are printed in its source line, each run's
+load average (before, after) is kept with it and the range printed.
 """
 
 from __future__ import annotations

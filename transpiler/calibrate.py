@@ -1,8 +1,10 @@
 """`pstranspile calibrate`: measure this machine's rates for the cost model (`transpiler/cost.py`).
 
-Every figure is a pserver's CPU (from /proc for the real pservers, in child processes):
-a pserver's load is its CPU, and `benchmarks/cost_accuracy.py` checks the model against
-real pservers' CPU per step.
+Every figure is a pserver's CPU (for the real pservers, in child processes, read by the
+pserver itself: `time.process_time` through a probe thread, `_CPU_PROBE`, where /proc
+counts 10 ms ticks): a pserver's load is its CPU, and `benchmarks/cost_accuracy.py`
+checks the model against real pservers' CPU per step. The noisy figures are medians over
+blocks and repeats, each repeat's kept in `Rates.noise`.
 
 - `op_us`: µs per element of each optimizer op (and `sum`, `scale`) run by the executor on
   float32 params of 2^20 and 2^16 elements: the slope between the two sizes, so the
@@ -27,19 +29,23 @@ real pservers' CPU per step.
   round at a time, the rows merged and updated in place): the CPU per grad row at widths
   64 and 16, less `merge_us` and `scale` + Adagrad's rates on the distinct rows: the
   slope per float sets `sync_sparse_bandwidth` (what a sync job's sparse bytes cost);
+- against the same sync pserver, two trainers prefetching 8 and 4,096 distinct rows a
+  round (`measure_prefetch`): the CPU per row prefetched sets `prefetch_bandwidth`;
 - (`measure_sync_ids`, for `benchmarks/sparse_ids.py`: a real sync pserver fed given id
   sets by two prefetching trainers, CPU per round);
-- against a real sync pserver (`measure_dense`: `measure_sync_round` serves a net of
+- against a real sync pserver (`measure_dense`: `measure_sync_rounds` serves a net of
   fc layers, Momentum, to 2 trainer threads that replay their traffic with
   `transpiler.replay` and wait `THINK` between rounds as real trainers compute): `rpc_us`
-  per trainer batch (a 1-layer tiny net's round), `block_us` per partition (16 layers
-  against 1), `bandwidth` (8 layers 1024 wide against 8 layers 512 wide: the bytes in
-  and out they add over the CPU they add, their ops taken off; every weight 1 MB or more,
-  so it travels the bulk channel and is summed on arrival, as a real model's big grads);
+  per call, a trainer's `SendFetchBatch` (a 1-layer tiny net's round), `block_us` per
+  partition (16 layers against 1), `bandwidth` (8 layers 1024 wide against 8 layers 512
+  wide: the bytes in and out they add over the CPU they add, their ops taken off; every
+  weight 1 MB or more, so it travels the bulk channel and is summed on arrival, as a real
+  model's big grads), `big_var_us` (32 layers 256 wide against 8 of 512: the same bytes
+  in 4x the vars);
 - `sum_on_arrival` (an op rate, `measure_arrival_add`): per element of a trainer's copy
   of a big grad added into its accumulator in 2 MB chunks, as the pserver does.
 
-30-60 s on the shared 2-core VM (more when it is loaded). The figures go to a JSON file
+40-60 s on the shared 2-core VM (38-58 s at load average 4-10). The figures go to a JSON file
 (`Rates.to_json`) that `plan --rates` and `PlanPartitioner(rates=load_rates(path))` read.
 """
 
