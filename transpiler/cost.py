@@ -78,7 +78,7 @@ ID_BYTES = 8  # an int64 row id on the wire
 SYNC_SPARSE_BANDWIDTH = 5.6e8
 # a prefetch's ids in and rows out on a sync pserver (`calibrate.measure_prefetch`, 4,096
 # rows against 8 a trainer's round, 64 floats wide): 1.03 and 1.12e9 in two runs at load
-# average 5-6, 2026-11-27 (0.86-1.46e9 at 1,024 rows, noisier); twice a grad row's rate
+# average 5-6, 2026-11-27, 0.89-1.37e9 in 7 calibrations at 3.5-10; twice a grad row's rate
 PREFETCH_BANDWIDTH = 1.1e9
 # per dense var of `BIG_VAR_BYTES` or more a trainer sends (its grad) or fetches (its param),
 # beside its bytes and its partition's `block_us` (`calibrate.measure_dense`: 32 fc layers
@@ -191,7 +191,7 @@ class Rates:
     # driven a round at a time (`calibrate.measure_sync_sparse`)
     sync_sparse_bandwidth: float = SYNC_SPARSE_BANDWIDTH
     # a prefetch's ids in and rows out, beside its call (`rpc_us`): the pserver's CPU per
-    # byte (`calibrate.measure_prefetch`: a real sync pserver prefetched from 2,048 rows
+    # byte (`calibrate.measure_prefetch`: a real sync pserver prefetched from 4,096 rows
     # against 8 a round, 64 floats wide); a gather and one reply, cheaper per byte than a
     # grad's rows, which are decoded, merged and written
     prefetch_bandwidth: float = PREFETCH_BANDWIDTH
