@@ -775,9 +775,35 @@ def test_calibrate_measures_prefetched_rows_on_a_real_sync_pserver():
     rows prefetched cost it more CPU, a rate in bytes/s follows from the per-row figure."""
     from transpiler.calibrate import PSERVER_WIDTH, measure_prefetch
 
-    found = measure_prefetch(counts=(8, 512), rounds=8, repeats=1)
+    found = measure_prefetch(counts=(8, 4096), rounds=10, repeats=1)
     assert len(found["row_us_each"]) == 1 and found["row_us"] > 0
     assert found["prefetch_bandwidth"] == pytest.approx((8 + PSERVER_WIDTH * 4) / found["row_us"] * 1e6)
+
+
+def test_measure_prefetch_takes_the_median_repeat_and_refuses_a_rate_it_did_not_see(monkeypatch):
+    """`measure_prefetch` on a pserver whose CPU per round is known (few rows, many rows,
+    none; per repeat): the per-row figure is the median repeat's, past one outlier; when
+    noise leaves no positive per-row figure it gives no rate (`None`), and `calibrate`
+    then prices prefetched rows as a grad's."""
+    from transpiler import calibrate
+
+    def rounds(rows_us, call_us=500.0):
+        def fake(width, table_rows, trainers, sets, rounds, blocks, think=0.0):
+            assert len(sets) == 3 * len(rows_us) and blocks == 1
+            out = []
+            for row in rows_us:
+                base = 2000.0
+                out += [base + trainers * call_us + trainers * 8 * row, base + trainers * call_us + trainers * 4096 * row,
+                        base]
+            return out
+        return fake
+
+    monkeypatch.setattr(calibrate, "_sync_table_rounds", rounds([0.2, 0.25, 5.0]))
+    found = calibrate.measure_prefetch(counts=(8, 4096), repeats=3)
+    assert found["row_us"] == pytest.approx(0.25) and found["call_us"] == pytest.approx(500.0 + 8 * 0.25, rel=0.01)
+    assert found["prefetch_bandwidth"] == pytest.approx((8 + 64 * 4) / 0.25 * 1e6)
+    monkeypatch.setattr(calibrate, "_sync_table_rounds", rounds([-0.01, 0.0, 0.3]))
+    assert calibrate.measure_prefetch(counts=(8, 4096), repeats=3)["prefetch_bandwidth"] is None
 
 
 def test_big_dense_vars_cost_big_var_us_per_trainer_each_way():
