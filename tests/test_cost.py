@@ -833,3 +833,17 @@ def test_big_dense_vars_cost_big_var_us_per_trainer_each_way():
     total.add(block_cost("momentum", DType.FP32, 0, rows, 64, Job(2), rates))
     total.add(block_cost("momentum", DType.FP32, 0, rows // 2, 64, Job(2), rates))
     assert total.big_vars == pytest.approx(6.0) and total.time_us(rates) == pytest.approx(240.0)
+
+
+def test_calibrate_splits_a_partition_between_its_block_and_its_vars_keeping_their_sum():
+    """A partition's measured fixed CPU (70 µs, 2 trainers: 4 var transfers) is `block_us` +
+    4·`var_us`; a `var_us` measured apart keeps its share when it fits, and is capped when
+    noise puts it above (21 µs once: 84 > 70), so `block_us` is 0, not negative, and the sum
+    stays 70."""
+    from transpiler.calibrate import split_partition
+
+    assert split_partition(70.0, 0.0, 2) == (0.0, 70.0)
+    assert split_partition(70.0, 5.0, 2) == (5.0, 50.0)
+    var_us, block_us = split_partition(70.0, 21.0, 2)
+    assert (var_us, block_us) == (17.5, 0.0) and block_us + 4 * var_us == 70.0
+    assert split_partition(70.0, -3.0, 2) == (0.0, 70.0)

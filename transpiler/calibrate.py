@@ -852,6 +852,16 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
             "big_var_us_each": bulk_each}
 
 
+def split_partition(per_partition_us: float, var_us: float, trainers: int) -> tuple[float, float]:
+    """(`var_us`, `block_us`) of a partition whose fixed CPU a round is `per_partition_us`:
+    its block run and its vars, a grad in and a param out per trainer (`2·trainers·var_us`).
+    A noisy `var_us` (measured apart, on an async pserver) above that share would zero
+    `block_us` and price the partition above its measured CPU: it is capped, and the two
+    keep their measured sum."""
+    var_us = min(max(var_us, 0.0), per_partition_us / (2 * trainers))
+    return var_us, max(per_partition_us - 2 * trainers * var_us, 0.0)
+
+
 def calibrate(progress=None) -> Rates:
     started = time.perf_counter()
     say = progress or (lambda text: None)
@@ -904,11 +914,7 @@ def calibrate(progress=None) -> Rates:
         f"a prefetch call {fetched['call_us']:.0f} us)")
     say(f"a real sync pserver, {SYNC_TRAINERS} trainers replaying dense traffic: us per round, per block, dense bytes/s")
     dense = measure_dense(ops, real["var_us"])
-    # a partition's fixed CPU is `block_us` + its vars' `var_us` (2 a trainer): a noisy
-    # `var_us` above that share would zero `block_us` and price the partition above its
-    # measured CPU; the two keep their measured sum
-    var_us = min(real["var_us"], dense["per_partition_us"] / (2 * SYNC_TRAINERS))
-    block_us = max(dense["per_partition_us"] - 2 * SYNC_TRAINERS * var_us, 0.0)
+    var_us, block_us = split_partition(dense["per_partition_us"], real["var_us"], SYNC_TRAINERS)
     say(f"  rpc {dense['rpc_us']:.0f}, block {block_us:.1f} (var {var_us:.1f}), {dense['bandwidth'] / 1e6:,.0f} MB/s "
         f"(rounds: tiny {dense['round_us']:.0f} us, +{dense['per_partition_us']:.0f} us per partition, "
         f"{DENSE_LAYERS} layers {DENSE_WIDTHS[0]} / {DENSE_WIDTHS[1]} wide {dense['narrow_round_us'] / 1e3:.1f} / "
