@@ -361,9 +361,9 @@ def test_pserver_rpcs_are_one_send_fetch_batch_per_trainer_in_sync_mode_two_in_a
         for row in rows:
             assert row.cost.rpcs == (calls if row.partitions else 0)
             assert row.cost.vars == 6 * len(row.partitions)
-        rates = Rates(rpc_us=1000.0)
+        rates = Rates(rpc_us=1000.0, bulk_rpc_us=1000.0)  # a call is a call, on gRPC or the bulk channel
         priced = plan_costs(result.plan, rates)
-        free = plan_costs(result.plan, dataclasses.replace(rates, rpc_us=0.0))
+        free = plan_costs(result.plan, dataclasses.replace(rates, rpc_us=0.0, bulk_rpc_us=0.0))
         for row, base in zip(priced, free, strict=True):
             assert row.time_us - base.time_us == pytest.approx(1000.0 * (calls if row.partitions else 0))
 
@@ -599,7 +599,7 @@ def test_calibrate_dense_recovers_the_rates_of_a_pserver_that_costs_what_the_mod
     as the model prices them), `block_us` and `rpc_us` it was given."""
     from transpiler import calibrate
 
-    rates = Rates(bandwidth=3e9, rpc_us=300.0, var_us=0.0, block_us=50.0, big_var_us=40.0,
+    rates = Rates(bandwidth=3e9, rpc_us=300.0, var_us=0.0, block_us=50.0, big_var_us=40.0, bulk_rpc_us=200.0,
                   op_us={**DEFAULT_OP_US, SUM_ON_ARRIVAL: 0.0004, "sum": 0.002, "scale": 0.0003, "momentum": 0.001})
 
     def modelled(main, startup, steps, warm=3, trainers=2, think=0.0, blocks=1):
@@ -612,6 +612,9 @@ def test_calibrate_dense_recovers_the_rates_of_a_pserver_that_costs_what_the_mod
     assert dense["bandwidth"] == pytest.approx(3e9, rel=1e-3) and dense["bandwidths"] == [dense["bandwidth"]] * 3
     # the many-vars net's extra big vars, each sent and fetched by each trainer
     assert dense["big_var_us"] == pytest.approx(40.0, rel=0.01) and len(dense["big_var_us_each"]) == 3
+    # the 256 kB net's batches travel the bulk channel: bulk_rpc_us a call
+    assert dense["bulk_rpc_us"] == pytest.approx(200.0, rel=0.01)
+    assert dense["bulk_rpc_us_each"] == pytest.approx([200.0] * 3, rel=0.01)
     # the tiny nets' own bytes and ops ride on the fixed figures: under 1%; rpc_us per call
     # (a SendFetchBatch a trainer), each pserver's figure reported as the noise
     assert dense["block_us"] == pytest.approx(50.0, rel=0.01) and dense["rpc_us"] == pytest.approx(300.0, rel=0.01)
@@ -742,7 +745,7 @@ def test_calibrate_dense_takes_the_median_block_past_an_outlier(monkeypatch):
     def modelled(main, startup, steps, warm=3, trainers=2, think=0.0, blocks=1):
         result = transpile(main, startup, pservers=["127.0.0.1:1"], trainers=trainers)
         value = plan_costs(result.plan, rates)[0].time_us
-        if len(result.plan.params) == 2:  # the 1-layer tiny net
+        if [p.shape for p in result.plan.params] in ([(4, 4), (4,)], [(4,), (4, 4)]):  # the 1-layer tiny net
             calls["tiny"] += 1
             if calls["tiny"] == 1:
                 return [value, value, 2.5 * value, value][:blocks]
@@ -847,3 +850,30 @@ def test_calibrate_splits_a_partition_between_its_block_and_its_vars_keeping_the
     var_us, block_us = split_partition(70.0, 21.0, 2)
     assert (var_us, block_us) == (17.5, 0.0) and block_us + 4 * var_us == 70.0
     assert split_partition(70.0, -3.0, 2) == (0.0, 70.0)
+
+
+def test_batches_to_a_pserver_with_a_big_dense_var_are_priced_as_bulk_channel_calls():
+    """A pserver holding a dense var of 256 kB or more offers the bulk channel
+    (`ops.rpc.bulk.BULK_MIN`, the same threshold as `BIG_VAR_BYTES`) and the trainers'
+    batches travel it: `bulk_rpc_us` a call (`Cost.bulk_rpcs`); a pserver with only small
+    vars takes gRPC calls at `rpc_us`; a prefetch is always a gRPC call."""
+    import types
+
+    from ops.rpc.bulk import BULK_MIN
+    from transpiler.cost import BIG_VAR_BYTES
+
+    assert BIG_VAR_BYTES == BULK_MIN
+    rates = Rates(bandwidth=1e30, sparse_bandwidth=1e30, rpc_us=700.0, bulk_rpc_us=300.0, var_us=0.0, block_us=0.0,
+                  big_var_us=0.0, op_us=dict.fromkeys(("sum", "scale", "momentum", SUM_ON_ARRIVAL), 0.0))
+
+    def block(rows, name):
+        return types.SimpleNamespace(cols=None, rows=rows, row_offset=0, name=name)
+
+    big, small = block(1024, "w.block0"), block(1023, "w.block1")  # [rows, 64] float32: 256 kB and just under
+    param = types.SimpleNamespace(param="w", shape=(2047, 64), optimizer="momentum", dtype=DType.FP32, sparse=False,
+                                  merged_grad=False, remote_prefetch=False, blocks=[big, small], endpoints=["a", "b"])
+    plan = types.SimpleNamespace(trainers=2, sync_mode=True, endpoints=["a", "b", "c"], params=[param], table=None)
+    a, b, c = plan_costs(plan, rates)
+    assert (a.cost.rpcs, a.cost.bulk_rpcs, b.cost.rpcs, b.cost.bulk_rpcs) == (2, 2, 2, 0)
+    assert a.time_us == pytest.approx(2 * 300.0) and b.time_us == pytest.approx(2 * 700.0) and c.time_us == 0
+    assert load_rates(None).bulk_rpc_us == Rates().bulk_rpc_us

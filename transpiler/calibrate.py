@@ -41,7 +41,8 @@ blocks and repeats, each repeat's kept in `Rates.noise`.
   wide: the bytes in and out they add over the CPU they add, their ops taken off; every
   weight 1 MB or more, so it travels the bulk channel and is summed on arrival, as a real
   model's big grads), `big_var_us` (32 layers 256 wide against 8 of 512: the same bytes
-  in 4x the vars);
+  in 4x the vars), `bulk_rpc_us` (a 1-layer net of one 256 kB weight: its batches on
+  the bulk channel);
 - `sum_on_arrival` (an op rate, `measure_arrival_add`): per element of a trainer's copy
   of a big grad added into its accumulator in 2 MB chunks, as the pserver does.
 
@@ -62,7 +63,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from transpiler.cost import DEFAULT_OP_US, ID_BYTES, SUM_ON_ARRIVAL, Job, Rates, batch_rpcs
+from transpiler.cost import BIG_VAR_BYTES, DEFAULT_OP_US, ID_BYTES, SUM_ON_ARRIVAL, Job, Rates, batch_rpcs
 
 _SERVER = r"""
 import sys
@@ -768,6 +769,7 @@ THINK = 0.01  # seconds a replaying trainer waits between rounds, as a trainer c
 
 DENSE_LAYERS = 8  # `measure_dense`'s two wide nets: this many fc layers each
 DENSE_WIDTHS = (512, 1024)  # their widths: every weight (1 MB, 4 MB) summed on arrival, on the bulk channel
+BULK_WIDTH = 256  # `measure_dense`'s bulk net: one 256 x 256 layer, a 256 kB weight (`BULK_MIN`)
 
 
 def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRAINERS, small_steps: int = 80,
@@ -809,6 +811,10 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
     # (the many-layer net's error is spread over its `many - 1` extra layers: fewer pservers)
     wide_runs = [measure_sync_rounds(*dense_programs(many, 4, 4), small_steps // 2, think=think, blocks=blocks)
                  for _ in range(max(pairs - 1, 1))]
+    # a 1-layer net of one 256 kB weight: its pserver offers the bulk channel (`BULK_MIN`),
+    # and the trainers' batches travel it
+    bulk_runs = [measure_sync_rounds(*dense_programs(1, BULK_WIDTH, BULK_WIDTH), small_steps, think=think,
+                                     blocks=blocks) for _ in range(pairs)]
     tiny = statistics.median(f for run in tiny_runs for f in run)
     wide = statistics.median(f for run in wide_runs for f in run)
     per_partition = max((wide - tiny) / (2 * (many - 1)), 0.0)
@@ -845,11 +851,21 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
     known = extra_parts * per_partition + (work[2] - work[0]) + (moved[2] - moved[0]) / bandwidth * 1e6
     bulk_each = [max((m - n - known) / transfers, 0.0) for m, n in zip(manys, narrow, strict=True)]
     big_var_us = statistics.median(bulk_each)
+    # the bulk net's round: its 2 partitions' blocks, its weight's bytes, big-var cost and
+    # ops (and the bias's) at the rates just measured; the rest per trainer's call
+    weights, biases = BULK_WIDTH * BULK_WIDTH, BULK_WIDTH
+    bulk_known = (2 * per_partition + (weights + biases) * (ops["scale"] + ops["momentum"])
+                  + (trainers - 1) * (weights * ops[SUM_ON_ARRIVAL] + biases * ops["sum"])
+                  + 2 * trainers * (weights + biases) * 4 / bandwidth * 1e6
+                  + 2 * trainers * (min(1.0, weights * 4 / BIG_VAR_BYTES) + min(1.0, biases * 4 / BIG_VAR_BYTES))
+                  * big_var_us)
+    bulk_rpc_each = [max((statistics.median(run) - bulk_known) / calls, 0.0) for run in bulk_runs]
+    bulk_rpc_us = max((statistics.median(f for run in bulk_runs for f in run) - bulk_known) / calls, 0.0)
     rounds = [statistics.median(narrow), statistics.median(broad)]
     return {"rpc_us": rpc_us, "block_us": block_us, "bandwidth": bandwidth, "round_us": tiny,
             "per_partition_us": per_partition, "narrow_round_us": rounds[0], "big_round_us": rounds[1],
             "bandwidths": slopes, "rpc_us_each": tiny_each, "big_var_us": big_var_us,
-            "big_var_us_each": bulk_each}
+            "big_var_us_each": bulk_each, "bulk_rpc_us": bulk_rpc_us, "bulk_rpc_us_each": bulk_rpc_each}
 
 
 def split_partition(per_partition_us: float, var_us: float, trainers: int) -> tuple[float, float]:
@@ -921,13 +937,16 @@ def calibrate(progress=None) -> Rates:
         f"{dense['big_round_us'] / 1e3:.1f} ms; noise: rpc per pserver "
         f"{', '.join(f'{v:.0f}' for v in dense['rpc_us_each'])}, MB/s per pair "
         f"{', '.join(f'{v / 1e6:,.0f}' for v in dense['bandwidths'])}); per big var on the bulk channel "
-        f"{dense['big_var_us']:.0f} us (each pair {', '.join(f'{v:.0f}' for v in dense['big_var_us_each'])})")
+        f"{dense['big_var_us']:.0f} us (each pair {', '.join(f'{v:.0f}' for v in dense['big_var_us_each'])}); "
+        f"a batch on the bulk channel {dense['bulk_rpc_us']:.0f} us a call (each pserver "
+        f"{', '.join(f'{v:.0f}' for v in dense['bulk_rpc_us_each'])})")
     host = os.uname().nodename if hasattr(os, "uname") else "this machine"
     source = f"calibrate on {host}, {time.strftime('%Y-%m-%d')}, {time.perf_counter() - started:.0f}s"
     return Rates(bandwidth=dense["bandwidth"], rpc_us=dense["rpc_us"], op_us=ops, row_us=row_us,
                  var_us=var_us, block_us=block_us, id_us=id_us, copy_us=copy_us,
                  merge_us=merge_us, fault_us=block["fault_us"], source=source, sparse_bandwidth=sparse_bandwidth,
                  update_row_us=update_row_us, sync_sparse_bandwidth=sync_sparse_bandwidth,
-                 prefetch_bandwidth=prefetch_bandwidth, big_var_us=dense["big_var_us"],
+                 prefetch_bandwidth=prefetch_bandwidth, big_var_us=dense["big_var_us"], bulk_rpc_us=dense["bulk_rpc_us"],
                  noise={"rpc_us": dense["rpc_us_each"], "bandwidth": dense["bandwidths"],
-                        "big_var_us": dense["big_var_us_each"], "prefetch_row_us": fetched["row_us_each"]})
+                        "big_var_us": dense["big_var_us_each"], "prefetch_row_us": fetched["row_us_each"],
+                        "bulk_rpc_us": dense["bulk_rpc_us_each"]})

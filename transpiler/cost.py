@@ -29,7 +29,8 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
 - RPCs (`batch_rpcs`): per trainer one `SendFetchBatch` to each pserver holding a
   partition in sync mode (grads, send barrier, params fetched, fetch barrier: one call), a
   `SendBatch` and a `FetchBatch` in async mode, and a prefetch call per prefetched
-  partition, each `rpc_us`; each var a batch carries costs `var_us`, and a dense partition
+  partition, each `rpc_us` (`bulk_rpc_us` for the batches to a pserver with a dense var of
+  `BIG_VAR_BYTES` or more: they travel its bulk channel); each var a batch carries costs `var_us`, and a dense partition
   `big_var_us` per trainer each way (its grad in, param out), a share by its bytes below
   `BIG_VAR_BYTES`;
 - compute: `(T-1)·n·sum + n·scale + n·<optimizer>` µs-per-element rates (`Rates`: float32
@@ -88,7 +89,12 @@ PREFETCH_BANDWIDTH = 1.1e9
 # var over gRPC no less than a 256 kB one on the bulk channel): on either path, and no cut
 # of a param makes it cheaper (two halves cost what the whole does, or more).
 BIG_VAR_US = 50.0
-BIG_VAR_BYTES = 256 << 10
+BIG_VAR_BYTES = 256 << 10  # also the bulk channel's threshold (`ops.rpc.bulk.BULK_MIN`, a higher layer)
+# a trainer's batch on the bulk channel: a 1-layer net of a 256 kB weight against the tiny
+# net's gRPC round, its bytes, big var and ops taken off: 100-320 us less than a gRPC call
+# in two measurements at load average 4, 2026-11-27 (the MLP's pservers, on the bulk channel,
+# measured 1.8-2.5 ms a step where two gRPC-priced calls alone were 1.37)
+BULK_RPC_US = 475.0
 RATES_SCHEMA = "pstranspile.rates/2"
 # The first schema counted a sync step's one `SendFetchBatch` per trainer as two RPCs (a send
 # batch and a fetch batch, as trainers sent them before the deferred send barrier): its
@@ -199,6 +205,10 @@ class Rates:
     # out; a smaller var its share by bytes), beside its bytes and its partition's `block_us`
     # (see `BIG_VAR_US`)
     big_var_us: float = BIG_VAR_US
+    # per call of a trainer's batch on the bulk channel (a pserver with a dense var of
+    # `BIG_VAR_BYTES` or more offers it: `ops.rpc.bulk.BULK_MIN`, `PSTRANSPILE_BULK=auto`),
+    # where a gRPC call is `rpc_us` (see `BULK_RPC_US`)
+    bulk_rpc_us: float = BULK_RPC_US
     # what calibrate measured of its own noise (`pstranspile calibrate`: each repeat's figure
     # of the rates it takes a median of), for the report; not used by the model
     noise: Mapping[str, Sequence[float]] = field(default_factory=dict)
@@ -233,6 +243,7 @@ class Rates:
                       "sync_sparse_bandwidth": "bytes/s of sparse rows on a sync pserver",
                       "prefetch_bandwidth": "bytes/s of a prefetch's ids in and rows out",
                       "big_var_us": "us per dense var of 256 kB or more sent or fetched, per trainer (a smaller one: its share by bytes)",
+                      "bulk_rpc_us": "us per batch call on the bulk channel",
                       "update_row_us": "us per distinct row a sparse update writes"},
             "bandwidth": self.bandwidth,
             "rpc_us": self.rpc_us,
@@ -247,6 +258,7 @@ class Rates:
             "sync_sparse_bandwidth": self.sync_sparse_bandwidth,
             "prefetch_bandwidth": self.prefetch_bandwidth,
             "big_var_us": self.big_var_us,
+            "bulk_rpc_us": self.bulk_rpc_us,
             "update_row_us": self.update_row_us,
             "op_us": dict(sorted(self.op_us.items())),
             "noise": {k: [float(v) for v in values] for k, values in sorted(self.noise.items())},
@@ -277,11 +289,13 @@ def load_rates(path: str | Path | None) -> Rates:
                       float(data.get("sync_sparse_bandwidth", Rates.sync_sparse_bandwidth)),
                       float(data.get("prefetch_bandwidth", Rates.prefetch_bandwidth)),
                       float(data.get("big_var_us", Rates.big_var_us)),
+                      float(data.get("bulk_rpc_us", Rates.bulk_rpc_us)),
                       {str(k): tuple(float(x) for x in v) for k, v in data.get("noise", {}).items()})
     except (KeyError, TypeError, ValueError) as exc:
         raise TranspileError(f"rates {path}: bad field ({exc})") from None
     if rates.bandwidth <= 0 or min(rates.sparse_bandwidth, rates.sync_sparse_bandwidth, rates.prefetch_bandwidth) <= 0 or min(rates.rpc_us, rates.row_us, rates.var_us, rates.block_us, rates.id_us,
-                                   rates.copy_us, rates.merge_us, rates.fault_us, rates.update_row_us, rates.big_var_us) < 0 or any(v < 0 for v in ops.values()):
+                                   rates.copy_us, rates.merge_us, rates.fault_us, rates.update_row_us, rates.big_var_us,
+                                   rates.bulk_rpc_us) < 0 or any(v < 0 for v in ops.values()):
         raise TranspileError(f"rates {path}: rates must be positive")
     return rates
 
@@ -404,6 +418,7 @@ class Cost:
     async_sparse_bytes: float = 0.0  # of sparse_bytes: an async job's grad rows (priced at `sparse_bandwidth`)
     prefetch_bytes: float = 0.0  # of sparse_bytes: prefetches' ids in and rows out (`prefetch_bandwidth`)
     big_vars: float = 0.0  # dense vars sent or fetched, in `BIG_VAR_BYTES` units up to one a var (`big_var_us` each)
+    bulk_rpcs: float = 0.0  # of rpcs: the batches on the bulk channel (`bulk_rpc_us` each, not `rpc_us`)
 
     def add(self, other: Cost) -> None:
         for kind, value in other.memory.items():
@@ -419,6 +434,7 @@ class Cost:
         self.async_sparse_bytes += other.async_sparse_bytes
         self.prefetch_bytes += other.prefetch_bytes
         self.big_vars += other.big_vars
+        self.bulk_rpcs += other.bulk_rpcs
 
     @property
     def memory_bytes(self) -> int:
@@ -430,7 +446,8 @@ class Cost:
         return (self.compute_us + dense / rates.bandwidth * 1e6 + synced / rates.sync_sparse_bandwidth * 1e6
                 + self.async_sparse_bytes / rates.sparse_bandwidth * 1e6
                 + self.prefetch_bytes / rates.prefetch_bandwidth * 1e6
-                + self.rpcs * rates.rpc_us + self.vars * rates.var_us + self.big_vars * rates.big_var_us)
+                + (self.rpcs - self.bulk_rpcs) * rates.rpc_us + self.bulk_rpcs * rates.bulk_rpc_us
+                + self.vars * rates.var_us + self.big_vars * rates.big_var_us)
 
 
 @dataclass(frozen=True)
@@ -592,6 +609,7 @@ def plan_costs(plan, rates: Rates | None = None, ids: Mapping[str, IdStats] | No
     ids = ids or {}
     job = Job(plan.trainers, plan.sync_mode)
     out = {ep: PserverCost(ep, Cost(), []) for ep in plan.endpoints}
+    bulk: set[str] = set()  # pservers with a dense var of BIG_VAR_BYTES or more: they offer the bulk channel
     for param in plan.params:
         width = math.prod(param.shape[1:]) if len(param.shape) >= 2 else 1
         for block, endpoint in zip(param.blocks, param.endpoints, strict=True):
@@ -602,6 +620,8 @@ def plan_costs(plan, rates: Rates | None = None, ids: Mapping[str, IdStats] | No
                               merged=param.merged_grad)
             out[endpoint].cost.add(cost)
             out[endpoint].partitions.append(block.name)
+            if not param.sparse and rows * cols * param.dtype.itemsize >= BIG_VAR_BYTES:
+                bulk.add(endpoint)
     if plan.table is not None:
         for shard, endpoint in enumerate(plan.table.endpoints):
             out[endpoint].cost.add(table_shard_cost(plan.table, shard, job, rates, ids.get(plan.table.table)))
@@ -609,6 +629,8 @@ def plan_costs(plan, rates: Rates | None = None, ids: Mapping[str, IdStats] | No
     for row in out.values():
         if row.partitions:  # each trainer's batches (sync: one SendFetchBatch with the barriers)
             row.cost.rpcs += batch_rpcs(job)
+            if row.endpoint in bulk:  # ... on the bulk channel, cheaper per call than gRPC's
+                row.cost.bulk_rpcs += batch_rpcs(job)
     for row in out.values():
         row.time_us = row.cost.time_us(rates)
     return list(out.values())
