@@ -25,7 +25,8 @@ steps (after `warm` steps) divided by the steps trainer 0 made meanwhile; and th
 with the built-in rates or `--rates`) estimates each pserver's ms per step (`est_ms`: CPU
 work, the bytes at the calibrated pserver rate, the fixed per-RPC / per-var / per-block
 costs); its step-time estimate is the slowest pserver's. Printed per pserver: predicted,
-measured CPU, their ratio; per workload: the slowest's ratio, Spearman's rank correlation of
+measured CPU (the median of `--rounds`; beside it the lowest and highest round and the
+estimate over each, so a round outside 25% shows), their ratio; per workload: the slowest's ratio, Spearman's rank correlation of
 predicted and measured, whether the slowest pserver is the same, and the pairwise order of
 the pservers the measurement separates by more than `--tie` (10%: closer than that is within
 the run-to-run noise of this machine, and no order is claimed). The wall step also counts
@@ -35,6 +36,8 @@ beside, not compared.
 `--calibrate` runs `pstranspile calibrate` in the same process before the workloads (under
 the load they will see) and reports the estimates with those rates too, beside the
 built-in (or `--rates`) ones, against the same measurements (`--calibrated-out` saves them).
+The calibration's own repeats (`Rates.noise`) are printed in its source line, each run's
+load average (before, after) is kept with it and the range printed.
 """
 
 from __future__ import annotations
@@ -345,7 +348,13 @@ def top(values, tie: float) -> set[int]:
 
 
 def compare(predicted, runs, tie: float) -> dict:
+    """The estimate against the median over `runs` of each pserver's measured CPU; beside
+    it each pserver's lowest and highest run (`cpu_range`) and the ratios to them
+    (`ratio_range`: the estimate over the highest, over the lowest), so that a median
+    within 25% with a run outside it shows."""
     cpu = [statistics.median(r["pserver_cpu_ms"][p] for r in runs) for p in range(len(predicted))]
+    lows = [min(r["pserver_cpu_ms"][p] for r in runs) for p in range(len(predicted))]
+    highs = [max(r["pserver_cpu_ms"][p] for r in runs) for p in range(len(predicted))]
     step = statistics.median(r["step_ms"] for r in runs)
     pairs, agree, tied = separated_pairs(cpu, predicted, tie)
     slowest = max(range(len(cpu)), key=lambda i: cpu[i])
@@ -355,6 +364,8 @@ def compare(predicted, runs, tie: float) -> dict:
             "spearman": spearman(predicted, cpu), "slowest_matches": bool(top(cpu, tie) & top(predicted, tie)),
             "separated_pairs": pairs, "pairs_agree": agree, "pairs_model_tied": tied,
             "spread_measured": round(max(cpu) / min(cpu), 3), "spread_model": round(max(predicted) / min(predicted), 3),
+            "cpu_range": [[lo, hi] for lo, hi in zip(lows, highs, strict=True)],
+            "ratio_range": [[round(p / hi, 3), round(p / lo, 3)] for p, lo, hi in zip(predicted, lows, highs, strict=True)],
             "runs": runs}
 
 
@@ -384,7 +395,9 @@ def main() -> int:
 
         load = os.getloadavg()[0]
         in_run = calibrate(progress=lambda text: print(f"calibrate: {text}", file=sys.stderr, flush=True))
-        in_run = dataclasses.replace(in_run, source=f"{in_run.source}, in this run (load average {load:.1f})")
+        noise = "; ".join(f"{k} {', '.join(f'{v:.3g}' for v in vs)}" for k, vs in sorted(in_run.noise.items()))
+        in_run = dataclasses.replace(in_run, source=f"{in_run.source}, in this run (load average {load:.1f}; "
+                                                    f"its repeats: {noise})")
         if args.calibrated_out:
             args.calibrated_out.write_text(json.dumps(in_run.to_json(), indent=1) + "\n")
     earlier: dict[str, list] = {}
@@ -400,7 +413,8 @@ def main() -> int:
         if args.measured and not runs:
             continue
         for _ in range(0 if runs else args.rounds):
-            runs.append(work.measure(steps, warm))
+            load = os.getloadavg()[0]
+            runs.append({**work.measure(steps, warm), "load": [round(load, 2), round(os.getloadavg()[0], 2)]})
             print(f"{name}: {runs[-1]} (model {predicted})", file=sys.stderr, flush=True)
         out[name] = {"pservers": work.pservers, "trainers": work.trainers, "steps": steps, "warm": warm,
                      **compare(predicted, runs, args.tie)}
@@ -419,10 +433,12 @@ def main() -> int:
 
 def report(source: str, out: dict, tie: float) -> None:
     print(f"rates: {source}; per pserver ms per step: model estimate vs measured CPU (from /proc)")
-    print(f"{'workload':<11} {'pserver':>7} {'est ms':>9} {'cpu ms':>9} {'est/cpu':>8}")
+    print(f"{'workload':<11} {'pserver':>7} {'est ms':>9} {'cpu ms':>9} {'est/cpu':>8} {'cpu ms, runs':>15} "
+          f"{'est/cpu, runs':>13}")
     for name, r in out.items():
         for p, (e, c, q) in enumerate(zip(r["est_ms"], r["pserver_cpu_ms"], r["ratio"], strict=True)):
-            print(f"{name:<11} {p:>7} {e:>9.2f} {c:>9.2f} {q:>8.3f}")
+            (lo, hi), (qlo, qhi) = r["cpu_range"][p], r["ratio_range"][p]
+            print(f"{name:<11} {p:>7} {e:>9.2f} {c:>9.2f} {q:>8.3f} {f'{lo:.2f}-{hi:.2f}':>15} {f'{qlo:.2f}-{qhi:.2f}':>13}")
     print(f"{'workload':<11} {'est step':>9} {'slowest cpu':>11} {'ratio':>6} {'spread m/e':>11} {'spearman':>8} "
           f"{'slowest ok':>10} {'pairs ok/apart (tied)':>21} {'wall step ms':>12}")
     for name, r in out.items():
@@ -430,7 +446,11 @@ def report(source: str, out: dict, tie: float) -> None:
         spread = f"{r['spread_measured']:.2f}/{r['spread_model']:.2f}"
         print(f"{name:<11} {r['est_step_ms']:>9.2f} {r['slowest_cpu_ms']:>11.2f} {r['step_ratio']:>6.3f} {spread:>11} "
               f"{r['spearman']:>8.3f} {str(r['slowest_matches']):>10} {pairs:>21} {r['wall_step_ms']:>12.1f}")
-    print(f"spread: slowest / least loaded pserver, measured / estimated; pairs: the pservers the measurement puts more "
+    loads = [x for r in out.values() for run in r["runs"] for x in run.get("load", ())]
+    if loads:
+        print(f"load average over the runs: {min(loads):.1f}-{max(loads):.1f}")
+    print("cpu ms: the median of the runs (their lowest-highest beside it, and the estimate over each); "
+          f"spread: slowest / least loaded pserver, measured / estimated; pairs: the pservers the measurement puts more "
           f"than {tie:.0%} apart, the model orders alike / all (those it puts within {tie:.0%}: tied); "
           "the wall step includes the trainers' own compute")
 

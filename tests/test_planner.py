@@ -11,15 +11,18 @@ import pytest
 
 from conftest import PADDLE_PROGRAMS
 from transpiler.api import transpile
-from transpiler.cost import Job, Rates, block_cost, declared_memory, mod_shard_cost, plan_costs
+from transpiler.cost import SYNC_SPARSE_BANDWIDTH, Job, Rates, batch_rpcs, block_cost, declared_memory, mod_shard_cost, plan_costs
 from transpiler.errors import TranspileError
 from transpiler.ir import Program
 from transpiler.ir.types import DType
 from transpiler.partition import ParamInfo, checked_partitions
 from transpiler.planner import PlanPartitioner, candidates, even_cuts, grid_partitions
 
+# the search's known optima are worked out with these rates (no per-var cost for big vars:
+# `big_var_us` has its own tests in test_cost.py)
 RATES = Rates(bandwidth=1e9, rpc_us=100.0, op_us={"sum": 0.001, "scale": 0.001, "sgd": 0.002, "adam": 0.01},
-              row_us=0.01)
+              row_us=0.01, big_var_us=0.0)
+FEW_FIXED = Rates(rpc_us=100.0)
 MLP = PADDLE_PROGRAMS / "mlp_adam_2ps"
 CTR = PADDLE_PROGRAMS / "ctr_v1_sparse_sgd_2ps"
 
@@ -40,7 +43,7 @@ def run(planner: PlanPartitioner, params, servers: int, trainers: int = 2):
 
 
 def loads(planner, params, placed, servers, trainers=2):
-    total = [2 * trainers * planner.rates.rpc_us] * servers  # the send and fetch batches, as the planner counts
+    total = [trainers * planner.rates.rpc_us] * servers  # a SendFetchBatch per trainer, as the planner counts
     for p in params:
         for part, server in zip(*placed[p.name], strict=True):
             total[server] += block_cost(p.optimizer, p.dtype, part.start_row, part.rows, part.cols, Job(trainers),
@@ -81,7 +84,7 @@ def test_whole_params_are_packed_optimally():
     """Sizes 3,3,2,2,2 kept whole on 2 pservers: greedy alone gives 7|5 (the classic LPT
     miss), the known optimum is 3+3 | 2+2+2."""
     rates = Rates(bandwidth=1e12, rpc_us=0.0, op_us={"sum": 0.0, "scale": 0.0, "sgd": 1.0}, row_us=0.0, var_us=0.0,
-                  block_us=0.0)
+                  block_us=0.0, big_var_us=0.0)
     params = [dense(n, (size * 1000, 1)) for n, size in zip("abcde", (2, 3, 2, 3, 2), strict=True)]
     planner = PlanPartitioner(rates=rates, kinds={n: ("whole",) for n in "abcde"})
     placed = run(planner, params, 2, trainers=1)
@@ -97,7 +100,9 @@ def test_skewed_table_is_cut_by_columns():
     rng = np.random.default_rng(0)
     sample = np.minimum(rng.zipf(1.1, 100_000), 10_000) - 1
     table = dense("emb", (10_000, 64), sparse=True, table=True)
-    rates = Rates(bandwidth=1e8, rpc_us=100.0, op_us=dict(RATES.op_us), row_us=0.01, var_us=0.0)
+    # every rate the optimum depends on stated (the built-in ones move with calibrations)
+    rates = Rates(bandwidth=1e8, rpc_us=100.0, op_us=dict(RATES.op_us), row_us=0.01, var_us=0.0, merge_us=0.0086,
+                  update_row_us=0.39, prefetch_bandwidth=SYNC_SPARSE_BANDWIDTH)
     planner = PlanPartitioner(rates=rates, id_samples={"emb": sample}, batch_size=4096)
     placed = run(planner, [table], 4)
     parts, servers = placed["emb"]
@@ -400,15 +405,16 @@ def test_a_memory_cap_forces_the_best_plan_that_fits():
 
 def test_frequency_bands_beat_even_bands_and_put_the_hot_rows_in_a_short_band():
     """A hot-first Zipf table (not distributed: no id % k): row bands of equal estimated
-    time are the optimum among the row cuts, far ahead of even bands."""
+    time are the optimum among the row cuts, far ahead of even bands (the built-in rates
+    with RPCs of 100 µs: fixed costs small beside the rows')."""
     rng = np.random.default_rng(1)
     sample = (rng.zipf(1.1, 50_000) - 1) % 100_000
     table = dense("emb", (100_000, 64), "adagrad", sparse=True, table=True)
-    planner = PlanPartitioner(id_samples={"emb": sample}, batch_size=2000, kinds={"emb": ("row",)})
+    planner = PlanPartitioner(id_samples={"emb": sample}, batch_size=2000, kinds={"emb": ("row",)}, rates=FEW_FIXED)
     parts, servers = run(planner, [table], 4)["emb"]
     assert len(parts) == 4 and sorted(servers) == [0, 1, 2, 3] and planner.table_shards(table) is None
     assert parts[0].rows < 1000 < 25_000 < parts[-1].rows
-    even = PlanPartitioner(id_samples={"emb": sample}, batch_size=2000, kinds={"emb": ("row",)})
+    even = PlanPartitioner(id_samples={"emb": sample}, batch_size=2000, kinds={"emb": ("row",)}, rates=FEW_FIXED)
     even_loads = loads(even, [table], {"emb": (grid_partitions(table, (4, 1)), [0, 1, 2, 3])}, 4)
     assert max(even_loads) > 1.5 * max(planner.loads)
     assert max(planner.loads) / min(planner.loads) < 1.05
@@ -658,9 +664,9 @@ def test_a_hot_first_table_on_shared_cores_gets_bands_of_equal_time():
     """A hot-first Zipf table on 4 pservers sharing 2 cores. The least step bound (the
     pservers' total over the cores): 2 row bands on 2 pservers. At a 2% tolerance, bands of
     equal rows and of equal time have the same bound and the equal-time ones the lighter
-    slowest pserver (a short hot band): they are kept. At the default 10%, 3 bands of equal
-    time are within it (one more band's fixed work) and lighter still on the slowest; 4
-    bands (Paddle's count) are not."""
+    slowest pserver (a short hot band): they are kept. At 15%, 3 bands of equal time are
+    within it (one more band's fixed work: each trainer's SendFetchBatch and prefetch, at
+    `rpc_us` each) and lighter still on the slowest; 4 bands (Paddle's count) are not."""
     rng = np.random.default_rng(1)
     sample = (rng.zipf(1.1, 50_000) - 1) % 100_000
     table = dense("emb", (100_000, 64), "adagrad", sparse=True, table=True, merged_grad=True)
@@ -670,20 +676,20 @@ def test_a_hot_first_table_on_shared_cores_gets_bands_of_equal_time():
     held = sorted(tight.loads)[-2:]
     assert held[1] / held[0] < 1.05  # the two bands' pservers near equal
     stats = tight._stats([table])
-    even = [2 * 2 * tight.rates.rpc_us] * 4
+    even = [batch_rpcs(Job(2)) * tight.rates.rpc_us] * 4  # a SendFetchBatch a trainer
     for server, part in enumerate(grid_partitions(table, (2, 1))):
         even[server] += tight.part_cost(table, part, Job(2), stats).time_us(tight.rates)
     assert sum(even) == pytest.approx(sum(tight.loads), rel=0.02) and max(tight.loads) < 0.9 * max(even)
 
-    planner = PlanPartitioner(id_samples={"emb": sample}, batch_size=2000, cores=2, tolerance=0.1)
+    planner = PlanPartitioner(id_samples={"emb": sample}, batch_size=2000, cores=2, tolerance=0.15)
     parts, servers = run(planner, [table], 4)["emb"]
     assert len(parts) == 3 and len(set(servers)) == 3 and parts[0].rows < parts[1].rows < parts[2].rows
     least = min(c["bound_us"] for c in planner.considered)
     assert least == pytest.approx(sum(tight.loads) / 2)  # the 2 bands' bound is the least found
     kept = max(max(planner.loads), sum(planner.loads) / 2)
-    assert least < kept <= 1.1 * least and max(planner.loads) < 0.9 * max(tight.loads)
+    assert least < kept <= 1.15 * least and max(planner.loads) < 0.9 * max(tight.loads)
     four = next(c for c in planner.considered if c["source"] == "search without --pserver-cores")
-    assert four["bound_us"] > 1.1 * least
+    assert four["bound_us"] > 1.15 * least
 
 
 def test_plan_by_name_takes_the_pserver_cores_from_the_environment(monkeypatch):

@@ -1,8 +1,10 @@
 """`pstranspile calibrate`: measure this machine's rates for the cost model (`transpiler/cost.py`).
 
-Every figure is a pserver's CPU (from /proc for the real pservers, in child processes):
-a pserver's load is its CPU, and `benchmarks/cost_accuracy.py` checks the model against
-real pservers' CPU per step.
+Every figure is a pserver's CPU (for the real pservers, in child processes, read by the
+pserver itself: `time.process_time` through a probe thread, `_CPU_PROBE`, where /proc
+counts 10 ms ticks): a pserver's load is its CPU, and `benchmarks/cost_accuracy.py`
+checks the model against real pservers' CPU per step. The noisy figures are medians over
+blocks and repeats, each repeat's kept in `Rates.noise`.
 
 - `op_us`: µs per element of each optimizer op (and `sum`, `scale`) run by the executor on
   float32 params of 2^20 and 2^16 elements: the slope between the two sizes, so the
@@ -27,19 +29,24 @@ real pservers' CPU per step.
   round at a time, the rows merged and updated in place): the CPU per grad row at widths
   64 and 16, less `merge_us` and `scale` + Adagrad's rates on the distinct rows: the
   slope per float sets `sync_sparse_bandwidth` (what a sync job's sparse bytes cost);
+- against the same sync pserver, two trainers prefetching 8 and 4,096 distinct rows a
+  round (`measure_prefetch`): the CPU per row prefetched sets `prefetch_bandwidth`;
 - (`measure_sync_ids`, for `benchmarks/sparse_ids.py`: a real sync pserver fed given id
   sets by two prefetching trainers, CPU per round);
-- against a real sync pserver (`measure_dense`: `measure_sync_round` serves a net of
+- against a real sync pserver (`measure_dense`: `measure_sync_rounds` serves a net of
   fc layers, Momentum, to 2 trainer threads that replay their traffic with
   `transpiler.replay` and wait `THINK` between rounds as real trainers compute): `rpc_us`
-  per trainer batch (a 1-layer tiny net's round), `block_us` per partition (16 layers
-  against 1), `bandwidth` (8 layers 1024 wide against 8 layers 512 wide: the bytes in
-  and out they add over the CPU they add, their ops taken off; every weight 1 MB or more,
-  so it travels the bulk channel and is summed on arrival, as a real model's big grads);
+  per call, a trainer's `SendFetchBatch` (a 1-layer tiny net's round), `block_us` per
+  partition (16 layers against 1), `bandwidth` (8 layers 1024 wide against 8 layers 512
+  wide: the bytes in and out they add over the CPU they add, their ops taken off; every
+  weight 1 MB or more, so it travels the bulk channel and is summed on arrival, as a real
+  model's big grads), `big_var_us` (32 layers 256 wide against 8 of 512: the same bytes
+  in 4x the vars), `bulk_rpc_us` (a 1-layer net of one 256 kB weight: its batches on
+  the bulk channel);
 - `sum_on_arrival` (an op rate, `measure_arrival_add`): per element of a trainer's copy
   of a big grad added into its accumulator in 2 MB chunks, as the pserver does.
 
-30-60 s on the shared 2-core VM (more when it is loaded). The figures go to a JSON file
+40-60 s on the shared 2-core VM (38-58 s at load average 4-10). The figures go to a JSON file
 (`Rates.to_json`) that `plan --rates` and `PlanPartitioner(rates=load_rates(path))` read.
 """
 
@@ -56,7 +63,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from transpiler.cost import DEFAULT_OP_US, ID_BYTES, SUM_ON_ARRIVAL, Rates
+from transpiler.cost import BIG_VAR_BYTES, DEFAULT_OP_US, ID_BYTES, SUM_ON_ARRIVAL, Job, Rates, batch_rpcs
 
 _SERVER = r"""
 import sys
@@ -75,6 +82,32 @@ server.stop(0)
 """
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+# Prepended to a calibration pserver's script: a thread that answers each line on stdin with
+# the process's CPU seconds (`time.process_time`: every thread's, ns resolution). /proc's
+# figure is in clock ticks (10 ms): a tiny round of 1.3 ms read over 100 rounds moved by a
+# tick, ±8%, and a wide net's 6 rounds of 15 ms by 11% (`bandwidth` 3.5 against 5.0 GB/s
+# in two calibrations a minute apart).
+_CPU_PROBE = r"""
+import sys as _sys, threading as _threading, time as _time
+def _answer():
+    while _sys.stdin.readline():
+        _sys.stdout.write(f"cpu {_time.process_time()!r}\n")
+        _sys.stdout.flush()
+_threading.Thread(target=_answer, daemon=True, name="cpu-probe").start()
+"""
+
+
+def _probe_cpu(child: subprocess.Popen) -> float:
+    """CPU seconds of a calibration pserver started with `_CPU_PROBE` (stdin and stdout pipes,
+    text mode): asked on its stdin, read from its stdout."""
+    child.stdin.write("\n")
+    child.stdin.flush()
+    line = child.stdout.readline()
+    if not line.startswith("cpu "):
+        raise RuntimeError(f"the calibration pserver answered {line.strip()!r} for its CPU")
+    return float(line.split()[1])
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -331,6 +364,7 @@ serve_program(pserver, pserver_startup, ready=lambda server: print(endpoint, flu
 # rows: 2x the most ids a grad draws from; small, so the async pserver's whole-table copies
 # (a fixed cost per send) stay a small part of the CPU whose slope per row is measured
 PSERVER_ROWS, PSERVER_WIDTH = 16_384, 64
+SYNC_TRAINERS = 2  # the trainers of the sync measurements
 
 
 def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: float, calls: int = 400,
@@ -343,8 +377,8 @@ def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: 
     from ops.rpc.client import RpcClient
     from ops.tensor import SelectedRows
 
-    child = subprocess.Popen([sys.executable, "-c", _PSERVER, str(ROOT), str(PSERVER_ROWS), str(width)],
-                             stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1",
+    child = subprocess.Popen([sys.executable, "-c", _CPU_PROBE + _PSERVER, str(ROOT), str(PSERVER_ROWS), str(width)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1",
                                                                      "OPENBLAS_NUM_THREADS": "1"})
     client = None
     try:
@@ -356,10 +390,10 @@ def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: 
         def cpu_per_call(call, count: int) -> float:
             for _ in range(max(3, count // 10)):
                 call()
-            cpu0 = _cpu_seconds(child.pid)
+            cpu0 = _probe_cpu(child)
             for _ in range(count):
                 call()
-            return (_cpu_seconds(child.pid) - cpu0) / count * 1e6
+            return (_probe_cpu(child) - cpu0) / count * 1e6
 
         get_us = cpu_per_call(lambda: client.get(endpoint, "learning_rate_0"), calls)
         small = np.full(2, 1e-3, np.float32)
@@ -412,8 +446,8 @@ def _sync_table_rounds(width: int, table_rows: int, trainers: int, sets, rounds:
 
     dense = {"ctr_fc.b@GRAD": (32,), "ctr_fc.w@GRAD": (3 * width, 32), "ctr_out.b@GRAD": (2,),
              "ctr_out.w@GRAD": (32, 2)}  # the CTR net: 3 lookups concatenated, fc 32, fc 2
-    child = subprocess.Popen([sys.executable, "-c", _PSERVER, str(ROOT), str(table_rows), str(width), "sync",
-                              str(trainers)], stdout=subprocess.PIPE, text=True,
+    child = subprocess.Popen([sys.executable, "-c", _CPU_PROBE + _PSERVER, str(ROOT), str(table_rows), str(width), "sync",
+                              str(trainers)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
     clients: list[Any] = []
     try:
@@ -450,9 +484,9 @@ def _sync_table_rounds(width: int, table_rows: int, trainers: int, sets, rounds:
             run(5)
             spent = []
             for _ in range(blocks):
-                cpu0 = _cpu_seconds(child.pid)
+                cpu0 = _probe_cpu(child)
                 run(rounds)
-                spent.append((_cpu_seconds(child.pid) - cpu0) / rounds * 1e6)
+                spent.append((_probe_cpu(child) - cpu0) / rounds * 1e6)
             figures.append(statistics.median(spent))
         for client in clients:
             client.complete([endpoint])
@@ -499,6 +533,47 @@ def measure_sync_sparse(merge_us: float, update_us: float, id_counts: tuple[int,
         print(f"sync pserver cpu us per grad row {raw} at widths {widths}, beyond merge and update {rest}: "
               f"{per_float:.5f} per float", file=sys.stderr)
     return {"wire_us": max(per_float, 0.0), "row_cpu_us": raw[1]}
+
+
+PREFETCH_COUNTS = (8, 4096)  # `measure_prefetch`: rows a trainer prefetches a round, few and many
+
+
+def measure_prefetch(width: int = PSERVER_WIDTH, counts: tuple[int, int] = PREFETCH_COUNTS, rounds: int = 30,
+                     repeats: int = 5, trainers: int = SYNC_TRAINERS, think: float = 0.0) -> dict[str, Any]:
+    """A real **sync** pserver (the CTR `local-table` program, `[16384, width]` fp32 +
+    Adagrad) driven as `trainers` prefetching trainers drive it (`_sync_table_rounds`: each
+    round a prefetch, the small dense grads and an 8-row `emb@GRAD`, the barriers), each
+    trainer prefetching `counts[0]` distinct rows a round, then `counts[1]`, then none,
+    `repeats` times over (interleaved: a drift of the machine's load falls on all three):
+    its CPU per prefetched row beyond the few (`row_us`: the ids in, the gather and the rows
+    out; the median of the repeats, `row_us_each` each one's) and per prefetch call
+    (`call_us`: the few against none, a check on `rpc_us`). `prefetch_bandwidth` = the
+    bytes of a row (`ID_BYTES` + `width` floats) over `row_us`, None when the median is
+    not above 0 (the machine's noise swamped the rows: the caller keeps another rate)."""
+    import numpy as np
+
+    from ops.tensor import SelectedRows
+
+    rng = np.random.default_rng(0)
+
+    def distinct(k: int):
+        return np.sort(rng.choice(PSERVER_ROWS, k, replace=False)).astype(np.int64)
+
+    sets = []
+    for _ in range(repeats):
+        for count in (counts[0], counts[1], None):
+            per_trainer = []
+            for _ in range(trainers):
+                grad = distinct(8)
+                per_trainer.append([(distinct(count) if count else None,
+                                     SelectedRows(grad, np.full((len(grad), width), 1e-4, np.float32), PSERVER_ROWS))])
+            sets.append(per_trainer)
+    figures = _sync_table_rounds(width, PSERVER_ROWS, trainers, sets, rounds, 1, think)
+    rows = [(figures[i + 1] - figures[i]) / (trainers * (counts[1] - counts[0])) for i in range(0, len(figures), 3)]
+    calls = [(figures[i] - figures[i + 2]) / trainers for i in range(0, len(figures), 3)]
+    row_us = statistics.median(rows)
+    return {"row_us": row_us, "call_us": statistics.median(calls), "row_us_each": rows,
+            "prefetch_bandwidth": (ID_BYTES + width * 4) / row_us * 1e6 if row_us > 0 else None}
 
 
 def measure_sync_ids(id_sets, width: int = PSERVER_WIDTH, table_rows: int = PSERVER_ROWS, rounds: int = 40,
@@ -581,7 +656,6 @@ serve_program(Program.load(sys.argv[2]), Program.load(sys.argv[3]), endpoint=sys
               ready=lambda server: print("ready", flush=True), log=None, timeout=600.0)
 """
 
-SYNC_TRAINERS = 2
 
 
 def dense_programs(layers_count: int, width: int, in_width: int):
@@ -600,10 +674,19 @@ def dense_programs(layers_count: int, width: int, in_width: int):
 
 
 def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int = SYNC_TRAINERS,
-                       think: float = 0.0) -> float:
+                       think: float = 0.0, blocks: int = 1) -> float:
+    """A real sync pserver's CPU µs per step (one round) serving `main`'s params to
+    `trainers` trainers replaying their traffic: the median of `measure_sync_rounds`'
+    `blocks` blocks."""
+    return statistics.median(measure_sync_rounds(main, startup, steps, warm, trainers, think, blocks))
+
+
+def measure_sync_rounds(main, startup, steps: int, warm: int = 3, trainers: int = SYNC_TRAINERS,
+                        think: float = 0.0, blocks: int = 1) -> list[float]:
     """A real sync pserver's CPU µs per step (one round) serving `main`'s params to
     `trainers` trainers replaying their traffic (`transpiler.replay`, a thread each), the
-    pserver in a child process, its CPU from /proc over `steps` steps after `warm`."""
+    pserver in a child process, its CPU (`_CPU_PROBE`) read after `warm` steps and every
+    `steps // blocks` steps after: a figure per block of `steps // blocks` rounds."""
     import tempfile
 
     from ops.rpc.client import RpcClient
@@ -611,6 +694,8 @@ def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int =
     from transpiler.replay import replay
     from transpiler.runtime.launch import free_endpoints
 
+    per_block = max(steps // max(blocks, 1), 1)
+    marked = {warm + k * per_block for k in range(max(blocks, 1) + 1)}
     endpoint = free_endpoints(1)[0]
     programs = [transpile(main, startup, pservers=[endpoint], trainers=trainers, trainer_id=t, sync_mode=True)
                 for t in range(trainers)]
@@ -618,9 +703,9 @@ def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int =
     with tempfile.TemporaryDirectory() as tmp:
         Path(f"{tmp}/main.pb").write_bytes(pserver.to_bytes())
         Path(f"{tmp}/startup.pb").write_bytes(pserver_startup.to_bytes())
-        child = subprocess.Popen([sys.executable, "-c", _SYNC_PSERVER, str(ROOT), f"{tmp}/main.pb", f"{tmp}/startup.pb",
-                                  endpoint], stdout=subprocess.PIPE, text=True,
-                                 env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
+        child = subprocess.Popen([sys.executable, "-c", _CPU_PROBE + _SYNC_PSERVER, str(ROOT), f"{tmp}/main.pb",
+                                  f"{tmp}/startup.pb", endpoint], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True, env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
         clients = []
         try:
             if child.stdout.readline().strip() != "ready":
@@ -628,8 +713,8 @@ def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int =
             marks: dict[int, float] = {}
 
             def mark(step: int) -> None:
-                if step in (warm, warm + steps):
-                    marks[step] = _cpu_seconds(child.pid)
+                if step in marked:
+                    marks[step] = _probe_cpu(child)
                 if think:
                     time.sleep(think)
 
@@ -637,7 +722,7 @@ def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int =
                 time.sleep(think)
 
             def run(t: int) -> None:
-                replay(clients[t], programs[t].trainer, programs[t].trainer_startup, warm + steps,
+                replay(clients[t], programs[t].trainer, programs[t].trainer_startup, max(marked),
                        mark if t == 0 else (pause if think else None))
 
             clients = [RpcClient(t, timeout=120.0) for t in range(trainers)]
@@ -645,8 +730,8 @@ def measure_sync_round(main, startup, steps: int, warm: int = 3, trainers: int =
             child.wait(timeout=60)
         finally:
             _stop(child, clients)
-    return (marks[warm + steps] - marks[warm]) / steps * 1e6
-
+    at = sorted(marked)
+    return [(marks[b] - marks[a]) / per_block * 1e6 for a, b in zip(at, at[1:])]
 
 
 def _each_trainer(trainers: int, work: Callable[[int], None]) -> None:
@@ -672,6 +757,8 @@ def _stop(child: subprocess.Popen, clients: Sequence[Any]) -> None:
     """Close a measurement's clients and kill its pserver child if it is still running."""
     for client in clients:
         client.close()
+    if child.stdin is not None:
+        child.stdin.close()
     if child.poll() is None:
         child.kill()
         child.wait()
@@ -682,21 +769,29 @@ THINK = 0.01  # seconds a replaying trainer waits between rounds, as a trainer c
 
 DENSE_LAYERS = 8  # `measure_dense`'s two wide nets: this many fc layers each
 DENSE_WIDTHS = (512, 1024)  # their widths: every weight (1 MB, 4 MB) summed on arrival, on the bulk channel
+BULK_WIDTH = 256  # `measure_dense`'s bulk net: one 256 x 256 layer, a 256 kB weight (`BULK_MIN`)
 
 
-def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRAINERS, small_steps: int = 100,
+def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRAINERS, small_steps: int = 80,
                   big_steps: int = 6, many: int = 16, think: float = THINK, layers: int = DENSE_LAYERS,
-                  widths: tuple[int, int] = DENSE_WIDTHS, pairs: int = 3) -> dict[str, float]:
-    """A real sync pserver, `trainers` trainers (`measure_sync_round`): `rpc_us` = half a
+                  widths: tuple[int, int] = DENSE_WIDTHS, pairs: int = 3, blocks: int = 4) -> dict[str, Any]:
+    """A real sync pserver, `trainers` trainers (`measure_sync_rounds`): `rpc_us` = a
     trainer's share of one round of a 1-layer tiny net (its 2 partitions' blocks and vars
-    taken off: each trainer sends a batch and fetches one), `block_us` = the extra CPU per
-    partition of a `many`-layer tiny net (its `2·trainers` vars taken off), `bandwidth` =
-    the slope between two nets of `layers` fc layers `widths[0]` and `widths[1]` wide
-    (the same partitions, so their blocks and RPCs cancel): the bytes the wider one adds (in
-    and out, every trainer) over the CPU it adds, less its ops at the `ops` rates (`scale`,
-    `momentum`, and the sums: a weight summed on arrival at `sum_on_arrival`, a bias by the
-    `sum` op); the tiny nets' rounds the median of `pairs` each, the slope the median of
-    `pairs` pairs measured back to back (one pair's slope moved 2x under load). Its weights are grads of 256 kB or more, so the pserver takes them as it
+    taken off: each trainer sends one `SendFetchBatch`, `cost.batch_rpcs`), `block_us` =
+    the extra CPU per partition of a `many`-layer tiny net (its `2·trainers` vars taken
+    off), `bandwidth` = the slope between two nets of `layers` fc layers `widths[0]` and
+    `widths[1]` wide (the same partitions, so their blocks and RPCs cancel): the bytes the
+    wider one adds (in and out, every trainer) over the CPU it adds, less its ops at the
+    `ops` rates (`scale`, `momentum`, and the sums: a weight summed on arrival at
+    `sum_on_arrival`, a bias by the `sum` op); the tiny nets' rounds the median of `pairs`
+    pservers' `blocks` blocks each (`rpc_us_each`: each pserver's own figure, the noise),
+    the slope the median of `pairs` pairs measured back to back (one pair's slope moved 2x
+    under load); `big_var_us` = per big var a trainer sends or fetches on the bulk
+    channel, from a third net in each pair, `4·layers` layers `widths[0] / 2` wide (the
+    narrow net's weight bytes in 4x the vars, each still summed on arrival), less its
+    extra partitions at `per_partition` (47 µs in two runs at load average 3-5: ResNet-50's
+    29 big vars a pserver cost it 5.5 ms a step that neither the bytes nor the blocks
+    priced). Its weights are grads of 256 kB or more, so the pserver takes them as it
     takes a real model's big grads: on the bulk channel, summed on arrival (one wide layer
     instead, whose ops run out of cache at 2-5x their measured rate, priced the bytes at
     half their speed: 1.4 against ~3 GB/s, the dense estimates 1.4-1.6x their measured
@@ -705,37 +800,82 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
     (800-1000 against 1200-1800 µs measured on the shared 2-core VM)."""
     from transpiler.cost import ARRIVAL_SUM_BYTES
 
-    if min(widths) ** 2 * 4 < ARRIVAL_SUM_BYTES:
+    if (min(widths) // 2) ** 2 * 4 < ARRIVAL_SUM_BYTES:
         raise ValueError(f"measure_dense: widths {widths} give weights below the {ARRIVAL_SUM_BYTES} bytes summed on arrival")
-    # The fixed costs, the median of `pairs` rounds each: one tiny round read 2,200 µs in one
-    # quiet calibration and 3,800 in the next (rpc_us 493 against 893, the MLP's estimate
-    # 1.15x against 1.94x its measured CPU), a pserver woken from idle at the wrong moment.
-    tiny = statistics.median(measure_sync_round(*dense_programs(1, 4, 4), small_steps, think=think)
-                             for _ in range(pairs))
-    wide = statistics.median(measure_sync_round(*dense_programs(many, 4, 4), small_steps // 2, think=think)
-                             for _ in range(pairs))
+    # The fixed costs, the median of `pairs` pservers' `blocks` blocks each: one tiny round
+    # read 2,200 µs in one quiet calibration and 3,800 in the next (rpc_us then 493 against
+    # 893 per half call, the MLP's estimate 1.15x against 1.94x its measured CPU), a pserver
+    # woken from idle at the wrong moment; the spread of the pservers' medians is reported.
+    tiny_runs = [measure_sync_rounds(*dense_programs(1, 4, 4), small_steps, think=think, blocks=blocks)
+                 for _ in range(pairs)]
+    # (the many-layer net's error is spread over its `many - 1` extra layers: fewer pservers)
+    wide_runs = [measure_sync_rounds(*dense_programs(many, 4, 4), small_steps // 2, think=think, blocks=blocks)
+                 for _ in range(max(pairs - 1, 1))]
+    # a 1-layer net of one 256 kB weight: its pserver offers the bulk channel (`BULK_MIN`),
+    # and the trainers' batches travel it
+    bulk_runs = [measure_sync_rounds(*dense_programs(1, BULK_WIDTH, BULK_WIDTH), small_steps, think=think,
+                                     blocks=blocks) for _ in range(pairs)]
+    tiny = statistics.median(f for run in tiny_runs for f in run)
+    wide = statistics.median(f for run in wide_runs for f in run)
     per_partition = max((wide - tiny) / (2 * (many - 1)), 0.0)
     block_us = max(per_partition - 2 * trainers * var_us, 0.0)
-    rpc_us = max((tiny - 2 * per_partition) / (2 * trainers), 0.0)
+    # each trainer's one SendFetchBatch a round (`cost.batch_rpcs`), beside the 2 partitions' blocks
+    calls = batch_rpcs(Job(trainers, True))
+    rpc_us = max((tiny - 2 * per_partition) / calls, 0.0)
+    tiny_each = [max((statistics.median(run) - 2 * per_partition) / calls, 0.0) for run in tiny_runs]
+    # the nets: `layers` fc layers at each width, and 4x as many half as wide (the narrow
+    # net's weight bytes in 4x the vars, each still summed on arrival)
+    nets = [(layers, width) for width in widths] + [(4 * layers, widths[0] // 2)]
     work, moved = [], []
-    for width in widths:
-        weights, biases = layers * width * width, layers * width
+    for count, width in nets:
+        weights, biases = count * width * width, count * width
         work.append((weights + biases) * (ops["scale"] + ops["momentum"])
                     + (trainers - 1) * (weights * ops[SUM_ON_ARRIVAL] + biases * ops["sum"]))
         moved.append(2 * trainers * (weights + biases) * 4)
-    slopes, narrow, broad = [], [], []
+    slopes, narrow, broad, manys = [], [], [], []
     for _ in range(pairs):  # back to back, under the same load: the median pair's slope
-        rounds = [measure_sync_round(*dense_programs(layers, width, width), big_steps, think=think) for width in widths]
+        rounds = [statistics.median(measure_sync_rounds(*dense_programs(count, width, width), big_steps, think=think,
+                                                        blocks=2)) for count, width in nets]
         narrow.append(rounds[0])
         broad.append(rounds[1])
+        manys.append(rounds[2])
         spent = rounds[1] - rounds[0] - (work[1] - work[0])
         # a floor: noise cannot make it infinite
         slopes.append((moved[1] - moved[0]) / max(spent, 0.1 * (rounds[1] - rounds[0]), 1.0) * 1e6)
     bandwidth = statistics.median(slopes)
+    # the many-vars net against the narrow one: its extra partitions (a weight and a bias
+    # each) at `per_partition`, its few extra bytes (the biases) and ops at their rates; the
+    # rest per big var a trainer sends (its grad) or fetches (its param) on the bulk channel
+    extra_parts = 2 * (nets[2][0] - nets[0][0])
+    transfers = (nets[2][0] - nets[0][0]) * 2 * trainers
+    known = extra_parts * per_partition + (work[2] - work[0]) + (moved[2] - moved[0]) / bandwidth * 1e6
+    bulk_each = [max((m - n - known) / transfers, 0.0) for m, n in zip(manys, narrow, strict=True)]
+    big_var_us = statistics.median(bulk_each)
+    # the bulk net's round: its 2 partitions' blocks, its weight's bytes, big-var cost and
+    # ops (and the bias's) at the rates just measured; the rest per trainer's call
+    weights, biases = BULK_WIDTH * BULK_WIDTH, BULK_WIDTH
+    bulk_known = (2 * per_partition + (weights + biases) * (ops["scale"] + ops["momentum"])
+                  + (trainers - 1) * (weights * ops[SUM_ON_ARRIVAL] + biases * ops["sum"])
+                  + 2 * trainers * (weights + biases) * 4 / bandwidth * 1e6
+                  + 2 * trainers * (min(1.0, weights * 4 / BIG_VAR_BYTES) + min(1.0, biases * 4 / BIG_VAR_BYTES))
+                  * big_var_us)
+    bulk_rpc_each = [max((statistics.median(run) - bulk_known) / calls, 0.0) for run in bulk_runs]
+    bulk_rpc_us = max((statistics.median(f for run in bulk_runs for f in run) - bulk_known) / calls, 0.0)
     rounds = [statistics.median(narrow), statistics.median(broad)]
     return {"rpc_us": rpc_us, "block_us": block_us, "bandwidth": bandwidth, "round_us": tiny,
             "per_partition_us": per_partition, "narrow_round_us": rounds[0], "big_round_us": rounds[1],
-            "bandwidths": slopes}
+            "bandwidths": slopes, "rpc_us_each": tiny_each, "big_var_us": big_var_us,
+            "big_var_us_each": bulk_each, "bulk_rpc_us": bulk_rpc_us, "bulk_rpc_us_each": bulk_rpc_each}
+
+
+def split_partition(per_partition_us: float, var_us: float, trainers: int) -> tuple[float, float]:
+    """(`var_us`, `block_us`) of a partition whose fixed CPU a round is `per_partition_us`:
+    its block run and its vars, a grad in and a param out per trainer (`2·trainers·var_us`).
+    A noisy `var_us` (measured apart, on an async pserver) above that share would zero
+    `block_us` and price the partition above its measured CPU: it is capped, and the two
+    keep their measured sum."""
+    var_us = min(max(var_us, 0.0), per_partition_us / (2 * trainers))
+    return var_us, max(per_partition_us - 2 * trainers * var_us, 0.0)
 
 
 def calibrate(progress=None) -> Rates:
@@ -779,15 +919,34 @@ def calibrate(progress=None) -> Rates:
     synced = measure_sync_sparse(merge_us, ops["scale"] + ops["adagrad"])
     sync_sparse_bandwidth = 4 / synced["wire_us"] * 1e6 if synced["wire_us"] > 0 else echo_bandwidth
     say(f"  sparse rows {sync_sparse_bandwidth / 1e6:,.0f} MB/s ({synced['row_cpu_us']:.2f} us per 64-float grad row)")
+    say(f"a real sync pserver, {SYNC_TRAINERS} trainers prefetching: bytes/s of prefetched rows")
+    fetched = measure_prefetch()
+    prefetch_bandwidth = fetched["prefetch_bandwidth"]
+    if prefetch_bandwidth is None:  # noise swamped the rows: no faster than a grad's rows
+        prefetch_bandwidth = sync_sparse_bandwidth
+        say(f"  prefetched rows not measurable ({fetched['row_us']:.3f} us per row): priced as grad rows")
+    say(f"  prefetched rows {prefetch_bandwidth / 1e6:,.0f} MB/s ({fetched['row_us']:.3f} us per "
+        f"{PSERVER_WIDTH}-float row, each repeat {', '.join(f'{v:.3f}' for v in fetched['row_us_each'])}; "
+        f"a prefetch call {fetched['call_us']:.0f} us)")
     say(f"a real sync pserver, {SYNC_TRAINERS} trainers replaying dense traffic: us per round, per block, dense bytes/s")
     dense = measure_dense(ops, real["var_us"])
-    say(f"  rpc {dense['rpc_us']:.0f}, block {dense['block_us']:.1f}, {dense['bandwidth'] / 1e6:,.0f} MB/s "
+    var_us, block_us = split_partition(dense["per_partition_us"], real["var_us"], SYNC_TRAINERS)
+    say(f"  rpc {dense['rpc_us']:.0f}, block {block_us:.1f} (var {var_us:.1f}), {dense['bandwidth'] / 1e6:,.0f} MB/s "
         f"(rounds: tiny {dense['round_us']:.0f} us, +{dense['per_partition_us']:.0f} us per partition, "
         f"{DENSE_LAYERS} layers {DENSE_WIDTHS[0]} / {DENSE_WIDTHS[1]} wide {dense['narrow_round_us'] / 1e3:.1f} / "
-        f"{dense['big_round_us'] / 1e3:.1f} ms)")
+        f"{dense['big_round_us'] / 1e3:.1f} ms; noise: rpc per pserver "
+        f"{', '.join(f'{v:.0f}' for v in dense['rpc_us_each'])}, MB/s per pair "
+        f"{', '.join(f'{v / 1e6:,.0f}' for v in dense['bandwidths'])}); per big var on the bulk channel "
+        f"{dense['big_var_us']:.0f} us (each pair {', '.join(f'{v:.0f}' for v in dense['big_var_us_each'])}); "
+        f"a batch on the bulk channel {dense['bulk_rpc_us']:.0f} us a call (each pserver "
+        f"{', '.join(f'{v:.0f}' for v in dense['bulk_rpc_us_each'])})")
     host = os.uname().nodename if hasattr(os, "uname") else "this machine"
     source = f"calibrate on {host}, {time.strftime('%Y-%m-%d')}, {time.perf_counter() - started:.0f}s"
     return Rates(bandwidth=dense["bandwidth"], rpc_us=dense["rpc_us"], op_us=ops, row_us=row_us,
-                 var_us=real["var_us"], block_us=dense["block_us"], id_us=id_us, copy_us=copy_us,
+                 var_us=var_us, block_us=block_us, id_us=id_us, copy_us=copy_us,
                  merge_us=merge_us, fault_us=block["fault_us"], source=source, sparse_bandwidth=sparse_bandwidth,
-                 update_row_us=update_row_us, sync_sparse_bandwidth=sync_sparse_bandwidth)
+                 update_row_us=update_row_us, sync_sparse_bandwidth=sync_sparse_bandwidth,
+                 prefetch_bandwidth=prefetch_bandwidth, big_var_us=dense["big_var_us"], bulk_rpc_us=dense["bulk_rpc_us"],
+                 noise={"rpc_us": dense["rpc_us_each"], "bandwidth": dense["bandwidths"],
+                        "big_var_us": dense["big_var_us_each"], "prefetch_row_us": fetched["row_us_each"],
+                        "bulk_rpc_us": dense["bulk_rpc_us_each"]})

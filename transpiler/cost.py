@@ -26,9 +26,13 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
   trainer merged it (`merged`: it sums several lookups' grads, Paddle's MergeAdd, as the
   CTR net's three slots do; `ParamPlan.merged_grad`); a prefetched table sends the `r`
   distinct rows asked for: out `T·r·cols·s`, ids in `T·r·8`;
-- RPCs: per trainer a send batch and a fetch batch to each pserver holding a partition
-  (in sync mode carrying the barriers), and a prefetch call per prefetched partition;
-  each var a batch carries costs `var_us`;
+- RPCs (`batch_rpcs`): per trainer one `SendFetchBatch` to each pserver holding a
+  partition in sync mode (grads, send barrier, params fetched, fetch barrier: one call), a
+  `SendBatch` and a `FetchBatch` in async mode, and a prefetch call per prefetched
+  partition, each `rpc_us` (`bulk_rpc_us` for the batches to a pserver with a dense var of
+  `BIG_VAR_BYTES` or more: they travel its bulk channel); each var a batch carries costs `var_us`, and a dense partition
+  `big_var_us` per trainer each way (its grad in, param out), a share by its bytes below
+  `BIG_VAR_BYTES`;
 - compute: `(T-1)·n·sum + n·scale + n·<optimizer>` µs-per-element rates (`Rates`: float32
   rates, float64 its own `op@fp64` ones, copies by their bytes), where a dense grad of
   `arrival_sum.MIN_BYTES` or more with per-trainer copies (`sums_on_arrival`) has no `sum`
@@ -41,12 +45,13 @@ buffer per trainer; otherwise the grad arrives in the merged var itself):
   on an async pserver (`(1 + sliced)·n·copy_us`; a sync one updates the rows in place); each run of the partition's optimize block costs `block_us`
   (once a step in sync mode, once per trainer's grad in async mode).
 Estimated pserver time per step = compute + dense bytes (in + out) / bandwidth + sparse
-bytes (grad rows and ids in, prefetched rows out: `Cost.sparse_bytes`) / sync_sparse_bandwidth
-(a sync job) or sparse_bandwidth (async)
-+ RPCs × rpc_us + vars × var_us: the pserver's CPU µs per step, which
+grad bytes (grad rows and their ids) / sync_sparse_bandwidth (a sync job) or
+sparse_bandwidth (async) + prefetch bytes (ids in, rows out: `Cost.prefetch_bytes`) /
+prefetch_bandwidth + RPCs × rpc_us + vars × var_us + big vars × big_var_us: the pserver's
+CPU µs per step, which
 `benchmarks/cost_accuracy.py` compares with real pservers' CPU from /proc. The fixed rates
 (`rpc_us`, `block_us`: a real sync pserver's round replayed by `transpiler.replay`;
-`var_us`, `id_us`) and both bandwidths are measured against real pservers by `pstranspile
+`var_us`, `id_us`) and the bandwidths are measured against real pservers by `pstranspile
 calibrate`; a column cut multiplies the per-id and per-block work by the number of
 ranges, a row cut does not.
 """
@@ -73,7 +78,29 @@ ID_BYTES = 8  # an int64 row id on the wire
 # updated in place): the median of 11 runs on the shared 2-core VM, 2026-11-27, load average
 # 0.2-0.7 (424-895 MB/s): near the async figure (440), not the dense `bandwidth` (1,570)
 SYNC_SPARSE_BANDWIDTH = 5.6e8
-RATES_SCHEMA = "pstranspile.rates/1"
+# a prefetch's ids in and rows out on a sync pserver (`calibrate.measure_prefetch`, 4,096
+# rows against 8 a trainer's round, 64 floats wide): 1.03 and 1.12e9 in two runs at load
+# average 5-6, 2026-11-27, 0.89-1.37e9 in 7 calibrations at 3.5-10; twice a grad row's rate
+PREFETCH_BANDWIDTH = 1.1e9
+# per dense var of `BIG_VAR_BYTES` or more a trainer sends (its grad) or fetches (its param),
+# beside its bytes and its partition's `block_us` (`calibrate.measure_dense`: 32 fc layers
+# 256 wide against 8 of 512, the same bytes in 4x the vars, on the bulk channel): 47-51 us
+# in 3 measurements at load average 3-7, 70-81 in 3 at 7-10, 2026-11-27. A smaller var
+# costs its share by bytes (measured 15-21 us at 64 kB over gRPC, 8-25 at 16 kB; a 255 kB
+# var over gRPC no less than a 256 kB one on the bulk channel): on either path, and no cut
+# of a param makes it cheaper (two halves cost what the whole does, or more).
+BIG_VAR_US = 50.0
+BIG_VAR_BYTES = 256 << 10  # also the bulk channel's threshold (`ops.rpc.bulk.BULK_MIN`, a higher layer)
+# a trainer's batch on the bulk channel: a 1-layer net of a 256 kB weight against the tiny
+# net's gRPC round, its bytes, big var and ops taken off: 100-320 us less than a gRPC call
+# in two measurements at load average 4, 2026-11-27 (the MLP's pservers, on the bulk channel,
+# measured 1.8-2.5 ms a step where two gRPC-priced calls alone were 1.37)
+BULK_RPC_US = 475.0
+RATES_SCHEMA = "pstranspile.rates/2"
+# The first schema counted a sync step's one `SendFetchBatch` per trainer as two RPCs (a send
+# batch and a fetch batch, as trainers sent them before the deferred send barrier): its
+# `rpc_us` is half a call. `load_rates` reads such a file with `rpc_us` doubled.
+RATES_SCHEMA_V1 = "pstranspile.rates/1"
 # Optimizers whose kernel, on a SelectedRows grad of rows it updates alone, copies the whole
 # param and every sliced state before writing the rows (ops/kernels/optimizers.py): such an
 # update costs `(1 + sliced) · n · copy_us` per run however few rows it touches. (`sgd`
@@ -136,18 +163,26 @@ class Rates:
     # (load average 2-5: other helpers' jobs and a benchmark of ours): the median of 10 runs,
     # the range in brackets (the small fixed figures move by 2x between runs)
     # a real sync pserver taking dense grads (big ones summed on arrival, on the bulk channel)
-    # and sending params: `calibrate.measure_dense`'s slope between two nets of big grads,
-    # the median of 5 calibrations at load average 11-18, 2026-11-27 (2.5-5.3e9); the one
-    # wide layer measured before gave 1.33-1.96e9, its out-of-cache Momentum charged to the bytes
-    bandwidth: float = 2.8e9
-    rpc_us: float = 385.0  # a real sync pserver's CPU per batch a trainer sends or fetches a round (267-473)
+    # and sending params: `calibrate.measure_dense`'s slope between two nets of big grads
+    # (the same vars: each var's own cost, `big_var_us`, cancels), the median of 11
+    # calibrations at load average 3.5-10, 2026-11-27 (2.4-5.1e9). Before `big_var_us` the
+    # built-in figure was 2.8e9, what ResNet-50's pservers pay per byte with their 29 big
+    # vars' costs in it (run P: ~3e9); the one wide layer before that gave 1.33-1.96e9
+    bandwidth: float = 4.2e9
+    # a real sync pserver's CPU per RPC (a trainer's SendFetchBatch, a prefetch): the median
+    # of 4 calibrations at load average 3.5-5.5, 2026-11-27 (674-727; per half call before,
+    # 385 = 770 per call, the median of 10 runs read in /proc's 10 ms ticks)
+    rpc_us: float = 685.0
     op_us: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OP_US))
-    row_us: float = 0.053  # per sparse grad row the pserver's block merges (a lookup; 0.029-0.18)
+    # the sparse block's rates, the median of the same 4 calibrations: the merge became a
+    # flat-index scatter-add (run L), 3-4x cheaper than the 10 runs before measured
+    # (row_us 0.053, merge_us 0.0086, update_row_us 0.39)
+    row_us: float = 0.029  # per sparse grad row the pserver's block merges (a lookup; 0.016-0.042)
     var_us: float = 0.0  # one more var in a request (8 grads in one SendBatch: 0 in 10 runs)
     block_us: float = 70.0  # one optimize block run with its vars (a sync round's CPU per partition: 53-123)
     id_us: float = 0.0  # per sparse grad row received, beyond its bytes and the block's work (0 in 3 runs)
     copy_us: float = 0.00041  # per element an async sparse update copies, every core copying (0.00033-0.00047)
-    merge_us: float = 0.0086  # per element of a sparse grad row the block merges (sum's scatter-add; 0.0074-0.0101)
+    merge_us: float = 0.0024  # per element of a sparse grad row the block merges (sum's scatter-add; 0.0016-0.0038)
     fault_us: float = 0.000007  # more per element copied into an array over the mmap threshold (0-0.00008)
     source: str = "defaults"
     # a real pserver taking a sparse grad's rows (and sending prefetched rows): its CPU per
@@ -157,11 +192,27 @@ class Rates:
     sparse_bandwidth: float = 4.4e8
     # per distinct row a sparse update writes (a sync pserver: in place), beside its
     # per-element `scale` and optimizer rates: the merged rows' sort, gathers and scatters
-    update_row_us: float = 0.39  # (0.27-1.52)
+    update_row_us: float = 0.32  # (0.27-0.37)
     # the same on a sync pserver (the rows merged and updated in place, no copies): its CPU
     # per byte of sparse rows beyond the merge and the update, measured on a sync pserver
     # driven a round at a time (`calibrate.measure_sync_sparse`)
     sync_sparse_bandwidth: float = SYNC_SPARSE_BANDWIDTH
+    # a prefetch's ids in and rows out, beside its call (`rpc_us`): the pserver's CPU per
+    # byte (`calibrate.measure_prefetch`: a real sync pserver prefetched from 4,096 rows
+    # against 8 a round, 64 floats wide); a gather and one reply, cheaper per byte than a
+    # grad's rows, which are decoded, merged and written
+    prefetch_bandwidth: float = PREFETCH_BANDWIDTH
+    # per transfer of a dense var of `BIG_VAR_BYTES` or more (a trainer's grad in, its param
+    # out; a smaller var its share by bytes), beside its bytes and its partition's `block_us`
+    # (see `BIG_VAR_US`)
+    big_var_us: float = BIG_VAR_US
+    # per call of a trainer's batch on the bulk channel (a pserver with a dense var of
+    # `BIG_VAR_BYTES` or more offers it: `ops.rpc.bulk.BULK_MIN`, `PSTRANSPILE_BULK=auto`),
+    # where a gRPC call is `rpc_us` (see `BULK_RPC_US`)
+    bulk_rpc_us: float = BULK_RPC_US
+    # what calibrate measured of its own noise (`pstranspile calibrate`: each repeat's figure
+    # of the rates it takes a median of), for the report; not used by the model
+    noise: Mapping[str, Sequence[float]] = field(default_factory=dict)
 
     def op(self, op_type: str, dtype: DType | None = None) -> float:
         """µs per element of `op_type` on `dtype` (float32 when None; float64 has its own
@@ -191,6 +242,9 @@ class Rates:
                       "fault_us": "us more per element copied over the mmap threshold",
                       "sparse_bandwidth": "bytes/s of sparse rows (grads in, prefetched rows out), async pserver",
                       "sync_sparse_bandwidth": "bytes/s of sparse rows on a sync pserver",
+                      "prefetch_bandwidth": "bytes/s of a prefetch's ids in and rows out",
+                      "big_var_us": "us per dense var of 256 kB or more sent or fetched, per trainer (a smaller one: its share by bytes)",
+                      "bulk_rpc_us": "us per batch call on the bulk channel",
                       "update_row_us": "us per distinct row a sparse update writes"},
             "bandwidth": self.bandwidth,
             "rpc_us": self.rpc_us,
@@ -203,8 +257,12 @@ class Rates:
             "fault_us": self.fault_us,
             "sparse_bandwidth": self.sparse_bandwidth,
             "sync_sparse_bandwidth": self.sync_sparse_bandwidth,
+            "prefetch_bandwidth": self.prefetch_bandwidth,
+            "big_var_us": self.big_var_us,
+            "bulk_rpc_us": self.bulk_rpc_us,
             "update_row_us": self.update_row_us,
             "op_us": dict(sorted(self.op_us.items())),
+            "noise": {k: [float(v) for v in values] for k, values in sorted(self.noise.items())},
         }
 
 
@@ -217,22 +275,28 @@ def load_rates(path: str | Path | None) -> Rates:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise TranspileError(f"rates {path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
-    if not isinstance(data, dict) or data.get("schema") != RATES_SCHEMA:
+    if not isinstance(data, dict) or data.get("schema") not in (RATES_SCHEMA, RATES_SCHEMA_V1):
         raise TranspileError(f"rates {path}: not a `pstranspile calibrate` file (schema {RATES_SCHEMA})")
+    per_call = 2.0 if data.get("schema") == RATES_SCHEMA_V1 else 1.0  # a /1 file's rpc_us is half a call
     try:
         ops = dict(DEFAULT_OP_US)
         ops.update({str(k): float(v) for k, v in data.get("op_us", {}).items()})
-        rates = Rates(float(data["bandwidth"]), float(data["rpc_us"]), ops, float(data.get("row_us", Rates.row_us)),
+        rates = Rates(float(data["bandwidth"]), per_call * float(data["rpc_us"]), ops, float(data.get("row_us", Rates.row_us)),
                       float(data.get("var_us", Rates.var_us)), float(data.get("block_us", Rates.block_us)),
                       float(data.get("id_us", Rates.id_us)), float(data.get("copy_us", Rates.copy_us)),
                       float(data.get("merge_us", Rates.merge_us)), float(data.get("fault_us", Rates.fault_us)),
                       str(path), float(data.get("sparse_bandwidth", Rates.sparse_bandwidth)),
                       float(data.get("update_row_us", Rates.update_row_us)),
-                      float(data.get("sync_sparse_bandwidth", Rates.sync_sparse_bandwidth)))
+                      float(data.get("sync_sparse_bandwidth", Rates.sync_sparse_bandwidth)),
+                      float(data.get("prefetch_bandwidth", Rates.prefetch_bandwidth)),
+                      float(data.get("big_var_us", Rates.big_var_us)),
+                      float(data.get("bulk_rpc_us", Rates.bulk_rpc_us)),
+                      {str(k): tuple(float(x) for x in v) for k, v in data.get("noise", {}).items()})
     except (KeyError, TypeError, ValueError) as exc:
         raise TranspileError(f"rates {path}: bad field ({exc})") from None
-    if rates.bandwidth <= 0 or min(rates.sparse_bandwidth, rates.sync_sparse_bandwidth) <= 0 or min(rates.rpc_us, rates.row_us, rates.var_us, rates.block_us, rates.id_us,
-                                   rates.copy_us, rates.merge_us, rates.fault_us, rates.update_row_us) < 0 or any(v < 0 for v in ops.values()):
+    if rates.bandwidth <= 0 or min(rates.sparse_bandwidth, rates.sync_sparse_bandwidth, rates.prefetch_bandwidth) <= 0 or min(rates.rpc_us, rates.row_us, rates.var_us, rates.block_us, rates.id_us,
+                                   rates.copy_us, rates.merge_us, rates.fault_us, rates.update_row_us, rates.big_var_us,
+                                   rates.bulk_rpc_us) < 0 or any(v < 0 for v in ops.values()):
         raise TranspileError(f"rates {path}: rates must be positive")
     return rates
 
@@ -352,7 +416,10 @@ class Cost:
     lookups: float = 0.0  # ids looked up (or sent as grad rows) per step
     rows: float = 0.0  # distinct rows touched per step
     sparse_bytes: float = 0.0  # of bytes_in + bytes_out: sparse grad rows, ids and prefetched rows
-    async_sparse_bytes: float = 0.0  # of sparse_bytes: an async job's (priced at `sparse_bandwidth`)
+    async_sparse_bytes: float = 0.0  # of sparse_bytes: an async job's grad rows (priced at `sparse_bandwidth`)
+    prefetch_bytes: float = 0.0  # of sparse_bytes: prefetches' ids in and rows out (`prefetch_bandwidth`)
+    big_vars: float = 0.0  # dense vars sent or fetched, in `BIG_VAR_BYTES` units up to one a var (`big_var_us` each)
+    bulk_rpcs: float = 0.0  # of rpcs: the batches on the bulk channel (`bulk_rpc_us` each, not `rpc_us`)
 
     def add(self, other: Cost) -> None:
         for kind, value in other.memory.items():
@@ -366,6 +433,9 @@ class Cost:
         self.rows += other.rows
         self.sparse_bytes += other.sparse_bytes
         self.async_sparse_bytes += other.async_sparse_bytes
+        self.prefetch_bytes += other.prefetch_bytes
+        self.big_vars += other.big_vars
+        self.bulk_rpcs += other.bulk_rpcs
 
     @property
     def memory_bytes(self) -> int:
@@ -373,10 +443,12 @@ class Cost:
 
     def time_us(self, rates: Rates) -> float:
         dense = self.bytes_in + self.bytes_out - self.sparse_bytes
-        synced = self.sparse_bytes - self.async_sparse_bytes
+        synced = self.sparse_bytes - self.async_sparse_bytes - self.prefetch_bytes
         return (self.compute_us + dense / rates.bandwidth * 1e6 + synced / rates.sync_sparse_bandwidth * 1e6
                 + self.async_sparse_bytes / rates.sparse_bandwidth * 1e6
-                + self.rpcs * rates.rpc_us + self.vars * rates.var_us)
+                + self.prefetch_bytes / rates.prefetch_bandwidth * 1e6
+                + (self.rpcs - self.bulk_rpcs) * rates.rpc_us + self.bulk_rpcs * rates.bulk_rpc_us
+                + self.vars * rates.var_us + self.big_vars * rates.big_var_us)
 
 
 @dataclass(frozen=True)
@@ -389,6 +461,15 @@ class Job:
     @property
     def per_trainer_grads(self) -> bool:
         return self.sync_mode and self.trainers > 1
+
+
+def batch_rpcs(job: Job) -> int:
+    """The RPCs a pserver holding a partition takes per step for the trainers' grads and
+    params, beside any prefetch: in sync mode one `SendFetchBatch` per trainer (its grads,
+    the send barrier, the params it fetches and the fetch barrier: `RpcClient.send_barrier(
+    defer=True)`, what the kernels and `transpiler.replay` do), in async mode a `SendBatch`
+    and a `FetchBatch` per trainer."""
+    return job.trainers if job.sync_mode else 2 * job.trainers
 
 
 def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: int, job: Job, rates: Rates, *,
@@ -425,7 +506,8 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
         else:
             cost.bytes_out = t * n * size
         cost.sparse_bytes = cost.bytes_in + (cost.bytes_out if prefetch else 0.0)
-        cost.async_sparse_bytes = 0.0 if job.sync_mode else cost.sparse_bytes
+        cost.prefetch_bytes = t * touched_one * (ID_BYTES + cols * size) if prefetch else 0.0
+        cost.async_sparse_bytes = 0.0 if job.sync_mode else cost.sparse_bytes - cost.prefetch_bytes
         every = slots.updates_every_row((optimizer_attrs or {}).get) if optimizer_attrs is not None else slots.every_row
         updated = rows if every else (touched_all if job.sync_mode else touched_one * t)
         merge_rows = grad_rows
@@ -448,6 +530,9 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
                                + n * rates.op(optimizer, dtype))
         else:
             cost.compute_us = t * n * rates.op(optimizer, dtype)
+        # its grad in and its param out, each trainer: a var's own cost beside its bytes, whole
+        # from `BIG_VAR_BYTES` on, a smaller var's share by its bytes
+        cost.big_vars = 2 * t * min(1.0, n * size / BIG_VAR_BYTES)
     cost.compute_us += runs * rates.block_us
     return cost
 
@@ -473,7 +558,8 @@ def table_shard_cost(table, shard: int, job: Job, rates: Rates, ids: IdStats | N
     cost.bytes_in = t * one * ID_BYTES + t * sent * (width * size + ID_BYTES)
     cost.bytes_out = t * one * width * size
     cost.sparse_bytes = cost.bytes_in + cost.bytes_out
-    cost.async_sparse_bytes = 0.0 if job.sync_mode else cost.sparse_bytes
+    cost.prefetch_bytes = t * one * (ID_BYTES + width * size)  # the ids asked for, the rows sent
+    cost.async_sparse_bytes = 0.0 if job.sync_mode else cost.sparse_bytes - cost.prefetch_bytes
     cost.rpcs = t  # the prefetch (the grads travel in the batches)
     cost.vars = 2 * t
     cost.compute_us = (sent * t * (rates.row_us + width * rates.merge_us)
@@ -524,6 +610,7 @@ def plan_costs(plan, rates: Rates | None = None, ids: Mapping[str, IdStats] | No
     ids = ids or {}
     job = Job(plan.trainers, plan.sync_mode)
     out = {ep: PserverCost(ep, Cost(), []) for ep in plan.endpoints}
+    bulk: set[str] = set()  # pservers with a dense var of BIG_VAR_BYTES or more: they offer the bulk channel
     for param in plan.params:
         width = math.prod(param.shape[1:]) if len(param.shape) >= 2 else 1
         for block, endpoint in zip(param.blocks, param.endpoints, strict=True):
@@ -534,13 +621,17 @@ def plan_costs(plan, rates: Rates | None = None, ids: Mapping[str, IdStats] | No
                               merged=param.merged_grad)
             out[endpoint].cost.add(cost)
             out[endpoint].partitions.append(block.name)
+            if not param.sparse and rows * cols * param.dtype.itemsize >= BIG_VAR_BYTES:
+                bulk.add(endpoint)
     if plan.table is not None:
         for shard, endpoint in enumerate(plan.table.endpoints):
             out[endpoint].cost.add(table_shard_cost(plan.table, shard, job, rates, ids.get(plan.table.table)))
             out[endpoint].partitions.append(f"{plan.table.table} shard {shard}")
     for row in out.values():
-        if row.partitions:  # a send batch and a fetch batch per trainer (sync: with the barriers)
-            row.cost.rpcs += 2 * job.trainers
+        if row.partitions:  # each trainer's batches (sync: one SendFetchBatch with the barriers)
+            row.cost.rpcs += batch_rpcs(job)
+            if row.endpoint in bulk:  # ... on the bulk channel, cheaper per call than gRPC's
+                row.cost.bulk_rpcs += batch_rpcs(job)
     for row in out.values():
         row.time_us = row.cost.time_us(rates)
     return list(out.values())

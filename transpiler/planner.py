@@ -45,7 +45,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from transpiler.cost import Cost, IdStats, Job, Rates, block_cost, format_bytes, mod_shard_cost
+from transpiler.cost import Cost, IdStats, Job, Rates, batch_rpcs, block_cost, format_bytes, mod_shard_cost
 from transpiler.errors import TranspileError
 from transpiler.partition import Partition, Partitioner, ParamInfo
 
@@ -268,8 +268,8 @@ class PlanPartitioner(Partitioner):
         job = Job(self.trainers, self.sync_mode)
         stats = self._stats(params)
         units = self._units(params)
-        # a send batch and a fetch batch per trainer to every pserver (all are expected to hold a part)
-        base = 2 * job.trainers * self.rates.rpc_us
+        # each trainer's batches to every pserver (all are expected to hold a part): `batch_rpcs`
+        base = batch_rpcs(job) * self.rates.rpc_us
         cap = self.memory_cap
         cache: dict[tuple[str, Candidate], list[_Part]] = {}
 
