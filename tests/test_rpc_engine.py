@@ -56,11 +56,15 @@ SHOW = "import os, sys; import ops.rpc; print(os.environ.get('GRPC_EXPERIMENTS',
 
 
 def test_importing_ops_rpc_applies_the_choice_before_grpc_starts():
-    assert fresh_python(SHOW, PSTRANSPILE_GRPC_ENGINE="poller") == f"{POLLER_EXPERIMENTS} True"
-    assert fresh_python(SHOW) == "- True"
-    assert fresh_python(SHOW, PSTRANSPILE_GRPC_ENGINE="event_engine") == "- True"
-    assert fresh_python(SHOW, PSTRANSPILE_GRPC_ENGINE="poller", GRPC_EXPERIMENTS="-x") == "-x True"
-    assert fresh_python(SHOW, PSTRANSPILE_GRPC_ENGINE="bogus") == "- True"  # launch and serve refuse it
+    # `ops.rpc` loads its modules (and so gRPC) at first use: the choice is in the
+    # environment before anything of gRPC is imported
+    assert fresh_python(SHOW, PSTRANSPILE_GRPC_ENGINE="poller") == f"{POLLER_EXPERIMENTS} False"
+    assert fresh_python(SHOW) == "- False"
+    assert fresh_python(SHOW, PSTRANSPILE_GRPC_ENGINE="event_engine") == "- False"
+    assert fresh_python(SHOW, PSTRANSPILE_GRPC_ENGINE="poller", GRPC_EXPERIMENTS="-x") == "-x False"
+    assert fresh_python(SHOW, PSTRANSPILE_GRPC_ENGINE="bogus") == "- False"  # launch and serve refuse it
+    shown = "import os; import ops.rpc; from ops.rpc import server; print(os.environ.get('GRPC_EXPERIMENTS', '-'))"
+    assert fresh_python(shown, PSTRANSPILE_GRPC_ENGINE="poller") == POLLER_EXPERIMENTS  # a pserver's import
     assert fresh_python("import grpc; " + SHOW, PSTRANSPILE_GRPC_ENGINE="poller") == "- True"  # too late here
 
 
