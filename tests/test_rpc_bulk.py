@@ -54,6 +54,18 @@ def _sgd(scope: Scope, fanin: int):
     return sgd_block(scope, fanin, ("w", "emb"))
 
 
+def _one_round(client, address: str, grad: float):
+    """A trainer's first round on a fresh pserver (`_sgd`, lr 1, w all 1): the startup
+    fetch, a dense grad of `grad` and a SelectedRows one, the deferred send barrier and the
+    fetch of w; w's value after the round."""
+    client.fetch_barrier([address])
+    client.send_async(address, "w@GRAD", LoDTensor(np.full((300, 200), grad, F32)))
+    client.send_async(address, "emb@GRAD", SelectedRows([2], np.full((1, 4), 0.5, F32), height=10))
+    client.send_barrier([address], defer=True)
+    (got,) = client.fetch_barrier([address], [(address, "w")])
+    return got
+
+
 def _train(monkeypatch, choice: str, dtype, steps: int = 3) -> tuple[np.ndarray, np.ndarray, dict]:
     """Two trainers (threads) run `steps` sync steps; the params they fetched last and the stats."""
     monkeypatch.setenv(bulk.BULK_ENV, choice)
@@ -282,11 +294,7 @@ def test_forged_and_malformed_frames_are_refused_before_the_payload_and_nothing_
         assert np.all(ps.scope.find_var("w").array == 1)
         # the pserver still serves a correct trainer over the channel
         client = ps.client(0, auth=ClientAuth(token=TOKEN))
-        client.fetch_barrier([ps.address])
-        client.send_async(ps.address, "w@GRAD", LoDTensor(np.full((300, 200), 0.5, F32)))
-        client.send_async(ps.address, "emb@GRAD", SelectedRows([2], np.full((1, 4), 0.5, F32), height=10))
-        client.send_barrier([ps.address], defer=True)
-        (got,) = client.fetch_barrier([ps.address], [(ps.address, "w")])
+        got = _one_round(client, ps.address, 0.5)
         assert client._endpoints[ps.address].bulk is not None
         assert np.all(got.array == 0.5)
         client.complete([ps.address])

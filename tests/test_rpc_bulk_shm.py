@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from e2e_support import EXAMPLES, REPO, launch_ok
 from rpc_support import running_pserver
-from test_rpc_bulk import CODE, TOKEN, _config, _dense, _frame, _read_reply, _scope, _sgd
+from test_rpc_bulk import CODE, TOKEN, _config, _dense, _frame, _one_round, _read_reply, _scope, _sgd
 
 from conftest import PADDLE_PROGRAMS
 from ops.rpc import RpcError, bulk
@@ -361,11 +361,7 @@ def test_forged_slot_notes_and_ring_requests_are_refused_and_nothing_is_applied(
         assert ps.scope.find_var("w@GRAD") is None and np.all(ps.scope.find_var("w").array == 1)
         # the pserver still serves a correct trainer, through a ring
         client = ps.client(0, auth=ClientAuth(token=TOKEN))
-        client.fetch_barrier([ps.address])
-        client.send_async(ps.address, "w@GRAD", LoDTensor(np.full((300, 200), 0.5, F32)))
-        client.send_async(ps.address, "emb@GRAD", SelectedRows([2], np.full((1, 4), 0.5, F32), height=10))
-        client.send_barrier([ps.address], defer=True)
-        (got,) = client.fetch_barrier([ps.address], [(ps.address, "w")])
+        got = _one_round(client, ps.address, 0.5)
         assert np.all(got.array == 0.5)
         assert all(ring is not None for _, ring, _ in client._endpoints[ps.address].bulk._idle)
         client.complete([ps.address])
@@ -421,11 +417,7 @@ def test_a_trainer_that_cannot_open_the_ring_sends_over_tcp(monkeypatch, capfd):
     scope = _scope()
     with running_pserver(scope=scope, run_block=_sgd(scope, 1), **_config()) as ps:
         client = ps.client(0)
-        client.fetch_barrier([ps.address])
-        client.send_async(ps.address, "w@GRAD", LoDTensor(np.full((300, 200), 0.25, F32)))
-        client.send_async(ps.address, "emb@GRAD", SelectedRows([2], np.full((1, 4), 0.5, F32), height=10))
-        client.send_barrier([ps.address], defer=True)
-        (got,) = client.fetch_barrier([ps.address], [(ps.address, "w")])
+        got = _one_round(client, ps.address, 0.25)
         assert np.all(got.array == 0.75)
         channel = client._endpoints[ps.address].bulk
         assert channel is not None and all(ring is None for _, ring, _ in channel._idle)
@@ -475,11 +467,7 @@ def test_a_pserver_that_cannot_make_a_ring_says_so_once_and_tcp_carries_all(monk
     with running_pserver(scope=scope, run_block=_sgd(scope, 1), **_config()) as ps:
         ps.server._bulk._log = logged.append
         client = ps.client(0)
-        client.fetch_barrier([ps.address])
-        client.send_async(ps.address, "w@GRAD", LoDTensor(np.full((300, 200), 0.25, F32)))
-        client.send_async(ps.address, "emb@GRAD", SelectedRows([2], np.full((1, 4), 0.5, F32), height=10))
-        client.send_barrier([ps.address], defer=True)
-        (got,) = client.fetch_barrier([ps.address], [(ps.address, "w")])
+        got = _one_round(client, ps.address, 0.25)
         assert np.all(got.array == 0.75)
         assert all(ring is None for _, ring, _ in client._endpoints[ps.address].bulk._idle)
         assert ps.server._bulk.rings == 0
@@ -511,11 +499,7 @@ def test_a_pserver_that_refuses_ring_requests_leaves_the_channel_to_tcp(monkeypa
     scope = _scope()
     with running_pserver(scope=scope, run_block=_sgd(scope, 1), **_config()) as ps:
         client = ps.client(0)
-        client.fetch_barrier([ps.address])
-        client.send_async(ps.address, "w@GRAD", LoDTensor(np.full((300, 200), 0.25, F32)))
-        client.send_async(ps.address, "emb@GRAD", SelectedRows([2], np.full((1, 4), 0.5, F32), height=10))
-        client.send_barrier([ps.address], defer=True)
-        (got,) = client.fetch_barrier([ps.address], [(ps.address, "w")])
+        got = _one_round(client, ps.address, 0.25)
         assert np.all(got.array == 0.75)
         channel = client._endpoints[ps.address].bulk
         assert channel is not None and not channel._want_ring and all(ring is None for _, ring, _ in channel._idle)
