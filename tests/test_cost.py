@@ -678,13 +678,14 @@ def test_float64_ops_have_their_own_rates():
 def test_prefetched_rows_go_at_the_prefetch_rate_grad_rows_at_the_sparse_rate():
     """A prefetch's ids in and rows out (`Cost.prefetch_bytes`) are priced at
     `prefetch_bandwidth`, the grad rows at `sync_sparse_bandwidth` (sync) or
-    `sparse_bandwidth` (async), the call itself at `rpc_us`: hand-worked figures for a
-    prefetched row block and for a distributed table's shard, sync and async."""
+    `sparse_bandwidth` (async), the call itself at `prefetch_rpc_us` (not a batch's
+    `rpc_us`): hand-worked figures for a prefetched row block and for a distributed
+    table's shard, sync and async."""
     from transpiler.cost import mod_shard_cost
 
     rates = Rates(bandwidth=1e12, sparse_bandwidth=1e8, sync_sparse_bandwidth=4e8, prefetch_bandwidth=2e9,
-                  rpc_us=500.0, op_us={"sum": 0.0, "scale": 0.0, "sgd": 0.0}, row_us=0.0, var_us=0.0, block_us=0.0,
-                  id_us=0.0, merge_us=0.0, update_row_us=0.0, copy_us=0.0)
+                  rpc_us=9999.0, prefetch_rpc_us=500.0, op_us={"sum": 0.0, "scale": 0.0, "sgd": 0.0}, row_us=0.0,
+                  var_us=0.0, block_us=0.0, id_us=0.0, merge_us=0.0, update_row_us=0.0, copy_us=0.0)
     stats = IdStats.uniform_rows(100, 100)  # every trainer looks up each row once a step, on average
     touched = 100 * -math.expm1(100 * math.log1p(-1 / 100))  # distinct rows a trainer's step asks for
     grads = 2 * 100 * (8 * 4 + 8)  # 2 trainers' grad rows (a row per lookup) and their ids
@@ -694,7 +695,7 @@ def test_prefetched_rows_go_at_the_prefetch_rate_grad_rows_at_the_sparse_rate():
         assert cost.prefetch_bytes == pytest.approx(fetched)
         assert cost.sparse_bytes == pytest.approx(grads + fetched)
         assert cost.async_sparse_bytes == pytest.approx(0.0 if sync else grads)
-        assert cost.rpcs == 2  # a prefetch call a trainer (the batches are the pserver's, in plan_costs)
+        assert cost.rpcs == cost.prefetch_rpcs == 2  # a prefetch call a trainer (the batches: plan_costs)
         assert cost.time_us(rates) == pytest.approx(grads / grad_rate * 1e6 + fetched / 2e9 * 1e6 + 2 * 500.0)
         shard = mod_shard_cost("sgd", DType.FP32, (100, 8), 0, 1, Job(2, sync), rates, stats)
         assert shard.prefetch_bytes == pytest.approx(fetched)
@@ -716,6 +717,12 @@ def test_rates_of_the_first_schema_count_rpc_us_per_half_call(tmp_path):
     (tmp_path / "v1.json").write_text(json.dumps(data | {"schema": "pstranspile.rates/1"}))
     (tmp_path / "v9.json").write_text(json.dumps(data | {"schema": "pstranspile.rates/9"}))
     assert load_rates(tmp_path / "v2.json").rpc_us == 350.0
+    # a prefetch call's own rate goes through the file; a file written before it had one
+    # loads the built-in figure
+    (tmp_path / "pf.json").write_text(json.dumps(Rates(prefetch_rpc_us=123.0).to_json()))
+    assert load_rates(tmp_path / "pf.json").prefetch_rpc_us == 123.0
+    (tmp_path / "old.json").write_text(json.dumps({k: v for k, v in data.items() if k != "prefetch_rpc_us"}))
+    assert load_rates(tmp_path / "old.json").prefetch_rpc_us == Rates().prefetch_rpc_us
     assert load_rates(tmp_path / "v1.json").rpc_us == 700.0
     with pytest.raises(TranspileError, match="not a `pstranspile calibrate` file"):
         load_rates(tmp_path / "v9.json")
@@ -804,6 +811,7 @@ def test_measure_prefetch_takes_the_median_repeat_and_refuses_a_rate_it_did_not_
     monkeypatch.setattr(calibrate, "_sync_table_rounds", rounds([0.2, 0.25, 5.0]))
     found = calibrate.measure_prefetch(counts=(8, 4096), repeats=3)
     assert found["row_us"] == pytest.approx(0.25) and found["call_us"] == pytest.approx(500.0 + 8 * 0.25, rel=0.01)
+    assert found["call_us_each"] == pytest.approx([500.0 + 8 * r for r in (0.2, 0.25, 5.0)])
     assert found["prefetch_bandwidth"] == pytest.approx((8 + 64 * 4) / 0.25 * 1e6)
     monkeypatch.setattr(calibrate, "_sync_table_rounds", rounds([-0.01, 0.0, 0.3]))
     assert calibrate.measure_prefetch(counts=(8, 4096), repeats=3)["prefetch_bandwidth"] is None

@@ -20,9 +20,10 @@ from transpiler.planner import PlanPartitioner, candidates, even_cuts, grid_part
 
 # the search's known optima are worked out with these rates (no per-var cost for big vars:
 # `big_var_us` has its own tests in test_cost.py)
+# (a prefetch call priced as any other call in these cases: `prefetch_rpc_us` = `rpc_us`)
 RATES = Rates(bandwidth=1e9, rpc_us=100.0, op_us={"sum": 0.001, "scale": 0.001, "sgd": 0.002, "adam": 0.01},
-              row_us=0.01, big_var_us=0.0)
-FEW_FIXED = Rates(rpc_us=100.0)
+              row_us=0.01, big_var_us=0.0, prefetch_rpc_us=100.0)
+FEW_FIXED = Rates(rpc_us=100.0, prefetch_rpc_us=100.0)
 MLP = PADDLE_PROGRAMS / "mlp_adam_2ps"
 CTR = PADDLE_PROGRAMS / "ctr_v1_sparse_sgd_2ps"
 
@@ -345,7 +346,8 @@ def _distributed_table(height: int = 40_000, width: int = 16, optimizer: str = "
 
 # with a known optimum must not move with the machine's calibration)
 LOOKUP_RATES = Rates(bandwidth=1e9, sparse_bandwidth=1e9, rpc_us=100.0, block_us=50.0, row_us=0.2, id_us=0.2,
-                     merge_us=0.01, var_us=0.0, op_us={"sum": 0.001, "scale": 0.001, "sgd": 0.002, "adagrad": 0.002})
+                     merge_us=0.01, var_us=0.0, op_us={"sum": 0.001, "scale": 0.001, "sgd": 0.002, "adagrad": 0.002},
+                     prefetch_rpc_us=100.0)
 
 
 def _best_by_kind(table, sample, cap=None, rates=None) -> dict[str, float]:

@@ -547,7 +547,8 @@ def measure_prefetch(width: int = PSERVER_WIDTH, counts: tuple[int, int] = PREFE
     `repeats` times over (interleaved: a drift of the machine's load falls on all three):
     its CPU per prefetched row beyond the few (`row_us`: the ids in, the gather and the rows
     out; the median of the repeats, `row_us_each` each one's) and per prefetch call
-    (`call_us`: the few against none, a check on `rpc_us`). `prefetch_bandwidth` = the
+    (`call_us`: the few against none, the model's `prefetch_rpc_us`; `call_us_each` each
+    repeat's). `prefetch_bandwidth` = the
     bytes of a row (`ID_BYTES` + `width` floats) over `row_us`, None when the median is
     not above 0 (the machine's noise swamped the rows: the caller keeps another rate)."""
     import numpy as np
@@ -572,7 +573,7 @@ def measure_prefetch(width: int = PSERVER_WIDTH, counts: tuple[int, int] = PREFE
     rows = [(figures[i + 1] - figures[i]) / (trainers * (counts[1] - counts[0])) for i in range(0, len(figures), 3)]
     calls = [(figures[i] - figures[i + 2]) / trainers for i in range(0, len(figures), 3)]
     row_us = statistics.median(rows)
-    return {"row_us": row_us, "call_us": statistics.median(calls), "row_us_each": rows,
+    return {"row_us": row_us, "call_us": statistics.median(calls), "row_us_each": rows, "call_us_each": calls,
             "prefetch_bandwidth": (ID_BYTES + width * 4) / row_us * 1e6 if row_us > 0 else None}
 
 
@@ -947,6 +948,8 @@ def calibrate(progress=None) -> Rates:
                  merge_us=merge_us, fault_us=block["fault_us"], source=source, sparse_bandwidth=sparse_bandwidth,
                  update_row_us=update_row_us, sync_sparse_bandwidth=sync_sparse_bandwidth,
                  prefetch_bandwidth=prefetch_bandwidth, big_var_us=dense["big_var_us"], bulk_rpc_us=dense["bulk_rpc_us"],
+                 prefetch_rpc_us=max(fetched["call_us"], 0.0),
                  noise={"rpc_us": dense["rpc_us_each"], "bandwidth": dense["bandwidths"],
                         "big_var_us": dense["big_var_us_each"], "prefetch_row_us": fetched["row_us_each"],
+                        "prefetch_rpc_us": fetched["call_us_each"],
                         "bulk_rpc_us": dense["bulk_rpc_us_each"]})

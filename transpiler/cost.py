@@ -96,6 +96,12 @@ BIG_VAR_BYTES = 256 << 10  # also the bulk channel's threshold (`ops.rpc.bulk.BU
 # in two measurements at load average 4, 2026-11-27 (the MLP's pservers, on the bulk channel,
 # measured 1.8-2.5 ms a step where two gRPC-priced calls alone were 1.37)
 BULK_RPC_US = 475.0
+# a trainer's prefetch call on a sync pserver (`calibrate.measure_prefetch`'s `call_us`: its
+# CPU per call of 8 rows against no prefetch, the rest of the round alike): 384, 422 and 361
+# us in three calibrations on a quiet machine, 2026-11-27 (rpc_us 691, 668 and 714 in the
+# same ones). Priced at `rpc_us` before, the Zipf table's 4 pservers were estimated at
+# 1.20-1.34x their measured CPU (run AA), the cold ones' step being mostly their 4 calls.
+PREFETCH_RPC_US = 384.0
 RATES_SCHEMA = "pstranspile.rates/2"
 # The first schema counted a sync step's one `SendFetchBatch` per trainer as two RPCs (a send
 # batch and a fetch batch, as trainers sent them before the deferred send barrier): its
@@ -213,6 +219,10 @@ class Rates:
     # what calibrate measured of its own noise (`pstranspile calibrate`: each repeat's figure
     # of the rates it takes a median of), for the report; not used by the model
     noise: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    # per prefetch call (a trainer asking a table block for its rows, `prefetch` op), beside
+    # its bytes (`prefetch_bandwidth`): a gather and one reply, about half a trainer's
+    # SendFetchBatch (`rpc_us`), which carries grads, barriers and params (see PREFETCH_RPC_US)
+    prefetch_rpc_us: float = PREFETCH_RPC_US
 
     def op(self, op_type: str, dtype: DType | None = None) -> float:
         """µs per element of `op_type` on `dtype` (float32 when None; float64 has its own
@@ -245,6 +255,7 @@ class Rates:
                       "prefetch_bandwidth": "bytes/s of a prefetch's ids in and rows out",
                       "big_var_us": "us per dense var of 256 kB or more sent or fetched, per trainer (a smaller one: its share by bytes)",
                       "bulk_rpc_us": "us per batch call on the bulk channel",
+                      "prefetch_rpc_us": "us per prefetch call",
                       "update_row_us": "us per distinct row a sparse update writes"},
             "bandwidth": self.bandwidth,
             "rpc_us": self.rpc_us,
@@ -260,6 +271,7 @@ class Rates:
             "prefetch_bandwidth": self.prefetch_bandwidth,
             "big_var_us": self.big_var_us,
             "bulk_rpc_us": self.bulk_rpc_us,
+            "prefetch_rpc_us": self.prefetch_rpc_us,
             "update_row_us": self.update_row_us,
             "op_us": dict(sorted(self.op_us.items())),
             "noise": {k: [float(v) for v in values] for k, values in sorted(self.noise.items())},
@@ -291,12 +303,13 @@ def load_rates(path: str | Path | None) -> Rates:
                       float(data.get("prefetch_bandwidth", Rates.prefetch_bandwidth)),
                       float(data.get("big_var_us", Rates.big_var_us)),
                       float(data.get("bulk_rpc_us", Rates.bulk_rpc_us)),
-                      {str(k): tuple(float(x) for x in v) for k, v in data.get("noise", {}).items()})
+                      {str(k): tuple(float(x) for x in v) for k, v in data.get("noise", {}).items()},
+                      float(data.get("prefetch_rpc_us", Rates.prefetch_rpc_us)))
     except (KeyError, TypeError, ValueError) as exc:
         raise TranspileError(f"rates {path}: bad field ({exc})") from None
     if rates.bandwidth <= 0 or min(rates.sparse_bandwidth, rates.sync_sparse_bandwidth, rates.prefetch_bandwidth) <= 0 or min(rates.rpc_us, rates.row_us, rates.var_us, rates.block_us, rates.id_us,
                                    rates.copy_us, rates.merge_us, rates.fault_us, rates.update_row_us, rates.big_var_us,
-                                   rates.bulk_rpc_us) < 0 or any(v < 0 for v in ops.values()):
+                                   rates.bulk_rpc_us, rates.prefetch_rpc_us) < 0 or any(v < 0 for v in ops.values()):
         raise TranspileError(f"rates {path}: rates must be positive")
     return rates
 
@@ -420,6 +433,7 @@ class Cost:
     prefetch_bytes: float = 0.0  # of sparse_bytes: prefetches' ids in and rows out (`prefetch_bandwidth`)
     big_vars: float = 0.0  # dense vars sent or fetched, in `BIG_VAR_BYTES` units up to one a var (`big_var_us` each)
     bulk_rpcs: float = 0.0  # of rpcs: the batches on the bulk channel (`bulk_rpc_us` each, not `rpc_us`)
+    prefetch_rpcs: float = 0.0  # of rpcs: the prefetch calls (`prefetch_rpc_us` each, not `rpc_us`)
 
     def add(self, other: Cost) -> None:
         for kind, value in other.memory.items():
@@ -436,6 +450,7 @@ class Cost:
         self.prefetch_bytes += other.prefetch_bytes
         self.big_vars += other.big_vars
         self.bulk_rpcs += other.bulk_rpcs
+        self.prefetch_rpcs += other.prefetch_rpcs
 
     @property
     def memory_bytes(self) -> int:
@@ -447,7 +462,8 @@ class Cost:
         return (self.compute_us + dense / rates.bandwidth * 1e6 + synced / rates.sync_sparse_bandwidth * 1e6
                 + self.async_sparse_bytes / rates.sparse_bandwidth * 1e6
                 + self.prefetch_bytes / rates.prefetch_bandwidth * 1e6
-                + (self.rpcs - self.bulk_rpcs) * rates.rpc_us + self.bulk_rpcs * rates.bulk_rpc_us
+                + (self.rpcs - self.bulk_rpcs - self.prefetch_rpcs) * rates.rpc_us + self.bulk_rpcs * rates.bulk_rpc_us
+                + self.prefetch_rpcs * rates.prefetch_rpc_us
                 + self.vars * rates.var_us + self.big_vars * rates.big_var_us)
 
 
@@ -502,7 +518,7 @@ def block_cost(optimizer: str, dtype: DType, start_row: int, rows: int, cols: in
         if prefetch:  # rows asked for and sent, the param itself never received whole
             cost.bytes_in += t * touched_one * ID_BYTES
             cost.bytes_out = t * touched_one * cols * size
-            cost.rpcs = t  # a prefetch call per trainer per step (its own RPC, not in the batches)
+            cost.rpcs = cost.prefetch_rpcs = t  # a prefetch call per trainer per step (its own RPC, not in the batches)
         else:
             cost.bytes_out = t * n * size
         cost.sparse_bytes = cost.bytes_in + (cost.bytes_out if prefetch else 0.0)
@@ -560,7 +576,7 @@ def table_shard_cost(table, shard: int, job: Job, rates: Rates, ids: IdStats | N
     cost.sparse_bytes = cost.bytes_in + cost.bytes_out
     cost.prefetch_bytes = t * one * (ID_BYTES + width * size)  # the ids asked for, the rows sent
     cost.async_sparse_bytes = 0.0 if job.sync_mode else cost.sparse_bytes - cost.prefetch_bytes
-    cost.rpcs = t  # the prefetch (the grads travel in the batches)
+    cost.rpcs = cost.prefetch_rpcs = t  # the prefetch (the grads travel in the batches)
     cost.vars = 2 * t
     cost.compute_us = (sent * t * (rates.row_us + width * rates.merge_us)
                        + merged * (width * rates.op("sgd", table.dtype) + rates.update_row_us)
