@@ -801,10 +801,10 @@ class Connection:
     def send_reply(self, values: Sequence[tuple[str, Any]]) -> None:
         """A successful reply: its header on the socket, its big vars through the ring
         when the request came with one (`send_vars`)."""
-        frame, items = reply_parts(values)
         if self.reader is None:
-            send_pieces(self.sock, [*frame, *(piece for _, pieces in items for piece in pieces)])
+            send_pieces(self.sock, reply_pieces(values))
             return
+        frame, items = reply_parts(values)
         send_pieces(self.sock, frame)
         self.slots += send_vars(self.sock, self.ring, items, slots=True)
 
@@ -1109,13 +1109,18 @@ class BulkClient:
             sock = self._tls.wrap_socket(sock, server_hostname=self.host)
         return sock
 
+    def _credentials(self) -> dict[str, Any]:
+        """What every request's header carries for the pserver's checks: the channel's
+        secret, the trainer id and the job token (when the job has one)."""
+        head: dict[str, Any] = {"x": self.offer.secret, "t": self.trainer_id}
+        if self.token is not None:
+            head["k"] = self.token
+        return head
+
     def _ask_ring(self, sock: socket.socket) -> Ring | None:
         """A shared-memory ring for a new connection to a pserver on this host, or None
         (the pserver offers none, or it cannot be opened here: `ring_failure` says why)."""
-        head = {"x": self.offer.secret, "t": self.trainer_id}
-        if self.token is not None:
-            head["k"] = self.token
-        raw = _header_bytes(head)
+        raw = _header_bytes(self._credentials())
         sock.sendall(PREFIX.pack(REQUEST_MAGIC, METHOD_CODE["Ring"], len(raw)) + raw)
         try:
             status, length = recv_prefix(sock, REPLY_MAGIC, "the pserver's ring")
@@ -1168,10 +1173,8 @@ class BulkClient:
         freed while the reply is awaited; then `on_sent` is called. `arrived(name, value)`
         is told of each fetched var as soon as it is in, before the next one is received (a
         trainer's early receive, `ops.rpc.client`)."""
-        head = {"x": self.offer.secret, "t": self.trainer_id, "a": bool(barrier), "f": bool(fetch_barrier),
-                "g": list(fetch), "v": [h.encode() for h, _ in items]}
-        if self.token is not None:
-            head["k"] = self.token
+        head = {**self._credentials(), "a": bool(barrier), "f": bool(fetch_barrier), "g": list(fetch),
+                "v": [h.encode() for h, _ in items]}
         try:
             sock, ring = self._take()
         except OSError as exc:

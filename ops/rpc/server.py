@@ -1068,15 +1068,13 @@ class PServer(OwnDirRpc):
                 nbytes = min(chunk, size) * arrivals.plan.dtype.itemsize  # a grad under a chunk: its size
                 buffer = self._chunk_buffer(nbytes)
                 scratch = buffer[:nbytes].view(arrivals.plan.dtype)
-                failed = lambda: self._failure or (  # noqa: E731
-                    f"pserver {self.config.endpoint} is shutting down" if self._stopping else None)
                 try:
                     while done < size:
                         end = min(size, done + chunk)
                         part = scratch[:end - done]
                         bulk.recv_into(conn.sock, part, what)
                         with arrivals.cond:  # every input before this one wrote [.., end): none writes it now
-                            arrivals.wait_turn(k, end, failed, self.config.timeout)
+                            arrivals.wait_turn(k, end, self._sum_failure, self.config.timeout)
                         np.add(acc[done:end], part, out=acc[done:end])
                         with arrivals.cond:
                             arrivals.advance(k, end)
@@ -1100,15 +1098,13 @@ class PServer(OwnDirRpc):
         if mode == HOLD:
             with arrivals.cond:
                 acc = arrivals.buffer(k)
-        failed = lambda: self._failure or (  # noqa: E731
-            f"pserver {self.config.endpoint} is shutting down" if self._stopping else None)
         done = 0
         for data in reader.chunks(arrivals.size * dtype.itemsize, what):
             end = done + len(data) // dtype.itemsize
             part = data.view(dtype)
             if mode == ADD:
                 with arrivals.cond:  # every input before this one wrote [.., end): none writes it now
-                    arrivals.wait_turn(k, end, failed, self.config.timeout)
+                    arrivals.wait_turn(k, end, self._sum_failure, self.config.timeout)
                 np.add(acc[done:end], part, out=acc[done:end])
             else:
                 acc[done:end] = part
@@ -1118,6 +1114,11 @@ class PServer(OwnDirRpc):
                 progress[0] = end
             done = end
         progress[0] = done
+
+    def _sum_failure(self) -> str | None:
+        """Why an add on arrival waiting for its turn should give up: the pserver failed or
+        is shutting down (`Arrivals.wait_turn`), else None."""
+        return self._failure or (f"pserver {self.config.endpoint} is shutting down" if self._stopping else None)
 
     def _tear(self, tid: int, name: str, got: int, exc: BaseException) -> None:
         """Trainer `tid`'s `name` broke off after `got` bytes while its grad's sum waited for
