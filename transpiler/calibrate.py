@@ -99,6 +99,14 @@ _threading.Thread(target=_answer, daemon=True, name="cpu-probe").start()
 """
 
 
+def _start_pserver(script: str, *args: Any) -> subprocess.Popen:
+    """A calibration pserver running `script` with `args` in a child process, with the CPU
+    probe (`_CPU_PROBE`: read by `_probe_cpu`) and one BLAS thread."""
+    return subprocess.Popen([sys.executable, "-c", _CPU_PROBE + script, *map(str, args)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
+
+
 def _probe_cpu(child: subprocess.Popen) -> float:
     """CPU seconds of a calibration pserver started with `_CPU_PROBE` (stdin and stdout pipes,
     text mode): asked on its stdin, read from its stdout."""
@@ -377,9 +385,7 @@ def measure_pserver(rpc_us: float, bandwidth: float, adagrad_us: float, row_us: 
     from ops.rpc.client import RpcClient
     from ops.tensor import SelectedRows
 
-    child = subprocess.Popen([sys.executable, "-c", _CPU_PROBE + _PSERVER, str(ROOT), str(PSERVER_ROWS), str(width)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1",
-                                                                     "OPENBLAS_NUM_THREADS": "1"})
+    child = _start_pserver(_PSERVER, ROOT, PSERVER_ROWS, width)
     client = None
     try:
         endpoint = child.stdout.readline().strip()
@@ -446,9 +452,7 @@ def _sync_table_rounds(width: int, table_rows: int, trainers: int, sets, rounds:
 
     dense = {"ctr_fc.b@GRAD": (32,), "ctr_fc.w@GRAD": (3 * width, 32), "ctr_out.b@GRAD": (2,),
              "ctr_out.w@GRAD": (32, 2)}  # the CTR net: 3 lookups concatenated, fc 32, fc 2
-    child = subprocess.Popen([sys.executable, "-c", _CPU_PROBE + _PSERVER, str(ROOT), str(table_rows), str(width), "sync",
-                              str(trainers)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
+    child = _start_pserver(_PSERVER, ROOT, table_rows, width, "sync", trainers)
     clients: list[Any] = []
     try:
         endpoint = child.stdout.readline().strip()
@@ -704,9 +708,7 @@ def measure_sync_rounds(main, startup, steps: int, warm: int = 3, trainers: int 
     with tempfile.TemporaryDirectory() as tmp:
         Path(f"{tmp}/main.pb").write_bytes(pserver.to_bytes())
         Path(f"{tmp}/startup.pb").write_bytes(pserver_startup.to_bytes())
-        child = subprocess.Popen([sys.executable, "-c", _CPU_PROBE + _SYNC_PSERVER, str(ROOT), f"{tmp}/main.pb",
-                                  f"{tmp}/startup.pb", endpoint], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 text=True, env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
+        child = _start_pserver(_SYNC_PSERVER, ROOT, f"{tmp}/main.pb", f"{tmp}/startup.pb", endpoint)
         clients = []
         try:
             if child.stdout.readline().strip() != "ready":
