@@ -1,5 +1,6 @@
-"""The one compiled part: `ops.kernels._fused` (one-pass optimizer updates). Optional: where it
-cannot be built the kernels run their numpy path, which computes the same bits.
+"""The compiled parts: `ops.kernels._fused` (one-pass optimizer updates) and
+`ops.kernels._pcg64` (numpy's PCG64 uniform draws without numpy.random). Optional: where
+they cannot be built the kernels run their numpy path, which computes the same bits.
 Everything else about the package is in pyproject.toml."""
 
 from setuptools import Extension, setup
@@ -13,6 +14,8 @@ setup(
             # -fno-math-errno: sqrt may use the vector instruction (it never sets errno here).
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c11"],
             optional=True,
-        )
+        ),
+        Extension("ops.kernels._pcg64", sources=["ops/kernels/_pcg64.c"], extra_compile_args=["-O3", "-std=c11"],
+                  optional=True),
     ]
 )

@@ -424,9 +424,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 session.run(shard(batch, role, main_program), loss=args.loss)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-        peak = peak_rss()  # before the copies below
-        final = held_params(session) if as_trainers is None else as_trainers.held(0)
-        per_trainer = {} if as_trainers is None else {
+        peak = peak_rss()  # the training's (--save copies the params below)
+        # copies, only for --save (after the peak: the timing line's is the training's, and a
+        # process's own VmHWM at exit stays that too)
+        final = {} if args.save is None else held_params(session) if as_trainers is None else as_trainers.held(0)
+        per_trainer = {} if as_trainers is None or args.save is None else {
             f"final.trainer_{i}/{k}": v for i in range(args.as_trainers) for k, v in as_trainers.held(i).items()}
         if args.pull_to is not None and role.trainer_id == 0:
             write_vars(args.pull_to, session.pull())

@@ -76,6 +76,7 @@ import numpy as np
 
 from ops.kernels import Frame, OpContext, RunContext, get_kernel
 from ops.kernels import registry
+from ops.kernels.pcg64 import Rng, default_rng
 from ops.kernels.context import SOLE_LOCAL_REFERENCES, SPARES, _references
 from ops.kernels.registry import KernelSpec
 from ops.scope import Scope
@@ -180,23 +181,23 @@ class Executor:
         self._run_block(run, block, scope, None, top=True)
         return [self._fetch(scope, item, return_numpy) for item in fetches]
 
-    def rng(self, key: str) -> np.random.Generator:
+    def rng(self, key: str) -> Rng:
         """The generator for a `seed`-0 draw keyed by `key` (see the module docstring)."""
         if self.seed is None:
-            return np.random.default_rng()
+            return default_rng()
         seed = int(self.seed) & 0xFFFF_FFFF_FFFF_FFFF
         with self._lock:
             stream = self.stream
             if stream is None:
                 count = self._draws.get(key, 0)
                 self._draws[key] = count + 1
-                return np.random.default_rng([seed, zlib.crc32(key.encode()), count])
+                return default_rng([seed, zlib.crc32(key.encode()), count])
             if self._stream_draws[0] != stream:
                 self._stream_draws = (stream, {})
             draws = self._stream_draws[1]
             count = draws.get(key, 0)
             draws[key] = count + 1
-        return np.random.default_rng([seed, zlib.crc32(key.encode()), count, int(stream) & 0xFFFF_FFFF_FFFF_FFFF])
+        return default_rng([seed, zlib.crc32(key.encode()), count, int(stream) & 0xFFFF_FFFF_FFFF_FFFF])
 
     # -- internals
     def _run_block(self, run: RunContext, block: Block, scope: Scope, parent: Frame | None, top: bool = False) -> None:

@@ -1,4 +1,4 @@
-"""The compiled one-pass Adam (`ops/kernels/_fused.c`) against the numpy path it replaces:
+"""The compiled one-pass Adam and sgd (`ops/kernels/_fused.c`) against the numpy paths they replace:
 the same bits on every kind of value, in place and out of place, and the numpy path
 wherever the compiled one cannot take the arrays."""
 
@@ -111,3 +111,74 @@ def test_bad_buffers_are_errors_not_memory_writes():
         _fused.adam(f32, np.zeros(16, np.float32)[::2], f32, f32, f32.copy(), f32.copy(), f32.copy(), *args)
     little = np.zeros(8, "<f4")  # an explicit byte order is still native here
     _fused.adam(little, little, little, little, little.copy(), little.copy(), little.copy(), *args)
+
+
+# ------------------------------------------------------------------------------ sgd
+
+
+def _sgd_numpy(monkeypatch, param, grad, lr):
+    """The sgd kernel's numpy path on a sync pserver (in place), FUSED off."""
+    monkeypatch.setattr(optimizers, "FUSED", False)
+    try:
+        return np.subtract(param, np.multiply(grad, lr, dtype=param.dtype), out=param)
+    finally:
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64)], ids=str)
+@pytest.mark.parametrize("size", [1, 511, 513, 401408])
+def test_sgd_in_place_gives_numpys_bits(monkeypatch, dtype, size):
+    p, g, _, _ = _state(dtype, size, seed=size)
+    lr = dtype.type(0.0137)
+    expected = _sgd_numpy(monkeypatch, p.copy(), g, lr)
+    _fused.sgd(p, g, lr)
+    assert p.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64)], ids=str)
+def test_the_sgd_kernel_updates_a_sync_pservers_param_through_the_compiled_loop(monkeypatch, dtype):
+    """Where the run allows it (a sync pserver), `sgd` updates the param in its own array in
+    one compiled pass: numpy's bits, and no param-sized or chunk-sized temporary."""
+    from ops.executor import Executor  # noqa: PLC0415
+    from ops.kernels import register, unregister  # noqa: PLC0415
+    from ops.scope import Scope  # noqa: PLC0415
+    from ops.tensor import LoDTensor  # noqa: PLC0415
+    from transpiler.ir import Program  # noqa: PLC0415
+
+    @register("test_allow_in_place_sgd")
+    def allow(ctx) -> None:
+        ctx.run.update_in_place = True
+
+    p, g, _, _ = _state(dtype, 4099, seed=11)
+    lr = np.array([0.05], dtype)
+    program = Program.empty()
+    block = program.global_block()
+    block.add_op("test_allow_in_place_sgd", {}, {}, {})
+    block.add_op("sgd", {"Param": ["w"], "Grad": ["g"], "LearningRate": ["lr"]}, {"ParamOut": ["w"]}, {})
+    calls, real = [], _fused.sgd
+    monkeypatch.setattr(optimizers, "_fused", type("Spy", (), {"sgd": staticmethod(
+        lambda *a: (calls.append(a[2]), real(*a)))}))
+    param = p.copy()
+    scope = Scope()
+    scope.set_var("w", LoDTensor(param))
+    try:
+        Executor().run(program, feed={"g": g, "lr": lr}, scope=scope)
+    finally:
+        unregister("test_allow_in_place_sgd")
+    monkeypatch.undo()
+    want = _sgd_numpy(monkeypatch, p.copy(), g, dtype.type(lr[0]))
+    got = scope.find_var("w").array
+    assert got is param and got.tobytes() == want.tobytes()
+    assert calls == [dtype.type(lr[0])] and type(calls[0]) is dtype.type
+
+
+def test_sgd_bad_buffers_are_errors():
+    f32 = np.zeros(8, np.float32)
+    with pytest.raises(TypeError, match="sgd: param must be float32 or float64"):
+        _fused.sgd(np.zeros(8, np.int32), f32, 0.1)
+    with pytest.raises(ValueError, match="sgd: grad differs"):
+        _fused.sgd(f32, np.zeros(8, np.float64), 0.1)
+    frozen = np.zeros(8, np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(TypeError, match="sgd: param must be a C-contiguous writable"):
+        _fused.sgd(frozen, f32, 0.1)

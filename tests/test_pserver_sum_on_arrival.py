@@ -442,6 +442,7 @@ def test_the_optimize_blocks_borrow_the_idle_chunk_buffer_for_sgd_s_piece(monkey
 
     monkeypatch.setenv(bulk.BULK_ENV, "on")
     monkeypatch.setattr(optimizers, "SGD_CHUNK_BYTES", 4096)  # pieces of the chunk buffer's size
+    monkeypatch.setattr(optimizers, "FUSED", False)  # sgd's numpy path: the compiled one takes no piece
     lent: list = []
     scope = Scope()
     w0 = np.random.default_rng(3).standard_normal(SHAPE).astype(F32)

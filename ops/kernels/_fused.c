@@ -12,7 +12,10 @@
  * nothing here reassociates. Outputs may be the inputs themselves (a sync pserver updates its
  * param and moments in place): each block of elements is read before it is written.
  *
- * The loop releases the GIL: a pserver's other RPC threads run while it updates.
+ * `sgd` computes `param = param - grad * lr` in place, one pass, as sgd's numpy path
+ * (`np.multiply(grad, lr)`, then `np.subtract`) does in two with a temporary between.
+ *
+ * The loops release the GIL: a pserver's other RPC threads run while it updates.
  * Built as an optional extension (setup.py): without a C compiler the numpy path runs.
  */
 #define PY_SSIZE_T_CLEAN
@@ -57,10 +60,10 @@ ADAM_LOOP(float, sqrtf)
 ADAM_LOOP(double, sqrt)
 
 /* A C-contiguous view of `obj` (with its struct format, for `float_kind`), writable when asked. */
-static int get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *name) {
+static int get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *fn, const char *name) {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, view, flags) < 0) {
-        PyErr_Format(PyExc_TypeError, "adam: %s must be a C-contiguous%s float buffer", name,
+        PyErr_Format(PyExc_TypeError, "%s: %s must be a C-contiguous%s float buffer", fn, name,
                      writable ? " writable" : "");
         return -1;
     }
@@ -95,7 +98,7 @@ static PyObject *fused_adam(PyObject *self, PyObject *args) {
     int got = 0;
     PyObject *result = NULL;
     for (; got < 7; got++)
-        if (get_buffer(objs[got], &views[got], got >= 4, names[got]) < 0) goto done;
+        if (get_buffer(objs[got], &views[got], got >= 4, "adam", names[got]) < 0) goto done;
     char kind = float_kind(&views[0]);
     Py_ssize_t itemsize = views[0].itemsize, size = views[0].len;
     if (kind == 0) {
@@ -123,10 +126,53 @@ done:
     return result;
 }
 
+#define SGD_LOOP(T)                                                                              \
+    VECTOR_CLONES static void sgd_##T(T *p, const T *g, Py_ssize_t n, T lr) {                   \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                    \
+            T step = g[i] * lr;                                                                 \
+            p[i] = p[i] - step;                                                                 \
+        }                                                                                       \
+    }
+SGD_LOOP(float)
+SGD_LOOP(double)
+
+static PyObject *fused_sgd(PyObject *self, PyObject *args) {
+    PyObject *param_obj, *grad_obj;
+    double lr;
+    if (!PyArg_ParseTuple(args, "OOd:sgd", &param_obj, &grad_obj, &lr)) return NULL;
+    Py_buffer param, grad;
+    if (get_buffer(param_obj, &param, 1, "sgd", "param") < 0) return NULL;
+    if (get_buffer(grad_obj, &grad, 0, "sgd", "grad") < 0) {
+        PyBuffer_Release(&param);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    char kind = float_kind(&param);
+    if (kind == 0) {
+        PyErr_SetString(PyExc_TypeError, "sgd: param must be float32 or float64");
+    } else if (float_kind(&grad) != kind || grad.len != param.len) {
+        PyErr_SetString(PyExc_ValueError, "sgd: grad differs from param in dtype or size");
+    } else {
+        Py_ssize_t n = param.len / param.itemsize;
+        Py_BEGIN_ALLOW_THREADS
+        if (kind == 'f')
+            sgd_float(param.buf, grad.buf, n, (float)lr);
+        else
+            sgd_double(param.buf, grad.buf, n, lr);
+        Py_END_ALLOW_THREADS
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&grad);
+    PyBuffer_Release(&param);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"adam", fused_adam, METH_VARARGS,
      "adam(param, grad, m1, m2, param_out, m1_out, m2_out, beta1, beta2, lr_t, eps_t): "
      "the dense Adam update in one pass; outputs may alias the inputs."},
+    {"sgd", fused_sgd, METH_VARARGS,
+     "sgd(param, grad, lr): param = param - grad * lr in place, one pass (lr rounded to param's dtype)."},
     {NULL, NULL, 0, NULL},
 };
 

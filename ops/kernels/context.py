@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ops.kernels.pcg64 import Rng, default_rng
 from ops.tensor import LoDTensor, SelectedRows
 from transpiler.errors import PsTranspilerError
 from transpiler.ir.types import EMPTY_VAR_NAME, VarKind
@@ -108,7 +109,7 @@ class RunContext:
         program: Program,
         *,
         env: Mapping[str, Any] | None = None,
-        rng_factory: Callable[[str], np.random.Generator] | None = None,
+        rng_factory: Callable[[str], Rng] | None = None,
         run_block: Callable[[int, Scope, Frame | None], None] | None = None,
     ) -> None:
         self.program = program
@@ -141,14 +142,14 @@ class RunContext:
             raise KernelError("this run cannot start sub-blocks")
         self._run_block(block_idx, scope, parent)
 
-    def rng(self, key: str, seed: int = 0) -> np.random.Generator:
+    def rng(self, key: str, seed: int = 0) -> Rng:
         """The generator for one draw: a fresh one seeded with `seed` when non-zero (so the
         same op gives the same numbers on every run, as in Paddle), else the executor's
         stream for `key` (see `Executor`)."""
         if seed:
-            return np.random.default_rng(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+            return default_rng(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
         if self._rng_factory is None:
-            return np.random.default_rng([0, zlib.crc32(key.encode())])
+            return default_rng([0, zlib.crc32(key.encode())])
         return self._rng_factory(key)
 
 
@@ -454,7 +455,7 @@ class OpContext:
             self.set_output(slot, value, lod=None if lods is None else lods[i], i=i)
 
     # -- randomness
-    def rng(self) -> np.random.Generator:
+    def rng(self) -> Rng:
         """The generator for this op (its `seed` attr, else the executor's stream keyed by
         the op's first output name)."""
         names = self.op.output_names

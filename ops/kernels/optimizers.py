@@ -122,6 +122,9 @@ def sgd(ctx: OpContext) -> None:
         _check_rows(ctx, grad, param)
         out = param if in_place else param.copy()  # a sparse step copying a whole table costs more than the step
         out[grad.rows] -= lr * grad.value.astype(param.dtype, copy=False)  # rows are unique after merging
+    elif in_place and FUSED and _fusable(param, (grad,), (lr,)):
+        _fused.sgd(param, grad, lr)  # the same operations element by element, in one pass, no temporary
+        out = param
     elif reuse is None and in_place and grad.shape == param.shape and _chunkable(grad, param):
         # In place without a param-sized temporary: lr * Grad a chunk at a time (the same
         # bits: each element's two operations are those of the whole-array path).
