@@ -3,7 +3,8 @@ within 1.3x of what it must hold). So the RPC layer's kernels and the kernel fam
 pserver seldom runs are registered by name (`register_lazily`) and imported at their first
 lookup, a pserver never loads the trainer's client nor a trainer the server, and the
 runtime leaves out modules it never runs (`transpiler.cost`, `sysconfig`, `tempfile`, the
-`idna` codec). These tests keep it so: a real job's processes list their modules."""
+`idna` codec, numpy.random for a uniform initializer). These tests keep it so: a real
+job's processes list their modules."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ NOT_IN_A_PSERVER = (
     "ops.rpc.client", "ops.rpc.early_recv", "ops.rpc.kernels", "ops.rpc.prefetch", "transpiler.cost", "sysconfig",
     "tempfile", "encodings.idna", "ops.kernels.control", "ops.kernels.nn", "ops.kernels.loss", "ops.kernels.recurrent",
     "ops.kernels.transformer", "ops.kernels.vision",
+    "numpy.random",  # its startup's uniform_random draws through ops.kernels.pcg64
 )
 NOT_IN_A_TRAINER = ("ops.rpc.server", "ops.rpc.listen_and_serv", "ops.rpc.arrival_sum", "ops.rpc.serve")
 
