@@ -45,6 +45,7 @@ except ImportError:  # pragma: no cover - a build without it runs the numpy path
 # PSTRANSPILE_FUSED=0 runs the numpy path even where the compiled one is built (both compute
 # the same bits; the switch is for measuring one against the other).
 FUSED = _fused is not None and os.environ.get("PSTRANSPILE_FUSED", "1") != "0"
+FUSED_SGD = hasattr(_fused, "sgd")  # a build from before the compiled sgd has adam alone
 
 
 def _learning_rate(ctx: OpContext, dtype: np.dtype) -> np.generic:
@@ -122,7 +123,7 @@ def sgd(ctx: OpContext) -> None:
         _check_rows(ctx, grad, param)
         out = param if in_place else param.copy()  # a sparse step copying a whole table costs more than the step
         out[grad.rows] -= lr * grad.value.astype(param.dtype, copy=False)  # rows are unique after merging
-    elif in_place and FUSED and _fusable(param, (grad,), (lr,)):
+    elif in_place and FUSED and FUSED_SGD and _fusable(param, (grad,), (lr,)):
         _fused.sgd(param, grad, lr)  # the same operations element by element, in one pass, no temporary
         out = param
     elif reuse is None and in_place and grad.shape == param.shape and _chunkable(grad, param):
