@@ -597,7 +597,7 @@ def _modelled_rounds(rates: Rates, tweak=None):
     round what the model says with `rates` (`plan_costs`), every cycle alike; `tweak(n,
     cycle, value)` may change a block's figure (a load spike)."""
 
-    def modelled(nets, cycles, warm=3, trainers=2, think=0.0, settle=1):
+    def modelled(nets, cycles, warm=3, trainers=2, think=0.0, settle=1, logs=None):
         out = []
         for n, (main, startup, _) in enumerate(nets):
             result = transpile(main, startup, pservers=["127.0.0.1:1"], trainers=trainers)
