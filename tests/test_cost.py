@@ -618,9 +618,13 @@ def test_calibrate_dense_recovers_the_rates_of_a_pserver_that_costs_what_the_mod
 
     rates = Rates(bandwidth=3e9, rpc_us=300.0, var_us=0.0, block_us=50.0, big_var_us=40.0, bulk_rpc_us=200.0,
                   op_us={**DEFAULT_OP_US, SUM_ON_ARRIVAL: 0.0004, "sum": 0.002, "scale": 0.0003, "momentum": 0.001})
-    monkeypatch.setattr(calibrate, "measure_interleaved_rounds", _modelled_rounds(rates))
+    seen = []
+    modelled = _modelled_rounds(rates)
+    monkeypatch.setattr(calibrate, "measure_interleaved_rounds",
+                        lambda nets, cycles, **kw: seen.append(len(nets)) or modelled(nets, cycles, **kw))
     dense = calibrate.measure_dense(dict(rates.op_us), 0.0)
     cycles = calibrate.DENSE_CYCLES
+    assert seen == [3 + 3 * calibrate.DENSE_COPIES]  # the three wide nets, each on its own pservers
     # (the biases' shares of `big_var_us`, a 2 kB var against a 4 kB one, ride on the bytes: 0.03%)
     assert dense["bandwidth"] == pytest.approx(3e9, rel=1e-3) and dense["bandwidths"] == [dense["bandwidth"]] * cycles
     # the many-vars net's extra big vars, each sent and fetched by each trainer
@@ -779,9 +783,11 @@ def test_calibrate_dense_takes_the_median_block_past_an_outlier(monkeypatch):
 
     rates = Rates(bandwidth=3e9, rpc_us=600.0, var_us=0.0, block_us=50.0, big_var_us=40.0,
                   op_us={**DEFAULT_OP_US, SUM_ON_ARRIVAL: 0.0004, "sum": 0.002, "scale": 0.0003, "momentum": 0.001})
-    # (net, cycle): factor; the nets in the order they run: 0 tiny, 3 wide, 4 narrow, 5 many
-    # vars; cycle 0 warms (a spike there, 10x on every net, is not read)
-    spikes = {(0, 2): 2.5, (0, 5): 1.5, (3, 1): 2.0, (5, 6): 3.0, **{(n, 0): 10.0 for n in range(6)}}
+    # (net, cycle): factor; the nets in the order they run: 0 tiny, 1 many tiny layers, 2
+    # bulk, then two copies (pservers) each of 3 wide, 4 narrow, 5 many vars (6-8); cycle 0
+    # warms (a spike there, 10x on every net, is not read)
+    spikes = {(0, 2): 2.5, (0, 5): 1.5, (3, 1): 2.0, (6, 1): 2.0, (5, 6): 3.0, (8, 6): 3.0,
+              **{(n, 0): 10.0 for n in range(9)}}
     monkeypatch.setattr(calibrate, "measure_interleaved_rounds",
                         _modelled_rounds(rates, lambda n, c, value: spikes.get((n, c), 1.0) * value))
     dense = calibrate.measure_dense(dict(rates.op_us), 0.0)
@@ -792,7 +798,7 @@ def test_calibrate_dense_takes_the_median_block_past_an_outlier(monkeypatch):
     assert dense["bandwidth"] == pytest.approx(3e9, rel=0.01) and dense["bandwidths"][0] < 0.5 * 3e9
     assert dense["big_var_us"] == pytest.approx(40.0, rel=0.01) and dense["big_var_us_each"][5] > 3 * 40.0
     # a spike in half the cycles does move them: a median, not a minimum
-    half = {(3, c): 2.0 for c in range(1, calibrate.DENSE_CYCLES // 2 + 2)}
+    half = {(n, c): 2.0 for n in (3, 6) for c in range(1, calibrate.DENSE_CYCLES // 2 + 2)}
     monkeypatch.setattr(calibrate, "measure_interleaved_rounds",
                         _modelled_rounds(rates, lambda n, c, value: half.get((n, c), 1.0) * value))
     assert calibrate.measure_dense(dict(rates.op_us), 0.0)["bandwidth"] < 0.5 * 3e9

@@ -909,13 +909,15 @@ BULK_WIDTH = 256  # `measure_dense`'s bulk net: one 256 x 256 layer, a 256 kB we
 DENSE_CYCLES = 12  # `measure_dense`'s nets run a block each in turn this many times (and once more to warm)
 # the rounds of a block, per net: the tiny one, the many-layer tiny one, the bulk one, the
 # narrow and the wide net, the many-vars net (the last three: 0.1-0.2 s of the pserver's CPU a block)
-DENSE_ROUNDS = (12, 6, 12, 8, 4, 8)
+DENSE_ROUNDS = (12, 6, 12, 4, 2, 4)  # (a wide net's: per copy)
+DENSE_COPIES = 2  # pservers of each wide net
 
 
 def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRAINERS, cycles: int = DENSE_CYCLES,
                   rounds: Sequence[int] = DENSE_ROUNDS, many: int = 16, think: float = THINK,
-                  layers: int = DENSE_LAYERS, widths: tuple[int, int] = DENSE_WIDTHS) -> dict[str, Any]:
-    """A real sync pserver per net, `trainers` trainers each, the six nets run a block at a
+                  layers: int = DENSE_LAYERS, widths: tuple[int, int] = DENSE_WIDTHS,
+                  copies: int = DENSE_COPIES) -> dict[str, Any]:
+    """A real sync pserver per net (`copies` of each wide one), `trainers` trainers each, the six nets run a block at a
     time in turn, `cycles` times over (`measure_interleaved_rounds`; blocks of `rounds`
     rounds, net by net): `rpc_us` = a trainer's share of one round of a 1-layer tiny net
     (its 2 partitions' blocks and vars taken off: each trainer sends one `SendFetchBatch`,
@@ -953,17 +955,23 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
     shapes = [(1, 4), (many, 4), (1, BULK_WIDTH), *((layers, width) for width in widths), (4 * layers, widths[0] // 2)]
     if len(rounds) != len(shapes):
         raise ValueError(f"measure_dense: {len(rounds)} block lengths for {len(shapes)} nets")
-    # run in this order: the narrow net's block next to both nets it is compared with
-    order = (0, 1, 2, 4, 3, 5)
+    # run in this order: the narrow net's block next to both nets it is compared with; the
+    # three wide nets `copies` times, each copy its own pserver (two pservers of one wide
+    # net, run in turn, read 46 and 59 ms a round: a process's own luck), a cycle's figure
+    # their mean
+    order = (0, 1, 2, *(4, 3, 5) * copies)
     logs: list[list[str]] = []
     runs = measure_interleaved_rounds([(*dense_programs(shapes[i][0], shapes[i][1], shapes[i][1]), rounds[i])
                                        for i in order],
                                       cycles + 1, trainers=trainers, think=think, logs=logs)
     # the payloads each net's shared-memory rings carried, in `shapes` order (a job's big
     # vars take the rings on loopback, `PSTRANSPILE_BULK_SHM=auto`: so must these)
-    slots = [ring_slots(logs[order.index(i)]) if logs else 0 for i in range(len(shapes))]
+    slots = [sum(ring_slots(log) for log, i in zip(logs, order, strict=True) if i == n) if logs else 0
+             for n in range(len(shapes))]
     # (the first cycle warms: a wide net's first block read 74 ms a round, the next 35-44)
-    tiny_runs, wide_runs, bulk_runs, broad, narrow, manys = (figures[1:] for figures in runs)
+    per_net = [[statistics.fmean(f) for f in zip(*(figures[1:] for figures, i in zip(runs, order, strict=True)
+                                                   if i == n), strict=True)] for n in range(len(shapes))]
+    tiny_runs, wide_runs, bulk_runs, narrow, broad, manys = per_net
     # the fixed costs from each net's median block (a pserver woken at the wrong moment
     # read one tiny round 2,200 µs and the next 3,800)
     tiny = statistics.median(tiny_runs)
