@@ -502,14 +502,14 @@ def _sync_table_rounds(width: int, table_rows: int, trainers: int, sets, rounds:
 
 
 def measure_sync_sparse(merge_us: float, update_us: float, id_counts: tuple[int, int] = (512, 8192),
-                        widths: tuple[int, int] = (PSERVER_WIDTH // 4, PSERVER_WIDTH), rounds: int = 60,
-                        trainers: int = 1) -> dict[str, float]:
+                        widths: tuple[int, int] = (PSERVER_WIDTH // 4, PSERVER_WIDTH), rounds: int = 36,
+                        trainers: int = 1, blocks: int = 5) -> dict[str, float]:
     """A real **sync** pserver (the CTR example's `local-table` program, `[16384, w]` fp32 +
     Adagrad, `trainers` trainers: the rows merged and updated in place) in a child process,
     driven a round at a time as trainers drive it (a thread per trainer: its 4 small dense
     grads and `emb@GRAD`, a row per lookup from `2k` ids, in one batch; the send barrier; a
-    param fetched behind the fetch barrier): its CPU per round (/proc, the median of 3
-    blocks of `rounds`) at `k` rows per trainer (`id_counts`) on tables `widths` floats
+    param fetched behind the fetch barrier): its CPU per round (the median of `blocks`
+    blocks of `rounds`: 5 of 36, where 3 of 60 read 365-807 MB/s in six calibrations) at `k` rows per trainer (`id_counts`) on tables `widths` floats
     wide, less the merge (`merge_us` per element of every grad row) and the update
     (`update_us` per element of every distinct row, counted). The slope of the rest per
     grad row, per float between the widths, is the pserver's CPU per float of a sparse
@@ -527,7 +527,7 @@ def measure_sync_sparse(merge_us: float, update_us: float, id_counts: tuple[int,
                    for _ in range(trainers)]
             sets.append([[(None, SelectedRows(i, np.full((k, width), 1e-4, np.float32), PSERVER_ROWS))] for i in ids])
             distinct.append(len(np.unique(np.concatenate(ids))))
-        figures = _sync_table_rounds(width, PSERVER_ROWS, trainers, sets, rounds, blocks=3)
+        figures = _sync_table_rounds(width, PSERVER_ROWS, trainers, sets, rounds, blocks=blocks)
         adjusted = [f - trainers * k * width * merge_us - d * width * update_us
                     for f, k, d in zip(figures, id_counts, distinct, strict=True)]
         rows = trainers * (id_counts[1] - id_counts[0])
@@ -543,8 +543,8 @@ def measure_sync_sparse(merge_us: float, update_us: float, id_counts: tuple[int,
 PREFETCH_COUNTS = (8, 4096)  # `measure_prefetch`: rows a trainer prefetches a round, few and many
 
 
-def measure_prefetch(width: int = PSERVER_WIDTH, counts: tuple[int, int] = PREFETCH_COUNTS, rounds: int = 30,
-                     repeats: int = 5, trainers: int = SYNC_TRAINERS, think: float = 0.0) -> dict[str, Any]:
+def measure_prefetch(width: int = PSERVER_WIDTH, counts: tuple[int, int] = PREFETCH_COUNTS, rounds: int = 24,
+                     repeats: int = 9, trainers: int = SYNC_TRAINERS, think: float = 0.0) -> dict[str, Any]:
     """A real **sync** pserver (the CTR `local-table` program, `[16384, width]` fp32 +
     Adagrad) driven as `trainers` prefetching trainers drive it (`_sync_table_rounds`: each
     round a prefetch, the small dense grads and an 8-row `emb@GRAD`, the barriers), each
@@ -553,7 +553,8 @@ def measure_prefetch(width: int = PSERVER_WIDTH, counts: tuple[int, int] = PREFE
     its CPU per prefetched row beyond the few (`row_us`: the ids in, the gather and the rows
     out; the median of the repeats, `row_us_each` each one's) and per prefetch call
     (`call_us`: the few against none, the model's `prefetch_rpc_us`; `call_us_each` each
-    repeat's). `prefetch_bandwidth` = the
+    repeat's: 9 repeats of 24 rounds, where 5 of 30 read 200-806 µs a call within one
+    calibration and medians of 355-713 in six). `prefetch_bandwidth` = the
     bytes of a row (`ID_BYTES` + `width` floats) over `row_us`, None when the median is
     not above 0 (the machine's noise swamped the rows: the caller keeps another rate)."""
     import numpy as np
@@ -906,7 +907,7 @@ THINK = 0.01  # seconds a replaying trainer waits between rounds, as a trainer c
 DENSE_LAYERS = 8  # `measure_dense`'s two wide nets: this many fc layers each
 DENSE_WIDTHS = (512, 1024)  # their widths: every weight (1 MB, 4 MB) summed on arrival, on the bulk channel
 BULK_WIDTH = 256  # `measure_dense`'s bulk net: one 256 x 256 layer, a 256 kB weight (`BULK_MIN`)
-DENSE_CYCLES = 12  # `measure_dense`'s nets run a block each in turn this many times (and once more to warm)
+DENSE_CYCLES = 10  # `measure_dense`'s nets run a block each in turn this many times (and once more to warm)
 # the rounds of a block, per net: the tiny one, the many-layer tiny one, the bulk one, the
 # narrow and the wide net, the many-vars net (the last three: 0.1-0.2 s of the pserver's CPU a block)
 DENSE_ROUNDS = (12, 6, 12, 4, 2, 4)  # (a wide net's: per copy)
