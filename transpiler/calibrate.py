@@ -33,20 +33,23 @@ blocks and repeats, each repeat's kept in `Rates.noise`.
   round (`measure_prefetch`): the CPU per row prefetched sets `prefetch_bandwidth`;
 - (`measure_sync_ids`, for `benchmarks/sparse_ids.py`: a real sync pserver fed given id
   sets by two prefetching trainers, CPU per round);
-- against a real sync pserver (`measure_dense`: `measure_sync_rounds` serves a net of
-  fc layers, Momentum, to 2 trainer threads that replay their traffic with
-  `transpiler.replay` and wait `THINK` between rounds as real trainers compute): `rpc_us`
-  per call, a trainer's `SendFetchBatch` (a 1-layer tiny net's round), `block_us` per
-  partition (16 layers against 1), `bandwidth` (8 layers 1024 wide against 8 layers 512
-  wide: the bytes in and out they add over the CPU they add, their ops taken off; every
-  weight 1 MB or more, so it travels the bulk channel and is summed on arrival, as a real
-  model's big grads), `big_var_us` (32 layers 256 wide against 8 of 512: the same bytes
-  in 4x the vars), `bulk_rpc_us` (a 1-layer net of one 256 kB weight: its batches on
-  the bulk channel);
+- against real sync pservers (`measure_dense`: `measure_interleaved_rounds` serves each
+  net of fc layers, Momentum, from a pserver of its own to 2 trainer threads that replay
+  their traffic with `transpiler.replay` and wait `THINK` between rounds as real trainers
+  compute; the nets run a block of rounds each in turn, `DENSE_CYCLES` times, the wide
+  ones on `DENSE_COPIES` pservers each): `rpc_us` per call, a trainer's
+  `SendFetchBatch` (a 1-layer tiny net's round), `block_us` per partition (16 layers
+  against 1), `bandwidth` (8 layers 1024 wide against 8 layers 512 wide: the bytes in and
+  out they add over the CPU they add, their ops taken off; every weight 1 MB or more, so
+  it travels the bulk channel, through the shared-memory rings on loopback, and is summed
+  on arrival, as a real model's big grads), `big_var_us` (32 layers 256 wide against 8
+  of 512: the same bytes in 4x the vars), `bulk_rpc_us` (a 1-layer net of one 256 kB
+  weight: its batches on the bulk channel); `bandwidth` and `big_var_us` the median of
+  the cycles' paired figures;
 - `sum_on_arrival` (an op rate, `measure_arrival_add`): per element of a trainer's copy
   of a big grad added into its accumulator in 2 MB chunks, as the pserver does.
 
-40-60 s on the shared 2-core VM (38-58 s at load average 4-10). The figures go to a JSON file
+35-55 s on the shared 2-core VM (35-46 s at load average 2-5). The figures go to a JSON file
 (`Rates.to_json`) that `plan --rates` and `PlanPartitioner(rates=load_rates(path))` read.
 """
 
