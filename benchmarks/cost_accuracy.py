@@ -297,8 +297,9 @@ WORKLOADS = {w.name: w for w in (Mlp(), Mlp64(), Resnet50(), Zipf(), ZipfColumns
 # (steps, warm) per workload: full and --quick
 # (resnet50: 26 steady steps, ~150 ms each; 9 read one pserver of four at 50 ms a step, the
 # others at 44.4, in one run: 5 of /proc's 10 ms ticks, a pair "apart" by noise)
+# (zipf: in place, ~20 steps per s: usage reports come every 0.5 s)
 STEPS = {"mlp": ((200, 20), (80, 10)), "mlp-fp64": ((200, 20), (80, 10)), "resnet50": ((30, 4), (8, 2)),
-         "zipf": ((150, 15), (60, 8)), "zipf-column": ((150, 15), (60, 8))}  # in place, ~20 steps per s: usage reports come every 0.5 s
+         "zipf": ((150, 15), (60, 8)), "zipf-column": ((150, 15), (60, 8))}
 
 
 # -- comparing -------------------------------------------------------------------------------

@@ -512,9 +512,10 @@ def measure_sync_sparse(merge_us: float, update_us: float, id_counts: tuple[int,
     driven a round at a time as trainers drive it (a thread per trainer: its 4 small dense
     grads and `emb@GRAD`, a row per lookup from `2k` ids, in one batch; the send barrier; a
     param fetched behind the fetch barrier): its CPU per round (the median of `blocks`
-    blocks of `rounds`: 5 of 36, where 3 of 60 read 365-807 MB/s in six calibrations) at `k` rows per trainer (`id_counts`) on tables `widths` floats
-    wide, less the merge (`merge_us` per element of every grad row) and the update
-    (`update_us` per element of every distinct row, counted). The slope of the rest per
+    blocks of `rounds`: 5 of 36, where 3 of 60 read 365-807 MB/s in six calibrations) at
+    `k` rows per trainer (`id_counts`) on tables `widths` floats wide, less the merge
+    (`merge_us` per element of every grad row) and the update (`update_us` per element of
+    every distinct row, counted). The slope of the rest per
     grad row, per float between the widths, is the pserver's CPU per float of a sparse
     row's bytes (`wire_us`); `row_cpu_us` the measured CPU per grad row on the wider table."""
     import numpy as np
@@ -921,12 +922,13 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
                   rounds: Sequence[int] = DENSE_ROUNDS, many: int = 16, think: float = THINK,
                   layers: int = DENSE_LAYERS, widths: tuple[int, int] = DENSE_WIDTHS,
                   copies: int = DENSE_COPIES) -> dict[str, Any]:
-    """A real sync pserver per net (`copies` of each wide one), `trainers` trainers each, the six nets run a block at a
-    time in turn, `cycles` times over (`measure_interleaved_rounds`; blocks of `rounds`
-    rounds, net by net): `rpc_us` = a trainer's share of one round of a 1-layer tiny net
-    (its 2 partitions' blocks and vars taken off: each trainer sends one `SendFetchBatch`,
-    `cost.batch_rpcs`), `block_us` = the extra CPU per partition of a `many`-layer tiny net
-    (its `2·trainers` vars taken off), both from the nets' median block; `bandwidth` = the
+    """A real sync pserver per net (`copies` of each wide one), `trainers` trainers each,
+    the six nets run a block at a time in turn, `cycles` times over after a warm one
+    (`measure_interleaved_rounds`; blocks of `rounds` rounds, net by net): `rpc_us` = a
+    trainer's share of one round of a 1-layer tiny net (its 2 partitions' blocks and vars
+    taken off: each trainer sends one `SendFetchBatch`, `cost.batch_rpcs`), `block_us` =
+    the extra CPU per partition of a `many`-layer tiny net (its `2·trainers` vars taken
+    off), both from the nets' median block; `bandwidth` = the
     slope between two nets of `layers` fc layers `widths[0]` and `widths[1]` wide (the
     same partitions, so their blocks and RPCs cancel): the bytes the wider one adds (in and
     out, every trainer) over the CPU it adds, less its ops at the `ops` rates (`scale`,
