@@ -841,6 +841,34 @@ def test_calibrate_reads_the_ring_slots_a_pserver_logged():
     assert ring_slots(log) == 152 and ring_slots(log[:1]) == 0 and ring_slots([]) == 0
 
 
+def test_calibrate_interleaved_rounds_raise_a_trainers_error_without_waiting(monkeypatch):
+    """A trainer thread that fails (here: its replay raises) breaks its net's gates: the
+    caller gets that error at once, not a wait for the gates' timeout, and the pservers
+    are stopped."""
+    import time
+
+    from transpiler import calibrate
+
+    started = []
+    real_start = calibrate._start_pserver
+
+    def start(*args):
+        started.append(real_start(*args))
+        return started[-1]
+
+    def broken(client, main, startup, steps, on_step):
+        raise RuntimeError("the replay broke")
+
+    monkeypatch.setattr(calibrate, "_start_pserver", start)
+    monkeypatch.setattr("transpiler.replay.replay", broken)
+    nets = [(*calibrate.dense_programs(1, 4, 4), 3), (*calibrate.dense_programs(2, 4, 4), 3)]
+    begun = time.perf_counter()
+    with pytest.raises(RuntimeError, match="the replay broke"):
+        calibrate.measure_interleaved_rounds(nets, cycles=2, warm=1, timeout=60.0)
+    assert time.perf_counter() - begun < 30 and len(started) == 2
+    assert all(child.poll() is not None for child in started)
+
+
 def test_calibrate_interleaved_rounds_refuse_nothing_to_run():
     from transpiler.calibrate import measure_interleaved_rounds
 
