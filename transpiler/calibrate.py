@@ -49,7 +49,7 @@ blocks and repeats, each repeat's kept in `Rates.noise`.
 - `sum_on_arrival` (an op rate, `measure_arrival_add`): per element of a trainer's copy
   of a big grad added into its accumulator in 2 MB chunks, as the pserver does.
 
-35-55 s on the shared 2-core VM (35-46 s at load average 2-5). The figures go to a JSON file
+30-50 s on the shared 2-core VM (30-48 s at load average 2-6). The figures go to a JSON file
 (`Rates.to_json`) that `plan --rates` and `PlanPartitioner(rates=load_rates(path))` read.
 """
 
