@@ -295,8 +295,11 @@ class ZipfColumns(Zipf):
 
 WORKLOADS = {w.name: w for w in (Mlp(), Mlp64(), Resnet50(), Zipf(), ZipfColumns())}
 # (steps, warm) per workload: full and --quick
-STEPS = {"mlp": ((200, 20), (80, 10)), "mlp-fp64": ((200, 20), (80, 10)), "resnet50": ((12, 3), (6, 2)), "zipf": ((150, 15), (60, 8)),
-         "zipf-column": ((150, 15), (60, 8))}  # in place, ~20 steps per s: usage reports come every 0.5 s
+# (resnet50: 26 steady steps, ~150 ms each; 9 read one pserver of four at 50 ms a step, the
+# others at 44.4, in one run: 5 of /proc's 10 ms ticks, a pair "apart" by noise)
+# (zipf: in place, ~20 steps per s: usage reports come every 0.5 s)
+STEPS = {"mlp": ((200, 20), (80, 10)), "mlp-fp64": ((200, 20), (80, 10)), "resnet50": ((30, 4), (8, 2)),
+         "zipf": ((150, 15), (60, 8)), "zipf-column": ((150, 15), (60, 8))}
 
 
 # -- comparing -------------------------------------------------------------------------------
@@ -396,8 +399,9 @@ def main() -> int:
         load = os.getloadavg()[0]
         in_run = calibrate(progress=lambda text: print(f"calibrate: {text}", file=sys.stderr, flush=True))
         noise = "; ".join(f"{k} {', '.join(f'{v:.3g}' for v in vs)}" for k, vs in sorted(in_run.noise.items()))
-        in_run = dataclasses.replace(in_run, source=f"{in_run.source}, in this run (load average {load:.1f}; "
-                                                    f"its repeats: {noise})")
+        after = os.getloadavg()[0]
+        in_run = dataclasses.replace(in_run, source=f"{in_run.source}, in this run (load average {load:.1f} before, "
+                                                    f"{after:.1f} after; its repeats: {noise})")
         if args.calibrated_out:
             args.calibrated_out.write_text(json.dumps(in_run.to_json(), indent=1) + "\n")
     earlier: dict[str, list] = {}

@@ -592,36 +592,70 @@ def test_calibrate_dense_refuses_nets_whose_weights_are_not_summed_on_arrival():
         measure_dense(dict(DEFAULT_OP_US), 0.0, widths=(255, 1024))
 
 
+def _modelled_rounds(rates: Rates, tweak=None):
+    """A stand-in for `calibrate.measure_interleaved_rounds`: each net's pserver costs per
+    round what the model says with `rates` (`plan_costs`), every cycle alike; `tweak(n,
+    cycle, value)` may change a block's figure (a load spike)."""
+
+    def modelled(nets, cycles, warm=3, trainers=2, think=0.0, settle=1, logs=None):
+        out = []
+        for n, (main, startup, _) in enumerate(nets):
+            result = transpile(main, startup, pservers=["127.0.0.1:1"], trainers=trainers)
+            value = plan_costs(result.plan, rates)[0].time_us
+            out.append([tweak(n, c, value) if tweak else value for c in range(cycles)])
+        return out
+
+    return modelled
+
+
 def test_calibrate_dense_recovers_the_rates_of_a_pserver_that_costs_what_the_model_says(monkeypatch):
     """`measure_dense` against pservers whose CPU per round is the model's own estimate
-    (`plan_costs` with known rates, in place of `measure_sync_round`): it gives back the
-    bandwidth (the two wide nets' weights summed on arrival, their biases by the `sum` op,
-    as the model prices them), `block_us` and `rpc_us` it was given."""
+    (`plan_costs` with known rates, in place of `measure_interleaved_rounds`): it gives back
+    the bandwidth (the two wide nets' weights summed on arrival, their biases by the `sum`
+    op, as the model prices them), `block_us`, `rpc_us`, `big_var_us` and `bulk_rpc_us` it
+    was given, each cycle's figure alike."""
     from transpiler import calibrate
 
     rates = Rates(bandwidth=3e9, rpc_us=300.0, var_us=0.0, block_us=50.0, big_var_us=40.0, bulk_rpc_us=200.0,
                   op_us={**DEFAULT_OP_US, SUM_ON_ARRIVAL: 0.0004, "sum": 0.002, "scale": 0.0003, "momentum": 0.001})
-
-    def modelled(main, startup, steps, warm=3, trainers=2, think=0.0, blocks=1):
-        result = transpile(main, startup, pservers=["127.0.0.1:1"], trainers=trainers)
-        return [plan_costs(result.plan, rates)[0].time_us] * blocks
-
-    monkeypatch.setattr(calibrate, "measure_sync_rounds", modelled)
+    seen = []
+    modelled = _modelled_rounds(rates)
+    monkeypatch.setattr(calibrate, "measure_interleaved_rounds",
+                        lambda nets, cycles, **kw: seen.append(len(nets)) or modelled(nets, cycles, **kw))
     dense = calibrate.measure_dense(dict(rates.op_us), 0.0)
+    cycles = calibrate.DENSE_CYCLES
+    assert seen == [3 + 3 * calibrate.DENSE_COPIES]  # the three wide nets, each on its own pservers
     # (the biases' shares of `big_var_us`, a 2 kB var against a 4 kB one, ride on the bytes: 0.03%)
-    assert dense["bandwidth"] == pytest.approx(3e9, rel=1e-3) and dense["bandwidths"] == [dense["bandwidth"]] * 3
+    assert dense["bandwidth"] == pytest.approx(3e9, rel=1e-3) and dense["bandwidths"] == [dense["bandwidth"]] * cycles
     # the many-vars net's extra big vars, each sent and fetched by each trainer
-    assert dense["big_var_us"] == pytest.approx(40.0, rel=0.01) and len(dense["big_var_us_each"]) == 3
+    assert dense["big_var_us"] == pytest.approx(40.0, rel=0.01) and len(dense["big_var_us_each"]) == cycles
     # the 256 kB net's batches travel the bulk channel: bulk_rpc_us a call
     assert dense["bulk_rpc_us"] == pytest.approx(200.0, rel=0.01)
-    assert dense["bulk_rpc_us_each"] == pytest.approx([200.0] * 3, rel=0.01)
+    assert dense["bulk_rpc_us_each"] == pytest.approx([200.0] * cycles, rel=0.01)
     # the tiny nets' own bytes and ops ride on the fixed figures: under 1%; rpc_us per call
-    # (a SendFetchBatch a trainer), each pserver's figure reported as the noise
+    # (a SendFetchBatch a trainer), each cycle's figure reported as the noise
     assert dense["block_us"] == pytest.approx(50.0, rel=0.01) and dense["rpc_us"] == pytest.approx(300.0, rel=0.01)
-    assert dense["rpc_us_each"] == pytest.approx([300.0] * 3, rel=0.01)
+    assert dense["rpc_us_each"] == pytest.approx([300.0] * cycles, rel=0.01)
     # pservers that ran the `sum` op on the weights too would cost more: not that bandwidth
     monkeypatch.setattr("transpiler.cost.sums_on_arrival", lambda nbytes, job: False)
     assert calibrate.measure_dense(dict(rates.op_us), 0.0)["bandwidth"] < 0.9 * 3e9
+
+
+def test_calibrate_dense_refuses_block_lengths_that_do_not_match_its_nets():
+    from transpiler.calibrate import measure_dense
+
+    with pytest.raises(ValueError, match="block lengths"):
+        measure_dense(dict(DEFAULT_OP_US), 0.0, rounds=(4, 4))
+
+
+def test_calibrate_dense_slope_is_the_bytes_over_the_cpu_beyond_the_ops():
+    """`dense_slope`: known inputs, known bytes/s; noise that leaves less than a tenth of
+    the added CPU beyond the ops (or none) is floored there, not infinite."""
+    from transpiler.calibrate import dense_slope
+
+    assert dense_slope(100e6, 30_000.0, 10_000.0) == pytest.approx(5e9)  # 100 MB in 20 ms
+    assert dense_slope(100e6, 30_000.0, 29_000.0) == pytest.approx(100e6 / 3_000.0 * 1e6)  # floored at 10%
+    assert dense_slope(100e6, -5.0, 0.0) == pytest.approx(100e6 * 1e6)  # floored at 1 us
 
 
 def test_calibrate_measures_sparse_rows_on_a_real_sync_pserver():
@@ -739,33 +773,107 @@ def test_rates_keep_calibrate_noise_figures(tmp_path):
 
 
 def test_calibrate_dense_takes_the_median_block_past_an_outlier(monkeypatch):
-    """`measure_dense`'s fixed figures are the median over every block of every pserver:
-    a tiny-net pserver woken at the wrong moment (one block at 2.5x, as X2's 3,800 against
-    2,000 µs; one whole pserver at 1.5x) moves neither `rpc_us` nor `block_us` by more than
-    a percent, and each pserver's own `rpc_us` shows the spread."""
+    """`measure_dense`'s figures are medians over its cycles: a tiny-net pserver woken at
+    the wrong moment (one block at 2.5x, as X2's 3,800 against 2,000 µs; another at 1.5x)
+    moves neither `rpc_us` nor `block_us` by more than a percent, and each cycle's own
+    `rpc_us` shows the spread; a load spike over one cycle's wide net (2x) and another's
+    many-vars net (3x), as AB2's pairs read 3.5 and 6.9 GB/s, moves neither `bandwidth`
+    nor `big_var_us` by more than a percent."""
     from transpiler import calibrate
 
-    rates = Rates(bandwidth=3e9, rpc_us=600.0, var_us=0.0, block_us=50.0,
+    rates = Rates(bandwidth=3e9, rpc_us=600.0, var_us=0.0, block_us=50.0, big_var_us=40.0,
                   op_us={**DEFAULT_OP_US, SUM_ON_ARRIVAL: 0.0004, "sum": 0.002, "scale": 0.0003, "momentum": 0.001})
-    calls = {"tiny": 0}
-
-    def modelled(main, startup, steps, warm=3, trainers=2, think=0.0, blocks=1):
-        result = transpile(main, startup, pservers=["127.0.0.1:1"], trainers=trainers)
-        value = plan_costs(result.plan, rates)[0].time_us
-        if [p.shape for p in result.plan.params] in ([(4, 4), (4,)], [(4,), (4, 4)]):  # the 1-layer tiny net
-            calls["tiny"] += 1
-            if calls["tiny"] == 1:
-                return [value, value, 2.5 * value, value][:blocks]
-            if calls["tiny"] == 3:
-                return [1.5 * value] * blocks
-        return [value] * blocks
-
-    monkeypatch.setattr(calibrate, "measure_sync_rounds", modelled)
+    # (net, cycle): factor; the nets in the order they run: 0 tiny, 1 many tiny layers, 2
+    # bulk, then two copies (pservers) each of 3 wide, 4 narrow, 5 many vars (6-8); cycle 0
+    # warms (a spike there, 10x on every net, is not read)
+    spikes = {(0, 2): 2.5, (0, 5): 1.5, (3, 1): 2.0, (6, 1): 2.0, (5, 6): 3.0, (8, 6): 3.0,
+              **{(n, 0): 10.0 for n in range(9)}}
+    monkeypatch.setattr(calibrate, "measure_interleaved_rounds",
+                        _modelled_rounds(rates, lambda n, c, value: spikes.get((n, c), 1.0) * value))
     dense = calibrate.measure_dense(dict(rates.op_us), 0.0)
-    assert calls["tiny"] == 3
     assert dense["rpc_us"] == pytest.approx(600.0, rel=0.01) and dense["block_us"] == pytest.approx(50.0, rel=0.01)
     each = dense["rpc_us_each"]
-    assert each[0] == pytest.approx(600.0, rel=0.01) and each[2] > 1.5 * 600.0
+    assert len(each) == calibrate.DENSE_CYCLES
+    assert each[0] == pytest.approx(600.0, rel=0.01) and each[1] > 1.5 * 600.0 and each[4] > 1.2 * 600.0
+    assert dense["bandwidth"] == pytest.approx(3e9, rel=0.01) and dense["bandwidths"][0] < 0.5 * 3e9
+    assert dense["big_var_us"] == pytest.approx(40.0, rel=0.01) and dense["big_var_us_each"][5] > 3 * 40.0
+    # a spike in half the cycles does move them: a median, not a minimum
+    half = {(n, c): 2.0 for n in (3, 6) for c in range(1, calibrate.DENSE_CYCLES // 2 + 2)}
+    monkeypatch.setattr(calibrate, "measure_interleaved_rounds",
+                        _modelled_rounds(rates, lambda n, c, value: half.get((n, c), 1.0) * value))
+    assert calibrate.measure_dense(dict(rates.op_us), 0.0)["bandwidth"] < 0.5 * 3e9
+
+
+def test_calibrate_interleaves_the_nets_a_block_at_a_time(monkeypatch):
+    """`measure_interleaved_rounds` runs real sync pservers, one per net, a block each in
+    turn: the CPU reads go net 0's block (its start and end), net 1's, net 0's again...
+    and give a figure per net per cycle, each a real round's CPU."""
+    from transpiler import calibrate
+
+    order = []
+    probe = calibrate._probe_cpu
+
+    def logged(child):
+        order.append(child.pid)
+        return probe(child)
+
+    monkeypatch.setattr(calibrate, "_probe_cpu", logged)
+    monkeypatch.delenv("PSTRANSPILE_BULK_SHM", raising=False)  # `auto`: rings on loopback, as a job's
+    nets = [(*calibrate.dense_programs(1, 4, 4), 3), (*calibrate.dense_programs(1, 256, 256), 2)]
+    logs: list[list[str]] = []
+    figures = calibrate.measure_interleaved_rounds(nets, cycles=2, warm=1, think=0.0, logs=logs)
+    assert len(figures) == 2 and all(len(f) == 2 and all(0 < x < 50_000 for x in f) for f in figures)
+    # each block: a read after its settling round, one at its end; the nets in turn
+    a, b = order[0], order[2]
+    assert a != b and order == [a, a, b, b, a, a, b, b]
+    # the 256 kB weight crossed in the shared-memory rings, as a job's big vars do on one
+    # host; the tiny net's vars never
+    assert len(logs) == 2 and calibrate.ring_slots(logs[0]) == 0
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        assert calibrate.ring_slots(logs[1]) > 0
+
+
+def test_calibrate_reads_the_ring_slots_a_pserver_logged():
+    from transpiler.calibrate import ring_slots
+
+    log = ["pserver 127.0.0.1:1: all 2 trainer(s) completed after 9 step(s)",
+           "pserver 127.0.0.1:1: 2 bulk connection(s) with a shared-memory ring, 152 slot(s) handed over"]
+    assert ring_slots(log) == 152 and ring_slots(log[:1]) == 0 and ring_slots([]) == 0
+
+
+def test_calibrate_interleaved_rounds_raise_a_trainers_error_without_waiting(monkeypatch):
+    """A trainer thread that fails (here: its replay raises) breaks its net's gates: the
+    caller gets that error at once, not a wait for the gates' timeout, and the pservers
+    are stopped."""
+    import time
+
+    from transpiler import calibrate
+
+    started = []
+    real_start = calibrate._start_pserver
+
+    def start(*args):
+        started.append(real_start(*args))
+        return started[-1]
+
+    def broken(client, main, startup, steps, on_step):
+        raise RuntimeError("the replay broke")
+
+    monkeypatch.setattr(calibrate, "_start_pserver", start)
+    monkeypatch.setattr("transpiler.replay.replay", broken)
+    nets = [(*calibrate.dense_programs(1, 4, 4), 3), (*calibrate.dense_programs(2, 4, 4), 3)]
+    begun = time.perf_counter()
+    with pytest.raises(RuntimeError, match="the replay broke"):
+        calibrate.measure_interleaved_rounds(nets, cycles=2, warm=1, timeout=60.0)
+    assert time.perf_counter() - begun < 30 and len(started) == 2
+    assert all(child.poll() is not None for child in started)
+
+
+def test_calibrate_interleaved_rounds_refuse_nothing_to_run():
+    from transpiler.calibrate import measure_interleaved_rounds
+
+    with pytest.raises(ValueError, match="at least one net"):
+        measure_interleaved_rounds([], cycles=2)
 
 
 def test_calibrate_sync_rounds_are_read_per_block_by_the_pservers_own_clock():

@@ -33,20 +33,23 @@ blocks and repeats, each repeat's kept in `Rates.noise`.
   round (`measure_prefetch`): the CPU per row prefetched sets `prefetch_bandwidth`;
 - (`measure_sync_ids`, for `benchmarks/sparse_ids.py`: a real sync pserver fed given id
   sets by two prefetching trainers, CPU per round);
-- against a real sync pserver (`measure_dense`: `measure_sync_rounds` serves a net of
-  fc layers, Momentum, to 2 trainer threads that replay their traffic with
-  `transpiler.replay` and wait `THINK` between rounds as real trainers compute): `rpc_us`
-  per call, a trainer's `SendFetchBatch` (a 1-layer tiny net's round), `block_us` per
-  partition (16 layers against 1), `bandwidth` (8 layers 1024 wide against 8 layers 512
-  wide: the bytes in and out they add over the CPU they add, their ops taken off; every
-  weight 1 MB or more, so it travels the bulk channel and is summed on arrival, as a real
-  model's big grads), `big_var_us` (32 layers 256 wide against 8 of 512: the same bytes
-  in 4x the vars), `bulk_rpc_us` (a 1-layer net of one 256 kB weight: its batches on
-  the bulk channel);
+- against real sync pservers (`measure_dense`: `measure_interleaved_rounds` serves each
+  net of fc layers, Momentum, from a pserver of its own to 2 trainer threads that replay
+  their traffic with `transpiler.replay` and wait `THINK` between rounds as real trainers
+  compute; the nets run a block of rounds each in turn, `DENSE_CYCLES` times, the wide
+  ones on `DENSE_COPIES` pservers each): `rpc_us` per call, a trainer's
+  `SendFetchBatch` (a 1-layer tiny net's round), `block_us` per partition (16 layers
+  against 1), `bandwidth` (8 layers 1024 wide against 8 layers 512 wide: the bytes in and
+  out they add over the CPU they add, their ops taken off; every weight 1 MB or more, so
+  it travels the bulk channel, through the shared-memory rings on loopback, and is summed
+  on arrival, as a real model's big grads), `big_var_us` (32 layers 256 wide against 8
+  of 512: the same bytes in 4x the vars), `bulk_rpc_us` (a 1-layer net of one 256 kB
+  weight: its batches on the bulk channel); `bandwidth` and `big_var_us` the median of
+  the cycles' paired figures;
 - `sum_on_arrival` (an op rate, `measure_arrival_add`): per element of a trainer's copy
   of a big grad added into its accumulator in 2 MB chunks, as the pserver does.
 
-40-60 s on the shared 2-core VM (38-58 s at load average 4-10). The figures go to a JSON file
+30-50 s on the shared 2-core VM (30-48 s at load average 2-6). The figures go to a JSON file
 (`Rates.to_json`) that `plan --rates` and `PlanPartitioner(rates=load_rates(path))` read.
 """
 
@@ -54,6 +57,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -501,16 +505,17 @@ def _sync_table_rounds(width: int, table_rows: int, trainers: int, sets, rounds:
 
 
 def measure_sync_sparse(merge_us: float, update_us: float, id_counts: tuple[int, int] = (512, 8192),
-                        widths: tuple[int, int] = (PSERVER_WIDTH // 4, PSERVER_WIDTH), rounds: int = 60,
-                        trainers: int = 1) -> dict[str, float]:
+                        widths: tuple[int, int] = (PSERVER_WIDTH // 4, PSERVER_WIDTH), rounds: int = 36,
+                        trainers: int = 1, blocks: int = 5) -> dict[str, float]:
     """A real **sync** pserver (the CTR example's `local-table` program, `[16384, w]` fp32 +
     Adagrad, `trainers` trainers: the rows merged and updated in place) in a child process,
     driven a round at a time as trainers drive it (a thread per trainer: its 4 small dense
     grads and `emb@GRAD`, a row per lookup from `2k` ids, in one batch; the send barrier; a
-    param fetched behind the fetch barrier): its CPU per round (/proc, the median of 3
-    blocks of `rounds`) at `k` rows per trainer (`id_counts`) on tables `widths` floats
-    wide, less the merge (`merge_us` per element of every grad row) and the update
-    (`update_us` per element of every distinct row, counted). The slope of the rest per
+    param fetched behind the fetch barrier): its CPU per round (the median of `blocks`
+    blocks of `rounds`: 5 of 36, where 3 of 60 read 365-807 MB/s in six calibrations) at
+    `k` rows per trainer (`id_counts`) on tables `widths` floats wide, less the merge
+    (`merge_us` per element of every grad row) and the update (`update_us` per element of
+    every distinct row, counted). The slope of the rest per
     grad row, per float between the widths, is the pserver's CPU per float of a sparse
     row's bytes (`wire_us`); `row_cpu_us` the measured CPU per grad row on the wider table."""
     import numpy as np
@@ -526,7 +531,7 @@ def measure_sync_sparse(merge_us: float, update_us: float, id_counts: tuple[int,
                    for _ in range(trainers)]
             sets.append([[(None, SelectedRows(i, np.full((k, width), 1e-4, np.float32), PSERVER_ROWS))] for i in ids])
             distinct.append(len(np.unique(np.concatenate(ids))))
-        figures = _sync_table_rounds(width, PSERVER_ROWS, trainers, sets, rounds, blocks=3)
+        figures = _sync_table_rounds(width, PSERVER_ROWS, trainers, sets, rounds, blocks=blocks)
         adjusted = [f - trainers * k * width * merge_us - d * width * update_us
                     for f, k, d in zip(figures, id_counts, distinct, strict=True)]
         rows = trainers * (id_counts[1] - id_counts[0])
@@ -542,8 +547,8 @@ def measure_sync_sparse(merge_us: float, update_us: float, id_counts: tuple[int,
 PREFETCH_COUNTS = (8, 4096)  # `measure_prefetch`: rows a trainer prefetches a round, few and many
 
 
-def measure_prefetch(width: int = PSERVER_WIDTH, counts: tuple[int, int] = PREFETCH_COUNTS, rounds: int = 30,
-                     repeats: int = 5, trainers: int = SYNC_TRAINERS, think: float = 0.0) -> dict[str, Any]:
+def measure_prefetch(width: int = PSERVER_WIDTH, counts: tuple[int, int] = PREFETCH_COUNTS, rounds: int = 24,
+                     repeats: int = 9, trainers: int = SYNC_TRAINERS, think: float = 0.0) -> dict[str, Any]:
     """A real **sync** pserver (the CTR `local-table` program, `[16384, width]` fp32 +
     Adagrad) driven as `trainers` prefetching trainers drive it (`_sync_table_rounds`: each
     round a prefetch, the small dense grads and an 8-row `emb@GRAD`, the barriers), each
@@ -552,7 +557,8 @@ def measure_prefetch(width: int = PSERVER_WIDTH, counts: tuple[int, int] = PREFE
     its CPU per prefetched row beyond the few (`row_us`: the ids in, the gather and the rows
     out; the median of the repeats, `row_us_each` each one's) and per prefetch call
     (`call_us`: the few against none, the model's `prefetch_rpc_us`; `call_us_each` each
-    repeat's). `prefetch_bandwidth` = the
+    repeat's: 9 repeats of 24 rounds, where 5 of 30 read 200-806 µs a call within one
+    calibration and medians of 355-713 in six). `prefetch_bandwidth` = the
     bytes of a row (`ID_BYTES` + `width` floats) over `row_us`, None when the median is
     not above 0 (the machine's noise swamped the rows: the caller keeps another rate)."""
     import numpy as np
@@ -657,9 +663,20 @@ import sys
 sys.path.insert(0, sys.argv[1])
 from ops.rpc.serve import serve_program
 from transpiler.ir import Program
+lines = []  # its log, printed once it has served (stdout answers the CPU probe meanwhile)
 serve_program(Program.load(sys.argv[2]), Program.load(sys.argv[3]), endpoint=sys.argv[4],
-              ready=lambda server: print("ready", flush=True), log=None, timeout=600.0)
+              ready=lambda server: print("ready", flush=True), log=lines.append, timeout=600.0)
+print("".join(f"log {line}\n" for line in lines), end="", flush=True)
 """
+
+# what a calibration pserver logs when its trainers complete: the payloads its shared-memory
+# rings carried (`ops.rpc.server`; none: no ring, every payload over TCP or gRPC)
+_RING_LOG = re.compile(r"shared-memory ring, (\d+) slot\(s\) handed over")
+
+
+def ring_slots(log: Sequence[str]) -> int:
+    """The ring slots a pserver handed over, from its log (`_RING_LOG`); 0 without a ring."""
+    return sum(int(m.group(1)) for line in log for m in [_RING_LOG.search(line)] if m)
 
 
 
@@ -737,6 +754,127 @@ def measure_sync_rounds(main, startup, steps: int, warm: int = 3, trainers: int 
     return [(marks[b] - marks[a]) / per_block * 1e6 for a, b in zip(at, at[1:])]
 
 
+def measure_interleaved_rounds(nets: Sequence[tuple[Any, Any, int]], cycles: int, warm: int = 3,
+                               trainers: int = SYNC_TRAINERS, think: float = 0.0, settle: int = 1,
+                               timeout: float = 180.0, logs: list[list[str]] | None = None) -> list[list[float]]:
+    """Real sync pservers, one per net of `nets` (`(main, startup, rounds)`: its programs and
+    the rounds of a block), all started at once and served to `trainers` trainer threads
+    each that replay their traffic (`transpiler.replay`), run a block at a time in turn:
+    net 0's block, net 1's, ..., `cycles` times over. Each block is `settle` rounds (a
+    pserver woken after the others' blocks; not counted) and then `rounds` rounds whose
+    CPU (`_CPU_PROBE`) is read. Returns per net its CPU µs per round of each cycle's block;
+    `logs`, when given, gets each pserver's log (what channel its payloads took: `ring_slots`).
+
+    Interleaved so that a drift of the machine's load falls on every net alike: the
+    figures `measure_dense` takes differences of come from blocks run seconds apart, not
+    from pservers run one after another (a pair of nets measured back to back read 3.5
+    and 6.9 GB/s in one calibration, `big_var_us` 72 and 112)."""
+    import tempfile
+
+    from ops.rpc.client import RpcClient
+    from transpiler.api import transpile
+    from transpiler.replay import replay
+    from transpiler.runtime.launch import free_endpoints
+
+    if cycles < 1 or not nets:
+        raise ValueError("measure_interleaved_rounds: at least one net and one cycle")
+    endpoints = free_endpoints(len(nets))
+    children: list[subprocess.Popen] = []
+    clients: list[list[Any]] = []
+    gates = [(threading.Barrier(trainers + 1, timeout=timeout), threading.Barrier(trainers + 1, timeout=timeout))
+             for _ in nets]
+    marks: list[dict[int, float]] = [{} for _ in nets]
+
+    def schedule(rounds: int) -> tuple[set[int], set[int], int]:
+        """(the steps after which a net's trainers wait for its turn, those after which its
+        pserver's CPU is read, its steps in all)."""
+        gates_at = {warm + k * (settle + rounds) for k in range(cycles + 1)}
+        reads = {g + settle for g in gates_at if g < max(gates_at)} | (gates_at - {warm})
+        return gates_at, reads, max(gates_at)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        programs = []
+        try:
+            for i, ((main, startup, _), endpoint) in enumerate(zip(nets, endpoints, strict=True)):
+                mine = [transpile(main, startup, pservers=[endpoint], trainers=trainers, trainer_id=t, sync_mode=True)
+                        for t in range(trainers)]
+                programs.append(mine)
+                pserver, pserver_startup = mine[0].pservers[endpoint]
+                Path(f"{tmp}/main{i}.pb").write_bytes(pserver.to_bytes())
+                Path(f"{tmp}/startup{i}.pb").write_bytes(pserver_startup.to_bytes())
+                children.append(_start_pserver(_SYNC_PSERVER, ROOT, f"{tmp}/main{i}.pb", f"{tmp}/startup{i}.pb",
+                                               endpoint))
+            for child in children:
+                if child.stdout.readline().strip() != "ready":
+                    raise RuntimeError("a calibration pserver did not start")
+
+            def trainer(n: int, t: int) -> None:
+                main, startup, rounds = nets[n]
+                gates_at, reads, steps = schedule(rounds)
+                arrive, go = gates[n]
+
+                def on_step(step: int) -> None:
+                    if t == 0 and step in reads:
+                        marks[n][step] = _probe_cpu(children[n])
+                    if think:
+                        time.sleep(think)
+                    if step in gates_at:
+                        arrive.wait()
+                        go.wait()
+
+                replay(clients[n][t], programs[n][t].trainer, programs[n][t].trainer_startup, steps, on_step)
+
+            clients = [[RpcClient(t, timeout=120.0) for t in range(trainers)] for _ in nets]
+            errors: list[BaseException] = []
+
+            def guarded(n: int, t: int) -> None:
+                try:
+                    trainer(n, t)
+                except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
+                    errors.append(exc)
+                    for barrier in gates[n]:
+                        barrier.abort()
+
+            threads = [threading.Thread(target=guarded, args=(n, t), daemon=True)
+                       for n in range(len(nets)) for t in range(trainers)]
+            for thread in threads:
+                thread.start()
+            try:
+                for arrive, _ in gates:  # every net warmed, waiting at its first gate
+                    arrive.wait()
+                for _ in range(cycles):
+                    for arrive, go in gates:  # one block of each net in turn
+                        go.wait()
+                        arrive.wait()
+                for _, go in gates:  # the trainers complete
+                    go.wait()
+            except threading.BrokenBarrierError:
+                for pair in gates:
+                    for barrier in pair:
+                        barrier.abort()
+                for thread in threads:
+                    thread.join(timeout=30)
+                raise errors[0] if errors else RuntimeError("calibrate: an interleaved net's trainers timed out")
+            for thread in threads:
+                thread.join()
+            if errors:
+                raise errors[0]
+            for child in children:
+                child.wait(timeout=60)
+                told = [line[4:].rstrip("\n") for line in child.stdout.read().splitlines() if line.startswith("log ")]
+                if logs is not None:
+                    logs.append(told)
+        finally:
+            for n, child in enumerate(children):
+                _stop(child, clients[n] if n < len(clients) else [])
+    out = []
+    for n, (_, _, rounds) in enumerate(nets):
+        gates_at, _, _ = schedule(rounds)
+        starts = sorted(g + settle for g in gates_at if g < max(gates_at))
+        out.append([(marks[n][s + rounds] - marks[n][s]) / rounds * 1e6 for s in starts])
+    return out
+
+
 def _each_trainer(trainers: int, work: Callable[[int], None]) -> None:
     """`work(t)` for every trainer t at once, one thread each; the first error raised."""
     errors: list[BaseException] = []
@@ -773,82 +911,97 @@ THINK = 0.01  # seconds a replaying trainer waits between rounds, as a trainer c
 DENSE_LAYERS = 8  # `measure_dense`'s two wide nets: this many fc layers each
 DENSE_WIDTHS = (512, 1024)  # their widths: every weight (1 MB, 4 MB) summed on arrival, on the bulk channel
 BULK_WIDTH = 256  # `measure_dense`'s bulk net: one 256 x 256 layer, a 256 kB weight (`BULK_MIN`)
+DENSE_CYCLES = 8  # `measure_dense`'s nets run a block each in turn this many times (and once more to warm)
+# the rounds of a block, per net: the tiny one, the many-layer tiny one, the bulk one, the
+# narrow and the wide net, the many-vars net (the last three: 0.1-0.2 s of the pserver's CPU a block; the
+# bulk net's `bulk_rpc_us` read 290-789 µs across one calibration's 8 blocks of 12)
+DENSE_ROUNDS = (16, 6, 20, 4, 2, 4)  # (a wide net's: per copy)
+DENSE_COPIES = 2  # pservers of each wide net
 
 
-def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRAINERS, small_steps: int = 80,
-                  big_steps: int = 6, many: int = 16, think: float = THINK, layers: int = DENSE_LAYERS,
-                  widths: tuple[int, int] = DENSE_WIDTHS, pairs: int = 3, blocks: int = 4) -> dict[str, Any]:
-    """A real sync pserver, `trainers` trainers (`measure_sync_rounds`): `rpc_us` = a
+def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRAINERS, cycles: int = DENSE_CYCLES,
+                  rounds: Sequence[int] = DENSE_ROUNDS, many: int = 16, think: float = THINK,
+                  layers: int = DENSE_LAYERS, widths: tuple[int, int] = DENSE_WIDTHS,
+                  copies: int = DENSE_COPIES) -> dict[str, Any]:
+    """A real sync pserver per net (`copies` of each wide one), `trainers` trainers each,
+    the six nets run a block at a time in turn, `cycles` times over after a warm one
+    (`measure_interleaved_rounds`; blocks of `rounds` rounds, net by net): `rpc_us` = a
     trainer's share of one round of a 1-layer tiny net (its 2 partitions' blocks and vars
     taken off: each trainer sends one `SendFetchBatch`, `cost.batch_rpcs`), `block_us` =
     the extra CPU per partition of a `many`-layer tiny net (its `2·trainers` vars taken
-    off), `bandwidth` = the slope between two nets of `layers` fc layers `widths[0]` and
-    `widths[1]` wide (the same partitions, so their blocks and RPCs cancel): the bytes the
-    wider one adds (in and out, every trainer) over the CPU it adds, less its ops at the
-    `ops` rates (`scale`, `momentum`, and the sums: a weight summed on arrival at
-    `sum_on_arrival`, a bias by the `sum` op); the tiny nets' rounds the median of `pairs`
-    pservers' `blocks` blocks each (`rpc_us_each`: each pserver's own figure, the noise),
-    the slope the median of `pairs` pairs measured back to back (one pair's slope moved 2x
-    under load); `big_var_us` = per big var a trainer sends or fetches on the bulk
-    channel, from a third net in each pair, `4·layers` layers `widths[0] / 2` wide (the
-    narrow net's weight bytes in 4x the vars, each still summed on arrival), less its
-    extra partitions at `per_partition` (47 µs in two runs at load average 3-5: ResNet-50's
-    29 big vars a pserver cost it 5.5 ms a step that neither the bytes nor the blocks
-    priced). Its weights are grads of 256 kB or more, so the pserver takes them as it
-    takes a real model's big grads: on the bulk channel, summed on arrival (one wide layer
-    instead, whose ops run out of cache at 2-5x their measured rate, priced the bytes at
-    half their speed: 1.4 against ~3 GB/s, the dense estimates 1.4-1.6x their measured
-    CPU). The trainers wait `think` seconds between rounds, as real ones compute theirs:
-    a pserver woken from idle each round spends ~1.5x the CPU per round of one kept busy
-    (800-1000 against 1200-1800 µs measured on the shared 2-core VM)."""
+    off), both from the nets' median block; `bandwidth` = the
+    slope between two nets of `layers` fc layers `widths[0]` and `widths[1]` wide (the
+    same partitions, so their blocks and RPCs cancel): the bytes the wider one adds (in and
+    out, every trainer) over the CPU it adds, less its ops at the `ops` rates (`scale`,
+    `momentum`, and the sums: a weight summed on arrival at `sum_on_arrival`, a bias by the
+    `sum` op); `big_var_us` = per big var a trainer sends or fetches on the bulk channel,
+    from a third net, `4·layers` layers `widths[0] / 2` wide (the narrow net's weight bytes
+    in 4x the vars, each still summed on arrival), less its extra partitions at
+    `per_partition` (ResNet-50's 29 big vars a pserver cost it 5.5 ms a step that neither
+    the bytes nor the blocks priced); `bulk_rpc_us` from a 1-layer net of one 256 kB
+    weight, whose batches travel the bulk channel. `bandwidth` and `big_var_us` are the
+    median over the cycles of each cycle's figure (its nets' blocks seconds apart, under
+    the same load; `bandwidths`, `big_var_us_each` each cycle's): a pair of nets run one
+    after the other read 3.5 and 6.9 GB/s, `big_var_us` 72 and 112, in one calibration.
+
+    Every weight of the three wide nets is a grad of 256 kB or more, taken as a real
+    model's big grads are: on the bulk channel (through the shared-memory ring on
+    loopback, `PSTRANSPILE_BULK_SHM=auto`, as the job's), summed on arrival (one wide
+    layer instead, whose ops run out of cache at 2-5x their measured rate, priced the bytes
+    at half their speed). The trainers wait `think` seconds between rounds, as real ones
+    compute theirs: a pserver woken from idle each round spends ~1.5x the CPU per round of
+    one kept busy; each block starts with a round not counted (the pserver woken after the
+    other nets' blocks)."""
     from transpiler.cost import ARRIVAL_SUM_BYTES
 
     if (min(widths) // 2) ** 2 * 4 < ARRIVAL_SUM_BYTES:
         raise ValueError(f"measure_dense: widths {widths} give weights below the {ARRIVAL_SUM_BYTES} bytes summed on arrival")
-    # The fixed costs, the median of `pairs` pservers' `blocks` blocks each: one tiny round
-    # read 2,200 µs in one quiet calibration and 3,800 in the next (rpc_us then 493 against
-    # 893 per half call, the MLP's estimate 1.15x against 1.94x its measured CPU), a pserver
-    # woken from idle at the wrong moment; the spread of the pservers' medians is reported.
-    tiny_runs = [measure_sync_rounds(*dense_programs(1, 4, 4), small_steps, think=think, blocks=blocks)
-                 for _ in range(pairs)]
-    # (the many-layer net's error is spread over its `many - 1` extra layers: fewer pservers)
-    wide_runs = [measure_sync_rounds(*dense_programs(many, 4, 4), small_steps // 2, think=think, blocks=blocks)
-                 for _ in range(max(pairs - 1, 1))]
-    # a 1-layer net of one 256 kB weight: its pserver offers the bulk channel (`BULK_MIN`),
-    # and the trainers' batches travel it
-    bulk_runs = [measure_sync_rounds(*dense_programs(1, BULK_WIDTH, BULK_WIDTH), small_steps, think=think,
-                                     blocks=blocks) for _ in range(pairs)]
-    tiny = statistics.median(f for run in tiny_runs for f in run)
-    wide = statistics.median(f for run in wide_runs for f in run)
+    # the nets: a tiny one, `many` tiny layers, one 256 kB weight (the bulk channel), then
+    # `layers` fc layers at each width and 4x as many half as wide (the narrow net's weight
+    # bytes in 4x the vars)
+    shapes = [(1, 4), (many, 4), (1, BULK_WIDTH), *((layers, width) for width in widths), (4 * layers, widths[0] // 2)]
+    if len(rounds) != len(shapes):
+        raise ValueError(f"measure_dense: {len(rounds)} block lengths for {len(shapes)} nets")
+    # run in this order: the narrow net's block next to both nets it is compared with; the
+    # three wide nets `copies` times, each copy its own pserver (two pservers of one wide
+    # net, run in turn, read 46 and 59 ms a round: a process's own luck), a cycle's figure
+    # their mean
+    order = (0, 1, 2, *(4, 3, 5) * copies)
+    logs: list[list[str]] = []
+    runs = measure_interleaved_rounds([(*dense_programs(shapes[i][0], shapes[i][1], shapes[i][1]), rounds[i])
+                                       for i in order],
+                                      cycles + 1, trainers=trainers, think=think, logs=logs)
+    # the payloads each net's shared-memory rings carried, in `shapes` order (a job's big
+    # vars take the rings on loopback, `PSTRANSPILE_BULK_SHM=auto`: so must these)
+    slots = [sum(ring_slots(log) for log, i in zip(logs, order, strict=True) if i == n) if logs else 0
+             for n in range(len(shapes))]
+    # (the first cycle warms: a wide net's first block read 74 ms a round, the next 35-44)
+    per_net = [[statistics.fmean(f) for f in zip(*(figures[1:] for figures, i in zip(runs, order, strict=True)
+                                                   if i == n), strict=True)] for n in range(len(shapes))]
+    tiny_runs, wide_runs, bulk_runs, narrow, broad, manys = per_net
+    # the fixed costs from each net's median block (a pserver woken at the wrong moment
+    # read one tiny round 2,200 µs and the next 3,800)
+    tiny = statistics.median(tiny_runs)
+    wide = statistics.median(wide_runs)
     per_partition = max((wide - tiny) / (2 * (many - 1)), 0.0)
     block_us = max(per_partition - 2 * trainers * var_us, 0.0)
     # each trainer's one SendFetchBatch a round (`cost.batch_rpcs`), beside the 2 partitions' blocks
     calls = batch_rpcs(Job(trainers, True))
     rpc_us = max((tiny - 2 * per_partition) / calls, 0.0)
-    tiny_each = [max((statistics.median(run) - 2 * per_partition) / calls, 0.0) for run in tiny_runs]
-    # the nets: `layers` fc layers at each width, and 4x as many half as wide (the narrow
-    # net's weight bytes in 4x the vars, each still summed on arrival)
-    nets = [(layers, width) for width in widths] + [(4 * layers, widths[0] // 2)]
+    tiny_each = [max((f - 2 * per_partition) / calls, 0.0) for f in tiny_runs]
+    nets = shapes[3:]
     work, moved = [], []
     for count, width in nets:
         weights, biases = count * width * width, count * width
         work.append((weights + biases) * (ops["scale"] + ops["momentum"])
                     + (trainers - 1) * (weights * ops[SUM_ON_ARRIVAL] + biases * ops["sum"]))
         moved.append(2 * trainers * (weights + biases) * 4)
-    slopes, narrow, broad, manys = [], [], [], []
-    for _ in range(pairs):  # back to back, under the same load: the median pair's slope
-        rounds = [statistics.median(measure_sync_rounds(*dense_programs(count, width, width), big_steps, think=think,
-                                                        blocks=2)) for count, width in nets]
-        narrow.append(rounds[0])
-        broad.append(rounds[1])
-        manys.append(rounds[2])
-        spent = rounds[1] - rounds[0] - (work[1] - work[0])
-        # a floor: noise cannot make it infinite
-        slopes.append((moved[1] - moved[0]) / max(spent, 0.1 * (rounds[1] - rounds[0]), 1.0) * 1e6)
+    slopes = [dense_slope(moved[1] - moved[0], b - n, work[1] - work[0]) for n, b in zip(narrow, broad, strict=True)]
     bandwidth = statistics.median(slopes)
-    # the many-vars net against the narrow one: its extra partitions (a weight and a bias
-    # each) at `per_partition`, its few extra bytes (the biases) and ops at their rates; the
-    # rest per big var a trainer sends (its grad) or fetches (its param) on the bulk channel
+    # the many-vars net against the narrow one in the same cycle: its extra partitions (a
+    # weight and a bias each) at `per_partition`, its few extra bytes (the biases) and ops
+    # at their rates; the rest per big var a trainer sends (its grad) or fetches (its
+    # param) on the bulk channel
     extra_parts = 2 * (nets[2][0] - nets[0][0])
     transfers = (nets[2][0] - nets[0][0]) * 2 * trainers
     known = extra_parts * per_partition + (work[2] - work[0]) + (moved[2] - moved[0]) / bandwidth * 1e6
@@ -862,13 +1015,21 @@ def measure_dense(ops: dict[str, float], var_us: float, trainers: int = SYNC_TRA
                   + 2 * trainers * (weights + biases) * 4 / bandwidth * 1e6
                   + 2 * trainers * (min(1.0, weights * 4 / BIG_VAR_BYTES) + min(1.0, biases * 4 / BIG_VAR_BYTES))
                   * big_var_us)
-    bulk_rpc_each = [max((statistics.median(run) - bulk_known) / calls, 0.0) for run in bulk_runs]
-    bulk_rpc_us = max((statistics.median(f for run in bulk_runs for f in run) - bulk_known) / calls, 0.0)
-    rounds = [statistics.median(narrow), statistics.median(broad)]
+    bulk_rpc_each = [max((f - bulk_known) / calls, 0.0) for f in bulk_runs]
+    bulk_rpc_us = max((statistics.median(bulk_runs) - bulk_known) / calls, 0.0)
     return {"rpc_us": rpc_us, "block_us": block_us, "bandwidth": bandwidth, "round_us": tiny,
-            "per_partition_us": per_partition, "narrow_round_us": rounds[0], "big_round_us": rounds[1],
+            "per_partition_us": per_partition, "narrow_round_us": statistics.median(narrow),
+            "big_round_us": statistics.median(broad), "many_round_us": statistics.median(manys),
             "bandwidths": slopes, "rpc_us_each": tiny_each, "big_var_us": big_var_us,
-            "big_var_us_each": bulk_each, "bulk_rpc_us": bulk_rpc_us, "bulk_rpc_us_each": bulk_rpc_each}
+            "big_var_us_each": bulk_each, "bulk_rpc_us": bulk_rpc_us, "bulk_rpc_us_each": bulk_rpc_each,
+            "ring_slots": slots}
+
+
+def dense_slope(added_bytes: float, added_us: float, added_work_us: float) -> float:
+    """Bytes/s of a pair of nets: the bytes the bigger one adds over the CPU µs it adds
+    beyond its ops (`added_work_us`), that rest floored at a tenth of the CPU added (and
+    1 µs), so that noise cannot make it infinite."""
+    return added_bytes / max(added_us - added_work_us, 0.1 * added_us, 1.0) * 1e6
 
 
 def split_partition(per_partition_us: float, var_us: float, trainers: int) -> tuple[float, float]:
@@ -937,12 +1098,14 @@ def calibrate(progress=None) -> Rates:
     say(f"  rpc {dense['rpc_us']:.0f}, block {block_us:.1f} (var {var_us:.1f}), {dense['bandwidth'] / 1e6:,.0f} MB/s "
         f"(rounds: tiny {dense['round_us']:.0f} us, +{dense['per_partition_us']:.0f} us per partition, "
         f"{DENSE_LAYERS} layers {DENSE_WIDTHS[0]} / {DENSE_WIDTHS[1]} wide {dense['narrow_round_us'] / 1e3:.1f} / "
-        f"{dense['big_round_us'] / 1e3:.1f} ms; noise: rpc per pserver "
-        f"{', '.join(f'{v:.0f}' for v in dense['rpc_us_each'])}, MB/s per pair "
+        f"{dense['big_round_us'] / 1e3:.1f} ms, {4 * DENSE_LAYERS} layers {DENSE_WIDTHS[0] // 2} wide "
+        f"{dense['many_round_us'] / 1e3:.1f} ms; each of {DENSE_CYCLES} cycles: rpc "
+        f"{', '.join(f'{v:.0f}' for v in dense['rpc_us_each'])}, MB/s "
         f"{', '.join(f'{v / 1e6:,.0f}' for v in dense['bandwidths'])}); per big var on the bulk channel "
-        f"{dense['big_var_us']:.0f} us (each pair {', '.join(f'{v:.0f}' for v in dense['big_var_us_each'])}); "
-        f"a batch on the bulk channel {dense['bulk_rpc_us']:.0f} us a call (each pserver "
-        f"{', '.join(f'{v:.0f}' for v in dense['bulk_rpc_us_each'])})")
+        f"{dense['big_var_us']:.0f} us (each cycle {', '.join(f'{v:.0f}' for v in dense['big_var_us_each'])}); "
+        f"a batch on the bulk channel {dense['bulk_rpc_us']:.0f} us a call (each cycle "
+        f"{', '.join(f'{v:.0f}' for v in dense['bulk_rpc_us_each'])}); shared-memory ring slots handed over per net "
+        f"(the bulk net, the wide ones): {', '.join(str(v) for v in dense['ring_slots'][2:])}")
     host = os.uname().nodename if hasattr(os, "uname") else "this machine"
     source = f"calibrate on {host}, {time.strftime('%Y-%m-%d')}, {time.perf_counter() - started:.0f}s"
     return Rates(bandwidth=dense["bandwidth"], rpc_us=dense["rpc_us"], op_us=ops, row_us=row_us,
