@@ -9,7 +9,7 @@ DEMO   ?= build/demo
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml setup.py ops/kernels/_fused.c ops/kernels/_pcg64.c
+$(VENV)/.installed: pyproject.toml setup.py ops/kernels/_fused.c ops/kernels/_pcg64.c ops/kernels/_float_kind.h
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,examples,ray]'

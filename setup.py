@@ -10,12 +10,14 @@ setup(
         Extension(
             "ops.kernels._fused",
             sources=["ops/kernels/_fused.c"],
+            depends=["ops/kernels/_float_kind.h"],
             # -ffp-contract=off: no fused multiply-add, so each operation rounds as numpy's does.
             # -fno-math-errno: sqrt may use the vector instruction (it never sets errno here).
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c11"],
             optional=True,
         ),
-        Extension("ops.kernels._pcg64", sources=["ops/kernels/_pcg64.c"], extra_compile_args=["-O3", "-std=c11"],
+        Extension("ops.kernels._pcg64", sources=["ops/kernels/_pcg64.c"], depends=["ops/kernels/_float_kind.h"],
+                  extra_compile_args=["-O3", "-std=c11"],
                   optional=True),
     ]
 )

@@ -23,6 +23,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "_float_kind.h"
+
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 /* One build for any x86-64: an AVX2 copy of the loop where the CPU has it. */
 #define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
@@ -67,22 +69,6 @@ static int get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *
                      writable ? " writable" : "");
         return -1;
     }
-    return 0;
-}
-
-/* The element type of a buffer's struct format: 'f' or 'd' in native byte order ("<f" from
- * numpy's explicitly little-endian dtypes included), else 0. */
-static char float_kind(const Py_buffer *view) {
-    const char *format = view->format;
-    if (format[0] == '@' || format[0] == '=') format++;
-#if PY_LITTLE_ENDIAN
-    else if (format[0] == '<') format++;
-#else
-    else if (format[0] == '>' || format[0] == '!') format++;
-#endif
-    if (format[1] != '\0') return 0;
-    if (format[0] == 'f' && view->itemsize == 4) return 'f';
-    if (format[0] == 'd' && view->itemsize == 8) return 'd';
     return 0;
 }
 

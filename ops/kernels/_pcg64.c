@@ -21,6 +21,8 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "_float_kind.h"
+
 #if !defined(__SIZEOF_INT128__)
 #error "the PCG64 draws need a compiler with unsigned __int128"
 #endif
@@ -63,10 +65,7 @@ static PyObject *pcg64_fill(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *result = NULL;
-    const char *format = out_view.format;
-    if (format[0] == '@' || format[0] == '=' || format[0] == '<') format++;
-    char kind = (format[1] == '\0' && ((format[0] == 'f' && out_view.itemsize == 4) ||
-                                       (format[0] == 'd' && out_view.itemsize == 8))) ? format[0] : 0;
+    char kind = float_kind(&out_view);
     if (state_view.len != 6 * (Py_ssize_t)sizeof(uint64_t)) {
         PyErr_SetString(PyExc_ValueError, "fill: the state is 6 uint64 words");
     } else if (kind == 0) {

@@ -97,8 +97,7 @@ def pcg64_state(entropy: Any) -> tuple[int, int]:
     seed = generate_state64(seed_pool(entropy), 4)
     initstate, initseq = (seed[0] << 64) | seed[1], (seed[2] << 64) | seed[3]
     inc = ((initseq << 1) | 1) & MASK128
-    state = inc  # a step from state 0
-    state = (state + initstate) & MASK128
+    state = (inc + initstate) & MASK128  # a step from state 0 is `inc`
     return (state * PCG_MULT + inc) & MASK128, inc
 
 
@@ -151,7 +150,7 @@ class Pcg64Generator:
         return self._numpy
 
 
-def default_rng(entropy: Any = None) -> Any:
+def default_rng(entropy: Any = None) -> Rng:
     """`np.random.default_rng(entropy)`'s numbers (OS entropy, 128 bits, for None, as numpy
     draws): this module's generator where `_pcg64` is built, else numpy's own."""
     if entropy is None:
