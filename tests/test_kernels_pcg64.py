@@ -74,3 +74,17 @@ def test_an_initializer_runs_without_importing_numpy_random():
             "print(out.dtype, out.shape, 'numpy.random' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.split() == ["float32", "(64,", "3)", "False"]
+
+
+def test_the_compiled_fill_refuses_what_it_cannot_write_safely():
+    from ops.kernels import _pcg64  # noqa: PLC0415
+
+    state = np.zeros(6, np.uint64)
+    with pytest.raises(ValueError, match="the state is 6 uint64 words"):
+        _pcg64.fill(np.zeros(5, np.uint64), np.zeros(3, np.float32))
+    for out in (np.zeros(3, np.int32), np.zeros(3, ">f4" if sys.byteorder == "little" else "<f4")):
+        with pytest.raises(TypeError, match="float32 or float64"):
+            _pcg64.fill(state, out)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        _pcg64.fill(state, np.zeros(6, np.float32)[::2])
+    assert not state.any()  # nothing drawn
